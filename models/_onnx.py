@@ -1,0 +1,136 @@
+"""A tiny ONNX graph builder and the weight initialisers the model generators share.
+
+Every generator builds its graph through `GraphBuilder`, so opset, IR version and
+producer name are fixed in one place, and duplicate node or tensor names (easy to
+write when names are composed from strings like "layer1.0.bn1") fail at build time
+with a clear message instead of later in the checker or in the compiler.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 13
+IR_VERSION = 8
+PRODUCER = "pipeline.models"
+
+
+class GraphBuilder:
+    """Collects inputs, outputs, initializers and nodes, then makes a ModelProto.
+
+    Tensor names must be defined before use (graph input, initializer, or the output
+    of an earlier node), so nodes come out in topological order by construction.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._inputs: list[onnx.ValueInfoProto] = []
+        self._outputs: list[onnx.ValueInfoProto] = []
+        self._initializers: list[onnx.TensorProto] = []
+        self._nodes: list[onnx.NodeProto] = []
+        self._tensors: set[str] = set()  # every tensor name defined so far
+        self._node_names: set[str] = set()
+
+    def _define(self, tensor: str) -> None:
+        if tensor in self._tensors:
+            raise ValueError(f"{self.name}: tensor {tensor!r} defined twice")
+        self._tensors.add(tensor)
+
+    def input(self, name: str, shape: Sequence[int]) -> str:
+        """Declare a float32 graph input of a fixed shape; returns its name."""
+        self._define(name)
+        self._inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
+        return name
+
+    def output(self, name: str, shape: Sequence[int]) -> None:
+        """Declare an already-produced tensor as a float32 graph output of `shape`."""
+        if name not in self._tensors:
+            raise ValueError(f"{self.name}: output {name!r} is never produced")
+        self._outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
+
+    def initializer(self, name: str, array: np.ndarray) -> str:
+        """Store `array` (cast to float32) as an initializer called `name`; returns the name."""
+        self._define(name)
+        self._initializers.append(numpy_helper.from_array(np.asarray(array, np.float32), name))
+        return name
+
+    def node(
+        self,
+        op_type: str,
+        inputs: Sequence[str],
+        name: str,
+        output: str | None = None,
+        **attrs: object,
+    ) -> str:
+        """Append a single-output node; returns the output tensor name.
+
+        The output tensor is named after the node unless `output` is given, which keeps
+        intermediate tensors as readable as the nodes ("layer1.0.bn1").
+        """
+        if name in self._node_names:
+            raise ValueError(f"{self.name}: node name {name!r} used twice")
+        missing = [t for t in inputs if t not in self._tensors]
+        if missing:
+            raise ValueError(f"{self.name}: node {name!r} reads undefined tensors {missing}")
+        out = output if output is not None else name
+        self._define(out)
+        self._node_names.add(name)
+        self._nodes.append(helper.make_node(op_type, list(inputs), [out], name=name, **attrs))
+        return out
+
+    def build(self, initializers_as_inputs: bool = False) -> onnx.ModelProto:
+        """Return the finished model (opset 13, IR version 8).
+
+        With `initializers_as_inputs`, every initializer is also listed as a graph input,
+        the way exporters that predate IR version 4 wrote models.
+        """
+        graph = helper.make_graph(
+            self._nodes, self.name, self._inputs, self._outputs, self._initializers
+        )
+        model = helper.make_model(
+            graph,
+            opset_imports=[helper.make_opsetid("", OPSET)],
+            ir_version=IR_VERSION,
+            producer_name=PRODUCER,
+        )
+        return with_initializers_as_inputs(model) if initializers_as_inputs else model
+
+
+def with_initializers_as_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Return a copy of `model` whose graph inputs also list every initializer.
+
+    Takes any ModelProto; the input model is not modified. Initializers already among
+    the inputs are not listed twice. The extra inputs follow the original ones, in
+    initializer order, which is where old PyTorch exporters put the parameters.
+    """
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    listed = {vi.name for vi in out.graph.input}
+    for init in out.graph.initializer:
+        if init.name not in listed:
+            out.graph.input.append(
+                helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
+            )
+            listed.add(init.name)
+    return out
+
+
+def he_normal(rng: np.random.Generator, shape: Sequence[int]) -> np.ndarray:
+    """He-normal float32 weights for a conv [O, I, kh, kw] or a transB gemm [O, I].
+
+    fan_in is the product of all dims but the first, in both layouts; std is
+    sqrt(2 / fan_in), which keeps the second moment roughly constant through ReLUs.
+    """
+    fan_in = math.prod(shape[1:])
+    return rng.normal(0.0, math.sqrt(2.0 / fan_in), size=tuple(shape)).astype(np.float32)
+
+
+def small_bias(rng: np.random.Generator, n: int, fan_in: int) -> np.ndarray:
+    """float32 bias of length n, uniform in +-1/sqrt(fan_in) (PyTorch's Linear default)."""
+    bound = 1.0 / math.sqrt(fan_in)
+    return rng.uniform(-bound, bound, size=n).astype(np.float32)

@@ -1,0 +1,48 @@
+"""Render: KernelSpec -> LLVM IR text.
+
+The anchor op lowers itself (its `lower` in pipeline/ops); elementwise ops
+after it form the epilogue, a function applied to each output value before
+it is stored. A kernel whose anchor is itself elementwise is a loop nest over
+the output applying the whole chain.
+"""
+
+from __future__ import annotations
+
+import llvmlite.ir as ir
+
+from pipeline.codegen.builder import KernelBuilder
+from pipeline.lower.kernel import KernelSpec
+from pipeline.ops import get
+
+
+def render(spec: KernelSpec) -> str:
+    """LLVM IR text of a module that defines the kernel `spec.symbol`."""
+    module = ir.Module(name=spec.symbol)
+    module.triple = spec.target.triple
+    module.data_layout = str(spec.target.target_machine(spec.opt_level).target_data)
+    kb = KernelBuilder(module, spec.symbol, list(spec.params))
+    args = {f"a{i}": buf for i, buf in enumerate(kb.buffers[:-1])}
+    out = kb.buffers[-1]
+    anchor, chain = spec.ops[0], spec.ops[1:]
+
+    def epilogue(value, index):
+        env = {anchor.outputs[0]: value}
+        for node in chain:
+            operands = [env[i] if i in env else kb.load_broadcast(args[i], index)
+                        for i in node.inputs]
+            env[node.outputs[0]] = get(node.op).scalar(kb, operands, node)
+        return env[chain[-1].outputs[0]]
+
+    opdef = get(anchor.op)
+    if opdef.kind == "elementwise":
+        with kb.nest(out.type.shape) as index:
+            value = opdef.scalar(kb, [kb.load_broadcast(args[i], index)
+                                      for i in anchor.inputs], anchor)
+            if chain:
+                value = epilogue(value, index)
+            kb.store(out, kb.dot(index, out.strides), value)
+    else:
+        opdef.lower(kb, anchor, [args[i] for i in anchor.inputs], out,
+                    epilogue if chain else None)
+    kb.finish()
+    return str(module)

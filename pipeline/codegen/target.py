@@ -1,0 +1,108 @@
+"""Target strings ("llvm -mcpu=native -mattr=+avx2") parsed into a Target.
+
+A Target names everything that decides machine code: triple, cpu and feature
+string. `-mcpu=native` is resolved to this host's cpu and features at parse
+time, so the resolved values (not the word "native") enter kernel hashes.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from functools import lru_cache
+
+import llvmlite.binding as llvm
+
+
+class TargetError(ValueError):
+    """A target string that cannot be understood."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """A resolved CPU target: what the code generator needs to emit objects."""
+
+    kind: str  # only "llvm" today
+    triple: str
+    cpu: str
+    features: str  # LLVM feature string: "+avx2,+fma,-avx512f"
+
+    @property
+    def vector_width(self) -> int:
+        """Floats per native vector register: 16 with AVX-512, 8 with AVX, else 4."""
+        feats = set(self.features.split(","))
+        if "+avx512f" in feats or (self.cpu in _AVX512_CPUS and "-avx512f" not in feats):
+            return 16
+        if "+avx" in feats or "+avx2" in feats or self.cpu in _AVX2_CPUS:
+            return 8
+        return 4
+
+    def key(self) -> dict:
+        """The fields that enter kernel hashes and object cache keys."""
+        return {"triple": self.triple, "cpu": self.cpu, "features": self.features}
+
+    def target_machine(self, opt_level: int = 3):
+        """An llvmlite TargetMachine emitting position-independent objects."""
+        _init_llvm()
+        machine = llvm.Target.from_triple(self.triple)
+        return machine.create_target_machine(
+            cpu=self.cpu, features=self.features, opt=opt_level,
+            reloc="pic", codemodel="default",
+        )
+
+
+# Named CPUs whose implied features we know without asking LLVM (features
+# given with -mattr override these).
+_AVX512_CPUS = {"skylake-avx512", "cascadelake", "cooperlake", "icelake-server",
+                "icelake-client", "tigerlake", "sapphirerapids", "znver4", "znver5"}
+_AVX2_CPUS = {"haswell", "broadwell", "skylake", "alderlake", "znver1", "znver2", "znver3"}
+
+
+@lru_cache(maxsize=None)
+def _init_llvm() -> None:
+    # Safe to call repeatedly; current llvmlite needs no llvm.initialize().
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+
+
+@lru_cache(maxsize=None)
+def parse_target(text: str) -> Target:
+    """Parse a target string: `llvm [-mtriple=T] [-mcpu=C] [-mattr=+a,-b]`.
+
+    `-mcpu=native` (or no -mcpu) takes this host's cpu and all its features;
+    -mattr entries then add to or remove from that set.
+    """
+    words = shlex.split(text)
+    if not words or words[0] != "llvm":
+        raise TargetError(f"target {text!r}: only 'llvm' targets are supported "
+                          "(e.g. 'llvm -mcpu=native')")
+    _init_llvm()
+    opts = {}
+    for word in words[1:]:
+        key, eq, value = word.partition("=")
+        if key not in ("-mtriple", "-mcpu", "-mattr") or not eq:
+            raise TargetError(f"target {text!r}: unknown option {word!r} "
+                              "(allowed: -mtriple=, -mcpu=, -mattr=)")
+        opts[key] = value
+    triple = opts.get("-mtriple", llvm.get_process_triple())
+    cpu = opts.get("-mcpu", "native")
+    if cpu == "native":
+        cpu = llvm.get_host_cpu_name()
+        features = dict(_split_features(llvm.get_host_cpu_features().flatten()))
+    else:
+        features = {}
+    for name, sign in _split_features(opts.get("-mattr", "")):
+        features[name] = sign
+    feature_text = ",".join(f"{sign}{name}" for name, sign in sorted(features.items()))
+    try:
+        llvm.Target.from_triple(triple)
+    except RuntimeError as err:
+        raise TargetError(f"target {text!r}: unknown triple {triple!r}: {err}") from None
+    return Target("llvm", triple, cpu, feature_text)
+
+
+def _split_features(text: str):
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        if item[0] not in "+-":
+            raise TargetError(f"-mattr entry {item!r} must start with '+' or '-'")
+        yield item[1:], item[0]

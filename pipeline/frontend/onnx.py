@@ -1,0 +1,239 @@
+"""ONNX -> graph IR (TVM: relay.frontend.from_onnx).
+
+The import checks the whole model before converting anything: an unreadable
+file, or any operator without a converter at the model's opset, stops it with
+one error that names every offender. Initializers become parameters (also in
+old-style models that list them among the graph inputs); ONNX shape inference
+runs after input-shape overrides, and its shapes are checked against ours.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from pipeline.errors import ModelError, UnsupportedOperatorError
+from pipeline.ir.graph import Graph, Node, TensorType
+from pipeline.ops import infer_types, onnx_converter
+
+_DTYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.INT64: "int64",
+           onnx.TensorProto.INT32: "int32", onnx.TensorProto.BOOL: "bool"}
+
+
+@dataclass
+class OnnxNode:
+    """What a converter sees of one ONNX node: attributes already decoded."""
+
+    op_type: str
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: dict
+    opset: int
+
+
+class ImportContext:
+    """Types and constant values known so far, for converters to consult."""
+
+    def __init__(self, params: dict[str, np.ndarray], types: dict[str, TensorType]):
+        self.params = params
+        self.types = types
+
+    def type(self, name: str) -> TensorType:
+        return self.types[name]
+
+    def const(self, name: str) -> np.ndarray | None:
+        """The value of `name` if it is known at build time, else None."""
+        return self.params.get(name)
+
+    def add_param(self, hint: str, value: np.ndarray) -> str:
+        """Add a parameter the converter computed (e.g. a transposed weight)."""
+        name, k = hint, 0
+        while name in self.params or name in self.types:
+            k += 1
+            name = f"{hint}_{k}"
+        self.params[name] = value
+        self.types[name] = TensorType(value.shape, _dtype_name(value.dtype, name))
+        return name
+
+
+def load_model(path: str | Path) -> onnx.ModelProto:
+    """Read an ONNX file; ModelError naming the file if it is missing or malformed."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModelError(f"{path}: model file not found")
+    try:
+        model = onnx.load(str(path))
+    except Exception as err:  # protobuf raises DecodeError and friends
+        raise ModelError(f"{path}: not a valid ONNX file ({type(err).__name__}: "
+                         f"{str(err).splitlines()[0] if str(err) else 'truncated?'})") from None
+    if not model.graph.node:
+        raise ModelError(f"{path}: the ONNX graph has no nodes (truncated or empty file?)")
+    return model
+
+
+def from_onnx(model: onnx.ModelProto | str | Path,
+              shape: dict[str, tuple[int, ...]] | None = None,
+              source: str | None = None) -> tuple[Graph, dict[str, np.ndarray]]:
+    """Import an ONNX model (or file path) into (graph, params).
+
+    `shape` overrides or fixes input shapes by input name. `source` names the
+    model in error messages (defaults to the file path).
+    """
+    if not isinstance(model, onnx.ModelProto):
+        source = source or str(model)
+        model = load_model(model)
+    source = source or model.graph.name or "<model>"
+    opset = _default_opset(model)
+    _check_supported(model, opset, source)
+
+    g = model.graph
+    params = {init.name: numpy_helper.to_array(init) for init in g.initializer}
+    types = {name: TensorType(v.shape, _dtype_name(v.dtype, name)) for name, v in params.items()}
+    inputs = [vi for vi in g.input if vi.name not in params]
+    shape = dict(shape or {})
+    unknown = set(shape) - {vi.name for vi in inputs}
+    if unknown:
+        raise ModelError(f"{source}: shape given for unknown input(s) {sorted(unknown)}; "
+                         f"inputs are {[vi.name for vi in inputs]}")
+    for vi in inputs:
+        types[vi.name] = _input_type(vi, shape.get(vi.name), source)
+
+    onnx_shapes = _onnx_shape_inference(model, types, inputs, source)
+    ctx = ImportContext(params, types)
+    nodes: list[Node] = []
+    used_names: set[str] = set()
+    for k, proto in enumerate(g.node):
+        onode = _decode(proto, k, opset, used_names)
+        if onode.op_type == "Constant":
+            _import_constant(onode, ctx, source)
+            continue
+        for node in onnx_converter(onode.op_type, opset)(ctx, onode):
+            out_types = infer_types(node, [types[i] for i in node.inputs])
+            for name, t in zip(node.outputs, out_types, strict=True):
+                want = onnx_shapes.get(name)
+                if want is not None and want != t.shape:
+                    raise ModelError(f"{source}: node {node.name!r} ({onode.op_type}): "
+                                     f"output {name!r} has shape {list(t.shape)} here but "
+                                     f"{list(want)} by ONNX shape inference")
+                types[name] = t
+            nodes.append(node)
+
+    outputs = tuple(o.name for o in g.output)
+    used = {i for n in nodes for i in n.inputs} | set(outputs)
+    kept = {name: v for name, v in params.items() if name in used}
+    input_names = tuple(vi.name for vi in inputs)
+    defined = {*input_names, *kept, *(o for n in nodes for o in n.outputs)}
+    graph = Graph(inputs=input_names, params=tuple(sorted(kept)), outputs=outputs,
+                  nodes=tuple(nodes),
+                  types={name: t for name, t in types.items() if name in defined})
+    graph.verify()
+    return graph, kept
+
+
+def _default_opset(model: onnx.ModelProto) -> int:
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return imp.version
+    return 1
+
+
+def _check_supported(model: onnx.ModelProto, opset: int, source: str) -> None:
+    missing: dict[str, list[str]] = {}
+    for k, node in enumerate(model.graph.node):
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            continue
+        if node.domain not in ("", "ai.onnx"):
+            key = f"{node.domain}.{node.op_type}"
+        elif onnx_converter(node.op_type, opset) is None:
+            key = f"{node.op_type} (opset {opset})"
+        else:
+            continue
+        missing.setdefault(key, []).append(node.name or f"#{k}")
+    if missing:
+        listing = "; ".join(f"{op} at node(s) {', '.join(names[:5])}"
+                            + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+                            for op, names in sorted(missing.items()))
+        raise UnsupportedOperatorError(
+            f"{source}: unsupported operator(s): {listing}. Supported operators are "
+            "registered in pipeline/ops/ (see pipeline.ops.ONNX_CONVERTERS)")
+
+
+def _dtype_name(dtype, name: str) -> str:
+    text = str(np.dtype(dtype))
+    if text not in ("float32", "int64", "int32", "bool"):
+        raise ModelError(f"tensor {name!r}: dtype {text} is not supported "
+                         "(float32, int64, int32, bool are)")
+    return text
+
+
+def _input_type(vi, override, source: str) -> TensorType:
+    tt = vi.type.tensor_type
+    dtype = _DTYPES.get(tt.elem_type)
+    if dtype is None:
+        raise ModelError(f"{source}: input {vi.name!r} has unsupported element type "
+                         f"{onnx.TensorProto.DataType.Name(tt.elem_type)}")
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+    if override is not None:
+        if dims and len(override) != len(dims):
+            raise ModelError(f"{source}: shape override {list(override)} for input "
+                             f"{vi.name!r} has rank {len(override)}, the model says {len(dims)}")
+        return TensorType(tuple(int(d) for d in override), dtype)
+    if None in dims or not tt.HasField("shape"):
+        raise ModelError(f"{source}: input {vi.name!r} has a symbolic shape {dims}; give "
+                         f"its shape in the config (models.<name>.inputs.{vi.name})")
+    return TensorType(tuple(dims), dtype)
+
+
+def _onnx_shape_inference(model, types, inputs, source) -> dict[str, tuple[int, ...]]:
+    """Shapes ONNX infers once our input shapes are set, by tensor name."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    for vi in model.graph.input:
+        if vi.name in {i.name for i in inputs}:
+            dims = vi.type.tensor_type.shape.dim
+            del dims[:]
+            for d in types[vi.name].shape:
+                dims.add().dim_value = d
+    del model.graph.value_info[:]
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    except Exception as err:
+        raise ModelError(f"{source}: ONNX shape inference failed: "
+                         f"{str(err).splitlines()[-1]}") from None
+    shapes = {}
+    for vi in [*inferred.graph.value_info, *inferred.graph.output]:
+        dims = vi.type.tensor_type.shape.dim
+        if dims and all(d.HasField("dim_value") for d in dims):
+            shapes[vi.name] = tuple(d.dim_value for d in dims)
+    return shapes
+
+
+def _decode(proto, k: int, opset: int, used_names: set[str]) -> OnnxNode:
+    name = proto.name or f"{proto.op_type}_{k}"
+    while name in used_names:
+        name = f"{name}_{k}"
+    used_names.add(name)
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in proto.attribute}
+    return OnnxNode(proto.op_type, name, tuple(proto.input), tuple(proto.output), attrs, opset)
+
+
+def _import_constant(node: OnnxNode, ctx: ImportContext, source: str) -> None:
+    """Constant nodes become parameters."""
+    a = node.attrs
+    if "value" in a:
+        value = numpy_helper.to_array(a["value"])
+    elif "value_float" in a or "value_int" in a:
+        value = np.array(a.get("value_float", a.get("value_int")),
+                         np.float32 if "value_float" in a else np.int64)
+    elif "value_floats" in a or "value_ints" in a:
+        value = np.array(a.get("value_floats", a.get("value_ints")),
+                         np.float32 if "value_floats" in a else np.int64)
+    else:
+        raise ModelError(f"{source}: node {node.name!r} (Constant): unsupported value "
+                         f"attribute {sorted(a)}")
+    ctx.params[node.outputs[0]] = value
+    ctx.types[node.outputs[0]] = TensorType(value.shape, _dtype_name(value.dtype, node.name))

@@ -1,0 +1,194 @@
+"""The graph IR: a frozen dataclass of typed tensors and operator nodes.
+
+A Graph holds no weight values. Parameters are named tensors whose values live
+beside the graph in a plain `dict[str, np.ndarray]`, so that the graph (and every
+kernel hash derived from it) does not change when only weights change.
+
+Nodes are kept in topological order. Attributes are stored as a sorted tuple of
+(key, value) pairs whose values are ints, floats, strings or tuples of those, so
+nodes are hashable and serialise to JSON without loss.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from pipeline.errors import GraphError
+
+DTYPES = ("float32", "int64", "int32", "bool")
+
+
+@dataclass(frozen=True)
+class TensorType:
+    """Static shape and dtype of one tensor."""
+
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    def to_json(self) -> list:
+        return [list(self.shape), self.dtype]
+
+
+def freeze_attrs(attrs: Mapping) -> tuple:
+    """A dict of attributes as a sorted tuple of pairs, lists turned into tuples."""
+
+    def freeze(v):
+        if isinstance(v, (list, tuple)):
+            return tuple(freeze(x) for x in v)
+        if isinstance(v, Node):
+            return v
+        if hasattr(v, "item"):  # numpy scalar
+            return v.item()
+        return v
+
+    return tuple(sorted((k, freeze(v)) for k, v in attrs.items()))
+
+
+@dataclass(frozen=True)
+class Node:
+    """One operator application. `attrs` is a sorted tuple of (key, value)."""
+
+    op: str
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: tuple = ()
+
+    @staticmethod
+    def make(op: str, name: str, inputs: Iterable[str], outputs: Iterable[str],
+             **attrs) -> Node:
+        return Node(op, name, tuple(inputs), tuple(outputs), freeze_attrs(attrs))
+
+    def attr(self, key: str, default=None):
+        for k, v in self.attrs:
+            if k == key:
+                return v
+        return default
+
+    @property
+    def attr_dict(self) -> dict:
+        return dict(self.attrs)
+
+    def with_attrs(self, **changes) -> Node:
+        merged = {**self.attr_dict, **changes}
+        return Node(self.op, self.name, self.inputs, self.outputs, freeze_attrs(merged))
+
+
+@dataclass(frozen=True)
+class Graph:
+    """A typed dataflow graph.
+
+    inputs:  names of the tensors the caller feeds, in order.
+    params:  names of parameter tensors (values are kept outside the graph).
+    outputs: names of the graph results, in order.
+    nodes:   operator nodes, topologically sorted.
+    types:   the TensorType of every tensor named anywhere above.
+    """
+
+    inputs: tuple[str, ...]
+    params: tuple[str, ...]
+    outputs: tuple[str, ...]
+    nodes: tuple[Node, ...]
+    types: Mapping[str, TensorType] = field(default_factory=dict)
+
+    def producers(self) -> dict[str, Node]:
+        return {out: n for n in self.nodes for out in n.outputs}
+
+    def consumers(self) -> dict[str, list[Node]]:
+        users: dict[str, list[Node]] = {}
+        for n in self.nodes:
+            for name in n.inputs:
+                users.setdefault(name, []).append(n)
+        return users
+
+    def replace(self, **changes) -> Graph:
+        fields = {"inputs": self.inputs, "params": self.params, "outputs": self.outputs,
+                  "nodes": self.nodes, "types": self.types, **changes}
+        return Graph(**fields)
+
+    def verify(self) -> None:
+        """Check the invariants every pass must keep; raise GraphError if broken.
+
+        Every tensor is defined exactly once and before use, has a type, every
+        op is registered and its shape rule reproduces the recorded output types.
+        """
+        from pipeline.ops import registry  # ops import the IR; avoid a cycle
+
+        defined: set[str] = set()
+        for name in (*self.inputs, *self.params):
+            if name in defined:
+                raise GraphError(f"tensor {name!r} is defined twice")
+            if name not in self.types:
+                raise GraphError(f"tensor {name!r} has no type")
+            defined.add(name)
+        for node in self.nodes:
+            for name in node.inputs:
+                if name and name not in defined:
+                    raise GraphError(f"node {node.name!r} ({node.op}) uses {name!r} "
+                                     "before it is defined")
+            expected = registry.infer_types(node, [self.types[i] for i in node.inputs])
+            for name, want in zip(node.outputs, expected, strict=True):
+                if name in defined:
+                    raise GraphError(f"tensor {name!r} is defined twice")
+                if self.types.get(name) != want:
+                    raise GraphError(f"node {node.name!r} ({node.op}): output {name!r} "
+                                     f"recorded as {self.types.get(name)}, shape rule "
+                                     f"gives {want}")
+                defined.add(name)
+        for name in self.outputs:
+            if name not in defined:
+                raise GraphError(f"graph output {name!r} is never defined")
+
+    # -- serialisation: the import stage writes this, the optimize stage reads it --
+
+    def to_json(self) -> str:
+        doc = {
+            "inputs": list(self.inputs), "params": list(self.params),
+            "outputs": list(self.outputs),
+            "nodes": [_node_to_json(n) for n in self.nodes],
+            "types": {k: t.to_json() for k, t in sorted(self.types.items())},
+        }
+        return json.dumps(doc, sort_keys=True, indent=1)
+
+    @staticmethod
+    def from_json(text: str) -> Graph:
+        doc = json.loads(text)
+        return Graph(
+            inputs=tuple(doc["inputs"]), params=tuple(doc["params"]),
+            outputs=tuple(doc["outputs"]),
+            nodes=tuple(_node_from_json(n) for n in doc["nodes"]),
+            types={k: TensorType(tuple(s), d) for k, (s, d) in doc["types"].items()},
+        )
+
+
+def _node_to_json(node: Node) -> dict:
+    def enc(v):
+        if isinstance(v, Node):
+            return {"__node__": _node_to_json(v)}
+        if isinstance(v, tuple):
+            return [enc(x) for x in v]
+        return v
+
+    return {"op": node.op, "name": node.name, "inputs": list(node.inputs),
+            "outputs": list(node.outputs), "attrs": {k: enc(v) for k, v in node.attrs}}
+
+
+def _node_from_json(doc: dict) -> Node:
+    def dec(v):
+        if isinstance(v, dict) and "__node__" in v:
+            return _node_from_json(v["__node__"])
+        if isinstance(v, list):
+            return tuple(dec(x) for x in v)
+        return v
+
+    return Node(doc["op"], doc["name"], tuple(doc["inputs"]), tuple(doc["outputs"]),
+                tuple(sorted((k, dec(v)) for k, v in doc["attrs"].items())))

@@ -1,0 +1,122 @@
+"""The kernel IR: KernelSpec, one fused kernel described completely.
+
+A spec holds what decides the kernel's machine code and nothing else: the
+operator chain with canonical tensor names (argument `a<i>`, temporary `t<i>`;
+graph node names are dropped), the argument types, the resolved target, the
+LLVM opt level and the code generator's version. Its content hash is the
+kernel's identity: two models (or matrix entries) that need the same kernel
+get the same hash and share one object file; weights never enter it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import llvmlite
+
+from pipeline.codegen.target import Target
+from pipeline.errors import GraphError
+from pipeline.ir.graph import Graph, Node, TensorType
+from pipeline.ops import get, infer_types
+
+# Bump when the kernel ABI or object format changes in a way sources don't show.
+FORMAT_VERSION = 1
+_PKG = Path(__file__).resolve().parent.parent
+# The sources whose edits change generated code. Validation and runtime code
+# are deliberately absent: editing them must not rebuild any kernel.
+CODEGEN_SOURCES = tuple(sorted(
+    [*(_PKG / "ops").glob("*.py"), *(_PKG / "codegen").glob("*.py"),
+     _PKG / "lower" / "kernel.py", _PKG / "ir" / "graph.py"]))
+
+
+@lru_cache(maxsize=1)
+def codegen_version() -> str:
+    """Hash of the code generator's sources, llvmlite's version and FORMAT_VERSION."""
+    h = hashlib.sha256(f"{FORMAT_VERSION} llvmlite {llvmlite.__version__}".encode())
+    for path in CODEGEN_SOURCES:
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    ops: tuple[Node, ...]            # ops[0] is the anchor; the rest are elementwise
+    params: tuple[TensorType, ...]   # arguments: inputs a0..a{n-1}, then the output
+    target: Target
+    opt_level: int
+    version: str
+
+    @property
+    def name(self) -> str:
+        return "_".join(n.op for n in self.ops)
+
+    def to_json(self) -> str:
+        doc = {
+            "ops": [{"op": n.op, "inputs": list(n.inputs), "outputs": list(n.outputs),
+                     "attrs": [[k, v] for k, v in n.attrs]} for n in self.ops],
+            "params": [t.to_json() for t in self.params],
+            "target": self.target.key(), "opt_level": self.opt_level,
+            "version": self.version,
+        }
+        return json.dumps(doc, sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> KernelSpec:
+        doc = json.loads(text)
+
+        def tup(v):
+            return tuple(tup(x) for x in v) if isinstance(v, list) else v
+
+        ops = tuple(Node(o["op"], "", tuple(o["inputs"]), tuple(o["outputs"]),
+                         tuple((k, tup(v)) for k, v in o["attrs"])) for o in doc["ops"])
+        target = Target("llvm", **doc["target"])
+        return KernelSpec(ops, tuple(TensorType(tuple(s), d) for s, d in doc["params"]),
+                          target, doc["opt_level"], doc["version"])
+
+    @property
+    def hash(self) -> str:
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:20]
+
+    @property
+    def symbol(self) -> str:
+        """The exported function name; it embeds the hash so libraries never clash."""
+        return f"{self.name}_{self.hash}"
+
+    def verify(self) -> None:
+        """Check the spec is well formed; raise GraphError if not."""
+        env = {f"a{i}": t for i, t in enumerate(self.params[:-1])}
+        for k, node in enumerate(self.ops):
+            kind = get(node.op).kind
+            if k > 0 and kind != "elementwise":
+                raise GraphError(f"kernel {self.name}: {node.op} after the anchor "
+                                 "is not elementwise")
+            if k > 0 and node.inputs.count(f"t{k - 1}") != 1:
+                raise GraphError(f"kernel {self.name}: {node.op} does not consume "
+                                 "the previous result exactly once")
+            missing = [i for i in node.inputs if i not in env]
+            if missing:
+                raise GraphError(f"kernel {self.name}: {node.op} reads undefined {missing}")
+            (out,) = infer_types(node, [env[i] for i in node.inputs])
+            env[node.outputs[0]] = out
+        if env[self.ops[-1].outputs[0]] != self.params[-1]:
+            raise GraphError(f"kernel {self.name}: result type "
+                             f"{env[self.ops[-1].outputs[0]]} != output {self.params[-1]}")
+
+
+def kernel_spec(node: Node, graph: Graph, target: Target, opt_level: int) -> KernelSpec:
+    """The KernelSpec of one graph node (a `fused` node, or any single op)."""
+    body = node.attr("body") if node.op == "fused" else (node,)
+    names = {name: f"a{i}" for i, name in enumerate(node.inputs)}
+    ops = []
+    for k, inner in enumerate(body):
+        inputs = tuple(names[i] for i in inner.inputs)
+        names[inner.outputs[0]] = f"t{k}"
+        ops.append(Node(inner.op, "", inputs, (f"t{k}",), inner.attrs))
+    params = tuple(graph.types[i] for i in node.inputs) + (graph.types[node.outputs[0]],)
+    spec = KernelSpec(tuple(ops), params, target, opt_level, codegen_version())
+    spec.verify()
+    return spec

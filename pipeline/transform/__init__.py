@@ -1,0 +1,45 @@
+"""Graph-level optimisation: the pass pipeline, in the order it runs.
+
+Each pass is `fn(graph, params, cfg) -> (graph, params)`; `optimize` runs the
+ones the current PassContext enables and verifies the graph after each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pipeline.ir.graph import Graph
+from pipeline.transform.context import CONFIG_OPTIONS, PassConfig, PassContext
+from pipeline.transform.fuse import fold_constant, fuse_ops
+from pipeline.transform.simplify import fold_batch_norm, simplify_inference
+
+
+@dataclass(frozen=True)
+class Pass:
+    name: str
+    run: Callable
+    opt_level: int  # runs when PassContext.opt_level >= this (or when required)
+
+
+PIPELINE = (
+    Pass("SimplifyInference", simplify_inference, 0),
+    Pass("FoldConstant", fold_constant, 2),
+    Pass("FoldBatchNorm", fold_batch_norm, 1),
+    Pass("FuseOps", fuse_ops, 1),
+)
+PASS_NAMES = tuple(p.name for p in PIPELINE)
+
+
+def optimize(graph: Graph, params: dict, cfg: PassConfig | None = None):
+    """Run the enabled passes of PIPELINE; returns (graph, params)."""
+    cfg = cfg or PassContext.current()
+    for p in PIPELINE:
+        if cfg.enabled(p.name, p.opt_level):
+            graph, params = p.run(graph, params, cfg)
+            graph.verify()
+    return graph, params
+
+
+__all__ = ["CONFIG_OPTIONS", "PIPELINE", "PASS_NAMES", "Pass", "PassConfig", "PassContext",
+           "optimize"]

@@ -1,0 +1,71 @@
+"""PassContext: every optimisation option in one object (TVM: tvm.transform.PassContext).
+
+The same frozen PassConfig is what the build hashes, so an option change
+reaches exactly the matrix entries that use it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.errors import ConfigError
+
+# Options a pass reads from `config`, with their default and type.
+CONFIG_OPTIONS = {"FuseOps.max_depth": (256, int)}
+
+
+@dataclass(frozen=True)
+class PassConfig:
+    opt_level: int = 2
+    required_pass: tuple[str, ...] = ()
+    disabled_pass: tuple[str, ...] = ()
+    config: tuple[tuple[str, object], ...] = ()
+
+    def option(self, key: str):
+        return dict(self.config).get(key, CONFIG_OPTIONS[key][0])
+
+    def enabled(self, name: str, opt_level: int) -> bool:
+        if name in self.disabled_pass:
+            return False
+        return name in self.required_pass or opt_level <= self.opt_level
+
+    def to_dict(self) -> dict:
+        return {"opt_level": self.opt_level, "required_pass": list(self.required_pass),
+                "disabled_pass": list(self.disabled_pass), "config": dict(self.config)}
+
+
+_STACK: list[PassConfig] = []
+
+
+class PassContext:
+    """`with PassContext(opt_level=3, disabled_pass=["FuseOps"]): build(...)`."""
+
+    def __init__(self, opt_level: int = 2, required_pass=(), disabled_pass=(),
+                 config: dict | None = None):
+        from pipeline.transform import PASS_NAMES  # the pipeline list imports this module
+
+        for name in (*required_pass, *disabled_pass):
+            if name not in PASS_NAMES:
+                raise ConfigError(f"unknown pass {name!r}; passes are {', '.join(PASS_NAMES)}")
+        for key, value in (config or {}).items():
+            if key not in CONFIG_OPTIONS:
+                raise ConfigError(f"unknown pass option {key!r}; options are "
+                                  f"{', '.join(CONFIG_OPTIONS)}")
+            if not isinstance(value, CONFIG_OPTIONS[key][1]):
+                raise ConfigError(f"pass option {key!r} must be "
+                                  f"{CONFIG_OPTIONS[key][1].__name__}, got {value!r}")
+        if not isinstance(opt_level, int) or not 0 <= opt_level <= 3:
+            raise ConfigError(f"opt_level must be an integer 0..3, got {opt_level!r}")
+        self.pass_config = PassConfig(opt_level, tuple(required_pass), tuple(disabled_pass),
+                                      tuple(sorted((config or {}).items())))
+
+    @staticmethod
+    def current() -> PassConfig:
+        return _STACK[-1] if _STACK else PassConfig()
+
+    def __enter__(self) -> PassContext:
+        _STACK.append(self.pass_config)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _STACK.pop()

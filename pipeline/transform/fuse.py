@@ -1,0 +1,75 @@
+"""Constant folding and operator fusion."""
+
+from __future__ import annotations
+
+from pipeline.ir.graph import Graph, Node
+from pipeline.ops import get
+from pipeline.transform.context import PassConfig
+from pipeline.transform.util import prune
+
+
+def fold_constant(graph: Graph, params: dict, cfg: PassConfig):
+    """Evaluate, at build time, every node whose inputs are all constants and
+    whose operator has a numpy implementation; its outputs become parameters."""
+    params = dict(params)
+    outputs = set(graph.outputs)
+    nodes = []
+    for node in graph.nodes:
+        impl = get(node.op).numpy if node.op != "fused" else None
+        if impl and all(i in params for i in node.inputs) and not outputs & set(node.outputs):
+            values = impl([params[i] for i in node.inputs], node)
+            for name, value in zip(node.outputs, values, strict=True):
+                params[name] = value.astype(graph.types[name].dtype)
+            continue
+        nodes.append(node)
+    return prune(graph.replace(nodes=tuple(nodes)), params)
+
+
+def fuse_ops(graph: Graph, params: dict, cfg: PassConfig):
+    """Group each anchor op (conv2d, dense, pool, ...) with the chain of
+    elementwise ops that follows it, so activations are written once.
+
+    An elementwise node joins the group that produced one of its inputs when
+    that tensor has no other use, is not a graph output, has the node's output
+    shape (the epilogue never broadcasts the running value) and the group is
+    shorter than `FuseOps.max_depth`. Elementwise chains without an anchor
+    form groups of their own. Each group becomes one `fused` node placed where
+    its last member was, which keeps the order topological.
+    """
+    max_depth = cfg.option("FuseOps.max_depth")
+    consumers = graph.consumers()
+    outputs = set(graph.outputs)
+    groups: list[list[Node]] = []
+    open_group: dict[str, int] = {}  # tensor -> index of the group it ends
+    for node in graph.nodes:
+        kind = get(node.op).kind
+        joined = False
+        if kind == "elementwise":
+            for name in node.inputs:
+                g = open_group.get(name)
+                if (g is not None and len(consumers[name]) == 1 and name not in outputs
+                        and graph.types[name].shape == graph.types[node.outputs[0]].shape
+                        and len(groups[g]) < max_depth):
+                    groups[g].append(node)
+                    del open_group[name]
+                    open_group[node.outputs[0]] = g
+                    joined = True
+                    break
+        if not joined:
+            groups.append([node])
+            if kind != "opaque":
+                open_group[node.outputs[0]] = len(groups) - 1
+
+    position = {id(n): k for k, n in enumerate(graph.nodes)}
+    groups.sort(key=lambda g: position[id(g[-1])])
+    fused = [_fused_node(g, k) for k, g in enumerate(groups)]
+    return prune(graph.replace(nodes=tuple(fused)), params)
+
+
+def _fused_node(body: list[Node], k: int) -> Node:
+    inner = {o for n in body for o in n.outputs}
+    inputs: list[str] = []
+    for n in body:
+        inputs.extend(i for i in n.inputs if i not in inner and i not in inputs)
+    name = "fused_" + "_".join(n.op for n in body) + f"_{k}"
+    return Node.make("fused", name, inputs, body[-1].outputs, body=tuple(body))

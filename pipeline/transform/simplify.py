@@ -1,0 +1,112 @@
+"""Inference simplification: drop no-op nodes, turn BatchNormalization into a
+per-channel scale and shift, and fold that scale and shift into the preceding
+convolution (TVM: SimplifyInference + FoldScaleAxis)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.errors import GraphError
+from pipeline.ir.graph import Graph, Node
+from pipeline.transform.context import PassConfig
+from pipeline.transform.util import add_param, prune, rename_inputs
+
+
+def simplify_inference(graph: Graph, params: dict, cfg: PassConfig):
+    """Remove identity nodes (Identity, Dropout) and rewrite batch_norm as
+    mul(x, scale) -> add(., shift) with constant [C, 1, 1] scale and shift."""
+    types, params = dict(graph.types), dict(params)
+    outputs = set(graph.outputs)
+    alias: dict[str, str] = {}
+    nodes: list[Node] = []
+    for node in graph.nodes:
+        node = rename_inputs([node], alias)[0]
+        if node.op == "identity" and node.outputs[0] not in outputs:
+            alias[node.outputs[0]] = node.inputs[0]
+            continue
+        if node.op == "batch_norm":
+            nodes.extend(_batch_norm_as_scale_shift(node, types, params))
+            continue
+        nodes.append(node)
+    return prune(graph.replace(nodes=tuple(nodes), types=types), params)
+
+
+def _batch_norm_as_scale_shift(node: Node, types: dict, params: dict) -> list[Node]:
+    x, gamma, beta, mean, var = node.inputs
+    values = [params.get(name) for name in (gamma, beta, mean, var)]
+    if any(v is None for v in values):
+        raise GraphError(f"node {node.name!r} (BatchNormalization): scale, bias, mean and "
+                         "variance must be constants for inference")
+    gamma, beta, mean, var = (v.astype(np.float64) for v in values)
+    scale = gamma / np.sqrt(var + node.attr("epsilon"))
+    shift = beta - mean * scale
+    rank = len(types[x].shape)
+    per_channel = (-1,) + (1,) * (rank - 2)
+    scale_name = add_param(types, params, f"{node.name}.scale",
+                           scale.astype(np.float32).reshape(per_channel))
+    shift_name = add_param(types, params, f"{node.name}.shift",
+                           shift.astype(np.float32).reshape(per_channel))
+    mid = f"{node.outputs[0]}.scaled"
+    types[mid] = types[node.outputs[0]]
+    return [Node.make("mul", f"{node.name}.scale", (x, scale_name), (mid,)),
+            Node.make("add", f"{node.name}.shift", (mid, shift_name), node.outputs)]
+
+
+def fold_batch_norm(graph: Graph, params: dict, cfg: PassConfig):
+    """conv2d -> mul(per-channel constant) [-> add(per-channel constant)] becomes one
+    conv2d with scaled weights and a bias, when the conv output has no other use."""
+    types, params = dict(graph.types), dict(params)
+    consumers = graph.consumers()
+    outputs = set(graph.outputs)
+    removed: set[int] = set()
+    nodes = list(graph.nodes)
+    for k, conv in enumerate(nodes):
+        if conv.op != "conv2d" or conv.inputs[1] not in params:
+            continue
+        oc = types[conv.inputs[1]].shape[0]
+        chain = _scale_shift_chain(conv, consumers, params, outputs, oc)
+        if chain is None:
+            continue
+        mul, add = chain
+        scale = params[_other(mul, conv.outputs[0])].reshape(-1).astype(np.float64)
+        weight = params[conv.inputs[1]].astype(np.float64) * scale[:, None, None, None]
+        bias = (params[conv.inputs[2]].astype(np.float64) if len(conv.inputs) > 2
+                else np.zeros(oc)) * scale
+        last = mul
+        if add is not None:
+            bias = bias + params[_other(add, mul.outputs[0])].reshape(-1)
+            last = add
+        w_name = add_param(types, params, f"{conv.name}.weight_folded",
+                           weight.astype(np.float32))
+        b_name = add_param(types, params, f"{conv.name}.bias_folded", bias.astype(np.float32))
+        nodes[k] = Node(conv.op, conv.name, (conv.inputs[0], w_name, b_name),
+                        last.outputs, conv.attrs)
+        removed |= {id(mul), id(add)}
+    kept = tuple(n for n in nodes if id(n) not in removed)
+    return prune(graph.replace(nodes=kept, types=types), params)
+
+
+def _other(node: Node, name: str) -> str:
+    return node.inputs[1] if node.inputs[0] == name else node.inputs[0]
+
+
+def _per_channel(params: dict, name: str, oc: int) -> bool:
+    v = params.get(name)
+    return v is not None and v.size == oc and v.shape[-2:] == (1, 1) and v.ndim in (3, 4)
+
+
+def _scale_shift_chain(conv: Node, consumers, params, outputs, oc):
+    """The (mul, add-or-None) following `conv`, or None if the pattern is absent."""
+    def sole_user(name):
+        users = consumers.get(name, [])
+        return users[0] if len(users) == 1 and name not in outputs else None
+
+    mul = sole_user(conv.outputs[0])
+    if mul is None or mul.op != "mul" or not _per_channel(params, _other(mul, conv.outputs[0]),
+                                                          oc):
+        return None
+    add = sole_user(mul.outputs[0])
+    if add is None or add.op != "add" or not _per_channel(params, _other(add, mul.outputs[0]),
+                                                          oc):
+        add = None
+    return mul, add
