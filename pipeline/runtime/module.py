@@ -1,0 +1,208 @@
+"""Load an exported library (.so, or .tar of objects) and hand out its graph executor.
+
+The library carries everything in itself: kernels as exported functions and
+the graph JSON + params in the blob symbol (see pack.py). The blob is
+verified (magic, version, length, sha256) before anything in it is used.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import tarfile
+import tempfile
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from pipeline.contrib.cc import create_shared
+from pipeline.runtime.graph_executor import GraphExecutor
+from pipeline.runtime.pack import (
+    BLOB_PREFIX_SIZE,
+    BLOB_SYMBOL,
+    Blob,
+    BlobError,
+    read_blob_header_length,
+    unpack_blob,
+)
+from pipeline.runtime.params import load_params
+
+__all__ = ["Module", "load_module"]
+
+SUFFIXES = (".so", ".tar")
+
+# glibc's dlopen returns the already-loaded library when the *path* matches,
+# even if the file was rebuilt since. Remember what each path was when we
+# loaded it, and reach a changed file through a fresh symlink name instead.
+_loaded_ids: dict[str, tuple[int, int, int]] = {}
+
+
+def _file_id(path: str) -> tuple[int, int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino, st.st_mtime_ns
+
+
+class Module:
+    """A loaded library: its kernels, graph JSON, params and the "default" factory."""
+
+    def __init__(self, path: str, lib: ctypes.CDLL, blob: Blob, keep: Sequence[Any] = ()):
+        self.path = path
+        self.lib = lib
+        self.blob = blob
+        self._keep = list(keep)  # temp dirs that must outlive the dlopen'ed file
+        self._params: dict[str, np.ndarray] | None = None
+
+    @property
+    def kernels(self) -> tuple[str, ...]:
+        """Kernel symbol names recorded in the blob."""
+        return self.blob.kernels
+
+    @property
+    def graph_json(self) -> str:
+        """The graph executor JSON text."""
+        return self.blob.graph_json
+
+    @property
+    def target(self) -> str:
+        """The target string the library was built for."""
+        return self.blob.target
+
+    @property
+    def params(self) -> dict[str, np.ndarray]:
+        """The params stored in the library (parsed once, on first use)."""
+        if self._params is None:
+            self._params = load_params(self.blob.params)
+        return self._params
+
+    def get_function(self, symbol: str) -> Callable[..., int]:
+        """The ctypes function `int32_t symbol(void **args)`; AttributeError if absent."""
+        try:
+            # lib[name], unlike getattr, also finds names shaped like "__x__".
+            func = self.lib[symbol]
+        except AttributeError:
+            raise AttributeError(f"{self.path}: kernel symbol {symbol!r} not found in the "
+                                 "library") from None
+        func.restype = ctypes.c_int32
+        return func
+
+    def __getitem__(self, name: str) -> Callable[..., GraphExecutor]:
+        """`lib["default"]` is the executor factory: `lib["default"](dev)` (TVM style)."""
+        if name != "default":
+            raise KeyError(f"{self.path}: no module {name!r}; available: ['default']")
+        return self._factory
+
+    def _factory(self, device: Any = None) -> GraphExecutor:
+        _check_device(device)
+        # Each executor gets its own copy of the params, so two executors
+        # from one library never see each other's load_params/set_input.
+        return GraphExecutor(self.graph_json, self.get_function, self.params, owner=self)
+
+    def __repr__(self) -> str:
+        return f"Module({self.path!r}, {len(self.kernels)} kernels, target={self.target!r})"
+
+
+def _check_device(device: Any) -> None:
+    """Accept None, "cpu"/"llvm" or a TVM-like device with device_type 1 (CPU)."""
+    if device is None or (isinstance(device, str) and device.lower() in ("cpu", "llvm")):
+        return
+    if getattr(device, "device_type", None) == 1:
+        return
+    raise ValueError(f"unsupported device {device!r}: only the CPU is supported")
+
+
+def load_module(path: str | os.PathLike, link_options: Sequence[str] | None = None) -> Module:
+    """Load a library exported as `.so` or as a `.tar` of object files.
+
+    A `.tar` is extracted to a private temporary folder and linked there with
+    create_shared (link_options are passed on, e.g. ["-lgomp"]). Raises
+    FileNotFoundError, ValueError for other suffixes, BlobError when the blob
+    is missing or corrupted.
+    """
+    path = os.path.abspath(os.fspath(path))
+    if not path.endswith(SUFFIXES):
+        raise ValueError(f"cannot load {path}: supported library suffixes are "
+                         f"{', '.join(SUFFIXES)}")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"library not found: {path}")
+    if path.endswith(".so"):
+        return _load_so(path, path)
+    tmp = tempfile.TemporaryDirectory(prefix="pipeline-lib-")
+    try:
+        objects = _extract_objects(path, tmp.name)
+        so_path = os.path.join(tmp.name, "lib.so")
+        create_shared(so_path, objects, options=link_options)
+        return _load_so(so_path, path, keep=[tmp])
+    except BaseException:
+        tmp.cleanup()
+        raise
+
+
+def _extract_objects(tar_path: str, dest: str) -> list[str]:
+    """Extract a flat tar's regular files into dest; return the .o paths, sorted."""
+    objects = []
+    with tarfile.open(tar_path) as tar:
+        for member in tar.getmembers():
+            name = member.name
+            # Our tars are flat; refuse anything that could land outside dest.
+            if (not member.isfile() or os.path.isabs(name) or os.path.dirname(name)
+                    or name in ("", ".", "..")):
+                raise ValueError(f"{tar_path}: refusing tar member {name!r} (expected plain "
+                                 "files without folders)")
+            src = tar.extractfile(member)
+            out = os.path.join(dest, name)
+            with src, open(out, "wb") as f:
+                while chunk := src.read(1 << 20):
+                    f.write(chunk)
+            if name.endswith(".o"):
+                objects.append(out)
+    if not objects:
+        raise ValueError(f"{tar_path}: no .o files in the archive")
+    return sorted(objects)
+
+
+def _load_so(so_path: str, source: str, keep: Sequence[Any] = ()) -> Module:
+    keep = list(keep)
+    open_path = so_path
+    file_id = _file_id(so_path)
+    if _loaded_ids.setdefault(so_path, file_id) != file_id:
+        alias_dir = tempfile.TemporaryDirectory(prefix="pipeline-reload-")
+        keep.append(alias_dir)
+        open_path = os.path.join(alias_dir.name, os.path.basename(so_path))
+        os.symlink(so_path, open_path)
+    try:
+        lib = ctypes.CDLL(open_path, mode=os.RTLD_LOCAL | os.RTLD_NOW)
+    except OSError as err:
+        raise OSError(f"cannot load {source}: {err}") from None
+    blob = unpack_blob(_read_blob(lib, so_path, source), source)
+    module = Module(source, lib, blob, keep)
+    missing = [k for k in blob.kernels if not _has_symbol(lib, k)]
+    if missing:
+        raise BlobError(f"{source}: kernel symbols listed in the blob are missing from the "
+                        f"library: {missing[:5]}")
+    return module
+
+
+def _has_symbol(lib: ctypes.CDLL, name: str) -> bool:
+    try:
+        lib[name]
+    except AttributeError:
+        return False
+    return True
+
+
+def _read_blob(lib: ctypes.CDLL, so_path: str, source: str) -> bytes:
+    """Copy the blob out of the loaded library's BLOB_SYMBOL."""
+    try:
+        addr = ctypes.addressof(ctypes.c_char.in_dll(lib, BLOB_SYMBOL))
+    except ValueError:
+        raise BlobError(f"{source}: no {BLOB_SYMBOL} symbol; not a library exported by "
+                        "pipeline, or devc.o was not linked in") from None
+    total = read_blob_header_length(ctypes.string_at(addr, BLOB_PREFIX_SIZE), source)
+    # A corrupted length must not make us read past the mapping: the blob
+    # lives inside the file, so it cannot be longer than the file.
+    size = os.path.getsize(so_path)
+    if total > size:
+        raise BlobError(f"{source}: blob truncated: header says {total} bytes but the library "
+                        f"file has only {size}")
+    return ctypes.string_at(addr, total)

@@ -1,0 +1,140 @@
+"""Parameter dictionaries in TVM's `save_param_dict` binary layout.
+
+Layout (all integers little endian):
+
+    u64 0xF7E58D4F05049CB7  list magic
+    u64 0                   reserved
+    u64 N                   number of names, then N x (u64 length + UTF-8 bytes)
+    u64 N                   number of arrays, then N arrays, each:
+        u64 0xDD5E40F096B4A13F  array magic
+        u64 0                   reserved
+        i32 device_type (1 = CPU), i32 device_id (0)
+        i32 ndim
+        u8 type code (0 int, 1 uint, 2 float), u8 bits, u16 lanes (1)
+        i64 shape[ndim]
+        i64 data size in bytes, then the raw C-contiguous data
+
+bool arrays are written as TVM writes them: type code 1 (uint) with 1 bit,
+one byte per element; that is what TVM's loader expects for "bool". On load,
+uint/1 and DLPack's kDLBool (code 6, 8 bits) both come back as numpy bool.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+__all__ = ["load_params", "save_params"]
+
+LIST_MAGIC = 0xF7E58D4F05049CB7
+ARRAY_MAGIC = 0xDD5E40F096B4A13F
+_CPU = 1
+
+# numpy dtype -> (DLPack type code, bits). bool is TVM's UInt(1), stored in bytes.
+_TO_DL = {
+    np.dtype("float16"): (2, 16), np.dtype("float32"): (2, 32), np.dtype("float64"): (2, 64),
+    np.dtype("int8"): (0, 8), np.dtype("int16"): (0, 16), np.dtype("int32"): (0, 32),
+    np.dtype("int64"): (0, 64), np.dtype("uint8"): (1, 8), np.dtype("uint16"): (1, 16),
+    np.dtype("uint32"): (1, 32), np.dtype("uint64"): (1, 64), np.dtype("bool"): (1, 1),
+}
+_FROM_DL = {v: k for k, v in _TO_DL.items()}
+_FROM_DL[(6, 8)] = np.dtype("bool")  # DLPack >= 0.8 kDLBool
+
+
+def save_params(params: dict[str, np.ndarray]) -> bytes:
+    """Serialize {name: array} to TVM param-dict bytes.
+
+    Names are written in sorted order so equal dicts give equal bytes no
+    matter their insertion order. Raises TypeError for non-str names and
+    ValueError for unsupported dtypes.
+    """
+    names = sorted(params)
+    parts = [struct.pack("<QQQ", LIST_MAGIC, 0, len(names))]
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"parameter names must be str, got {name!r}")
+        raw = name.encode("utf-8")
+        parts += [struct.pack("<Q", len(raw)), raw]
+    parts.append(struct.pack("<Q", len(names)))
+    for name in names:
+        arr = np.asarray(params[name])
+        code_bits = _TO_DL.get(arr.dtype.newbyteorder("="))
+        if code_bits is None:
+            raise ValueError(f"parameter {name!r}: unsupported dtype {arr.dtype} "
+                             f"(supported: {', '.join(sorted(map(str, _TO_DL)))})")
+        # Little endian on disk whatever the host byte order.
+        data = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
+        parts.append(struct.pack("<QQiiiBBH", ARRAY_MAGIC, 0, _CPU, 0, arr.ndim,
+                                 code_bits[0], code_bits[1], 1))
+        parts.append(struct.pack(f"<{arr.ndim}q", *arr.shape))
+        parts += [struct.pack("<q", len(data)), data]
+    return b"".join(parts)
+
+
+class _Reader:
+    """Sequential little-endian reader that reports truncation precisely."""
+
+    def __init__(self, data: bytes):
+        self.view = memoryview(data)
+        self.pos = 0
+
+    def take(self, n: int, what: str) -> memoryview:
+        if n < 0 or self.pos + n > len(self.view):
+            raise ValueError(f"param dict truncated: expected {n} bytes for {what} at "
+                             f"offset {self.pos}, only {len(self.view) - self.pos} left")
+        chunk = self.view[self.pos:self.pos + n]
+        self.pos += n
+        return chunk
+
+    def unpack(self, fmt: str, what: str) -> tuple:
+        return struct.unpack(fmt, self.take(struct.calcsize(fmt), what))
+
+
+def load_params(data: bytes) -> dict[str, np.ndarray]:
+    """Parse TVM param-dict bytes into {name: writable numpy array}.
+
+    Raises ValueError naming what was expected on a bad magic number,
+    truncation, unsupported dtype, size mismatch or trailing bytes.
+    """
+    r = _Reader(data)
+    magic, _reserved = r.unpack("<QQ", "list header")
+    if magic != LIST_MAGIC:
+        raise ValueError(f"not a param dict: expected magic {LIST_MAGIC:#x}, found {magic:#x}")
+    (count,) = r.unpack("<Q", "name count")
+    names = []
+    for i in range(count):
+        (size,) = r.unpack("<Q", f"length of name {i}")
+        names.append(str(r.take(size, f"name {i}"), "utf-8"))
+    (n_arrays,) = r.unpack("<Q", "array count")
+    if n_arrays != count:
+        raise ValueError(f"param dict has {count} names but {n_arrays} arrays")
+    out = {}
+    for name in names:
+        out[name] = _read_array(r, name)
+    if r.pos != len(r.view):
+        raise ValueError(f"param dict has {len(r.view) - r.pos} unexpected trailing bytes")
+    return out
+
+
+def _read_array(r: _Reader, name: str) -> np.ndarray:
+    magic, _res, _dev_type, _dev_id, ndim, code, bits, lanes = r.unpack(
+        "<QQiiiBBH", f"header of array {name!r}")
+    if magic != ARRAY_MAGIC:
+        raise ValueError(f"array {name!r}: expected magic {ARRAY_MAGIC:#x}, found {magic:#x}")
+    dtype = _FROM_DL.get((code, bits))
+    if dtype is None or lanes != 1:
+        raise ValueError(f"array {name!r}: unsupported type code {code} bits {bits} "
+                         f"lanes {lanes}")
+    if ndim < 0:
+        raise ValueError(f"array {name!r}: negative ndim {ndim}")
+    shape = r.unpack(f"<{ndim}q", f"shape of array {name!r}")
+    (size,) = r.unpack("<q", f"data size of array {name!r}")
+    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if any(d < 0 for d in shape) or size != expected:
+        raise ValueError(f"array {name!r}: shape {list(shape)} of {dtype} needs {expected} "
+                         f"bytes, header says {size}")
+    raw = r.take(size, f"data of array {name!r}")
+    arr = np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(shape)
+    # Copy: the result must be writable, native-endian and not pin `data`.
+    return arr.astype(dtype, copy=True)
