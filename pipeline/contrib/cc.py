@@ -40,11 +40,13 @@ class LinkError(PipelineError, RuntimeError):
 def temp_output(output: PathLike) -> Iterator[str]:
     """Yield a temporary path in output's folder; rename it to output on success.
 
-    On any exception the temporary file is removed and output is untouched.
+    The folder is created if needed. On any exception the temporary file is
+    removed and output is untouched.
     """
     output = os.fspath(output)
     folder = os.path.dirname(os.path.abspath(output))
     base = os.path.basename(output)
+    os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{base}.", suffix=".tmp")
     os.close(fd)
     try:
@@ -58,8 +60,10 @@ def temp_output(output: PathLike) -> Iterator[str]:
 
 def atomic_write(path: PathLike, data: bytes) -> None:
     """Write data to path atomically (temporary file in the same folder + rename)."""
-    with temp_output(path) as tmp, open(tmp, "wb") as f:
-        f.write(data)
+    with temp_output(path) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; artifacts are meant to be shared
 
 
 def _tool(env_var: str, default: str, override: str | None = None) -> list[str]:

@@ -1,0 +1,32 @@
+"""doit entry point: `doit build target=llvm`, `doit validate model=resnet18`.
+
+Variables: config=PATH (default configs/default.yaml), model=NAME[,NAME],
+target=NAME[,NAME]. The tasks themselves are described in pipeline/tasks.py.
+"""
+
+import os
+import sys
+
+from doit import get_var
+
+from pipeline.errors import ConfigError
+
+os.makedirs("out", exist_ok=True)
+
+DOIT_CONFIG = {
+    # Fixed from day one: changing backend, dep file or checker rebuilds everything.
+    "backend": "sqlite3",
+    "dep_file": "out/.doit.db",
+    "check_file_uptodate": "md5",
+    "default_tasks": ["build"],
+    "action_string_formatting": "new",
+}
+
+try:
+    from pipeline.config import load_config
+    from pipeline.tasks import make_tasks
+
+    _config = load_config(get_var("config", "configs/default.yaml"))
+    globals().update(make_tasks(_config, *_config.select(get_var("model"), get_var("target"))))
+except ConfigError as err:
+    sys.exit(f"error: {err}")

@@ -1,0 +1,214 @@
+"""The YAML build matrix: which models to compile for which targets, how.
+
+    models:
+      resnet18: {generator: resnet18}                   # built by models/
+      mynet:
+        path: nets/mynet.onnx                           # relative to this file
+        inputs: {input.1: [1, 3, 224, 224]}             # optional shape overrides
+        validate: {rtol: 1.0e-3}                        # optional overrides
+    targets:
+      llvm: {target: "llvm -mcpu=native", opt_level: 3,
+             disabled_pass: [], required_pass: [], config: {FuseOps.max_depth: 256}}
+    validate: {reference: onnx, rtol: 1.0e-4, atol: 1.0e-4, seed: 0}
+
+Every mistake stops the load with one ConfigError naming the file, the key
+path and what is allowed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from pipeline.codegen.target import TargetError, parse_target
+from pipeline.errors import ConfigError
+from pipeline.transform import PassContext
+
+REFERENCES = ("onnx", "onnxruntime")
+
+
+@dataclass(frozen=True)
+class ValidateOptions:
+    reference: str = "onnx"
+    rtol: float = 1e-4
+    atol: float = 1e-4
+    seed: int = 0
+
+    def to_dict(self) -> dict:
+        return {"reference": self.reference, "rtol": self.rtol, "atol": self.atol,
+                "seed": self.seed}
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    name: str
+    path: Path | None             # an ONNX file the user keeps
+    generator: str | None         # or a generator in models/
+    inputs: dict = field(default_factory=dict)   # input name -> shape override
+    validate: ValidateOptions = ValidateOptions()
+
+
+@dataclass(frozen=True)
+class TargetEntry:
+    name: str
+    target: str
+    opt_level: int = 3
+    required_pass: tuple[str, ...] = ()
+    disabled_pass: tuple[str, ...] = ()
+    config: dict = field(default_factory=dict)
+
+    def pass_context(self) -> PassContext:
+        return PassContext(self.opt_level, self.required_pass, self.disabled_pass,
+                           self.config)
+
+    def to_dict(self) -> dict:
+        """Everything that decides this entry's build; what doit hashes."""
+        return {"target": self.target, "resolved": parse_target(self.target).key(),
+                **self.pass_context().pass_config.to_dict()}
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    path: Path
+    models: dict[str, ModelEntry]
+    targets: dict[str, TargetEntry]
+    validate: ValidateOptions
+
+    def select(self, models: str | None, targets: str | None):
+        """(model entries, target entries) named by comma lists; None means all."""
+        return (_pick(self.models, models, "model", self.path),
+                _pick(self.targets, targets, "target", self.path))
+
+
+def _pick(entries: dict, names: str | None, what: str, path: Path) -> list:
+    if not names:
+        return list(entries.values())
+    chosen = []
+    for name in (n.strip() for n in names.split(",") if n.strip()):
+        if name not in entries:
+            raise ConfigError(f"{path}: {what}={name!r} is not in the config; "
+                              f"{what}s are {', '.join(entries)}")
+        chosen.append(entries[name])
+    return chosen
+
+
+def load_config(path: str | Path) -> BuildConfig:
+    """Read and check a build-matrix YAML file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
+    where = _Where(path)
+    doc = where.mapping(doc, "", {"models", "targets", "validate"}, required={"models",
+                                                                            "targets"})
+    validate = _validate_options(where, doc.get("validate") or {}, "validate",
+                                 ValidateOptions())
+    models = {name: _model(where, name, spec, validate)
+              for name, spec in where.mapping(doc["models"], "models").items()}
+    targets = {name: _target(where, name, spec)
+               for name, spec in where.mapping(doc["targets"], "targets").items()}
+    if not models or not targets:
+        raise ConfigError(f"{path}: 'models' and 'targets' must each list at least one entry")
+    return BuildConfig(path, models, targets, validate)
+
+
+class _Where:
+    """Checks values and words errors as `<file>: <key.path>: <problem>`."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def fail(self, key: str, problem: str):
+        raise ConfigError(f"{self.path}: {key}: {problem}" if key else f"{self.path}: {problem}")
+
+    def mapping(self, value, key: str, allowed=None, required=()) -> dict:
+        if not isinstance(value, dict):
+            self.fail(key, f"must be a mapping, got {type(value).__name__}")
+        for k in value:
+            if allowed is not None and k not in allowed:
+                self.fail(f"{key}.{k}" if key else str(k),
+                          f"unknown key; allowed: {', '.join(sorted(allowed))}")
+        for k in required:
+            if k not in value:
+                self.fail(key, f"missing required key {k!r}")
+        return value
+
+    def typed(self, value, key: str, kind, name: str):
+        if isinstance(value, bool) and kind is not bool or not isinstance(value, kind):
+            self.fail(key, f"must be {name}, got {value!r}")
+        return value
+
+
+def _validate_options(where: _Where, doc, key: str, base: ValidateOptions) -> ValidateOptions:
+    doc = where.mapping(doc, key, {"reference", "rtol", "atol", "seed"})
+    ref = doc.get("reference", base.reference)
+    if ref not in REFERENCES:
+        where.fail(f"{key}.reference", f"{ref!r} is not a reference; allowed: "
+                   f"{', '.join(REFERENCES)}")
+    num = (int, float)
+    return ValidateOptions(
+        reference=ref,
+        rtol=float(where.typed(doc.get("rtol", base.rtol), f"{key}.rtol", num, "a number")),
+        atol=float(where.typed(doc.get("atol", base.atol), f"{key}.atol", num, "a number")),
+        seed=where.typed(doc.get("seed", base.seed), f"{key}.seed", int, "an integer"))
+
+
+def _model(where: _Where, name: str, spec, validate: ValidateOptions) -> ModelEntry:
+    from models import GENERATORS  # only needed when the config is read
+
+    key = f"models.{name}"
+    spec = where.mapping(spec, key, {"path", "generator", "inputs", "validate"})
+    if ("path" in spec) == ("generator" in spec):
+        where.fail(key, "give exactly one of 'path' (an ONNX file) or 'generator' "
+                   f"(one of {', '.join(GENERATORS)})")
+    path = generator = None
+    if "path" in spec:
+        path = (where.path.parent / where.typed(spec["path"], f"{key}.path", str,
+                                                "a file path")).resolve()
+        if not path.is_file():
+            where.fail(f"{key}.path", f"model file {path} does not exist "
+                       "(paths are relative to the config file)")
+    else:
+        generator = spec["generator"]
+        if generator not in GENERATORS:
+            where.fail(f"{key}.generator", f"unknown generator {generator!r}; allowed: "
+                       f"{', '.join(GENERATORS)}")
+    inputs = {}
+    for inp, shape in where.mapping(spec.get("inputs") or {}, f"{key}.inputs").items():
+        if not isinstance(shape, list) or not all(
+                isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
+            where.fail(f"{key}.inputs.{inp}", f"must be a list of positive integers, "
+                       f"got {shape!r}")
+        inputs[inp] = tuple(shape)
+    return ModelEntry(name, path, generator, inputs,
+                      _validate_options(where, spec.get("validate") or {},
+                                        f"{key}.validate", validate))
+
+
+def _target(where: _Where, name: str, spec) -> TargetEntry:
+    key = f"targets.{name}"
+    spec = where.mapping(spec, key, {"target", "opt_level", "required_pass",
+                                     "disabled_pass", "config"}, required={"target"})
+    text = where.typed(spec["target"], f"{key}.target", str, "a target string")
+    try:
+        parse_target(text)
+    except TargetError as err:
+        where.fail(f"{key}.target", str(err))
+    entry = TargetEntry(
+        name, text,
+        opt_level=where.typed(spec.get("opt_level", 3), f"{key}.opt_level", int, "0..3"),
+        required_pass=tuple(where.typed(spec.get("required_pass", []),
+                                        f"{key}.required_pass", list, "a list of passes")),
+        disabled_pass=tuple(where.typed(spec.get("disabled_pass", []),
+                                        f"{key}.disabled_pass", list, "a list of passes")),
+        config=dict(where.mapping(spec.get("config") or {}, f"{key}.config")))
+    try:
+        entry.pass_context()
+    except ConfigError as err:
+        where.fail(key, str(err))
+    return entry

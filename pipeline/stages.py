@@ -1,0 +1,104 @@
+"""The build stages as plain functions on files, one per doit task.
+
+Each reads its input files, calls into the compiler packages and writes its
+outputs atomically, so an interrupted or failed stage never leaves a file a
+later build would trust. They take and return plain values (paths, dicts),
+which keeps them picklable for `doit -n`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipeline.build import compile_kernel, lower_graph, unique_specs
+from pipeline.codegen.target import parse_target
+from pipeline.contrib import cc
+from pipeline.contrib.cc import atomic_write
+from pipeline.frontend import from_onnx
+from pipeline.ir.graph import Graph
+from pipeline.lower.kernel import KernelSpec
+from pipeline.runtime.pack import pack_blob, write_devc
+from pipeline.runtime.params import load_params, save_params
+from pipeline.transform import PassContext
+
+
+def generate_model(name: str, path: str) -> None:
+    """models/ generator `name` -> ONNX file."""
+    from models import generate
+
+    generate(name, path)
+
+
+def import_model(onnx_path: str, shapes: dict, graph_path: str, weights_path: str) -> None:
+    """ONNX file -> graph IR JSON + weights (.params)."""
+    graph, params = from_onnx(onnx_path, {k: tuple(v) for k, v in shapes.items()})
+    atomic_write(graph_path, graph.to_json().encode())
+    atomic_write(weights_path, save_params(params))
+
+
+def optimize_model(graph_path: str, weights_path: str, target: dict, kernel_dir: str,
+                   graph_json_path: str, params_path: str, kernels_path: str) -> None:
+    """Graph IR -> optimised graph JSON, params, and one spec file per kernel.
+
+    target: TargetEntry.to_dict() (target string, opt_level, passes, config).
+    kernels.json lists, per kernel, its hash and symbol: the manifest the
+    per-kernel tasks are created from.
+    """
+    graph = Graph.from_json(Path(graph_path).read_text())
+    params = load_params(Path(weights_path).read_bytes())
+    ctx = PassContext(target["opt_level"], target["required_pass"], target["disabled_pass"],
+                      target["config"])
+    with ctx:
+        lowered = lower_graph(graph, params, parse_target(target["target"]),
+                              target["opt_level"])
+    specs = unique_specs(lowered.specs.values())
+    for spec in specs:
+        spec_path = Path(kernel_dir, f"{spec.hash}.json")
+        if not spec_path.exists():  # content-addressed: an existing file is this spec
+            atomic_write(spec_path, spec.to_json().encode())
+    manifest = {
+        "target": target["target"],
+        "kernels": [{"hash": s.hash, "symbol": s.symbol} for s in specs],
+        "memory": {"planned_bytes": lowered.memory.planned_bytes,
+                   "intermediate_bytes": lowered.memory.intermediate_bytes},
+    }
+    atomic_write(kernels_path, json.dumps(manifest, indent=1).encode())
+    atomic_write(graph_json_path, lowered.graph_json.encode())
+    atomic_write(params_path, save_params(lowered.params))
+
+
+def compile_kernel_file(spec_path: str, ll_path: str, obj_path: str) -> None:
+    """Kernel spec -> readable LLVM IR (.ll) and object (.o)."""
+    spec = KernelSpec.from_json(Path(spec_path).read_text())
+    text, obj = compile_kernel(spec)
+    atomic_write(ll_path, text.encode())
+    atomic_write(obj_path, obj)
+
+
+def kernel_objects(kernels_path: str, kernel_dir: str) -> list[str]:
+    """The object files a kernels.json manifest names, in link order."""
+    manifest = json.loads(Path(kernels_path).read_text())
+    return [str(Path(kernel_dir, f"{k['hash']}.o")) for k in manifest["kernels"]]
+
+
+def link_lib0(kernels_path: str, kernel_dir: str, lib0_path: str) -> None:
+    """All of a model's kernel objects -> one relocatable lib0.o (ld -r)."""
+    cc.link_relocatable(lib0_path, kernel_objects(kernels_path, kernel_dir))
+
+
+def pack_devc(graph_json_path: str, params_path: str, kernels_path: str,
+              devc_path: str) -> None:
+    """Graph JSON + params + kernel list -> devc.o holding the packed blob."""
+    manifest = json.loads(Path(kernels_path).read_text())
+    blob = pack_blob(Path(graph_json_path).read_text(), Path(params_path).read_bytes(),
+                     [k["symbol"] for k in manifest["kernels"]], manifest["target"])
+    write_devc(blob, parse_target(manifest["target"]), devc_path)
+
+
+def export_library(lib0_path: str, devc_path: str, out_path: str) -> None:
+    """lib0.o + devc.o -> the deliverable shared library (or .tar)."""
+    if out_path.endswith(".tar"):
+        cc.create_tar(out_path, [lib0_path, devc_path])
+    else:
+        cc.create_shared(out_path, [lib0_path, devc_path])

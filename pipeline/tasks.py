@@ -1,0 +1,190 @@
+"""doit task creators: they only describe tasks; the work is in pipeline.stages.
+
+Task names (model m, target entry t):
+  model:m        generate an ONNX file with models/ (generated models only)
+  import:m       ONNX -> graph IR + weights          (out/m/m.ir.json, m.weights.params)
+  optimize:m@t   passes + lowering -> graph JSON, params, kernels.json, kernel specs
+  kernel:<hash>  one kernel spec -> out/kernels/<hash>.ll, <hash>.o (created after optimize)
+  lib0:m@t       the entry's kernel objects -> lib0.o (ld -r)
+  devc:m@t       graph JSON + params -> devc.o (the packed blob)
+  export:m@t     lib0.o + devc.o -> m.so
+  validate:m@t   run m.so against the reference -> validation.json
+Every task declares its inputs, including the compiler sources it runs (doit
+does not see code edits otherwise); option dicts go into one config_changed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from doit import create_after
+from doit.exceptions import TaskFailed
+from doit.tools import config_changed
+
+from pipeline import stages, validate
+from pipeline.config import BuildConfig, ModelEntry, TargetEntry
+from pipeline.errors import PipelineError
+from pipeline.lower.kernel import CODEGEN_SOURCES
+
+OUT = "out"
+KERNELS = f"{OUT}/kernels"
+_PKG = Path(__file__).resolve().parent
+
+
+def path(*parts: str) -> str:
+    """Every path doit sees goes through here: doit compares paths as strings."""
+    return os.path.normpath(os.path.join(*parts))
+
+
+def _sources(*globs: str) -> list[str]:
+    files = sorted({p for g in globs for p in _PKG.glob(g)})
+    return [os.path.relpath(p) for p in files]
+
+
+def run_stage(module: str, fn: str, *args):
+    """Run a stage; a user-caused error becomes one TaskFailed line, not a traceback."""
+    try:
+        getattr({"stages": stages, "validate": validate}[module], fn)(*args)
+    except PipelineError as err:
+        return TaskFailed(str(err))
+    return None
+
+
+def onnx_path(entry: ModelEntry) -> str:
+    if entry.path is not None:
+        return os.path.relpath(entry.path)
+    return path(OUT, "models", f"{entry.name}.onnx")
+
+
+def entry_dir(m: ModelEntry, t: TargetEntry) -> str:
+    return path(OUT, m.name, t.name)
+
+
+def artifacts(m: ModelEntry, t: TargetEntry) -> dict[str, str]:
+    d = entry_dir(m, t)
+    return {"graph_json": path(d, f"{m.name}.json"), "params": path(d, f"{m.name}.params"),
+            "kernels": path(d, "kernels.json"), "lib0": path(d, "lib0.o"),
+            "devc": path(d, "devc.o"), "so": path(d, f"{m.name}.so"),
+            "validation": path(d, "validation.json")}
+
+
+def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[TargetEntry]):
+    """The task-creator functions for a selection of the matrix (dodo.py exposes them)."""
+    entries = [(m, t) for m in models for t in targets]
+    front_src = _sources("frontend/*.py", "ops/*.py", "ir/*.py", "stages.py")
+    opt_src = _sources("transform/*.py", "lower/*.py", "backend/*.py", "build.py",
+                       "stages.py") + [os.path.relpath(p) for p in CODEGEN_SOURCES]
+
+    def task_model():
+        """Generate the ONNX files of models built by models/ generators."""
+        from models import source_files
+
+        for m in models:
+            if m.generator:
+                yield {"name": m.name, "targets": [onnx_path(m)], "clean": True,
+                       "actions": [(run_stage, ["stages", "generate_model", m.generator,
+                                                onnx_path(m)])],
+                       "file_dep": [os.path.relpath(p) for p in source_files(m.generator)]}
+
+    def task_import():
+        """Import each ONNX model into the graph IR."""
+        for m in models:
+            ir, weights = path(OUT, m.name, f"{m.name}.ir.json"), \
+                path(OUT, m.name, f"{m.name}.weights.params")
+            yield {"name": m.name, "targets": [ir, weights], "clean": True,
+                   "actions": [(run_stage, ["stages", "import_model", onnx_path(m),
+                                            {k: list(v) for k, v in m.inputs.items()},
+                                            ir, weights])],
+                   "file_dep": [onnx_path(m), *front_src],
+                   "uptodate": [config_changed({"inputs": {k: list(v) for k, v in
+                                                           m.inputs.items()}})]}
+
+    def task_optimize():
+        """Run the passes for each model x target and list the kernels it needs."""
+        for m, t in entries:
+            a = artifacts(m, t)
+            opts = t.to_dict()
+            yield {"name": f"{m.name}@{t.name}", "clean": True,
+                   "targets": [a["graph_json"], a["params"], a["kernels"]],
+                   "actions": [(os.makedirs, [KERNELS], {"exist_ok": True}),
+                               (run_stage, ["stages", "optimize_model",
+                                            path(OUT, m.name, f"{m.name}.ir.json"),
+                                            path(OUT, m.name, f"{m.name}.weights.params"),
+                                            opts, KERNELS, a["graph_json"], a["params"],
+                                            a["kernels"]])],
+                   "file_dep": [path(OUT, m.name, f"{m.name}.ir.json"),
+                                path(OUT, m.name, f"{m.name}.weights.params"), *opt_src],
+                   "uptodate": [config_changed(opts)]}
+
+    @create_after(executed="optimize", target_regex=r".*\.o$")
+    def task_kernel():
+        """Compile each distinct kernel once, shared by every model and target."""
+        seen = set()
+        for m, t in entries:
+            manifest = Path(artifacts(m, t)["kernels"])
+            if not manifest.exists():
+                continue
+            for k in json.loads(manifest.read_text())["kernels"]:
+                if k["hash"] in seen:
+                    continue
+                seen.add(k["hash"])
+                base = path(KERNELS, k["hash"])
+                yield {"name": k["hash"], "doc": k["symbol"],
+                       "targets": [f"{base}.o", f"{base}.ll"],
+                       "file_dep": [f"{base}.json"],
+                       "actions": [(run_stage, ["stages", "compile_kernel_file",
+                                                f"{base}.json", f"{base}.ll", f"{base}.o"])]}
+
+    def task_lib0():
+        """Combine an entry's kernel objects into lib0.o."""
+        for m, t in entries:
+            a = artifacts(m, t)
+            # Objects are content-addressed by the hashes kernels.json lists, so
+            # the manifest decides lib0.o; "kernel" orders us after compilation.
+            yield {"name": f"{m.name}@{t.name}", "targets": [a["lib0"]], "clean": True,
+                   "task_dep": ["kernel"],
+                   "file_dep": [a["kernels"], *_sources("contrib/cc.py")],
+                   "actions": [(run_stage, ["stages", "link_lib0", a["kernels"], KERNELS,
+                                            a["lib0"]])]}
+
+    def task_devc():
+        """Pack graph JSON, params and the kernel list into devc.o."""
+        for m, t in entries:
+            a = artifacts(m, t)
+            yield {"name": f"{m.name}@{t.name}", "targets": [a["devc"]], "clean": True,
+                   "file_dep": [a["graph_json"], a["params"], a["kernels"],
+                                *_sources("runtime/pack.py")],
+                   "actions": [(run_stage, ["stages", "pack_devc", a["graph_json"],
+                                            a["params"], a["kernels"], a["devc"]])]}
+
+    def task_export():
+        """Link lib0.o and devc.o into the model's shared library."""
+        for m, t in entries:
+            a = artifacts(m, t)
+            yield {"name": f"{m.name}@{t.name}", "targets": [a["so"]], "clean": True,
+                   "file_dep": [a["lib0"], a["devc"], *_sources("contrib/cc.py")],
+                   "actions": [(run_stage, ["stages", "export_library", a["lib0"],
+                                            a["devc"], a["so"]])]}
+
+    def task_build():
+        """Build every selected model x target (model=, target=, config= narrow it)."""
+        return {"actions": None,
+                "task_dep": [f"export:{m.name}@{t.name}" for m, t in entries]}
+
+    def task_validate():
+        """Run each built library and compare its outputs with the reference."""
+        for m, t in entries:
+            a = artifacts(m, t)
+            opts = m.validate.to_dict()
+            shapes = {k: list(v) for k, v in m.inputs.items()}
+            yield {"name": f"{m.name}@{t.name}", "targets": [a["validation"]],
+                   "file_dep": [a["so"], onnx_path(m),
+                                *_sources("validate.py", "runtime/*.py")],
+                   "uptodate": [config_changed({"validate": opts, "inputs": shapes})],
+                   "actions": [(run_stage, ["validate", "validate_library", a["so"],
+                                            onnx_path(m), shapes, opts, m.name, t.name,
+                                            a["validation"]])]}
+
+    return {name: fn for name, fn in locals().items() if name.startswith("task_")}

@@ -1,0 +1,117 @@
+"""Validation: run a built library and compare it with an independent reference.
+
+The reference is onnx.reference.ReferenceEvaluator (or onnxruntime when the
+config asks for it). onnx 1.23's evaluator gets inference-mode
+BatchNormalization wrong for opsets 9-14 (it mixes in the batch statistics;
+onnx/onnx PR #8442), so we hand it a BatchNormalization that follows the spec:
+y = scale * (x - mean) / sqrt(var + epsilon) + bias.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import onnx
+from onnx.reference import ReferenceEvaluator
+from onnx.reference.op_run import OpRun
+
+from pipeline.contrib.cc import atomic_write
+from pipeline.errors import PipelineError
+from pipeline.frontend.onnx import load_model
+from pipeline.runtime import GraphModule, load_module
+
+
+class ValidationError(PipelineError):
+    """Our outputs differ from the reference beyond the tolerances."""
+
+
+class BatchNormalization(OpRun):
+    """Inference-mode BatchNormalization, per the ONNX operator spec."""
+
+    op_domain = ""
+
+    def _run(self, x, scale, bias, mean, var, epsilon=None, momentum=None,
+             training_mode=None, spatial=None, is_test=None, consumed_inputs=None):
+        shape = (1, -1) + (1,) * (x.ndim - 2)
+        eps = 1e-5 if epsilon is None else epsilon
+        y = (x - mean.reshape(shape)) / np.sqrt(var.reshape(shape) + eps)
+        return ((y * scale.reshape(shape) + bias.reshape(shape)).astype(x.dtype),)
+
+
+def random_inputs(model: onnx.ModelProto, shapes: dict[str, tuple], seed: int) -> dict:
+    """Seeded standard-normal float inputs for every real graph input."""
+    rng = np.random.default_rng(seed)
+    inits = {i.name for i in model.graph.initializer}
+    feeds = {}
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        shape = shapes.get(vi.name) or tuple(d.dim_value for d in
+                                             vi.type.tensor_type.shape.dim)
+        feeds[vi.name] = rng.standard_normal(shape, dtype=np.float32)
+    return feeds
+
+
+def reference_outputs(model: onnx.ModelProto, feeds: dict, reference: str) -> list:
+    """The reference's outputs for `feeds`, in graph-output order."""
+    if reference == "onnxruntime":
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            raise PipelineError("validate.reference is 'onnxruntime' but onnxruntime is "
+                                "not installed (pip install onnxruntime)") from None
+        sess = ort.InferenceSession(model.SerializeToString(),
+                                    providers=["CPUExecutionProvider"])
+        return sess.run(None, feeds)
+    return ReferenceEvaluator(model, new_ops=[BatchNormalization]).run(None, feeds)
+
+
+def compare(names: list[str], ours: list, refs: list, rtol: float, atol: float) -> list[dict]:
+    """Per output: max abs and rel error and whether |ours-ref| <= atol + rtol*|ref|."""
+    rows = []
+    for name, y, r in zip(names, ours, refs, strict=True):
+        r = np.asarray(r)
+        if y.shape != r.shape:
+            rows.append({"name": name, "passed": False,
+                         "problem": f"shape {list(y.shape)} != reference {list(r.shape)}"})
+            continue
+        diff = np.abs(y.astype(np.float64) - r.astype(np.float64))
+        rel = diff / np.maximum(np.abs(r.astype(np.float64)), 1e-12)
+        ok = bool(np.all(diff <= atol + rtol * np.abs(r)) and np.all(np.isfinite(y)))
+        rows.append({"name": name, "max_abs_err": float(diff.max(initial=0.0)),
+                     "max_rel_err": float(rel.max(initial=0.0)), "passed": ok})
+    return rows
+
+
+def validate_library(lib_path: str, onnx_path: str, shapes: dict, options: dict,
+                     model: str, target: str, report_path: str) -> None:
+    """Run the library on seeded inputs, compare with the reference, write the
+    report (always), and raise ValidationError naming model and output on a mismatch."""
+    onnx_model = load_model(onnx_path)
+    feeds = random_inputs(onnx_model, {k: tuple(v) for k, v in shapes.items()},
+                          options["seed"])
+    gm = GraphModule(load_module(lib_path)["default"]())
+    start = time.perf_counter()
+    gm.run(**feeds)
+    run_s = time.perf_counter() - start
+    ours = [gm.get_output(i) for i in range(gm.get_num_outputs())]
+    start = time.perf_counter()
+    refs = reference_outputs(onnx_model, feeds, options["reference"])
+    ref_s = time.perf_counter() - start
+    names = [o.name for o in onnx_model.graph.output]
+    rows = compare(names, ours, refs, options["rtol"], options["atol"])
+    report = {"model": model, "target": target, **options, "outputs": rows,
+              "passed": all(r["passed"] for r in rows),
+              "run_seconds": round(run_s, 4), "reference_seconds": round(ref_s, 4),
+              "onnx_opset": onnx_model.opset_import[0].version, "onnx": onnx.__version__}
+    atomic_write(report_path, json.dumps(report, indent=1).encode())
+    bad = [r for r in rows if not r["passed"]]
+    if bad:
+        r = bad[0]
+        detail = r.get("problem") or (f"max abs error {r['max_abs_err']:.3g}, max rel "
+                                      f"error {r['max_rel_err']:.3g}")
+        raise ValidationError(f"validation failed: model {model} on {target}, output "
+                              f"{r['name']!r}: {detail} (rtol {options['rtol']}, atol "
+                              f"{options['atol']}); see {report_path}")
