@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.build import compile_kernel, lower_graph, unique_specs
+from pipeline.build_module import compile_kernel, lower_graph, unique_specs
 from pipeline.codegen.target import parse_target
 from pipeline.contrib import cc
 from pipeline.contrib.cc import atomic_write

@@ -104,6 +104,14 @@ def chain(first, *, shape=(2, 3, 4, 5), opset=13, **attrs):
     return make_model(nodes, [("x", shape)], [("y", None)], {}, opset), {"x": rand(*shape)}
 
 
+def epilogue(anchor, x_shape, const_shape, const_op="Add", inits=None, **attrs):
+    """`anchor` followed by `const_op` with a constant and Relu: one fused kernel."""
+    inits = {**(inits or {}), "k": rand(*const_shape, seed=11)}
+    nodes = [node(anchor, ["x", *[i for i in inits if i != "k"]], ["a"], **attrs),
+             node(const_op, ["a", "k"], ["e"]), node("Relu", ["e"], ["y"])]
+    return make_model(nodes, [("x", x_shape)], [("y", None)], inits), {"x": rand(*x_shape)}
+
+
 CASES = {
     # -- Conv
     "conv_pads1_bias": lambda: conv((4, 4, 3, 3), pads=[1, 1, 1, 1]),
@@ -217,6 +225,17 @@ CASES = {
     "dropout_ratio_opset10": lambda: chain("Dropout", opset=10, ratio=0.3),
     "identity": lambda: chain("Identity"),
     "identity_as_output": lambda: unary("Identity"),
+    # -- fusion: epilogues on every anchor kind
+    "fuse_conv_mul_relu": lambda: epilogue("Conv", X4, (1, 4, 1, 1), "Mul",
+                                           {"w": rand(4, 4, 3, 3)}, pads=[1, 1, 1, 1]),
+    "fuse_dense3d_add_relu": lambda: epilogue("MatMul", (2, 3, 8), (6,),
+                                              inits={"w": rand(8, 6)}),
+    "fuse_batched_matmul_add_relu": lambda: epilogue("MatMul", (2, 3, 4), (3, 1),
+                                                     inits={"w": rand(2, 4, 5)}),
+    "fuse_maxpool_sub_relu": lambda: epilogue("MaxPool", X4, (4, 1, 1), "Sub",
+                                              kernel_shape=[2, 2], strides=[2, 2]),
+    "fuse_gap_mul_relu": lambda: epilogue("GlobalAveragePool", X4, (1, 4, 1, 1), "Mul"),
+    "fuse_sigmoid_div_relu": lambda: epilogue("Sigmoid", (2, 3, 4), (3, 1), "Div"),
     # -- fusion
     "residual_conv_bn_add_relu": residual_block,
 }

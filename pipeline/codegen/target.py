@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 import llvmlite.binding as llvm
 
@@ -58,14 +58,14 @@ _AVX512_CPUS = {"skylake-avx512", "cascadelake", "cooperlake", "icelake-server",
 _AVX2_CPUS = {"haswell", "broadwell", "skylake", "alderlake", "znver1", "znver2", "znver3"}
 
 
-@lru_cache(maxsize=None)
+@cache
 def _init_llvm() -> None:
     # Safe to call repeatedly; current llvmlite needs no llvm.initialize().
     llvm.initialize_all_targets()
     llvm.initialize_all_asmprinters()
 
 
-@lru_cache(maxsize=None)
+@cache
 def parse_target(text: str) -> Target:
     """Parse a target string: `llvm [-mtriple=T] [-mcpu=C] [-mattr=+a,-b]`.
 

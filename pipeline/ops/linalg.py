@@ -119,7 +119,8 @@ def _gemm(ctx, n):
     n_out = w.shape[0]
     nodes = []
     c_value = ctx.const(c) if c else None
-    if c_value is not None and c_value.size in (1, n_out) and c_value.ndim <= 2:
+    if (c_value is not None and c_value.size in (1, n_out)
+            and (c_value.ndim < 2 or c_value.shape[0] == 1)):  # C varies along N only
         bias = np.broadcast_to(c_value.reshape(-1) * np.float32(beta), (n_out,))
         inputs.append(ctx.add_param(f"{c}_bias", np.ascontiguousarray(bias, np.float32)))
     elif c is not None:

@@ -69,7 +69,8 @@ def _reshape_v5(ctx, n):
 @onnx_op("Flatten", 1)
 def _flatten(ctx, n):
     in_shape = ctx.type(n.inputs[0]).shape
-    axis = int(n.attrs.get("axis", 1)) % (len(in_shape) + 1) if in_shape else 0
+    axis = int(n.attrs.get("axis", 1))
+    axis = axis + len(in_shape) if axis < 0 else axis  # ONNX: axis in [-rank, rank]
     shape = (math.prod(in_shape[:axis]), math.prod(in_shape[axis:]))
     return [Node.make("reshape", n.name, n.inputs[:1], n.outputs, shape=shape)]
 

@@ -92,7 +92,8 @@ def _other(node: Node, name: str) -> str:
 
 def _per_channel(params: dict, name: str, oc: int) -> bool:
     v = params.get(name)
-    return v is not None and v.size == oc and v.shape[-2:] == (1, 1) and v.ndim in (3, 4)
+    # [C,1,1,1] has C elements too, but broadcasts [1,C,H,W] to [C,C,H,W]
+    return v is not None and v.shape in ((oc, 1, 1), (1, oc, 1, 1))
 
 
 def _scale_shift_chain(conv: Node, consumers, params, outputs, oc):

@@ -1,0 +1,215 @@
+"""End to end through doit's own runner, in a temporary folder.
+
+Each test writes a config (and, where needed, ONNX files) into tmp_path and
+runs `doit -f <repo>/dodo.py -d <tmp_path> ...` in a subprocess, exactly as a
+user would. Which tasks executed is read from doit's own report lines
+(". name" executed, "-- name" up to date), never from timings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def doit(tmp: Path, *args: str) -> tuple[int, set[str], str]:
+    """Run doit in `tmp`; returns (exit code, executed task names, all output)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"),
+                           "-d", str(tmp), *args],
+                          capture_output=True, text=True, env=env, timeout=1800)
+    out = proc.stdout + proc.stderr
+    executed = {line[3:].strip() for line in proc.stdout.splitlines()
+                if line.startswith(".  ")}
+    return proc.returncode, executed, out
+
+
+def tiny_convnet(path: Path, seed: int = 0) -> None:
+    """conv -> bn -> relu -> conv -> add(residual) -> relu -> gap -> flatten -> gemm."""
+    rng = np.random.default_rng(seed)
+
+    def init(name, *shape, scale=0.3):
+        return numpy_helper.from_array(
+            (rng.standard_normal(shape) * scale).astype(np.float32), name)
+
+    inits = [init("w1", 8, 3, 3, 3), init("w2", 8, 8, 3, 3), init("fc", 4, 8),
+             init("fcb", 4), init("g", 8), init("b", 8), init("m", 8),
+             numpy_helper.from_array(rng.uniform(0.5, 1.5, 8).astype(np.float32), "v")]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+        helper.make_node("BatchNormalization", ["c1", "g", "b", "m", "v"], ["b1"], name="bn1"),
+        helper.make_node("Relu", ["b1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+        helper.make_node("Add", ["c2", "r1"], ["a2"], name="add"),
+        helper.make_node("Relu", ["a2"], ["r2"], name="relu2"),
+        helper.make_node("GlobalAveragePool", ["r2"], ["p"], name="gap"),
+        helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "fc", "fcb"], ["y"], transB=1, name="fc"),
+    ]
+    graph = helper.make_graph(
+        nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+
+
+def write_config(tmp: Path, models: str, extra: str = "") -> Path:
+    """A config whose `models:` section is `models` (YAML, unindented)."""
+    cfg = tmp / "matrix.yaml"
+    cfg.write_text("models:\n" + textwrap.indent(textwrap.dedent(models), "  ")
+                   + "targets:\n  llvm: {target: \"llvm -mcpu=native\", opt_level: 3}\n"
+                   + "validate: {reference: onnx, rtol: 1.0e-4, atol: 1.0e-4}\n" + extra)
+    return cfg
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> Path:
+    tiny_convnet(tmp_path / "nets" / "tiny.onnx")
+    write_config(tmp_path, """\
+        tiny:
+          path: nets/tiny.onnx
+          inputs: {x: [1, 3, 16, 16]}
+        """)
+    return tmp_path
+
+
+def test_build_validate_noop_and_artifacts(tiny: Path):
+    code, executed, out = doit(tiny, "build", "config=matrix.yaml", "target=llvm")
+    assert code == 0, out
+    stages = {name.split(":")[0] for name in executed}
+    assert {"import", "optimize", "kernel", "lib0", "devc", "export"} <= stages, executed
+    d = tiny / "out" / "tiny" / "llvm"
+    for name in ("tiny.json", "tiny.params", "lib0.o", "devc.o", "tiny.so", "kernels.json"):
+        assert (d / name).stat().st_size > 0, name
+    kernels = json.loads((d / "kernels.json").read_text())["kernels"]
+    assert len(kernels) >= 3  # conv+relu, conv+add+relu, pool, ...
+    for k in kernels:
+        assert (tiny / "out" / "kernels" / f"{k['hash']}.ll").read_text().startswith("; ModuleID")
+        assert (tiny / "out" / "kernels" / f"{k['hash']}.o").read_bytes()[:4] == b"\x7fELF"
+
+    # The graph JSON is TVM's executor format.
+    g = json.loads((d / "tiny.json").read_text())
+    assert set(g) >= {"nodes", "arg_nodes", "heads", "node_row_ptr", "attrs"}
+    assert set(g["attrs"]) >= {"shape", "dltype", "storage_id"}
+
+    # The library exports every kernel and the blob symbol.
+    nm = subprocess.run(["nm", "-D", "--defined-only", str(d / "tiny.so")],
+                        capture_output=True, text=True, check=True).stdout
+    assert "__pipeline_dev_mblob" in nm
+    for k in kernels:
+        assert k["symbol"] in nm
+
+    # Nothing changed: a second build executes no task.
+    code, executed, out = doit(tiny, "build", "config=matrix.yaml", "target=llvm")
+    assert code == 0 and executed == set(), executed
+
+    code, executed, out = doit(tiny, "validate", "config=matrix.yaml", "target=llvm")
+    assert code == 0, out
+    assert executed == {"validate:tiny@llvm"}
+    report = json.loads((d / "validation.json").read_text())
+    assert report["passed"] and report["outputs"][0]["max_abs_err"] < 1e-4
+
+
+def test_fresh_process_loads_with_runtime_only(tiny: Path):
+    assert doit(tiny, "build", "config=matrix.yaml")[0] == 0
+    so = tiny / "out" / "tiny" / "llvm" / "tiny.so"
+    script = textwrap.dedent(f"""
+        import sys, numpy as np
+        import pipeline.runtime as rt
+        m = rt.GraphModule(rt.load_module({str(so)!r})["default"]())
+        x = np.random.default_rng(1).standard_normal((1, 3, 16, 16), dtype=np.float32)
+        m.set_input("x", x); m.run()
+        np.save(sys.argv[1], m.get_output(0))
+        assert "llvmlite" not in sys.modules and "onnx" not in sys.modules
+        """)
+    out_file = tiny / "y.npy"
+    subprocess.run([sys.executable, "-c", script, str(out_file)], check=True,
+                   env={**os.environ, "PYTHONPATH": str(REPO)})
+    ort = pytest.importorskip("onnxruntime")
+    x = np.random.default_rng(1).standard_normal((1, 3, 16, 16), dtype=np.float32)
+    ref = ort.InferenceSession(str(tiny / "nets" / "tiny.onnx")).run(None, {"x": x})[0]
+    np.testing.assert_allclose(np.load(out_file), ref, rtol=1e-4, atol=1e-5)
+
+
+def _error_lines(out: str) -> list[str]:
+    return [line for line in out.splitlines() if "error" in line.lower()
+            or line.startswith("TaskFailed")]
+
+
+def test_unsupported_operator_one_line(tmp_path: Path):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["a"], name="ok"),
+                               helper.make_node("Hardmax", ["a"], ["b"], name="hm"),
+                               helper.make_node("Mish", ["b"], ["y"], name="mish")],
+                              "bad", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    (tmp_path / "nets").mkdir()
+    onnx.save(model, str(tmp_path / "nets" / "bad.onnx"))
+    write_config(tmp_path, "bad: {path: nets/bad.onnx}\n")
+    code, _, out = doit(tmp_path, "build", "config=matrix.yaml")
+    assert code != 0
+    assert "Traceback" not in out, out
+    lines = [ln for ln in out.splitlines() if "unsupported operator" in ln]
+    assert len(lines) == 1, out
+    assert all(s in lines[0] for s in ("Hardmax (opset 18)", "hm", "Mish (opset 18)", "mish"))
+
+
+def test_truncated_onnx_fails_and_keeps_previous_build(tiny: Path):
+    assert doit(tiny, "build", "config=matrix.yaml")[0] == 0
+    so = tiny / "out" / "tiny" / "llvm" / "tiny.so"
+    before = so.read_bytes()
+    onnx_file = tiny / "nets" / "tiny.onnx"
+    onnx_file.write_bytes(onnx_file.read_bytes()[:500])
+    code, executed, out = doit(tiny, "build", "config=matrix.yaml")
+    assert code != 0 and "Traceback" not in out, out
+    lines = [ln for ln in out.splitlines() if "not a valid ONNX file" in ln]
+    assert len(lines) == 1 and "tiny.onnx" in lines[0], out
+    assert so.read_bytes() == before  # the earlier deliverable is untouched
+
+
+@pytest.mark.parametrize("models, message", [
+    ("gone: {path: nets/missing.onnx}\n", "models.gone.path: model file"),
+    ("m: {path: nets/tiny.onnx, shapes: {}}\n", "models.m.shapes: unknown key"),
+    ("m: {generator: resnet99}\n", "models.m.generator: unknown generator"),
+])
+def test_config_errors_one_line(tiny: Path, models: str, message: str):
+    write_config(tiny, models)
+    code, _, out = doit(tiny, "build", "config=matrix.yaml")
+    assert code != 0
+    assert "Traceback" not in out, out
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    assert len(lines) == 1 and message in lines[0] and "matrix.yaml" in lines[0], out
+
+
+def test_unknown_target_or_model_selection(tiny: Path):
+    code, _, out = doit(tiny, "build", "config=matrix.yaml", "target=cuda")
+    assert code != 0 and "target='cuda' is not in the config" in out
+    code, _, out = doit(tiny, "build", "config=matrix.yaml", "model=nope")
+    assert code != 0 and "model='nope' is not in the config" in out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["mlp", "resnet18", "resnet50"])
+def test_model_zoo_builds_and_validates(tmp_path: Path, model: str):
+    write_config(tmp_path, f"{model}: {{generator: {model}}}\n")
+    code, executed, out = doit(tmp_path, "validate", "config=matrix.yaml", "target=llvm",
+                               f"model={model}")
+    assert code == 0, out[-3000:]
+    report = json.loads((tmp_path / "out" / model / "llvm" / "validation.json").read_text())
+    assert report["passed"], report
+    code, executed, _ = doit(tmp_path, "build", "config=matrix.yaml", f"model={model}")
+    assert code == 0 and executed == set(), executed
