@@ -228,6 +228,9 @@ CASES = {
     # -- fusion: epilogues on every anchor kind
     "fuse_conv_mul_relu": lambda: epilogue("Conv", X4, (1, 4, 1, 1), "Mul",
                                            {"w": rand(4, 4, 3, 3)}, pads=[1, 1, 1, 1]),
+    # [C,1,1,1] is not per-channel: it broadcasts [1,C,H,W] up to [C,C,H,W]
+    "conv_mul_c111_not_folded": lambda: epilogue("Conv", X4, (4, 1, 1, 1), "Mul",
+                                                 {"w": rand(4, 4, 3, 3)}, pads=[1, 1, 1, 1]),
     "fuse_dense3d_add_relu": lambda: epilogue("MatMul", (2, 3, 8), (6,),
                                               inits={"w": rand(8, 6)}),
     "fuse_batched_matmul_add_relu": lambda: epilogue("MatMul", (2, 3, 4), (3, 1),
