@@ -18,7 +18,9 @@ from models._onnx import IR_VERSION, OPSET, GraphBuilder, with_initializers_as_i
 # Trainable parameter counts (running stats excluded), as torchvision reports them
 # for resnet18 / resnet50: a match means every layer has the right shape.
 EXPECTED = {
-    "mlp": {"output": [1, 10], "params": 38_569_610, "bn": 0, "conv": 0},
+    # 150528 -> 64 -> 64 -> 10, weights and biases
+    "mlp": {"output": [1, 10], "params": 150528 * 64 + 64 + 64 * 64 + 64 + 64 * 10 + 10,
+            "bn": 0, "conv": 0},
     "resnet18": {"output": [1, 1000], "params": 11_689_512, "bn": 20, "conv": 20},
     "resnet50": {"output": [1, 1000], "params": 25_557_032, "bn": 53, "conv": 53},
 }
