@@ -213,3 +213,27 @@ def test_model_zoo_builds_and_validates(tmp_path: Path, model: str):
     assert report["passed"], report
     code, executed, _ = doit(tmp_path, "build", "config=matrix.yaml", f"model={model}")
     assert code == 0 and executed == set(), executed
+
+
+def test_weight_change_compiles_no_kernel(tiny: Path):
+    assert doit(tiny, "build", "config=matrix.yaml")[0] == 0
+    tiny_convnet(tiny / "nets" / "tiny.onnx", seed=1)  # same layers, new weights
+    code, executed, out = doit(tiny, "build", "config=matrix.yaml")
+    assert code == 0, out
+    assert not any(name.startswith(("kernel:", "lib0:")) for name in executed), executed
+    assert {"import:tiny", "optimize:tiny@llvm", "devc:tiny@llvm",
+            "export:tiny@llvm"} <= executed
+
+
+def test_models_sharing_kernels_compile_them_once(tmp_path: Path):
+    tiny_convnet(tmp_path / "nets" / "a.onnx", seed=0)
+    tiny_convnet(tmp_path / "nets" / "b.onnx", seed=1)
+    write_config(tmp_path, "a: {path: nets/a.onnx}\nb: {path: nets/b.onnx}\n")
+    code, executed, out = doit(tmp_path, "build", "config=matrix.yaml")
+    assert code == 0, out
+    manifests = [json.loads((tmp_path / "out" / m / "llvm" / "kernels.json").read_text())
+                 for m in ("a", "b")]
+    hashes = [{k["hash"] for k in man["kernels"]} for man in manifests]
+    assert hashes[0] == hashes[1]  # same architecture, different weights
+    compiled = {name for name in executed if name.startswith("kernel:")}
+    assert compiled == {f"kernel:{h}" for h in hashes[0]}  # each compiled exactly once
