@@ -85,7 +85,6 @@ class GraphExecutorFactory:
         if path.suffix not in (".so", ".tar"):
             raise ValueError(f"{path}: export_library writes .so or .tar files")
         path.parent.mkdir(parents=True, exist_ok=True)
-        target = self.kernels[0].target if self.kernels else parse_target(self.target_text)
         with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
             kernel_objs = []
             for spec in self.kernels:
@@ -96,7 +95,7 @@ class GraphExecutorFactory:
             cc.link_relocatable(lib0, kernel_objs)
             blob = pack_blob(self.lowered.graph_json, save_params(self.lowered.params),
                              [s.symbol for s in self.kernels], self.target_text)
-            write_devc(blob, target, devc)
+            write_devc(blob, parse_target(self.target_text), devc)
             if path.suffix == ".so":
                 cc.create_shared(path, [lib0, devc])
             else:

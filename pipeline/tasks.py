@@ -43,10 +43,10 @@ def _sources(*globs: str) -> list[str]:
     return [os.path.relpath(p) for p in files]
 
 
-def run_stage(module: str, fn: str, *args):
+def run_stage(fn, *args):
     """Run a stage; a user-caused error becomes one TaskFailed line, not a traceback."""
     try:
-        getattr({"stages": stages, "validate": validate}[module], fn)(*args)
+        fn(*args)
     except PipelineError as err:
         return TaskFailed(str(err))
     return None
@@ -58,12 +58,14 @@ def onnx_path(entry: ModelEntry) -> str:
     return path(OUT, "models", f"{entry.name}.onnx")
 
 
-def entry_dir(m: ModelEntry, t: TargetEntry) -> str:
-    return path(OUT, m.name, t.name)
+def imported(m: ModelEntry) -> tuple[str, str]:
+    """The import stage's outputs: graph IR JSON and weights."""
+    return (path(OUT, m.name, f"{m.name}.ir.json"),
+            path(OUT, m.name, f"{m.name}.weights.params"))
 
 
 def artifacts(m: ModelEntry, t: TargetEntry) -> dict[str, str]:
-    d = entry_dir(m, t)
+    d = path(OUT, m.name, t.name)
     return {"graph_json": path(d, f"{m.name}.json"), "params": path(d, f"{m.name}.params"),
             "kernels": path(d, "kernels.json"), "lib0": path(d, "lib0.o"),
             "devc": path(d, "devc.o"), "so": path(d, f"{m.name}.so"),
@@ -84,17 +86,16 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
         for m in models:
             if m.generator:
                 yield {"name": m.name, "targets": [onnx_path(m)], "clean": True,
-                       "actions": [(run_stage, ["stages", "generate_model", m.generator,
+                       "actions": [(run_stage, [stages.generate_model, m.generator,
                                                 onnx_path(m)])],
                        "file_dep": [os.path.relpath(p) for p in source_files(m.generator)]}
 
     def task_import():
         """Import each ONNX model into the graph IR."""
         for m in models:
-            ir, weights = path(OUT, m.name, f"{m.name}.ir.json"), \
-                path(OUT, m.name, f"{m.name}.weights.params")
+            ir, weights = imported(m)
             yield {"name": m.name, "targets": [ir, weights], "clean": True,
-                   "actions": [(run_stage, ["stages", "import_model", onnx_path(m),
+                   "actions": [(run_stage, [stages.import_model, onnx_path(m),
                                             {k: list(v) for k, v in m.inputs.items()},
                                             ir, weights])],
                    "file_dep": [onnx_path(m), *front_src],
@@ -109,13 +110,10 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             yield {"name": f"{m.name}@{t.name}", "clean": True,
                    "targets": [a["graph_json"], a["params"], a["kernels"]],
                    "actions": [(os.makedirs, [KERNELS], {"exist_ok": True}),
-                               (run_stage, ["stages", "optimize_model",
-                                            path(OUT, m.name, f"{m.name}.ir.json"),
-                                            path(OUT, m.name, f"{m.name}.weights.params"),
-                                            opts, KERNELS, a["graph_json"], a["params"],
+                               (run_stage, [stages.optimize_model, *imported(m), opts,
+                                            KERNELS, a["graph_json"], a["params"],
                                             a["kernels"]])],
-                   "file_dep": [path(OUT, m.name, f"{m.name}.ir.json"),
-                                path(OUT, m.name, f"{m.name}.weights.params"), *opt_src],
+                   "file_dep": [*imported(m), *opt_src],
                    "uptodate": [config_changed(opts)]}
 
     @create_after(executed="optimize", target_regex=r".*\.o$")
@@ -134,7 +132,7 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
                 yield {"name": k["hash"], "doc": k["symbol"],
                        "targets": [f"{base}.o", f"{base}.ll"],
                        "file_dep": [f"{base}.json"],
-                       "actions": [(run_stage, ["stages", "compile_kernel_file",
+                       "actions": [(run_stage, [stages.compile_kernel_file,
                                                 f"{base}.json", f"{base}.ll", f"{base}.o"])]}
 
     def task_lib0():
@@ -146,7 +144,7 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             yield {"name": f"{m.name}@{t.name}", "targets": [a["lib0"]], "clean": True,
                    "task_dep": ["kernel"],
                    "file_dep": [a["kernels"], *_sources("contrib/cc.py")],
-                   "actions": [(run_stage, ["stages", "link_lib0", a["kernels"], KERNELS,
+                   "actions": [(run_stage, [stages.link_lib0, a["kernels"], KERNELS,
                                             a["lib0"]])]}
 
     def task_devc():
@@ -156,7 +154,7 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             yield {"name": f"{m.name}@{t.name}", "targets": [a["devc"]], "clean": True,
                    "file_dep": [a["graph_json"], a["params"], a["kernels"],
                                 *_sources("runtime/pack.py")],
-                   "actions": [(run_stage, ["stages", "pack_devc", a["graph_json"],
+                   "actions": [(run_stage, [stages.pack_devc, a["graph_json"],
                                             a["params"], a["kernels"], a["devc"]])]}
 
     def task_export():
@@ -165,7 +163,7 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             a = artifacts(m, t)
             yield {"name": f"{m.name}@{t.name}", "targets": [a["so"]], "clean": True,
                    "file_dep": [a["lib0"], a["devc"], *_sources("contrib/cc.py")],
-                   "actions": [(run_stage, ["stages", "export_library", a["lib0"],
+                   "actions": [(run_stage, [stages.export_library, a["lib0"],
                                             a["devc"], a["so"]])]}
 
     def task_build():
@@ -183,7 +181,7 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
                    "file_dep": [a["so"], onnx_path(m),
                                 *_sources("validate.py", "runtime/*.py")],
                    "uptodate": [config_changed({"validate": opts, "inputs": shapes})],
-                   "actions": [(run_stage, ["validate", "validate_library", a["so"],
+                   "actions": [(run_stage, [validate.validate_library, a["so"],
                                             onnx_path(m), shapes, opts, m.name, t.name,
                                             a["validation"]])]}
 

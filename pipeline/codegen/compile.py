@@ -28,5 +28,4 @@ def optimize_ir(text: str, target: Target, opt_level: int = 3):
 
 def compile_ir(text: str, target: Target, opt_level: int = 3) -> bytes:
     """Object-file bytes for the module in `text`."""
-    module = optimize_ir(text, target, opt_level)
-    return target.target_machine(opt_level).emit_object(module)
+    return target.target_machine(opt_level).emit_object(optimize_ir(text, target, opt_level))

@@ -42,13 +42,9 @@ class Target:
         return {"triple": self.triple, "cpu": self.cpu, "features": self.features}
 
     def target_machine(self, opt_level: int = 3):
-        """An llvmlite TargetMachine emitting position-independent objects."""
-        _init_llvm()
-        machine = llvm.Target.from_triple(self.triple)
-        return machine.create_target_machine(
-            cpu=self.cpu, features=self.features, opt=opt_level,
-            reloc="pic", codemodel="default",
-        )
+        """An llvmlite TargetMachine emitting position-independent objects
+        (one per target and opt level; render and compile share it)."""
+        return _target_machine(self, opt_level)
 
 
 # Named CPUs whose implied features we know without asking LLVM (features
@@ -56,6 +52,14 @@ class Target:
 _AVX512_CPUS = {"skylake-avx512", "cascadelake", "cooperlake", "icelake-server",
                 "icelake-client", "tigerlake", "sapphirerapids", "znver4", "znver5"}
 _AVX2_CPUS = {"haswell", "broadwell", "skylake", "alderlake", "znver1", "znver2", "znver3"}
+
+
+@cache
+def _target_machine(target: Target, opt_level: int):
+    _init_llvm()
+    return llvm.Target.from_triple(target.triple).create_target_machine(
+        cpu=target.cpu, features=target.features, opt=opt_level,
+        reloc="pic", codemodel="default")
 
 
 @cache

@@ -15,14 +15,12 @@ import subprocess
 import tarfile
 import tempfile
 from collections.abc import Iterator, Sequence
-from functools import cache
 
 from pipeline.errors import PipelineError
 
 __all__ = [
     "LinkError",
     "atomic_write",
-    "compiler_version",
     "create_shared",
     "create_tar",
     "link_relocatable",
@@ -152,15 +150,3 @@ def create_tar(output: PathLike, files: Sequence[PathLike]) -> None:
             info.uname = info.gname = ""
             with open(by_name[name], "rb") as src:
                 tar.addfile(info, src)
-
-
-@cache
-def _version(cc: tuple[str, ...]) -> str:
-    proc = _run("compiler version query", [*cc, "--version"])
-    lines = proc.stdout.strip().splitlines()
-    return lines[0].strip() if lines else ""
-
-
-def compiler_version(cc: str | None = None) -> str:
-    """The first line of `cc --version` (for cache keys); cc defaults to $CC or "cc"."""
-    return _version(tuple(_tool("CC", "cc", cc)))

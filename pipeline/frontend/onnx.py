@@ -17,7 +17,7 @@ import onnx
 from onnx import numpy_helper
 
 from pipeline.errors import ModelError, UnsupportedOperatorError
-from pipeline.ir.graph import Graph, Node, TensorType
+from pipeline.ir.graph import Graph, Node, TensorType, add_param
 from pipeline.ops import infer_types, onnx_converter
 
 _DTYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.INT64: "int64",
@@ -52,13 +52,8 @@ class ImportContext:
 
     def add_param(self, hint: str, value: np.ndarray) -> str:
         """Add a parameter the converter computed (e.g. a transposed weight)."""
-        name, k = hint, 0
-        while name in self.params or name in self.types:
-            k += 1
-            name = f"{hint}_{k}"
-        self.params[name] = value
-        self.types[name] = TensorType(value.shape, _dtype_name(value.dtype, name))
-        return name
+        _dtype_name(value.dtype, hint)
+        return add_param(self.types, self.params, hint, value)
 
 
 def load_model(path: str | Path) -> onnx.ModelProto:

@@ -74,14 +74,6 @@ class Node:
                 return v
         return default
 
-    @property
-    def attr_dict(self) -> dict:
-        return dict(self.attrs)
-
-    def with_attrs(self, **changes) -> Node:
-        merged = {**self.attr_dict, **changes}
-        return Node(self.op, self.name, self.inputs, self.outputs, freeze_attrs(merged))
-
 
 @dataclass(frozen=True)
 class Graph:
@@ -99,9 +91,6 @@ class Graph:
     outputs: tuple[str, ...]
     nodes: tuple[Node, ...]
     types: Mapping[str, TensorType] = field(default_factory=dict)
-
-    def producers(self) -> dict[str, Node]:
-        return {out: n for n in self.nodes for out in n.outputs}
 
     def consumers(self) -> dict[str, list[Node]]:
         users: dict[str, list[Node]] = {}
@@ -168,6 +157,18 @@ class Graph:
             nodes=tuple(_node_from_json(n) for n in doc["nodes"]),
             types={k: TensorType(tuple(s), d) for k, (s, d) in doc["types"].items()},
         )
+
+
+def add_param(types: dict, params: dict, hint: str, value) -> str:
+    """Register constant `value` under a fresh name derived from `hint`, in both
+    the type table and the params dict (the frontend and passes create params)."""
+    name, k = hint, 0
+    while name in params or name in types:
+        k += 1
+        name = f"{hint}.{k}"
+    params[name] = value
+    types[name] = TensorType(value.shape, str(value.dtype))
+    return name
 
 
 def _node_to_json(node: Node) -> dict:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.errors import GraphError
-from pipeline.ir.graph import Graph, Node
+from pipeline.ir.graph import Graph, Node, add_param
 from pipeline.transform.context import PassConfig
-from pipeline.transform.util import add_param, prune, rename_inputs
+from pipeline.transform.util import prune, rename_inputs
 
 
 def simplify_inference(graph: Graph, params: dict, cfg: PassConfig):
@@ -20,7 +20,7 @@ def simplify_inference(graph: Graph, params: dict, cfg: PassConfig):
     alias: dict[str, str] = {}
     nodes: list[Node] = []
     for node in graph.nodes:
-        node = rename_inputs([node], alias)[0]
+        node = rename_inputs(node, alias)
         if node.op == "identity" and node.outputs[0] not in outputs:
             alias[node.outputs[0]] = node.inputs[0]
             continue

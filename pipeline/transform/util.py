@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.ir.graph import Graph, TensorType
+from pipeline.ir.graph import Graph, Node
 
 
 def prune(graph: Graph, params: dict[str, np.ndarray]) -> tuple[Graph, dict[str, np.ndarray]]:
@@ -16,20 +16,9 @@ def prune(graph: Graph, params: dict[str, np.ndarray]) -> tuple[Graph, dict[str,
                          types={k: t for k, t in graph.types.items() if k in defined}), kept
 
 
-def add_param(graph_types: dict, params: dict, hint: str, value: np.ndarray) -> str:
-    """Register a new constant under a fresh name derived from `hint`."""
-    name, k = hint, 0
-    while name in params or name in graph_types:
-        k += 1
-        name = f"{hint}.{k}"
-    params[name] = value
-    graph_types[name] = TensorType(value.shape, str(value.dtype))
-    return name
-
-
-def rename_inputs(nodes, mapping: dict[str, str]):
-    """Nodes with every input renamed through `mapping`."""
-    return [n if not any(i in mapping for i in n.inputs)
-            else n.__class__(n.op, n.name, tuple(mapping.get(i, i) for i in n.inputs),
-                             n.outputs, n.attrs)
-            for n in nodes]
+def rename_inputs(node: Node, mapping: dict[str, str]) -> Node:
+    """`node` with every input renamed through `mapping`."""
+    if not any(i in mapping for i in node.inputs):
+        return node
+    return Node(node.op, node.name, tuple(mapping.get(i, i) for i in node.inputs),
+                node.outputs, node.attrs)
