@@ -3,7 +3,7 @@
 Stages, in processing order (one package each):
   frontend  -> ONNX to graph IR            transform -> graph passes (PassContext)
   lower     -> fused nodes to KernelSpecs  codegen   -> LLVM IR text, objects
-  backend   -> graph JSON + memory plan    contrib   -> linker (lib0.o, .so, .tar)
+  plan      -> graph JSON + memory plan    contrib   -> linker (lib0.o, .so, .tar)
   runtime   -> blob, load_module, GraphModule
 
 Submodules load on first use, so `import pipeline.runtime` (all a deployed

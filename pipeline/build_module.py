@@ -17,13 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.backend import MemoryPlan, graph_json, plan_memory
 from pipeline.codegen.compile import compile_ir
 from pipeline.codegen.render import render
 from pipeline.codegen.target import Target, parse_target
 from pipeline.contrib import cc
 from pipeline.ir.graph import Graph
 from pipeline.lower.kernel import KernelSpec, kernel_spec
+from pipeline.plan import MemoryPlan, graph_json, plan_memory
 from pipeline.runtime.pack import pack_blob, write_devc
 from pipeline.runtime.params import save_params
 from pipeline.transform import PassContext, optimize

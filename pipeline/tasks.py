@@ -76,7 +76,7 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
     """The task-creator functions for a selection of the matrix (dodo.py exposes them)."""
     entries = [(m, t) for m in models for t in targets]
     front_src = _sources("frontend/*.py", "ops/*.py", "ir/*.py", "stages.py")
-    opt_src = _sources("transform/*.py", "lower/*.py", "backend/*.py", "build_module.py",
+    opt_src = _sources("transform/*.py", "lower/*.py", "plan/*.py", "build_module.py",
                        "stages.py") + [os.path.relpath(p) for p in CODEGEN_SOURCES]
 
     def task_model():

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 
-from pipeline.backend.plan_memory import MemoryPlan
 from pipeline.ir.graph import Graph
+from pipeline.plan.plan_memory import MemoryPlan
 
 
 def graph_json(graph: Graph, symbols: dict[str, str], plan: MemoryPlan) -> str:
