@@ -1,7 +1,8 @@
 """doit entry point: `doit build target=llvm`, `doit validate model=resnet18`.
 
 Variables: config=PATH (default configs/default.yaml), model=NAME[,NAME],
-target=NAME[,NAME]. The tasks themselves are described in pipeline/tasks.py.
+target=NAME[,NAME], cache=DIR (the kernel cache; default $PIPELINE_KERNEL_CACHE
+or out/kernels). The tasks themselves are described in pipeline/tasks.py.
 """
 
 import os
@@ -10,6 +11,7 @@ import sys
 from doit import get_var
 
 from pipeline.errors import ConfigError
+from pipeline.reporter import BuildReporter
 
 os.makedirs("out", exist_ok=True)
 
@@ -20,6 +22,7 @@ DOIT_CONFIG = {
     "check_file_uptodate": "md5",
     "default_tasks": ["build"],
     "action_string_formatting": "new",
+    "reporter": BuildReporter,
 }
 
 try:
@@ -27,6 +30,7 @@ try:
     from pipeline.tasks import make_tasks
 
     _config = load_config(get_var("config", "configs/default.yaml"))
-    globals().update(make_tasks(_config, *_config.select(get_var("model"), get_var("target"))))
+    globals().update(make_tasks(_config, *_config.select(get_var("model"), get_var("target")),
+                                kernel_cache=get_var("cache")))
 except ConfigError as err:
     sys.exit(f"error: {err}")

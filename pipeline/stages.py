@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.build_module import compile_kernel, lower_graph, unique_specs
+from pipeline.build_module import lower_graph, unique_specs
+from pipeline.cache import object_for_link
 from pipeline.codegen.target import parse_target
 from pipeline.contrib import cc
 from pipeline.contrib.cc import atomic_write
 from pipeline.frontend import from_onnx
 from pipeline.ir.graph import Graph
-from pipeline.lower.kernel import KernelSpec
 from pipeline.runtime.pack import pack_blob, write_devc
 from pipeline.runtime.params import load_params, save_params
 from pipeline.transform import PassContext
@@ -53,6 +53,7 @@ def optimize_model(graph_path: str, weights_path: str, target: dict, kernel_dir:
         lowered = lower_graph(graph, params, parse_target(target["target"]),
                               target["opt_level"])
     specs = unique_specs(lowered.specs.values())
+    Path(kernel_dir).mkdir(parents=True, exist_ok=True)
     for spec in specs:
         spec_path = Path(kernel_dir, f"{spec.hash}.json")
         if not spec_path.exists():  # content-addressed: an existing file is this spec
@@ -68,23 +69,15 @@ def optimize_model(graph_path: str, weights_path: str, target: dict, kernel_dir:
     atomic_write(params_path, save_params(lowered.params))
 
 
-def compile_kernel_file(spec_path: str, ll_path: str, obj_path: str) -> None:
-    """Kernel spec -> readable LLVM IR (.ll) and object (.o)."""
-    spec = KernelSpec.from_json(Path(spec_path).read_text())
-    text, obj = compile_kernel(spec)
-    atomic_write(ll_path, text.encode())
-    atomic_write(obj_path, obj)
+def link_lib0(kernels_path: str, cache: str, lib0_path: str) -> None:
+    """All of a model's kernel objects -> one relocatable lib0.o (ld -r).
 
-
-def kernel_objects(kernels_path: str, kernel_dir: str) -> list[str]:
-    """The object files a kernels.json manifest names, in link order."""
+    Objects come from the kernel cache, checked against their checksums; a
+    corrupted or missing entry is recompiled from its spec, never linked.
+    """
     manifest = json.loads(Path(kernels_path).read_text())
-    return [str(Path(kernel_dir, f"{k['hash']}.o")) for k in manifest["kernels"]]
-
-
-def link_lib0(kernels_path: str, kernel_dir: str, lib0_path: str) -> None:
-    """All of a model's kernel objects -> one relocatable lib0.o (ld -r)."""
-    cc.link_relocatable(lib0_path, kernel_objects(kernels_path, kernel_dir))
+    cc.link_relocatable(lib0_path, [object_for_link(cache, k["hash"])
+                                    for k in manifest["kernels"]])
 
 
 def pack_devc(graph_json_path: str, params_path: str, kernels_path: str,

@@ -4,13 +4,18 @@ Task names (model m, target entry t):
   model:m        generate an ONNX file with models/ (generated models only)
   import:m       ONNX -> graph IR + weights          (out/m/m.ir.json, m.weights.params)
   optimize:m@t   passes + lowering -> graph JSON, params, kernels.json, kernel specs
-  kernel:<hash>  one kernel spec -> out/kernels/<hash>.ll, <hash>.o (created after optimize)
+  kernel:<hash>  one kernel spec -> <cache>/<hash>.ll, .o, .sha256 (created after optimize;
+                 the cache is shared by all entries, see pipeline/cache.py)
   lib0:m@t       the entry's kernel objects -> lib0.o (ld -r)
   devc:m@t       graph JSON + params -> devc.o (the packed blob)
   export:m@t     lib0.o + devc.o -> m.so
   validate:m@t   run m.so against the reference -> validation.json
+  explain        print why each task of the last build ran (out/build-report.json)
+  gc             remove cache entries no entry of the matrix uses
 Every task declares its inputs, including the compiler sources it runs (doit
-does not see code edits otherwise); option dicts go into one config_changed.
+does not see code edits otherwise); option dicts go into one options_changed
+(a config_changed that keeps the options, so pipeline.explain can say which
+one changed).
 """
 
 from __future__ import annotations
@@ -21,15 +26,14 @@ from pathlib import Path
 
 from doit import create_after
 from doit.exceptions import TaskFailed
-from doit.tools import config_changed
 
-from pipeline import stages, validate
+from pipeline import cache, stages, validate
 from pipeline.config import BuildConfig, ModelEntry, TargetEntry
 from pipeline.errors import PipelineError
+from pipeline.explain import options_changed
 from pipeline.lower.kernel import CODEGEN_SOURCES
 
 OUT = "out"
-KERNELS = f"{OUT}/kernels"
 _PKG = Path(__file__).resolve().parent
 
 
@@ -72,8 +76,13 @@ def artifacts(m: ModelEntry, t: TargetEntry) -> dict[str, str]:
             "validation": path(d, "validation.json")}
 
 
-def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[TargetEntry]):
-    """The task-creator functions for a selection of the matrix (dodo.py exposes them)."""
+def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[TargetEntry],
+               kernel_cache: str | None = None):
+    """The task-creator functions for a selection of the matrix (dodo.py exposes them).
+
+    kernel_cache: the kernel cache folder (None: $PIPELINE_KERNEL_CACHE or out/kernels).
+    """
+    cache_root = cache.cache_dir(kernel_cache)
     entries = [(m, t) for m in models for t in targets]
     front_src = _sources("frontend/*.py", "ops/*.py", "ir/*.py", "stages.py")
     opt_src = _sources("transform/*.py", "lower/*.py", "plan/*.py", "build_module.py",
@@ -99,8 +108,8 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
                                             {k: list(v) for k, v in m.inputs.items()},
                                             ir, weights])],
                    "file_dep": [onnx_path(m), *front_src],
-                   "uptodate": [config_changed({"inputs": {k: list(v) for k, v in
-                                                           m.inputs.items()}})]}
+                   "uptodate": [options_changed({"inputs": {k: list(v) for k, v in
+                                                             m.inputs.items()}}, "input")]}
 
     def task_optimize():
         """Run the passes for each model x target and list the kernels it needs."""
@@ -109,12 +118,11 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             opts = t.to_dict()
             yield {"name": f"{m.name}@{t.name}", "clean": True,
                    "targets": [a["graph_json"], a["params"], a["kernels"]],
-                   "actions": [(os.makedirs, [KERNELS], {"exist_ok": True}),
-                               (run_stage, [stages.optimize_model, *imported(m), opts,
-                                            KERNELS, a["graph_json"], a["params"],
+                   "actions": [(run_stage, [stages.optimize_model, *imported(m), opts,
+                                            cache_root, a["graph_json"], a["params"],
                                             a["kernels"]])],
                    "file_dep": [*imported(m), *opt_src],
-                   "uptodate": [config_changed(opts)]}
+                   "uptodate": [options_changed(opts)]}
 
     @create_after(executed="optimize", target_regex=r".*\.o$")
     def task_kernel():
@@ -128,12 +136,11 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
                 if k["hash"] in seen:
                     continue
                 seen.add(k["hash"])
-                base = path(KERNELS, k["hash"])
+                base = path(cache_root, k["hash"])
                 yield {"name": k["hash"], "doc": k["symbol"],
-                       "targets": [f"{base}.o", f"{base}.ll"],
+                       "targets": [f"{base}.o", f"{base}.ll", f"{base}.sha256"],
                        "file_dep": [f"{base}.json"],
-                       "actions": [(run_stage, [stages.compile_kernel_file,
-                                                f"{base}.json", f"{base}.ll", f"{base}.o"])]}
+                       "actions": [(run_stage, [cache.compile_entry, cache_root, k["hash"]])]}
 
     def task_lib0():
         """Combine an entry's kernel objects into lib0.o."""
@@ -144,7 +151,7 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             yield {"name": f"{m.name}@{t.name}", "targets": [a["lib0"]], "clean": True,
                    "task_dep": ["kernel"],
                    "file_dep": [a["kernels"], *_sources("contrib/cc.py")],
-                   "actions": [(run_stage, [stages.link_lib0, a["kernels"], KERNELS,
+                   "actions": [(run_stage, [stages.link_lib0, a["kernels"], cache_root,
                                             a["lib0"]])]}
 
     def task_devc():
@@ -180,9 +187,36 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             yield {"name": f"{m.name}@{t.name}", "targets": [a["validation"]],
                    "file_dep": [a["so"], onnx_path(m),
                                 *_sources("validate.py", "runtime/*.py")],
-                   "uptodate": [config_changed({"validate": opts, "inputs": shapes})],
+                   "uptodate": [options_changed({"validate": opts, "inputs": shapes},
+                                                "validation")],
                    "actions": [(run_stage, [validate.validate_library, a["so"],
                                             onnx_path(m), shapes, opts, m.name, t.name,
                                             a["validation"]])]}
 
+    def task_explain():
+        """Print why each task of the last build ran, and what it compiled or reused."""
+        from pipeline.reporter import print_report
+
+        return {"actions": [print_report], "uptodate": [False], "verbosity": 2}
+
+    def task_gc():
+        """Remove kernel-cache entries that no model x target of this config uses."""
+        return {"actions": [(collect_unused, [config, cache_root])], "uptodate": [False],
+                "params": [{"name": "max_age_days", "long": "max-age-days", "type": float,
+                            "default": 0.0, "help": "keep entries used this recently "
+                            "(for a cache shared with other checkouts)"}],
+                "verbosity": 2}
+
     return {name: fn for name, fn in locals().items() if name.startswith("task_")}
+
+
+def collect_unused(config: BuildConfig, cache_root: str, max_age_days: float) -> None:
+    """`doit gc`: drop cache entries absent from every kernels.json of the whole matrix."""
+    keep = set()
+    for m in config.models.values():
+        for t in config.targets.values():
+            manifest = Path(artifacts(m, t)["kernels"])
+            if manifest.exists():
+                keep |= {k["hash"] for k in json.loads(manifest.read_text())["kernels"]}
+    removed = cache.collect_garbage(cache_root, keep, max_age_days)
+    print(f"{cache_root}: removed {len(removed)} unused kernels, {len(keep)} in use")

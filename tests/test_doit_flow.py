@@ -2,8 +2,8 @@
 
 Each test writes a config (and, where needed, ONNX files) into tmp_path and
 runs `doit -f <repo>/dodo.py -d <tmp_path> ...` in a subprocess, exactly as a
-user would. Which tasks executed is read from doit's own report lines
-(". name" executed, "-- name" up to date), never from timings.
+user would. Which tasks executed is read from the build report our doit
+reporter records (out/build-report.json), never from timings.
 """
 
 from __future__ import annotations
@@ -23,15 +23,21 @@ from onnx import TensorProto, helper, numpy_helper
 REPO = Path(__file__).resolve().parent.parent
 
 
-def doit(tmp: Path, *args: str) -> tuple[int, set[str], str]:
+def doit(tmp: Path, *args: str, repo: Path = REPO, env: dict | None = None
+         ) -> tuple[int, set[str], str]:
     """Run doit in `tmp`; returns (exit code, executed task names, all output)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"),
+    report = tmp / "out" / "build-report.json"
+    report.unlink(missing_ok=True)
+    extra, env = env or {}, {**os.environ, "PYTHONPATH": str(repo)}
+    env.pop("PIPELINE_KERNEL_CACHE", None)  # each test decides where its cache is
+    env.update(extra)
+    proc = subprocess.run([sys.executable, "-m", "doit", "-f", str(repo / "dodo.py"),
                            "-d", str(tmp), *args],
                           capture_output=True, text=True, env=env, timeout=1800)
     out = proc.stdout + proc.stderr
-    executed = {line[3:].strip() for line in proc.stdout.splitlines()
-                if line.startswith(".  ")}
+    executed = set()
+    if report.exists():
+        executed = {i["task"] for i in json.loads(report.read_text())["executed"]}
     return proc.returncode, executed, out
 
 

@@ -1,0 +1,103 @@
+"""The kernel cache: compiled kernels stored under their content hash.
+
+One entry per KernelSpec hash, in one folder shared by every model, target
+and matrix entry (and by several checkouts or doit processes when the folder
+is shared, e.g. in CI):
+    <hash>.json    the spec (written by optimize)
+    <hash>.ll      LLVM IR, for reading
+    <hash>.o       the object
+    <hash>.sha256  the object's checksum, written last: it commits the entry
+Every file is written atomically (temp file + rename), so a reader never sees
+half a file; an object is linked only if its checksum matches, so a corrupted
+entry is rebuilt from its spec instead of linked. The location is
+`cache=DIR` on the doit command line, else $PIPELINE_KERNEL_CACHE, else
+out/kernels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+
+from pipeline.contrib.cc import atomic_write
+
+DEFAULT = os.path.join("out", "kernels")
+ENV = "PIPELINE_KERNEL_CACHE"
+SUFFIXES = (".json", ".ll", ".o", ".sha256")
+
+
+def cache_dir(override: str | None = None) -> str:
+    """The cache folder: the command-line override, the environment, or the default."""
+    return os.path.normpath(override or os.environ.get(ENV) or DEFAULT)
+
+
+def entry_path(root: str, kernel_hash: str, suffix: str) -> str:
+    return os.path.join(root, kernel_hash + suffix)
+
+
+def _sha256(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def is_valid(root: str, kernel_hash: str) -> bool:
+    """True if the entry's object exists and matches its committed checksum."""
+    obj, check = (entry_path(root, kernel_hash, s) for s in (".o", ".sha256"))
+    try:
+        return Path(check).read_text().strip() == _sha256(obj)
+    except FileNotFoundError:
+        return False
+
+
+def compile_entry(root: str, kernel_hash: str) -> bool:
+    """Compile the spec <hash>.json into the entry; False if a valid one was there.
+
+    Another process sharing the cache may have compiled it already; then the
+    object is reused. Concurrent compiles of one spec write identical bytes.
+    """
+    from pipeline.build_module import compile_kernel
+    from pipeline.lower.kernel import KernelSpec
+
+    if is_valid(root, kernel_hash):
+        return False
+    spec = KernelSpec.from_json(Path(entry_path(root, kernel_hash, ".json")).read_text())
+    text, obj = compile_kernel(spec)
+    atomic_write(entry_path(root, kernel_hash, ".ll"), text.encode())
+    atomic_write(entry_path(root, kernel_hash, ".o"), obj)
+    atomic_write(entry_path(root, kernel_hash, ".sha256"),
+                 hashlib.sha256(obj).hexdigest().encode())
+    return True
+
+
+def object_for_link(root: str, kernel_hash: str) -> str:
+    """The path of a valid object for `kernel_hash`, recompiling a corrupted or
+    missing one; its time stamp is refreshed so garbage collection sees the use."""
+    if not is_valid(root, kernel_hash):
+        compile_entry(root, kernel_hash)
+    path = entry_path(root, kernel_hash, ".o")
+    os.utime(path)
+    return path
+
+
+def collect_garbage(root: str, keep: set[str], max_age_days: float = 0.0) -> list[str]:
+    """Remove entries not in `keep` and unused for `max_age_days`; returns the hashes.
+
+    With a cache shared between checkouts, `keep` only knows this checkout's
+    matrix: pass an age so entries other checkouts use recently survive.
+    """
+    if not os.path.isdir(root):
+        return []
+    cutoff = time.time() - max_age_days * 86400
+    removed = []
+    hashes = {Path(f).stem for f in os.listdir(root) if f.endswith(SUFFIXES)} - keep
+    for h in sorted(hashes):
+        paths = [entry_path(root, h, s) for s in SUFFIXES]
+        newest = max((os.path.getmtime(p) for p in paths if os.path.exists(p)), default=0)
+        if newest > cutoff:
+            continue
+        for p in paths:
+            if os.path.exists(p):
+                os.remove(p)
+        removed.append(h)
+    return removed
