@@ -50,8 +50,9 @@ def is_valid(root: str, kernel_hash: str) -> bool:
         return False
 
 
-def compile_entry(root: str, kernel_hash: str) -> bool:
-    """Compile the spec <hash>.json into the entry; False if a valid one was there.
+def compile_entry(root: str, kernel_hash: str) -> dict:
+    """Compile the spec <hash>.json into the entry: {"compiled": False} if a valid
+    one was there already, {"compiled": True} otherwise.
 
     Another process sharing the cache may have compiled it already; then the
     object is reused. Concurrent compiles of one spec write identical bytes.
@@ -60,14 +61,14 @@ def compile_entry(root: str, kernel_hash: str) -> bool:
     from pipeline.lower.kernel import KernelSpec
 
     if is_valid(root, kernel_hash):
-        return False
+        return {"compiled": False}
     spec = KernelSpec.from_json(Path(entry_path(root, kernel_hash, ".json")).read_text())
     text, obj = compile_kernel(spec)
     atomic_write(entry_path(root, kernel_hash, ".ll"), text.encode())
     atomic_write(entry_path(root, kernel_hash, ".o"), obj)
     atomic_write(entry_path(root, kernel_hash, ".sha256"),
                  hashlib.sha256(obj).hexdigest().encode())
-    return True
+    return {"compiled": True}
 
 
 def object_for_link(root: str, kernel_hash: str) -> str:

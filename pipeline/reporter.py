@@ -76,7 +76,8 @@ class BuildReporter(ConsoleReporter):
     def add_success(self, task):
         if task.name not in self.started:
             return
-        self._finish(task, "ok")
+        # A kernel task whose object another process put in the shared cache.
+        self._finish(task, "reused" if task.values.get("compiled") is False else "ok")
 
     def add_failure(self, task, fail):
         if task.name in self.started:
@@ -157,7 +158,8 @@ class BuildReporter(ConsoleReporter):
 
     def _summary(self) -> dict:
         """Per model@target: kernels compiled vs reused and the time spent on it."""
-        seconds = {i["task"]: i.get("seconds", 0.0) for i in self.ran}
+        seconds = {i["task"]: i.get("seconds", 0.0) for i in self.ran
+                   if i.get("status") == "ok"}
         entries, lines = {}, []
         for name in self.optimize_tasks:
             entry, task = _entry(name), self.tasks[name]

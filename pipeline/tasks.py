@@ -48,12 +48,16 @@ def _sources(*globs: str) -> list[str]:
 
 
 def run_stage(fn, *args):
-    """Run a stage; a user-caused error becomes one TaskFailed line, not a traceback."""
+    """Run a stage; a user-caused error becomes one TaskFailed line, not a traceback.
+
+    A dict the stage returns becomes the task's doit values (the reporter reads
+    a kernel task's {"compiled": bool} to count cache hits).
+    """
     try:
-        fn(*args)
+        result = fn(*args)
     except PipelineError as err:
         return TaskFailed(str(err))
-    return None
+    return result if isinstance(result, dict) else None
 
 
 def onnx_path(entry: ModelEntry) -> str:

@@ -27,7 +27,7 @@ def doit(tmp: Path, *args: str, repo: Path = REPO, env: dict | None = None
          ) -> tuple[int, set[str], str]:
     """Run doit in `tmp`; returns (exit code, executed task names, all output)."""
     report = tmp / "out" / "build-report.json"
-    report.unlink(missing_ok=True)
+    stamp = report.stat().st_mtime_ns if report.exists() else None
     extra, env = env or {}, {**os.environ, "PYTHONPATH": str(repo)}
     env.pop("PIPELINE_KERNEL_CACHE", None)  # each test decides where its cache is
     env.update(extra)
@@ -35,22 +35,25 @@ def doit(tmp: Path, *args: str, repo: Path = REPO, env: dict | None = None
                            "-d", str(tmp), *args],
                           capture_output=True, text=True, env=env, timeout=1800)
     out = proc.stdout + proc.stderr
-    executed = set()
-    if report.exists():
+    executed = set()  # runs that write no report (errors, explain) executed nothing
+    if report.exists() and report.stat().st_mtime_ns != stamp:
         executed = {i["task"] for i in json.loads(report.read_text())["executed"]}
     return proc.returncode, executed, out
 
 
-def tiny_convnet(path: Path, seed: int = 0) -> None:
-    """conv -> bn -> relu -> conv -> add(residual) -> relu -> gap -> flatten -> gemm."""
+def tiny_convnet(path: Path, seed: int = 0, classes: int = 4) -> None:
+    """conv -> bn -> relu -> conv -> add(residual) -> relu -> gap -> flatten -> gemm.
+
+    `classes` changes the last layer's shape only.
+    """
     rng = np.random.default_rng(seed)
 
     def init(name, *shape, scale=0.3):
         return numpy_helper.from_array(
             (rng.standard_normal(shape) * scale).astype(np.float32), name)
 
-    inits = [init("w1", 8, 3, 3, 3), init("w2", 8, 8, 3, 3), init("fc", 4, 8),
-             init("fcb", 4), init("g", 8), init("b", 8), init("m", 8),
+    inits = [init("w1", 8, 3, 3, 3), init("w2", 8, 8, 3, 3), init("fc", classes, 8),
+             init("fcb", classes), init("g", 8), init("b", 8), init("m", 8),
              numpy_helper.from_array(rng.uniform(0.5, 1.5, 8).astype(np.float32), "v")]
     nodes = [
         helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
@@ -65,7 +68,7 @@ def tiny_convnet(path: Path, seed: int = 0) -> None:
     ]
     graph = helper.make_graph(
         nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], inits)
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, classes])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -219,27 +222,3 @@ def test_model_zoo_builds_and_validates(tmp_path: Path, model: str):
     assert report["passed"], report
     code, executed, _ = doit(tmp_path, "build", "config=matrix.yaml", f"model={model}")
     assert code == 0 and executed == set(), executed
-
-
-def test_weight_change_compiles_no_kernel(tiny: Path):
-    assert doit(tiny, "build", "config=matrix.yaml")[0] == 0
-    tiny_convnet(tiny / "nets" / "tiny.onnx", seed=1)  # same layers, new weights
-    code, executed, out = doit(tiny, "build", "config=matrix.yaml")
-    assert code == 0, out
-    assert not any(name.startswith(("kernel:", "lib0:")) for name in executed), executed
-    assert {"import:tiny", "optimize:tiny@llvm", "devc:tiny@llvm",
-            "export:tiny@llvm"} <= executed
-
-
-def test_models_sharing_kernels_compile_them_once(tmp_path: Path):
-    tiny_convnet(tmp_path / "nets" / "a.onnx", seed=0)
-    tiny_convnet(tmp_path / "nets" / "b.onnx", seed=1)
-    write_config(tmp_path, "a: {path: nets/a.onnx}\nb: {path: nets/b.onnx}\n")
-    code, executed, out = doit(tmp_path, "build", "config=matrix.yaml")
-    assert code == 0, out
-    manifests = [json.loads((tmp_path / "out" / m / "llvm" / "kernels.json").read_text())
-                 for m in ("a", "b")]
-    hashes = [{k["hash"] for k in man["kernels"]} for man in manifests]
-    assert hashes[0] == hashes[1]  # same architecture, different weights
-    compiled = {name for name in executed if name.startswith("kernel:")}
-    assert compiled == {f"kernel:{h}" for h in hashes[0]}  # each compiled exactly once

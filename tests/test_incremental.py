@@ -1,0 +1,335 @@
+"""The incrementality properties of DESIGN.md, one test each, through real doit.
+
+Every test builds a small conv-net in a temporary folder with `doit -f
+<repo>/dodo.py -d <tmp>` in a subprocess and reads which tasks executed from
+the record our reporter writes (out/build-report.json), never from timings.
+Then: the kernel cache (shared folder, corruption, clean, gc, two processes
+at once), byte-identical rebuilds (-n 2, from clean), the explanations and
+the progress lines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from test_doit_flow import REPO, doit, tiny_convnet
+
+TARGET = '{target: "llvm -mcpu=native", opt_level: 3}'
+
+
+def matrix(tmp: Path, models: str, targets: str = f"llvm: {TARGET}\n") -> None:
+    """Write tmp/matrix.yaml with the given `models:` and `targets:` sections (YAML)."""
+    (tmp / "matrix.yaml").write_text(
+        "models:\n" + textwrap.indent(textwrap.dedent(models), "  ")
+        + "targets:\n" + textwrap.indent(textwrap.dedent(targets), "  ")
+        + "validate: {reference: onnx, rtol: 1.0e-4, atol: 1.0e-4}\n")
+
+
+def hashes(tmp: Path, model: str, target: str) -> set[str]:
+    manifest = tmp / "out" / model / target / "kernels.json"
+    return {k["hash"] for k in json.loads(manifest.read_text())["kernels"]}
+
+
+def kernel_tasks(executed: set[str]) -> set[str]:
+    return {name.partition(":")[2] for name in executed if name.startswith("kernel:")}
+
+
+def build(tmp: Path, *args: str, jobs: int = 1) -> set[str]:
+    code, executed, out = doit(tmp, "-n", str(jobs), "build", "config=matrix.yaml", *args)
+    assert code == 0, out[-3000:]
+    return executed
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> Path:
+    tiny_convnet(tmp_path / "nets" / "tiny.onnx")
+    matrix(tmp_path, "tiny: {path: nets/tiny.onnx}\n")
+    return tmp_path
+
+
+ARTIFACTS = ("tiny.so", "lib0.o", "devc.o", "tiny.params")
+
+
+def artifact_bytes(tmp: Path, target: str = "llvm") -> dict[str, bytes]:
+    d = tmp / "out" / "tiny" / target
+    return {name: (d / name).read_bytes() for name in ARTIFACTS}
+
+
+# -- the eight properties -----------------------------------------------------
+
+def test_1_noop_rebuild_runs_nothing(tiny: Path):
+    assert "export:tiny@llvm" in build(tiny)
+    assert build(tiny) == set()
+
+
+def test_2_weight_change_rebuilds_params_devc_so_only(tiny: Path):
+    build(tiny)
+    tiny_convnet(tiny / "nets" / "tiny.onnx", seed=1)  # same layers, new weights
+    executed = build(tiny)
+    # import and optimize re-read the weights; kernels.json comes out identical,
+    # so neither any kernel nor lib0.o is rebuilt.
+    assert executed == {"import:tiny", "optimize:tiny@llvm", "devc:tiny@llvm",
+                        "export:tiny@llvm"}
+
+
+def test_3_layer_change_rebuilds_only_kernels_whose_hash_changed(tiny: Path):
+    build(tiny)
+    before = hashes(tiny, "tiny", "llvm")
+    tiny_convnet(tiny / "nets" / "tiny.onnx", classes=5)  # the last layer's shape
+    executed = build(tiny)
+    after = hashes(tiny, "tiny", "llvm")
+    changed = after - before
+    assert 0 < len(changed) < len(after)  # the dense kernel only, not the convs
+    assert kernel_tasks(executed) == changed
+
+
+def test_4_pass_option_rebuilds_only_that_entry(tiny: Path):
+    targets = f"a: {TARGET}\nb: {TARGET}\n"
+    matrix(tiny, "tiny: {path: nets/tiny.onnx}\n", targets)
+    build(tiny)
+    before = hashes(tiny, "tiny", "a") | hashes(tiny, "tiny", "b")
+    matrix(tiny, "tiny: {path: nets/tiny.onnx}\n",
+           f"a: {TARGET}\n"
+           'b: {target: "llvm -mcpu=native", opt_level: 3, config: {FuseOps.max_depth: 1}}\n')
+    executed = build(tiny)
+    assert not [name for name in executed if name.endswith("@a")], executed
+    assert "optimize:tiny@b" in executed
+    new = hashes(tiny, "tiny", "b") - before
+    assert new and kernel_tasks(executed) == new  # only the kernels fusion changed
+    assert hashes(tiny, "tiny", "b") & before  # the unaffected ones are reused
+
+
+def test_5_added_target_compiles_only_its_kernels(tiny: Path):
+    build(tiny)
+    before = artifact_bytes(tiny)
+    matrix(tiny, "tiny: {path: nets/tiny.onnx}\n",
+           f"llvm: {TARGET}\n" 'hsw: {target: "llvm -mcpu=haswell", opt_level: 3}\n')
+    executed = build(tiny)
+    assert executed and all(n.endswith("@hsw") or n.startswith("kernel:")
+                            for n in executed), executed
+    assert kernel_tasks(executed) == hashes(tiny, "tiny", "hsw")
+    assert artifact_bytes(tiny) == before
+
+
+def test_6_models_sharing_kernels_compile_them_once(tmp_path: Path):
+    tiny_convnet(tmp_path / "nets" / "a.onnx", seed=0)
+    tiny_convnet(tmp_path / "nets" / "b.onnx", seed=1)
+    matrix(tmp_path, "a: {path: nets/a.onnx}\nb: {path: nets/b.onnx}\n")
+    executed = build(tmp_path)
+    shared = hashes(tmp_path, "a", "llvm")
+    assert shared == hashes(tmp_path, "b", "llvm")  # same layers, other weights
+    assert kernel_tasks(executed) == shared  # each one compiled once
+
+
+@pytest.fixture
+def repo_copy(tmp_path: Path) -> Path:
+    """A copy of the compiler whose sources a test may edit."""
+    copy = tmp_path / "repo"
+    copy.mkdir()
+    for item in ("dodo.py", "pipeline", "models"):
+        src = REPO / item
+        if src.is_dir():
+            shutil.copytree(src, copy / item, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(src, copy / item)
+    return copy
+
+
+def test_7_codegen_edit_rebuilds_kernels_validation_edit_does_not(tiny: Path,
+                                                                   repo_copy: Path):
+    code, _, out = doit(tiny, "validate", "config=matrix.yaml", repo=repo_copy)
+    assert code == 0, out[-3000:]
+    kernels = hashes(tiny, "tiny", "llvm")
+
+    with open(repo_copy / "pipeline" / "validate.py", "a") as f:
+        f.write("\n# an edit to the validation code\n")
+    code, executed, out = doit(tiny, "validate", "config=matrix.yaml", repo=repo_copy)
+    assert code == 0, out[-3000:]
+    assert executed == {"validate:tiny@llvm"}
+
+    with open(repo_copy / "pipeline" / "codegen" / "render.py", "a") as f:
+        f.write("\n# an edit to the code generator\n")
+    code, executed, out = doit(tiny, "build", "config=matrix.yaml", repo=repo_copy)
+    assert code == 0, out[-3000:]
+    # The generator's version is part of every kernel's hash: all are new.
+    assert kernel_tasks(executed) == hashes(tiny, "tiny", "llvm")
+    assert not kernels & hashes(tiny, "tiny", "llvm")
+
+
+def test_8_parallel_build_same_bytes_and_reproducible(tmp_path: Path):
+    serial, parallel = tmp_path / "serial", tmp_path / "parallel"
+    for d in (serial, parallel):
+        tiny_convnet(d / "nets" / "tiny.onnx")
+        matrix(d, "tiny: {path: nets/tiny.onnx}\n")
+    build(serial)
+    executed = build(parallel, jobs=2)
+    assert len(kernel_tasks(executed)) >= 3
+    first = artifact_bytes(serial)
+    assert artifact_bytes(parallel) == first  # other folder, other process count
+
+    shutil.rmtree(serial / "out")  # from clean, again: the same bytes
+    build(serial)
+    assert artifact_bytes(serial) == first
+
+
+# -- the kernel cache ----------------------------------------------------------
+
+def test_shared_cache_two_processes_at_once(tmp_path: Path):
+    shared = tmp_path / "cache"
+    dirs = [tmp_path / "one", tmp_path / "two"]
+    procs = []
+    for d in dirs:
+        tiny_convnet(d / "nets" / "tiny.onnx")
+        matrix(d, "tiny: {path: nets/tiny.onnx}\n")
+        env = {**os.environ, "PYTHONPATH": str(REPO), "PIPELINE_KERNEL_CACHE": str(shared)}
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(d),
+             "validate", "config=matrix.yaml"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
+    for p in procs:
+        out = p.communicate(timeout=600)[0]
+        assert p.returncode == 0, out[-3000:]
+    for d in dirs:
+        assert json.loads((d / "out/tiny/llvm/validation.json").read_text())["passed"]
+        assert not (d / "out" / "kernels").exists()  # nothing in the default place
+    assert artifact_bytes(dirs[0]) == artifact_bytes(dirs[1])
+    entries = {p.name for p in shared.iterdir()}
+    for h in hashes(dirs[0], "tiny", "llvm"):
+        assert {f"{h}.json", f"{h}.o", f"{h}.ll", f"{h}.sha256"} <= entries
+    assert all(name.endswith((".json", ".o", ".ll", ".sha256")) for name in entries), entries
+
+    # A third checkout with the cache on the command line reuses every kernel.
+    third = tmp_path / "three"
+    tiny_convnet(third / "nets" / "tiny.onnx")
+    matrix(third, "tiny: {path: nets/tiny.onnx}\n")
+    before = {p.name: p.stat().st_mtime_ns for p in shared.iterdir() if p.suffix == ".ll"}
+    code, executed, out = doit(third, "build", "config=matrix.yaml", f"cache={shared}")
+    assert code == 0, out
+    # Its own doit state is empty, so the kernel tasks run, but find valid entries.
+    assert kernel_tasks(executed) == hashes(third, "tiny", "llvm")
+    after = {p.name: p.stat().st_mtime_ns for p in shared.iterdir() if p.suffix == ".ll"}
+    assert after == before  # nothing recompiled
+    n = len(after)
+    assert report(third)["entries"]["tiny@llvm"]["reused"] == n
+    assert f"tiny@llvm: {n} kernels (0 compiled, {n} reused)" in out
+
+
+def test_corrupted_cache_entry_is_rebuilt_not_linked(tiny: Path):
+    build(tiny)
+    victim = sorted(hashes(tiny, "tiny", "llvm"))[0]
+    obj = tiny / "out" / "kernels" / f"{victim}.o"
+    good = obj.read_bytes()
+    obj.write_bytes(good[: len(good) // 2])  # truncated behind doit's back
+    (tiny / "out" / "tiny" / "llvm" / "lib0.o").unlink()  # force a relink
+    executed = build(tiny)
+    assert "lib0:tiny@llvm" in executed
+    assert obj.read_bytes() == good  # recompiled from its spec, not linked as found
+    code, _, out = doit(tiny, "validate", "config=matrix.yaml")
+    assert code == 0, out[-3000:]
+
+
+def test_clean_of_one_entry_keeps_what_another_needs(tmp_path: Path):
+    tiny_convnet(tmp_path / "nets" / "a.onnx", seed=0)
+    tiny_convnet(tmp_path / "nets" / "b.onnx", seed=1)
+    matrix(tmp_path, "a: {path: nets/a.onnx}\nb: {path: nets/b.onnx}\n")
+    build(tmp_path)
+    code, _, out = doit(tmp_path, "clean", "config=matrix.yaml", "optimize:a@llvm",
+                        "lib0:a@llvm", "devc:a@llvm", "export:a@llvm")
+    assert code == 0, out
+    assert not (tmp_path / "out" / "a" / "llvm" / "a.so").exists()
+    for h in hashes(tmp_path, "b", "llvm"):
+        assert (tmp_path / "out" / "kernels" / f"{h}.o").exists()
+    assert build(tmp_path, "model=b") == set()
+    code, executed, out = doit(tmp_path, "validate", "config=matrix.yaml", "model=b")
+    assert code == 0 and executed == {"validate:b@llvm"}, out[-3000:]
+    assert kernel_tasks(build(tmp_path, "model=a")) == set()  # a's kernels are cached
+
+
+def test_gc_removes_only_unused_entries(tiny: Path):
+    build(tiny)
+    old = hashes(tiny, "tiny", "llvm")
+    tiny_convnet(tiny / "nets" / "tiny.onnx", classes=5)
+    build(tiny)
+    stale = old - hashes(tiny, "tiny", "llvm")
+    assert stale
+    code, _, out = doit(tiny, "gc", "config=matrix.yaml")
+    assert code == 0 and f"removed {len(stale)} unused kernels" in out, out
+    left = {p.stem for p in (tiny / "out" / "kernels").iterdir()}
+    assert left == hashes(tiny, "tiny", "llvm")
+    assert build(tiny) == set()
+
+
+# -- explanations and progress -------------------------------------------------
+
+def report(tmp: Path) -> dict:
+    return json.loads((tmp / "out" / "build-report.json").read_text())
+
+
+def why(tmp: Path, task: str) -> str:
+    return " | ".join(next(i["why"] for i in report(tmp)["executed"] if i["task"] == task))
+
+
+def test_explain_names_the_cause_and_counts_kernels(tiny: Path):
+    build(tiny)
+    tiny_convnet(tiny / "nets" / "tiny.onnx", seed=1)
+    build(tiny)
+    assert "model file changed: nets/tiny.onnx" in why(tiny, "import:tiny")
+    assert "weights changed" in why(tiny, "optimize:tiny@llvm")
+    n = len(hashes(tiny, "tiny", "llvm"))
+    assert report(tiny)["entries"]["tiny@llvm"] == {
+        "kernels": n, "compiled": 0, "reused": n,
+        "seconds": report(tiny)["entries"]["tiny@llvm"]["seconds"]}
+
+    matrix(tiny, "tiny: {path: nets/tiny.onnx}\n",
+           'llvm: {target: "llvm -mcpu=native", opt_level: 3, '
+           "config: {FuseOps.max_depth: 1}}\n")
+    code, _, out = doit(tiny, "build", "config=matrix.yaml")
+    assert code == 0
+    assert "pass option config" in why(tiny, "optimize:tiny@llvm")
+    assert "FuseOps.max_depth" in why(tiny, "optimize:tiny@llvm")
+    summary = [ln for ln in out.splitlines() if ln.startswith("tiny@llvm: ")]
+    assert len(summary) == 1 and "compiled" in summary[0] and "reused" in summary[0]
+
+    code, _, out = doit(tiny, "explain", "config=matrix.yaml")
+    assert code == 0 and "because pass option config" in out, out
+
+
+def test_progress_quiet_lines_and_growing_total(tiny: Path):
+    code, executed, out = doit(tiny, "build", "config=matrix.yaml")
+    lines = [ln for ln in out.splitlines() if ln.startswith("[")]
+    assert len(lines) == len(executed)  # one quiet line per task run, no live line
+    totals = [int(ln[1:ln.index("]")].split("/")[1]) for ln in lines]
+    assert totals == sorted(totals) and totals[-1] > totals[0]  # kernels appeared
+    assert totals[-1] == len(executed)
+    assert "\r" not in out
+
+
+def test_progress_live_line_on_a_terminal(tiny: Path):
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    env["PYTHONPATH"] = str(REPO)
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"),
+                             "-d", str(tiny), "build", "config=matrix.yaml"],
+                            stdout=follower, stderr=follower, env=env)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            data = os.read(leader, 4096)
+        except OSError:  # the terminal closed: the process is done
+            break
+        if not data:
+            break
+        chunks.append(data)
+    assert proc.wait(timeout=600) == 0
+    text = b"".join(chunks).decode()
+    assert "\r\x1b[2K[" in text and "kernel" in text  # rewritten in place
+    assert "tiny@llvm: " in text
