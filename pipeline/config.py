@@ -207,8 +207,12 @@ def _target(where: _Where, name: str, spec) -> TargetEntry:
         disabled_pass=tuple(where.typed(spec.get("disabled_pass", []),
                                         f"{key}.disabled_pass", list, "a list of passes")),
         config=dict(where.mapping(spec.get("config") or {}, f"{key}.config")))
-    try:
-        entry.pass_context()
-    except ConfigError as err:
-        where.fail(key, str(err))
+    # Check each list and option on its own, so the error names its exact key.
+    checks = [(f"{key}.{f}", {f: getattr(entry, f)}) for f in ("required_pass", "disabled_pass")]
+    checks += [(f"{key}.config.{opt}", {"config": {opt: v}}) for opt, v in entry.config.items()]
+    for where_key, kwargs in checks:
+        try:
+            PassContext(**kwargs)
+        except ConfigError as err:
+            where.fail(where_key, str(err))
     return entry

@@ -204,6 +204,26 @@ def test_config_errors_one_line(tiny: Path, models: str, message: str):
     assert len(lines) == 1 and message in lines[0] and "matrix.yaml" in lines[0], out
 
 
+@pytest.mark.parametrize("target, key, message", [
+    ('{target: "llvm", disabled_pass: [FuseOpz]}', "targets.t.disabled_pass",
+     "unknown pass 'FuseOpz'; passes are"),
+    ('{target: "llvm", config: {FuseOps.max_depht: 3}}', "targets.t.config.FuseOps.max_depht",
+     "options are FuseOps.max_depth"),
+    ('{target: "llvm", opt_level: three}', "targets.t.opt_level", "must be 0..3"),
+    ('{target: "cuda"}', "targets.t.target", "only 'llvm' targets are supported"),
+    ('{target: "llvm -mcpu=pentium9"}', "targets.t.target", "not a recognized processor"),
+    ('{target: "llvm -mattr=+avx9"}', "targets.t.target", "not a recognized feature"),
+    ('{target: "llvm", opt: 3}', "targets.t.opt", "unknown key; allowed: config,"),
+])
+def test_target_config_errors_one_line(tiny: Path, target: str, key: str, message: str):
+    (tiny / "matrix.yaml").write_text(
+        f"models:\n  tiny: {{path: nets/tiny.onnx}}\ntargets:\n  t: {target}\n")
+    code, executed, out = doit(tiny, "build", "config=matrix.yaml")
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    assert code != 0 and executed == set() and not (tiny / "out" / "tiny").exists()
+    assert len(lines) == 1 and f"matrix.yaml: {key}: " in lines[0] and message in lines[0], out
+
+
 def test_unknown_target_or_model_selection(tiny: Path):
     code, _, out = doit(tiny, "build", "config=matrix.yaml", "target=cuda")
     assert code != 0 and "target='cuda' is not in the config" in out

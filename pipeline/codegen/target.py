@@ -7,7 +7,10 @@ time, so the resolved values (not the word "native") enter kernel hashes.
 
 from __future__ import annotations
 
+import os
 import shlex
+import sys
+import tempfile
 from dataclasses import dataclass
 from functools import cache
 
@@ -102,7 +105,26 @@ def parse_target(text: str) -> Target:
         llvm.Target.from_triple(triple)
     except RuntimeError as err:
         raise TargetError(f"target {text!r}: unknown triple {triple!r}: {err}") from None
+    for line in _llvm_complaints(triple, cpu, feature_text).splitlines():
+        if "is not a recognized" in line:  # LLVM would silently ignore the name
+            raise TargetError(f"target {text!r}: {line.split(' (ignoring')[0].strip()}")
     return Target("llvm", triple, cpu, feature_text)
+
+
+def _llvm_complaints(triple: str, cpu: str, features: str) -> str:
+    """What LLVM prints while creating a target machine: it reports unknown cpu
+    and feature names only on the process's stderr, so we capture fd 2."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as err:
+        os.dup2(err.fileno(), 2)
+        try:
+            llvm.Target.from_triple(triple).create_target_machine(cpu=cpu, features=features)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        err.seek(0)
+        return err.read().decode(errors="replace")
 
 
 def _split_features(text: str):
