@@ -195,3 +195,74 @@ class KernelBuilder:
 
     def fmin(self, a, b):
         return self.intrinsic("minnum", a, b)
+
+    # -- dtype-aware scalar math (float32, int64/int32, bool as i8 0/1) --
+
+    def const(self, value, typ: ir.Type) -> ir.Constant:
+        """`value` as a constant of LLVM type `typ` (F32 or an integer type)."""
+        return ir.Constant(typ, float(value) if typ == F32 else int(value))
+
+    def arith(self, op: str, a, b):
+        """add, sub, mul, div, min, max of two values of one type: fast-math float
+        or signed integer (div truncates toward zero, as C and onnxruntime do)."""
+        if a.type == F32:
+            return {"add": self.fadd, "sub": self.fsub, "mul": self.fmul, "div": self.fdiv,
+                    "min": self.fmin, "max": self.fmax}[op](a, b)
+        if op in ("min", "max"):
+            return self.b.select(self.b.icmp_signed("<" if op == "min" else ">", a, b), a, b)
+        return {"add": self.b.add, "sub": self.b.sub, "mul": self.b.mul,
+                "div": self.b.sdiv}[op](a, b)
+
+    def compare(self, op: str, a, b) -> ir.Value:
+        """i1 of `a op b` for op in ==, !=, <, <=, >, >= (float: ordered, so NaN is false)."""
+        if a.type == F32:
+            return self.b.fcmp_ordered(op, a, b) if op != "!=" else \
+                self.b.fcmp_unordered(op, a, b)
+        return self.b.icmp_signed(op, a, b)
+
+    def truth(self, v) -> ir.Value:
+        """i1: v is non-zero (NaN counts as true, as in a C cast to bool)."""
+        return self.compare("!=", v, self.const(0, v.type))
+
+    def as_bool(self, flag) -> ir.Value:
+        """An i1 as the stored bool type (i8 0/1)."""
+        return self.b.zext(flag, LLVM_TYPES["bool"])
+
+    def cast(self, v, dtype: str) -> ir.Value:
+        """Convert `v` to `dtype` with ONNX Cast semantics (float -> int truncates)."""
+        to = LLVM_TYPES[dtype]
+        if dtype == "bool":
+            return self.as_bool(self.truth(v))
+        if v.type == to:
+            return v
+        if v.type == F32:
+            return self.b.fptosi(v, to)
+        bool_in = v.type == LLVM_TYPES["bool"]  # 0/1, never sign-extended
+        if to == F32:
+            return self.b.uitofp(v, F32) if bool_in else self.b.sitofp(v, F32)
+        if v.type.width > to.width:
+            return self.b.trunc(v, to)
+        return self.b.zext(v, to) if bool_in else self.b.sext(v, to)
+
+    def extern(self, name: str, *args) -> ir.Value:
+        """Call the C math library's float function `name` (erff, tanhf, log1pf...)."""
+        fn = self.module.globals.get(name)
+        if fn is None:
+            fn = ir.Function(self.module, ir.FunctionType(F32, [F32] * len(args)), name=name)
+        return self.b.call(fn, list(args))
+
+    # -- constant tables (index maps computed at build time) --
+
+    def table(self, values, typ: ir.Type = I64) -> ir.GlobalVariable:
+        """A private constant array holding `values`, for `load_table`."""
+        array = ir.ArrayType(typ, len(values))
+        g = ir.GlobalVariable(self.module, array, self.module.get_unique_name("table"))
+        g.global_constant = True
+        g.linkage = "private"
+        g.initializer = ir.Constant(array, [self.const(v, typ) for v in values])
+        return g
+
+    def load_table(self, table: ir.GlobalVariable, i) -> ir.Value:
+        ptr = self.b.gep(table, [self.i64(0), self.idx(i)], source_etype=table.value_type,
+                         inbounds=True)
+        return self.b.load(ptr, typ=table.value_type.element)

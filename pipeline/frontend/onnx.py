@@ -18,7 +18,7 @@ from onnx import numpy_helper
 
 from pipeline.errors import ModelError, UnsupportedOperatorError
 from pipeline.ir.graph import Graph, Node, TensorType, add_param
-from pipeline.ops import infer_types, onnx_converter
+from pipeline.ops import get, infer_types, onnx_converter
 
 _DTYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.INT64: "int64",
            onnx.TensorProto.INT32: "int32", onnx.TensorProto.BOOL: "bool"}
@@ -42,13 +42,38 @@ class ImportContext:
     def __init__(self, params: dict[str, np.ndarray], types: dict[str, TensorType]):
         self.params = params
         self.types = types
+        # Outputs of converted nodes computable from constants, evaluated only if a
+        # converter asks (a Reshape's shape from Shape -> Gather -> Concat, say).
+        self.pending: dict[str, Node] = {}
+        self.values: dict[str, np.ndarray] = {}
 
     def type(self, name: str) -> TensorType:
         return self.types[name]
 
     def const(self, name: str) -> np.ndarray | None:
         """The value of `name` if it is known at build time, else None."""
-        return self.params.get(name)
+        if name in self.params:
+            return self.params[name]
+        node = self.pending.pop(name, None)
+        if node is not None:
+            args = [self.const(i) for i in node.inputs]
+            results = get(node.op).numpy(args, node)
+            for out, value in zip(node.outputs, results, strict=True):
+                self.pending.pop(out, None)
+                self.values[out] = np.asarray(value).astype(self.types[out].dtype)
+        return self.values.get(name)
+
+    def track(self, node: Node) -> None:
+        """Note `node`'s outputs as computable at build time if its op has a numpy
+        implementation and its inputs are all constants or computable."""
+        known = (*self.params, *self.pending, *self.values)
+        if get(node.op).numpy is not None and all(i in known for i in node.inputs):
+            self.pending.update(dict.fromkeys(node.outputs, node))
+
+    def set_const(self, name: str, value: np.ndarray) -> None:
+        """Define tensor `name` as a build-time constant (Shape's output, say)."""
+        self.params[name] = value
+        self.types[name] = TensorType(value.shape, _dtype_name(value.dtype, name))
 
     def add_param(self, hint: str, value: np.ndarray) -> str:
         """Add a parameter the converter computed (e.g. a transposed weight)."""
@@ -116,9 +141,11 @@ def from_onnx(model: onnx.ModelProto | str | Path,
                                      f"output {name!r} has shape {list(t.shape)} here but "
                                      f"{list(want)} by ONNX shape inference")
                 types[name] = t
+            ctx.track(node)
             nodes.append(node)
 
     outputs = tuple(o.name for o in g.output)
+    nodes = _live(nodes, outputs)
     used = {i for n in nodes for i in n.inputs} | set(outputs)
     kept = {name: v for name, v in params.items() if name in used}
     input_names = tuple(vi.name for vi in inputs)
@@ -216,6 +243,17 @@ def _decode(proto, k: int, opset: int, used_names: set[str]) -> OnnxNode:
     return OnnxNode(proto.op_type, name, tuple(proto.input), tuple(proto.output), attrs, opset)
 
 
+def _live(nodes: list[Node], outputs: tuple[str, ...]) -> list[Node]:
+    """The nodes some graph output depends on: shape arithmetic whose value a
+    converter consumed at build time (ImportContext.const) is left unused."""
+    needed, kept = set(outputs), []
+    for node in reversed(nodes):
+        if needed & set(node.outputs):
+            kept.append(node)
+            needed.update(node.inputs)
+    return kept[::-1]
+
+
 def _import_constant(node: OnnxNode, ctx: ImportContext, source: str) -> None:
     """Constant nodes become parameters."""
     a = node.attrs
@@ -230,5 +268,5 @@ def _import_constant(node: OnnxNode, ctx: ImportContext, source: str) -> None:
     else:
         raise ModelError(f"{source}: node {node.name!r} (Constant): unsupported value "
                          f"attribute {sorted(a)}")
-    ctx.params[node.outputs[0]] = value
-    ctx.types[node.outputs[0]] = TensorType(value.shape, _dtype_name(value.dtype, node.name))
+    _dtype_name(value.dtype, node.name)  # an unsupported dtype names the node
+    ctx.set_const(node.outputs[0], value)

@@ -1,7 +1,12 @@
-"""Elementwise operators: unary, binary with numpy broadcasting, Clip, Identity.
+"""Elementwise operators of several inputs, with numpy broadcasting: arithmetic
+(Add, Sub, Mul, Div, Pow, Max, Min, PRelu, variadic Sum/Mean), comparisons,
+logic, Where and Cast; plus Identity and Dropout.
 
-Each is lowered as a scalar function; the code generator wraps it in loops
-(as a kernel of its own) or applies it in the epilogue of the kernel before it.
+Each is lowered as a scalar function of LLVM values; the builder's
+dtype-aware helpers (arith, compare, cast) pick float or integer instructions
+from the values' types, so one definition serves float32, int64 and int32.
+Comparisons and logic produce bool, stored as one byte holding 0 or 1.
+Unary math and activations are in pipeline/ops/unary.py.
 """
 
 from __future__ import annotations
@@ -9,43 +14,53 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.errors import ModelError
-from pipeline.ir.graph import Node
+from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.registry import broadcast_shape, onnx_op, register
 
+NUMERIC = ("float32", "int64", "int32")
+# ONNX TensorProto element types we convert to, for Cast's `to`.
+ONNX_DTYPES = {1: "float32", 6: "int32", 7: "int64", 9: "bool"}
 
-def _same_as_first(types, node):
-    return [types[0]]
+
+def _check(node: Node, types: list[TensorType], allowed: tuple[str, ...],
+           same: bool = True) -> None:
+    """ModelError naming the node if an input dtype is not allowed or they differ."""
+    for t in types:
+        if t.dtype not in allowed:
+            raise ModelError(f"node {node.name!r} ({node.op}): input dtype {t.dtype} is not "
+                             f"supported ({', '.join(allowed)} are)")
+    if same and len({t.dtype for t in types}) > 1:
+        raise ModelError(f"node {node.name!r} ({node.op}): input dtypes "
+                         f"{[t.dtype for t in types]} differ")
 
 
-def _broadcast(types, node):
+def _broadcast_type(node: Node, types: list[TensorType], dtype: str) -> list[TensorType]:
     shape = broadcast_shape(*(t.shape for t in types), where=f"node {node.name!r}")
-    return [types[0].__class__(shape, types[0].dtype)]
+    return [TensorType(shape, dtype)]
 
 
-# -- unary ------------------------------------------------------------------
+def _binary(allowed: tuple[str, ...], result: str | None = None):
+    """Shape rule: inputs of one allowed dtype; output broadcast, of `result` dtype
+    (the input dtype if None)."""
+    def infer(types, node):
+        _check(node, types, allowed)
+        return _broadcast_type(node, types, result or types[0].dtype)
+    return infer
 
-register("identity", "elementwise", _same_as_first,
+
+def _div_np(a, b):
+    if a.dtype.kind == "f":
+        return a / b
+    return np.sign(a) * np.sign(b) * (np.abs(a) // np.abs(b))  # truncate toward zero
+
+
+# -- identity ----------------------------------------------------------------------------
+
+register("identity", "elementwise", lambda types, node: [types[0]],
          scalar=lambda kb, a, node: a[0], numpy=lambda xs, node: [xs[0]])
-register("relu", "elementwise", _same_as_first,
-         scalar=lambda kb, a, node: kb.fmax(a[0], kb.f32(0.0)),
-         numpy=lambda xs, node: [np.maximum(xs[0], 0)])
-register("sigmoid", "elementwise", _same_as_first,
-         scalar=lambda kb, a, node: kb.fdiv(
-             kb.f32(1.0), kb.fadd(kb.f32(1.0), kb.intrinsic("exp", kb.b.fneg(a[0])))),
-         numpy=lambda xs, node: [1 / (1 + np.exp(-xs[0]))])
-register("clip", "elementwise", _same_as_first,
-         scalar=lambda kb, a, node: kb.fmin(kb.fmax(a[0], kb.f32(node.attr("min"))),
-                                            kb.f32(node.attr("max"))),
-         numpy=lambda xs, node: [np.clip(xs[0], node.attr("min"), node.attr("max"))])
 
-
-def _unary(op):
-    return lambda ctx, n: [Node.make(op, n.name, n.inputs[:1], n.outputs[:1])]
-
-
-onnx_op("Relu", 6)(_unary("relu"))
-onnx_op("Sigmoid", 6)(_unary("sigmoid"))
-onnx_op("Identity", 1)(_unary("identity"))
+onnx_op("Identity", 1)(lambda ctx, n: [Node.make("identity", n.name, n.inputs[:1],
+                                                 n.outputs[:1])])
 
 
 @onnx_op("Dropout", 1)
@@ -56,54 +71,169 @@ def _dropout(ctx, n):
     return [Node.make("identity", n.name, n.inputs[:1], n.outputs[:1])]
 
 
-@onnx_op("Clip", 6)
-def _clip_v6(ctx, n):
-    return [Node.make("clip", n.name, n.inputs[:1], n.outputs,
-                      min=float(n.attrs.get("min", -3.4028234663852886e38)),
-                      max=float(n.attrs.get("max", 3.4028234663852886e38)))]
+# -- arithmetic --------------------------------------------------------------------------
 
-
-@onnx_op("Clip", 11)
-def _clip_v11(ctx, n):
-    # min and max became optional inputs; we need them as build-time constants.
-    bounds = []
-    for pos, default in ((1, -np.inf), (2, np.inf)):
-        name = n.inputs[pos] if len(n.inputs) > pos else ""
-        if not name:
-            bounds.append(default)
-            continue
-        value = ctx.const(name)
-        if value is None:
-            raise ModelError(f"node {n.name!r} (Clip): bound {name!r} must be a constant")
-        bounds.append(float(value))
-    return [Node.make("clip", n.name, n.inputs[:1], n.outputs, min=bounds[0], max=bounds[1])]
-
-
-# -- binary, numpy broadcasting ----------------------------------------------
-
-_BINARY = {
-    "add": (lambda kb, a, b: kb.fadd(a, b), np.add, "Add"),
-    "sub": (lambda kb, a, b: kb.fsub(a, b), np.subtract, "Sub"),
-    "mul": (lambda kb, a, b: kb.fmul(a, b), np.multiply, "Mul"),
-    "div": (lambda kb, a, b: kb.fdiv(a, b), np.divide, "Div"),
+_ARITH = {  # op: (ONNX op_type, numpy)
+    "add": ("Add", np.add), "sub": ("Sub", np.subtract), "mul": ("Mul", np.multiply),
+    "div": ("Div", _div_np), "max": ("Max", np.maximum), "min": ("Min", np.minimum),
 }
-
-for _op, (_emit, _np, _onnx) in _BINARY.items():
-    register(_op, "elementwise", _broadcast,
-             scalar=lambda kb, a, node, emit=_emit: emit(kb, a[0], a[1]),
+for _op, (_onnx, _np) in _ARITH.items():
+    register(_op, "elementwise", _binary(NUMERIC),
+             scalar=lambda kb, a, node, op=_op: kb.arith(op, a[0], a[1]),
              numpy=lambda xs, node, f=_np: [f(xs[0], xs[1]).astype(xs[0].dtype)])
-    onnx_op(_onnx, 7)(lambda ctx, n, op=_op: [Node.make(op, n.name, n.inputs, n.outputs)])
 
 
-@onnx_op("Sum", 6)
-def _sum(ctx, n):
-    """Sum of N inputs as a chain of N-1 adds (a single input is an identity)."""
-    if len(n.inputs) == 1:
-        return [Node.make("identity", n.name, n.inputs, n.outputs)]
-    nodes, acc = [], n.inputs[0]
-    for k, x in enumerate(n.inputs[1:], start=1):
-        out = n.outputs[0] if k == len(n.inputs) - 1 else f"{n.outputs[0]}__sum{k}"
-        nodes.append(Node.make("add", f"{n.name}__{k}" if out != n.outputs[0] else n.name,
-                               (acc, x), (out,)))
-        acc = out
-    return nodes
+def _pow_infer(types, node):
+    _check(node, types[:1], ("float32",))
+    _check(node, types[1:], NUMERIC)
+    return _broadcast_type(node, types, "float32")
+
+
+def _pow(kb, a, node):
+    base, exponent = a
+    return kb.intrinsic("pow", base, kb.cast(exponent, "float32"))
+
+
+register("pow", "elementwise", _pow_infer, scalar=_pow,
+         numpy=lambda xs, node: [np.power(xs[0], xs[1].astype(np.float32))])
+onnx_op("Pow", 7)(lambda ctx, n: [Node.make("pow", n.name, n.inputs[:2], n.outputs[:1])])
+
+
+def _prelu_infer(types, node):
+    _check(node, types, ("float32",))
+    out = _broadcast_type(node, types, "float32")
+    if out[0].shape != types[0].shape:
+        raise ModelError(f"node {node.name!r} (PRelu): slope {list(types[1].shape)} does not "
+                         f"broadcast to the input {list(types[0].shape)}")
+    return out
+
+
+register("prelu", "elementwise", _prelu_infer,
+         scalar=lambda kb, a, node: kb.b.select(kb.compare("<", a[0], kb.f32(0.0)),
+                                                kb.fmul(a[0], a[1]), a[0]),
+         numpy=lambda xs, node: [np.where(xs[0] < 0, xs[0] * xs[1], xs[0])])
+onnx_op("PRelu", 1)(lambda ctx, n: [Node.make("prelu", n.name, n.inputs[:2], n.outputs[:1])])
+
+
+def _variadic(op: str):
+    """A converter for Sum/Max/Min/Mean of N inputs: a chain of N-1 binary ops
+    (Mean then divides by N); a single input is an identity."""
+    def convert(ctx, n):
+        inputs = [i for i in n.inputs if i]
+        final = n.outputs[0]
+        mean = op == "mean"
+        if len(inputs) == 1 and not mean:
+            return [Node.make("identity", n.name, inputs, (final,))]
+        nodes, acc = [], inputs[0]
+        binary = "add" if mean else op
+        for k, x in enumerate(inputs[1:], start=1):
+            last = k == len(inputs) - 1 and not mean
+            out = final if last else f"{final}__{op}{k}"
+            nodes.append(Node.make(binary, n.name if last else f"{n.name}__{k}", (acc, x),
+                                   (out,)))
+            acc = out
+        if mean:
+            count = ctx.add_param(f"{n.name}__count", np.array(len(inputs), np.float32))
+            nodes.append(Node.make("div", n.name, (acc, count), (final,)))
+        return nodes
+    return convert
+
+
+onnx_op("Sum", 1)(_variadic("add"))
+onnx_op("Max", 1)(_variadic("max"))
+onnx_op("Min", 1)(_variadic("min"))
+onnx_op("Mean", 1)(_variadic("mean"))
+# Opset 7 replaced the legacy `broadcast`/`axis` attributes with numpy broadcasting.
+for _op in ("add", "sub", "mul", "div"):
+    onnx_op(_ARITH[_op][0], 7)(lambda ctx, n, op=_op: [Node.make(op, n.name, n.inputs[:2],
+                                                                 n.outputs[:1])])
+
+# -- comparisons and logic (bool results) ---------------------------------------------------
+
+_COMPARE = {  # op: (ONNX op_type, first opset, LLVM predicate, numpy)
+    "equal": ("Equal", 7, "==", np.equal), "less": ("Less", 7, "<", np.less),
+    "greater": ("Greater", 7, ">", np.greater),
+    "less_equal": ("LessOrEqual", 12, "<=", np.less_equal),
+    "greater_equal": ("GreaterOrEqual", 12, ">=", np.greater_equal),
+}
+for _op, (_onnx, _since, _pred, _np) in _COMPARE.items():
+    register(_op, "elementwise", _binary(NUMERIC + (("bool",) if _op == "equal" else ()),
+                                         "bool"),
+             scalar=lambda kb, a, node, p=_pred: kb.as_bool(kb.compare(p, a[0], a[1])),
+             numpy=lambda xs, node, f=_np: [f(xs[0], xs[1])])
+    onnx_op(_onnx, _since)(lambda ctx, n, op=_op: [Node.make(op, n.name, n.inputs[:2],
+                                                             n.outputs[:1])])
+
+_LOGIC = {"and": ("And", "and_", np.logical_and), "or": ("Or", "or_", np.logical_or),
+          "xor": ("Xor", "xor", np.logical_xor)}
+for _op, (_onnx, _method, _np) in _LOGIC.items():
+    # bool values are 0 or 1, so the bitwise instructions are the logical ones.
+    register(_op, "elementwise", _binary(("bool",)),
+             scalar=lambda kb, a, node, m=_method: getattr(kb.b, m)(a[0], a[1]),
+             numpy=lambda xs, node, f=_np: [f(xs[0], xs[1])])
+    onnx_op(_onnx, 7)(lambda ctx, n, op=_op: [Node.make(op, n.name, n.inputs[:2],
+                                                        n.outputs[:1])])
+
+
+def _not_infer(types, node):
+    _check(node, types, ("bool",))
+    return [types[0]]
+
+
+register("not", "elementwise", _not_infer,
+         scalar=lambda kb, a, node: kb.b.xor(a[0], kb.const(1, a[0].type)),
+         numpy=lambda xs, node: [np.logical_not(xs[0])])
+onnx_op("Not", 1)(lambda ctx, n: [Node.make("not", n.name, n.inputs[:1], n.outputs[:1])])
+
+
+def _where_infer(types, node):
+    _check(node, types[:1], ("bool",))
+    _check(node, types[1:], NUMERIC + ("bool",))
+    return _broadcast_type(node, types, types[1].dtype)
+
+
+register("where", "elementwise", _where_infer,
+         scalar=lambda kb, a, node: kb.b.select(kb.truth(a[0]), a[1], a[2]),
+         numpy=lambda xs, node: [np.where(xs[0], xs[1], xs[2])])
+onnx_op("Where", 9)(lambda ctx, n: [Node.make("where", n.name, n.inputs[:3], n.outputs[:1])])
+
+
+# -- Cast --------------------------------------------------------------------------------
+
+def _cast_infer(types, node):
+    _check(node, types, NUMERIC + ("bool",))
+    return [TensorType(types[0].shape, node.attr("to"))]
+
+
+def _cast_np(xs, node):
+    x, to = xs[0], node.attr("to")
+    if to == "bool" or x.dtype.kind != "f":
+        return [x.astype(to)]
+    return [np.trunc(x).astype(to)]  # float -> int truncates toward zero
+
+
+register("cast", "elementwise", _cast_infer,
+         scalar=lambda kb, a, node: kb.cast(a[0], node.attr("to")), numpy=_cast_np)
+
+
+def _cast_to(n, code: int) -> str:
+    dtype = ONNX_DTYPES.get(code)
+    if dtype is None:
+        import onnx  # only for the message; ops load without onnx for kernel builds
+
+        raise ModelError(f"node {n.name!r} ({n.op_type}): cast to "
+                         f"{onnx.TensorProto.DataType.Name(code)} is not supported "
+                         f"({', '.join(ONNX_DTYPES.values())} are)")
+    return dtype
+
+
+@onnx_op("Cast", 6)
+def _cast(ctx, n):
+    return [Node.make("cast", n.name, n.inputs[:1], n.outputs[:1],
+                      to=_cast_to(n, int(n.attrs["to"])))]
+
+
+@onnx_op("CastLike", 15)
+def _cast_like(ctx, n):
+    return [Node.make("cast", n.name, n.inputs[:1], n.outputs[:1],
+                      to=ctx.type(n.inputs[1]).dtype)]

@@ -31,7 +31,8 @@ def fuse_ops(graph: Graph, params: dict, cfg: PassConfig):
 
     An elementwise node joins the group that produced one of its inputs when
     that tensor has no other use, is not a graph output, has the node's output
-    shape (the epilogue never broadcasts the running value) and the group is
+    shape (the epilogue never broadcasts the running value), keeps its dtype
+    unless the group is all elementwise, and the group is
     shorter than `FuseOps.max_depth`. Elementwise chains without an anchor
     form groups of their own. Each group becomes one `fused` node placed where
     its last member was, which keeps the order topological.
@@ -49,7 +50,9 @@ def fuse_ops(graph: Graph, params: dict, cfg: PassConfig):
                 g = open_group.get(name)
                 if (g is not None and len(consumers[name]) == 1 and name not in outputs
                         and graph.types[name].shape == graph.types[node.outputs[0]].shape
-                        and len(groups[g]) < max_depth):
+                        and len(groups[g]) < max_depth
+                        and _keeps_dtype(groups[g][0], graph.types[name],
+                                         graph.types[node.outputs[0]])):
                     groups[g].append(node)
                     del open_group[name]
                     open_group[node.outputs[0]] = g
@@ -64,6 +67,13 @@ def fuse_ops(graph: Graph, params: dict, cfg: PassConfig):
     groups.sort(key=lambda g: position[id(g[-1])])
     fused = [_fused_node(g, k) for k, g in enumerate(groups)]
     return prune(graph.replace(nodes=tuple(fused)), params)
+
+
+def _keeps_dtype(anchor: Node, running, result) -> bool:
+    """Whether an epilogue changing the dtype of the running value is possible:
+    anchors that are not elementwise may accumulate in (and re-read) their output
+    buffer, which then has the epilogue's dtype, so only same-dtype chains join them."""
+    return running.dtype == result.dtype or get(anchor.op).kind == "elementwise"
 
 
 def _fused_node(body: list[Node], k: int) -> Node:

@@ -1,0 +1,196 @@
+"""Unary math and activations: Relu, Sigmoid, Tanh, Erf, Gelu, Exp, Log, Clip...
+
+Each is an elementwise op lowered as a scalar function of one LLVM value
+(see pipeline/ops/registry.py). Functions LLVM has no intrinsic for (tanh,
+erf, log1p) call the C math library, which every exported library links.
+Relu, LeakyRelu, Neg, Abs and Clip also accept int64/int32; the others are
+float32 only, and any other input dtype is a ModelError naming the node.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from pipeline.codegen.builder import F32
+from pipeline.errors import ModelError
+from pipeline.ir.graph import Node, TensorType
+from pipeline.ops.registry import onnx_op, register
+
+_INT_TOO = ("relu", "leaky_relu", "neg", "abs", "clip")
+_erf = np.vectorize(math.erf, otypes=[np.float32])
+
+
+def _unary_infer(types: list[TensorType], node: Node) -> list[TensorType]:
+    dtype = types[0].dtype
+    allowed = ("float32", "int64", "int32") if node.op in _INT_TOO else ("float32",)
+    if dtype not in allowed:
+        raise ModelError(f"node {node.name!r} ({node.op}): input dtype {dtype} is not "
+                         f"supported ({', '.join(allowed)} are)")
+    return [types[0]]
+
+
+def _f(kb, x: float):
+    return kb.f32(x)
+
+
+def _select_negative(kb, x, negative, positive):
+    """`negative` where x < 0, else `positive`."""
+    return kb.b.select(kb.compare("<", x, kb.const(0, x.type)), negative, positive)
+
+
+def _hard_sigmoid(kb, x, alpha, beta):
+    return kb.fmax(_f(kb, 0.0), kb.fmin(_f(kb, 1.0), kb.fadd(kb.fmul(_f(kb, alpha), x),
+                                                             _f(kb, beta))))
+
+
+def _gelu(kb, x, node):
+    half_x = kb.fmul(_f(kb, 0.5), x)
+    if node.attr("approximate") == "tanh":
+        cube = kb.fmul(kb.fmul(x, x), x)
+        inner = kb.fmul(_f(kb, math.sqrt(2 / math.pi)),
+                        kb.fadd(x, kb.fmul(_f(kb, 0.044715), cube)))
+        t = kb.extern("tanhf", inner)
+    else:
+        t = kb.extern("erff", kb.fmul(x, _f(kb, 1 / math.sqrt(2))))
+    return kb.fmul(half_x, kb.fadd(_f(kb, 1.0), t))
+
+
+def _gelu_np(x, node):
+    if node.attr("approximate") == "tanh":
+        return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+    return 0.5 * x * (1 + _erf(x / np.float32(math.sqrt(2))))
+
+
+def _softplus(kb, x):
+    # max(x, 0) + log1p(exp(-|x|)): no overflow for large |x|.
+    neg_abs = kb.b.fneg(kb.intrinsic("fabs", x))
+    return kb.fadd(kb.fmax(x, _f(kb, 0.0)), kb.extern("log1pf", kb.intrinsic("exp", neg_abs)))
+
+
+def _clip(kb, x, node):
+    lo, hi = kb.const(node.attr("min"), x.type), kb.const(node.attr("max"), x.type)
+    return kb.arith("min", kb.arith("max", x, lo), hi)
+
+
+def _clip_np(x, node):
+    return np.clip(x, node.attr("min"), node.attr("max"))
+
+
+def _selu(kb, x, node):
+    alpha, gamma = node.attr("alpha"), node.attr("gamma")
+    neg = kb.fsub(kb.fmul(_f(kb, alpha), kb.intrinsic("exp", x)), _f(kb, alpha))
+    return kb.fmul(_f(kb, gamma), kb.b.select(kb.compare("<=", x, _f(kb, 0.0)), neg, x))
+
+
+def _selu_np(x, node):
+    alpha, gamma = node.attr("alpha"), node.attr("gamma")
+    return gamma * np.where(x <= 0, alpha * np.exp(x) - alpha, x)
+
+
+def _abs(kb, x):
+    if x.type == F32:
+        return kb.intrinsic("fabs", x)
+    return _select_negative(kb, x, kb.b.neg(x), x)
+
+
+# name: (scalar(kb, x, node), numpy(x, node)), evaluated in float32 (or the int dtype).
+UNARY = {
+    "relu": (lambda kb, x, n: kb.arith("max", x, kb.const(0, x.type)),
+             lambda x, n: np.maximum(x, 0)),
+    "leaky_relu": (lambda kb, x, n: _select_negative(
+        kb, x, kb.arith("mul", kb.const(n.attr("alpha"), x.type), x), x),
+        lambda x, n: np.where(x < 0, n.attr("alpha") * x, x)),
+    "elu": (lambda kb, x, n: _select_negative(
+        kb, x, kb.fmul(_f(kb, n.attr("alpha")), kb.fsub(kb.intrinsic("exp", x), _f(kb, 1.0))),
+        x), lambda x, n: np.where(x < 0, n.attr("alpha") * (np.exp(x) - 1), x)),
+    "selu": (_selu, _selu_np),
+    "sigmoid": (lambda kb, x, n: kb.fdiv(
+        _f(kb, 1.0), kb.fadd(_f(kb, 1.0), kb.intrinsic("exp", kb.b.fneg(x)))),
+        lambda x, n: 1 / (1 + np.exp(-x))),
+    "hard_sigmoid": (lambda kb, x, n: _hard_sigmoid(kb, x, n.attr("alpha"), n.attr("beta")),
+                     lambda x, n: np.clip(n.attr("alpha") * x + n.attr("beta"), 0, 1)),
+    "hard_swish": (lambda kb, x, n: kb.fmul(x, _hard_sigmoid(kb, x, 1 / 6, 0.5)),
+                   lambda x, n: x * np.clip(x / 6 + 0.5, 0, 1)),
+    "tanh": (lambda kb, x, n: kb.extern("tanhf", x), lambda x, n: np.tanh(x)),
+    "exp": (lambda kb, x, n: kb.intrinsic("exp", x), lambda x, n: np.exp(x)),
+    "log": (lambda kb, x, n: kb.intrinsic("log", x), lambda x, n: np.log(x)),
+    "sqrt": (lambda kb, x, n: kb.intrinsic("sqrt", x), lambda x, n: np.sqrt(x)),
+    "reciprocal": (lambda kb, x, n: kb.fdiv(_f(kb, 1.0), x), lambda x, n: 1 / x),
+    "neg": (lambda kb, x, n: kb.b.fneg(x) if x.type == F32 else kb.b.neg(x),
+            lambda x, n: -x),
+    "abs": (lambda kb, x, n: _abs(kb, x), lambda x, n: np.abs(x)),
+    "erf": (lambda kb, x, n: kb.extern("erff", x), lambda x, n: _erf(x)),
+    "gelu": (lambda kb, x, n: _gelu(kb, x, n), _gelu_np),
+    "softplus": (lambda kb, x, n: _softplus(kb, x),
+                 lambda x, n: np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))),
+    "floor": (lambda kb, x, n: kb.intrinsic("floor", x), lambda x, n: np.floor(x)),
+    "ceil": (lambda kb, x, n: kb.intrinsic("ceil", x), lambda x, n: np.ceil(x)),
+    "round": (lambda kb, x, n: kb.intrinsic("roundeven", x), lambda x, n: np.round(x)),
+    "clip": (lambda kb, x, n: _clip(kb, x, n), _clip_np),
+}
+
+for _name, (_scalar, _numpy) in UNARY.items():
+    register(_name, "elementwise", _unary_infer,
+             scalar=lambda kb, a, node, f=_scalar: f(kb, a[0], node),
+             numpy=lambda xs, node, f=_numpy: [np.asarray(f(xs[0], node)).astype(xs[0].dtype)])
+
+
+# -- ONNX converters -------------------------------------------------------------------
+
+def _converter(op: str, defaults: dict):
+    """A converter copying the ONNX attributes in `defaults` (with those defaults)."""
+    def convert(ctx, n):
+        attrs = {}
+        for key, default in defaults.items():
+            value = n.attrs.get(key, default)
+            attrs[key] = value.decode() if isinstance(value, bytes) else float(value) \
+                if isinstance(default, float) else value
+        return [Node.make(op, n.name, n.inputs[:1], n.outputs[:1], **attrs)]
+    return convert
+
+
+# (op, ONNX op_type, first opset we convert, attributes with their ONNX defaults)
+_ONNX = [
+    ("relu", "Relu", 1, {}), ("leaky_relu", "LeakyRelu", 1, {"alpha": 0.01}),
+    ("elu", "Elu", 1, {"alpha": 1.0}),
+    ("selu", "Selu", 1, {"alpha": 1.67326319217681884765625,
+                         "gamma": 1.05070102214813232421875}),
+    ("sigmoid", "Sigmoid", 1, {}), ("hard_sigmoid", "HardSigmoid", 1,
+                                    {"alpha": 0.2, "beta": 0.5}),
+    ("hard_swish", "HardSwish", 14, {}), ("tanh", "Tanh", 1, {}), ("exp", "Exp", 1, {}),
+    ("log", "Log", 1, {}), ("sqrt", "Sqrt", 1, {}), ("reciprocal", "Reciprocal", 1, {}),
+    ("neg", "Neg", 1, {}), ("abs", "Abs", 1, {}), ("erf", "Erf", 9, {}),
+    ("gelu", "Gelu", 20, {"approximate": "none"}), ("softplus", "Softplus", 1, {}),
+    ("floor", "Floor", 1, {}), ("ceil", "Ceil", 1, {}), ("round", "Round", 11, {}),
+]
+for _op, _onnx, _since, _defaults in _ONNX:
+    onnx_op(_onnx, _since)(_converter(_op, _defaults))
+
+
+@onnx_op("Clip", 6)
+def _clip_v6(ctx, n):
+    return [Node.make("clip", n.name, n.inputs[:1], n.outputs[:1],
+                      min=float(n.attrs.get("min", -3.4028234663852886e38)),
+                      max=float(n.attrs.get("max", 3.4028234663852886e38)))]
+
+
+@onnx_op("Clip", 11)
+def _clip_v11(ctx, n):
+    # min and max became optional inputs; we need them as build-time constants.
+    dtype = np.dtype(ctx.type(n.inputs[0]).dtype)
+    lowest, highest = (-np.inf, np.inf) if dtype.kind == "f" else \
+        (np.iinfo(dtype).min, np.iinfo(dtype).max)
+    bounds = []
+    for pos, default in ((1, lowest), (2, highest)):
+        name = n.inputs[pos] if len(n.inputs) > pos else ""
+        if not name:
+            bounds.append(default)
+            continue
+        value = ctx.const(name)
+        if value is None:
+            raise ModelError(f"node {n.name!r} (Clip): bound {name!r} must be a constant")
+        bounds.append(value.item())
+    return [Node.make("clip", n.name, n.inputs[:1], n.outputs[:1], min=bounds[0],
+                      max=bounds[1])]

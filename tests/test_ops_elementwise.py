@@ -1,0 +1,227 @@
+"""Unary, binary, comparison, logic, Where and Cast operators compiled end to end
+and compared with onnxruntime at pass opt_level 0 and 3, on float32, int64,
+int32 and bool tensors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import make_model, rand, run_ort, run_ours
+from onnx import TensorProto, helper
+from onnx.reference import ReferenceEvaluator
+
+from pipeline.errors import ModelError
+from pipeline.frontend import from_onnx
+
+pytest.importorskip("onnxruntime")
+
+node = helper.make_node
+S = (2, 3, 4)
+
+
+def typed(name: str, array_or_shape, dtype=None):
+    """A ValueInfoProto for an input (from an array) or an output (shape, dtype)."""
+    if isinstance(array_or_shape, np.ndarray):
+        dtype, shape = array_or_shape.dtype, array_or_shape.shape
+    else:
+        shape = array_or_shape
+    return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(
+        np.dtype(dtype)), shape)
+
+
+def model_of(nodes, feeds: dict, out_dtype=np.float32, opset=13, inits=None, outputs=("y",)):
+    return make_model(nodes, [typed(k, v) for k, v in feeds.items()],
+                      [typed(o, None, out_dtype) for o in outputs], inits or {}, opset)
+
+
+def ints(*shape, seed=0, low=-9, high=10, dtype=np.int64):
+    return np.random.default_rng(seed).integers(low, high, size=shape).astype(dtype)
+
+
+def bools(*shape, seed=0):
+    return np.random.default_rng(seed).random(shape) < 0.5
+
+
+def check(model, feeds, opt_level, reference=False):
+    """Our outputs equal onnxruntime's (onnx.reference's if `reference`, for
+    kernels onnxruntime lacks): same dtype and shape, floats to 1e-5."""
+    want = ReferenceEvaluator(model).run(None, feeds) if reference else run_ort(model, feeds)
+    got = run_ours(model, feeds, opt_level=opt_level)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        if w.dtype.kind == "f":
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+        else:
+            np.testing.assert_array_equal(g, w)
+
+
+def unary(op_type, x=None, opset=13, **attrs):
+    x = rand(*S, low=-3, high=3) if x is None else x
+    return model_of([node(op_type, ["x"], ["y"], **attrs)], {"x": x}, x.dtype, opset), \
+        {"x": x}
+
+
+def binary(op_type, a, b, out_dtype=None, opset=13):
+    feeds = {"a": a, "b": b}
+    return model_of([node(op_type, ["a", "b"], ["y"])], feeds, out_dtype or a.dtype, opset), \
+        feeds
+
+
+def variadic(op_type, *arrays):
+    feeds = {f"x{k}": a for k, a in enumerate(arrays)}
+    return model_of([node(op_type, list(feeds), ["y"])], feeds, arrays[0].dtype), feeds
+
+
+def cast(x, to, opset=13):
+    np_to = helper.tensor_dtype_to_np_dtype(to)
+    return model_of([node("Cast", ["x"], ["y"], to=to)], {"x": x}, np_to, opset), {"x": x}
+
+
+POSITIVE = rand(*S, low=0.1, high=4)
+HALVES = np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 3.5, -0.4, 0.6, 7.0], np.float32)
+FRACTIONS = np.array([-2.7, -1.5, -0.2, 0.0, 0.3, 1.5, 2.9, 1e5], np.float32)
+
+CASES = {
+    # -- unary float math and activations
+    "leaky_relu": lambda: unary("LeakyRelu", alpha=0.2),
+    "leaky_relu_default": lambda: unary("LeakyRelu"),
+    "elu": lambda: unary("Elu", alpha=0.7),
+    "selu": lambda: unary("Selu"),
+    "selu_attrs": lambda: unary("Selu", alpha=1.5, gamma=2.0),
+    "sigmoid": lambda: unary("Sigmoid"),
+    "hard_sigmoid": lambda: unary("HardSigmoid", alpha=0.3, beta=0.4),
+    "hard_swish": lambda: unary("HardSwish", opset=14),
+    "tanh": lambda: unary("Tanh"),
+    "exp": lambda: unary("Exp"),
+    "log": lambda: unary("Log", POSITIVE),
+    "sqrt": lambda: unary("Sqrt", POSITIVE),
+    "reciprocal": lambda: unary("Reciprocal", POSITIVE),
+    "neg": lambda: unary("Neg"),
+    "abs": lambda: unary("Abs"),
+    "erf": lambda: unary("Erf"),
+    "gelu_none": lambda: unary("Gelu", opset=20),
+    "gelu_tanh": lambda: unary("Gelu", opset=20, approximate="tanh"),
+    "softplus": lambda: unary("Softplus", rand(*S, low=-30, high=30)),
+    "floor": lambda: unary("Floor", FRACTIONS),
+    "ceil": lambda: unary("Ceil", FRACTIONS),
+    "round_half_even": lambda: unary("Round", HALVES),
+    "relu_int64": lambda: unary("Relu", ints(*S), opset=14),
+    "neg_int64": lambda: unary("Neg", ints(*S)),
+    "abs_int32": lambda: unary("Abs", ints(*S, dtype=np.int32)),
+    "clip_int64": lambda: (model_of([node("Clip", ["x", "lo", "hi"], ["y"])],
+                                    {"x": ints(*S)}, np.int64,
+                                    inits={"lo": np.array(-2, np.int64),
+                                           "hi": np.array(5, np.int64)}), {"x": ints(*S)}),
+    # -- binary float
+    "pow_float": lambda: binary("Pow", POSITIVE, rand(3, 4, seed=1, low=-2, high=2)),
+    "pow_int_exponent": lambda: binary("Pow", rand(*S, low=-2, high=2),
+                                       np.array([2, 3, 0, 1], np.int64)),
+    "max_broadcast": lambda: binary("Max", rand(*S), rand(3, 1, seed=1)),
+    "min3": lambda: variadic("Min", rand(*S), rand(4, seed=1), rand(3, 1, seed=2)),
+    "max1": lambda: variadic("Max", rand(*S)),
+    "mean3": lambda: variadic("Mean", rand(*S), rand(4, seed=1), rand(*S, seed=2)),
+    "sum1": lambda: variadic("Sum", rand(*S)),
+    "prelu_channel": lambda: binary("PRelu", rand(2, 3, 4, 5), rand(3, 1, 1, seed=1)),
+    "prelu_scalar": lambda: binary("PRelu", rand(*S), rand(1, seed=1)),
+    # -- binary int64 / int32
+    "add_int64": lambda: binary("Add", ints(*S), ints(4, seed=1)),
+    "sub_int32": lambda: binary("Sub", ints(*S, dtype=np.int32), ints(3, 1, seed=1,
+                                                                     dtype=np.int32)),
+    "mul_int64": lambda: binary("Mul", ints(*S), ints(*S, seed=1)),
+    "div_int64_truncates": lambda: binary("Div", ints(*S, low=-50, high=50),
+                                          ints(4, seed=1, low=1, high=7) *
+                                          np.array([1, -1, 1, -1], np.int64)),
+    "max_int64": lambda: variadic("Max", ints(*S), ints(4, seed=1), ints(3, 1, seed=2)),
+    "min_int32": lambda: binary("Min", ints(*S, dtype=np.int32), ints(4, seed=1,
+                                                                     dtype=np.int32)),
+    # -- comparisons -> bool
+    "equal_float": lambda: binary("Equal", np.round(rand(*S) * 2), np.round(rand(4) * 2),
+                                  np.bool_),
+    "less_float": lambda: binary("Less", rand(*S), rand(3, 1, seed=1), np.bool_),
+    "greater_float": lambda: binary("Greater", rand(*S), rand(4, seed=1), np.bool_),
+    "less_equal_int64": lambda: binary("LessOrEqual", ints(*S, low=-2, high=2),
+                                       ints(4, seed=1, low=-2, high=2), np.bool_),
+    "greater_equal_float": lambda: binary("GreaterOrEqual", np.round(rand(*S)),
+                                          np.round(rand(4, seed=1)), np.bool_),
+    "equal_int64": lambda: binary("Equal", ints(*S, low=0, high=3), ints(4, seed=1, low=0,
+                                                                        high=3), np.bool_),
+    "equal_bool": lambda: binary("Equal", bools(*S), bools(4, seed=1), np.bool_),
+    "greater_int32": lambda: binary("Greater", ints(*S, dtype=np.int32),
+                                    ints(*S, seed=1, dtype=np.int32), np.bool_),
+    # -- logic
+    "and": lambda: binary("And", bools(*S), bools(4, seed=1)),
+    "or": lambda: binary("Or", bools(*S), bools(3, 1, seed=1)),
+    "xor": lambda: binary("Xor", bools(*S), bools(*S, seed=1)),
+    "not": lambda: unary("Not", bools(*S)),
+    # -- Where
+    "where_float": lambda: (model_of([node("Where", ["c", "x", "y0"], ["y"])],
+                                     f := {"c": bools(*S), "x": rand(4), "y0": rand(3, 1)}),
+                            f),
+    "where_int64": lambda: (model_of([node("Where", ["c", "x", "y0"], ["y"])],
+                                     f := {"c": bools(3, 1), "x": ints(*S), "y0": ints(4)},
+                                     np.int64), f),
+    "where_of_less": lambda: (model_of([node("Less", ["x", "z"], ["c"]),
+                                        node("Where", ["c", "x", "z"], ["y"])],
+                                       f := {"x": rand(*S), "z": rand(4, seed=1)}), f),
+    "masked_fill_chain": lambda: (model_of(
+        [node("Greater", ["x", "t"], ["m"]), node("Not", ["m"], ["nm"]),
+         node("Cast", ["nm"], ["mf"], to=TensorProto.FLOAT), node("Mul", ["x", "mf"], ["y"])],
+        f := {"x": rand(*S), "t": rand(4, seed=1)}), f),
+    # -- Cast
+    "cast_float_int64": lambda: cast(FRACTIONS, TensorProto.INT64),
+    "cast_float_int32": lambda: cast(FRACTIONS, TensorProto.INT32),
+    "cast_float_bool": lambda: cast(np.array([0.0, -0.0, 0.5, -2.0, 0.0], np.float32),
+                                    TensorProto.BOOL),
+    "cast_int64_float": lambda: cast(ints(*S), TensorProto.FLOAT),
+    "cast_int64_int32": lambda: cast(ints(*S, low=-1000, high=1000), TensorProto.INT32),
+    "cast_int32_int64": lambda: cast(ints(*S, dtype=np.int32), TensorProto.INT64),
+    "cast_int64_bool": lambda: cast(ints(*S, low=-2, high=2), TensorProto.BOOL),
+    "cast_bool_float": lambda: cast(bools(*S), TensorProto.FLOAT),
+    "cast_bool_int64": lambda: cast(bools(*S), TensorProto.INT64),
+    "cast_same": lambda: cast(rand(*S), TensorProto.FLOAT),
+    "castlike": lambda: (model_of([node("CastLike", ["x", "like"], ["y"])],
+                                  f := {"x": FRACTIONS, "like": ints(1)}, np.int64, opset=15),
+                         f),
+    # -- fusion: a dtype change after an anchor must not fuse into it
+    "dense_greater_cast": lambda: (model_of(
+        [node("MatMul", ["x", "w"], ["m"]), node("Greater", ["m", "t"], ["g"]),
+         node("Cast", ["g"], ["y"], to=TensorProto.FLOAT)], f := {"x": rand(3, 8)},
+        inits={"w": rand(8, 5, seed=3), "t": np.float32(0.1).reshape(())}), f),
+}
+
+NOT_IN_ONNXRUNTIME = {"relu_int64"}  # its CPU provider has float Relu only
+
+
+@pytest.mark.parametrize("opt_level", [0, 3])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_matches_onnxruntime(case, opt_level):
+    model, feeds = CASES[case]()
+    check(model, feeds, opt_level, reference=case in NOT_IN_ONNXRUNTIME)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float64, np.uint8])
+def test_unsupported_input_dtype_names_the_input(dtype):
+    x = np.zeros(S, dtype)
+    model = model_of([node("Relu", ["x"], ["y"])], {"x": x}, dtype)
+    with pytest.raises(ModelError, match=r"input 'x' has unsupported element type"):
+        from_onnx(model)
+
+
+def test_cast_to_unsupported_dtype_names_the_node():
+    model = model_of([node("Cast", ["x"], ["y"], to=TensorProto.DOUBLE, name="to_double")],
+                     {"x": rand(*S)}, np.float64)
+    with pytest.raises(ModelError, match=r"node 'to_double' \(Cast\): cast to DOUBLE"):
+        from_onnx(model)
+
+
+def test_unsupported_initializer_dtype_names_the_tensor():
+    model = model_of([node("Add", ["x", "k"], ["y"])], {"x": rand(*S)},
+                     inits={"k": np.zeros(4, np.float64)})
+    with pytest.raises(ModelError, match=r"tensor 'k': dtype float64"):
+        from_onnx(model)
+
+
+def test_float_only_op_on_int_names_the_node():
+    model = model_of([node("Exp", ["x"], ["y"], name="e")], {"x": ints(*S)}, np.int64)
+    with pytest.raises(ModelError, match=r"node 'e' \(exp\): input dtype int64"):
+        from_onnx(model)
