@@ -20,6 +20,7 @@ one changed).
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from pathlib import Path
@@ -27,11 +28,11 @@ from pathlib import Path
 from doit import create_after
 from doit.exceptions import TaskFailed
 
-from pipeline import cache, stages, validate
+from pipeline import cache
 from pipeline.config import BuildConfig, ModelEntry, TargetEntry
 from pipeline.errors import PipelineError
 from pipeline.explain import options_changed
-from pipeline.lower.kernel import CODEGEN_SOURCES
+from pipeline.lower.sources import CODEGEN_SOURCES
 
 OUT = "out"
 _PKG = Path(__file__).resolve().parent
@@ -47,14 +48,17 @@ def _sources(*globs: str) -> list[str]:
     return [os.path.relpath(p) for p in files]
 
 
-def run_stage(fn, *args):
-    """Run a stage; a user-caused error becomes one TaskFailed line, not a traceback.
+def run_stage(fn: str, *args):
+    """Run the stage `fn` ("module:function" in pipeline); a user-caused error
+    becomes one TaskFailed line, not a traceback. Stages are imported only when
+    a task runs, so a no-op build never loads the compiler.
 
     A dict the stage returns becomes the task's doit values (the reporter reads
     a kernel task's {"compiled": bool} to count cache hits).
     """
+    module, _, name = fn.partition(":")
     try:
-        result = fn(*args)
+        result = getattr(importlib.import_module(f"pipeline.{module}"), name)(*args)
     except PipelineError as err:
         return TaskFailed(str(err))
     return result if isinstance(result, dict) else None
@@ -99,7 +103,7 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
         for m in models:
             if m.generator:
                 yield {"name": m.name, "targets": [onnx_path(m)], "clean": True,
-                       "actions": [(run_stage, [stages.generate_model, m.generator,
+                       "actions": [(run_stage, ["stages:generate_model", m.generator,
                                                 onnx_path(m)])],
                        "file_dep": [os.path.relpath(p) for p in source_files(m.generator)]}
 
@@ -108,7 +112,7 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
         for m in models:
             ir, weights = imported(m)
             yield {"name": m.name, "targets": [ir, weights], "clean": True,
-                   "actions": [(run_stage, [stages.import_model, onnx_path(m),
+                   "actions": [(run_stage, ["stages:import_model", onnx_path(m),
                                             {k: list(v) for k, v in m.inputs.items()},
                                             ir, weights])],
                    "file_dep": [onnx_path(m), *front_src],
@@ -122,7 +126,7 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             opts = t.to_dict()
             yield {"name": f"{m.name}@{t.name}", "clean": True,
                    "targets": [a["graph_json"], a["params"], a["kernels"]],
-                   "actions": [(run_stage, [stages.optimize_model, *imported(m), opts,
+                   "actions": [(run_stage, ["stages:optimize_model", *imported(m), opts,
                                             cache_root, a["graph_json"], a["params"],
                                             a["kernels"]])],
                    "file_dep": [*imported(m), *opt_src],
@@ -144,7 +148,7 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
                 yield {"name": k["hash"], "doc": k["symbol"],
                        "targets": [f"{base}.o", f"{base}.ll", f"{base}.sha256"],
                        "file_dep": [f"{base}.json"],
-                       "actions": [(run_stage, [cache.compile_entry, cache_root, k["hash"]])]}
+                       "actions": [(run_stage, ["cache:compile_entry", cache_root, k["hash"]])]}
 
     def task_lib0():
         """Combine an entry's kernel objects into lib0.o."""
@@ -155,7 +159,7 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             yield {"name": f"{m.name}@{t.name}", "targets": [a["lib0"]], "clean": True,
                    "task_dep": ["kernel"],
                    "file_dep": [a["kernels"], *_sources("contrib/cc.py")],
-                   "actions": [(run_stage, [stages.link_lib0, a["kernels"], cache_root,
+                   "actions": [(run_stage, ["stages:link_lib0", a["kernels"], cache_root,
                                             a["lib0"]])]}
 
     def task_devc():
@@ -165,7 +169,7 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             yield {"name": f"{m.name}@{t.name}", "targets": [a["devc"]], "clean": True,
                    "file_dep": [a["graph_json"], a["params"], a["kernels"],
                                 *_sources("runtime/pack.py")],
-                   "actions": [(run_stage, [stages.pack_devc, a["graph_json"],
+                   "actions": [(run_stage, ["stages:pack_devc", a["graph_json"],
                                             a["params"], a["kernels"], a["devc"]])]}
 
     def task_export():
@@ -174,7 +178,7 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             a = artifacts(m, t)
             yield {"name": f"{m.name}@{t.name}", "targets": [a["so"]], "clean": True,
                    "file_dep": [a["lib0"], a["devc"], *_sources("contrib/cc.py")],
-                   "actions": [(run_stage, [stages.export_library, a["lib0"],
+                   "actions": [(run_stage, ["stages:export_library", a["lib0"],
                                             a["devc"], a["so"]])]}
 
     def task_build():
@@ -193,7 +197,7 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
                                 *_sources("validate.py", "runtime/*.py")],
                    "uptodate": [options_changed({"validate": opts, "inputs": shapes},
                                                 "validation")],
-                   "actions": [(run_stage, [validate.validate_library, a["so"],
+                   "actions": [(run_stage, ["validate:validate_library", a["so"],
                                             onnx_path(m), shapes, opts, m.name, t.name,
                                             a["validation"]])]}
 

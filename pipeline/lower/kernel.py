@@ -14,23 +14,17 @@ import hashlib
 import json
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
 import llvmlite
 
 from pipeline.codegen.target import Target
 from pipeline.errors import GraphError
 from pipeline.ir.graph import Graph, Node, TensorType
+from pipeline.lower.sources import CODEGEN_SOURCES
 from pipeline.ops import get, infer_types
 
 # Bump when the kernel ABI or object format changes in a way sources don't show.
 FORMAT_VERSION = 1
-_PKG = Path(__file__).resolve().parent.parent
-# The sources whose edits change generated code. Validation and runtime code
-# are deliberately absent: editing them must not rebuild any kernel.
-CODEGEN_SOURCES = tuple(sorted(
-    [*(_PKG / "ops").glob("*.py"), *(_PKG / "codegen").glob("*.py"),
-     _PKG / "lower" / "kernel.py", _PKG / "ir" / "graph.py"]))
 
 
 @lru_cache(maxsize=1)
