@@ -29,9 +29,12 @@ def typed(name: str, array_or_shape, dtype=None):
         np.dtype(dtype)), shape)
 
 
-def model_of(nodes, feeds: dict, out_dtype=np.float32, opset=13, inits=None, outputs=("y",)):
+def model_of(nodes, feeds: dict, out_dtype=np.float32, opset=13, inits=None, outputs=("y",),
+             out_shape=None):
+    """A model of `nodes` whose inputs are typed like `feeds`; output shapes by ONNX
+    shape inference unless `out_shape` is given."""
     return make_model(nodes, [typed(k, v) for k, v in feeds.items()],
-                      [typed(o, None, out_dtype) for o in outputs], inits or {}, opset)
+                      [typed(o, out_shape, out_dtype) for o in outputs], inits or {}, opset)
 
 
 def ints(*shape, seed=0, low=-9, high=10, dtype=np.int64):

@@ -207,7 +207,7 @@ def _cast_infer(types, node):
 
 def _cast_np(xs, node):
     x, to = xs[0], node.attr("to")
-    if to == "bool" or x.dtype.kind != "f":
+    if to in ("bool", "float32") or x.dtype.kind != "f":
         return [x.astype(to)]
     return [np.trunc(x).astype(to)]  # float -> int truncates toward zero
 

@@ -1,0 +1,247 @@
+"""Indexing operators: Gather, Slice, Split (as slices) and Pad.
+
+Slice and Pad are lowered by index tables (pipeline/ops/shape.py remap_lower):
+all their arguments are build-time constants, normalised here to ONNX
+semantics (negative indices, clamping, negative steps, negative pads).
+Gather reads its indices at run time; an index outside the data makes the
+kernel return an error code, which the executor raises as a RuntimeError.
+"""
+
+from __future__ import annotations
+
+import llvmlite.ir as ir
+import numpy as np
+
+from pipeline.codegen.builder import I32, I64, row_major_strides
+from pipeline.errors import ModelError
+from pipeline.ir.graph import Node, TensorType
+from pipeline.ops.registry import onnx_op, register
+from pipeline.ops.shape import OUTSIDE, need_const, norm_axis, register_remap
+
+# -- Gather ------------------------------------------------------------------------------
+
+
+def _gather_infer(types, node):
+    data, indices = types
+    axis = node.attr("axis")
+    if indices.dtype not in ("int64", "int32"):
+        raise ModelError(f"node {node.name!r} (gather): indices dtype {indices.dtype} is "
+                         "not supported (int64, int32 are)")
+    shape = data.shape[:axis] + indices.shape + data.shape[axis + 1:]
+    return [TensorType(shape, data.dtype)]
+
+
+def _fail_unless(kb, ok) -> None:
+    """Return error code 1 from the kernel unless `ok` (an i1) holds."""
+    fail = kb.function.append_basic_block("fail")
+    cont = kb.function.append_basic_block("ok")
+    kb.b.cbranch(ok, cont, fail)
+    with kb.b.goto_block(fail):
+        kb.b.ret(ir.Constant(I32, 1))
+    kb.b.position_at_end(cont)
+
+
+def _gather_lower(kb, node, ins, out, epilogue):
+    data, indices = ins
+    axis, rank = node.attr("axis"), len(indices.type.shape)
+    dim = data.type.shape[axis]
+    strides = data.strides
+    b = kb.b
+    with kb.nest(out.type.shape, "o") as index:
+        k = kb.load(indices, kb.dot(index[axis:axis + rank], indices.strides))
+        k = b.sext(k, I64) if k.type != I64 else k
+        k = b.select(b.icmp_signed("<", k, kb.i64(0)), b.add(k, kb.i64(dim)), k)
+        _fail_unless(kb, b.and_(b.icmp_signed(">=", k, kb.i64(0)),
+                                b.icmp_signed("<", k, kb.i64(dim))))
+        offset = kb.add(kb.dot(index[:axis], strides[:axis]),
+                        kb.add(kb.mul(k, strides[axis]),
+                               kb.dot(index[axis + rank:], strides[axis + 1:])))
+        value = kb.load(data, offset)
+        if epilogue is not None:
+            value = epilogue(value, index)
+        kb.store(out, kb.dot(index, out.strides), value)
+
+
+def _gather_np(xs, node):
+    data, indices = xs
+    dim = data.shape[node.attr("axis")]
+    if indices.size and (indices.min() < -dim or indices.max() >= dim):
+        raise ModelError(f"node {node.name!r} (Gather): indices out of range [-{dim}, {dim})")
+    return [np.take(data, indices, axis=node.attr("axis"))]
+
+
+register("gather", "anchor", _gather_infer, lower=_gather_lower, numpy=_gather_np)
+
+
+@onnx_op("Gather", 1)
+def _gather(ctx, n):
+    rank = len(ctx.type(n.inputs[0]).shape)
+    axis = norm_axis(n, int(n.attrs.get("axis", 0)), rank)
+    return [Node.make("gather", n.name, n.inputs[:2], n.outputs[:1], axis=axis)]
+
+
+# -- Slice and Split -----------------------------------------------------------------------
+
+def _slice_infer(types, node):
+    shape = types[0].shape
+    out = tuple(node.attr("shape"))
+    for d, (size, start, step, count) in enumerate(zip(shape, node.attr("starts"),
+                                                       node.attr("steps"), out, strict=True)):
+        if count and not (0 <= start < size and 0 <= start + (count - 1) * step < size):
+            raise ModelError(f"node {node.name!r} (slice): axis {d} reads outside "
+                             f"[0, {size})")
+    return [TensorType(out, types[0].dtype)]
+
+
+def _slice_tables(node, x, out):
+    strides = row_major_strides(x.shape)
+    return [(start + np.arange(count, dtype=np.int64) * step) * s for start, step, count, s
+            in zip(node.attr("starts"), node.attr("steps"), out.shape, strides, strict=True)]
+
+
+register_remap("slice", _slice_infer, _slice_tables)
+
+
+def slice_node(name: str, x: str, out: str, shape, starts, ends, axes, steps) -> Node:
+    """A slice node with ONNX Slice semantics, normalised to per-axis
+    (start, step, count): negative starts/ends count from the end, then both
+    are clamped ([0, dim] going forward, [-1, dim - 1] going backward)."""
+    full_starts, full_steps, counts = [0] * len(shape), [1] * len(shape), list(shape)
+    for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
+        dim = shape[axis]
+        if step == 0:
+            raise ModelError(f"node {name!r} (Slice): step 0 on axis {axis}")
+        start, end = (v + dim if v < 0 else v for v in (start, end))
+        if step > 0:
+            start, end = min(max(start, 0), dim), min(max(end, 0), dim)
+        else:
+            start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
+        count = max(0, -((start - end) // step) if step > 0 else -((end - start) // -step))
+        full_starts[axis], full_steps[axis], counts[axis] = start, step, count
+    return Node.make("slice", name, (x,), (out,), starts=full_starts, steps=full_steps,
+                     shape=counts)
+
+
+def _slice_args(ctx, n):
+    if n.opset < 10:
+        starts, ends = n.attrs["starts"], n.attrs["ends"]
+        axes, steps = n.attrs.get("axes"), None
+    else:
+        starts, ends, axes, steps = (
+            need_const(ctx, n, k, what) for k, what in
+            enumerate(("starts", "ends", "axes", "steps"), start=1))
+        starts, ends = starts.tolist(), ends.tolist()
+        axes = None if axes is None else axes.tolist()
+        steps = None if steps is None else steps.tolist()
+    rank = len(ctx.type(n.inputs[0]).shape)
+    axes = list(range(len(starts))) if axes is None else [norm_axis(n, int(a), rank)
+                                                          for a in axes]
+    return starts, ends, axes, steps or [1] * len(starts)
+
+
+@onnx_op("Slice", 1)
+def _slice(ctx, n):
+    shape = ctx.type(n.inputs[0]).shape
+    return [slice_node(n.name, n.inputs[0], n.outputs[0], shape, *_slice_args(ctx, n))]
+
+
+@onnx_op("Split", 1)
+def _split(ctx, n):
+    """One slice per output. Sizes: the `split` attribute (before opset 13) or
+    input, else equal parts (opset 18: `num_outputs` parts, the last smaller)."""
+    shape = ctx.type(n.inputs[0]).shape
+    axis = norm_axis(n, int(n.attrs.get("axis", 0)), len(shape))
+    outputs = [o for o in n.outputs if o]
+    if n.opset < 13:
+        sizes = n.attrs.get("split")
+    else:
+        sizes = need_const(ctx, n, 1, "the split input")
+        sizes = None if sizes is None else sizes.tolist()
+    if sizes is None:
+        parts = int(n.attrs.get("num_outputs", len(outputs)))
+        chunk = -(-shape[axis] // parts)
+        sizes = [min(chunk, shape[axis] - k * chunk) for k in range(parts)]
+    if len(sizes) != len(outputs) or sum(sizes) != shape[axis] or min(sizes) < 0:
+        raise ModelError(f"node {n.name!r} (Split): sizes {list(sizes)} do not split "
+                         f"{shape[axis]} into {len(outputs)} outputs")
+    nodes, start = [], 0
+    for k, (out, size) in enumerate(zip(outputs, sizes, strict=True)):
+        nodes.append(slice_node(f"{n.name}__{k}" if k else n.name, n.inputs[0], out, shape,
+                                [start], [start + size], [axis], [1]))
+        start += size
+    return nodes
+
+
+# -- Pad -------------------------------------------------------------------------------
+
+def _pad_infer(types, node):
+    pads = node.attr("pads")
+    in_shape = types[0].shape
+    rank = len(in_shape)
+    shape = tuple(d + pads[k] + pads[k + rank] for k, d in enumerate(in_shape))
+    if min(shape, default=1) < 0:
+        raise ModelError(f"node {node.name!r} (pad): pads {list(pads)} crop "
+                         f"{list(in_shape)} below zero")
+    if node.attr("mode") != "constant" and any(
+            d == 0 and o > 0 for d, o in zip(in_shape, shape, strict=True)):
+        raise ModelError(f"node {node.name!r} (pad): {node.attr('mode')} padding of an "
+                         "empty axis")
+    return [TensorType(shape, types[0].dtype)]
+
+
+def _source_index(mode: str, src: np.ndarray, size: int) -> np.ndarray:
+    """The input index each output position reads along one axis (OUTSIDE if none)."""
+    if mode == "constant":
+        return np.where((src >= 0) & (src < size), src, OUTSIDE)
+    if mode == "edge":
+        return np.clip(src, 0, size - 1)
+    if mode == "wrap":
+        return src % size
+    if size == 1:  # reflect
+        return np.zeros_like(src)
+    period = 2 * (size - 1)
+    src = src % period
+    return np.where(src < size, src, period - src)
+
+
+def _pad_tables(node, x, out):
+    mode = node.attr("mode")
+    tables = []
+    for d, (size, stride) in enumerate(zip(x.shape, row_major_strides(x.shape),
+                                           strict=True)):
+        src = _source_index(mode, np.arange(out.shape[d], dtype=np.int64)
+                            - node.attr("pads")[d], size)
+        tables.append(np.where(src == OUTSIDE, OUTSIDE, src * stride))
+    return tables
+
+
+register_remap("pad", _pad_infer, _pad_tables)
+
+_PAD_MODES = ("constant", "reflect", "edge", "wrap")
+
+
+@onnx_op("Pad", 1)
+def _pad(ctx, n):
+    rank = len(ctx.type(n.inputs[0]).shape)
+    mode = n.attrs.get("mode", b"constant")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if mode not in _PAD_MODES or (mode == "wrap" and n.opset < 19):
+        raise ModelError(f"node {n.name!r} (Pad): mode {mode!r} is not supported")
+    if n.opset < 11:
+        pads, value = list(n.attrs.get("pads", n.attrs.get("paddings"))), \
+            float(n.attrs.get("value", 0.0))
+    else:
+        pads = need_const(ctx, n, 1, "the pads input").tolist()
+        fill = need_const(ctx, n, 2, "the constant_value input")
+        value = 0 if fill is None or fill.size == 0 else fill.item()
+        axes = need_const(ctx, n, 3, "the axes input")
+        if axes is not None:  # opset 18: pads for the listed axes only
+            full = [0] * (2 * rank)
+            for k, a in enumerate(axes.tolist()):
+                a = norm_axis(n, a, rank)
+                full[a], full[a + rank] = pads[k], pads[k + len(axes)]
+            pads = full
+    if len(pads) != 2 * rank:
+        raise ModelError(f"node {n.name!r} (Pad): {len(pads)} pads for rank {rank}")
+    return [Node.make("pad", n.name, n.inputs[:1], n.outputs[:1], pads=pads, mode=mode,
+                      value=value)]
