@@ -1,10 +1,13 @@
 """Operators, one module per family; importing this package registers them all."""
 
 from pipeline.ops import (  # noqa: F401  (registration)
+    conv,
     elementwise,
     index,
     linalg,
-    nn,
+    norm,
+    pool,
+    reduce,
     resize,
     shape,
     unary,

@@ -56,80 +56,166 @@ def _unflatten(kb, flat, shape):
 register("dense", "anchor", _dense_infer, lower=_dense_lower)
 
 
+def _matrix_shapes(a: tuple, b: tuple, node) -> tuple[tuple, tuple]:
+    """(a, b) as matrices (a 1-D operand becomes one row / one column), then
+    transposed as the node's trans_a / trans_b say."""
+    a = (1,) + a if len(a) == 1 else a
+    b = b + (1,) if len(b) == 1 else b
+    if node.attr("trans_a"):
+        a = a[:-2] + (a[-1], a[-2])
+    if node.attr("trans_b"):
+        b = b[:-2] + (b[-1], b[-2])
+    return a, b
+
+
 def _matmul_infer(types, node):
-    a, b = types[0].shape, types[1].shape
-    if len(a) < 2 or len(b) < 2 or a[-1] != b[-2]:
-        raise ModelError(f"node {node.name!r} (matmul): shapes {list(a)} and {list(b)} "
+    """numpy.matmul shape rule, batch dims broadcast; 1-D operands lose their
+    inserted dim again in the output."""
+    sa, sb = types[0].shape, types[1].shape
+    if not sa or not sb:
+        raise ModelError(f"node {node.name!r} (matmul): scalar operands do not multiply")
+    a, b = _matrix_shapes(sa, sb, node)
+    if a[-1] != b[-2]:
+        raise ModelError(f"node {node.name!r} (matmul): shapes {list(sa)} and {list(sb)} "
                          "do not multiply")
     batch = broadcast_shape(a[:-2], b[:-2], where=f"node {node.name!r}")
-    return [TensorType(batch + (a[-2], b[-1]), types[0].dtype)]
+    rows = (a[-2],) if len(sa) > 1 else ()
+    cols = (b[-1],) if len(sb) > 1 else ()
+    return [TensorType(batch + rows + cols, types[0].dtype)]
 
 
 def _matmul_lower(kb, node, ins, out, epilogue):
-    """Row by row: out[.., m, :] += a[.., m, k] * b[.., k, :], vectorised over n."""
-    a, b = ins
-    *batch, m_n, n_n = out.type.shape
-    k_n = a.type.shape[-1]
-    with kb.nest(tuple(batch), "b") as bidx, kb.loop(0, m_n, "m") as m:
-        a_row = kb.add(_batch_offset(kb, a, bidx), kb.mul(m, k_n))
-        b_base = _batch_offset(kb, b, bidx)
-        o_row = kb.add(kb.dot(bidx, out.strides[:-2]), kb.mul(m, n_n))
-        with kb.loop(0, n_n, "z") as n:
-            kb.store(out, kb.add(o_row, n), kb.f32(0.0))
-        with kb.loop(0, k_n, "k") as k:
-            av = kb.load(a, kb.add(a_row, k))
-            b_row = kb.add(b_base, kb.mul(k, n_n))
+    """Per output row m: if b is [K, N], accumulate out[.., m, :] += a[m, k] * b[k, :]
+    (contiguous, vectorised over n); if b is transposed ([N, K]), each output is
+    a dot product over contiguous k. A transposed a is read with stride M."""
+    x, y = ins
+    a_shape, b_shape = _matrix_shapes(x.type.shape, y.type.shape, node)
+    m_n, k_n = a_shape[-2:]
+    n_n = b_shape[-1]
+    batch = broadcast_shape(a_shape[:-2], b_shape[:-2])
+    trans_a, trans_b = node.attr("trans_a"), node.attr("trans_b")
+    out_strides = (*_dense_strides(batch + (m_n, n_n)),)
+    squeeze = [d for d, keep in ((len(batch), len(x.type.shape) > 1),
+                                 (len(batch) + 1, len(y.type.shape) > 1)) if not keep]
+
+    def a_at(a_base, m, k):
+        return kb.load(x, kb.add(a_base, kb.add(kb.mul(k, m_n), m) if trans_a
+                                 else kb.add(kb.mul(m, k_n), k)))
+
+    with kb.nest(batch, "b") as bidx, kb.loop(0, m_n, "m") as m:
+        a_base = _batch_offset(kb, x, a_shape, bidx)
+        b_base = _batch_offset(kb, y, b_shape, bidx)
+        o_row = kb.add(kb.dot(bidx, out_strides[:-2]), kb.mul(m, n_n))
+        if trans_b:
             with kb.loop(0, n_n, "j") as n:
-                o = kb.add(o_row, n)
-                kb.store(out, o, kb.fadd(kb.load(out, o),
-                                         kb.fmul(av, kb.load(b, kb.add(b_row, n)))))
+                acc = kb.local(kb.f32(0.0))
+                b_row = kb.add(b_base, kb.mul(n, k_n))
+                with kb.loop(0, k_n, "k") as k:
+                    prod = kb.fmul(a_at(a_base, m, k), kb.load(y, kb.add(b_row, k)))
+                    kb.set(acc, kb.fadd(kb.get(acc), prod))
+                kb.store(out, kb.add(o_row, n), kb.get(acc))
+        else:
+            with kb.loop(0, n_n, "z") as n:
+                kb.store(out, kb.add(o_row, n), kb.f32(0.0))
+            with kb.loop(0, k_n, "k") as k:
+                av = a_at(a_base, m, k)
+                b_row = kb.add(b_base, kb.mul(k, n_n))
+                with kb.loop(0, n_n, "j") as n:
+                    o = kb.add(o_row, n)
+                    kb.store(out, o, kb.fadd(kb.load(out, o),
+                                             kb.fmul(av, kb.load(y, kb.add(b_row, n)))))
         if epilogue is not None:
             with kb.loop(0, n_n, "e") as n:
                 o = kb.add(o_row, n)
-                kb.store(out, o, epilogue(kb.load(out, o), [*bidx, m, n]))
+                index = [i for d, i in enumerate([*bidx, m, n]) if d not in squeeze]
+                kb.store(out, o, epilogue(kb.load(out, o), index))
 
 
-def _batch_offset(kb, buf, bidx):
-    """Offset of the matrix at batch index `bidx` in `buf`, broadcasting batch dims."""
-    shape = buf.type.shape[:-2]
+def _dense_strides(shape):
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d
+    return tuple(reversed(strides))
+
+
+def _batch_offset(kb, buf, matrix_shape, bidx):
+    """Offset of the matrix at batch index `bidx` in `buf` (whose shape as a
+    stack of matrices is `matrix_shape`), broadcasting batch dims."""
+    shape = matrix_shape[:-2]
     lead = len(bidx) - len(shape)
-    strides = [0 if d == 1 else s for d, s in zip(shape, buf.strides[:-2], strict=True)]
+    size = matrix_shape[-2] * matrix_shape[-1]
+    strides = [0 if d == 1 else s * size for d, s in zip(shape, _dense_strides(shape),
+                                                            strict=True)]
     return kb.dot(bidx[lead:], strides)
 
 
-register("matmul", "anchor", _matmul_infer, lower=_matmul_lower,
-         numpy=lambda xs, node: [np.matmul(xs[0], xs[1])])
+def _matmul_numpy(xs, node):
+    a, b = xs
+    if node.attr("trans_a"):
+        a = np.swapaxes(a, -1, -2)
+    if node.attr("trans_b"):
+        b = np.swapaxes(b, -1, -2)
+    return [np.matmul(a, b)]
+
+
+register("matmul", "anchor", _matmul_infer, lower=_matmul_lower, numpy=_matmul_numpy)
 
 
 @onnx_op("Gemm", 1)
 def _gemm(ctx, n):
-    """Y = alpha * A' @ B' + beta * C as dense(A, W=[N, K], bias) with constants folded."""
+    """Y = alpha * A' @ B' + beta * C, as a chain product [-> mul alpha] [-> add C].
+
+    A constant B (and no transA) becomes dense(A, W=[N, K]) with alpha folded
+    into W and beta * C as its bias when C varies along N only; anything else
+    is a matmul with transpose flags. A constant C is pre-scaled by beta, a
+    runtime C is multiplied by beta first.
+    """
     alpha, beta = float(n.attrs.get("alpha", 1.0)), float(n.attrs.get("beta", 1.0))
+    trans_a, trans_b = int(n.attrs.get("transA", 0)), int(n.attrs.get("transB", 0))
     a, b = n.inputs[0], n.inputs[1]
-    c = n.inputs[2] if len(n.inputs) > 2 and n.inputs[2] else None
-    if n.attrs.get("transA", 0):
-        raise ModelError(f"node {n.name!r} (Gemm): transA=1 is not supported")
-    w = ctx.const(b)
-    if w is None:
-        raise ModelError(f"node {n.name!r} (Gemm): B must be a constant (initializer)")
-    inputs = [a, b]
-    if not n.attrs.get("transB", 0) or alpha != 1.0:
-        w = (w if n.attrs.get("transB", 0) else w.T) * np.float32(alpha)
-        inputs[1] = ctx.add_param(f"{b}_nk", np.ascontiguousarray(w, dtype=np.float32))
-    n_out = w.shape[0]
+    c = n.inputs[2] if len(n.inputs) > 2 and n.inputs[2] and beta != 0.0 else None
+    if len(ctx.type(a).shape) != 2 or len(ctx.type(b).shape) != 2:
+        raise ModelError(f"node {n.name!r} (Gemm): A and B must be 2-D, got "
+                         f"{list(ctx.type(a).shape)} and {list(ctx.type(b).shape)}")
+    w, c_value = ctx.const(b), ctx.const(c) if c else None
+    n_out = ctx.type(b).shape[0 if trans_b else 1]
+    f32 = np.float32
     nodes = []
-    c_value = ctx.const(c) if c else None
-    if (c_value is not None and c_value.size in (1, n_out)
-            and (c_value.ndim < 2 or c_value.shape[0] == 1)):  # C varies along N only
-        bias = np.broadcast_to(c_value.reshape(-1) * np.float32(beta), (n_out,))
-        inputs.append(ctx.add_param(f"{c}_bias", np.ascontiguousarray(bias, np.float32)))
-    elif c is not None:
-        if beta != 1.0:
-            raise ModelError(f"node {n.name!r} (Gemm): beta != 1 needs a constant C")
-        mid = f"{n.outputs[0]}__gemm"
-        nodes.append(Node.make("add", f"{n.name}__bias", (mid, c), n.outputs[:1]))
-        return [Node.make("dense", n.name, inputs, (mid,))] + nodes
-    return [Node.make("dense", n.name, inputs, n.outputs[:1])]
+    if w is not None and not trans_a:
+        inputs = [a, b]
+        if not trans_b or alpha != 1.0:
+            w = (w if trans_b else w.T) * f32(alpha)
+            inputs[1] = ctx.add_param(f"{b}_nk", np.ascontiguousarray(w, dtype=f32))
+        if (c_value is not None and c_value.size in (1, n_out)
+                and (c_value.ndim < 2 or c_value.shape[0] == 1)):  # C varies along N only
+            bias = np.broadcast_to(c_value.reshape(-1) * f32(beta), (n_out,))
+            inputs.append(ctx.add_param(f"{c}_bias", np.ascontiguousarray(bias, f32)))
+            c = None
+        chain = [("dense", n.name, inputs, {})]
+    else:
+        if w is not None and alpha != 1.0:  # fold alpha into a constant B
+            b = ctx.add_param(f"{b}_scaled", (w * f32(alpha)).astype(f32))
+            alpha = 1.0
+        chain = [("matmul", n.name, [a, b], {"trans_a": trans_a, "trans_b": trans_b})]
+        if alpha != 1.0:
+            k = ctx.add_param(f"{n.name}_alpha", np.array([alpha], f32))
+            chain.append(("mul", f"{n.name}__alpha", [k], {}))
+    if c is not None:
+        if c_value is not None and beta != 1.0:
+            c = ctx.add_param(f"{c}_scaled", (c_value * f32(beta)).astype(f32))
+        elif beta != 1.0:
+            k = ctx.add_param(f"{n.name}_beta", np.array([beta], f32))
+            nodes.append(Node.make("mul", f"{n.name}__beta", (c, k), (f"{n.outputs[0]}__c",)))
+            c = f"{n.outputs[0]}__c"
+        chain.append(("add", f"{n.name}__bias", [c], {}))
+    prev = None
+    for k, (op, name, extra, attrs) in enumerate(chain):
+        out = n.outputs[0] if k == len(chain) - 1 else f"{n.outputs[0]}__{k}"
+        nodes.append(Node.make(op, name, extra if prev is None else [prev, *extra], (out,),
+                               **attrs))
+        prev = out
+    return nodes
 
 
 @onnx_op("MatMul", 1)
@@ -139,4 +225,4 @@ def _matmul(ctx, n):
     if w is not None and w.ndim == 2 and len(ctx.type(a).shape) >= 2:
         weight = ctx.add_param(f"{b}_nk", np.ascontiguousarray(w.T, dtype=np.float32))
         return [Node.make("dense", n.name, (a, weight), n.outputs[:1])]
-    return [Node.make("matmul", n.name, (a, b), n.outputs[:1])]
+    return [Node.make("matmul", n.name, (a, b), n.outputs[:1], trans_a=0, trans_b=0)]

@@ -1,0 +1,220 @@
+"""Normalisation: BatchNormalization, InstanceNormalization, LayerNormalization,
+LRN, Softmax and LogSoftmax.
+
+Graph ops: batch_norm (rewritten to scale and shift by SimplifyInference, so it
+is never lowered), instance_norm, layer_norm, lrn, softmax, log_softmax.
+Statistics are float32, two-pass (mean, then the mean of squared deviations),
+and softmax subtracts the row maximum before exponentiating.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pipeline.errors import ModelError
+from pipeline.ir.graph import Node
+from pipeline.ops.registry import broadcast_shape, onnx_op, register
+
+
+def _only_first_output(n) -> None:
+    if len([o for o in n.outputs if o]) > 1:
+        raise ModelError(f"node {n.name!r} ({n.op_type}): only the first output is "
+                         "supported (inference)")
+
+
+def _axis(n, rank: int, default: int) -> int:
+    axis = int(n.attrs.get("axis", default))
+    if not -rank <= axis < rank:
+        raise ModelError(f"node {n.name!r} ({n.op_type}): axis {axis} out of range "
+                         f"for rank {rank}")
+    return axis % rank
+
+
+# -- BatchNormalization ---------------------------------------------------------------
+
+register("batch_norm", "opaque", lambda types, node: [types[0]])
+
+
+@onnx_op("BatchNormalization", 1)
+def _batch_norm(ctx, n):
+    if len([o for o in n.outputs if o]) > 1 or n.attrs.get("training_mode", 0):
+        raise ModelError(f"node {n.name!r} (BatchNormalization): training mode "
+                         "(running statistics outputs) is not supported")
+    return [Node.make("batch_norm", n.name, n.inputs[:5], n.outputs[:1],
+                      epsilon=float(n.attrs.get("epsilon", 1e-5)))]
+
+
+# -- row normalisation: layer_norm (affine over the row), instance_norm (per row) ----------
+
+def _normalize_lower(kb, node, ins, out, epilogue):
+    """y = (x - mean) / sqrt(var + eps) * scale + bias over rows x[outer..., :].
+
+    layer_norm rows are the dims from `axis` on and scale/bias broadcast over
+    them; instance_norm rows are the spatial dims of one (n, c) and scale/bias
+    are per channel.
+    """
+    x, scale = ins[0], ins[1]
+    bias = ins[2] if len(ins) > 2 else None
+    shape = x.type.shape
+    axis = node.attr("axis") if node.op == "layer_norm" else 2
+    length = math.prod(shape[axis:])
+    strides = x.strides
+    with kb.nest(shape[:axis], "r") as outer:
+        base = kb.dot(outer, strides[:axis])
+        slot = kb.local(kb.f32(0.0))
+        with kb.loop(0, length, "k") as k:
+            kb.set(slot, kb.fadd(kb.get(slot), kb.load(x, kb.add(base, k))))
+        mean = kb.fmul(kb.get(slot), kb.f32(1.0 / length))
+        kb.set(slot, kb.f32(0.0))
+        with kb.loop(0, length, "k") as k:
+            dev = kb.fsub(kb.load(x, kb.add(base, k)), mean)
+            kb.set(slot, kb.fadd(kb.get(slot), kb.fmul(dev, dev)))
+        var = kb.fmul(kb.get(slot), kb.f32(1.0 / length))
+        rstd = kb.fdiv(kb.f32(1.0), kb.intrinsic(
+            "sqrt", kb.fadd(var, kb.f32(node.attr("epsilon")))))
+        if node.op == "instance_norm":  # per-channel affine, hoisted out of the row
+            g, beta = kb.load(scale, outer[1]), kb.load(bias, outer[1])
+        with kb.nest(shape[axis:], "i") as inner:
+            o = kb.add(base, kb.dot(inner, strides[axis:]))
+            if node.op == "layer_norm":
+                g = kb.load_broadcast(scale, inner)
+                beta = kb.load_broadcast(bias, inner) if bias else None
+            y = kb.fmul(kb.fmul(kb.fsub(kb.load(x, o), mean), rstd), g)
+            if beta is not None:
+                y = kb.fadd(y, beta)
+            if epilogue is not None:
+                y = epilogue(y, [*outer, *inner])
+            kb.store(out, o, y)
+
+
+def _layer_norm_infer(types, node):
+    x = types[0]
+    normalized = x.shape[node.attr("axis"):]
+    for t in types[1:]:
+        if broadcast_shape(normalized, t.shape, where=f"node {node.name!r}") != normalized:
+            raise ModelError(f"node {node.name!r} (layer_norm): scale/bias {list(t.shape)} "
+                             f"do not broadcast to {list(normalized)}")
+    return [x]
+
+
+def _instance_norm_infer(types, node):
+    x = types[0]
+    if len(x.shape) < 3 or any(t.shape != (x.shape[1],) for t in types[1:]):
+        raise ModelError(f"node {node.name!r} (instance_norm): input {list(x.shape)} needs "
+                         f"spatial dims and scale, bias of shape [{x.shape[1]}]")
+    return [x]
+
+
+register("layer_norm", "anchor", _layer_norm_infer, lower=_normalize_lower)
+register("instance_norm", "anchor", _instance_norm_infer, lower=_normalize_lower)
+
+
+@onnx_op("LayerNormalization", 17)
+def _layer_norm(ctx, n):
+    _only_first_output(n)
+    axis = _axis(n, len(ctx.type(n.inputs[0]).shape), -1)
+    return [Node.make("layer_norm", n.name, [i for i in n.inputs[:3] if i], n.outputs[:1],
+                      axis=axis, epsilon=float(n.attrs.get("epsilon", 1e-5)))]
+
+
+@onnx_op("InstanceNormalization", 1)
+def _instance_norm(ctx, n):
+    return [Node.make("instance_norm", n.name, n.inputs[:3], n.outputs[:1],
+                      epsilon=float(n.attrs.get("epsilon", 1e-5)))]
+
+
+# -- LRN: local response normalisation across channels ------------------------------------
+
+def _lrn_lower(kb, node, ins, out, epilogue):
+    """y = x / (bias + alpha / size * sum of x^2 over nearby channels) ** beta."""
+    x = ins[0]
+    shape = x.type.shape
+    size = node.attr("size")
+    lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
+    b = kb.b
+    with kb.nest(shape, "d") as index:
+        c = index[1]
+        o = kb.dot(index, x.strides)
+        acc = kb.f32(0.0)
+        for j in range(-lo, hi + 1):
+            cj = kb.add(c, j)
+            ok = b.and_(b.icmp_signed(">=", cj, kb.i64(0)),
+                        b.icmp_signed("<", cj, kb.i64(shape[1])))
+            # Clamp the offset so the load stays in bounds; the select drops it.
+            safe = b.select(ok, kb.i64(j * x.strides[1]), kb.i64(0))
+            v = kb.load(x, kb.add(o, safe))
+            acc = b.select(ok, kb.fadd(acc, kb.fmul(v, v)), acc)
+        denom = kb.fadd(kb.f32(node.attr("bias")), kb.fmul(acc, kb.f32(node.attr("alpha") / size)))
+        y = kb.fdiv(kb.load(x, o), kb.intrinsic("pow", denom, kb.f32(node.attr("beta"))))
+        if epilogue is not None:
+            y = epilogue(y, index)
+        kb.store(out, o, y)
+
+
+register("lrn", "anchor", lambda types, node: [types[0]], lower=_lrn_lower)
+
+
+@onnx_op("LRN", 1)
+def _lrn(ctx, n):
+    if "size" not in n.attrs or len(ctx.type(n.inputs[0]).shape) < 3:
+        raise ModelError(f"node {n.name!r} (LRN): needs the size attribute and an input "
+                         "with channel and spatial dims")
+    return [Node.make("lrn", n.name, n.inputs[:1], n.outputs[:1], size=int(n.attrs["size"]),
+                      alpha=float(n.attrs.get("alpha", 1e-4)),
+                      beta=float(n.attrs.get("beta", 0.75)),
+                      bias=float(n.attrs.get("bias", 1.0)))]
+
+
+# -- Softmax, LogSoftmax ---------------------------------------------------------------
+
+def _softmax_lower(kb, node, ins, out, epilogue):
+    """Rows of length L with stride `inner`: max, sum of exp(x - max), then scale
+    (softmax) or x - max - log(sum) (log_softmax)."""
+    shape = ins[0].type.shape
+    axis = node.attr("axis")
+    is_log = node.op == "log_softmax"
+    outer = math.prod(shape[:axis])
+    if node.attr("flatten"):
+        length, inner = math.prod(shape[axis:]), 1
+    else:
+        length, inner = shape[axis], math.prod(shape[axis + 1:])
+    x = ins[0]
+    with kb.loop(0, outer, "r") as r, kb.loop(0, inner, "q") as q:
+        base = kb.add(kb.mul(r, length * inner), q)
+        slot = kb.local(kb.f32(-math.inf))
+        with kb.loop(0, length, "k") as k:
+            kb.set(slot, kb.fmax(kb.get(slot), kb.load(x, kb.add(base, kb.mul(k, inner)))))
+        peak = kb.get(slot)
+        kb.set(slot, kb.f32(0.0))
+        with kb.loop(0, length, "k") as k:
+            o = kb.add(base, kb.mul(k, inner))
+            e = kb.intrinsic("exp", kb.fsub(kb.load(x, o), peak))
+            if not is_log:
+                kb.store(out, o, e)
+            kb.set(slot, kb.fadd(kb.get(slot), e))
+        if is_log:
+            shift = kb.fadd(peak, kb.intrinsic("log", kb.get(slot)))
+        else:
+            scale = kb.fdiv(kb.f32(1.0), kb.get(slot))
+        with kb.loop(0, length, "k") as k:
+            o = kb.add(base, kb.mul(k, inner))
+            y = kb.fsub(kb.load(x, o), shift) if is_log else kb.fmul(kb.load(out, o), scale)
+            kb.store(out, o, y)
+
+
+register("softmax", "opaque", lambda types, node: [types[0]], lower=_softmax_lower)
+register("log_softmax", "opaque", lambda types, node: [types[0]], lower=_softmax_lower)
+
+
+def _softmax_converter(op: str, flatten: bool, default_axis: int):
+    def convert(ctx, n):
+        axis = _axis(n, len(ctx.type(n.inputs[0]).shape), default_axis)
+        return [Node.make(op, n.name, n.inputs[:1], n.outputs[:1], axis=axis,
+                          flatten=int(flatten))]
+    return convert
+
+
+# Before opset 13 (Log)Softmax flattened the input to 2-D at `axis` (default 1).
+for _onnx, _op in (("Softmax", "softmax"), ("LogSoftmax", "log_softmax")):
+    onnx_op(_onnx, 1)(_softmax_converter(_op, flatten=True, default_axis=1))
+    onnx_op(_onnx, 13)(_softmax_converter(_op, flatten=False, default_axis=-1))

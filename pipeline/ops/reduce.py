@@ -1,0 +1,247 @@
+"""Reductions: ReduceSum/Mean/Max/Min/Prod/L1/L2/SumSquare/LogSum/LogSumExp,
+ArgMax, ArgMin.
+
+Graph ops reduce_<kind> (attrs: axes, sorted and non-negative; keepdims) and
+argmax/argmin (axis, keepdims, select_last_index; int64 output). Axes come
+from an attribute (older opsets) or a constant input (ReduceSum from 13, the
+others from 18); an empty axes list reduces everything unless
+noop_with_empty_axes is set, in which case the node is an identity.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from pipeline.errors import ModelError
+from pipeline.ir.graph import Node, TensorType
+from pipeline.ops.registry import onnx_op, register
+
+# kind -> (identity, map applied to each x, combine, finalize(acc, count), numpy)
+_KINDS = {
+    "sum": (0.0, None, "add", None, lambda x, ax, kd: np.sum(x, ax, keepdims=kd)),
+    "mean": (0.0, None, "add", "mean", lambda x, ax, kd: np.mean(x, ax, keepdims=kd)),
+    "max": (-math.inf, None, "max", None, lambda x, ax, kd: np.max(x, ax, keepdims=kd)),
+    "min": (math.inf, None, "min", None, lambda x, ax, kd: np.min(x, ax, keepdims=kd)),
+    "prod": (1.0, None, "mul", None, lambda x, ax, kd: np.prod(x, ax, keepdims=kd)),
+    "l1": (0.0, "abs", "add", None, lambda x, ax, kd: np.sum(np.abs(x), ax, keepdims=kd)),
+    "l2": (0.0, "square", "add", "sqrt",
+           lambda x, ax, kd: np.sqrt(np.sum(np.square(x), ax, keepdims=kd))),
+    "sum_square": (0.0, "square", "add", None,
+                   lambda x, ax, kd: np.sum(np.square(x), ax, keepdims=kd)),
+    "log_sum": (0.0, None, "add", "log", lambda x, ax, kd: np.log(np.sum(x, ax, keepdims=kd))),
+    "log_sum_exp": (-math.inf, None, "logaddexp", None,
+                    lambda x, ax, kd: np.logaddexp.reduce(x, axis=ax, keepdims=kd)),
+}
+
+
+def _reduce_infer(types, node):
+    x = types[0]
+    if x.dtype != "float32":
+        raise ModelError(f"node {node.name!r} ({node.op}): only float32 is supported, "
+                         f"got {x.dtype}")
+    axes = set(node.attr("axes"))
+    keep = node.attr("keepdims")
+    shape = tuple(1 if d in axes else s for d, s in enumerate(x.shape)
+                  if keep or d not in axes)
+    return [TensorType(shape, x.dtype)]
+
+
+def _combine(kb, how: str, acc, v):
+    if how == "add":
+        return kb.fadd(acc, v)
+    if how == "mul":
+        return kb.fmul(acc, v)
+    if how == "max":
+        return kb.fmax(acc, v)
+    if how == "min":
+        return kb.fmin(acc, v)
+    # logaddexp, stable: max(a, b) + log(1 + exp(-|a - b|)); -inf is the identity.
+    hi, lo = kb.fmax(acc, v), kb.fmin(acc, v)
+    tail = kb.intrinsic("log", kb.fadd(kb.f32(1.0), kb.intrinsic("exp", kb.fsub(lo, hi))))
+    empty = kb.b.fcmp_ordered("==", lo, kb.f32(-math.inf))
+    return kb.b.select(empty, hi, kb.fadd(hi, tail))
+
+
+def _reduce_lower(kb, node, ins, out, epilogue):
+    """Accumulate into the output in the input's own loop order, so every read
+    is contiguous whichever axes are reduced.
+
+    The trailing run of reduced dims (contiguous in memory) is reduced into a
+    register first; each partial result is then combined into its output slot.
+    LogSumExp reduces that run in two passes (max, then sum of exp(x - max)).
+    """
+    x = ins[0]
+    shape = x.type.shape
+    kind = node.op[len("reduce_"):]
+    identity, mapping, how, finish, _ = _KINDS[kind]
+    axes = set(node.attr("axes"))
+    t = len(shape)
+    while t > 0 and t - 1 in axes:
+        t -= 1
+    run = math.prod(shape[t:])
+    # Output offset of an input index: reduced dims do not move it.
+    out_strides, acc = [], 1
+    for d in reversed(range(len(shape))):
+        out_strides.append(0 if d in axes else acc)
+        acc *= 1 if d in axes else shape[d]
+    out_strides.reverse()
+
+    def mapped(v):
+        if mapping == "abs":
+            return kb.intrinsic("fabs", v)
+        return kb.fmul(v, v) if mapping == "square" else v
+
+    with kb.loop(0, out.type.size, "z") as z:
+        kb.store(out, z, kb.f32(identity))
+    with kb.nest(shape[:t], "d") as index:
+        base = kb.dot(index, x.strides[:t]) if index else kb.i64(0)
+        slot = kb.local(kb.f32(identity))
+        if kind == "log_sum_exp":
+            with kb.loop(0, run, "k") as k:
+                kb.set(slot, kb.fmax(kb.get(slot), kb.load(x, kb.add(base, k))))
+            peak = kb.get(slot)
+            kb.set(slot, kb.f32(0.0))
+            with kb.loop(0, run, "k") as k:
+                e = kb.intrinsic("exp", kb.fsub(kb.load(x, kb.add(base, k)), peak))
+                kb.set(slot, kb.fadd(kb.get(slot), e))
+            partial = kb.fadd(peak, kb.intrinsic("log", kb.get(slot)))
+            # An all -inf run: exp(-inf - -inf) is NaN; the answer is -inf.
+            partial = kb.b.select(kb.b.fcmp_ordered("==", peak, kb.f32(-math.inf)),
+                                  peak, partial)
+        else:
+            with kb.loop(0, run, "k") as k:
+                v = mapped(kb.load(x, kb.add(base, k)))
+                kb.set(slot, _combine(kb, how, kb.get(slot), v))
+            partial = kb.get(slot)
+        o = kb.dot(index, out_strides[:t]) if index else kb.i64(0)
+        kb.store(out, o, _combine(kb, how, kb.load(out, o), partial))
+    count = math.prod(s for d, s in enumerate(shape) if d in axes)
+    if finish is None and epilogue is None:
+        return
+    with kb.nest(out.type.shape, "e") as index:
+        o = kb.dot(index, out.strides)
+        v = kb.load(out, o)
+        if finish == "mean":
+            v = kb.fmul(v, kb.f32(1.0 / count))
+        elif finish is not None:
+            v = kb.intrinsic(finish, v)
+        if epilogue is not None:
+            v = epilogue(v, index)
+        kb.store(out, o, v)
+
+
+def _reduce_numpy(kind: str):
+    impl = _KINDS[kind][4]
+    return lambda xs, node: [np.asarray(impl(xs[0], tuple(node.attr("axes")),
+                                             bool(node.attr("keepdims"))))]
+
+
+for _kind in _KINDS:
+    register(f"reduce_{_kind}", "anchor", _reduce_infer, lower=_reduce_lower,
+             numpy=_reduce_numpy(_kind))
+
+
+def _norm_axes(n, axes, rank: int) -> tuple[int, ...]:
+    out = set()
+    for a in axes:
+        if not -rank <= int(a) < rank:
+            raise ModelError(f"node {n.name!r} ({n.op_type}): axis {int(a)} out of range "
+                             f"for rank {rank}")
+        out.add(int(a) % rank)
+    return tuple(sorted(out))
+
+
+def _reduce_converter(kind: str, axes_input: bool):
+    def convert(ctx, n):
+        rank = len(ctx.type(n.inputs[0]).shape)
+        if axes_input:
+            name = n.inputs[1] if len(n.inputs) > 1 else ""
+            axes = ctx.const(name) if name else np.zeros(0, np.int64)
+            if axes is None:
+                raise ModelError(f"node {n.name!r} ({n.op_type}): the axes input {name!r} "
+                                 "must be known at build time")
+            axes = np.asarray(axes).reshape(-1).tolist()
+        else:
+            axes = list(n.attrs.get("axes", ()))
+        if not axes:
+            if n.attrs.get("noop_with_empty_axes", 0):
+                return [Node.make("identity", n.name, n.inputs[:1], n.outputs[:1])]
+            axes = list(range(rank))
+        return [Node.make(f"reduce_{kind}", n.name, n.inputs[:1], n.outputs[:1],
+                          axes=_norm_axes(n, axes, rank),
+                          keepdims=int(n.attrs.get("keepdims", 1)))]
+    return convert
+
+
+_ONNX_NAMES = {"sum": "ReduceSum", "mean": "ReduceMean", "max": "ReduceMax",
+               "min": "ReduceMin", "prod": "ReduceProd", "l1": "ReduceL1", "l2": "ReduceL2",
+               "sum_square": "ReduceSumSquare", "log_sum": "ReduceLogSum",
+               "log_sum_exp": "ReduceLogSumExp"}
+for _kind, _onnx in _ONNX_NAMES.items():
+    onnx_op(_onnx, 1)(_reduce_converter(_kind, axes_input=False))
+    onnx_op(_onnx, 13 if _kind == "sum" else 18)(_reduce_converter(_kind, axes_input=True))
+
+
+# -- ArgMax, ArgMin ---------------------------------------------------------------------
+
+def _arg_infer(types, node):
+    x = types[0]
+    axis = node.attr("axis")
+    shape = x.shape[:axis] + ((1,) if node.attr("keepdims") else ()) + x.shape[axis + 1:]
+    return [TensorType(shape, "int64")]
+
+
+def _arg_lower(kb, node, ins, out, epilogue):
+    """For each output: scan the axis keeping the best value and its index;
+    ties keep the first index unless select_last_index."""
+    x = ins[0]
+    shape = x.type.shape
+    axis = node.attr("axis")
+    length, inner = shape[axis], math.prod(shape[axis + 1:])
+    pred = ">" if node.op == "argmax" else "<"
+    if node.attr("select_last_index"):
+        pred += "="
+    b = kb.b
+    with kb.loop(0, math.prod(shape[:axis]), "r") as r, kb.loop(0, inner, "q") as q:
+        base = kb.add(kb.mul(r, length * inner), q)
+        best = kb.local(kb.load(x, base))
+        where = kb.local(kb.i64(0))
+        with kb.loop(1, length, "k") as k:
+            v = kb.load(x, kb.add(base, kb.mul(k, inner)))
+            better = b.fcmp_ordered(pred, v, kb.get(best))
+            kb.set(best, b.select(better, v, kb.get(best)))
+            kb.set(where, b.select(better, k, kb.get(where)))
+        kb.store(out, kb.add(kb.mul(r, inner), q), kb.get(where))
+
+
+def _arg_numpy(fn):
+    def run(xs, node):
+        x, axis = xs[0], node.attr("axis")
+        if node.attr("select_last_index"):  # first index of the flipped axis, mirrored
+            idx = x.shape[axis] - 1 - fn(np.flip(x, axis), axis=axis)
+        else:
+            idx = fn(x, axis=axis)
+        if node.attr("keepdims"):
+            idx = np.expand_dims(idx, axis)
+        return [np.asarray(idx, np.int64)]
+    return run
+
+
+register("argmax", "opaque", _arg_infer, lower=_arg_lower, numpy=_arg_numpy(np.argmax))
+register("argmin", "opaque", _arg_infer, lower=_arg_lower, numpy=_arg_numpy(np.argmin))
+
+
+def _arg_converter(op: str):
+    def convert(ctx, n):
+        rank = len(ctx.type(n.inputs[0]).shape)
+        (axis,) = _norm_axes(n, [n.attrs.get("axis", 0)], rank)
+        return [Node.make(op, n.name, n.inputs[:1], n.outputs[:1], axis=axis,
+                          keepdims=int(n.attrs.get("keepdims", 1)),
+                          select_last_index=int(n.attrs.get("select_last_index", 0)))]
+    return convert
+
+
+onnx_op("ArgMax", 1)(_arg_converter("argmax"))
+onnx_op("ArgMin", 1)(_arg_converter("argmin"))

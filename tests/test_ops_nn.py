@@ -1,0 +1,422 @@
+"""Neural-network operators (Conv/ConvTranspose 1-D and 2-D, normalisation,
+pooling, Gemm/MatMul, Softmax/LogSoftmax, reductions, ArgMax/ArgMin) compiled
+end to end and compared with onnxruntime at pass opt_level 0 and 3, plus the
+one-line errors for what we do not support."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import make_model, rand, run_ort, run_ours
+from onnx import TensorProto, helper
+from onnx.reference import ReferenceEvaluator
+
+from pipeline.errors import ModelError
+from pipeline.frontend import from_onnx
+
+pytest.importorskip("onnxruntime")
+
+node = helper.make_node
+
+
+def model(nodes, inputs: dict, inits=None, opset=13, outputs=(("y", None),)):
+    """A model whose graph inputs are the arrays in `inputs` (float32 unless int64)."""
+    vis = [helper.make_tensor_value_info(k, TensorProto.INT64 if v.dtype == np.int64
+                                         else TensorProto.FLOAT, v.shape)
+           for k, v in inputs.items()]
+    outs = [o if not isinstance(o, tuple) else
+            helper.make_tensor_value_info(o[0], TensorProto.FLOAT, o[1]) for o in outputs]
+    return make_model(nodes, vis, outs, inits or {}, opset), inputs
+
+
+def one(op_type, x_shape, inits=None, extra=(), opset=13, low=-1.0, high=1.0, **attrs):
+    """A single `op_type` node on input x (plus initializers named in `extra`)."""
+    return model([node(op_type, ["x", *extra], ["y"], **attrs)],
+                 {"x": rand(*x_shape, low=low, high=high)}, inits, opset)
+
+
+# -- Conv / ConvTranspose -----------------------------------------------------------------
+
+def conv(op_type, x_shape, w_shape, bias=True, w_input=False, **attrs):
+    oc = w_shape[1] * attrs.get("group", 1) if op_type == "ConvTranspose" else w_shape[0]
+    inits = {} if w_input else {"w": rand(*w_shape, seed=1)}
+    if bias:
+        inits["b"] = rand(oc, seed=2)
+    inputs = {"x": rand(*x_shape)} | ({"w": rand(*w_shape, seed=1)} if w_input else {})
+    return model([node(op_type, ["x", "w", *(["b"] if bias else [])], ["y"], **attrs)],
+                 inputs, inits)
+
+
+def mobilenet_block():
+    """Expand 1x1 -> BN -> Clip(0, 6) -> depthwise 3x3 s1 -> BN -> Clip -> project 1x1
+    -> BN -> residual Add, as in MobileNetV2 (Clip with constant min/max inputs)."""
+    c, e = 4, 12
+    inits = {"w1": rand(e, c, 1, 1, seed=1), "w2": rand(e, 1, 3, 3, seed=2),
+             "w3": rand(c, e, 1, 1, seed=3), "lo": np.array(0.0, np.float32),
+             "hi": np.array(6.0, np.float32)}
+    nodes = []
+    for k, ch in ((1, e), (2, e), (3, c)):
+        inits |= {f"s{k}": rand(ch, seed=10 + k, low=0.5, high=1.5),
+                  f"o{k}": rand(ch, seed=20 + k), f"m{k}": rand(ch, seed=30 + k),
+                  f"v{k}": rand(ch, seed=40 + k, low=0.5, high=2.0)}
+    nodes += [node("Conv", ["x", "w1"], ["c1"]),
+              node("BatchNormalization", ["c1", "s1", "o1", "m1", "v1"], ["b1"]),
+              node("Clip", ["b1", "lo", "hi"], ["r1"]),
+              node("Conv", ["r1", "w2"], ["c2"], group=e, pads=[1, 1, 1, 1]),
+              node("BatchNormalization", ["c2", "s2", "o2", "m2", "v2"], ["b2"]),
+              node("Clip", ["b2", "lo", "hi"], ["r2"]),
+              node("Conv", ["r2", "w3"], ["c3"]),
+              node("BatchNormalization", ["c3", "s3", "o3", "m3", "v3"], ["b3"]),
+              node("Add", ["b3", "x"], ["y"])]
+    return model(nodes, {"x": rand(1, c, 9, 9, low=-3, high=3)}, inits)
+
+
+def conv_t_relu():
+    m, feeds = conv("ConvTranspose", (1, 4, 5, 5), (4, 3, 2, 2), strides=[2, 2])
+    m.graph.node[0].output[0] = "t"
+    m.graph.node.append(node("Relu", ["t"], ["y"]))
+    return m, feeds
+
+
+CONV = {
+    "conv1d_pads": lambda: conv("Conv", (2, 3, 10), (4, 3, 3), pads=[1, 2]),
+    "conv1d_s2_d2_groups": lambda: conv("Conv", (1, 4, 13), (6, 2, 3), group=2,
+                                        strides=[2], dilations=[2]),
+    "conv1d_same_upper": lambda: conv("Conv", (1, 3, 9), (5, 3, 4), auto_pad="SAME_UPPER",
+                                      strides=[2]),
+    "conv1d_depthwise_nobias": lambda: conv("Conv", (1, 4, 8), (4, 1, 5), bias=False,
+                                            group=4, auto_pad="SAME_LOWER"),
+    "conv_depthwise_s2_same": lambda: conv("Conv", (1, 6, 9, 9), (6, 1, 3, 3), group=6,
+                                           strides=[2, 2], auto_pad="SAME_UPPER"),
+    "conv_depthwise_multiplier": lambda: conv("Conv", (1, 3, 7, 7), (6, 1, 3, 3), group=3,
+                                              pads=[1, 1, 1, 1]),
+    "conv_groups3_dil_s2": lambda: conv("Conv", (1, 6, 11, 10), (9, 2, 3, 2), group=3,
+                                        strides=[2, 1], dilations=[2, 3], pads=[2, 1, 0, 3]),
+    "conv_same_lower_dil": lambda: conv("Conv", (1, 2, 8, 7), (3, 2, 3, 3),
+                                        auto_pad="SAME_LOWER", dilations=[2, 2], strides=[2, 2]),
+    "conv_kernel_shape_attr": lambda: conv("Conv", (1, 2, 6, 6), (3, 2, 3, 3),
+                                           kernel_shape=[3, 3], auto_pad="VALID"),
+    "conv_runtime_weight": lambda: conv("Conv", (2, 3, 6, 6), (4, 3, 3, 3), w_input=True,
+                                        pads=[1, 1, 1, 1]),
+    "mobilenetv2_block": mobilenet_block,
+    "convt_k3": lambda: conv("ConvTranspose", (1, 3, 5, 5), (3, 2, 3, 3)),
+    "convt_unet_k2s2": lambda: conv("ConvTranspose", (2, 4, 4, 5), (4, 3, 2, 2),
+                                    strides=[2, 2]),
+    "convt_s2_pads_outpad": lambda: conv("ConvTranspose", (1, 2, 4, 4), (2, 3, 3, 3),
+                                         strides=[2, 2], pads=[1, 1, 1, 1],
+                                         output_padding=[1, 1]),
+    "convt_asym_s3_dil": lambda: conv("ConvTranspose", (1, 2, 3, 4), (2, 2, 3, 2),
+                                      bias=False, strides=[3, 2], dilations=[2, 1],
+                                      pads=[1, 2, 0, 1]),
+    "convt_groups2": lambda: conv("ConvTranspose", (1, 4, 4, 4), (4, 3, 3, 3), group=2,
+                                  strides=[2, 2], pads=[1, 1, 1, 1]),
+    "convt_depthwise": lambda: conv("ConvTranspose", (1, 3, 4, 4), (3, 1, 4, 4), group=3,
+                                    strides=[2, 2], pads=[1, 1, 1, 1]),
+    "convt_output_shape": lambda: conv("ConvTranspose", (1, 2, 3, 3), (2, 2, 3, 3),
+                                       strides=[2, 2], output_shape=[8, 7]),
+    "convt_output_shape_same_upper": lambda: conv("ConvTranspose", (1, 2, 3, 3),
+                                                  (2, 2, 3, 3), strides=[2, 2],
+                                                  output_shape=[6, 5], auto_pad="SAME_UPPER"),
+    "convt_same_upper": lambda: conv("ConvTranspose", (1, 2, 3, 4), (2, 2, 3, 3),
+                                     strides=[2, 2], auto_pad="SAME_UPPER"),
+    "convt_same_lower": lambda: conv("ConvTranspose", (1, 2, 3, 4), (2, 2, 4, 3),
+                                     strides=[2, 2], auto_pad="SAME_LOWER"),
+    "convt_valid": lambda: conv("ConvTranspose", (1, 2, 3, 3), (2, 2, 3, 3), strides=[2, 2],
+                                auto_pad="VALID"),
+    "convt_1d": lambda: conv("ConvTranspose", (2, 3, 6), (3, 2, 4), strides=[2],
+                             pads=[1, 1]),
+    "convt_1d_output_shape": lambda: conv("ConvTranspose", (1, 2, 5), (2, 3, 3),
+                                          strides=[3], output_shape=[16]),
+    "convt_runtime_weight": lambda: conv("ConvTranspose", (1, 2, 3, 3), (2, 2, 2, 2),
+                                         w_input=True, strides=[2, 2]),
+    "convt_relu_fused": conv_t_relu,
+}
+
+
+# -- normalisation ------------------------------------------------------------------------
+
+def layer_norm(shape, axis=-1, bias=True, scale_shape=None, opset=17, **attrs):
+    norm_shape = shape[axis:] if axis != 0 else shape
+    scale_shape = scale_shape or norm_shape
+    inits = {"s": rand(*scale_shape, seed=1, low=0.5, high=1.5)}
+    if bias:
+        inits["b"] = rand(*scale_shape, seed=2)
+    return model([node("LayerNormalization", ["x", "s", *(["b"] if bias else [])], ["y"],
+                       axis=axis, **attrs)], {"x": rand(*shape, low=-2, high=3)}, inits, opset)
+
+
+def layer_norm_residual():
+    """BERT: LayerNorm(x + residual) then a Gemm-free MatMul, Add: fused epilogues."""
+    d = 16
+    inits = {"s": rand(d, seed=1), "b": rand(d, seed=2), "w": rand(d, 8, seed=3),
+             "wb": rand(8, seed=4)}
+    nodes = [node("Add", ["x", "r"], ["a"]),
+             node("LayerNormalization", ["a", "s", "b"], ["n"], axis=-1, epsilon=1e-12),
+             node("MatMul", ["n", "w"], ["m"]), node("Add", ["m", "wb"], ["y"])]
+    return model(nodes, {"x": rand(2, 5, d), "r": rand(2, 5, d, seed=7)}, inits, 17)
+
+
+def decomposed_layer_norm():
+    """LayerNorm as exported by older PyTorch: ReduceMean, Sub, Pow, Sqrt, Div..."""
+    d = 12
+    inits = {"two": np.array(2.0, np.float32), "eps": np.array(1e-5, np.float32),
+             "s": rand(d, seed=1), "b": rand(d, seed=2)}
+    nodes = [node("ReduceMean", ["x"], ["mu"], axes=[-1]),
+             node("Sub", ["x", "mu"], ["d"]),
+             node("Pow", ["d", "two"], ["sq"]),
+             node("ReduceMean", ["sq"], ["var"], axes=[-1]),
+             node("Add", ["var", "eps"], ["ve"]),
+             node("Sqrt", ["ve"], ["sd"]),
+             node("Div", ["d", "sd"], ["nrm"]),
+             node("Mul", ["nrm", "s"], ["sc"]),
+             node("Add", ["sc", "b"], ["y"])]
+    return model(nodes, {"x": rand(3, 4, d, low=-2, high=3)}, inits, 13)
+
+
+def instance_norm(shape):
+    c = shape[1]
+    return one("InstanceNormalization", shape, {"s": rand(c, seed=1), "b": rand(c, seed=2)},
+               ["s", "b"], low=-2, high=3, epsilon=1e-3)
+
+
+NORM = {
+    "layernorm_last": lambda: layer_norm((2, 5, 16)),
+    "layernorm_axis1": lambda: layer_norm((2, 3, 4), axis=1),
+    "layernorm_axis_neg2_nobias": lambda: layer_norm((2, 3, 4), axis=-2, bias=False,
+                                                     epsilon=1e-3),
+    "layernorm_axis0": lambda: layer_norm((3, 4), axis=0),
+    "layernorm_scale_broadcast": lambda: layer_norm((2, 3, 4), axis=1, scale_shape=(1, 4)),
+    "layernorm_residual_bert": layer_norm_residual,
+    "layernorm_decomposed": decomposed_layer_norm,
+    "instancenorm_4d": lambda: instance_norm((2, 3, 5, 4)),
+    "instancenorm_3d": lambda: instance_norm((2, 4, 7)),
+    "lrn_size5": lambda: one("LRN", (2, 7, 3, 3), size=5, alpha=1e-2, beta=0.75, bias=2.0),
+    "lrn_size2": lambda: one("LRN", (1, 4, 3, 2), size=2),
+    "batchnorm_3d": lambda: one("BatchNormalization", (2, 3, 5),
+                                {k: rand(3, seed=k_, low=0.5, high=1.5) for k_, k in
+                                 enumerate(["s", "b", "m", "v"])}, ["s", "b", "m", "v"]),
+}
+
+
+# -- pooling ---------------------------------------------------------------------------------
+
+POOL = {
+    "maxpool1d_s2_p1": lambda: one("MaxPool", (2, 3, 9), kernel_shape=[3], strides=[2],
+                                   pads=[1, 1]),
+    "maxpool1d_dil_ceil": lambda: one("MaxPool", (1, 2, 10), kernel_shape=[2], strides=[3],
+                                      dilations=[2], ceil_mode=1),
+    "avgpool1d_incl": lambda: one("AveragePool", (1, 2, 8), kernel_shape=[3], pads=[1, 2],
+                                  count_include_pad=1),
+    "maxpool_same_lower": lambda: one("MaxPool", (1, 2, 7, 6), kernel_shape=[3, 2],
+                                      strides=[2, 2], auto_pad="SAME_LOWER"),
+    "maxpool_dil_pads_ceil": lambda: one("MaxPool", (1, 2, 9, 9), kernel_shape=[3, 3],
+                                         strides=[2, 2], dilations=[2, 2], pads=[1, 1, 1, 1],
+                                         ceil_mode=1),
+    "avgpool_valid": lambda: one("AveragePool", (1, 2, 7, 6), kernel_shape=[2, 3],
+                                 strides=[2, 2], auto_pad="VALID"),
+    "avgpool_same_upper_excl": lambda: one("AveragePool", (1, 2, 7, 7), kernel_shape=[3, 3],
+                                           strides=[2, 2], auto_pad="SAME_UPPER"),
+    "avgpool_dilations_v19": lambda: one("AveragePool", (1, 2, 8, 8), opset=19,
+                                         kernel_shape=[2, 2], dilations=[2, 2],
+                                         pads=[1, 1, 1, 1]),
+    "global_maxpool": lambda: one("GlobalMaxPool", (2, 3, 5, 4)),
+    "global_maxpool_1d": lambda: one("GlobalMaxPool", (2, 3, 7)),
+    "global_avgpool_1d": lambda: one("GlobalAveragePool", (2, 3, 7)),
+}
+
+
+# -- Gemm / MatMul ------------------------------------------------------------------------
+
+def gemm(a_shape, b_shape, c_shape=None, b_input=False, c_input=False, **attrs):
+    inputs = {"a": rand(*a_shape)}
+    inits = {}
+    (inputs if b_input else inits)["b"] = rand(*b_shape, seed=5)
+    if c_shape is not None:
+        (inputs if c_input else inits)["c"] = rand(*c_shape, seed=6)
+    ins = ["a", "b", *(["c"] if c_shape is not None else [])]
+    return model([node("Gemm", ins, ["y"], **attrs)], inputs, inits)
+
+
+def matmul(a_shape, b_shape, b_const=False):
+    inputs = {"a": rand(*a_shape)}
+    inits = {}
+    (inits if b_const else inputs)["b"] = rand(*b_shape, seed=4)
+    return model([node("MatMul", ["a", "b"], ["y"])], inputs, inits)
+
+
+def attention():
+    """BERT self-attention core: softmax(Q K^T / sqrt(d) + mask) V, runtime Q, K, V."""
+    b, h, s, d = 2, 3, 5, 4
+    inits = {"scale": np.array(np.sqrt(d), np.float32),
+             "mask": np.where(rand(b, 1, 1, s, seed=9) > 0.5, -10000.0, 0.0).astype(np.float32)}
+    nodes = [node("MatMul", ["q", "kt"], ["qk"]), node("Div", ["qk", "scale"], ["sc"]),
+             node("Add", ["sc", "mask"], ["ms"]), node("Softmax", ["ms"], ["p"], axis=-1),
+             node("MatMul", ["p", "v"], ["y"])]
+    return model(nodes, {"q": rand(b, h, s, d, seed=1), "kt": rand(b, h, d, s, seed=2),
+                         "v": rand(b, h, s, d, seed=3)}, inits)
+
+
+LINALG = {
+    "gemm_transa": lambda: gemm((8, 3), (8, 6), transA=1),
+    "gemm_transa_transb_alpha": lambda: gemm((8, 3), (6, 8), (6,), transA=1, transB=1,
+                                             alpha=0.5, beta=2.0),
+    "gemm_runtime_b": lambda: gemm((3, 8), (8, 6), (3, 6), b_input=True),
+    "gemm_runtime_b_transb_alpha": lambda: gemm((3, 8), (6, 8), (1, 6), b_input=True,
+                                                transB=1, alpha=1.5, beta=0.5),
+    "gemm_runtime_c_beta": lambda: gemm((3, 8), (8, 6), (3, 1), c_input=True, beta=3.0),
+    "gemm_runtime_all_transa": lambda: gemm((8, 3), (8, 6), (6,), b_input=True,
+                                            c_input=True, transA=1, alpha=2.0, beta=-1.0),
+    "gemm_beta0": lambda: gemm((3, 8), (8, 6), (3, 6), beta=0.0),
+    "gemm_no_c_alpha": lambda: gemm((3, 8), (6, 8), transB=1, alpha=0.25),
+    "matmul_1d_2d": lambda: matmul((4,), (4, 5)),
+    "matmul_2d_1d": lambda: matmul((3, 4), (4,)),
+    "matmul_1d_1d": lambda: matmul((4,), (4,)),
+    "matmul_1d_3d": lambda: matmul((4,), (2, 4, 5)),
+    "matmul_3d_1d_const": lambda: matmul((2, 3, 4), (4,), b_const=True),
+    "matmul_4d_broadcast": lambda: matmul((2, 1, 3, 4), (1, 5, 4, 6)),
+    "matmul_4d_const_b": lambda: matmul((2, 3, 3, 4), (3, 4, 6), b_const=True),
+    "bert_attention": attention,
+}
+
+
+# -- Softmax, LogSoftmax ----------------------------------------------------------------
+
+SOFTMAX = {
+    "softmax11_axis2_4d": lambda: one("Softmax", (2, 3, 4, 5), opset=11, axis=2),
+    "softmax13_axis1_4d": lambda: one("Softmax", (2, 3, 4, 5), axis=1),
+    "softmax13_large_values": lambda: one("Softmax", (3, 7), low=-300, high=300),
+    "logsoftmax11_default": lambda: one("LogSoftmax", (2, 3, 4), opset=11),
+    "logsoftmax11_axis0": lambda: one("LogSoftmax", (2, 3, 4), opset=11, axis=0),
+    "logsoftmax13_axis1": lambda: one("LogSoftmax", (2, 3, 4), axis=1),
+    "logsoftmax13_large_values": lambda: one("LogSoftmax", (3, 7), low=-300, high=300),
+}
+
+
+# -- reductions -----------------------------------------------------------------------------
+
+def reduce(op_type, shape=(2, 3, 4, 5), axes=None, as_input=False, opset=None, low=-1.0,
+           **attrs):
+    """`op_type` with axes as attribute (opset 13 / 11) or input (opset 18)."""
+    opset = opset or (18 if as_input else (11 if op_type == "ReduceSum" else 13))
+    inits, extra = {}, []
+    if axes is not None and as_input:
+        inits["axes"] = np.array(axes, np.int64)
+        extra = ["axes"]
+    elif axes is not None:
+        attrs["axes"] = axes
+    return one(op_type, shape, inits, extra, opset, low=low, high=2.0, **attrs)
+
+
+REDUCE_OPS = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1",
+              "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp"]
+REDUCE = {}
+for _op in REDUCE_OPS:
+    _low = 0.5 if _op == "ReduceLogSum" else -1.0
+    REDUCE |= {
+        f"{_op}_last_attr": lambda op=_op, lo=_low: reduce(op, axes=[-1], low=lo),
+        f"{_op}_middle_input": lambda op=_op, lo=_low: reduce(op, axes=[1, 2], as_input=True,
+                                                            low=lo, keepdims=0),
+        f"{_op}_all": lambda op=_op, lo=_low: reduce(op, low=lo, keepdims=0),
+    }
+REDUCE |= {
+    "reducemean_spatial_keep": lambda: reduce("ReduceMean", axes=[2, 3]),
+    "reducesum_axis0_13": lambda: reduce("ReduceSum", axes=[0, -1], as_input=True, opset=13),
+    "reducesum_noop_empty": lambda: reduce("ReduceSum", as_input=True, opset=13,
+                                           noop_with_empty_axes=1),
+    "reducemax_first_and_last": lambda: reduce("ReduceMax", axes=[0, 3], keepdims=0),
+    "reducel2_axis1_keep": lambda: reduce("ReduceL2", axes=[1], as_input=True),
+    "reducemean_then_add_relu": lambda: model(
+        [node("ReduceMean", ["x"], ["m"], axes=[1]), node("Add", ["m", "k"], ["a"]),
+         node("Relu", ["a"], ["y"])], {"x": rand(2, 6, 3)}, {"k": rand(1, 3, seed=3)}),
+}
+
+
+def arg(op_type, x, **attrs):
+    return model([node(op_type, ["x"], ["y"], **attrs)], {"x": x},
+                 outputs=[helper.make_tensor_value_info("y", TensorProto.INT64, None)])
+
+
+def ties(*shape):
+    """Few distinct values, so ArgMax/ArgMin must break ties the ONNX way."""
+    return np.random.default_rng(3).integers(0, 3, size=shape).astype(np.float32)
+
+
+ARG = {
+    "argmax_default": lambda: arg("ArgMax", rand(3, 4, 5)),
+    "argmax_axis_neg1_nokeep": lambda: arg("ArgMax", rand(3, 4, 5), axis=-1, keepdims=0),
+    "argmin_axis1": lambda: arg("ArgMin", rand(3, 4, 5), axis=1),
+    "argmax_ties_first": lambda: arg("ArgMax", ties(4, 6), axis=1),
+    "argmax_ties_last": lambda: arg("ArgMax", ties(4, 6), axis=1, select_last_index=1),
+    "argmin_ties_last_axis0": lambda: arg("ArgMin", ties(5, 3), axis=0, keepdims=0,
+                                          select_last_index=1),
+}
+
+CASES = CONV | NORM | POOL | LINALG | SOFTMAX | REDUCE | ARG
+# Valid ONNX that onnxruntime refuses (dilation with SAME padding, an even LRN
+# size): these compare with onnx.reference instead.
+REFERENCE_ONLY = {"conv_same_lower_dil", "lrn_size2"}
+
+
+@pytest.mark.parametrize("opt_level", [0, 3])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_nn_op_matches_onnxruntime(case, opt_level):
+    m, feeds = CASES[case]()
+    if case in REFERENCE_ONLY:
+        want = ReferenceEvaluator(m).run(None, feeds)
+    else:
+        want = run_ort(m, feeds)
+    got = run_ours(m, feeds, opt_level=opt_level)
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        if w.dtype.kind == "f":
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+        else:
+            np.testing.assert_array_equal(g, w)
+
+
+# -- errors: one line naming the node --------------------------------------------------------
+
+def unchecked(nodes, x_shape, inits=None, opset=13, outputs=("y",)):
+    """A model built without ONNX's checker (to carry attributes it would reject);
+    outputs are float32 except one named "indices" (int64)."""
+    inits = [helper.make_tensor(k, TensorProto.FLOAT if v.dtype != np.int64 else
+                                TensorProto.INT64, v.shape, v.reshape(-1).tolist())
+             for k, v in (inits or {}).items()]
+    graph = helper.make_graph(nodes, "bad", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, x_shape)], [helper.make_tensor_value_info(
+            o, TensorProto.INT64 if o == "indices" else TensorProto.FLOAT, None)
+            for o in outputs], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+ERRORS = {
+    "conv_bad_auto_pad": (lambda: unchecked(
+        [node("Conv", ["x", "w"], ["y"], name="c0", auto_pad="SAME")], (1, 2, 5, 5),
+        {"w": rand(3, 2, 3, 3)}), "auto_pad"),
+    "conv3d": (lambda: unchecked([node("Conv", ["x", "w"], ["y"], name="c0")],
+                                 (1, 2, 4, 4, 4), {"w": rand(3, 2, 2, 2, 2)}), "2-D"),
+    "maxpool_indices": (lambda: unchecked(
+        [node("MaxPool", ["x"], ["y", "indices"], name="c0", kernel_shape=[2, 2])],
+        (1, 2, 4, 4), outputs=("y", "indices")), "Indices"),
+    "layernorm_mean_output": (lambda: unchecked(
+        [node("LayerNormalization", ["x", "s"], ["y", "mean"], name="c0")], (2, 4),
+        {"s": rand(4)}, opset=17, outputs=("y", "mean")), "first output"),
+    "reduce_runtime_axes": (lambda: helper.make_model(helper.make_graph(
+        [node("ReduceSum", ["x", "axes"], ["y"], name="c0")], "bad",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, (2, 3)),
+         helper.make_tensor_value_info("axes", TensorProto.INT64, (1,))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]),
+        opset_imports=[helper.make_opsetid("", 13)]), "build time"),
+    "reduce_axis_out_of_range": (lambda: unchecked(
+        [node("ReduceMean", ["x"], ["y"], name="c0", axes=[3])], (2, 3)), "axis"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ERRORS))
+def test_unsupported_is_one_clear_line(case):
+    build, needle = ERRORS[case]
+    with pytest.raises(ModelError) as err:
+        from_onnx(build())
+    message = str(err.value)
+    assert "\n" not in message and needle in message
