@@ -1,41 +1,54 @@
 """Generators for the standard models the pipeline compiles, written as ONNX files.
 
-`GENERATORS` maps a model name to a function that builds its ModelProto in memory;
-`generate(name, path)` builds, checks and atomically writes one; `source_files(name)`
-lists the Python files a generator's output depends on, for the build tool's file_dep.
-Generation is deterministic (seeded weights, no timestamps), so regenerating after an
-unrelated source edit yields a byte-identical file and downstream tasks stay up to date.
+`GENERATORS` maps a model name to the "module:function" that builds its ModelProto in
+memory; `build(name)` calls it, `generate(name, path)` builds, checks and atomically
+writes one; `source_files(name)` lists the Python files a generator's output depends
+on, for the build tool's file_dep. Generation is deterministic (seeded weights, no
+timestamps), so regenerating after an unrelated source edit yields a byte-identical
+file and downstream tasks stay up to date.
+
+Importing this package imports neither onnx nor numpy (every doit run reads
+GENERATORS and source_files, and a no-op build must stay fast): generator modules
+are imported only when a model is actually built.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
-import secrets
-import sys
-from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import onnx
+if TYPE_CHECKING:
+    import onnx
 
-from models import _onnx
-from models.mlp import mlp
-from models.resnet import resnet18, resnet50
+__all__ = ["GENERATORS", "build", "generate", "source_files"]
 
-__all__ = ["GENERATORS", "generate", "source_files"]
-
-GENERATORS: dict[str, Callable[[], onnx.ModelProto]] = {
-    "mlp": mlp,
-    "resnet18": resnet18,
-    "resnet50": resnet50,
+GENERATORS: dict[str, str] = {
+    "mlp": "models.mlp:mlp",
+    "resnet18": "models.resnet:resnet18",
+    "resnet50": "models.resnet:resnet50",
+    "mobilenet_v2": "models.mobilenet:mobilenet_v2",
+    "bert_encoder": "models.bert:bert_encoder",
+    "unet": "models.unet:unet",
 }
 
 
-def _generator(name: str) -> Callable[[], onnx.ModelProto]:
+def _target(name: str) -> tuple[str, str]:
+    """(module, function) of generator `name`; ValueError naming the choices if unknown."""
     try:
-        return GENERATORS[name]
+        module, _, function = GENERATORS[name].partition(":")
     except KeyError:
         allowed = ", ".join(sorted(GENERATORS))
         raise ValueError(f"unknown model {name!r}; allowed: {allowed}") from None
+    return module, function
+
+
+def build(name: str) -> onnx.ModelProto:
+    """Run generator `name` (ValueError if unknown) and return its ModelProto, unchecked."""
+    module, function = _target(name)
+    return getattr(importlib.import_module(module), function)()
 
 
 def source_files(name: str) -> list[Path]:
@@ -43,10 +56,15 @@ def source_files(name: str) -> list[Path]:
 
     Takes a generator name (ValueError if unknown); returns absolute paths: the
     generator's own module, the shared builder, and this file (which checks and writes).
-    A generator that starts importing another helper module must be listed here too.
+    The generator's module is located without being imported. A generator that starts
+    importing another helper module must be listed here too.
     """
-    module = sys.modules[_generator(name).__module__]
-    files = {Path(__file__), Path(_onnx.__file__), Path(module.__file__)}
+    module, _ = _target(name)
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise ValueError(f"model {name!r}: generator module {module!r} not found")
+    here = Path(__file__)
+    files = {here, here.with_name("_onnx.py"), Path(spec.origin)}
     return sorted(p.resolve() for p in files)
 
 
@@ -59,7 +77,9 @@ def generate(name: str, path: str | Path) -> None:
     interrupted build) sees either the old file or the complete new one, never a
     partial write. On any failure the temporary file is removed and `path` is untouched.
     """
-    model = _generator(name)()
+    import onnx
+
+    model = build(name)
     # full_check also runs strict shape inference, catching shape errors here
     # rather than in the compiler.
     onnx.checker.check_model(model, full_check=True)
@@ -69,7 +89,7 @@ def generate(name: str, path: str | Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     # A unique hidden name: concurrent writers never share a temp file, and a leftover
     # after a hard kill is recognisably ours.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     try:
         # os.open with 0o666 (not tempfile, whose 0o600 would survive the rename)
         # so the final file gets ordinary umask permissions.

@@ -27,8 +27,9 @@ class GraphBuilder:
     of an earlier node), so nodes come out in topological order by construction.
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, opset: int = OPSET) -> None:
         self.name = name
+        self.opset = opset
         self._inputs: list[onnx.ValueInfoProto] = []
         self._outputs: list[onnx.ValueInfoProto] = []
         self._initializers: list[onnx.TensorProto] = []
@@ -41,10 +42,13 @@ class GraphBuilder:
             raise ValueError(f"{self.name}: tensor {tensor!r} defined twice")
         self._tensors.add(tensor)
 
-    def input(self, name: str, shape: Sequence[int]) -> str:
-        """Declare a float32 graph input of a fixed shape; returns its name."""
+    def input(
+        self, name: str, shape: Sequence[int], elem_type: int = TensorProto.FLOAT
+    ) -> str:
+        """Declare a graph input of a fixed shape (float32 unless `elem_type` says
+        otherwise, e.g. TensorProto.INT64 for token ids); returns its name."""
         self._define(name)
-        self._inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
+        self._inputs.append(helper.make_tensor_value_info(name, elem_type, shape))
         return name
 
     def output(self, name: str, shape: Sequence[int]) -> None:
@@ -53,10 +57,15 @@ class GraphBuilder:
             raise ValueError(f"{self.name}: output {name!r} is never produced")
         self._outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
 
-    def initializer(self, name: str, array: np.ndarray) -> str:
-        """Store `array` (cast to float32) as an initializer called `name`; returns the name."""
+    def initializer(self, name: str, array: np.ndarray | Sequence[float] | float) -> str:
+        """Store `array` as an initializer called `name`; returns the name.
+
+        Integer arrays are stored as int64 (shapes, indices), everything else as float32.
+        """
         self._define(name)
-        self._initializers.append(numpy_helper.from_array(np.asarray(array, np.float32), name))
+        array = np.asarray(array)
+        dtype = np.int64 if np.issubdtype(array.dtype, np.integer) else np.float32
+        self._initializers.append(numpy_helper.from_array(array.astype(dtype), name))
         return name
 
     def node(
@@ -70,11 +79,12 @@ class GraphBuilder:
         """Append a single-output node; returns the output tensor name.
 
         The output tensor is named after the node unless `output` is given, which keeps
-        intermediate tensors as readable as the nodes ("layer1.0.bn1").
+        intermediate tensors as readable as the nodes ("layer1.0.bn1"). An input named
+        "" is an omitted optional input, as ONNX spells it.
         """
         if name in self._node_names:
             raise ValueError(f"{self.name}: node name {name!r} used twice")
-        missing = [t for t in inputs if t not in self._tensors]
+        missing = [t for t in inputs if t and t not in self._tensors]
         if missing:
             raise ValueError(f"{self.name}: node {name!r} reads undefined tensors {missing}")
         out = output if output is not None else name
@@ -84,7 +94,7 @@ class GraphBuilder:
         return out
 
     def build(self, initializers_as_inputs: bool = False) -> onnx.ModelProto:
-        """Return the finished model (opset 13, IR version 8).
+        """Return the finished model (the builder's opset, 13 by default; IR version 8).
 
         With `initializers_as_inputs`, every initializer is also listed as a graph input,
         the way exporters that predate IR version 4 wrote models.
@@ -94,7 +104,7 @@ class GraphBuilder:
         )
         model = helper.make_model(
             graph,
-            opset_imports=[helper.make_opsetid("", OPSET)],
+            opset_imports=[helper.make_opsetid("", self.opset)],
             ir_version=IR_VERSION,
             producer_name=PRODUCER,
         )

@@ -41,7 +41,8 @@ class BatchNormalization(OpRun):
 
 
 def random_inputs(model: onnx.ModelProto, shapes: dict[str, tuple], seed: int) -> dict:
-    """Seeded standard-normal float inputs for every real graph input."""
+    """Seeded inputs for every real graph input: standard-normal floats; integers in
+    [0, n) where n is the smallest extent they index (see index_bound); bools 0/1."""
     rng = np.random.default_rng(seed)
     inits = {i.name for i in model.graph.initializer}
     feeds = {}
@@ -50,8 +51,28 @@ def random_inputs(model: onnx.ModelProto, shapes: dict[str, tuple], seed: int) -
             continue
         shape = shapes.get(vi.name) or tuple(d.dim_value for d in
                                              vi.type.tensor_type.shape.dim)
-        feeds[vi.name] = rng.standard_normal(shape, dtype=np.float32)
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
+        if np.issubdtype(dtype, np.floating):
+            feeds[vi.name] = rng.standard_normal(shape, dtype=np.float32).astype(dtype)
+        elif dtype == np.bool_:
+            feeds[vi.name] = rng.integers(0, 2, shape).astype(np.bool_)
+        else:
+            feeds[vi.name] = rng.integers(0, index_bound(model, vi.name), shape).astype(dtype)
     return feeds
+
+
+def index_bound(model: onnx.ModelProto, name: str, default: int = 10) -> int:
+    """How many distinct values integer input `name` may take and stay valid: the
+    smallest extent along the gathered axis of any Gather whose indices it is and
+    whose data is an initializer (token ids into an embedding table, say), else
+    `default`."""
+    dims = {i.name: list(i.dims) for i in model.graph.initializer}
+    bounds = []
+    for node in model.graph.node:
+        if node.op_type == "Gather" and node.input[1] == name and node.input[0] in dims:
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+            bounds.append(dims[node.input[0]][axis])
+    return min(bounds, default=default)
 
 
 def reference_outputs(model: onnx.ModelProto, feeds: dict, reference: str) -> list:

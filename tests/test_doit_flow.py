@@ -232,7 +232,8 @@ def test_unknown_target_or_model_selection(tiny: Path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["mlp", "resnet18", "resnet50"])
+@pytest.mark.parametrize("model", ["mlp", "resnet18", "resnet50", "mobilenet_v2",
+                                   "bert_encoder", "unet"])
 def test_model_zoo_builds_and_validates(tmp_path: Path, model: str):
     write_config(tmp_path, f"{model}: {{generator: {model}}}\n")
     code, executed, out = doit(tmp_path, "validate", "config=matrix.yaml", "target=llvm",
