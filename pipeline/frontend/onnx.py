@@ -145,7 +145,7 @@ def from_onnx(model: onnx.ModelProto | str | Path,
             nodes.append(node)
 
     outputs = tuple(o.name for o in g.output)
-    nodes = _live(nodes, outputs)
+    nodes = _constant_outputs(ctx, outputs) + _live(nodes, outputs)
     used = {i for n in nodes for i in n.inputs} | set(outputs)
     kept = {name: v for name, v in params.items() if name in used}
     input_names = tuple(vi.name for vi in inputs)
@@ -241,6 +241,17 @@ def _decode(proto, k: int, opset: int, used_names: set[str]) -> OnnxNode:
     used_names.add(name)
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in proto.attribute}
     return OnnxNode(proto.op_type, name, tuple(proto.input), tuple(proto.output), attrs, opset)
+
+
+def _constant_outputs(ctx: ImportContext, outputs: tuple[str, ...]) -> list[Node]:
+    """Identity nodes copying the graph outputs that are constants (a Shape of a
+    static tensor, an initializer) out of a parameter: a kernel computes every output."""
+    nodes = []
+    for name in dict.fromkeys(outputs):
+        if name in ctx.params:
+            source = ctx.add_param(f"{name}.value", ctx.params.pop(name))
+            nodes.append(Node.make("identity", f"{name}.copy", (source,), (name,)))
+    return nodes
 
 
 def _live(nodes: list[Node], outputs: tuple[str, ...]) -> list[Node]:

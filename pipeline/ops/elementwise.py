@@ -11,8 +11,10 @@ Unary math and activations are in pipeline/ops/unary.py.
 
 from __future__ import annotations
 
+import llvmlite.ir as ir
 import numpy as np
 
+from pipeline.codegen.builder import F32
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.registry import broadcast_shape, onnx_op, register
@@ -84,18 +86,31 @@ for _op, (_onnx, _np) in _ARITH.items():
 
 
 def _pow_infer(types, node):
-    _check(node, types[:1], ("float32",))
-    _check(node, types[1:], NUMERIC)
-    return _broadcast_type(node, types, "float32")
+    _check(node, types, NUMERIC, same=False)
+    return _broadcast_type(node, types, types[0].dtype)
 
 
 def _pow(kb, a, node):
     base, exponent = a
-    return kb.intrinsic("pow", base, kb.cast(exponent, "float32"))
+    if base.type == F32:
+        return kb.intrinsic("pow", base, kb.cast(exponent, "float32"))
+    # Integer base: pow in double, truncated back, as onnxruntime's static_cast does.
+    f64 = ir.DoubleType()
+    fn = kb.module.globals.get("llvm.pow.f64") or ir.Function(
+        kb.module, ir.FunctionType(f64, [f64, f64]), name="llvm.pow.f64")
+    wide = [kb.b.fpext(v, f64) if v.type == F32 else kb.b.sitofp(v, f64)
+            for v in (base, exponent)]
+    return kb.b.fptosi(kb.b.call(fn, wide), base.type)
 
 
-register("pow", "elementwise", _pow_infer, scalar=_pow,
-         numpy=lambda xs, node: [np.power(xs[0], xs[1].astype(np.float32))])
+def _pow_np(xs, node):
+    base, exponent = xs
+    if base.dtype.kind == "f":
+        return [np.power(base, exponent.astype(np.float32))]
+    return [np.power(base.astype(np.float64), exponent.astype(np.float64)).astype(base.dtype)]
+
+
+register("pow", "elementwise", _pow_infer, scalar=_pow, numpy=_pow_np)
 onnx_op("Pow", 7)(lambda ctx, n: [Node.make("pow", n.name, n.inputs[:2], n.outputs[:1])])
 
 

@@ -135,7 +135,8 @@ def _text(n, key: str, default: str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _resize_node(ctx, n, scales, sizes, coord: str, nearest: str, axes=None) -> Node:
+def _resize_node(ctx, n, scales, sizes, coord: str, nearest: str, axes=None,
+                 policy: str = "stretch") -> Node:
     in_shape = ctx.type(n.inputs[0]).shape
     rank = len(in_shape)
     mode = _text(n, "mode", "nearest")
@@ -148,9 +149,14 @@ def _resize_node(ctx, n, scales, sizes, coord: str, nearest: str, axes=None) -> 
     axes = list(range(rank)) if axes is None else [int(a) % rank for a in axes]
     full_scales, shape = [1.0] * rank, list(in_shape)
     if sizes is not None and sizes.size:
-        for a, size in zip(axes, sizes.tolist(), strict=True):
-            shape[a] = int(size)
-            full_scales[a] = float(np.float32(size) / np.float32(in_shape[a]))
+        ratios = [np.float32(size) / np.float32(in_shape[a])
+                  for a, size in zip(axes, sizes.tolist(), strict=True)]
+        if policy != "stretch":  # one scale for every axis, keeping the aspect ratio
+            ratios = [(min if policy == "not_larger" else max)(ratios)] * len(axes)
+        for a, size, ratio in zip(axes, sizes.tolist(), ratios, strict=True):
+            shape[a] = int(size) if policy == "stretch" else \
+                int(np.floor(ratio * np.float32(in_shape[a]) + np.float32(0.5)))
+            full_scales[a] = float(ratio)
     elif scales is not None and scales.size:
         for a, s in zip(axes, scales.tolist(), strict=True):
             full_scales[a] = float(s)
@@ -180,10 +186,12 @@ def _resize11(ctx, n):
     coord = _text(n, "coordinate_transformation_mode", "half_pixel")
     if int(n.attrs.get("antialias", 0)):
         raise ModelError(f"node {n.name!r} (Resize): antialias is not supported")
-    if _text(n, "keep_aspect_ratio_policy", "stretch") != "stretch":
-        raise ModelError(f"node {n.name!r} (Resize): keep_aspect_ratio_policy other than "
-                         "stretch is not supported")
+    policy = _text(n, "keep_aspect_ratio_policy", "stretch")
+    if policy not in ("stretch", "not_larger", "not_smaller"):
+        raise ModelError(f"node {n.name!r} (Resize): keep_aspect_ratio_policy {policy!r} "
+                         "is not supported")
     scales = need_const(ctx, n, 2, "the scales input")
     sizes = need_const(ctx, n, 3, "the sizes input")
     return [_resize_node(ctx, n, scales, sizes, coord,
-                         _text(n, "nearest_mode", "round_prefer_floor"), n.attrs.get("axes"))]
+                         _text(n, "nearest_mode", "round_prefer_floor"), n.attrs.get("axes"),
+                         policy)]

@@ -340,13 +340,16 @@ def _space_to_depth_infer(types, node):
 
 
 def _space_to_depth_tables(node, x, out):
-    """Output channel (i * b + j) * C + c reads input channel c at row offset i, col j."""
+    """Output channel (i * b + j) * C + c (DCR; CRD: c * b * b + i * b + j) reads
+    input channel c at row offset i, column offset j of the block."""
     b = node.attr("blocksize")
     sn, sc, sh, sw = row_major_strides(x.shape)
     c = x.shape[1]
     oc = np.arange(out.shape[1], dtype=np.int64)
+    channel, block = (oc // (b * b), oc % (b * b)) if node.attr("mode") == "CRD" else \
+        (oc % c, oc // c)
     return [np.arange(out.shape[0], dtype=np.int64) * sn,
-            oc % c * sc + oc // c // b * sh + oc // c % b * sw,
+            channel * sc + block // b * sh + block % b * sw,
             np.arange(out.shape[2], dtype=np.int64) * b * sh,
             np.arange(out.shape[3], dtype=np.int64) * b * sw]
 
@@ -359,11 +362,10 @@ def _block_converter(op: str):
         if len(ctx.type(n.inputs[0]).shape) != 4:
             raise ModelError(f"node {n.name!r} ({n.op_type}): only 4-D (NCHW) inputs are "
                              "supported")
-        mode = n.attrs.get("mode", b"DCR")
-        attrs = {"mode": mode.decode() if isinstance(mode, bytes) else mode} \
-            if op == "depth_to_space" else {}
+        mode = n.attrs.get("mode", b"DCR")  # SpaceToDepth has it from opset 28
         return [Node.make(op, n.name, n.inputs[:1], n.outputs[:1],
-                          blocksize=int(n.attrs["blocksize"]), **attrs)]
+                          blocksize=int(n.attrs["blocksize"]),
+                          mode=mode.decode() if isinstance(mode, bytes) else mode)]
     return convert
 
 
