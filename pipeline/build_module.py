@@ -42,7 +42,7 @@ class LoweredGraph:
 
 def lower_graph(graph: Graph, params: dict, target: Target, opt_level: int) -> LoweredGraph:
     """Optimise under the current PassContext and describe every kernel."""
-    graph, params = optimize(graph, params)
+    graph, params = optimize(graph, params, target=target)
     specs = {node.name: kernel_spec(node, graph, target, opt_level) for node in graph.nodes}
     plan = plan_memory(graph)
     text = graph_json(graph, {name: s.symbol for name, s in specs.items()}, plan)
@@ -92,14 +92,17 @@ class GraphExecutorFactory:
                 obj.write_bytes(self.objects[spec.symbol])
                 kernel_objs.append(obj)
             lib0, devc = Path(tmp, "lib0.o"), Path(tmp, "devc.o")
-            cc.link_relocatable(lib0, kernel_objs)
+            # A graph whose outputs are all build-time constants has no kernel.
+            objects = [lib0, devc] if kernel_objs else [devc]
+            if kernel_objs:
+                cc.link_relocatable(lib0, kernel_objs)
             blob = pack_blob(self.lowered.graph_json, save_params(self.lowered.params),
                              [s.symbol for s in self.kernels], self.target_text)
             write_devc(blob, parse_target(self.target_text), devc)
             if path.suffix == ".so":
-                cc.create_shared(path, [lib0, devc])
+                cc.create_shared(path, objects)
             else:
-                cc.create_tar(path, [lib0, devc])
+                cc.create_tar(path, objects)
         return path
 
 

@@ -33,6 +33,9 @@ def render(spec: KernelSpec) -> str:
             env[node.outputs[0]] = get(node.op).scalar(kb, operands, node)
         return env[chain[-1].outputs[0]]
 
+    # Vector kernels apply the chain to whole vectors (codegen/vector.py apply_epilogue).
+    epilogue.parts = (anchor.outputs[0], chain, args)
+
     opdef = get(anchor.op)
     if opdef.kind == "elementwise":
         with kb.nest(out.type.shape) as index:

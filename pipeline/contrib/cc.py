@@ -100,7 +100,9 @@ def create_shared(
 ) -> None:
     """Link object files into the shared library `output` (must end with ".so").
 
-    Runs `cc -shared -fPIC -o OUT objs... -lm [options...]`; the compiler is
+    Runs `cc -shared -fPIC -o OUT objs... -lm -lgomp [options...]` (kernels call
+    libm and libgomp's GOMP_parallel; a library that does not is linked to neither
+    where the toolchain links --as-needed, the default on Debian/Ubuntu); the compiler is
     `cc` if given, else $CC, else "cc". Raises LinkError (command line + stderr)
     if the link fails and ValueError for a bad output name or no objects.
     """
@@ -110,7 +112,7 @@ def create_shared(
     paths = _check_objects(objects)
     with temp_output(output) as tmp:
         cmd = [*_tool("CC", "cc", cc), "-shared", "-fPIC", "-o", tmp, *paths, "-lm",
-               *(options or ())]
+               "-lgomp", *(options or ())]
         _run("link", cmd)
 
 

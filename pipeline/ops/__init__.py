@@ -2,11 +2,15 @@
 
 from pipeline.ops import (  # noqa: F401  (registration)
     conv,
+    conv_blocked,
+    dense_packed,
     elementwise,
     index,
+    layout,
     linalg,
     norm,
     pool,
+    pool_blocked,
     reduce,
     resize,
     shape,

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.runtime.params import load_params as _parse_params
+from pipeline.runtime.threads import check_num_threads, default_num_threads, thread_setter
 
 __all__ = ["GraphExecutor", "GraphModule"]
 
@@ -78,6 +79,8 @@ class GraphExecutor:
         for name, value in params.items():
             self._copy_in(name, self._param_eids[name], value)
         self._setup_op_execs(lookup)
+        self._set_threads = thread_setter(lookup)
+        self.num_threads = default_num_threads()
 
     def _check_arg_storage(self, arg_nodes: list[int]) -> None:
         """Reject plans where a kernel writes into an input's or param's storage.
@@ -152,8 +155,30 @@ class GraphExecutor:
 
     # -- the TVM graph executor interface -------------------------------------
 
+    def set_num_threads(self, n: int) -> None:
+        """Threads the parallel kernels use in this executor's runs (default: see
+        pipeline.runtime.threads); ValueError unless n is an integer >= 1."""
+        self.num_threads = check_num_threads(n, "set_num_threads")
+
+    def node_calls(self) -> list[tuple[str, str, Callable[[], int]]]:
+        """(node name, function name, call) per executed node, in run order: what a
+        profiler times (pipeline.runtime.profile). Each call runs just that node."""
+        return [(self._nodes[nid]["name"], self._nodes[nid]["attrs"].get("func_name", ""),
+                 lambda f=func, a=args: f(a)) for func, args, nid in self._execs]
+
+    def node_shapes(self, name: str) -> tuple[list[tuple], list[tuple]]:
+        """(input shapes, output shapes) of the op node `name`."""
+        nid = next(k for k, n in enumerate(self._nodes) if n["name"] == name)
+        ins = [self._entries[self._row_ptr[i] + idx].shape for i, idx, *_ in
+               self._nodes[nid]["inputs"]]
+        outs = [self._entries[e].shape for e in range(self._row_ptr[nid],
+                                                       self._row_ptr[nid + 1])]
+        return ins, outs
+
     def run(self) -> None:
         """Execute every op node once, in graph order."""
+        if self._set_threads is not None:
+            self._set_threads(self.num_threads)
         for func, args, nid in self._execs:
             if func(args):
                 node = self._nodes[nid]
@@ -238,8 +263,10 @@ class GraphExecutor:
 class GraphModule:
     """TVM's graph_executor.GraphModule: `GraphModule(lib["default"](dev))`."""
 
-    def __init__(self, module: GraphExecutor):
+    def __init__(self, module: GraphExecutor, num_threads: int | None = None):
         self.module = module
+        if num_threads is not None:  # else the executor's default (see set_num_threads)
+            module.set_num_threads(num_threads)
 
     def set_input(self, key: int | str | None = None, value: Any = None, **params: Any) -> None:
         """Set one input by name or graph-input index, and/or several by keyword."""
@@ -247,6 +274,10 @@ class GraphModule:
             self.module.set_input(key, value)
         for name, val in params.items():
             self.module.set_input(name, val)
+
+    def set_num_threads(self, n: int) -> None:
+        """Threads the parallel kernels use (default $PIPELINE_NUM_THREADS, else all cores)."""
+        self.module.set_num_threads(n)
 
     def run(self, **inputs: Any) -> None:
         """Set the given inputs by keyword, then execute the graph."""

@@ -1,0 +1,186 @@
+"""Vector and threading building blocks for the fast kernels (functions on a KernelBuilder).
+
+- Explicit LLVM vectors `<n x float>`: loads, stores, splats and fused multiply-add,
+  with n the target's vector width, so a micro-kernel's register tile is what we
+  wrote, not what the auto-vectoriser guessed.
+- `apply_epilogue`: the fused elementwise chain of a kernel (bias, relu, residual
+  add, clip, ...) applied to a whole vector of outputs at once.
+- `parallel_for`: the kernel's outer loop outlined into a function that libgomp
+  runs on every thread (`GOMP_parallel`), each thread taking a contiguous chunk.
+  The thread count is libgomp's current default, which the runtime sets per run
+  with `omp_set_num_threads` (pipeline.runtime.graph_executor).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import llvmlite.ir as ir
+
+from pipeline.codegen.builder import F32, I32, PTR, Buffer, KernelBuilder
+from pipeline.ops.registry import get
+
+VOID = ir.VoidType()
+
+
+def _fmax(kb, a, b):
+    return _call_intrinsic(kb, "maxnum", a.type, [a, b])
+
+
+def _fmin(kb, a, b):
+    return _call_intrinsic(kb, "minnum", a.type, [a, b])
+
+
+def _const(x: float, like: ir.Value) -> ir.Constant:
+    return ir.Constant(like.type, [float(x)] * like.type.count)
+
+
+# Vector forms of the elementwise ops ResNet-like epilogues use, on float vectors:
+# (kb, operands, node) -> value, with the ops' ONNX semantics. Any other op in an
+# epilogue is applied lane by lane with its own scalar lowering.
+VECTOR_OPS = {
+    "identity": lambda kb, a, node: a[0],
+    "relu": lambda kb, a, node: _fmax(kb, a[0], _const(0.0, a[0])),
+    "clip": lambda kb, a, node: _fmin(kb, _fmax(kb, a[0], _const(node.attr("min"), a[0])),
+                                      _const(node.attr("max"), a[0])),
+    "add": lambda kb, a, node: kb.fadd(a[0], a[1]),
+    "sub": lambda kb, a, node: kb.fsub(a[0], a[1]),
+    "mul": lambda kb, a, node: kb.fmul(a[0], a[1]),
+    "div": lambda kb, a, node: kb.fdiv(a[0], a[1]),
+    "max": lambda kb, a, node: _fmax(kb, a[0], a[1]),
+    "min": lambda kb, a, node: _fmin(kb, a[0], a[1]),
+}
+
+
+def vec(n: int, elem: ir.Type = F32) -> ir.VectorType:
+    return ir.VectorType(elem, n)
+
+
+def vload(kb: KernelBuilder, buf: Buffer, offset, n: int) -> ir.Value:
+    """`n` consecutive elements of `buf` from `offset` (alignment of one element)."""
+    return kb.b.load(kb.gep(buf, offset), typ=vec(n, buf.elem), align=4)
+
+
+def vstore(kb: KernelBuilder, buf: Buffer, offset, value: ir.Value) -> None:
+    kb.b.store(value, kb.gep(buf, offset), align=4)
+
+
+def splat(kb: KernelBuilder, scalar: ir.Value, n: int) -> ir.Value:
+    """The vector with every lane `scalar` (LLVM folds this into a broadcast load)."""
+    t = vec(n, scalar.type)
+    one = kb.b.insert_element(ir.Constant(t, None), scalar, ir.Constant(I32, 0))
+    return kb.b.shuffle_vector(one, ir.Constant(t, None),
+                               ir.Constant(vec(n, I32), [0] * n))
+
+
+def fma(kb: KernelBuilder, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
+    """a * b + c on float vectors with one rounding (llvm.fma)."""
+    return _call_intrinsic(kb, "fma", a.type, [a, b, c])
+
+
+def zeros(n: int) -> ir.Constant:
+    return ir.Constant(vec(n), [0.0] * n)
+
+
+def _call_intrinsic(kb: KernelBuilder, name: str, t: ir.Type, args: list) -> ir.Value:
+    suffix = f"v{t.count}f32" if isinstance(t, ir.VectorType) else "f32"
+    full = f"llvm.{name}.{suffix}"
+    fn = kb.module.globals.get(full)
+    if fn is None:
+        fn = ir.Function(kb.module, ir.FunctionType(t, [t] * len(args)), name=full)
+    return kb.b.call(fn, args)
+
+
+def vmax(kb: KernelBuilder, a: ir.Value, b: ir.Value) -> ir.Value:
+    """Lane-wise maxnum of two float vectors."""
+    return _fmax(kb, a, b)
+
+
+def vconst(x: float, n: int) -> ir.Constant:
+    """The float vector with every lane x."""
+    return ir.Constant(vec(n), [float(x)] * n)
+
+
+def load_operand(kb: KernelBuilder, buf: Buffer, index: list, n: int) -> ir.Value:
+    """`buf` broadcast to the output at `index` as an n-lane vector along the last
+    output dimension (index[-1] is the first lane): a vector load when buf varies
+    along that dimension, else one element splat to all lanes."""
+    shape = buf.type.shape
+    lead = len(index) - len(shape)
+    strides = [0 if d == 1 else s for d, s in zip(shape, buf.strides, strict=True)]
+    offset = kb.dot(index[lead:], strides)
+    if shape and shape[-1] != 1:
+        return vload(kb, buf, offset, n)
+    return splat(kb, kb.load(buf, offset), n)
+
+
+def apply_epilogue(kb: KernelBuilder, epilogue, value: ir.Value, index: list) -> ir.Value:
+    """Run a kernel's fused elementwise chain on the n-lane `value` computed for the
+    outputs at `index` .. `index` + n along the last dimension.
+
+    `epilogue` is the closure render.py passes to `lower`; it carries the chain
+    as `epilogue.parts = (anchor output name, chain nodes, argument buffers)`.
+    """
+    if epilogue is None:
+        return value
+    source, chain, args = epilogue.parts
+    n = value.type.count
+    env = {source: value}
+    for node in chain:
+        operands = [env[i] if i in env else load_operand(kb, args[i], index, n)
+                    for i in node.inputs]
+        if node.op in VECTOR_OPS and all(v.type == vec(n) for v in operands):
+            env[node.outputs[0]] = VECTOR_OPS[node.op](kb, operands, node)
+            continue
+        # Lane by lane with the op's own scalar lowering: exact for any op, slower.
+        scalar = get(node.op).scalar
+        lanes = [scalar(kb, [kb.b.extract_element(v, ir.Constant(I32, k)) for v in operands],
+                        node) for k in range(n)]
+        out = ir.Constant(vec(n, lanes[0].type), None)
+        for k, lane in enumerate(lanes):
+            out = kb.b.insert_element(out, lane, ir.Constant(I32, k))
+        env[node.outputs[0]] = out
+    return env[chain[-1].outputs[0]]
+
+
+def _declare(module: ir.Module, name: str, ret: ir.Type, args: list) -> ir.Function:
+    fn = module.globals.get(name)
+    return fn if fn is not None else ir.Function(module, ir.FunctionType(ret, args), name=name)
+
+
+@contextmanager
+def parallel_for(kb: KernelBuilder, n_items: int, name: str = "task"):
+    """`for i in range(n_items)`, split over libgomp's threads; yields the i64 `i`.
+
+    The body is generated into an internal function `<kernel>.<name>(ptr args)`
+    that GOMP_parallel runs on every thread of the team; thread t takes items
+    [t*n/T, (t+1)*n/T). While the body is generated, `kb` builds that function:
+    its buffers' pointers are re-read from `args` there (the Buffer objects are
+    updated in place, so the lowering's and the epilogue's references stay
+    valid) and restored afterwards.
+    """
+    module, outer_fn, outer_b = kb.module, kb.function, kb.b
+    fn = ir.Function(module, ir.FunctionType(VOID, [PTR]), name=f"{outer_fn.name}.{name}")
+    fn.linkage = "internal"
+    fn.args[0].add_attribute("noalias")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    saved = [buf.ptr for buf in kb.buffers]
+    kb.function, kb.b = fn, b
+    try:
+        for i, buf in enumerate(kb.buffers):
+            slot = b.gep(fn.args[0], [kb.i64(i)], source_etype=PTR, inbounds=True)
+            buf.ptr = b.load(slot, typ=PTR, name=f"buf{i}")
+        tid = b.sext(b.call(_declare(module, "omp_get_thread_num", I32, []), []), kb.i64(0).type)
+        nth = b.sext(b.call(_declare(module, "omp_get_num_threads", I32, []), []),
+                     kb.i64(0).type)
+        lo = b.sdiv(b.mul(tid, kb.i64(n_items)), nth)
+        hi = b.sdiv(b.mul(b.add(tid, kb.i64(1)), kb.i64(n_items)), nth)
+        with kb.loop(lo, hi, name) as i:
+            yield i
+        kb.b.ret_void()
+    finally:
+        kb.function, kb.b = outer_fn, outer_b
+        for buf, ptr in zip(kb.buffers, saved, strict=True):
+            buf.ptr = ptr
+    gomp = _declare(module, "GOMP_parallel", VOID, [PTR, PTR, I32, I32])
+    outer_b.call(gomp, [fn, outer_fn.args[0], ir.Constant(I32, 0), ir.Constant(I32, 0)])

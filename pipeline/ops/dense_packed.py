@@ -1,0 +1,96 @@
+"""dense_packed: y = a @ W.T (+ bias) with W packed at build time as [ceil(N/b), K, b].
+
+b is the target's vector width: row k of a packed block holds the weights of b
+consecutive outputs, so the kernel keeps G output vectors in registers and adds
+a[m, k] * W[block, k, :] to each (G independent FMA chains hide the latency). The
+weight is zero-padded to whole blocks; the outputs of a last partial block are
+computed as one vector and stored lane by lane through the scalar epilogue.
+Work items (row m, group of G blocks) are split over threads.
+"""
+
+from __future__ import annotations
+
+import llvmlite.ir as ir
+import numpy as np
+
+from pipeline.codegen.builder import I32
+from pipeline.codegen.vector import apply_epilogue, fma, parallel_for, splat, vload, vstore, zeros
+from pipeline.errors import ModelError
+from pipeline.ir.graph import TensorType
+from pipeline.ops.registry import register
+
+
+def _infer(types, node):
+    a, w = types[0], types[1]
+    nb, k, b = w.shape
+    n = node.attr("units")
+    if a.shape[-1] != k or not (nb - 1) * b < n <= nb * b:
+        raise ModelError(f"node {node.name!r} (dense_packed): input {list(a.shape)} does "
+                         f"not match packed weight {list(w.shape)} for {n} units")
+    return [TensorType(a.shape[:-1] + (n,), a.dtype)]
+
+
+def pack_dense_weight(weight: np.ndarray, block: int) -> np.ndarray:
+    """[N, K] -> [ceil(N/block), K, block], zero-padded."""
+    n, k = weight.shape
+    nb = -(-n // block)
+    padded = np.zeros((nb * block, k), weight.dtype)
+    padded[:n] = weight
+    return padded.reshape(nb, block, k).transpose(0, 2, 1).copy()
+
+
+def _lower(kb, node, ins, out, epilogue):
+    a, w = ins[0], ins[1]
+    bias = ins[2] if len(ins) > 2 else None
+    nb_n, k_n, vb = w.type.shape
+    n_n = out.type.shape[-1]
+    m_n = a.type.size // k_n
+    full = n_n // vb
+    group = next(g for g in (4, 2, 1) if full % g == 0) if full else 1
+
+    def block(m, nb0, count, with_bias):
+        """Vectors of `count` consecutive blocks from nb0 for row m."""
+        accs = [kb.local(vload(kb, bias, kb.mul(kb.add(nb0, g), vb), vb) if with_bias
+                         else zeros(vb)) for g in range(count)]
+        with kb.loop(0, k_n, "k") as k:
+            av = splat(kb, kb.load(a, kb.add(kb.mul(m, k_n), k)), vb)
+            for g, acc in enumerate(accs):
+                wv = vload(kb, w, kb.add(kb.mul(kb.add(nb0, g), k_n * vb), kb.mul(k, vb)), vb)
+                kb.set(acc, fma(kb, av, wv, kb.get(acc)))
+        return [kb.get(acc) for acc in accs]
+
+    if full:
+        with parallel_for(kb, m_n * (full // group), "blocks") as item:
+            b = kb.b
+            m = b.udiv(item, kb.i64(full // group))
+            nb0 = b.mul(b.urem(item, kb.i64(full // group)), kb.i64(group))
+            for g, value in enumerate(block(m, nb0, group, bias is not None)):
+                n0 = kb.mul(kb.add(nb0, g), vb)
+                index = _unflatten(kb, m, out.type.shape[:-1]) + [n0]
+                value = apply_epilogue(kb, epilogue, value, index)
+                vstore(kb, out, kb.add(kb.mul(m, n_n), n0), value)
+    if n_n % vb:  # the last, partial block: a few outputs, serially, lane by lane
+        with kb.loop(0, m_n, "mt") as m:
+            (value,) = block(m, full, 1, False)
+            for lane in range(n_n % vb):
+                x = kb.b.extract_element(value, ir.Constant(I32, lane))
+                n = full * vb + lane
+                if bias:
+                    x = kb.fadd(x, kb.load(bias, n))
+                if epilogue is not None:
+                    x = epilogue(x, _unflatten(kb, m, out.type.shape[:-1]) + [kb.i64(n)])
+                kb.store(out, kb.add(kb.mul(m, n_n), n), x)
+
+
+def _unflatten(kb, flat, shape):
+    """The index of row `flat` in the leading output dims `shape`."""
+    if len(shape) == 1:
+        return [flat]
+    index = []
+    for d in reversed(shape):
+        index.append(kb.b.urem(flat, kb.i64(d)))
+        flat = kb.b.udiv(flat, kb.i64(d))
+    return list(reversed(index))
+
+
+register("dense_packed", "anchor", _infer, lower=_lower)

@@ -1,0 +1,99 @@
+"""layout_transform: NCHW <-> NCHW{b}c, where plain and channel-blocked tensors meet.
+
+A blocked tensor [N, C/b, H, W, b] keeps b consecutive channels of one pixel
+together, so one vector register holds them (transform/layout.py decides where
+tensors are blocked). The transform is a pure permutation: no arithmetic.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from pipeline.codegen.vector import parallel_for
+from pipeline.errors import GraphError
+from pipeline.ir.graph import TensorType
+from pipeline.ops.registry import register
+
+
+def layout_name(block: int) -> str:
+    return f"NCHW{block}c" if block else "NCHW"
+
+
+def parse_layout(text: str) -> int:
+    """The channel block of "NCHW" (0) or "NCHW{b}c" (b)."""
+    if text == "NCHW":
+        return 0
+    m = re.fullmatch(r"NCHW(\d+)c", text)
+    if not m or int(m.group(1)) < 1:
+        raise GraphError(f"layout_transform: unknown layout {text!r} (NCHW or NCHW<b>c)")
+    return int(m.group(1))
+
+
+def to_blocked_shape(shape: tuple[int, ...], block: int) -> tuple[int, ...]:
+    n, c, h, w = shape
+    return (n, c // block, h, w, block)
+
+
+def _blocks(node) -> tuple[int, int]:
+    return parse_layout(node.attr("src_layout")), parse_layout(node.attr("dst_layout"))
+
+
+def _infer(types, node):
+    src, dst = _blocks(node)
+    shape = types[0].shape
+    if (src == 0) == (dst == 0) or len(shape) != (5 if src else 4):
+        raise GraphError(f"node {node.name!r} (layout_transform): cannot go from "
+                         f"{node.attr('src_layout')} {list(shape)} to {node.attr('dst_layout')}")
+    if src:
+        n, cb, h, w, b = shape
+        return [TensorType((n, cb * b, h, w), types[0].dtype)]
+    if shape[1] % dst:
+        raise GraphError(f"node {node.name!r} (layout_transform): {shape[1]} channels are "
+                         f"not a multiple of the block {dst}")
+    return [TensorType(to_blocked_shape(shape, dst), types[0].dtype)]
+
+
+def _numpy(xs, node):
+    src, dst = _blocks(node)
+    x = xs[0]
+    if src:
+        n, cb, h, w, b = x.shape
+        return [x.transpose(0, 1, 4, 2, 3).reshape(n, cb * b, h, w)]
+    n, c, h, w = x.shape
+    return [x.reshape(n, c // dst, dst, h, w).transpose(0, 1, 3, 4, 2).copy()]
+
+
+def _lower(kb, node, ins, out, epilogue):
+    """Walk the blocked side in order; each (image, channel block) is one work item."""
+    src, dst = _blocks(node)
+    plain, blocked = (out, ins[0]) if src else (ins[0], out)
+    n_n, cb_n, h, w, b = blocked.type.shape
+    with parallel_for(kb, n_n * cb_n, "blocks") as item:
+        base = kb.mul(item, h * w * b)            # blocked offset of (n, cb, 0, 0, 0)
+        pbase = kb.mul(item, b * h * w)           # plain offset of (n, cb*b, 0, 0)
+        with kb.loop(0, h * w, "p") as p, kb.loop(0, b, "c") as c:
+            bo = kb.add(base, kb.add(kb.mul(p, b), c))
+            po = kb.add(pbase, kb.add(kb.mul(c, h * w), p))
+            if src:
+                kb.store(out, po, kb.load(ins[0], bo))
+            else:
+                kb.store(out, bo, kb.load(ins[0], po))
+
+
+register("layout_transform", "opaque", _infer, lower=_lower, numpy=_numpy)
+
+
+def to_blocked(value: np.ndarray, block: int) -> np.ndarray:
+    """A constant broadcastable to [N, C, H, W] in the layout of an NCHW{block}c tensor.
+
+    Its channel dim (size C or 1) is split; a size-1 channel dim stays size 1 in both
+    block dims, so it still broadcasts. Lower-rank constants are first given the
+    leading 1s numpy broadcasting would add.
+    """
+    v = value.reshape((1,) * (4 - value.ndim) + value.shape)
+    n, c, h, w = v.shape
+    if c == 1:
+        return v.reshape(n, 1, h, w, 1)
+    return v.reshape(n, c // block, block, h, w).transpose(0, 1, 3, 4, 2).copy()

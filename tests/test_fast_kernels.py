@@ -1,0 +1,223 @@
+"""The fast kernels (blocked conv, packed dense, blocked pools, layout transforms),
+the AlterOpLayout pass that chooses them, threading and the per-node profiler,
+all compared with onnxruntime.
+
+Every case asserts that the fast op really ran (the lowered graph uses it), so a
+pass that silently falls back to the generic kernels fails here.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import build_and_load, make_model, rand, run_ort
+from onnx import helper
+
+from pipeline.frontend import from_onnx
+
+pytest.importorskip("onnxruntime")
+
+node = helper.make_node
+NATIVE = "llvm -mcpu=native"
+HASWELL = "llvm -mcpu=haswell"  # AVX2 only: 8-float blocks
+AVX512 = "llvm -mcpu=skylake-avx512"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _host_has_avx512() -> bool:
+    from pipeline.codegen.target import parse_target
+
+    return parse_target(NATIVE).vector_width == 16
+
+
+TARGETS = [pytest.param(HASWELL, id="haswell"),
+           pytest.param(AVX512, id="avx512", marks=pytest.mark.skipif(
+               not _host_has_avx512(), reason="host has no AVX-512"))]
+
+
+def ops_used(factory) -> set[str]:
+    """Every operator of the lowered graph, looking inside fused nodes."""
+    ops = set()
+    for n in factory.lowered.graph.nodes:
+        body = n.attr("body") if n.op == "fused" else (n,)
+        ops |= {b.op for b in body}
+    return ops
+
+
+def check(model, feeds, target, must_use=(), threads=(None,), rtol=1e-4, atol=1e-4):
+    """Build at opt_level 3 for `target`, run at each thread count, compare with ORT."""
+    want = run_ort(model, feeds)
+    graph, params = from_onnx(model)
+    gm, factory = build_and_load(graph, params, target=target)
+    assert set(must_use) <= ops_used(factory), ops_used(factory)
+    for t in threads:
+        if t is not None:
+            gm.set_num_threads(t)
+        gm.run(**feeds)
+        for k, w in enumerate(want):
+            np.testing.assert_allclose(gm.get_output(k), w, rtol=rtol, atol=atol)
+    return gm, factory
+
+
+def conv_net(c, oc, hw, k=3, stride=1, pads=None, bias=True, after=(), batch=1,
+             residual=False, hw2=None, clip=None):
+    """x -> Conv [-> Add(x)] -> `after` ops (Relu, MaxPool ...) [-> Clip(*clip)],
+    weights scaled so outputs stay O(1)."""
+    pads = [k // 2] * 4 if pads is None else pads
+    inits = {"w": rand(oc, c, k, k, seed=1) * np.float32(1 / np.sqrt(c * k * k))}
+    if bias:
+        inits["b"] = rand(oc, seed=2)
+    nodes = [node("Conv", ["x", "w", *(["b"] if bias else [])], ["t0"], pads=pads,
+                  strides=[stride, stride])]
+    if residual:
+        nodes.append(node("Add", ["t0", "x"], ["t1"]))
+    for i, (op, attrs) in enumerate(after):
+        src = nodes[-1].output[0]
+        nodes.append(node(op, [src], [f"a{i}"], **attrs))
+    if clip:
+        inits |= {"lo": np.float32(clip[0]), "hi": np.float32(clip[1])}
+        nodes.append(node("Clip", [nodes[-1].output[0], "lo", "hi"], ["clipped"]))
+    shape = (batch, c, hw, hw2 or hw)
+    model = make_model(nodes, [("x", shape)], [(nodes[-1].output[0], None)], inits)
+    return model, {"x": rand(*shape, seed=3)}
+
+
+RELU = ("Relu", {})
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("case", [
+    dict(c=32, oc=32, hw=9, after=[RELU]),                          # flat plan, pads
+    dict(c=32, oc=64, hw=20, k=3, after=[RELU]),                     # rows, border tiles
+    dict(c=16, oc=32, hw=40, k=3),                                   # rows with a tile loop
+    dict(c=32, oc=16, hw=17, k=1, pads=[0, 0, 0, 0]),                # 1x1, odd size
+    dict(c=16, oc=32, hw=23, k=3, stride=2, after=[RELU]),           # stride 2
+    dict(c=32, oc=64, hw=18, k=1, stride=2, pads=[0, 0, 0, 0]),      # 1x1 stride 2
+    dict(c=3, oc=16, hw=30, k=7, stride=2, pads=[3, 3, 3, 3]),       # narrow input block
+    dict(c=16, oc=16, hw=12, k=3, pads=[0, 1, 2, 0], bias=False),    # asymmetric pads
+    dict(c=16, oc=32, hw=10, hw2=27, k=3, batch=2),                  # batch 2, rectangle
+    dict(c=32, oc=32, hw=14, residual=True, after=[RELU]),           # residual add + relu
+    dict(c=16, oc=16, hw=8, clip=(0.0, 0.5)),                       # clip epilogue
+], ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items() if k != "after"))
+def test_blocked_conv_matches_onnxruntime(target, case):
+    check(*conv_net(**case), target, must_use={"conv2d_nchwc", "layout_transform"})
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_blocked_pools(target):
+    """conv -> relu -> maxpool (ceil) and avgpool (with pad) and the global pools,
+    all on blocked tensors, summed so one output covers every path."""
+    c, hw = 16, 13
+    inits = {"w": rand(c, c, 3, 3, seed=1) * np.float32(0.2)}
+    nodes = [node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), node("Relu", ["c"], ["r"]),
+             node("MaxPool", ["r"], ["mp"], kernel_shape=[3, 3], strides=[2, 2],
+                  pads=[1, 1, 1, 1], ceil_mode=1),
+             node("AveragePool", ["r"], ["ap"], kernel_shape=[3, 3], strides=[2, 2],
+                  pads=[1, 1, 1, 1], ceil_mode=1, count_include_pad=1),
+             node("AveragePool", ["r"], ["ap2"], kernel_shape=[2, 2], strides=[2, 2],
+                  pads=[0, 0, 1, 1], ceil_mode=1),
+             node("Add", ["mp", "ap"], ["s"]), node("Add", ["s", "ap2"], ["s2"]),
+             node("GlobalAveragePool", ["s2"], ["g1"]), node("GlobalMaxPool", ["r"], ["g2"]),
+             node("Add", ["g1", "g2"], ["y"])]
+    model = make_model(nodes, [("x", (1, c, hw, hw))], [("y", None)], inits)
+    check(model, {"x": rand(1, c, hw, hw, seed=3)}, target,
+          must_use={"max_pool2d_nchwc", "avg_pool2d_nchwc", "global_avg_pool_nchwc",
+                    "global_max_pool_nchwc"})
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("n_out, m", [(1000, 1), (48, 3), (5, 2)])
+def test_packed_dense(target, n_out, m):
+    """Gemm (with bias, transB) and relu: full blocks, a partial last block, and a
+    layer narrower than one block."""
+    k = 40
+    inits = {"w": rand(n_out, k, seed=5), "b": rand(n_out, seed=6)}
+    nodes = [node("Gemm", ["a", "w", "b"], ["g"], transB=1), node("Relu", ["g"], ["y"])]
+    model = make_model(nodes, [("a", (m, k))], [("y", None)], inits)
+    check(model, {"a": rand(m, k, seed=7)}, target, must_use={"dense_packed"})
+
+
+def test_blocked_and_plain_consumers_mix():
+    """A blocked conv output also read by an op without a blocked form (Softmax over
+    channels), by a per-channel Mul, and returned as a graph output itself."""
+    c = 16
+    inits = {"w": rand(c, c, 3, 3, seed=1) * np.float32(0.3), "s": rand(1, c, 1, 1, seed=2)}
+    nodes = [node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             node("Softmax", ["c"], ["sm"], axis=1), node("Mul", ["c", "s"], ["m"]),
+             node("Relu", ["m"], ["r"])]
+    model = make_model(nodes, [("x", (1, c, 6, 6))], [("sm", None), ("r", None), ("c", None)],
+                       inits)
+    check(model, {"x": rand(1, c, 6, 6, seed=3)}, NATIVE, must_use={"conv2d_nchwc"})
+
+
+def test_ineligible_convs_keep_the_generic_kernel():
+    """Grouped, dilated and channel counts that do not block stay plain conv2d."""
+    inits = {"w1": rand(16, 8, 3, 3, seed=1), "w2": rand(20, 16, 3, 3, seed=2)}
+    nodes = [node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1], group=2),
+             node("Conv", ["a", "w2"], ["y"], pads=[2, 2, 2, 2], dilations=[2, 2])]
+    model = make_model(nodes, [("x", (1, 16, 8, 8))], [("y", None)], inits)
+    _, factory = check(model, {"x": rand(1, 16, 8, 8, seed=3)}, NATIVE)
+    assert "conv2d_nchwc" not in ops_used(factory)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_thread_counts_match_onnxruntime(threads):
+    """The same library at 1, 2 and 3 threads (more threads than this machine may
+    have cores is still correct), set per GraphModule."""
+    model, feeds = conv_net(32, 64, 15, after=[RELU, ("MaxPool", {"kernel_shape": [2, 2],
+                                                                  "strides": [2, 2]})])
+    check(model, feeds, NATIVE, must_use={"conv2d_nchwc"}, threads=(threads,))
+
+
+def test_thread_count_from_environment_and_errors(tmp_path):
+    """PIPELINE_NUM_THREADS sets the default in a fresh process that imports only the
+    runtime (the library dlopens with its libgomp); bad counts are refused."""
+    from pipeline import build
+    from pipeline.runtime import GraphModule, load_module
+    from pipeline.transform import PassContext
+
+    model, feeds = conv_net(16, 32, 12, after=[RELU])
+    graph, params = from_onnx(model)
+    with PassContext(opt_level=3):
+        path = build(graph, target=NATIVE, params=params).export_library(tmp_path / "m.so")
+    np.save(tmp_path / "x.npy", feeds["x"])
+    np.save(tmp_path / "want.npy", run_ort(model, feeds)[0])
+    script = (
+        "import sys, numpy as np\n"
+        "from pipeline.runtime import GraphModule, load_module\n"
+        f"gm = GraphModule(load_module({str(path)!r})['default']())\n"
+        "assert gm.module.num_threads == 3, gm.module.num_threads\n"
+        f"gm.run(x=np.load({str(tmp_path / 'x.npy')!r}))\n"
+        f"np.testing.assert_allclose(gm.get_output(0), np.load({str(tmp_path / 'want.npy')!r}),"
+        " rtol=1e-4, atol=1e-4)\n"
+        "assert 'llvmlite' not in sys.modules and 'onnx' not in sys.modules\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PIPELINE_NUM_THREADS": "3"}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    gm = GraphModule(load_module(path)["default"](), num_threads=2)
+    assert gm.module.num_threads == 2
+    for bad in (0, -1, 1.5, "two"):
+        with pytest.raises(ValueError, match="thread count"):
+            gm.set_num_threads(bad)
+
+
+def test_profile_names_every_node():
+    from pipeline.runtime.profile import format_profile, profile_nodes
+
+    model, feeds = conv_net(16, 32, 12, after=[RELU])
+    graph, params = from_onnx(model)
+    gm, factory = build_and_load(graph, params, target=NATIVE)
+    gm.set_input(**feeds)
+    rows = profile_nodes(gm, runs=3)
+    assert len(rows) == len(factory.lowered.graph.nodes)
+    assert [r.ms for r in rows] == sorted((r.ms for r in rows), reverse=True)
+    conv = next(r for r in rows if r.kernel.startswith("conv2d_nchwc"))
+    assert conv.outputs == [(1, 2, 12, 12, 16)] or conv.outputs == [(1, 4, 12, 12, 8)]
+    text = format_profile(rows, top=2)
+    assert rows[0].kernel[:40] in text and "total of 3 nodes" in text
