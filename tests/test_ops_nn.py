@@ -13,6 +13,7 @@ from onnx.reference import ReferenceEvaluator
 
 from pipeline.errors import ModelError
 from pipeline.frontend import from_onnx
+from pipeline.transform import PassContext, optimize
 
 pytest.importorskip("onnxruntime")
 
@@ -78,6 +79,20 @@ def conv_t_relu():
     return m, feeds
 
 
+def conv_bn(op_type, x_shape, w_shape, **attrs):
+    """`op_type` followed by BatchNormalization with constant statistics: after
+    FoldBatchNorm (opt_level >= 1) one conv with folded weights and bias."""
+    m, feeds = conv(op_type, x_shape, w_shape, **attrs)
+    oc = m.graph.output[0].type.tensor_type.shape.dim[1].dim_value
+    m.graph.node[0].output[0] = "t"
+    for k, name in enumerate(["s", "o", "mu", "v"]):
+        m.graph.initializer.append(helper.make_tensor(
+            name, TensorProto.FLOAT, (oc,),
+            rand(oc, seed=20 + k, low=0.5 if name == "v" else -1.0, high=1.5).tolist()))
+    m.graph.node.append(node("BatchNormalization", ["t", "s", "o", "mu", "v"], ["y"]))
+    return m, feeds
+
+
 CONV = {
     "conv1d_pads": lambda: conv("Conv", (2, 3, 10), (4, 3, 3), pads=[1, 2]),
     "conv1d_s2_d2_groups": lambda: conv("Conv", (1, 4, 13), (6, 2, 3), group=2,
@@ -130,6 +145,11 @@ CONV = {
     "convt_runtime_weight": lambda: conv("ConvTranspose", (1, 2, 3, 3), (2, 2, 2, 2),
                                          w_input=True, strides=[2, 2]),
     "convt_relu_fused": conv_t_relu,
+    "conv1d_bn_folded": lambda: conv_bn("Conv", (2, 3, 9), (4, 3, 3), pads=[1, 1]),
+    "convt_groups_bn_folded": lambda: conv_bn("ConvTranspose", (1, 4, 3, 3), (4, 3, 2, 2),
+                                              group=2, strides=[2, 2]),
+    "convt1d_bn_folded": lambda: conv_bn("ConvTranspose", (1, 3, 5), (3, 2, 3), bias=False,
+                                         strides=[2]),
 }
 
 
@@ -179,7 +199,30 @@ def instance_norm(shape):
                ["s", "b"], low=-2, high=3, epsilon=1e-3)
 
 
+def layer_norm_stats(axis):
+    """LayerNormalization with its optional Mean and InvStdDev outputs."""
+    shape = (2, 3, 4)
+    inits = {"s": rand(*shape[axis:], seed=1), "b": rand(*shape[axis:], seed=2)}
+    stats = shape[:axis] + (1,) * (len(shape) - axis)
+    return model([node("LayerNormalization", ["x", "s", "b"], ["y", "mean", "istd"],
+                       axis=axis, epsilon=1e-3)], {"x": rand(*shape, low=-2, high=3)}, inits,
+                 17, outputs=(("y", shape), ("mean", stats), ("istd", stats)))
+
+
+def batch_norm_runtime(shape):
+    """BatchNormalization whose statistics are graph inputs: lowered, not folded."""
+    c = shape[1]
+    stats = {"s": rand(c, seed=1), "o": rand(c, seed=2), "mu": rand(c, seed=3),
+             "v": rand(c, seed=4, low=0.5, high=2.0)}
+    return model([node("BatchNormalization", ["x", *stats], ["t"], epsilon=1e-3),
+                  node("Relu", ["t"], ["y"])], {"x": rand(*shape), **stats})
+
+
 NORM = {
+    "layernorm_mean_invstd_axis1": lambda: layer_norm_stats(1),
+    "layernorm_mean_invstd_axis2": lambda: layer_norm_stats(2),
+    "batchnorm_runtime_stats_4d": lambda: batch_norm_runtime((2, 3, 4, 5)),
+    "batchnorm_runtime_stats_2d": lambda: batch_norm_runtime((4, 3)),
     "layernorm_last": lambda: layer_norm((2, 5, 16)),
     "layernorm_axis1": lambda: layer_norm((2, 3, 4), axis=1),
     "layernorm_axis_neg2_nobias": lambda: layer_norm((2, 3, 4), axis=-2, bias=False,
@@ -331,6 +374,34 @@ REDUCE |= {
 }
 
 
+def reduce_typed(op_type, x, axes, opset=13, keepdims=1):
+    """`op_type` over an int64/int32/bool tensor; axes an attribute, or from opset 18
+    a constant input (bool needs opset 20)."""
+    elem = helper.np_dtype_to_tensor_dtype(x.dtype)
+    as_input = opset >= 18
+    n = node(op_type, ["x", *(["axes"] if as_input else [])], ["y"], keepdims=keepdims,
+             **({} if as_input else {"axes": axes}))
+    inits = {"axes": np.array(axes, np.int64)} if as_input else {}
+    return make_model([n], [helper.make_tensor_value_info("x", elem, x.shape)],
+                      [helper.make_tensor_value_info("y", elem, None)], inits, opset), {"x": x}
+
+
+def ints(*shape, dtype=np.int64):
+    return np.random.default_rng(5).integers(-50, 50, size=shape).astype(dtype)
+
+
+REDUCE |= {
+    "reducesum_int64_middle": lambda: reduce_typed("ReduceSum", ints(2, 3, 4), [1], opset=11),
+    "reducemax_int32_last": lambda: reduce_typed("ReduceMax", ints(3, 5, dtype=np.int32),
+                                                 [1], keepdims=0),
+    "reducemin_int64_all": lambda: reduce_typed("ReduceMin", ints(3, 4), [0, 1]),
+    "reduceprod_int64": lambda: reduce_typed("ReduceProd", ints(3, 4) % 3 + 1, [0]),
+    "reducemax_bool_v20": lambda: reduce_typed("ReduceMax", ints(3, 4) > 30, [1], opset=20),
+    "reducemin_bool_v20": lambda: reduce_typed("ReduceMin", ints(3, 4) > -30, [0],
+                                               opset=20, keepdims=0),
+}
+
+
 def arg(op_type, x, **attrs):
     return model([node(op_type, ["x"], ["y"], **attrs)], {"x": x},
                  outputs=[helper.make_tensor_value_info("y", TensorProto.INT64, None)])
@@ -349,6 +420,9 @@ ARG = {
     "argmax_ties_last": lambda: arg("ArgMax", ties(4, 6), axis=1, select_last_index=1),
     "argmin_ties_last_axis0": lambda: arg("ArgMin", ties(5, 3), axis=0, keepdims=0,
                                           select_last_index=1),
+    "argmax_int64_input": lambda: model([node("ArgMax", ["x"], ["y"], axis=1)],
+                                        {"x": ints(3, 4)}, outputs=[helper.make_tensor_value_info(
+                                            "y", TensorProto.INT64, None)]),
 }
 
 CASES = CONV | NORM | POOL | LINALG | SOFTMAX | REDUCE | ARG
@@ -375,6 +449,17 @@ def test_nn_op_matches_onnxruntime(case, opt_level):
             np.testing.assert_array_equal(g, w)
 
 
+@pytest.mark.parametrize(("case", "op"), [("conv1d_bn_folded", "conv1d"),
+                                          ("convt_groups_bn_folded", "conv_transpose2d"),
+                                          ("convt1d_bn_folded", "conv_transpose1d")])
+def test_batch_norm_folds_into_any_conv(case, op):
+    m, _ = CASES[case]()
+    graph, params = from_onnx(m)
+    with PassContext(opt_level=1, disabled_pass=["FuseOps"]):
+        graph, _ = optimize(graph, params)
+    assert [n.op for n in graph.nodes] == [op]
+
+
 # -- errors: one line naming the node --------------------------------------------------------
 
 def unchecked(nodes, x_shape, inits=None, opset=13, outputs=("y",)):
@@ -399,9 +484,10 @@ ERRORS = {
     "maxpool_indices": (lambda: unchecked(
         [node("MaxPool", ["x"], ["y", "indices"], name="c0", kernel_shape=[2, 2])],
         (1, 2, 4, 4), outputs=("y", "indices")), "Indices"),
-    "layernorm_mean_output": (lambda: unchecked(
-        [node("LayerNormalization", ["x", "s"], ["y", "mean"], name="c0")], (2, 4),
-        {"s": rand(4)}, opset=17, outputs=("y", "mean")), "first output"),
+    "batchnorm_training": (lambda: unchecked(
+        [node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y", "rm", "rv"], name="c0",
+              training_mode=1)], (2, 3), {k: rand(3) for k in "sbmv"}, opset=15,
+        outputs=("y", "rm", "rv")), "training mode"),
     "reduce_runtime_axes": (lambda: helper.make_model(helper.make_graph(
         [node("ReduceSum", ["x", "axes"], ["y"], name="c0")], "bad",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, (2, 3)),

@@ -1,8 +1,9 @@
 """Normalisation: BatchNormalization, InstanceNormalization, LayerNormalization,
 LRN, Softmax and LogSoftmax.
 
-Graph ops: batch_norm (rewritten to scale and shift by SimplifyInference, so it
-is never lowered), instance_norm, layer_norm, lrn, softmax, log_softmax.
+Graph ops: batch_norm (with constant statistics rewritten to a scale and shift
+by SimplifyInference; lowered as is otherwise), instance_norm, layer_norm, lrn,
+softmax, log_softmax.
 Statistics are float32, two-pass (mean, then the mean of squared deviations),
 and softmax subtracts the row maximum before exponentiating.
 """
@@ -11,15 +12,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node
 from pipeline.ops.registry import broadcast_shape, onnx_op, register
-
-
-def _only_first_output(n) -> None:
-    if len([o for o in n.outputs if o]) > 1:
-        raise ModelError(f"node {n.name!r} ({n.op_type}): only the first output is "
-                         "supported (inference)")
 
 
 def _axis(n, rank: int, default: int) -> int:
@@ -32,7 +29,25 @@ def _axis(n, rank: int, default: int) -> int:
 
 # -- BatchNormalization ---------------------------------------------------------------
 
-register("batch_norm", "opaque", lambda types, node: [types[0]])
+def _batch_norm_lower(kb, node, ins, out, epilogue):
+    """y = (x - mean[c]) * scale[c] / sqrt(var[c] + eps) + bias[c], for statistics
+    known only at run time (constant ones become a folded scale and shift)."""
+    x, scale, bias, mean, var = ins
+    shape = x.type.shape
+    with kb.nest(shape[:2], "c") as (n, c):
+        g = kb.fdiv(kb.load(scale, c), kb.intrinsic(
+            "sqrt", kb.fadd(kb.load(var, c), kb.f32(node.attr("epsilon")))))
+        shift = kb.fsub(kb.load(bias, c), kb.fmul(kb.load(mean, c), g))
+        base = kb.dot([n, c], x.strides[:2])
+        with kb.nest(shape[2:], "p") as rest:
+            o = kb.add(base, kb.dot(rest, x.strides[2:]))
+            y = kb.fadd(kb.fmul(kb.load(x, o), g), shift)
+            if epilogue is not None:
+                y = epilogue(y, [n, c, *rest])
+            kb.store(out, o, y)
+
+
+register("batch_norm", "anchor", lambda types, node: [types[0]], lower=_batch_norm_lower)
 
 
 @onnx_op("BatchNormalization", 1)
@@ -111,10 +126,34 @@ register("instance_norm", "anchor", _instance_norm_infer, lower=_normalize_lower
 
 @onnx_op("LayerNormalization", 17)
 def _layer_norm(ctx, n):
-    _only_first_output(n)
-    axis = _axis(n, len(ctx.type(n.inputs[0]).shape), -1)
-    return [Node.make("layer_norm", n.name, [i for i in n.inputs[:3] if i], n.outputs[:1],
-                      axis=axis, epsilon=float(n.attrs.get("epsilon", 1e-5)))]
+    """Y is one layer_norm kernel; the optional Mean and InvStdDev outputs (shape
+    x.shape[:axis] + ones) are computed beside it by reduce_mean and elementwise ops."""
+    x = n.inputs[0]
+    rank = len(ctx.type(x).shape)
+    axis = _axis(n, rank, -1)
+    eps = float(n.attrs.get("epsilon", 1e-5))
+    nodes = [Node.make("layer_norm", n.name, [i for i in n.inputs[:3] if i], n.outputs[:1],
+                       axis=axis, epsilon=eps)]
+    mean_out, istd_out = (*n.outputs[1:3], "", "")[:2]
+    if not mean_out and not istd_out:
+        return nodes
+    y = n.outputs[0]
+    mean = mean_out or f"{y}__mean"
+    axes = tuple(range(axis, rank))
+    nodes.append(Node.make("reduce_mean", f"{n.name}__mean", (x,), (mean,), axes=axes,
+                           keepdims=1))
+    if istd_out:
+        eps_name = ctx.add_param(f"{n.name}_epsilon", np.array([eps], np.float32))
+        chain = [("sub", (x, mean)), ("mul", ("@", "@")), ("reduce_mean", ("@",)),
+                 ("add", ("@", eps_name)), ("sqrt", ("@",)), ("reciprocal", ("@",))]
+        prev = None
+        for k, (op, args) in enumerate(chain):
+            out = istd_out if k == len(chain) - 1 else f"{y}__istd{k}"
+            attrs = {"axes": axes, "keepdims": 1} if op == "reduce_mean" else {}
+            nodes.append(Node.make(op, f"{n.name}__istd{k}",
+                                   [prev if a == "@" else a for a in args], (out,), **attrs))
+            prev = out
+    return nodes
 
 
 @onnx_op("InstanceNormalization", 1)

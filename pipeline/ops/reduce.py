@@ -14,10 +14,12 @@ import math
 
 import numpy as np
 
+from pipeline.codegen.builder import F32
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.registry import onnx_op, register
 
+_INT_DTYPES = ("int64", "int32")
 # kind -> (identity, map applied to each x, combine, finalize(acc, count), numpy)
 _KINDS = {
     "sum": (0.0, None, "add", None, lambda x, ax, kd: np.sum(x, ax, keepdims=kd)),
@@ -38,9 +40,12 @@ _KINDS = {
 
 def _reduce_infer(types, node):
     x = types[0]
-    if x.dtype != "float32":
-        raise ModelError(f"node {node.name!r} ({node.op}): only float32 is supported, "
-                         f"got {x.dtype}")
+    kind = node.op[len("reduce_"):]
+    allowed = ("float32",) + (_INT_DTYPES if kind in ("sum", "prod", "max", "min") else ()) \
+        + (("bool",) if kind in ("max", "min") else ())
+    if x.dtype not in allowed:
+        raise ModelError(f"node {node.name!r} ({node.op}): dtype {x.dtype} is not supported "
+                         f"({', '.join(allowed)} are)")
     axes = set(node.attr("axes"))
     keep = node.attr("keepdims")
     shape = tuple(1 if d in axes else s for d, s in enumerate(x.shape)
@@ -48,7 +53,18 @@ def _reduce_infer(types, node):
     return [TensorType(shape, x.dtype)]
 
 
+def _identity(kind: str, dtype: str):
+    """The start value of a `kind` reduction in `dtype` (ints: the type's extremes)."""
+    if dtype == "float32":
+        return _KINDS[kind][0]
+    bits = {"int64": 64, "int32": 32, "bool": 1}[dtype]
+    low, high = (0, 1) if dtype == "bool" else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+    return {"sum": 0, "prod": 1, "max": low, "min": high}[kind]
+
+
 def _combine(kb, how: str, acc, v):
+    if acc.type != F32:  # integers and bool (0/1): signed arithmetic
+        return kb.arith(how, acc, v)
     if how == "add":
         return kb.fadd(acc, v)
     if how == "mul":
@@ -75,7 +91,8 @@ def _reduce_lower(kb, node, ins, out, epilogue):
     x = ins[0]
     shape = x.type.shape
     kind = node.op[len("reduce_"):]
-    identity, mapping, how, finish, _ = _KINDS[kind]
+    _, mapping, how, finish, _ = _KINDS[kind]
+    start = kb.const(_identity(kind, x.type.dtype), x.elem)
     axes = set(node.attr("axes"))
     t = len(shape)
     while t > 0 and t - 1 in axes:
@@ -94,10 +111,10 @@ def _reduce_lower(kb, node, ins, out, epilogue):
         return kb.fmul(v, v) if mapping == "square" else v
 
     with kb.loop(0, out.type.size, "z") as z:
-        kb.store(out, z, kb.f32(identity))
+        kb.store(out, z, start)
     with kb.nest(shape[:t], "d") as index:
         base = kb.dot(index, x.strides[:t]) if index else kb.i64(0)
-        slot = kb.local(kb.f32(identity))
+        slot = kb.local(start)
         if kind == "log_sum_exp":
             with kb.loop(0, run, "k") as k:
                 kb.set(slot, kb.fmax(kb.get(slot), kb.load(x, kb.add(base, k))))
@@ -188,6 +205,8 @@ for _kind, _onnx in _ONNX_NAMES.items():
 
 def _arg_infer(types, node):
     x = types[0]
+    if x.dtype == "bool":
+        raise ModelError(f"node {node.name!r} ({node.op}): bool input is not supported")
     axis = node.attr("axis")
     shape = x.shape[:axis] + ((1,) if node.attr("keepdims") else ()) + x.shape[axis + 1:]
     return [TensorType(shape, "int64")]
@@ -210,7 +229,7 @@ def _arg_lower(kb, node, ins, out, epilogue):
         where = kb.local(kb.i64(0))
         with kb.loop(1, length, "k") as k:
             v = kb.load(x, kb.add(base, kb.mul(k, inner)))
-            better = b.fcmp_ordered(pred, v, kb.get(best))
+            better = kb.compare(pred, v, kb.get(best))
             kb.set(best, b.select(better, v, kb.get(best)))
             kb.set(where, b.select(better, k, kb.get(where)))
         kb.store(out, kb.add(kb.mul(r, inner), q), kb.get(where))

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.errors import GraphError
 from pipeline.ir.graph import Graph, Node, add_param
 from pipeline.transform.context import PassConfig
 from pipeline.transform.util import prune, rename_inputs
 
 
 def simplify_inference(graph: Graph, params: dict, cfg: PassConfig):
-    """Remove identity nodes (Identity, Dropout) and rewrite batch_norm as
-    mul(x, scale) -> add(., shift) with constant [C, 1, 1] scale and shift."""
+    """Remove identity nodes (Identity, Dropout) and rewrite batch_norm with
+    constant statistics as mul(x, scale) -> add(., shift) with constant [C, 1, 1]
+    scale and shift."""
     types, params = dict(graph.types), dict(params)
     outputs = set(graph.outputs)
     alias: dict[str, str] = {}
@@ -24,7 +24,8 @@ def simplify_inference(graph: Graph, params: dict, cfg: PassConfig):
         if node.op == "identity" and node.outputs[0] not in outputs:
             alias[node.outputs[0]] = node.inputs[0]
             continue
-        if node.op == "batch_norm":
+        # With runtime statistics batch_norm stays, lowered as it is (ops/norm.py).
+        if node.op == "batch_norm" and all(i in params for i in node.inputs[1:]):
             nodes.extend(_batch_norm_as_scale_shift(node, types, params))
             continue
         nodes.append(node)
@@ -33,11 +34,8 @@ def simplify_inference(graph: Graph, params: dict, cfg: PassConfig):
 
 def _batch_norm_as_scale_shift(node: Node, types: dict, params: dict) -> list[Node]:
     x, gamma, beta, mean, var = node.inputs
-    values = [params.get(name) for name in (gamma, beta, mean, var)]
-    if any(v is None for v in values):
-        raise GraphError(f"node {node.name!r} (BatchNormalization): scale, bias, mean and "
-                         "variance must be constants for inference")
-    gamma, beta, mean, var = (v.astype(np.float64) for v in values)
+    gamma, beta, mean, var = (params[name].astype(np.float64)
+                              for name in (gamma, beta, mean, var))
     scale = gamma / np.sqrt(var + node.attr("epsilon"))
     shift = beta - mean * scale
     rank = len(types[x].shape)
@@ -52,24 +50,29 @@ def _batch_norm_as_scale_shift(node: Node, types: dict, params: dict) -> list[No
             Node.make("add", f"{node.name}.shift", (mid, shift_name), node.outputs)]
 
 
+_FOLDABLE = ("conv2d", "conv1d", "conv_transpose2d", "conv_transpose1d")
+
+
 def fold_batch_norm(graph: Graph, params: dict, cfg: PassConfig):
-    """conv2d -> mul(per-channel constant) [-> add(per-channel constant)] becomes one
-    conv2d with scaled weights and a bias, when the conv output has no other use."""
+    """conv -> mul(per-channel constant) [-> add(per-channel constant)] becomes one
+    conv with scaled weights and a bias, when the conv output has no other use
+    (conv2d, conv1d and the transposed convolutions)."""
     types, params = dict(graph.types), dict(params)
     consumers = graph.consumers()
     outputs = set(graph.outputs)
     removed: set[int] = set()
     nodes = list(graph.nodes)
     for k, conv in enumerate(nodes):
-        if conv.op != "conv2d" or conv.inputs[1] not in params:
+        if conv.op not in _FOLDABLE or conv.inputs[1] not in params:
             continue
-        oc = types[conv.inputs[1]].shape[0]
-        chain = _scale_shift_chain(conv, consumers, params, outputs, oc)
+        out_shape = types[conv.outputs[0]].shape
+        oc = out_shape[1]
+        chain = _scale_shift_chain(conv, consumers, params, outputs, oc, len(out_shape))
         if chain is None:
             continue
         mul, add = chain
         scale = params[_other(mul, conv.outputs[0])].reshape(-1).astype(np.float64)
-        weight = params[conv.inputs[1]].astype(np.float64) * scale[:, None, None, None]
+        weight = _scaled_weight(conv, params[conv.inputs[1]].astype(np.float64), scale)
         bias = (params[conv.inputs[2]].astype(np.float64) if len(conv.inputs) > 2
                 else np.zeros(oc)) * scale
         last = mul
@@ -90,24 +93,36 @@ def _other(node: Node, name: str) -> str:
     return node.inputs[1] if node.inputs[0] == name else node.inputs[0]
 
 
-def _per_channel(params: dict, name: str, oc: int) -> bool:
+def _scaled_weight(conv: Node, w: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """`w` with every weight of output channel k multiplied by scale[k]. A conv
+    weight is [OC, C/g, k...]; a transposed one is [C, OC/g, k...], whose output
+    channel is (group of the input channel) * OC/g + second index."""
+    if conv.op.startswith("conv_transpose"):
+        groups, (c, ocg) = conv.attr("groups"), w.shape[:2]
+        return (w.reshape(groups, c // groups, ocg, -1)
+                * scale.reshape(groups, 1, ocg, 1)).reshape(w.shape)
+    return w * scale.reshape((-1,) + (1,) * (w.ndim - 1))
+
+
+def _per_channel(params: dict, name: str, oc: int, rank: int) -> bool:
     v = params.get(name)
     # [C,1,1,1] has C elements too, but broadcasts [1,C,H,W] to [C,C,H,W]
-    return v is not None and v.shape in ((oc, 1, 1), (1, oc, 1, 1))
+    ones = (1,) * (rank - 2)
+    return v is not None and v.shape in ((oc, *ones), (1, oc, *ones))
 
 
-def _scale_shift_chain(conv: Node, consumers, params, outputs, oc):
+def _scale_shift_chain(conv: Node, consumers, params, outputs, oc, rank):
     """The (mul, add-or-None) following `conv`, or None if the pattern is absent."""
     def sole_user(name):
         users = consumers.get(name, [])
         return users[0] if len(users) == 1 and name not in outputs else None
 
     mul = sole_user(conv.outputs[0])
-    if mul is None or mul.op != "mul" or not _per_channel(params, _other(mul, conv.outputs[0]),
-                                                          oc):
+    if mul is None or mul.op != "mul" or not _per_channel(
+            params, _other(mul, conv.outputs[0]), oc, rank):
         return None
     add = sole_user(mul.outputs[0])
-    if add is None or add.op != "add" or not _per_channel(params, _other(add, mul.outputs[0]),
-                                                          oc):
+    if add is None or add.op != "add" or not _per_channel(
+            params, _other(add, mul.outputs[0]), oc, rank):
         add = None
     return mul, add
