@@ -1,50 +1,19 @@
-"""Graph-level optimisation: the pass pipeline, in the order it runs.
+"""Graph-level optimisation: PassContext (all options) and the pass pipeline.
 
-Each pass is `fn(graph, params, cfg) -> (graph, params)`; `optimize` runs the
-ones the current PassContext enables and verifies the graph after each.
+The pipeline itself (pipeline/transform/passes.py: PIPELINE, optimize) loads
+on first use, so reading a build config (PassContext, PASS_NAMES) does not
+import the passes, the operators and numpy.
 """
 
-from __future__ import annotations
+import importlib
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
-from pipeline.ir.graph import Graph
-from pipeline.transform.context import CONFIG_OPTIONS, PassConfig, PassContext
-from pipeline.transform.fuse import fold_constant, fuse_ops
-from pipeline.transform.layout import alter_op_layout
-from pipeline.transform.simplify import fold_batch_norm, simplify_inference
-
-
-@dataclass(frozen=True)
-class Pass:
-    name: str
-    run: Callable
-    opt_level: int  # runs when PassContext.opt_level >= this (or when required)
-    needs_target: bool = False  # run(graph, params, cfg, target): decisions depend on the CPU
-
-
-PIPELINE = (
-    Pass("SimplifyInference", simplify_inference, 0),
-    Pass("FoldConstant", fold_constant, 2),
-    Pass("FoldBatchNorm", fold_batch_norm, 1),
-    Pass("AlterOpLayout", alter_op_layout, 3, needs_target=True),
-    Pass("FuseOps", fuse_ops, 1),
-)
-PASS_NAMES = tuple(p.name for p in PIPELINE)
-
-
-def optimize(graph: Graph, params: dict, cfg: PassConfig | None = None, target=None):
-    """Run the enabled passes of PIPELINE; returns (graph, params). `target` (a
-    codegen Target) is handed to the passes that need one; without it they do nothing."""
-    cfg = cfg or PassContext.current()
-    for p in PIPELINE:
-        if cfg.enabled(p.name, p.opt_level):
-            graph, params = (p.run(graph, params, cfg, target) if p.needs_target
-                             else p.run(graph, params, cfg))
-            graph.verify()
-    return graph, params
-
+from pipeline.transform.context import CONFIG_OPTIONS, PASS_NAMES, PassConfig, PassContext
 
 __all__ = ["CONFIG_OPTIONS", "PIPELINE", "PASS_NAMES", "Pass", "PassConfig", "PassContext",
            "optimize"]
+
+
+def __getattr__(name: str):
+    if name in ("PIPELINE", "Pass", "optimize"):
+        return getattr(importlib.import_module("pipeline.transform.passes"), name)
+    raise AttributeError(f"module 'pipeline.transform' has no attribute {name!r}")

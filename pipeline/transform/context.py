@@ -12,6 +12,9 @@ from pipeline.errors import ConfigError
 
 # Options a pass reads from `config`, with their default and type.
 CONFIG_OPTIONS = {"FuseOps.max_depth": (256, int)}
+# The names of pipeline.transform.PIPELINE, in order (checked there). Kept here
+# so that reading a build config need not import the passes and numpy.
+PASS_NAMES = ("SimplifyInference", "FoldConstant", "FoldBatchNorm", "AlterOpLayout", "FuseOps")
 
 
 @dataclass(frozen=True)
@@ -42,8 +45,6 @@ class PassContext:
 
     def __init__(self, opt_level: int = 2, required_pass=(), disabled_pass=(),
                  config: dict | None = None):
-        from pipeline.transform import PASS_NAMES  # the pipeline list imports this module
-
         for name in (*required_pass, *disabled_pass):
             if name not in PASS_NAMES:
                 raise ConfigError(f"unknown pass {name!r}; passes are {', '.join(PASS_NAMES)}")

@@ -1,0 +1,47 @@
+"""The pass pipeline, in the order it runs, and `optimize`, which runs it.
+
+Each pass is `fn(graph, params, cfg) -> (graph, params)`; `optimize` runs the
+ones the current PassContext enables and verifies the graph after each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pipeline.ir.graph import Graph
+from pipeline.transform.context import PASS_NAMES, PassConfig, PassContext
+from pipeline.transform.fuse import fold_constant, fuse_ops
+from pipeline.transform.layout import alter_op_layout
+from pipeline.transform.simplify import fold_batch_norm, simplify_inference
+
+
+@dataclass(frozen=True)
+class Pass:
+    name: str
+    run: Callable
+    opt_level: int  # runs when PassContext.opt_level >= this (or when required)
+    needs_target: bool = False  # run(graph, params, cfg, target): decisions depend on the CPU
+
+
+PIPELINE = (
+    Pass("SimplifyInference", simplify_inference, 0),
+    Pass("FoldConstant", fold_constant, 2),
+    Pass("FoldBatchNorm", fold_batch_norm, 1),
+    Pass("AlterOpLayout", alter_op_layout, 3, needs_target=True),
+    Pass("FuseOps", fuse_ops, 1),
+)
+assert PASS_NAMES == tuple(p.name for p in PIPELINE), "update context.PASS_NAMES"
+
+
+def optimize(graph: Graph, params: dict, cfg: PassConfig | None = None, target=None):
+    """Run the enabled passes of PIPELINE; returns (graph, params). `target` (a
+    codegen Target) is handed to the passes that need one; without it they do nothing."""
+    cfg = cfg or PassContext.current()
+    for p in PIPELINE:
+        if cfg.enabled(p.name, p.opt_level):
+            graph, params = (p.run(graph, params, cfg, target) if p.needs_target
+                             else p.run(graph, params, cfg))
+            graph.verify()
+    return graph, params
+
