@@ -89,11 +89,16 @@ def _reset_peak_rss() -> bool:
         return False
 
 
-def _peak_rss() -> int:
+def _status(key: str) -> int:
+    """A byte count from /proc/self/status (VmHWM: peak RSS, VmRSS: current)."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(f"{key}:"):
             return int(line.split()[1]) * 1024
     return 0
+
+
+def _peak_rss() -> int:
+    return _status("VmHWM")
 
 
 def _session(model: onnx.ModelProto, threads: int):
@@ -115,16 +120,31 @@ def _time(fn) -> float:
     return time.perf_counter() - start
 
 
+def _counts(value, what: str, minimum: int) -> list[int]:
+    """"1,2" or 5 or [1, 2] as a list of ints >= minimum; BenchError naming `what`."""
+    items = value.split(",") if isinstance(value, str) else \
+        list(value) if isinstance(value, (list, tuple)) else [value]
+    try:
+        counts = [int(v) for v in items]
+    except (TypeError, ValueError):
+        counts = []
+    if not counts or min(counts) < minimum:
+        raise BenchError(f"bench: {what} must be integers >= {minimum}, got {value!r}")
+    return counts
+
+
 def bench_library(lib_path: str, onnx_path: str, shapes: dict, model: str, target: str,
-                  report_path: str, threads=(1, 2), runs: int = 20, warmup: int = 3,
-                  profile: bool = False) -> dict:
+                  report_path: str, threads="1,2", runs="20", warmup="3",
+                  profile="0") -> dict:
     """Time `lib_path` against onnxruntime on `onnx_path`; write and return the report.
 
-    shapes: input-name -> shape overrides (as the config's `inputs`).
+    shapes: input-name -> shape overrides (as the config's `inputs`). threads, runs,
+    warmup and profile may be given as the strings of doit's command line
+    (threads=1,2 runs=20 warmup=3 profile=1).
     """
-    if runs < 1 or warmup < 0 or not threads:
-        raise BenchError(f"bench: runs must be >= 1, warmup >= 0 and threads non-empty "
-                         f"(got runs={runs}, warmup={warmup}, threads={list(threads)})")
+    threads = _counts(threads, "threads", 1)
+    (runs,), (warmup,) = _counts(runs, "runs", 1)[:1], _counts(warmup, "warmup", 0)[:1]
+    profile = str(profile).lower() in ("1", "true", "yes")
     onnx_model = load_model(onnx_path)
     feeds = random_inputs(onnx_model, {k: tuple(v) for k, v in shapes.items()}, seed=0)
     lib = load_module(lib_path)
@@ -135,6 +155,7 @@ def bench_library(lib_path: str, onnx_path: str, shapes: dict, model: str, targe
     # With a resettable peak (Linux), each side's peak is measured over its own runs;
     # otherwise both report the process's peak.
     exact = _reset_peak_rss()
+    baseline = _status("VmRSS")  # Python, numpy, onnx, both libraries and their weights
     for t in threads:
         gm.set_num_threads(t)
         sess = _session(onnx_model, t)
@@ -164,7 +185,7 @@ def bench_library(lib_path: str, onnx_path: str, shapes: dict, model: str, targe
               "memory": {**memory_plan(lib.graph_json),
                          "peak_rss_bytes_ours": peaks["ours"],
                          "peak_rss_bytes_onnxruntime": peaks["onnxruntime"],
-                         "peak_rss_per_side": exact}}
+                         "rss_before_runs_bytes": baseline, "peak_rss_per_side": exact}}
     if profile:
         report["profile"] = {"threads": threads[0], "nodes": [r.to_dict() for r in top[:10]]}
     atomic_write(report_path, json.dumps(report, indent=1).encode())
@@ -187,5 +208,6 @@ def format_report(report: dict) -> str:
     lines.append(f"activations: planned {mem['planned_activation_bytes'] / 2**20:.1f} MiB of "
                  f"{mem['intermediate_bytes'] / 2**20:.1f} MiB; peak RSS ours "
                  f"{mem['peak_rss_bytes_ours'] / 2**20:.0f} MiB, onnxruntime "
-                 f"{mem['peak_rss_bytes_onnxruntime'] / 2**20:.0f} MiB")
+                 f"{mem['peak_rss_bytes_onnxruntime'] / 2**20:.0f} MiB (process before runs "
+                 f"{mem['rss_before_runs_bytes'] / 2**20:.0f} MiB)")
     return "\n".join(lines)

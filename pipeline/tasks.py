@@ -201,6 +201,23 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
                                             onnx_path(m), shapes, opts, m.name, t.name,
                                             a["validation"]])]}
 
+    def task_bench():
+        """Time each library against onnxruntime (never part of build; always runs when
+        asked): bench.json. Options: threads=1,2 runs=20 warmup=3 profile=1."""
+        from doit import get_var
+
+        opts = [get_var(k, d) for k, d in (("threads", "1,2"), ("runs", "20"),
+                                           ("warmup", "3"), ("profile", "0"))]
+        for m, t in entries:
+            a = artifacts(m, t)
+            yield {"name": f"{m.name}@{t.name}", "verbosity": 2, "uptodate": [False],
+                   "targets": [path(OUT, m.name, t.name, "bench.json")],
+                   "file_dep": [a["so"], onnx_path(m)],
+                   "actions": [(run_stage, ["bench:bench_library", a["so"], onnx_path(m),
+                                            {k: list(v) for k, v in m.inputs.items()},
+                                            m.name, t.name,
+                                            path(OUT, m.name, t.name, "bench.json"), *opts])]}
+
     def task_explain():
         """Print why each task of the last build ran, and what it compiled or reused."""
         from pipeline.reporter import print_report

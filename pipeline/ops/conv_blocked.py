@@ -220,27 +220,35 @@ def _static_taps(kb, g: _Geo, x, w, accs, pixels, plane, w_icb):
 
 
 def _row_taps(kb, g: _Geo, x, w, accs, pixels, plane, w_icb, row):
-    """kh over the row's valid range at run time; kw unrolled, leaving out the
-    columns (those with an int ow) whose tap falls into the padding."""
+    """kh over the row's valid range at run time. Tiles inside the row (runtime ow)
+    read, per kh, the KW*ib consecutive values (iw, ic) of every column's window
+    against KW*ib consecutive weight rows: one loop. Border tiles (int ow) unroll kw,
+    leaving out the columns whose tap falls into the padding."""
     _, ih0, kh_lo, kh_hi = row
     with kb.loop(kh_lo, kh_hi, "kh") as kh:
         ih = kb.add(ih0, kh)
         w_kh = kb.add(w_icb, kb.mul(kh, g.kw * g.ib * g.kob))
+        if not any(isinstance(ow, int) for _, ow in pixels):
+            cols = [(j, g.x_offset(kb, plane, ih, kb.add(kb.mul(ow, g.sw), -g.pl)))
+                    for j, (_, ow) in enumerate(pixels)]
+            _taps(kb, g, x, w, accs, w_kh, cols, g.kw * g.ib)
+            return
         # kw outside ic: a broadcast input value then serves one tap only, so LLVM
         # keeps no values alive across taps (that would spill accumulators).
         for kw in range(g.kw):
             cols = [(j, g.x_offset(kb, plane, ih, kb.add(kb.mul(ow, g.sw), kw - g.pl)))
                     for j, (_, ow) in enumerate(pixels)
-                    if not isinstance(ow, int) or 0 <= ow * g.sw - g.pl + kw < g.w]
+                    if 0 <= ow * g.sw - g.pl + kw < g.w]
             _taps(kb, g, x, w, accs, kb.add(w_kh, kw * g.ib * g.kob), cols)
 
 
-def _taps(kb, g: _Geo, x, w, accs, w_tap, cols):
-    """One tap for every input channel of the block: per channel ic, K weight
-    vectors at w_tap + ic*kob and one broadcast x[x_off + ic] per column (j, x_off)."""
+def _taps(kb, g: _Geo, x, w, accs, w_tap, cols, count=None):
+    """One tap for every input channel of the block: per step r < count (default ib),
+    K weight vectors at w_tap + r*kob and one broadcast x[x_off + r] per column
+    (j, x_off) of `cols`."""
     if not cols:
         return
-    with kb.loop(0, g.ib, "ic") as ic:
+    with kb.loop(0, count or g.ib, "ic") as ic:
         w_ic = kb.add(w_tap, kb.mul(ic, g.kob))
         wv = [vload(kb, w, kb.add(w_ic, k * g.ob), g.ob) for k in range(g.k)]
         for j, x_off in cols:

@@ -46,7 +46,8 @@ def _lower(kb, node, ins, out, epilogue):
     n_n = out.type.shape[-1]
     m_n = a.type.size // k_n
     full = n_n // vb
-    group = next(g for g in (4, 2, 1) if full % g == 0) if full else 1
+    # G blocks per work item: independent FMA chains, but enough items to share out
+    group = next((g for g in (4, 2) if full % g == 0 and full // g >= 8), 1)
 
     def block(m, nb0, count, with_bias):
         """Vectors of `count` consecutive blocks from nb0 for row m."""
