@@ -268,3 +268,24 @@ def test_resize_cubic_is_a_model_error():
     model, _ = resize(rand(1, 1, 3, 3), [1, 1, 2, 2], mode="cubic")
     with pytest.raises(ModelError, match="mode 'cubic' is not supported"):
         from_onnx(model)
+
+
+def fused_bodies(model):
+    from pipeline.transform import PassContext, optimize
+
+    graph, params = from_onnx(model)
+    with PassContext(opt_level=3):
+        graph, _ = optimize(graph, params)
+    return [tuple(b.op for b in n.attr("body")) for n in graph.nodes]
+
+
+def test_data_movement_takes_epilogues_of_its_dtype_only():
+    """Transpose and Gather anchor a kernel and take the elementwise ops after them,
+    int64 ones included; a dtype change (Cast) starts a kernel of its own."""
+    assert fused_bodies(CASES["transpose_then_add_relu"]()[0]) == [("transpose", "add", "relu")]
+    nodes = [node("Gather", ["x", "i"], ["g"], axis=0), node("Mul", ["g", "k"], ["m"]),
+             node("Cast", ["m"], ["y"], to=TensorProto.FLOAT)]
+    feeds = {"x": ints(4, 3)}
+    model = model_of(nodes, feeds, inits={"i": i64(3, 0), "k": i64(2, 3, 4)})
+    assert fused_bodies(model) == [("gather", "mul"), ("cast",)]
+    check(model, feeds, 3)

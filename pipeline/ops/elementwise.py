@@ -127,7 +127,20 @@ register("prelu", "elementwise", _prelu_infer,
          scalar=lambda kb, a, node: kb.b.select(kb.compare("<", a[0], kb.f32(0.0)),
                                                 kb.fmul(a[0], a[1]), a[0]),
          numpy=lambda xs, node: [np.where(xs[0] < 0, xs[0] * xs[1], xs[0])])
-onnx_op("PRelu", 1)(lambda ctx, n: [Node.make("prelu", n.name, n.inputs[:2], n.outputs[:1])])
+onnx_op("PRelu", 7)(lambda ctx, n: [Node.make("prelu", n.name, n.inputs[:2], n.outputs[:1])])
+
+
+@onnx_op("PRelu", 1)
+def _prelu_v1(ctx, n):
+    """Before opset 7 a 1-D slope of C values is per channel (axis 1), as old
+    PyTorch exports use it: reshape it to [C, 1, ..] for numpy broadcasting."""
+    x, slope = (ctx.type(i).shape for i in n.inputs[:2])
+    if len(slope) != 1 or len(x) < 3 or slope[0] != x[1]:
+        return [Node.make("prelu", n.name, n.inputs[:2], n.outputs[:1])]
+    per_channel = f"{n.inputs[1]}__per_channel"
+    return [Node.make("reshape", f"{n.name}__slope", n.inputs[1:2], (per_channel,),
+                      shape=(slope[0],) + (1,) * (len(x) - 2)),
+            Node.make("prelu", n.name, (n.inputs[0], per_channel), n.outputs[:1])]
 
 
 def _variadic(op: str):
