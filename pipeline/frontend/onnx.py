@@ -98,16 +98,21 @@ def load_model(path: str | Path) -> onnx.ModelProto:
 
 def from_onnx(model: onnx.ModelProto | str | Path,
               shape: dict[str, tuple[int, ...]] | None = None,
-              source: str | None = None) -> tuple[Graph, dict[str, np.ndarray]]:
+              source: str | None = None,
+              freeze: dict[str, np.ndarray] | None = None) -> tuple[Graph, dict[str, np.ndarray]]:
     """Import an ONNX model (or file path) into (graph, params).
 
     `shape` overrides or fixes input shapes by input name. `source` names the
-    model in error messages (defaults to the file path).
+    model in error messages (defaults to the file path). `freeze` turns graph
+    inputs into constants with the given values (a static-shape compiler
+    specialising on e.g. a Reshape's shape input); they leave the graph inputs.
     """
     if not isinstance(model, onnx.ModelProto):
         source = source or str(model)
         model = load_model(model)
     source = source or model.graph.name or "<model>"
+    if freeze:
+        model = _freeze_inputs(model, freeze, source)
     opset = _default_opset(model)
     _check_supported(model, opset, source)
 
@@ -155,6 +160,18 @@ def from_onnx(model: onnx.ModelProto | str | Path,
                   types={name: t for name, t in types.items() if name in defined})
     graph.verify()
     return graph, kept
+
+
+def _freeze_inputs(model: onnx.ModelProto, freeze: dict, source: str) -> onnx.ModelProto:
+    """A copy of `model` whose inputs named in `freeze` are initializers with those values."""
+    names = {vi.name for vi in model.graph.input} - {i.name for i in model.graph.initializer}
+    unknown = sorted(set(freeze) - names)
+    if unknown:
+        raise ModelError(f"{source}: cannot freeze {unknown}: not graph inputs")
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    for name, value in freeze.items():
+        model.graph.initializer.append(numpy_helper.from_array(np.asarray(value), name))
+    return model
 
 
 def _default_opset(model: onnx.ModelProto) -> int:

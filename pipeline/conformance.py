@@ -1,0 +1,168 @@
+"""ONNX backend conformance: run onnx's backend test suites over pipeline.backend.
+
+    write_report("out")        # out/conformance.json and out/conformance.md
+
+The suites are onnx.backend.test's: "Node" (about 1,900 one-operator models the
+onnx package generates in Python), and the model suites its wheel ships
+("Simple", "PyTorchConverted", "PyTorchOperator"; "Real" runs the full-size
+model-zoo networks on dummy inputs and is opt-in). A test is skipped only when
+pipeline.backend.unsupported() names a reason; the report counts passed,
+failed and skipped per suite and opt level, lists every failure with its first
+error line, the skip reasons, and the supported operators with the opsets
+their converters start at (from the registry).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import time
+import unittest
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from pipeline.backend import PipelineBackend, unsupported
+
+SUITES = ("Node", "Simple", "PyTorchConverted", "PyTorchOperator")
+ALL_SUITES = (*SUITES, "Real")
+OPT_LEVELS = (3, 0)
+_SKIP_PREFIX = "unsupported: "
+
+
+def skipping_backend(opt_level: int) -> type[PipelineBackend]:
+    """PipelineBackend at `opt_level` whose prepare skips (unittest.SkipTest) exactly
+    the models backend.unsupported() names a reason for."""
+
+    class ConformanceBackend(PipelineBackend):
+        @classmethod
+        def is_compatible(cls, model: onnx.ModelProto, device: str = "CPU", **kw: Any) -> bool:
+            return True  # prepare skips, with the reasons
+
+        @classmethod
+        def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kw: Any):
+            reasons = unsupported(model)
+            if reasons:
+                raise unittest.SkipTest(_SKIP_PREFIX + "; ".join(reasons))
+            return super().prepare(model, device, **{"opt_level": opt_level, **kw})
+
+    return ConformanceBackend
+
+
+def make_backend_tests(opt_level: int, suites=SUITES,
+                       module: str = __name__) -> dict[str, type[unittest.TestCase]]:
+    """unittest.TestCase classes, one per suite, named OnnxBackend<Suite>O<level>:
+    the suites' CPU tests run through skipping_backend(opt_level)."""
+    from onnx.backend.test import BackendTest
+
+    runner = BackendTest(skipping_backend(opt_level), module)
+    classes = {}
+    for name, case in runner.test_cases.items():
+        suite = name.removeprefix("OnnxBackend").removesuffix("ModelTest")
+        if suite not in suites:
+            continue
+        methods = {k: v for k, v in vars(case).items()
+                   if k.startswith("test_") and k.endswith("_cpu")}
+        cls_name = f"OnnxBackend{suite}O{opt_level}"
+        classes[cls_name] = type(cls_name, (unittest.TestCase,),
+                                 {**methods, "__module__": module, "suite": suite})
+    return classes
+
+
+class _Result(unittest.TestResult):
+    """Records one outcome per test: ("passed" | "failed" | "skipped", message)."""
+
+    def __init__(self):
+        super().__init__()
+        self.outcomes: dict[str, tuple[str, str]] = {}
+
+    def addSuccess(self, test):  # noqa: N802 (unittest's names)
+        self.outcomes[test._testMethodName] = ("passed", "")
+
+    def addFailure(self, test, err):  # noqa: N802
+        self.outcomes[test._testMethodName] = ("failed", _first_line(err[1]))
+
+    def addError(self, test, err):  # noqa: N802
+        self.outcomes[test._testMethodName] = ("failed", _first_line(err[1]))
+
+    def addSkip(self, test, reason):  # noqa: N802
+        self.outcomes[test._testMethodName] = ("skipped", reason.removeprefix(_SKIP_PREFIX))
+
+
+def _first_line(err: BaseException) -> str:
+    lines = [x for x in str(err).splitlines() if x.strip()]
+    text = next((x for x in lines if "Mismatched" in x or "Max absolute" in x), None)
+    return f"{type(err).__name__}: {text or (lines[0] if lines else '')}"[:300]
+
+
+def run_suites(suites=SUITES, opt_levels=OPT_LEVELS) -> dict:
+    """Run the suites at each opt level; returns the report as a dict."""
+    results: dict[str, dict] = {}
+    for level in opt_levels:
+        for case in make_backend_tests(level, suites).values():
+            result = _Result()
+            start = time.perf_counter()
+            unittest.defaultTestLoader.loadTestsFromTestCase(case).run(result)
+            seconds = time.perf_counter() - start
+            counts = collections.Counter(kind for kind, _ in result.outcomes.values())
+            results[f"{case.suite}@O{level}"] = {
+                "suite": case.suite, "opt_level": level, "seconds": round(seconds, 1),
+                **{k: counts.get(k, 0) for k in ("passed", "failed", "skipped")},
+                "failures": {t: m for t, (k, m) in sorted(result.outcomes.items())
+                             if k == "failed"},
+                "skip_reasons": _reason_counts(
+                    m for k, m in result.outcomes.values() if k == "skipped"),
+            }
+    return {"onnx": onnx.__version__, "results": results,
+            "supported_operators": supported_operators()}
+
+
+def _reason_counts(messages) -> dict[str, int]:
+    counts = collections.Counter(r for m in messages for r in m.split("; "))
+    return dict(counts.most_common())
+
+
+def supported_operators() -> dict[str, list[int]]:
+    """ONNX op_type -> the opsets its converters start at (Constant: the frontend's own)."""
+    from pipeline.ops import ONNX_CONVERTERS
+
+    ops = {op: sorted({since for since, _ in conv}) for op, conv in ONNX_CONVERTERS.items()}
+    ops["Constant"] = [1]
+    return dict(sorted(ops.items()))
+
+
+def render_markdown(report: dict) -> str:
+    """The report as a Markdown page: summary table, supported operators, failures."""
+    lines = [f"# ONNX backend conformance (onnx {report['onnx']})", "",
+             "| suite | opt level | passed | failed | skipped (unsupported) | pass rate of run |"
+             " seconds |", "|---|---|---|---|---|---|---|"]
+    for r in report["results"].values():
+        run = r["passed"] + r["failed"]
+        rate = f"{100 * r['passed'] / run:.1f}%" if run else "-"
+        lines.append(f"| {r['suite']} | {r['opt_level']} | {r['passed']} | {r['failed']} | "
+                     f"{r['skipped']} | {rate} | {r['seconds']} |")
+    ops = report["supported_operators"]
+    lines += ["", f"## Supported operators ({len(ops)}; converter opsets)", "",
+              ", ".join(f"{op} ({'/'.join(map(str, v))})" for op, v in ops.items())]
+    for key, r in report["results"].items():
+        if r["failures"]:
+            lines += ["", f"## Failures: {key}", ""]
+            lines += [f"- `{t}`: {m}" for t, m in r["failures"].items()]
+    first = next(iter(report["results"].values()), None)
+    if first:
+        lines += ["", f"## Skip reasons ({first['suite']}@O{first['opt_level']}, tests "
+                      "per reason)", ""]
+        lines += [f"- {n} {reason}" for reason, n in list(first["skip_reasons"].items())[:80]]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(out_dir: str | Path = "out", suites=SUITES,
+                 opt_levels=OPT_LEVELS) -> dict:
+    """Run the suites and write <out_dir>/conformance.json and conformance.md."""
+    report = run_suites(suites, opt_levels)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "conformance.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out / "conformance.md").write_text(render_markdown(report))
+    return report
