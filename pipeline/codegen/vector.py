@@ -148,39 +148,61 @@ def _declare(module: ir.Module, name: str, ret: ir.Type, args: list) -> ir.Funct
     return fn if fn is not None else ir.Function(module, ir.FunctionType(ret, args), name=name)
 
 
+# Work items per grab: small enough that a thread the OS preempts holds up little
+# work (the others take the rest), large enough that the shared counter stays cold.
+def _chunk(n_items: int) -> int:
+    return max(1, n_items // 64)
+
+
 @contextmanager
 def parallel_for(kb: KernelBuilder, n_items: int, name: str = "task"):
     """`for i in range(n_items)`, split over libgomp's threads; yields the i64 `i`.
 
-    The body is generated into an internal function `<kernel>.<name>(ptr args)`
-    that GOMP_parallel runs on every thread of the team; thread t takes items
-    [t*n/T, (t+1)*n/T). While the body is generated, `kb` builds that function:
-    its buffers' pointers are re-read from `args` there (the Buffer objects are
-    updated in place, so the lowering's and the epilogue's references stay
-    valid) and restored afterwards.
+    The body is generated into an internal function `<kernel>.<name>(ptr data)`
+    that GOMP_parallel runs on every thread of the team. `data` holds the kernel's
+    argument array and a counter: each thread repeatedly takes the next chunk of
+    consecutive items with an atomic add until none is left (dynamic scheduling:
+    on a busy machine a descheduled thread does not hold up the kernel). While the
+    body is generated, `kb` builds that function: its buffers' pointers are re-read
+    from the arguments there (the Buffer objects are updated in place, so the
+    lowering's and the epilogue's references stay valid) and restored afterwards.
     """
     module, outer_fn, outer_b = kb.module, kb.function, kb.b
+    # data: two pointer-sized slots, the argument array and the next unclaimed item
     fn = ir.Function(module, ir.FunctionType(VOID, [PTR]), name=f"{outer_fn.name}.{name}")
     fn.linkage = "internal"
-    fn.args[0].add_attribute("noalias")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     saved = [buf.ptr for buf in kb.buffers]
     kb.function, kb.b = fn, b
+    chunk = _chunk(n_items)
     try:
+        args = b.load(b.gep(fn.args[0], [kb.i64(0)], source_etype=PTR), typ=PTR)
+        counter = b.gep(fn.args[0], [kb.i64(1)], source_etype=PTR)
         for i, buf in enumerate(kb.buffers):
-            slot = b.gep(fn.args[0], [kb.i64(i)], source_etype=PTR, inbounds=True)
+            slot = b.gep(args, [kb.i64(i)], source_etype=PTR, inbounds=True)
             buf.ptr = b.load(slot, typ=PTR, name=f"buf{i}")
-        tid = b.sext(b.call(_declare(module, "omp_get_thread_num", I32, []), []), kb.i64(0).type)
-        nth = b.sext(b.call(_declare(module, "omp_get_num_threads", I32, []), []),
-                     kb.i64(0).type)
-        lo = b.sdiv(b.mul(tid, kb.i64(n_items)), nth)
-        hi = b.sdiv(b.mul(b.add(tid, kb.i64(1)), kb.i64(n_items)), nth)
-        with kb.loop(lo, hi, name) as i:
+        grab, work, done = (fn.append_basic_block(f"{name}.{s}")
+                            for s in ("grab", "work", "done"))
+        b.branch(grab)
+        b.position_at_end(grab)
+        start = b.atomic_rmw("add", counter, kb.i64(chunk), "monotonic")
+        b.cbranch(b.icmp_signed("<", start, kb.i64(n_items)), work, done)
+        b.position_at_end(work)
+        end = b.add(start, kb.i64(chunk))
+        end = b.select(b.icmp_signed("<", end, kb.i64(n_items)), end, kb.i64(n_items))
+        with kb.loop(start, end, name) as i:
             yield i
+        kb.b.branch(grab)
+        kb.b.position_at_end(done)
         kb.b.ret_void()
     finally:
         kb.function, kb.b = outer_fn, outer_b
         for buf, ptr in zip(kb.buffers, saved, strict=True):
             buf.ptr = ptr
+    with outer_b.goto_block(outer_fn.entry_basic_block):
+        outer_b.position_at_start(outer_fn.entry_basic_block)
+        data = outer_b.bitcast(outer_b.alloca(PTR, size=2), PTR)
+    outer_b.store(outer_fn.args[0], outer_b.gep(data, [kb.i64(0)], source_etype=PTR))
+    outer_b.store(kb.i64(0), outer_b.gep(data, [kb.i64(1)], source_etype=PTR))
     gomp = _declare(module, "GOMP_parallel", VOID, [PTR, PTR, I32, I32])
-    outer_b.call(gomp, [fn, outer_fn.args[0], ir.Constant(I32, 0), ir.Constant(I32, 0)])
+    outer_b.call(gomp, [fn, data, ir.Constant(I32, 0), ir.Constant(I32, 0)])
