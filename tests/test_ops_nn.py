@@ -142,6 +142,9 @@ CONV = {
                              pads=[1, 1]),
     "convt_1d_output_shape": lambda: conv("ConvTranspose", (1, 2, 5), (2, 3, 3),
                                           strides=[3], output_shape=[16]),
+    # Several row chunks, two groups, 9 taps (three tap groups) and a scalar tail.
+    "convt_chunks_groups_tail": lambda: conv("ConvTranspose", (1, 128, 20, 21), (128, 3, 3, 3),
+                                             group=2, strides=[2, 2], pads=[1, 0, 1, 1]),
     "convt_runtime_weight": lambda: conv("ConvTranspose", (1, 2, 3, 3), (2, 2, 2, 2),
                                          w_input=True, strides=[2, 2]),
     "convt_relu_fused": conv_t_relu,

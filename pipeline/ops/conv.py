@@ -11,6 +11,8 @@ and vectorisable.
 
 from __future__ import annotations
 
+from pipeline.codegen.builder import F32, Buffer
+from pipeline.codegen.vector import fma, splat, vec, vload, zeros
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.nn import as_1d, auto_pad_of, ceil_div, lift_1d, spatial_attrs, window_out
@@ -144,10 +146,22 @@ def _conv_t_infer(types, node):
     return [TensorType((n, ocg * groups, oh, ow), x.dtype)]
 
 
+# Chunk sizes (in floats) of the transposed convolution: a chunk of input rows
+# over a group's channels is packed block-major on the stack (so the products
+# stream through it) and reused by every output channel of the group; the
+# per-tap row buffers stay in L1. Products are summed over input channels in
+# registers: _LANES x _UNROLL outputs for up to _TAP_GROUP taps at a time.
+_X_CHUNK, _ROW_BUFFERS = 16384, 8192
+_LANES, _UNROLL, _TAP_GROUP = 8, 2, 4
+_BLOCK = _LANES * _UNROLL
+
+
 def _conv_t_lower(kb, node, ins, out, epilogue):
-    """Transposed convolution as the mirror of `_conv_lower`: per output plane,
-    each input pixel is scattered to `stride` spaced outputs, tap by tap, over
-    input ranges computed here so that no bounds check remains."""
+    """Transposed convolution, one chunk of input rows and one group at a time:
+    for each output channel and tap, the tap's weight times the chunk, summed
+    over the group's input channels, goes to a stack row buffer, which is then
+    scattered to the `stride` spaced outputs it belongs to. Tap ranges are
+    computed here so that no bounds check remains."""
     x, w = ins[0], ins[1]
     bias = ins[2] if len(ins) > 2 else None
     _, c, h, wd = x.type.shape
@@ -155,38 +169,119 @@ def _conv_t_lower(kb, node, ins, out, epilogue):
     n_n, oc_n, oh_n, ow_n = out.type.shape
     (sh, sw), (dh, dw) = node.attr("strides"), node.attr("dilations")
     pt, pl = node.attr("pads")[:2]
-    icg = c // node.attr("groups")
-    with kb.loop(0, n_n, "n") as n, kb.loop(0, oc_n, "oc") as oc:
-        plane = kb.mul(kb.add(kb.mul(n, oc_n), oc), oh_n * ow_n)
-        init = kb.load(bias, oc) if bias else kb.f32(0.0)
-        with kb.loop(0, oh_n * ow_n, "p") as p:
-            kb.store(out, kb.add(plane, p), init)
-        group = kb.b.udiv(oc, kb.i64(ocg))
-        ocl = kb.b.urem(oc, kb.i64(ocg))
+    groups = node.attr("groups")
+    icg = c // groups
+    taps = []  # (kh, kw, ih range, iw range) of the taps that reach the output
+    for kh in range(kh_n):
+        # oh = ih * sh + kh * dh - pt must land in [0, oh_n)
+        ih = (max(0, ceil_div(pt - kh * dh, sh)), min(h, (oh_n - 1 + pt - kh * dh) // sh + 1))
+        for kw in range(kw_n):
+            iw = (max(0, ceil_div(pl - kw * dw, sw)), min(wd, (ow_n - 1 + pl - kw * dw) // sw + 1))
+            if ih[0] < ih[1] and iw[0] < iw[1]:
+                taps.append((kh, kw, ih, iw))
+    rows = max(1, min(h, _X_CHUNK // (wd * icg), _ROW_BUFFERS // (wd * max(1, len(taps)))))
+    size = rows * wd  # one tap's row buffer
+    row = _stack_buffer(kb, max(1, len(taps)) * size)
+    packed = _stack_buffer(kb, icg * size)
+    b = kb.b
+    with kb.loop(0, n_n, "n") as n:
+        with kb.loop(0, oc_n, "oc") as oc:
+            init = kb.load(bias, oc) if bias else kb.f32(0.0)
+            plane = kb.mul(kb.add(kb.mul(n, oc_n), oc), oh_n * ow_n)
+            with kb.loop(0, oh_n * ow_n, "p") as p:
+                kb.store(out, kb.add(plane, p), init)
+        with kb.loop(0, ceil_div(h, rows), "chunk") as chunk, \
+                kb.loop(0, groups, "g") as group:
+            r0 = kb.mul(chunk, rows)
+            n_rows = _smin(kb, b.sub(kb.i64(h), r0), kb.i64(rows))
+            span = kb.mul(n_rows, wd)
+            n_blocks = b.udiv(span, kb.i64(_BLOCK))
+            x_base = kb.add(kb.mul(kb.add(kb.mul(n, c), kb.mul(group, icg)), h * wd),
+                            kb.mul(r0, wd))
+            # packed[(qb * icg + icl) * BLOCK + j] = x[icl, chunk q = qb * BLOCK + j]
+            with kb.loop(0, n_blocks, "pb") as qb, kb.loop(0, icg, "pc") as icl, \
+                    kb.loop(0, _BLOCK, "pj") as j:
+                src = kb.add(x_base, kb.add(kb.mul(icl, h * wd), kb.add(kb.mul(qb, _BLOCK), j)))
+                dst = kb.add(kb.mul(kb.add(kb.mul(qb, icg), icl), _BLOCK), j)
+                kb.store(packed, dst, kb.load(x, src))
+            with kb.loop(0, ocg, "ocl") as ocl:
+                oc = kb.add(kb.mul(group, ocg), ocl)
+                plane = kb.mul(kb.add(kb.mul(n, oc_n), oc), oh_n * ow_n)
+                w_base = kb.mul(kb.add(kb.mul(kb.mul(group, icg), ocg), ocl), kh_n * kw_n)
+                for first in range(0, len(taps), _TAP_GROUP):
+                    group_taps = list(enumerate(taps))[first:first + _TAP_GROUP]
+                    _conv_t_products(kb, x, w, packed, row, group_taps, span, n_blocks, icg,
+                                     x_base, w_base, ocg * kh_n * kw_n, kw_n, size)
+                _conv_t_scatter(kb, node, out, row, taps, plane, r0, n_rows, wd, size)
+        if epilogue is not None:
+            with kb.loop(0, oc_n, "oc") as oc:
+                _plane_epilogue(kb, out, kb.mul(kb.add(kb.mul(n, oc_n), oc), oh_n * ow_n),
+                                n, oc, epilogue)
+
+
+def _stack_buffer(kb, size: int) -> Buffer:
+    """`size` floats on the stack, allocated once in the entry block."""
+    with kb.b.goto_block(kb.function.entry_basic_block):
+        return Buffer(kb.b.alloca(F32, size=kb.i64(size)), TensorType((size,), "float32"))
+
+
+def _conv_t_products(kb, x, w, packed, row, taps, span, n_blocks, icg, x_base, w_base,
+                     w_ic_stride, kw_n, size):
+    """row[t][q] = sum over the group's input channels ic of w[ic, tap t] *
+    x[ic, chunk q], q < span, for the (t, tap) pairs in `taps`: whole blocks
+    accumulate in vector registers reading the packed chunk, the tail in
+    scalars reading x."""
+    b = kb.b
+    with kb.loop(0, n_blocks, "qb") as qb:
+        accs = [[kb.local(zeros(_LANES)) for _ in range(_UNROLL)] for _ in taps]
         with kb.loop(0, icg, "icl") as icl:
-            ic = kb.add(kb.mul(group, icg), icl)
-            in_plane = kb.mul(kb.add(kb.mul(n, c), ic), h * wd)
-            w_base = kb.mul(kb.add(kb.mul(ic, ocg), ocl), kh_n * kw_n)
-            for kh in range(kh_n):
-                # oh = ih * sh + kh * dh - pt must land in [0, oh_n)
-                ih_lo = max(0, ceil_div(pt - kh * dh, sh))
-                ih_hi = min(h, (oh_n - 1 + pt - kh * dh) // sh + 1)
-                for kw in range(kw_n):
-                    iw_lo = max(0, ceil_div(pl - kw * dw, sw))
-                    iw_hi = min(wd, (ow_n - 1 + pl - kw * dw) // sw + 1)
-                    if ih_lo >= ih_hi or iw_lo >= iw_hi:
-                        continue
-                    wv = kb.load(w, kb.add(w_base, kh * kw_n + kw))
-                    with kb.loop(ih_lo, ih_hi, "ih") as ih:
-                        oh = kb.add(kb.mul(ih, sh), kh * dh - pt)
-                        in_row = kb.add(in_plane, kb.mul(ih, wd))
-                        out_row = kb.add(plane, kb.mul(oh, ow_n))
-                        with kb.loop(iw_lo, iw_hi, "iw") as iw:
-                            o = kb.add(out_row, kb.add(kb.mul(iw, sw), kw * dw - pl))
-                            acc = kb.fadd(kb.load(out, o),
-                                          kb.fmul(wv, kb.load(x, kb.add(in_row, iw))))
-                            kb.store(out, o, acc)
-        _plane_epilogue(kb, out, plane, n, oc, epilogue)
+            src = kb.mul(kb.add(kb.mul(qb, icg), icl), _BLOCK)
+            xs = [vload(kb, packed, kb.add(src, u * _LANES), _LANES) for u in range(_UNROLL)]
+            w_ic = kb.add(w_base, kb.mul(icl, w_ic_stride))
+            for slots, (_, (kh, kw, _, _)) in zip(accs, taps, strict=True):
+                wv = splat(kb, kb.load(w, kb.add(w_ic, kh * kw_n + kw)), _LANES)
+                for slot, xv in zip(slots, xs, strict=True):
+                    kb.set(slot, fma(kb, wv, xv, kb.get(slot)))
+        for slots, (t, _) in zip(accs, taps, strict=True):
+            for u, slot in enumerate(slots):
+                # The stack buffer's pointer is typed (float*): store through a
+                # vector pointer rather than vector.vstore.
+                at = kb.gep(row, kb.add(kb.mul(qb, _BLOCK), t * size + u * _LANES))
+                b.store(kb.get(slot), b.bitcast(at, vec(_LANES).as_pointer()), align=4)
+    plane_size = x.type.shape[2] * x.type.shape[3]
+    with kb.loop(kb.mul(n_blocks, _BLOCK), span, "qt") as q:
+        for t, (kh, kw, _, _) in taps:
+            acc = kb.local(kb.f32(0.0))
+            with kb.loop(0, icg, "icl") as icl:
+                src = kb.add(x_base, kb.add(kb.mul(icl, plane_size), q))
+                wv = kb.load(w, kb.add(kb.add(w_base, kb.mul(icl, w_ic_stride)), kh * kw_n + kw))
+                kb.set(acc, kb.fadd(kb.get(acc), kb.fmul(wv, kb.load(x, src))))
+            kb.store(row, kb.add(q, t * size), kb.get(acc))
+
+
+def _conv_t_scatter(kb, node, out, row, taps, plane, r0, n_rows, wd, size):
+    """out[oh, ow] += row[t][ih - r0, iw] for every tap t and the chunk's input
+    pixels (ih, iw) that tap sends into the output."""
+    (sh, sw), (dh, dw) = node.attr("strides"), node.attr("dilations")
+    pt, pl = node.attr("pads")[:2]
+    ow_n = out.type.shape[3]
+    for t, (kh, kw, (ih_lo, ih_hi), (iw_lo, iw_hi)) in enumerate(taps):
+        lo = _smax(kb, r0, kb.i64(ih_lo))
+        hi = _smin(kb, kb.add(r0, n_rows), kb.i64(ih_hi))
+        with kb.loop(lo, hi, "ih") as ih:
+            out_row = kb.add(plane, kb.mul(kb.add(kb.mul(ih, sh), kh * dh - pt), ow_n))
+            row_base = kb.add(kb.mul(kb.b.sub(ih, r0), wd), t * size)
+            with kb.loop(iw_lo, iw_hi, "iw") as iw:
+                o = kb.add(out_row, kb.add(kb.mul(iw, sw), kw * dw - pl))
+                kb.store(out, o, kb.fadd(kb.load(out, o), kb.load(row, kb.add(row_base, iw))))
+
+
+def _smax(kb, a, b):
+    return kb.b.select(kb.b.icmp_signed(">", a, b), a, b)
+
+
+def _smin(kb, a, b):
+    return kb.b.select(kb.b.icmp_signed("<", a, b), a, b)
 
 
 register("conv_transpose2d", "anchor", _conv_t_infer, lower=_conv_t_lower)
