@@ -212,6 +212,15 @@ CASES = {
         rand(1, 2, 4, 6), sizes=[1, 2, 5, 5], opset=18, mode="nearest",
         keep_aspect_ratio_policy="not_smaller"),
     "space_to_depth_int64": lambda: op("SpaceToDepth", ints(1, 2, 4, 2), blocksize=2),
+    "resize_cubic_up": lambda: resize(rand(1, 2, 4, 4), [1, 1, 2, 1.5], mode="cubic"),
+    "resize_cubic_down_align_corners": lambda: resize(
+        rand(1, 2, 6, 7), [1, 1, 0.5, 0.8], mode="cubic",
+        coordinate_transformation_mode="align_corners"),
+    "resize_cubic_exclude_outside_a05": lambda: resize(
+        rand(1, 1, 5, 4), sizes=[1, 1, 8, 9], mode="cubic", cubic_coeff_a=-0.5,
+        exclude_outside=1),
+    "resize_cubic_asymmetric_2d": lambda: resize(
+        rand(5, 6), [1.5, 0.7], mode="cubic", coordinate_transformation_mode="asymmetric"),
     "resize_linear_2d": lambda: resize(rand(3, 4), [2, 1.5], mode="linear"),
     "resize_linear_relu_fused": lambda: (model_of(
         [node("Resize", ["x", "", "s"], ["r"], mode="linear"), node("Relu", ["r"], ["y"])],
@@ -264,9 +273,10 @@ def test_reshape_shape_from_runtime_input_is_a_model_error():
         from_onnx(model)
 
 
-def test_resize_cubic_is_a_model_error():
-    model, _ = resize(rand(1, 1, 3, 3), [1, 1, 2, 2], mode="cubic")
-    with pytest.raises(ModelError, match="mode 'cubic' is not supported"):
+def test_resize_tf_crop_and_resize_is_a_model_error():
+    model, _ = resize(rand(1, 1, 3, 3), [1, 1, 2, 2], mode="linear",
+                      coordinate_transformation_mode="tf_crop_and_resize")
+    with pytest.raises(ModelError, match="'tf_crop_and_resize' .* is not supported"):
         from_onnx(model)
 
 

@@ -1,10 +1,11 @@
-"""Resize and Upsample: nearest (all rounding modes) and n-linear interpolation
-with the ONNX coordinate transformation modes, from scales or sizes.
+"""Resize and Upsample: nearest (all rounding modes), n-linear and cubic
+interpolation with the ONNX coordinate transformation modes, from scales or sizes.
 
 Per output axis the source coordinate of every output index is computed here,
-in float32 as onnxruntime does, and turned into index tables: nearest mode
-reads one input element (an index remap), linear mode blends the 2^k corners
-of the k axes that need interpolation with per-axis weight tables.
+in float32 as onnxruntime does, and turned into taps: (input offset, weight)
+tables, one tap per axis for nearest (an index remap), two for linear, four for
+cubic. An output element is the weighted sum over every combination of one tap
+per axis; axes that need no blending (batch, channels) have a single tap.
 """
 
 from __future__ import annotations
@@ -54,52 +55,71 @@ def _nearest(mode: str, x: np.ndarray, scale: float) -> np.ndarray:
     return np.ceil(x)  # ceil, or "simple" when downsampling (Resize-10, Upsample)
 
 
-def _axis_tables(node, x: TensorType, out: TensorType):
-    """Per axis: (lo offsets, hi offsets, weights of hi) or (offsets, None, None)."""
-    tables = []
-    for d, (n_in, n_out, stride) in enumerate(zip(x.shape, out.shape,
-                                                  row_major_strides(x.shape), strict=True)):
-        src = source_coords(node.attr("coord"), n_in, n_out, node.attr("scales")[d])
-        if node.attr("mode") == "nearest":
-            idx = np.clip(_nearest(node.attr("nearest"), src, node.attr("scales")[d]),
-                          0, n_in - 1).astype(np.int64)
-            tables.append((idx * stride, None, None))
-            continue
+def _cubic_weights(frac: np.ndarray, a: float) -> list[np.ndarray]:
+    """Keys cubic convolution weights of the taps at floor(x) - 1 .. floor(x) + 2."""
+    def near(t):  # |t| <= 1
+        return ((a + 2) * t - (a + 3)) * t * t + 1
+
+    def far(t):  # 1 < |t| < 2
+        return ((a * t - 5 * a) * t + 8 * a) * t - 4 * a
+
+    return [far(frac + 1), near(frac), near(1 - frac), far(2 - frac)]
+
+
+def _axis_taps(node, d: int, n_in: int, n_out: int, stride: int):
+    """The taps of one axis: [(input offsets, weights or None)] per output index."""
+    scale = node.attr("scales")[d]
+    src = source_coords(node.attr("coord"), n_in, n_out, scale)
+    mode = node.attr("mode")
+    if mode == "nearest":
+        idx = np.clip(_nearest(node.attr("nearest"), src, scale), 0, n_in - 1)
+        return [(idx.astype(np.int64) * stride, None)]
+    if mode == "linear":
         src = np.clip(src, 0, n_in - 1)
-        lo = np.floor(src).astype(np.int64)
-        weight = (src - lo).astype(np.float32)
-        if not weight.any():
-            tables.append((lo * stride, None, None))
-        else:
-            tables.append((lo * stride, np.minimum(lo + 1, n_in - 1) * stride, weight))
-    return tables
+    lo = np.floor(src)
+    frac = (src - lo).astype(np.float64)
+    if not frac.any():  # every output index sits on an input index: no blending
+        return [(np.clip(lo, 0, n_in - 1).astype(np.int64) * stride, None)]
+    if mode == "linear":
+        taps = [(lo, 1 - frac), (lo + 1, frac)]
+    else:
+        taps = list(zip((lo + k for k in (-1, 0, 1, 2)),
+                        _cubic_weights(frac, node.attr("cubic_a")), strict=True))
+        if node.attr("exclude_outside"):  # taps outside get no weight; renormalise
+            taps = [(i, np.where((i >= 0) & (i < n_in), w, 0)) for i, w in taps]
+            total = sum(w for _, w in taps)
+            taps = [(i, w / total) for i, w in taps]
+    return [(np.clip(i, 0, n_in - 1).astype(np.int64) * stride, w.astype(np.float32))
+            for i, w in taps]
+
+
+def _taps(node, x: TensorType, out: TensorType):
+    return [_axis_taps(node, d, n_in, n_out, stride) for d, (n_in, n_out, stride)
+            in enumerate(zip(x.shape, out.shape, row_major_strides(x.shape), strict=True))]
 
 
 def _resize_infer(types, node):
     x = types[0]
-    if node.attr("mode") == "linear" and x.dtype != "float32":
-        raise ModelError(f"node {node.name!r} (resize): linear mode needs float32, "
-                         f"not {x.dtype}")
+    if node.attr("mode") != "nearest" and x.dtype != "float32":
+        raise ModelError(f"node {node.name!r} (resize): {node.attr('mode')} mode needs "
+                         f"float32, not {x.dtype}")
     return [TensorType(tuple(node.attr("shape")), x.dtype)]
 
 
 def _resize_lower(kb, node, ins, out, epilogue):
-    tables = _axis_tables(node, ins[0].type, out.type)
+    """Sum over every combination of one tap per axis of weight product x input."""
+    taps = _taps(node, ins[0].type, out.type)
     with kb.nest(out.type.shape, "o") as index:
-        base, blends = 0, []
-        for i, (lo, hi, weight) in zip(index, tables, strict=True):
-            if weight is None:
-                base = kb.add(base, axis_term(kb, lo, i))
-            else:
-                w = kb.load_table(kb.table(weight.tolist(), F32), i)
-                blends.append((axis_term(kb, lo, i), axis_term(kb, hi, i), w))
+        axes = [[(axis_term(kb, offsets, i),
+                  None if w is None else kb.load_table(kb.table(w.tolist(), F32), i))
+                 for offsets, w in axis] for i, axis in zip(index, taps, strict=True)]
         value = None
-        for corner in itertools.product((0, 1), repeat=len(blends)):
-            offset, weight = base, None
-            for bit, (lo, hi, w) in zip(corner, blends, strict=True):
-                offset = kb.add(offset, hi if bit else lo)
-                factor = w if bit else kb.fsub(kb.f32(1.0), w)
-                weight = factor if weight is None else kb.fmul(weight, factor)
+        for combo in itertools.product(*axes):
+            offset, weight = 0, None
+            for term, w in combo:
+                offset = kb.add(offset, term)
+                if w is not None:
+                    weight = w if weight is None else kb.fmul(weight, w)
             term = kb.load(ins[0], offset)
             term = term if weight is None else kb.fmul(weight, term)
             value = term if value is None else kb.fadd(value, term)
@@ -111,17 +131,14 @@ def _resize_lower(kb, node, ins, out, epilogue):
 def _resize_np(xs, node):
     x = xs[0]
     out_type = TensorType(tuple(node.attr("shape")), str(x.dtype))
-    tables = _axis_tables(node, TensorType(x.shape, str(x.dtype)), out_type)
+    taps = _taps(node, TensorType(x.shape, str(x.dtype)), out_type)
     flat = x.reshape(-1)
     result = np.zeros(out_type.shape, np.float64 if x.dtype.kind == "f" else x.dtype)
-    for corner in itertools.product((0, 1), repeat=len(tables)):
-        if any(bit and t[2] is None for bit, t in zip(corner, tables, strict=True)):
-            continue
-        offsets = [t[1] if bit else t[0] for bit, t in zip(corner, tables, strict=True)]
-        weights = [np.ones(len(t[0])) if t[2] is None else t[2] if bit else 1 - t[2]
-                   for bit, t in zip(corner, tables, strict=True)]
+    for combo in itertools.product(*taps):
+        offsets = reduce(np.add, np.ix_(*(o for o, _ in combo)), np.zeros((), np.int64))
+        weights = [np.ones(len(o)) if w is None else w for o, w in combo]
         weight = reduce(np.multiply, np.ix_(*weights), np.ones(()))
-        result = result + weight * flat[reduce(np.add, np.ix_(*offsets), np.zeros((), int))]
+        result = result + weight * flat[offsets]
     return [result.astype(x.dtype)]
 
 
@@ -140,9 +157,9 @@ def _resize_node(ctx, n, scales, sizes, coord: str, nearest: str, axes=None,
     in_shape = ctx.type(n.inputs[0]).shape
     rank = len(in_shape)
     mode = _text(n, "mode", "nearest")
-    if mode not in ("nearest", "linear", "bilinear"):
+    if mode not in ("nearest", "linear", "bilinear", "cubic"):
         raise ModelError(f"node {n.name!r} ({n.op_type}): mode {mode!r} is not supported "
-                         "(nearest, linear are)")
+                         "(nearest, linear, cubic are)")
     if coord not in _COORD_MODES or nearest not in _NEAREST_MODES:
         raise ModelError(f"node {n.name!r} ({n.op_type}): coordinate_transformation_mode "
                          f"{coord!r} / nearest_mode {nearest!r} is not supported")
@@ -165,7 +182,9 @@ def _resize_node(ctx, n, scales, sizes, coord: str, nearest: str, axes=None,
         raise ModelError(f"node {n.name!r} ({n.op_type}): needs scales or sizes")
     return Node.make("resize", n.name, n.inputs[:1], n.outputs[:1],
                      mode="linear" if mode == "bilinear" else mode, coord=coord,
-                     nearest=nearest, scales=full_scales, shape=shape)
+                     nearest=nearest, scales=full_scales, shape=shape,
+                     cubic_a=float(n.attrs.get("cubic_coeff_a", -0.75)),
+                     exclude_outside=int(n.attrs.get("exclude_outside", 0)))
 
 
 @onnx_op("Upsample", 7)
