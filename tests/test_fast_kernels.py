@@ -195,8 +195,10 @@ def test_thread_count_from_environment_and_errors(tmp_path):
         f"gm.run(x=np.load({str(tmp_path / 'x.npy')!r}))\n"
         f"np.testing.assert_allclose(gm.get_output(0), np.load({str(tmp_path / 'want.npy')!r}),"
         " rtol=1e-4, atol=1e-4)\n"
-        "assert 'llvmlite' not in sys.modules and 'onnx' not in sys.modules\n")
+        "assert 'llvmlite' not in sys.modules and 'onnx' not in sys.modules\n"
+        "import os; assert os.environ['GOMP_SPINCOUNT'] == '10000'\n")
     env = {**os.environ, "PYTHONPATH": str(REPO), "PIPELINE_NUM_THREADS": "3"}
+    env.pop("GOMP_SPINCOUNT", None)  # the loader limits libgomp's idle spinning
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr

@@ -27,6 +27,7 @@ from pipeline.runtime.pack import (
     unpack_blob,
 )
 from pipeline.runtime.params import load_params
+from pipeline.runtime.threads import limit_idle_spin
 
 __all__ = ["Module", "load_module"]
 
@@ -170,6 +171,7 @@ def _load_so(so_path: str, source: str, keep: Sequence[Any] = ()) -> Module:
         keep.append(alias_dir)
         open_path = os.path.join(alias_dir.name, os.path.basename(so_path))
         os.symlink(so_path, open_path)
+    limit_idle_spin()  # before the library pulls in libgomp (see runtime/threads.py)
     try:
         lib = ctypes.CDLL(open_path, mode=os.RTLD_LOCAL | os.RTLD_NOW)
     except OSError as err:

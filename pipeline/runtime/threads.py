@@ -4,6 +4,13 @@ A library whose kernels call GOMP_parallel is linked against libgomp, so its
 handle also resolves `omp_set_num_threads`; the executor calls it before every
 run with its own count. The default is $PIPELINE_NUM_THREADS, else every core
 this process may run on.
+
+Between parallel kernels libgomp's idle threads spin before they sleep; by default
+for ~300000 pause instructions (tens of milliseconds), which on a machine shared
+with other work takes the cores from the very threads the next kernel waits for,
+and from anything else this process runs between inferences. The loader sets
+$GOMP_SPINCOUNT (unless the user did) to a spin that still spans the gap between
+two kernels of a graph but ends soon after a run.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 ENV_VAR = "PIPELINE_NUM_THREADS"
+SPIN_VAR, SPIN_DEFAULT = "GOMP_SPINCOUNT", "10000"
 
 
 def check_num_threads(n: Any, where: str) -> int:
@@ -45,3 +53,9 @@ def thread_setter(lookup: Callable[[str], Any]) -> Callable[[int], None] | None:
     fn.argtypes = [ctypes.c_int]
     fn.restype = None
     return fn
+
+
+def limit_idle_spin() -> None:
+    """Set $GOMP_SPINCOUNT unless set; effective when libgomp is loaded afterwards
+    (libgomp reads it once, when the first library linked to it is loaded)."""
+    os.environ.setdefault(SPIN_VAR, SPIN_DEFAULT)
