@@ -66,8 +66,10 @@ class ImportContext:
     def track(self, node: Node) -> None:
         """Note `node`'s outputs as computable at build time if its op has a numpy
         implementation and its inputs are all constants or computable."""
-        known = (*self.params, *self.pending, *self.values)
-        if get(node.op).numpy is not None and all(i in known for i in node.inputs):
+        def known(name):
+            return name in self.params or name in self.pending or name in self.values
+
+        if get(node.op).numpy is not None and all(known(i) for i in node.inputs):
             self.pending.update(dict.fromkeys(node.outputs, node))
 
     def set_const(self, name: str, value: np.ndarray) -> None:
