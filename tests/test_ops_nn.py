@@ -322,6 +322,12 @@ LINALG = {
     "matmul_4d_broadcast": lambda: matmul((2, 1, 3, 4), (1, 5, 4, 6)),
     "matmul_4d_const_b": lambda: matmul((2, 3, 3, 4), (3, 4, 6), b_const=True),
     "bert_attention": attention,
+    # Tile edges of gemm_tile: M % 4, N % 16 and K beyond one packed panel (512).
+    "matmul_tile_edges": lambda: matmul((2, 7, 600), (2, 600, 37)),
+    "matmul_tile_edges_const_b": lambda: matmul((5, 530), (530, 33), b_const=True),
+    "gemm_tile_edges_transb": lambda: gemm((9, 520), (40, 520), (40,), b_input=True,
+                                           transB=1),
+    "gemm_tile_edges_transa": lambda: gemm((530, 6), (530, 20), transA=1, alpha=0.5),
 }
 
 

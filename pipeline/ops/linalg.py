@@ -1,7 +1,8 @@
 """Linear algebra: dense (Gemm, MatMul by a constant) and batched matmul.
 
-`dense` keeps its weight as [N, K] so every output is a contiguous dot product;
-the ONNX converters transpose and scale constant weights at import time.
+`dense` keeps its weight as [N, K]; the ONNX converters transpose and scale
+constant weights at import time. Both ops compute their products with the
+register-tiled engine in gemm_tile.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import numpy as np
 
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
+from pipeline.ops.gemm_tile import tiled_gemm
 from pipeline.ops.registry import broadcast_shape, onnx_op, register
 
 
@@ -22,19 +24,19 @@ def _dense_infer(types, node):
 
 
 def _dense_lower(kb, node, ins, out, epilogue):
-    """y[m, n] = bias[n] + sum_k a[m, k] * w[n, k], then the epilogue."""
+    """y[m, n] = sum_k a[m, k] * w[n, k] (tiled), then + bias[n] and the epilogue."""
     a, w = ins[0], ins[1]
     bias = ins[2] if len(ins) > 2 else None
     k_n = a.type.shape[-1]
     m_n = a.type.size // k_n
     n_n = w.type.shape[0]
+    tiled_gemm(kb, (m_n, n_n, k_n), lambda m, k: kb.load(a, kb.add(kb.mul(m, k_n), k)),
+               lambda k, n: kb.load(w, kb.add(kb.mul(n, k_n), k)), out, kb.i64(0))
+    if bias is None and epilogue is None:
+        return
     with kb.loop(0, m_n, "m") as m, kb.loop(0, n_n, "j") as j:
-        acc = kb.local(kb.f32(0.0))
-        a_row, w_row = kb.mul(m, k_n), kb.mul(j, k_n)
-        with kb.loop(0, k_n, "k") as k:
-            prod = kb.fmul(kb.load(a, kb.add(a_row, k)), kb.load(w, kb.add(w_row, k)))
-            kb.set(acc, kb.fadd(kb.get(acc), prod))
-        value = kb.get(acc)
+        o = kb.add(kb.mul(m, n_n), j)
+        value = kb.load(out, o)
         if bias:
             value = kb.fadd(value, kb.load(bias, j))
         if epilogue is not None:
@@ -42,7 +44,7 @@ def _dense_lower(kb, node, ins, out, epilogue):
             index = [m, j] if len(out.type.shape) == 2 else \
                 _unflatten(kb, m, out.type.shape[:-1]) + [j]
             value = epilogue(value, index)
-        kb.store(out, kb.add(kb.mul(m, n_n), j), value)
+        kb.store(out, o, value)
 
 
 def _unflatten(kb, flat, shape):
@@ -85,48 +87,34 @@ def _matmul_infer(types, node):
 
 
 def _matmul_lower(kb, node, ins, out, epilogue):
-    """Per output row m: if b is [K, N], accumulate out[.., m, :] += a[m, k] * b[k, :]
-    (contiguous, vectorised over n); if b is transposed ([N, K]), each output is
-    a dot product over contiguous k. A transposed a is read with stride M."""
+    """Per batch index, a tiled product (gemm_tile) reading a and b through
+    their transposes and broadcast batch dims, then the epilogue over the result."""
     x, y = ins
     a_shape, b_shape = _matrix_shapes(x.type.shape, y.type.shape, node)
     m_n, k_n = a_shape[-2:]
     n_n = b_shape[-1]
     batch = broadcast_shape(a_shape[:-2], b_shape[:-2])
     trans_a, trans_b = node.attr("trans_a"), node.attr("trans_b")
-    out_strides = (*_dense_strides(batch + (m_n, n_n)),)
+    out_strides = _dense_strides(batch + (m_n, n_n))
     squeeze = [d for d, keep in ((len(batch), len(x.type.shape) > 1),
                                  (len(batch) + 1, len(y.type.shape) > 1)) if not keep]
-
-    def a_at(a_base, m, k):
-        return kb.load(x, kb.add(a_base, kb.add(kb.mul(k, m_n), m) if trans_a
-                                 else kb.add(kb.mul(m, k_n), k)))
-
-    with kb.nest(batch, "b") as bidx, kb.loop(0, m_n, "m") as m:
+    with kb.nest(batch, "b") as bidx:
         a_base = _batch_offset(kb, x, a_shape, bidx)
         b_base = _batch_offset(kb, y, b_shape, bidx)
-        o_row = kb.add(kb.dot(bidx, out_strides[:-2]), kb.mul(m, n_n))
-        if trans_b:
-            with kb.loop(0, n_n, "j") as n:
-                acc = kb.local(kb.f32(0.0))
-                b_row = kb.add(b_base, kb.mul(n, k_n))
-                with kb.loop(0, k_n, "k") as k:
-                    prod = kb.fmul(a_at(a_base, m, k), kb.load(y, kb.add(b_row, k)))
-                    kb.set(acc, kb.fadd(kb.get(acc), prod))
-                kb.store(out, kb.add(o_row, n), kb.get(acc))
-        else:
-            with kb.loop(0, n_n, "z") as n:
-                kb.store(out, kb.add(o_row, n), kb.f32(0.0))
-            with kb.loop(0, k_n, "k") as k:
-                av = a_at(a_base, m, k)
-                b_row = kb.add(b_base, kb.mul(k, n_n))
-                with kb.loop(0, n_n, "j") as n:
-                    o = kb.add(o_row, n)
-                    kb.store(out, o, kb.fadd(kb.load(out, o),
-                                             kb.fmul(av, kb.load(y, kb.add(b_row, n)))))
+        c_base = kb.dot(bidx, out_strides[:-2])
+
+        def load_a(m, k):
+            return kb.load(x, kb.add(a_base, kb.add(kb.mul(k, m_n), m) if trans_a
+                                     else kb.add(kb.mul(m, k_n), k)))
+
+        def load_b(k, n):
+            return kb.load(y, kb.add(b_base, kb.add(kb.mul(n, k_n), k) if trans_b
+                                     else kb.add(kb.mul(k, n_n), n)))
+
+        tiled_gemm(kb, (m_n, n_n, k_n), load_a, load_b, out, c_base)
         if epilogue is not None:
-            with kb.loop(0, n_n, "e") as n:
-                o = kb.add(o_row, n)
+            with kb.loop(0, m_n, "m") as m, kb.loop(0, n_n, "e") as n:
+                o = kb.add(c_base, kb.add(kb.mul(m, n_n), n))
                 index = [i for d, i in enumerate([*bidx, m, n]) if d not in squeeze]
                 kb.store(out, o, epilogue(kb.load(out, o), index))
 

@@ -1,0 +1,73 @@
+"""A register-tiled matrix product, the inner engine of `matmul` and `dense`.
+
+    tiled_gemm(kb, shape, load_a, load_b, out, c_base)
+
+computes C[m, n] = sum_k A[m, k] * B[k, n] into the row-major block of `out`
+at `c_base` (row stride N), for static (M, N, K) and loaders `load_a(m, k)`,
+`load_b(k, n)` returning scalars, so any operand layout (transposed, batched,
+broadcast) works. B is packed per block of _NB columns into a stack panel
+([k][_NB], _KC rows of k at a time) so the micro-kernel streams it; each
+micro-kernel keeps _MR x _NB outputs in vector registers over a k chunk. Rows
+that do not fill a tile use a one-row tile, columns that do not fill a block
+a scalar loop.
+"""
+
+from __future__ import annotations
+
+from pipeline.codegen.builder import F32, Buffer
+from pipeline.codegen.vector import fma, splat, vec, vload, zeros
+from pipeline.ir.graph import TensorType
+
+_LANES = 8
+_NB = 2 * _LANES  # columns per block (two vectors)
+_MR = 4           # rows per micro-kernel tile
+_KC = 512         # k rows per packed panel
+
+
+def tiled_gemm(kb, shape: tuple[int, int, int], load_a, load_b, out: Buffer, c_base) -> None:
+    """C = A @ B for (M, N, K) = `shape` into out[c_base + m * N + n]; see module doc."""
+    m_n, n_n, k_n = shape
+    kc_n = min(k_n, _KC)
+    with kb.b.goto_block(kb.function.entry_basic_block):
+        panel = Buffer(kb.b.alloca(F32, size=kb.i64(kc_n * _NB)),
+                       TensorType((kc_n * _NB,), "float32"))
+    with kb.loop(0, n_n // _NB, "nb") as nb:
+        n0 = kb.mul(nb, _NB)
+        for k0 in range(0, k_n, kc_n):
+            k_len = min(kc_n, k_n - k0)
+            with kb.loop(0, k_len, "pk") as k, kb.loop(0, _NB, "pj") as j:
+                kb.store(panel, kb.add(kb.mul(k, _NB), j), load_b(kb.add(k, k0), kb.add(n0, j)))
+            full = m_n - m_n % _MR
+            if full:
+                with kb.loop(0, full // _MR, "mt") as mt:
+                    _micro(kb, _MR, kb.mul(mt, _MR), n0, k0, k_len, load_a, panel, out, c_base,
+                           n_n)
+            for m in range(full, m_n):
+                _micro(kb, 1, kb.i64(m), n0, k0, k_len, load_a, panel, out, c_base, n_n)
+    if n_n % _NB:
+        with kb.loop(0, m_n, "tm") as m, kb.loop(n_n - n_n % _NB, n_n, "tn") as n:
+            acc = kb.local(kb.f32(0.0))
+            with kb.loop(0, k_n, "tk") as k:
+                kb.set(acc, kb.fadd(kb.get(acc), kb.fmul(load_a(m, k), load_b(k, n))))
+            kb.store(out, kb.add(c_base, kb.add(kb.mul(m, n_n), n)), kb.get(acc))
+
+
+def _micro(kb, rows: int, m0, n0, k0: int, k_len: int, load_a, panel, out, c_base, n_n):
+    """C[m0:m0+rows, n0:n0+_NB] (+)= A[m0:m0+rows, k0:k0+k_len] @ panel, in registers;
+    the first k chunk starts from zero, later ones from what C holds."""
+    units = _NB // _LANES
+    c_at = [[kb.add(c_base, kb.add(kb.mul(kb.add(m0, r), n_n), kb.add(n0, u * _LANES)))
+             for u in range(units)] for r in range(rows)]
+    accs = [[kb.local(zeros(_LANES) if k0 == 0 else vload(kb, out, c_at[r][u], _LANES))
+             for u in range(units)] for r in range(rows)]
+    with kb.loop(0, k_len, "mk") as k:
+        bs = [vload(kb, panel, kb.add(kb.mul(k, _NB), u * _LANES), _LANES)
+              for u in range(units)]
+        for r in range(rows):
+            a = splat(kb, load_a(kb.add(m0, r), kb.add(k, k0)), _LANES)
+            for u in range(units):
+                kb.set(accs[r][u], fma(kb, a, bs[u], kb.get(accs[r][u])))
+    for r in range(rows):
+        for u in range(units):
+            ptr = kb.b.bitcast(kb.gep(out, c_at[r][u]), vec(_LANES).as_pointer())
+            kb.b.store(kb.get(accs[r][u]), ptr, align=4)
