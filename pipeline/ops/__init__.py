@@ -8,6 +8,7 @@ from pipeline.ops import (  # noqa: F401  (registration)
     index,
     layout,
     linalg,
+    movement,
     norm,
     pool,
     pool_blocked,

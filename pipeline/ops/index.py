@@ -1,6 +1,6 @@
 """Indexing operators: Gather, Slice, Split (as slices) and Pad.
 
-Slice and Pad are lowered by index tables (pipeline/ops/shape.py remap_lower):
+Slice and Pad are lowered by index tables (pipeline/ops/movement.py remap_lower):
 all their arguments are build-time constants, normalised here to ONNX
 semantics (negative indices, clamping, negative steps, negative pads).
 Gather reads its indices at run time; an index outside the data makes the
@@ -15,8 +15,9 @@ import numpy as np
 from pipeline.codegen.builder import I32, I64, row_major_strides
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
+from pipeline.ops.movement import OUTSIDE, register_remap
 from pipeline.ops.registry import onnx_op, register
-from pipeline.ops.shape import OUTSIDE, need_const, norm_axis, register_remap
+from pipeline.ops.shape import need_const, norm_axis
 
 # -- Gather ------------------------------------------------------------------------------
 

@@ -18,8 +18,9 @@ import numpy as np
 from pipeline.codegen.builder import F32, row_major_strides
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
+from pipeline.ops.movement import axis_term
 from pipeline.ops.registry import onnx_op, register
-from pipeline.ops.shape import axis_term, need_const
+from pipeline.ops.shape import need_const
 
 _COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
                 "asymmetric", "tf_half_pixel_for_nn")
