@@ -337,6 +337,11 @@ SOFTMAX = {
     "softmax11_axis2_4d": lambda: one("Softmax", (2, 3, 4, 5), opset=11, axis=2),
     "softmax13_axis1_4d": lambda: one("Softmax", (2, 3, 4, 5), axis=1),
     "softmax13_large_values": lambda: one("Softmax", (3, 7), low=-300, high=300),
+    # Masked attention scores: -inf entries must come out exactly 0.
+    "softmax13_neg_inf_mask": lambda: model(
+        [node("Add", ["x", "mask"], ["t"]), node("Softmax", ["t"], ["y"], axis=-1)],
+        {"x": rand(2, 3, 9, low=-20, high=20)},
+        {"mask": np.where(rand(3, 9, seed=4) > 0.3, 0.0, -np.inf).astype(np.float32)}),
     "logsoftmax11_default": lambda: one("LogSoftmax", (2, 3, 4), opset=11),
     "logsoftmax11_axis0": lambda: one("LogSoftmax", (2, 3, 4), opset=11, axis=0),
     "logsoftmax13_axis1": lambda: one("LogSoftmax", (2, 3, 4), axis=1),

@@ -10,6 +10,7 @@ float math with the fast-math flags we allow, and LLVM intrinsics.
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -195,6 +196,34 @@ class KernelBuilder:
 
     def fmin(self, a, b):
         return self.intrinsic("minnum", a, b)
+
+    def exp(self, x):
+        """exp(x) of a float32 in plain arithmetic, so loops using it vectorise
+        (llvm.exp becomes a scalar libm call): x = n ln2 + r with |r| <= ln2 / 2,
+        exp(r) = 1 + r + r^2 P(r) with the degree-5 P of Cephes expf (about
+        2 ulp), times 2**n built in the exponent bits. Exact edge values:
+        0 below -87.33 (where 2**n would be subnormal), +inf above 88.72, NaN kept."""
+        b = self.b
+        xc = self.fmin(self.fmax(x, self.f32(-87.33654)), self.f32(88.72283905))
+        n = self.intrinsic("floor", self.fadd(self.fmul(xc, self.f32(1.4426950408889634)),
+                                              self.f32(0.5)))
+        # r = x - n ln2, with ln2 split in two so n * hi is exact.
+        r = self.fsub(self.fsub(xc, self.fmul(n, self.f32(0.693359375))),
+                      self.fmul(n, self.f32(-2.12194440e-4)))
+        p = self.f32(1.9875691500e-4)
+        for c in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1,
+                  5.0000001201e-1):
+            p = self.fadd(self.fmul(p, r), self.f32(c))
+        er = self.fadd(self.fadd(self.fmul(self.fmul(p, r), r), r), self.f32(1.0))
+        # n reaches 128 near the top of the range: 2**127, then one more doubling.
+        top = b.fcmp_ordered(">", n, self.f32(127.0))
+        n = self.fmin(n, self.f32(127.0))
+        bits = b.shl(b.add(b.fptosi(n, I32), ir.Constant(I32, 127)), ir.Constant(I32, 23))
+        y = self.fmul(er, b.bitcast(bits, F32))
+        y = b.select(top, self.fmul(y, self.f32(2.0)), y)
+        y = b.select(b.fcmp_ordered("<", x, self.f32(-87.33654)), self.f32(0.0), y)
+        y = b.select(b.fcmp_ordered(">", x, self.f32(88.72283905)), self.f32(math.inf), y)
+        return b.select(b.fcmp_unordered("uno", x, x), x, y)
 
     # -- dtype-aware scalar math (float32, int64/int32, bool as i8 0/1) --
 

@@ -227,7 +227,7 @@ def _softmax_lower(kb, node, ins, out, epilogue):
         kb.set(slot, kb.f32(0.0))
         with kb.loop(0, length, "k") as k:
             o = kb.add(base, kb.mul(k, inner))
-            e = kb.intrinsic("exp", kb.fsub(kb.load(x, o), peak))
+            e = kb.exp(kb.fsub(kb.load(x, o), peak))
             if not is_log:
                 kb.store(out, o, e)
             kb.set(slot, kb.fadd(kb.get(slot), e))

@@ -75,7 +75,7 @@ def _combine(kb, how: str, acc, v):
         return kb.fmin(acc, v)
     # logaddexp, stable: max(a, b) + log(1 + exp(-|a - b|)); -inf is the identity.
     hi, lo = kb.fmax(acc, v), kb.fmin(acc, v)
-    tail = kb.intrinsic("log", kb.fadd(kb.f32(1.0), kb.intrinsic("exp", kb.fsub(lo, hi))))
+    tail = kb.intrinsic("log", kb.fadd(kb.f32(1.0), kb.exp(kb.fsub(lo, hi))))
     empty = kb.b.fcmp_ordered("==", lo, kb.f32(-math.inf))
     return kb.b.select(empty, hi, kb.fadd(hi, tail))
 
@@ -121,7 +121,7 @@ def _reduce_lower(kb, node, ins, out, epilogue):
             peak = kb.get(slot)
             kb.set(slot, kb.f32(0.0))
             with kb.loop(0, run, "k") as k:
-                e = kb.intrinsic("exp", kb.fsub(kb.load(x, kb.add(base, k)), peak))
+                e = kb.exp(kb.fsub(kb.load(x, kb.add(base, k)), peak))
                 kb.set(slot, kb.fadd(kb.get(slot), e))
             partial = kb.fadd(peak, kb.intrinsic("log", kb.get(slot)))
             # An all -inf run: exp(-inf - -inf) is NaN; the answer is -inf.
