@@ -43,24 +43,27 @@ def _fail_unless(kb, ok) -> None:
 
 
 def _gather_lower(kb, node, ins, out, epilogue):
+    """Per (outer, index) position: load and check the index once, then copy the
+    contiguous row of trailing elements (a branch-free, vectorisable inner loop)."""
     data, indices = ins
     axis, rank = node.attr("axis"), len(indices.type.shape)
     dim = data.type.shape[axis]
     strides = data.strides
+    head, tail = out.type.shape[:axis + rank], out.type.shape[axis + rank:]
     b = kb.b
-    with kb.nest(out.type.shape, "o") as index:
-        k = kb.load(indices, kb.dot(index[axis:axis + rank], indices.strides))
+    with kb.nest(head, "o") as index:
+        k = kb.load(indices, kb.dot(index[axis:], indices.strides))
         k = b.sext(k, I64) if k.type != I64 else k
         k = b.select(b.icmp_signed("<", k, kb.i64(0)), b.add(k, kb.i64(dim)), k)
         _fail_unless(kb, b.and_(b.icmp_signed(">=", k, kb.i64(0)),
                                 b.icmp_signed("<", k, kb.i64(dim))))
-        offset = kb.add(kb.dot(index[:axis], strides[:axis]),
-                        kb.add(kb.mul(k, strides[axis]),
-                               kb.dot(index[axis + rank:], strides[axis + 1:])))
-        value = kb.load(data, offset)
-        if epilogue is not None:
-            value = epilogue(value, index)
-        kb.store(out, kb.dot(index, out.strides), value)
+        src = kb.add(kb.dot(index[:axis], strides[:axis]), kb.mul(k, strides[axis]))
+        dst = kb.dot(index, out.strides[:axis + rank])
+        with kb.nest(tail, "t") as rest:
+            value = kb.load(data, kb.add(src, kb.dot(rest, strides[axis + 1:])))
+            if epilogue is not None:
+                value = epilogue(value, index + rest)
+            kb.store(out, kb.add(dst, kb.dot(rest, out.strides[axis + rank:])), value)
 
 
 def _gather_np(xs, node):
