@@ -111,6 +111,10 @@ CONV = {
                                         auto_pad="SAME_LOWER", dilations=[2, 2], strides=[2, 2]),
     "conv_kernel_shape_attr": lambda: conv("Conv", (1, 2, 6, 6), (3, 2, 3, 3),
                                            kernel_shape=[3, 3], auto_pad="VALID"),
+    # No output sees every tap inside the input: all border rectangles, no interior.
+    "conv_no_interior": lambda: conv("Conv", (1, 2, 3, 4), (3, 2, 5, 5), pads=[2, 2, 2, 2]),
+    "conv_wide_pads_s2": lambda: conv("Conv", (1, 2, 9, 8), (2, 2, 3, 3), strides=[2, 2],
+                                      pads=[3, 1, 2, 4]),
     "conv_runtime_weight": lambda: conv("Conv", (2, 3, 6, 6), (4, 3, 3, 3), w_input=True,
                                         pads=[1, 1, 1, 1]),
     "mobilenetv2_block": mobilenet_block,

@@ -41,9 +41,10 @@ def _conv_infer(types, node):
 def _conv_lower(kb, node, ins, out, epilogue):
     """Direct convolution, one output-channel plane at a time.
 
-    The plane is initialised with the bias, accumulated tap by tap (the input
-    row segment that a tap reads is computed here, so the inner `ow` loop has
-    no bounds checks), and finished by the epilogue while it is still in cache.
+    The plane is initialised with the bias; per input channel, the interior
+    (outputs every tap reaches inside the input) takes all taps in one pass,
+    the border rectangles tap by tap over ranges computed here, so no inner
+    loop has a bounds check. The epilogue runs while the plane is in cache.
     """
     x, w = ins[0], ins[1]
     bias = ins[2] if len(ins) > 2 else None
@@ -53,6 +54,20 @@ def _conv_lower(kb, node, ins, out, epilogue):
     (sh, sw), (dh, dw) = node.attr("strides"), node.attr("dilations")
     pt, pl = node.attr("pads")[:2]
     ocg = oc_n // node.attr("groups")
+    # Output rows (cols) each kernel row (col) reaches inside the input.
+    rows = [(max(0, ceil_div(pt - kh * dh, sh)), min(oh_n, (h - 1 + pt - kh * dh) // sh + 1))
+            for kh in range(kh_n)]
+    cols = [(max(0, ceil_div(pl - kw * dw, sw)), min(ow_n, (wd - 1 + pl - kw * dw) // sw + 1))
+            for kw in range(kw_n)]
+    inner = ((max(r[0] for r in rows), min(r[1] for r in rows)),
+             (max(q[0] for q in cols), min(q[1] for q in cols)))
+    (i0, i1), (j0, j1) = inner
+    if i0 >= i1 or j0 >= j1:
+        borders = [((0, oh_n), (0, ow_n))]
+        inner = None
+    else:
+        borders = [((0, i0), (0, ow_n)), ((i1, oh_n), (0, ow_n)), ((i0, i1), (0, j0)),
+                   ((i0, i1), (j1, ow_n))]
     with kb.loop(0, n_n, "n") as n, kb.loop(0, oc_n, "oc") as oc:
         plane = kb.mul(kb.add(kb.mul(n, oc_n), oc), oh_n * ow_n)
         init = kb.load(bias, oc) if bias else kb.f32(0.0)
@@ -63,26 +78,38 @@ def _conv_lower(kb, node, ins, out, epilogue):
             ic = kb.add(kb.mul(group, icg), icl)
             in_plane = kb.mul(kb.add(kb.mul(n, c), ic), h * wd)
             w_base = kb.mul(kb.add(kb.mul(oc, icg), icl), kh_n * kw_n)
-            for kh in range(kh_n):
-                oh_lo = max(0, ceil_div(pt - kh * dh, sh))
-                oh_hi = min(oh_n, (h - 1 + pt - kh * dh) // sh + 1)
-                for kw in range(kw_n):
-                    ow_lo = max(0, ceil_div(pl - kw * dw, sw))
-                    ow_hi = min(ow_n, (wd - 1 + pl - kw * dw) // sw + 1)
-                    if oh_lo >= oh_hi or ow_lo >= ow_hi:
-                        continue
-                    wv = kb.load(w, kb.add(w_base, kh * kw_n + kw))
-                    with kb.loop(oh_lo, oh_hi, "oh") as oh:
-                        ih = kb.add(kb.mul(oh, sh), kh * dh - pt)
-                        in_row = kb.add(in_plane, kb.mul(ih, wd))
-                        out_row = kb.add(plane, kb.mul(oh, ow_n))
-                        with kb.loop(ow_lo, ow_hi, "ow") as ow:
-                            iw = kb.add(kb.mul(ow, sw), kw * dw - pl)
-                            o = kb.add(out_row, ow)
-                            acc = kb.fadd(kb.load(out, o),
-                                          kb.fmul(wv, kb.load(x, kb.add(in_row, iw))))
-                            kb.store(out, o, acc)
+            taps = [(kh, kw, kb.load(w, kb.add(w_base, kh * kw_n + kw)))
+                    for kh in range(kh_n) for kw in range(kw_n)]
+            if inner is not None:
+                _conv_taps(kb, node, x, out, in_plane, plane, taps, inner)
+            for (r0, r1), (q0, q1) in borders:
+                for kh, kw, wv in taps:
+                    box = ((max(r0, rows[kh][0]), min(r1, rows[kh][1])),
+                           (max(q0, cols[kw][0]), min(q1, cols[kw][1])))
+                    if box[0][0] < box[0][1] and box[1][0] < box[1][1]:
+                        _conv_taps(kb, node, x, out, in_plane, plane, [(kh, kw, wv)], box)
         _plane_epilogue(kb, out, plane, n, oc, epilogue)
+
+
+def _conv_taps(kb, node, x, out, in_plane, plane, taps, box):
+    """out[oh, ow] += sum over `taps` (kh, kw, weight) of weight * x[ih, iw] for
+    the outputs in `box` ((oh range), (ow range)), where every tap is in bounds."""
+    _, _, _, wd = x.type.shape
+    ow_n = out.type.shape[3]
+    (sh, sw), (dh, dw) = node.attr("strides"), node.attr("dilations")
+    pt, pl = node.attr("pads")[:2]
+    (r0, r1), (q0, q1) = box
+    with kb.loop(r0, r1, "oh") as oh:
+        out_row = kb.add(plane, kb.mul(oh, ow_n))
+        in_row = kb.add(in_plane, kb.mul(kb.add(kb.mul(oh, sh), -pt), wd))
+        with kb.loop(q0, q1, "ow") as ow:
+            o = kb.add(out_row, ow)
+            at = kb.add(in_row, kb.add(kb.mul(ow, sw), -pl))
+            acc = kb.load(out, o)
+            for kh, kw, wv in taps:
+                v = kb.load(x, kb.add(at, kh * dh * wd + kw * dw))
+                acc = kb.fadd(acc, kb.fmul(wv, v))
+            kb.store(out, o, acc)
 
 
 def _plane_epilogue(kb, out, plane, n, oc, epilogue):
