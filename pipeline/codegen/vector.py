@@ -65,6 +65,14 @@ def vstore(kb: KernelBuilder, buf: Buffer, offset, value: ir.Value) -> None:
     kb.b.store(value, kb.gep(buf, offset), align=4)
 
 
+def prefetch(kb: KernelBuilder, buf: Buffer, offset) -> None:
+    """Hint that `buf[offset]` will be read soon (prefetcht0). The address may lie past
+    the end of `buf`: prefetches never fault, and the GEP is not `inbounds`."""
+    fn = _declare(kb.module, "llvm.prefetch.p0", VOID, [PTR, I32, I32, I32])
+    ptr = kb.b.gep(buf.ptr, [kb.idx(offset)], source_etype=buf.elem)
+    kb.b.call(fn, [ptr, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+
+
 def splat(kb: KernelBuilder, scalar: ir.Value, n: int) -> ir.Value:
     """The vector with every lane `scalar` (LLVM folds this into a broadcast load)."""
     t = vec(n, scalar.type)

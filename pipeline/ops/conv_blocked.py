@@ -21,7 +21,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.codegen.vector import apply_epilogue, fma, parallel_for, splat, vload, vstore, zeros
+from pipeline.codegen.vector import (
+    apply_epilogue,
+    fma,
+    parallel_for,
+    prefetch,
+    splat,
+    vload,
+    vstore,
+    zeros,
+)
 from pipeline.errors import ModelError
 from pipeline.ir.graph import TensorType
 from pipeline.ops.registry import register
@@ -52,6 +61,9 @@ def choose_k(span: int, oc_blocks: int, vw: int) -> int:
             best = (key, k)
     return best[1]
 
+
+# How far ahead of the current weight vectors the kernel prefetches (bytes).
+PREFETCH_BYTES = 4096
 
 # Output planes of at most this many pixels are tiled as one static plan over all
 # of them (tiles may span rows); larger ones row by row.
@@ -251,6 +263,10 @@ def _taps(kb, g: _Geo, x, w, accs, w_tap, cols, count=None):
     with kb.loop(0, count or g.ib, "ic") as ic:
         w_ic = kb.add(w_tap, kb.mul(ic, g.kob))
         wv = [vload(kb, w, kb.add(w_ic, k * g.ob), g.ob) for k in range(g.k)]
+        # The weights stream through once per tile, 128-256 bytes per step: the
+        # hardware prefetchers fall behind when they come from L3 or memory.
+        for k in range(g.k):
+            prefetch(kb, w, kb.add(w_ic, PREFETCH_BYTES // 4 + k * g.ob))
         for j, x_off in cols:
             xv = splat(kb, kb.load(x, kb.add(x_off, ic)), g.ob)
             for k, wk in enumerate(wv):

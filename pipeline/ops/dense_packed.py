@@ -14,9 +14,19 @@ import llvmlite.ir as ir
 import numpy as np
 
 from pipeline.codegen.builder import I32
-from pipeline.codegen.vector import apply_epilogue, fma, parallel_for, splat, vload, vstore, zeros
+from pipeline.codegen.vector import (
+    apply_epilogue,
+    fma,
+    parallel_for,
+    prefetch,
+    splat,
+    vload,
+    vstore,
+    zeros,
+)
 from pipeline.errors import ModelError
 from pipeline.ir.graph import TensorType
+from pipeline.ops.conv_blocked import PREFETCH_BYTES
 from pipeline.ops.registry import register
 
 
@@ -56,8 +66,9 @@ def _lower(kb, node, ins, out, epilogue):
         with kb.loop(0, k_n, "k") as k:
             av = splat(kb, kb.load(a, kb.add(kb.mul(m, k_n), k)), vb)
             for g, acc in enumerate(accs):
-                wv = vload(kb, w, kb.add(kb.mul(kb.add(nb0, g), k_n * vb), kb.mul(k, vb)), vb)
-                kb.set(acc, fma(kb, av, wv, kb.get(acc)))
+                at = kb.add(kb.mul(kb.add(nb0, g), k_n * vb), kb.mul(k, vb))
+                prefetch(kb, w, kb.add(at, PREFETCH_BYTES // 4))  # weights come from memory
+                kb.set(acc, fma(kb, av, vload(kb, w, at, vb), kb.get(acc)))
         return [kb.get(acc) for acc in accs]
 
     if full:
