@@ -201,6 +201,12 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
                                             onnx_path(m), shapes, opts, m.name, t.name,
                                             a["validation"]])]}
 
+    def task_conformance():
+        """Run ONNX's backend test suites (not part of build): out/conformance.json, .md."""
+        report = [path(OUT, "conformance.json"), path(OUT, "conformance.md")]
+        return {"targets": report, "file_dep": _sources("**/*.py"), "verbosity": 2,
+                "actions": [(run_stage, ["conformance:write_report", OUT])]}
+
     def task_bench():
         """Time each library against onnxruntime (never part of build; always runs when
         asked): bench.json. Options: threads=1,2 runs=20 warmup=3 profile=1."""
