@@ -3,6 +3,7 @@
 from pipeline.ops import (  # noqa: F401  (registration)
     conv,
     conv_blocked,
+    conv_transpose,
     dense_packed,
     elementwise,
     index,

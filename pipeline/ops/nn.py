@@ -1,4 +1,5 @@
-"""Window geometry shared by convolution and pooling (NCHW, 1-D as H=1).
+"""Window geometry shared by convolution and pooling (NCHW, 1-D as H=1), and
+the per-plane epilogue of the direct convolutions.
 
 Graph ops keep 2-D attributes (strides, dilations as (h, w); pads as
 (top, left, bottom, right)). A 1-D ONNX node (input N, C, W) becomes the same
@@ -118,3 +119,13 @@ def as_1d(infer, lower):
         lower(kb, node, [view_4d(b) for b in ins], view_4d(out), squeeze_index(epilogue))
 
     return infer_1d, lower_1d
+
+
+def plane_epilogue(kb, out, plane, n, oc, epilogue) -> None:
+    """Apply `epilogue` to the finished (n, oc) output plane at offset `plane`."""
+    if epilogue is None:
+        return
+    _, _, oh_n, ow_n = out.type.shape
+    with kb.loop(0, oh_n, "eh") as oh, kb.loop(0, ow_n, "ew") as ow:
+        o = kb.add(plane, kb.add(kb.mul(oh, ow_n), ow))
+        kb.store(out, o, epilogue(kb.load(out, o), [n, oc, oh, ow]))

@@ -1,0 +1,231 @@
+"""Transposed convolution: ConvTranspose, 2-D (NCHW) and 1-D (as H=1).
+
+Graph ops: conv_transpose2d and conv_transpose1d, (x, w[, bias]) with w of
+shape [C, OC / groups, kh, kw] and 2-D attributes (strides, dilations, pads,
+output_padding; see pipeline.ops.nn). The converter resolves output_shape and
+auto_pad into explicit pads, which may be negative.
+"""
+
+from __future__ import annotations
+
+from pipeline.codegen.builder import F32, Buffer
+from pipeline.codegen.vector import fma, splat, vec, vload, zeros
+from pipeline.errors import ModelError
+from pipeline.ir.graph import Node, TensorType
+from pipeline.ops.conv import kernel_of
+from pipeline.ops.nn import as_1d, auto_pad_of, ceil_div, lift_1d, plane_epilogue
+from pipeline.ops.registry import onnx_op, register
+
+
+def _conv_t_infer(types, node):
+    x, w = types[0], types[1]
+    n, c, h, wd = x.shape
+    icw, ocg, kh, kw = w.shape
+    groups = node.attr("groups")
+    if c != icw or c % groups:
+        raise ModelError(f"node {node.name!r} ({node.op}): {c} input channels do not match "
+                         f"weights {list(w.shape)} with groups={groups}")
+    (sh, sw), (dh, dw) = node.attr("strides"), node.attr("dilations")
+    pt, pl, pb, pr = node.attr("pads")
+    oph, opw = node.attr("output_padding")
+    oh = sh * (h - 1) + oph + (kh - 1) * dh + 1 - pt - pb
+    ow = sw * (wd - 1) + opw + (kw - 1) * dw + 1 - pl - pr
+    if oh < 1 or ow < 1:
+        raise ModelError(f"node {node.name!r} ({node.op}): output size {[oh, ow]} is empty")
+    return [TensorType((n, ocg * groups, oh, ow), x.dtype)]
+
+
+# Chunk sizes (in floats) of the transposed convolution: a chunk of input rows
+# over a group's channels is packed block-major on the stack (so the products
+# stream through it) and reused by every output channel of the group; the
+# per-tap row buffers stay in L1. Products are summed over input channels in
+# registers: _LANES x _UNROLL outputs for up to _TAP_GROUP taps at a time.
+_X_CHUNK, _ROW_BUFFERS = 16384, 8192
+_LANES, _UNROLL, _TAP_GROUP = 8, 2, 4
+_BLOCK = _LANES * _UNROLL
+
+
+def _conv_t_lower(kb, node, ins, out, epilogue):
+    """Transposed convolution, one chunk of input rows and one group at a time:
+    for each output channel and tap, the tap's weight times the chunk, summed
+    over the group's input channels, goes to a stack row buffer, which is then
+    scattered to the `stride` spaced outputs it belongs to. Tap ranges are
+    computed here so that no bounds check remains."""
+    x, w = ins[0], ins[1]
+    bias = ins[2] if len(ins) > 2 else None
+    _, c, h, wd = x.type.shape
+    _, ocg, kh_n, kw_n = w.type.shape
+    n_n, oc_n, oh_n, ow_n = out.type.shape
+    (sh, sw), (dh, dw) = node.attr("strides"), node.attr("dilations")
+    pt, pl = node.attr("pads")[:2]
+    groups = node.attr("groups")
+    icg = c // groups
+    taps = []  # (kh, kw, ih range, iw range) of the taps that reach the output
+    for kh in range(kh_n):
+        # oh = ih * sh + kh * dh - pt must land in [0, oh_n)
+        ih = (max(0, ceil_div(pt - kh * dh, sh)), min(h, (oh_n - 1 + pt - kh * dh) // sh + 1))
+        for kw in range(kw_n):
+            iw = (max(0, ceil_div(pl - kw * dw, sw)), min(wd, (ow_n - 1 + pl - kw * dw) // sw + 1))
+            if ih[0] < ih[1] and iw[0] < iw[1]:
+                taps.append((kh, kw, ih, iw))
+    rows = max(1, min(h, _X_CHUNK // (wd * icg), _ROW_BUFFERS // (wd * max(1, len(taps)))))
+    size = rows * wd  # one tap's row buffer
+    row = _stack_buffer(kb, max(1, len(taps)) * size)
+    packed = _stack_buffer(kb, icg * size)
+    b = kb.b
+    with kb.loop(0, n_n, "n") as n:
+        with kb.loop(0, oc_n, "oc") as oc:
+            init = kb.load(bias, oc) if bias else kb.f32(0.0)
+            plane = kb.mul(kb.add(kb.mul(n, oc_n), oc), oh_n * ow_n)
+            with kb.loop(0, oh_n * ow_n, "p") as p:
+                kb.store(out, kb.add(plane, p), init)
+        with kb.loop(0, ceil_div(h, rows), "chunk") as chunk, \
+                kb.loop(0, groups, "g") as group:
+            r0 = kb.mul(chunk, rows)
+            n_rows = _smin(kb, b.sub(kb.i64(h), r0), kb.i64(rows))
+            span = kb.mul(n_rows, wd)
+            n_blocks = b.udiv(span, kb.i64(_BLOCK))
+            x_base = kb.add(kb.mul(kb.add(kb.mul(n, c), kb.mul(group, icg)), h * wd),
+                            kb.mul(r0, wd))
+            # packed[(qb * icg + icl) * BLOCK + j] = x[icl, chunk q = qb * BLOCK + j]
+            with kb.loop(0, n_blocks, "pb") as qb, kb.loop(0, icg, "pc") as icl, \
+                    kb.loop(0, _BLOCK, "pj") as j:
+                src = kb.add(x_base, kb.add(kb.mul(icl, h * wd), kb.add(kb.mul(qb, _BLOCK), j)))
+                dst = kb.add(kb.mul(kb.add(kb.mul(qb, icg), icl), _BLOCK), j)
+                kb.store(packed, dst, kb.load(x, src))
+            with kb.loop(0, ocg, "ocl") as ocl:
+                oc = kb.add(kb.mul(group, ocg), ocl)
+                plane = kb.mul(kb.add(kb.mul(n, oc_n), oc), oh_n * ow_n)
+                w_base = kb.mul(kb.add(kb.mul(kb.mul(group, icg), ocg), ocl), kh_n * kw_n)
+                for first in range(0, len(taps), _TAP_GROUP):
+                    group_taps = list(enumerate(taps))[first:first + _TAP_GROUP]
+                    _conv_t_products(kb, x, w, packed, row, group_taps, span, n_blocks, icg,
+                                     x_base, w_base, ocg * kh_n * kw_n, kw_n, size)
+                _conv_t_scatter(kb, node, out, row, taps, plane, r0, n_rows, wd, size)
+        if epilogue is not None:
+            with kb.loop(0, oc_n, "oc") as oc:
+                plane_epilogue(kb, out, kb.mul(kb.add(kb.mul(n, oc_n), oc), oh_n * ow_n),
+                                n, oc, epilogue)
+
+
+def _stack_buffer(kb, size: int) -> Buffer:
+    """`size` floats on the stack, allocated once in the entry block."""
+    with kb.b.goto_block(kb.function.entry_basic_block):
+        return Buffer(kb.b.alloca(F32, size=kb.i64(size)), TensorType((size,), "float32"))
+
+
+def _conv_t_products(kb, x, w, packed, row, taps, span, n_blocks, icg, x_base, w_base,
+                     w_ic_stride, kw_n, size):
+    """row[t][q] = sum over the group's input channels ic of w[ic, tap t] *
+    x[ic, chunk q], q < span, for the (t, tap) pairs in `taps`: whole blocks
+    accumulate in vector registers reading the packed chunk, the tail in
+    scalars reading x."""
+    b = kb.b
+    with kb.loop(0, n_blocks, "qb") as qb:
+        accs = [[kb.local(zeros(_LANES)) for _ in range(_UNROLL)] for _ in taps]
+        with kb.loop(0, icg, "icl") as icl:
+            src = kb.mul(kb.add(kb.mul(qb, icg), icl), _BLOCK)
+            xs = [vload(kb, packed, kb.add(src, u * _LANES), _LANES) for u in range(_UNROLL)]
+            w_ic = kb.add(w_base, kb.mul(icl, w_ic_stride))
+            for slots, (_, (kh, kw, _, _)) in zip(accs, taps, strict=True):
+                wv = splat(kb, kb.load(w, kb.add(w_ic, kh * kw_n + kw)), _LANES)
+                for slot, xv in zip(slots, xs, strict=True):
+                    kb.set(slot, fma(kb, wv, xv, kb.get(slot)))
+        for slots, (t, _) in zip(accs, taps, strict=True):
+            for u, slot in enumerate(slots):
+                # The stack buffer's pointer is typed (float*): store through a
+                # vector pointer rather than vector.vstore.
+                at = kb.gep(row, kb.add(kb.mul(qb, _BLOCK), t * size + u * _LANES))
+                b.store(kb.get(slot), b.bitcast(at, vec(_LANES).as_pointer()), align=4)
+    plane_size = x.type.shape[2] * x.type.shape[3]
+    with kb.loop(kb.mul(n_blocks, _BLOCK), span, "qt") as q:
+        for t, (kh, kw, _, _) in taps:
+            acc = kb.local(kb.f32(0.0))
+            with kb.loop(0, icg, "icl") as icl:
+                src = kb.add(x_base, kb.add(kb.mul(icl, plane_size), q))
+                wv = kb.load(w, kb.add(kb.add(w_base, kb.mul(icl, w_ic_stride)), kh * kw_n + kw))
+                kb.set(acc, kb.fadd(kb.get(acc), kb.fmul(wv, kb.load(x, src))))
+            kb.store(row, kb.add(q, t * size), kb.get(acc))
+
+
+def _conv_t_scatter(kb, node, out, row, taps, plane, r0, n_rows, wd, size):
+    """out[oh, ow] += row[t][ih - r0, iw] for every tap t and the chunk's input
+    pixels (ih, iw) that tap sends into the output."""
+    (sh, sw), (dh, dw) = node.attr("strides"), node.attr("dilations")
+    pt, pl = node.attr("pads")[:2]
+    ow_n = out.type.shape[3]
+    for t, (kh, kw, (ih_lo, ih_hi), (iw_lo, iw_hi)) in enumerate(taps):
+        lo = _smax(kb, r0, kb.i64(ih_lo))
+        hi = _smin(kb, kb.add(r0, n_rows), kb.i64(ih_hi))
+        with kb.loop(lo, hi, "ih") as ih:
+            out_row = kb.add(plane, kb.mul(kb.add(kb.mul(ih, sh), kh * dh - pt), ow_n))
+            row_base = kb.add(kb.mul(kb.b.sub(ih, r0), wd), t * size)
+            with kb.loop(iw_lo, iw_hi, "iw") as iw:
+                o = kb.add(out_row, kb.add(kb.mul(iw, sw), kw * dw - pl))
+                kb.store(out, o, kb.fadd(kb.load(out, o), kb.load(row, kb.add(row_base, iw))))
+
+
+def _smax(kb, a, b):
+    return kb.b.select(kb.b.icmp_signed(">", a, b), a, b)
+
+
+def _smin(kb, a, b):
+    return kb.b.select(kb.b.icmp_signed("<", a, b), a, b)
+
+
+register("conv_transpose2d", "anchor", _conv_t_infer, lower=_conv_t_lower)
+_conv_t1d_infer, _conv_t1d_lower = as_1d(_conv_t_infer, _conv_t_lower)
+register("conv_transpose1d", "anchor", _conv_t1d_infer, lower=_conv_t1d_lower)
+
+
+def _ints(n, key: str, default: tuple[int, ...]) -> tuple[int, ...]:
+    value = tuple(int(v) for v in n.attrs.get(key, default))
+    if len(value) != len(default):
+        raise ModelError(f"node {n.name!r} ({n.op_type}): {key} {list(value)} must have "
+                         f"{len(default)} values")
+    return value
+
+
+@onnx_op("ConvTranspose", 1)
+def _conv_transpose(ctx, n):
+    """Resolve output_shape / auto_pad into explicit pads (ONNX ConvTranspose rules)."""
+    x_shape = ctx.type(n.inputs[0]).shape
+    kernel = kernel_of(n, ctx)
+    d = len(kernel)
+    if d not in (1, 2):
+        raise ModelError(f"node {n.name!r} (ConvTranspose): only 1-D and 2-D are supported, "
+                         f"got input shape {list(x_shape)}")
+    strides, dilations = _ints(n, "strides", (1,) * d), _ints(n, "dilations", (1,) * d)
+    out_pad = _ints(n, "output_padding", (0,) * d)
+    auto_pad = auto_pad_of(n)
+    if auto_pad not in ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"):
+        raise ModelError(f"node {n.name!r} (ConvTranspose): unknown auto_pad {auto_pad!r} "
+                         "(NOTSET, SAME_UPPER, SAME_LOWER, VALID are valid)")
+    full = [s * (i - 1) + op + (k - 1) * dl + 1 for i, k, s, dl, op in
+            zip(x_shape[2:], kernel, strides, dilations, out_pad, strict=True)]
+    target = n.attrs.get("output_shape")
+    if target is not None:
+        target = tuple(int(v) for v in target)[-d:]
+    elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        target = tuple(i * s for i, s in zip(x_shape[2:], strides, strict=True))
+    if target is not None:
+        total = [f - t for f, t in zip(full, target, strict=True)]
+        if auto_pad == "SAME_UPPER":
+            lo, hi = [t // 2 for t in total], [t - t // 2 for t in total]
+        else:
+            lo, hi = [t - t // 2 for t in total], [t // 2 for t in total]
+        pads = (*lo, *hi)
+    elif auto_pad == "VALID":
+        pads = (0,) * (2 * d)
+    else:
+        pads = _ints(n, "pads", (0,) * (2 * d))
+    # Pads may come out negative (output_shape beyond the full size): the
+    # lowering's tap ranges handle any sign, the extra outputs get only the bias.
+    attrs = {"strides": strides, "dilations": dilations, "pads": tuple(pads),
+             "output_padding": out_pad}
+    op = "conv_transpose2d"
+    if d == 1:
+        op, attrs = "conv_transpose1d", lift_1d(attrs)
+    inputs = [i for i in n.inputs if i]
+    return [Node.make(op, n.name, inputs, n.outputs[:1],
+                      groups=int(n.attrs.get("group", 1)), **attrs)]
