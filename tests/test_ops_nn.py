@@ -81,7 +81,33 @@ def batch_norm_runtime(shape):
                   node("Relu", ["t"], ["y"])], {"x": rand(*shape), **stats})
 
 
+def group_norm(shape, groups, opset, per_channel):
+    """GroupNormalization; scale and bias per group (opset 18) or per channel (21)."""
+    k = shape[1] if per_channel else groups
+    inits = {"s": rand(k, seed=1, low=0.5, high=1.5), "b": rand(k, seed=2)}
+    x = rand(*shape, low=-2, high=3)
+    n = node("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=groups, epsilon=1e-3)
+    if opset < 21:  # ONNX's checker rejects the deprecated opset-18 form: build it raw
+        graph = helper.make_graph([n], "g", [helper.make_tensor_value_info(
+            "x", TensorProto.FLOAT, shape)], [helper.make_tensor_value_info(
+                "y", TensorProto.FLOAT, shape)],
+            [helper.make_tensor(k, TensorProto.FLOAT, v.shape, v) for k, v in inits.items()])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), {"x": x}
+    # A function op: ONNX shape inference leaves Y's shape to us.
+    return model([n], {"x": x}, inits, opset, outputs=(("y", shape),))
+
+
+def rms_norm(shape, axis):
+    return one("RMSNormalization", shape, {"s": rand(*shape[axis:], seed=1)}, ["s"], 23,
+               low=-2, high=3, axis=axis)
+
+
 NORM = {
+    "groupnorm21_per_channel": lambda: group_norm((2, 6, 4, 5), 3, 21, True),
+    "groupnorm18_per_group": lambda: group_norm((2, 6, 7), 2, 18, False),
+    "groupnorm21_one_group": lambda: group_norm((1, 4, 3, 3), 1, 21, True),
+    "rmsnorm_last": lambda: rms_norm((2, 5, 16), -1),
+    "rmsnorm_axis1": lambda: rms_norm((2, 3, 4), 1),
     "layernorm_mean_invstd_axis1": lambda: layer_norm_stats(1),
     "layernorm_mean_invstd_axis2": lambda: layer_norm_stats(2),
     "batchnorm_runtime_stats_4d": lambda: batch_norm_runtime((2, 3, 4, 5)),
@@ -273,9 +299,9 @@ ARG = {
 }
 
 CASES = NORM | LINALG | SOFTMAX | REDUCE | ARG
-# Valid ONNX that onnxruntime refuses (an even LRN size): compared with
-# onnx.reference instead.
-REFERENCE_ONLY = {"lrn_size2"}
+# ONNX that onnxruntime refuses (an even LRN size, deprecated opset-18
+# GroupNormalization): compared with onnx.reference instead.
+REFERENCE_ONLY = {"lrn_size2", "groupnorm18_per_group"}
 
 
 @pytest.mark.parametrize("opt_level", [0, 3])

@@ -1,9 +1,9 @@
 """Normalisation: BatchNormalization, InstanceNormalization, LayerNormalization,
-LRN, Softmax and LogSoftmax.
+GroupNormalization, RMSNormalization, LRN, Softmax and LogSoftmax.
 
 Graph ops: batch_norm (with constant statistics rewritten to a scale and shift
-by SimplifyInference; lowered as is otherwise), instance_norm, layer_norm, lrn,
-softmax, log_softmax.
+by SimplifyInference; lowered as is otherwise), layer_norm, rms_norm,
+instance_norm, group_norm, lrn, softmax, log_softmax.
 Statistics are float32, two-pass (mean, then the mean of squared deviations),
 and softmax subtracts the row maximum before exponentiating.
 """
@@ -59,46 +59,71 @@ def _batch_norm(ctx, n):
                       epsilon=float(n.attrs.get("epsilon", 1e-5)))]
 
 
-# -- row normalisation: layer_norm (affine over the row), instance_norm (per row) ----------
+# -- row normalisation: layer_norm, rms_norm, instance_norm, group_norm ------------------------
+
+def _norm_view(node, shape: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
+    """(view, axis): the op normalises the rows view[axis:] of x seen as `view`
+    (the same memory): layer_norm and rms_norm the dims from `axis` on,
+    instance_norm the spatial dims of each (n, c), group_norm (n, group, C / G,
+    spatial...) rows."""
+    if node.op == "instance_norm":
+        return shape, 2
+    if node.op == "group_norm":
+        g = node.attr("groups")
+        return (shape[0], g, shape[1] // g, *shape[2:]), 2
+    return shape, node.attr("axis")
+
 
 def _normalize_lower(kb, node, ins, out, epilogue):
-    """y = (x - mean) / sqrt(var + eps) * scale + bias over rows x[outer..., :].
+    """y = (x - mean) / sqrt(var + eps) * scale + bias over each row (rms_norm:
+    x / sqrt(mean(x^2) + eps) * scale), statistics in two passes.
 
-    layer_norm rows are the dims from `axis` on and scale/bias broadcast over
-    them; instance_norm rows are the spatial dims of one (n, c) and scale/bias
-    are per channel.
+    Scale and bias broadcast over the row (layer_norm, rms_norm), are per
+    channel (instance_norm, group_norm from opset 21) or per group (group_norm
+    opset 18).
     """
     x, scale = ins[0], ins[1]
     bias = ins[2] if len(ins) > 2 else None
-    shape = x.type.shape
-    axis = node.attr("axis") if node.op == "layer_norm" else 2
-    length = math.prod(shape[axis:])
-    strides = x.strides
-    with kb.nest(shape[:axis], "r") as outer:
+    view, axis = _norm_view(node, x.type.shape)
+    length = math.prod(view[axis:])
+    strides = [math.prod(view[d + 1:]) for d in range(len(view))]
+    centred = node.op != "rms_norm"
+    per_row = node.op == "instance_norm" or (node.op == "group_norm"
+                                             and scale.type.shape[0] == view[1])
+    with kb.nest(view[:axis], "r") as outer:
         base = kb.dot(outer, strides[:axis])
         slot = kb.local(kb.f32(0.0))
+        mean = kb.f32(0.0)
+        if centred:
+            with kb.loop(0, length, "k") as k:
+                kb.set(slot, kb.fadd(kb.get(slot), kb.load(x, kb.add(base, k))))
+            mean = kb.fmul(kb.get(slot), kb.f32(1.0 / length))
+            kb.set(slot, kb.f32(0.0))
         with kb.loop(0, length, "k") as k:
-            kb.set(slot, kb.fadd(kb.get(slot), kb.load(x, kb.add(base, k))))
-        mean = kb.fmul(kb.get(slot), kb.f32(1.0 / length))
-        kb.set(slot, kb.f32(0.0))
-        with kb.loop(0, length, "k") as k:
-            dev = kb.fsub(kb.load(x, kb.add(base, k)), mean)
+            dev = kb.fsub(kb.load(x, kb.add(base, k)), mean) if centred else \
+                kb.load(x, kb.add(base, k))
             kb.set(slot, kb.fadd(kb.get(slot), kb.fmul(dev, dev)))
         var = kb.fmul(kb.get(slot), kb.f32(1.0 / length))
         rstd = kb.fdiv(kb.f32(1.0), kb.intrinsic(
             "sqrt", kb.fadd(var, kb.f32(node.attr("epsilon")))))
-        if node.op == "instance_norm":  # per-channel affine, hoisted out of the row
+        if per_row:  # per-channel (instance) or per-group affine, hoisted out of the row
             g, beta = kb.load(scale, outer[1]), kb.load(bias, outer[1])
-        with kb.nest(shape[axis:], "i") as inner:
+        with kb.nest(view[axis:], "i") as inner:
             o = kb.add(base, kb.dot(inner, strides[axis:]))
-            if node.op == "layer_norm":
+            index = [*outer, *inner]
+            if node.op == "group_norm":  # back to (n, c, spatial...)
+                index = [outer[0], kb.add(kb.mul(outer[1], view[2]), inner[0]), *inner[1:]]
+                if not per_row:
+                    g, beta = kb.load(scale, index[1]), kb.load(bias, index[1])
+            elif not per_row:
                 g = kb.load_broadcast(scale, inner)
                 beta = kb.load_broadcast(bias, inner) if bias else None
-            y = kb.fmul(kb.fmul(kb.fsub(kb.load(x, o), mean), rstd), g)
+            y = kb.fmul(kb.fmul(kb.fsub(kb.load(x, o), mean), rstd), g) if centred else \
+                kb.fmul(kb.fmul(kb.load(x, o), rstd), g)
             if beta is not None:
                 y = kb.fadd(y, beta)
             if epilogue is not None:
-                y = epilogue(y, [*outer, *inner])
+                y = epilogue(y, index)
             kb.store(out, o, y)
 
 
@@ -107,21 +132,27 @@ def _layer_norm_infer(types, node):
     normalized = x.shape[node.attr("axis"):]
     for t in types[1:]:
         if broadcast_shape(normalized, t.shape, where=f"node {node.name!r}") != normalized:
-            raise ModelError(f"node {node.name!r} (layer_norm): scale/bias {list(t.shape)} "
+            raise ModelError(f"node {node.name!r} ({node.op}): scale/bias {list(t.shape)} "
                              f"do not broadcast to {list(normalized)}")
     return [x]
 
 
-def _instance_norm_infer(types, node):
+def _channel_norm_infer(types, node):
+    """instance_norm: scale and bias [C]; group_norm: [C] or [groups], C % groups == 0."""
     x = types[0]
-    if len(x.shape) < 3 or any(t.shape != (x.shape[1],) for t in types[1:]):
-        raise ModelError(f"node {node.name!r} (instance_norm): input {list(x.shape)} needs "
-                         f"spatial dims and scale, bias of shape [{x.shape[1]}]")
+    c = x.shape[1] if len(x.shape) >= 3 else 0
+    groups = node.attr("groups") if node.op == "group_norm" else c
+    shapes = {(c,), (groups,)}
+    if not c or c % groups or any(t.shape not in shapes for t in types[1:]):
+        raise ModelError(f"node {node.name!r} ({node.op}): input {list(x.shape)} needs "
+                         f"spatial dims and scale, bias of shape {sorted(shapes)}")
     return [x]
 
 
 register("layer_norm", "anchor", _layer_norm_infer, lower=_normalize_lower)
-register("instance_norm", "anchor", _instance_norm_infer, lower=_normalize_lower)
+register("rms_norm", "anchor", _layer_norm_infer, lower=_normalize_lower)
+register("instance_norm", "anchor", _channel_norm_infer, lower=_normalize_lower)
+register("group_norm", "anchor", _channel_norm_infer, lower=_normalize_lower)
 
 
 @onnx_op("LayerNormalization", 17)
@@ -154,6 +185,23 @@ def _layer_norm(ctx, n):
                                    [prev if a == "@" else a for a in args], (out,), **attrs))
             prev = out
     return nodes
+
+
+@onnx_op("RMSNormalization", 23)
+def _rms_norm(ctx, n):
+    axis = _axis(n, len(ctx.type(n.inputs[0]).shape), -1)
+    return [Node.make("rms_norm", n.name, n.inputs[:2], n.outputs[:1], axis=axis,
+                      epsilon=float(n.attrs.get("epsilon", 1e-5)))]
+
+
+@onnx_op("GroupNormalization", 18)
+def _group_norm(ctx, n):
+    """Scale and bias are per group at opset 18, per channel from 21 (the shapes say which)."""
+    if "num_groups" not in n.attrs:
+        raise ModelError(f"node {n.name!r} (GroupNormalization): num_groups is required")
+    return [Node.make("group_norm", n.name, n.inputs[:3], n.outputs[:1],
+                      groups=int(n.attrs["num_groups"]),
+                      epsilon=float(n.attrs.get("epsilon", 1e-5)))]
 
 
 @onnx_op("InstanceNormalization", 1)
