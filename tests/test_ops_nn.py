@@ -201,6 +201,10 @@ SOFTMAX = {
         [node("Add", ["x", "mask"], ["t"]), node("Softmax", ["t"], ["y"], axis=-1)],
         {"x": rand(2, 3, 9, low=-20, high=20)},
         {"mask": np.where(rand(3, 9, seed=4) > 0.3, 0.0, -np.inf).astype(np.float32)}),
+    # Along a non-last axis: column blocks of 1024 and a tail.
+    "softmax13_axis1_column_blocks": lambda: one("Softmax", (2, 5, 40, 30), axis=1, low=-9,
+                                                 high=9),
+    "logsoftmax13_axis1_column_blocks": lambda: one("LogSoftmax", (1, 4, 35, 31), axis=1),
     "logsoftmax11_default": lambda: one("LogSoftmax", (2, 3, 4), opset=11),
     "logsoftmax11_axis0": lambda: one("LogSoftmax", (2, 3, 4), opset=11, axis=0),
     "logsoftmax13_axis1": lambda: one("LogSoftmax", (2, 3, 4), axis=1),

@@ -163,6 +163,14 @@ class KernelBuilder:
         self.b.store(init, slot)
         return slot
 
+    def scratch(self, size: int) -> Buffer:
+        """A float32 array of `size` elements on the stack (allocated once, in the
+        entry block), for a kernel's temporaries. Its pointer is typed (float*):
+        a vector store to it needs a bitcast to the vector's pointer type."""
+        with self.b.goto_block(self.function.entry_basic_block):
+            ptr = self.b.alloca(F32, size=self.i64(size))
+        return Buffer(ptr, TensorType((size,), "float32"))
+
     def get(self, slot: ir.Value) -> ir.Value:
         return self.b.load(slot, typ=slot.allocated_type)
 

@@ -8,7 +8,6 @@ auto_pad into explicit pads, which may be negative.
 
 from __future__ import annotations
 
-from pipeline.codegen.builder import F32, Buffer
 from pipeline.codegen.vector import fma, splat, vec, vload, zeros
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
@@ -70,8 +69,8 @@ def _conv_t_lower(kb, node, ins, out, epilogue):
                 taps.append((kh, kw, ih, iw))
     rows = max(1, min(h, _X_CHUNK // (wd * icg), _ROW_BUFFERS // (wd * max(1, len(taps)))))
     size = rows * wd  # one tap's row buffer
-    row = _stack_buffer(kb, max(1, len(taps)) * size)
-    packed = _stack_buffer(kb, icg * size)
+    row = kb.scratch(max(1, len(taps)) * size)
+    packed = kb.scratch(icg * size)
     b = kb.b
     with kb.loop(0, n_n, "n") as n:
         with kb.loop(0, oc_n, "oc") as oc:
@@ -106,12 +105,6 @@ def _conv_t_lower(kb, node, ins, out, epilogue):
             with kb.loop(0, oc_n, "oc") as oc:
                 plane_epilogue(kb, out, kb.mul(kb.add(kb.mul(n, oc_n), oc), oh_n * ow_n),
                                 n, oc, epilogue)
-
-
-def _stack_buffer(kb, size: int) -> Buffer:
-    """`size` floats on the stack, allocated once in the entry block."""
-    with kb.b.goto_block(kb.function.entry_basic_block):
-        return Buffer(kb.b.alloca(F32, size=kb.i64(size)), TensorType((size,), "float32"))
 
 
 def _conv_t_products(kb, x, w, packed, row, taps, span, n_blocks, icg, x_base, w_base,

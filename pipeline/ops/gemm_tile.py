@@ -14,9 +14,8 @@ a scalar loop.
 
 from __future__ import annotations
 
-from pipeline.codegen.builder import F32, Buffer
+from pipeline.codegen.builder import Buffer
 from pipeline.codegen.vector import fma, splat, vec, vload, zeros
-from pipeline.ir.graph import TensorType
 
 _LANES = 8
 _NB = 2 * _LANES  # columns per block (two vectors)
@@ -28,9 +27,7 @@ def tiled_gemm(kb, shape: tuple[int, int, int], load_a, load_b, out: Buffer, c_b
     """C = A @ B for (M, N, K) = `shape` into out[c_base + m * N + n]; see module doc."""
     m_n, n_n, k_n = shape
     kc_n = min(k_n, _KC)
-    with kb.b.goto_block(kb.function.entry_basic_block):
-        panel = Buffer(kb.b.alloca(F32, size=kb.i64(kc_n * _NB)),
-                       TensorType((kc_n * _NB,), "float32"))
+    panel = kb.scratch(kc_n * _NB)
     with kb.loop(0, n_n // _NB, "nb") as nb:
         n0 = kb.mul(nb, _NB)
         for k0 in range(0, k_n, kc_n):
