@@ -297,6 +297,10 @@ ARG = {
     "argmax_ties_last": lambda: arg("ArgMax", ties(4, 6), axis=1, select_last_index=1),
     "argmin_ties_last_axis0": lambda: arg("ArgMin", ties(5, 3), axis=0, keepdims=0,
                                           select_last_index=1),
+    # Segmentation-style: over channels of a large map (column blocks and a tail).
+    "argmax_axis1_column_blocks": lambda: arg("ArgMax", rand(2, 5, 33, 37), axis=1),
+    "argmin_axis1_ties_last_blocks": lambda: arg("ArgMin", ties(1, 4, 40, 30), axis=1,
+                                                 keepdims=0, select_last_index=1),
     "argmax_int64_input": lambda: model([node("ArgMax", ["x"], ["y"], axis=1)],
                                         {"x": ints(3, 4)}, outputs=[helper.make_tensor_value_info(
                                             "y", TensorProto.INT64, None)]),

@@ -223,6 +223,9 @@ def _arg_lower(kb, node, ins, out, epilogue):
     if node.attr("select_last_index"):
         pred += "="
     b = kb.b
+    if inner > 1 and x.type.dtype == "float32":
+        _arg_columns(kb, x, out, pred, math.prod(shape[:axis]), length, inner)
+        return
     with kb.loop(0, math.prod(shape[:axis]), "r") as r, kb.loop(0, inner, "q") as q:
         base = kb.add(kb.mul(r, length * inner), q)
         best = kb.local(kb.load(x, base))
@@ -233,6 +236,34 @@ def _arg_lower(kb, node, ins, out, epilogue):
             kb.set(best, b.select(better, v, kb.get(best)))
             kb.set(where, b.select(better, k, kb.get(where)))
         kb.store(out, kb.add(kb.mul(r, inner), q), kb.get(where))
+
+
+# ArgMax/ArgMin along a non-last axis scan this many columns at a time.
+_COLUMNS = 1024
+
+
+def _arg_columns(kb, x, out, pred: str, outer: int, length: int, inner: int):
+    """The scan of _arg_lower for x[r, k, q], blocks of columns q at a time so
+    every loop runs along contiguous memory: the best values in a stack buffer,
+    their indices in the output itself."""
+    width = min(inner, _COLUMNS)
+    best = kb.scratch(width)
+    b = kb.b
+    with kb.loop(0, outer, "r") as r, kb.loop(0, -(-inner // width), "qb") as qb:
+        q0 = kb.mul(qb, width)
+        left = b.sub(kb.i64(inner), q0)
+        cols = b.select(b.icmp_signed("<", left, kb.i64(width)), left, kb.i64(width))
+        base = kb.add(kb.mul(r, length * inner), q0)
+        dst = kb.add(kb.mul(r, inner), q0)
+        with kb.loop(0, cols, "q") as q:
+            kb.store(best, q, kb.load(x, kb.add(base, q)))
+            kb.store(out, kb.add(dst, q), kb.i64(0))
+        with kb.loop(1, length, "k") as k, kb.loop(0, cols, "q") as q:
+            v = kb.load(x, kb.add(kb.add(base, kb.mul(k, inner)), q))
+            better = kb.compare(pred, v, kb.load(best, q))
+            kb.store(best, q, b.select(better, v, kb.load(best, q)))
+            o = kb.add(dst, q)
+            kb.store(out, o, b.select(better, k, kb.load(out, o)))
 
 
 def _arg_numpy(fn):
