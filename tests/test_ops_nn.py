@@ -122,6 +122,17 @@ NORM = {
     "layernorm_decomposed": decomposed_layer_norm,
     "instancenorm_4d": lambda: instance_norm((2, 3, 5, 4)),
     "instancenorm_3d": lambda: instance_norm((2, 4, 7)),
+    # The default axes written out: onnx 1.23's strict shape inference fails on the
+    # function body when `axes` is absent (the import reports that, one line).
+    "mvn_nhw_axes": lambda: one("MeanVarianceNormalization", (2, 3, 4, 5), low=-2, high=3,
+                                axes=[0, 2, 3]),
+    "mvn_axes_last2": lambda: one("MeanVarianceNormalization", (2, 3, 4), axes=[1, 2]),
+    "lpnorm_p2_last": lambda: one("LpNormalization", (3, 4, 5)),
+    "lpnorm_p1_axis0": lambda: one("LpNormalization", (3, 4), axis=0, p=1),
+    "lpnorm_zero_slice": lambda: model([node("Mul", ["x", "z"], ["t"]),
+                                        node("LpNormalization", ["t"], ["y"], axis=1)],
+                                       {"x": rand(3, 4)}, {"z": np.array([[1], [0], [1]],
+                                                                         np.float32)}),
     "lrn_size5": lambda: one("LRN", (2, 7, 3, 3), size=5, alpha=1e-2, beta=0.75, bias=2.0),
     "lrn_size2": lambda: one("LRN", (1, 4, 3, 2), size=2),
     "batchnorm_3d": lambda: one("BatchNormalization", (2, 3, 5),
@@ -205,6 +216,11 @@ SOFTMAX = {
     "softmax13_axis1_column_blocks": lambda: one("Softmax", (2, 5, 40, 30), axis=1, low=-9,
                                                  high=9),
     "logsoftmax13_axis1_column_blocks": lambda: one("LogSoftmax", (1, 4, 35, 31), axis=1),
+    "hardmax11_axis1_flatten": lambda: arg("Hardmax", ties(2, 3, 4), axis=1, opset=11,
+                                           out_type=TensorProto.FLOAT),
+    "hardmax13_axis1_ties": lambda: arg("Hardmax", ties(2, 5, 3), axis=1,
+                                        out_type=TensorProto.FLOAT),
+    "hardmax13_last": lambda: one("Hardmax", (4, 7)),
     "logsoftmax11_default": lambda: one("LogSoftmax", (2, 3, 4), opset=11),
     "logsoftmax11_axis0": lambda: one("LogSoftmax", (2, 3, 4), opset=11, axis=0),
     "logsoftmax13_axis1": lambda: one("LogSoftmax", (2, 3, 4), axis=1),
@@ -279,9 +295,9 @@ REDUCE |= {
 }
 
 
-def arg(op_type, x, **attrs):
-    return model([node(op_type, ["x"], ["y"], **attrs)], {"x": x},
-                 outputs=[helper.make_tensor_value_info("y", TensorProto.INT64, None)])
+def arg(op_type, x, opset=13, out_type=TensorProto.INT64, **attrs):
+    return model([node(op_type, ["x"], ["y"], **attrs)], {"x": x}, opset=opset,
+                 outputs=[helper.make_tensor_value_info("y", out_type, None)])
 
 
 def ties(*shape):

@@ -16,6 +16,7 @@ from pipeline.ops import (  # noqa: F401  (registration)
     reduce,
     resize,
     shape,
+    softmax,
     unary,
 )
 from pipeline.ops.registry import ONNX_CONVERTERS, OPS, get, infer_types, onnx_converter

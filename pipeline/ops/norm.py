@@ -16,16 +16,7 @@ import numpy as np
 
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node
-from pipeline.ops.registry import broadcast_shape, onnx_op, register
-
-
-def _axis(n, rank: int, default: int) -> int:
-    axis = int(n.attrs.get("axis", default))
-    if not -rank <= axis < rank:
-        raise ModelError(f"node {n.name!r} ({n.op_type}): axis {axis} out of range "
-                         f"for rank {rank}")
-    return axis % rank
-
+from pipeline.ops.registry import axis_attr, broadcast_shape, onnx_op, register
 
 # -- BatchNormalization ---------------------------------------------------------------
 
@@ -155,41 +146,83 @@ register("instance_norm", "anchor", _channel_norm_infer, lower=_normalize_lower)
 register("group_norm", "anchor", _channel_norm_infer, lower=_normalize_lower)
 
 
+def _chain(n, tag: str, steps, out: str) -> list[Node]:
+    """Graph nodes for `steps`, [(op, inputs, attrs)], where "@" in inputs is the
+    previous step's result; the last step writes `out`, the others temporaries
+    named after the ONNX node's first output and `tag`."""
+    nodes, prev = [], None
+    for k, (op, args, attrs) in enumerate(steps):
+        result = out if k == len(steps) - 1 else f"{n.outputs[0]}__{tag}{k}"
+        nodes.append(Node.make(op, f"{n.name}__{tag}{k}", [prev if a == "@" else a for a in args],
+                               (result,), **attrs))
+        prev = result
+    return nodes
+
+
 @onnx_op("LayerNormalization", 17)
 def _layer_norm(ctx, n):
     """Y is one layer_norm kernel; the optional Mean and InvStdDev outputs (shape
     x.shape[:axis] + ones) are computed beside it by reduce_mean and elementwise ops."""
     x = n.inputs[0]
     rank = len(ctx.type(x).shape)
-    axis = _axis(n, rank, -1)
+    axis = axis_attr(n, rank, -1)
     eps = float(n.attrs.get("epsilon", 1e-5))
     nodes = [Node.make("layer_norm", n.name, [i for i in n.inputs[:3] if i], n.outputs[:1],
                        axis=axis, epsilon=eps)]
     mean_out, istd_out = (*n.outputs[1:3], "", "")[:2]
     if not mean_out and not istd_out:
         return nodes
-    y = n.outputs[0]
-    mean = mean_out or f"{y}__mean"
-    axes = tuple(range(axis, rank))
-    nodes.append(Node.make("reduce_mean", f"{n.name}__mean", (x,), (mean,), axes=axes,
-                           keepdims=1))
+    mean = mean_out or f"{n.outputs[0]}__mean"
+    stats = {"axes": tuple(range(axis, rank)), "keepdims": 1}
+    nodes.append(Node.make("reduce_mean", f"{n.name}__mean", (x,), (mean,), **stats))
     if istd_out:
         eps_name = ctx.add_param(f"{n.name}_epsilon", np.array([eps], np.float32))
-        chain = [("sub", (x, mean)), ("mul", ("@", "@")), ("reduce_mean", ("@",)),
-                 ("add", ("@", eps_name)), ("sqrt", ("@",)), ("reciprocal", ("@",))]
-        prev = None
-        for k, (op, args) in enumerate(chain):
-            out = istd_out if k == len(chain) - 1 else f"{y}__istd{k}"
-            attrs = {"axes": axes, "keepdims": 1} if op == "reduce_mean" else {}
-            nodes.append(Node.make(op, f"{n.name}__istd{k}",
-                                   [prev if a == "@" else a for a in args], (out,), **attrs))
-            prev = out
+        nodes += _chain(n, "istd", [("sub", (x, mean), {}), ("mul", ("@", "@"), {}),
+                                    ("reduce_mean", ("@",), stats),
+                                    ("add", ("@", eps_name), {}), ("sqrt", ("@",), {}),
+                                    ("reciprocal", ("@",), {})], istd_out)
     return nodes
+
+
+@onnx_op("MeanVarianceNormalization", 9)
+def _mean_variance_norm(ctx, n):
+    """(x - mean) / (sqrt(mean((x - mean)^2)) + 1e-9) over `axes` (default N, H, W),
+    as the ONNX function body defines it, from reductions and elementwise ops."""
+    x = n.inputs[0]
+    rank = len(ctx.type(x).shape)
+    raw = [int(a) for a in n.attrs.get("axes", (0, 2, 3))]
+    if any(not -rank <= a < rank for a in raw):
+        raise ModelError(f"node {n.name!r} (MeanVarianceNormalization): axes {raw} out of "
+                         f"range for rank {rank}")
+    axes = tuple(sorted({a % rank for a in raw}))
+    stats = {"axes": axes, "keepdims": 1}
+    eps = ctx.add_param(f"{n.name}_epsilon", np.array([1e-9], np.float32))
+    centred = f"{n.outputs[0]}__centred"
+    return _chain(n, "mean", [("reduce_mean", (x,), stats), ("sub", (x, "@"), {})],
+                  centred) + \
+        _chain(n, "std", [("mul", (centred, centred), {}), ("reduce_mean", ("@",), stats),
+                          ("sqrt", ("@",), {}), ("add", ("@", eps), {}),
+                          ("div", (centred, "@"), {})], n.outputs[0])
+
+
+@onnx_op("LpNormalization", 1)
+def _lp_norm(ctx, n):
+    """x / ||x||_p along `axis` (p 1 or 2): a keepdims reduction, then a division.
+    An all-zero slice gives 0 (onnxruntime, onnx.reference): its norm is raised to
+    the smallest normal float, which leaves every other norm unchanged."""
+    x = n.inputs[0]
+    axis = axis_attr(n, len(ctx.type(x).shape), -1)
+    p = int(n.attrs.get("p", 2))
+    if p not in (1, 2):
+        raise ModelError(f"node {n.name!r} (LpNormalization): p must be 1 or 2, got {p}")
+    tiny = ctx.add_param(f"{n.name}_tiny", np.array([np.finfo(np.float32).tiny], np.float32))
+    return _chain(n, "norm", [(f"reduce_l{p}", (x,), {"axes": (axis,), "keepdims": 1}),
+                              ("max", ("@", tiny), {}), ("div", (x, "@"), {})], n.outputs[0])
 
 
 @onnx_op("RMSNormalization", 23)
 def _rms_norm(ctx, n):
-    axis = _axis(n, len(ctx.type(n.inputs[0]).shape), -1)
+    axis = axis_attr(n, len(ctx.type(n.inputs[0]).shape), -1)
     return [Node.make("rms_norm", n.name, n.inputs[:2], n.outputs[:1], axis=axis,
                       epsilon=float(n.attrs.get("epsilon", 1e-5)))]
 
@@ -250,102 +283,3 @@ def _lrn(ctx, n):
                       alpha=float(n.attrs.get("alpha", 1e-4)),
                       beta=float(n.attrs.get("beta", 0.75)),
                       bias=float(n.attrs.get("bias", 1.0)))]
-
-
-# -- Softmax, LogSoftmax ---------------------------------------------------------------
-
-# Softmax along a non-last axis keeps per-column statistics for this many
-# columns at a time in stack buffers.
-_COLUMNS = 1024
-
-
-def _softmax_lower(kb, node, ins, out, epilogue):
-    """Rows of length L with stride `inner`: max, sum of exp(x - max), then scale
-    (softmax) or x - max - log(sum) (log_softmax). With inner > 1 the columns
-    are processed _COLUMNS at a time, their statistics in stack buffers, so
-    every loop runs along contiguous memory."""
-    shape = ins[0].type.shape
-    axis = node.attr("axis")
-    outer = math.prod(shape[:axis])
-    if node.attr("flatten"):
-        length, inner = math.prod(shape[axis:]), 1
-    else:
-        length, inner = shape[axis], math.prod(shape[axis + 1:])
-    if inner > 1:
-        _softmax_columns(kb, node, ins[0], out, outer, length, inner)
-        return
-    x = ins[0]
-    with kb.loop(0, outer, "r") as r:
-        base = kb.mul(r, length)
-        slot = kb.local(kb.f32(-math.inf))
-        with kb.loop(0, length, "k") as k:
-            kb.set(slot, kb.fmax(kb.get(slot), kb.load(x, kb.add(base, k))))
-        peak = kb.get(slot)
-        kb.set(slot, kb.f32(0.0))
-        with kb.loop(0, length, "k") as k:
-            e = kb.exp(kb.fsub(kb.load(x, kb.add(base, k)), peak))
-            if node.op == "softmax":
-                kb.store(out, kb.add(base, k), e)
-            kb.set(slot, kb.fadd(kb.get(slot), e))
-        if node.op == "log_softmax":
-            shift = kb.fadd(peak, kb.intrinsic("log", kb.get(slot)))
-        else:
-            scale = kb.fdiv(kb.f32(1.0), kb.get(slot))
-        with kb.loop(0, length, "k") as k:
-            o = kb.add(base, k)
-            y = kb.fsub(kb.load(x, o), shift) if node.op == "log_softmax" else \
-                kb.fmul(kb.load(out, o), scale)
-            kb.store(out, o, y)
-
-
-def _softmax_columns(kb, node, x, out, outer, length, inner):
-    """Softmax over k of x[r, k, q] for blocks of columns q (see _softmax_lower)."""
-    width = min(inner, _COLUMNS)
-    peak, total = kb.scratch(width), kb.scratch(width)
-    b = kb.b
-    with kb.loop(0, outer, "r") as r, kb.loop(0, -(-inner // width), "qb") as qb:
-        q0 = kb.mul(qb, width)
-        left = b.sub(kb.i64(inner), q0)
-        cols = b.select(b.icmp_signed("<", left, kb.i64(width)), left, kb.i64(width))
-        base = kb.add(kb.mul(r, length * inner), q0)
-        with kb.loop(0, cols, "q") as q:
-            kb.store(peak, q, kb.f32(-math.inf))
-            kb.store(total, q, kb.f32(0.0))
-        with kb.loop(0, length, "k") as k, kb.loop(0, cols, "q") as q:
-            v = kb.load(x, kb.add(kb.add(base, kb.mul(k, inner)), q))
-            kb.store(peak, q, kb.fmax(kb.load(peak, q), v))
-        with kb.loop(0, length, "k") as k, kb.loop(0, cols, "q") as q:
-            o = kb.add(kb.add(base, kb.mul(k, inner)), q)
-            e = kb.exp(kb.fsub(kb.load(x, o), kb.load(peak, q)))
-            if node.op == "softmax":
-                kb.store(out, o, e)
-            kb.store(total, q, kb.fadd(kb.load(total, q), e))
-        with kb.loop(0, cols, "q") as q:
-            if node.op == "log_softmax":  # peak becomes the shift max + log(sum)
-                kb.store(peak, q, kb.fadd(kb.load(peak, q),
-                                          kb.intrinsic("log", kb.load(total, q))))
-            else:
-                kb.store(total, q, kb.fdiv(kb.f32(1.0), kb.load(total, q)))
-        with kb.loop(0, length, "k") as k, kb.loop(0, cols, "q") as q:
-            o = kb.add(kb.add(base, kb.mul(k, inner)), q)
-            y = kb.fsub(kb.load(x, o), kb.load(peak, q)) if node.op == "log_softmax" else \
-                kb.fmul(kb.load(out, o), kb.load(total, q))
-            kb.store(out, o, y)
-
-
-register("softmax", "opaque", lambda types, node: [types[0]], lower=_softmax_lower)
-register("log_softmax", "opaque", lambda types, node: [types[0]], lower=_softmax_lower)
-
-
-def _softmax_converter(op: str, flatten: bool, default_axis: int):
-    def convert(ctx, n):
-        axis = _axis(n, len(ctx.type(n.inputs[0]).shape), default_axis)
-        return [Node.make(op, n.name, n.inputs[:1], n.outputs[:1], axis=axis,
-                          flatten=int(flatten))]
-    return convert
-
-
-# Before opset 13 (Log)Softmax flattened the input to 2-D at `axis` (default 1).
-for _onnx, _op in (("Softmax", "softmax"), ("LogSoftmax", "log_softmax")):
-    onnx_op(_onnx, 1)(_softmax_converter(_op, flatten=True, default_axis=1))
-    onnx_op(_onnx, 13)(_softmax_converter(_op, flatten=False, default_axis=-1))

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pipeline.errors import GraphError
+from pipeline.errors import GraphError, ModelError
 from pipeline.ir.graph import Node, TensorType
 
 KINDS = ("elementwise", "anchor", "opaque")
@@ -95,3 +95,13 @@ def broadcast_shape(*shapes: tuple[int, ...], where: str = "") -> tuple[int, ...
             raise GraphError(f"{where}: shapes {list(shapes)} do not broadcast")
         out.append(dims.pop() if dims else 1)
     return tuple(out)
+
+
+def axis_attr(n, rank: int, default: int, key: str = "axis") -> int:
+    """The ONNX node `n`'s axis attribute `key` (or `default`) made non-negative;
+    ModelError naming the node if it is outside [-rank, rank)."""
+    axis = int(n.attrs.get(key, default))
+    if not -rank <= axis < rank:
+        raise ModelError(f"node {n.name!r} ({n.op_type}): {key} {axis} out of range "
+                         f"for rank {rank}")
+    return axis % rank

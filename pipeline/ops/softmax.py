@@ -1,0 +1,139 @@
+"""Softmax, LogSoftmax and Hardmax along one axis (opset >= 13) or over the
+input flattened to 2-D at the axis (older opsets).
+
+Graph ops softmax, log_softmax, hardmax with attrs axis (non-negative) and
+flatten (1: rows are everything from `axis` on). Softmax subtracts the row
+maximum before exponentiating; the exponential is KernelBuilder.exp, which
+vectorises.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pipeline.ir.graph import Node
+from pipeline.ops.registry import axis_attr, onnx_op, register
+
+# Softmax along a non-last axis keeps per-column statistics for this many
+# columns at a time in stack buffers.
+_COLUMNS = 1024
+
+
+def _softmax_lower(kb, node, ins, out, epilogue):
+    """Rows of length L with stride `inner`: max, sum of exp(x - max), then scale
+    (softmax) or x - max - log(sum) (log_softmax). With inner > 1 the columns
+    are processed _COLUMNS at a time, their statistics in stack buffers, so
+    every loop runs along contiguous memory."""
+    shape = ins[0].type.shape
+    axis = node.attr("axis")
+    outer = math.prod(shape[:axis])
+    if node.attr("flatten"):
+        length, inner = math.prod(shape[axis:]), 1
+    else:
+        length, inner = shape[axis], math.prod(shape[axis + 1:])
+    if inner > 1:
+        _softmax_columns(kb, node, ins[0], out, outer, length, inner)
+        return
+    x = ins[0]
+    with kb.loop(0, outer, "r") as r:
+        base = kb.mul(r, length)
+        slot = kb.local(kb.f32(-math.inf))
+        with kb.loop(0, length, "k") as k:
+            kb.set(slot, kb.fmax(kb.get(slot), kb.load(x, kb.add(base, k))))
+        peak = kb.get(slot)
+        kb.set(slot, kb.f32(0.0))
+        with kb.loop(0, length, "k") as k:
+            e = kb.exp(kb.fsub(kb.load(x, kb.add(base, k)), peak))
+            if node.op == "softmax":
+                kb.store(out, kb.add(base, k), e)
+            kb.set(slot, kb.fadd(kb.get(slot), e))
+        if node.op == "log_softmax":
+            shift = kb.fadd(peak, kb.intrinsic("log", kb.get(slot)))
+        else:
+            scale = kb.fdiv(kb.f32(1.0), kb.get(slot))
+        with kb.loop(0, length, "k") as k:
+            o = kb.add(base, k)
+            y = kb.fsub(kb.load(x, o), shift) if node.op == "log_softmax" else \
+                kb.fmul(kb.load(out, o), scale)
+            kb.store(out, o, y)
+
+
+def _softmax_columns(kb, node, x, out, outer, length, inner):
+    """Softmax over k of x[r, k, q] for blocks of columns q (see _softmax_lower)."""
+    width = min(inner, _COLUMNS)
+    peak, total = kb.scratch(width), kb.scratch(width)
+    b = kb.b
+    with kb.loop(0, outer, "r") as r, kb.loop(0, -(-inner // width), "qb") as qb:
+        q0 = kb.mul(qb, width)
+        left = b.sub(kb.i64(inner), q0)
+        cols = b.select(b.icmp_signed("<", left, kb.i64(width)), left, kb.i64(width))
+        base = kb.add(kb.mul(r, length * inner), q0)
+        with kb.loop(0, cols, "q") as q:
+            kb.store(peak, q, kb.f32(-math.inf))
+            kb.store(total, q, kb.f32(0.0))
+        with kb.loop(0, length, "k") as k, kb.loop(0, cols, "q") as q:
+            v = kb.load(x, kb.add(kb.add(base, kb.mul(k, inner)), q))
+            kb.store(peak, q, kb.fmax(kb.load(peak, q), v))
+        with kb.loop(0, length, "k") as k, kb.loop(0, cols, "q") as q:
+            o = kb.add(kb.add(base, kb.mul(k, inner)), q)
+            e = kb.exp(kb.fsub(kb.load(x, o), kb.load(peak, q)))
+            if node.op == "softmax":
+                kb.store(out, o, e)
+            kb.store(total, q, kb.fadd(kb.load(total, q), e))
+        with kb.loop(0, cols, "q") as q:
+            if node.op == "log_softmax":  # peak becomes the shift max + log(sum)
+                kb.store(peak, q, kb.fadd(kb.load(peak, q),
+                                          kb.intrinsic("log", kb.load(total, q))))
+            else:
+                kb.store(total, q, kb.fdiv(kb.f32(1.0), kb.load(total, q)))
+        with kb.loop(0, length, "k") as k, kb.loop(0, cols, "q") as q:
+            o = kb.add(kb.add(base, kb.mul(k, inner)), q)
+            y = kb.fsub(kb.load(x, o), kb.load(peak, q)) if node.op == "log_softmax" else \
+                kb.fmul(kb.load(out, o), kb.load(total, q))
+            kb.store(out, o, y)
+
+
+register("softmax", "opaque", lambda types, node: [types[0]], lower=_softmax_lower)
+register("log_softmax", "opaque", lambda types, node: [types[0]], lower=_softmax_lower)
+
+
+def _hardmax_lower(kb, node, ins, out, epilogue):
+    """1.0 at the first maximum of each row (length L, stride `inner`), 0.0 elsewhere."""
+    x = ins[0]
+    shape = x.type.shape
+    axis = node.attr("axis")
+    if node.attr("flatten"):
+        length, inner = math.prod(shape[axis:]), 1
+    else:
+        length, inner = shape[axis], math.prod(shape[axis + 1:])
+    b = kb.b
+    with kb.loop(0, math.prod(shape[:axis]), "r") as r, kb.loop(0, inner, "q") as q:
+        base = kb.add(kb.mul(r, length * inner), q)
+        best, where = kb.local(kb.load(x, base)), kb.local(kb.i64(0))
+        with kb.loop(1, length, "k") as k:
+            v = kb.load(x, kb.add(base, kb.mul(k, inner)))
+            better = kb.compare(">", v, kb.get(best))
+            kb.set(best, b.select(better, v, kb.get(best)))
+            kb.set(where, b.select(better, k, kb.get(where)))
+        with kb.loop(0, length, "k") as k:
+            hit = b.icmp_signed("==", k, kb.get(where))
+            kb.store(out, kb.add(base, kb.mul(k, inner)),
+                     b.select(hit, kb.f32(1.0), kb.f32(0.0)))
+
+
+register("hardmax", "opaque", lambda types, node: [types[0]], lower=_hardmax_lower)
+
+
+def _softmax_converter(op: str, flatten: bool, default_axis: int):
+    def convert(ctx, n):
+        axis = axis_attr(n, len(ctx.type(n.inputs[0]).shape), default_axis)
+        return [Node.make(op, n.name, n.inputs[:1], n.outputs[:1], axis=axis,
+                          flatten=int(flatten))]
+    return convert
+
+
+# Before opset 13 (Log)Softmax and Hardmax flattened the input to 2-D at `axis` (default 1).
+for _onnx, _op in (("Softmax", "softmax"), ("LogSoftmax", "log_softmax"),
+                   ("Hardmax", "hardmax")):
+    onnx_op(_onnx, 1)(_softmax_converter(_op, flatten=True, default_axis=1))
+    onnx_op(_onnx, 13)(_softmax_converter(_op, flatten=False, default_axis=-1))
