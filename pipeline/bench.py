@@ -3,7 +3,9 @@
 For each thread count, our GraphModule and an onnxruntime CPU session with the
 same intra-op thread count run the same seeded inputs, interleaved run by run in
 this one process (so both see the same machine load), after warm-up runs; the
-medians are compared. onnxruntime is an optional extra (`pip install -e .[ort]`).
+medians are compared. Each timed run starts after a short pause, so neither side
+shares its cores with the other's still-spinning idle threads. onnxruntime is an
+optional extra (`pip install -e .[ort]`).
 
 bench.json holds per thread count: ours_ms, onnxruntime_ms, ratio (ours / theirs)
 and GFLOP/s of both (FLOPs of the model's Conv, Gemm and MatMul nodes); the
@@ -28,6 +30,11 @@ from pipeline.frontend.onnx import load_model
 from pipeline.runtime import GraphModule, load_module
 from pipeline.runtime.profile import format_profile, profile_nodes
 from pipeline.validate import random_inputs
+
+# Pause before each timed run. After a run onnxruntime's idle workers spin for tens
+# of ms (libgomp's, as the runtime configures it, for under 1 ms); a run started
+# meanwhile would share its cores with them.
+SETTLE_S = 0.06
 
 
 class BenchError(PipelineError):
@@ -166,6 +173,7 @@ def bench_library(lib_path: str, onnx_path: str, shapes: dict, model: str, targe
         for _ in range(runs):  # interleaved: both see the same load on the machine
             for side, fn, times in (("ours", gm.run, ours),
                                     ("onnxruntime", lambda s=sess: s.run(None, feeds), theirs)):
+                time.sleep(SETTLE_S)  # the other side's idle threads stop spinning
                 if exact:
                     _reset_peak_rss()
                 times.append(_time(fn))
