@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import pytest
+from onnx import TensorProto
 
 pytest.importorskip("onnx.backend.test")
 
@@ -41,3 +43,72 @@ def test_no_declared_limit_is_stale():
 
     stale = {r: v["passed"] for r, v in audit_limits().items() if not v["failed"]}
     assert not stale, f"limits in pipeline/backend.py that hide only passing tests: {stale}"
+
+
+# -- the backend's own behaviour, against onnx.reference -----------------------------
+
+def _reference(model, feeds):
+    from onnx.reference import ReferenceEvaluator
+
+    return ReferenceEvaluator(model).run(None, feeds)
+
+
+def test_run_node_matches_reference():
+    from onnx import helper
+
+    from pipeline import backend
+
+    node = helper.make_node("Softmax", ["x"], ["y"], axis=1)
+    x = np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32)
+    (got,) = backend.run_node(node, [x])
+    model = helper.make_model(helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]))
+    np.testing.assert_allclose(got, _reference(model, {"x": x})[0], rtol=1e-5, atol=1e-6)
+
+
+def test_symbolic_shapes_and_build_time_inputs_compile_per_value():
+    """A symbolic batch dim and a Reshape shape fed as an input: one library per
+    distinct (input shape, shape value), reused when both repeat."""
+    from onnx import helper
+
+    from pipeline import backend
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "s"], ["y"])]
+    model = helper.make_model(helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 6]),
+                     helper.make_tensor_value_info("s", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]),
+        opset_imports=[helper.make_opsetid("", 13)])
+    rep = backend.prepare(model, opt_level=0)
+    rng = np.random.default_rng(1)
+    runs = [(2, [3, -1]), (2, [4, 3]), (4, [3, -1]), (2, [3, -1])]
+    for n, shape in runs:
+        feeds = {"x": rng.standard_normal((n, 6)).astype(np.float32),
+                 "s": np.array(shape, np.int64)}
+        (got,) = rep.run([feeds["x"], feeds["s"]])
+        want = _reference(model, feeds)[0]
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert len(rep._cache) == 3  # the last run reused the first library
+
+
+def test_unsupported_names_operator_dtype_and_limit():
+    from onnx import helper
+
+    from pipeline import backend
+
+    def model(node, dtype=TensorProto.FLOAT, outputs=("y",)):
+        graph = helper.make_graph(
+            [node], "g", [helper.make_tensor_value_info("x", dtype, [1, 2, 4, 4, 4])],
+            [helper.make_tensor_value_info(o, dtype, None) for o in outputs])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+    relu = helper.make_node("Relu", ["x"], ["y"])
+    assert backend.unsupported(model(relu)) == []
+    assert backend.unsupported(model(relu, TensorProto.DOUBLE)) == ["dtype DOUBLE"]
+    assert backend.unsupported(model(helper.make_node("NoSuchOp", ["x"], ["y"]))) == [
+        "NoSuchOp (opset 13): no converter"]
+    pool = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2, 2])
+    assert backend.unsupported(model(pool)) == ["MaxPool: only 1-D and 2-D windows"]
+    assert backend.unsupported(model(pool), limits=False) == []
