@@ -162,9 +162,10 @@ class GraphExecutor:
 
     def node_calls(self) -> list[tuple[str, str, Callable[[], int]]]:
         """(node name, function name, call) per executed node, in run order: what a
-        profiler times (pipeline.runtime.profile). Each call runs just that node."""
+        profiler times (pipeline.runtime.profile). Each call runs just that node and
+        keeps this executor (whose buffers its arguments point into) alive."""
         return [(self._nodes[nid]["name"], self._nodes[nid]["attrs"].get("func_name", ""),
-                 lambda f=func, a=args: f(a)) for func, args, nid in self._execs]
+                 lambda f=func, a=args, _keep=self: f(a)) for func, args, nid in self._execs]
 
     def node_shapes(self, name: str) -> tuple[list[tuple], list[tuple]]:
         """(input shapes, output shapes) of the op node `name`."""
