@@ -109,6 +109,23 @@ def test_blocked_conv_matches_onnxruntime(target, case):
 
 
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("hw, stride, pads, k", [(14, 1, [1, 1, 1, 1], 3), (15, 2, [1, 1, 1, 1], 3),
+                                                 (40, 1, [2, 2, 2, 2], 5), (9, 2, [0, 1, 1, 0], 3)])
+def test_blocked_depthwise_conv(target, hw, stride, pads, k):
+    """Depthwise conv (MobileNet style) + bias + Clip(0, 6), then a pointwise conv."""
+    c = 32
+    inits = {"dw": rand(c, 1, k, k, seed=1), "db": rand(c, seed=2),
+             "pw": rand(16, c, 1, 1, seed=3) * np.float32(0.2),
+             "lo": np.float32(0.0), "hi": np.float32(6.0)}
+    nodes = [node("Conv", ["x", "dw", "db"], ["d"], group=c, pads=pads,
+                  strides=[stride, stride]),
+             node("Clip", ["d", "lo", "hi"], ["r"]), node("Conv", ["r", "pw"], ["y"])]
+    model = make_model(nodes, [("x", (1, c, hw, hw))], [("y", None)], inits)
+    check(model, {"x": rand(1, c, hw, hw, seed=4)}, target,
+          must_use={"depthwise_conv2d_nchwc", "clip", "conv2d_nchwc"})
+
+
+@pytest.mark.parametrize("target", TARGETS)
 def test_blocked_pools(target):
     """conv -> relu -> maxpool (ceil) and avgpool (with pad) and the global pools,
     all on blocked tensors, summed so one output covers every path."""
@@ -156,7 +173,8 @@ def test_blocked_and_plain_consumers_mix():
 
 
 def test_ineligible_convs_keep_the_generic_kernel():
-    """Grouped, dilated and channel counts that do not block stay plain conv2d."""
+    """Grouped (not depthwise), dilated and channel counts that do not block stay
+    plain conv2d."""
     inits = {"w1": rand(16, 8, 3, 3, seed=1), "w2": rand(20, 16, 3, 3, seed=2)}
     nodes = [node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1], group=2),
              node("Conv", ["a", "w2"], ["y"], pads=[2, 2, 2, 2], dilations=[2, 2])]

@@ -5,6 +5,7 @@ from pipeline.ops import (  # noqa: F401  (registration)
     conv_blocked,
     conv_transpose,
     dense_packed,
+    depthwise_blocked,
     elementwise,
     index,
     layout,

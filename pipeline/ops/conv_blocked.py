@@ -92,7 +92,7 @@ def _infer(types, node):
     return [TensorType((n, ocg * kob // ob, oh, ow, ob), x.dtype)]
 
 
-def _row_plan(ow_n: int, t: int, safe_lo: int, safe_hi: int) -> list[tuple]:
+def row_plan(ow_n: int, t: int, safe_lo: int, safe_hi: int) -> list[tuple]:
     """Split a row of ow_n outputs into tiles of width t (the last may be narrower).
 
     Returns ("static", start, width) for tiles generated one by one (they touch the
@@ -162,7 +162,7 @@ def _lower(kb, node, ins, out, epilogue):
     # re-reading the weights for every row moves fewer bytes than re-reading the
     # input for every channel group.
     group_major = ocg_n * icb_n * h * wd * ib <= oh_n * w.type.size
-    plan = _row_plan(ow_n, t, -(-pl // sw), (wd - 1 + pl - (kw_n - 1)) // sw)
+    plan = row_plan(ow_n, t, -(-pl // sw), (wd - 1 + pl - (kw_n - 1)) // sw)
     with parallel_for(kb, n_n * ocg_n * oh_n, "rows") as item:
         b = kb.b
         n = b.udiv(item, kb.i64(ocg_n * oh_n))
@@ -172,8 +172,8 @@ def _lower(kb, node, ins, out, epilogue):
         ocg, oh = (major, minor) if group_major else (minor, major)
         ih0 = b.sub(b.mul(oh, kb.i64(sh)), kb.i64(pt))
         # the taps kh with 0 <= ih0 + kh < h
-        row = (oh, ih0, _smax(kb, b.neg(ih0), kb.i64(0)),
-               _smin(kb, b.sub(kb.i64(h), ih0), kb.i64(kh_n)))
+        row = (oh, ih0, smax(kb, b.neg(ih0), kb.i64(0)),
+               smin(kb, b.sub(kb.i64(h), ih0), kb.i64(kh_n)))
         for entry in plan:
             if entry[0] == "static":
                 _, start, width = entry
@@ -185,11 +185,11 @@ def _lower(kb, node, ins, out, epilogue):
                 _tile(kb, g, bufs, n, ocg, [(oh, kb.add(ow0, c)) for c in range(t)], row)
 
 
-def _smax(kb, a, b):
+def smax(kb, a, b):
     return kb.b.select(kb.b.icmp_signed(">", a, b), a, b)
 
 
-def _smin(kb, a, b):
+def smin(kb, a, b):
     return kb.b.select(kb.b.icmp_signed("<", a, b), a, b)
 
 

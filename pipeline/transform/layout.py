@@ -5,7 +5,8 @@ With b the target's vector width (16 floats on AVX-512, 8 on AVX2):
     multiple of b or at most b) becomes conv2d_nchwc on NCHW{ib}c input with
     ib = b (or ib = C for a narrow first layer) and NCHW{b}c output; its weights
     are repacked here as a new param (ops/conv_blocked.py pack_weight), so a
-    weight change still changes only params, never a kernel;
+    weight change still changes only params, never a kernel; a depthwise conv2d
+    (groups = channels = filters, a multiple of b) becomes depthwise_conv2d_nchwc;
   - elementwise ops whose activation inputs all have the output's 4-D shape and
     one of which is blocked run blocked too; their constant operands (bias,
     per-channel scale) are repacked to broadcast in the blocked layout;
@@ -26,6 +27,7 @@ from pipeline.ir.graph import Graph, Node, add_param
 from pipeline.ops import get, infer_types
 from pipeline.ops.conv_blocked import pack_weight, tiling
 from pipeline.ops.dense_packed import pack_dense_weight
+from pipeline.ops.depthwise_blocked import pack_depthwise_weight
 from pipeline.ops.layout import layout_name, to_blocked
 from pipeline.transform.context import PassConfig
 from pipeline.transform.util import prune
@@ -93,9 +95,11 @@ class _Rewriter:
     def conv(self, node: Node) -> bool:
         x, w = node.inputs[0], node.inputs[1]
         weight = self.params.get(w)
-        if (weight is None or weight.dtype != np.float32 or node.attr("groups") != 1
+        if (weight is None or weight.dtype != np.float32 or weight.ndim != 4
                 or tuple(node.attr("dilations")) != (1, 1)):
             return False
+        if node.attr("groups") != 1:
+            return self.depthwise(node, weight)
         oc, c = weight.shape[:2]
         ib = self.vw if c % self.vw == 0 else c if c <= self.vw else 0
         if oc % self.vw or not ib:
@@ -106,6 +110,22 @@ class _Rewriter:
                             lambda: pack_weight(weight, ib, self.vw, k))
         inputs = [self.need_blocked(x, ib), packed, *node.inputs[2:]]
         self.blocked_output(node, "conv2d_nchwc", inputs, oc_block=self.vw)
+        return True
+
+    def depthwise(self, node: Node, weight: np.ndarray) -> bool:
+        """groups == channels == filters: one filter per channel, blocked likewise."""
+        oc, icg = weight.shape[:2]
+        if node.attr("groups") != oc or icg != 1 or oc % self.vw:
+            return False
+        w = node.inputs[1]
+        packed = self.param(("depthwise", w, self.vw), f"{w}.packed",
+                            lambda: pack_depthwise_weight(weight, self.vw))
+        inputs = [self.need_blocked(node.inputs[0], self.vw), packed, *node.inputs[2:]]
+        attrs = {k: v for k, v in node.attrs if k in ("strides", "pads")}
+        out = node.outputs[0]
+        self.emit(Node.make("depthwise_conv2d_nchwc", node.name, inputs,
+                            (f"{out}.nchw{self.vw}c",), **attrs))
+        self.blocked[(out, self.vw)] = f"{out}.nchw{self.vw}c"
         return True
 
     def elementwise(self, node: Node) -> bool:
