@@ -98,6 +98,15 @@ CONV = {
     "conv_no_interior": lambda: conv("Conv", (1, 2, 3, 4), (3, 2, 5, 5), pads=[2, 2, 2, 2]),
     "conv_wide_pads_s2": lambda: conv("Conv", (1, 2, 9, 8), (2, 2, 3, 3), strides=[2, 2],
                                       pads=[3, 1, 2, 4]),
+    # The implicit-GEMM path (>= 4 output channels per group, C/g * kh * kw >= 8):
+    # groups, dilation, stride, padding, panel tails, two k chunks, 1x1 forms.
+    "conv_gemm_groups2_dil": lambda: conv("Conv", (1, 8, 11, 10), (8, 4, 3, 3), group=2,
+                                          dilations=[2, 1], pads=[2, 1, 1, 0], strides=[1, 2]),
+    "conv_gemm_1x1_s2_pads": lambda: conv("Conv", (1, 16, 9, 9), (20, 16, 1, 1),
+                                          strides=[2, 2], pads=[1, 1, 1, 1]),
+    "conv_gemm_1x1_tails": lambda: conv("Conv", (2, 16, 5, 7), (21, 16, 1, 1)),
+    "conv_gemm_k_chunks": lambda: conv("Conv", (1, 64, 6, 6), (8, 64, 3, 3), bias=False,
+                                       pads=[1, 1, 1, 1]),
     "conv_runtime_weight": lambda: conv("Conv", (2, 3, 6, 6), (4, 3, 3, 3), w_input=True,
                                         pads=[1, 1, 1, 1]),
     "mobilenetv2_block": mobilenet_block,

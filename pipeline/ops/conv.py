@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
+from pipeline.ops.gemm_tile import PANEL_COLUMNS, tiled_gemm
 from pipeline.ops.nn import (
     as_1d,
     ceil_div,
@@ -44,7 +45,99 @@ def _conv_infer(types, node):
     return [TensorType((n, oc, oh, ow), x.dtype)]
 
 
+# Convolutions with at least this many output channels per group and this
+# long a reduction (C/groups * kh * kw) run as a GEMM; others (depthwise) direct.
+_GEMM_MIN_OCG, _GEMM_MIN_K = 4, 8
+
+
 def _conv_lower(kb, node, ins, out, epilogue):
+    """conv2d: an implicit GEMM per (image, group) when it has enough output
+    channels and a long enough reduction, else the direct loops below."""
+    oc_n, icg, kh_n, kw_n = ins[1].type.shape
+    if oc_n // node.attr("groups") >= _GEMM_MIN_OCG and icg * kh_n * kw_n >= _GEMM_MIN_K:
+        _conv_gemm(kb, node, ins, out, epilogue)
+    else:
+        _conv_direct(kb, node, ins, out, epilogue)
+
+
+def _conv_gemm(kb, node, ins, out, epilogue):
+    """out[n, g] (OC/g x OH*OW) = w[g] (OC/g x K) @ patches (K x OH*OW), K = C/g * kh * kw,
+    by gemm_tile. The patch matrix is never built: `pack` fills gemm_tile's panel
+    for whole input channels, column (output pixel) by column, each tap a
+    bounds-checked load (zero in the padding); `load_b` maps a single (k, p) for
+    the columns that fill no panel. A 1x1, stride 1, unpadded convolution reads
+    the input directly."""
+    x, w = ins[0], ins[1]
+    bias = ins[2] if len(ins) > 2 else None
+    _, c, h, wd = x.type.shape
+    oc_n, icg, kh_n, kw_n = w.type.shape
+    n_n, _, oh_n, ow_n = out.type.shape
+    (sh, sw), (dh, dw) = node.attr("strides"), node.attr("dilations")
+    pt, pl = node.attr("pads")[:2]
+    groups = node.attr("groups")
+    ocg, taps, plane = oc_n // groups, kh_n * kw_n, oh_n * ow_n
+    k_n = icg * taps
+    direct = taps == 1 and (sh, sw) == (1, 1) and (pt, pl) == (0, 0) and (oh_n, ow_n) == (h, wd)
+    b = kb.b
+    with kb.loop(0, n_n, "n") as n, kb.loop(0, groups, "g") as g:
+        x_base = kb.mul(kb.add(kb.mul(n, c), kb.mul(g, icg)), h * wd)
+        w_base = kb.mul(kb.mul(g, ocg), k_n)
+
+        def load_a(m, k):
+            return kb.load(w, kb.add(w_base, kb.add(kb.mul(m, k_n), k)))
+
+        def load_b(k, p):
+            if direct:
+                return kb.load(x, kb.add(x_base, kb.add(kb.mul(k, h * wd), p)))
+            ic, tap = b.udiv(k, kb.i64(taps)), b.urem(k, kb.i64(taps))
+            kh, kw = b.udiv(tap, kb.i64(kw_n)), b.urem(tap, kb.i64(kw_n))
+            oh, ow = b.udiv(p, kb.i64(ow_n)), b.urem(p, kb.i64(ow_n))
+            ih = kb.add(kb.add(kb.mul(oh, sh), kb.mul(kh, dh)), -pt)
+            iw = kb.add(kb.add(kb.mul(ow, sw), kb.mul(kw, dw)), -pl)
+            ok = b.and_(b.icmp_unsigned("<", ih, kb.i64(h)), b.icmp_unsigned("<", iw, kb.i64(wd)))
+            # Clamp the offset so the load stays in bounds; the select drops it.
+            at = b.select(ok, kb.add(kb.mul(ih, wd), iw), kb.i64(0))
+            v = kb.load(x, kb.add(x_base, kb.add(kb.mul(ic, h * wd), at)))
+            return b.select(ok, v, kb.f32(0.0))
+
+        def pack(panel, k0, k_len, n0):
+            # Channel outer, column inner: the inner loop reads neighbouring
+            # pixels and writes a panel row, so it vectorises without gathers.
+            with kb.loop(0, k_len // taps, "pc") as icl, kb.loop(0, PANEL_COLUMNS, "pj") as j:
+                p = kb.add(n0, j)
+                ih0 = kb.add(kb.mul(b.udiv(p, kb.i64(ow_n)), sh), -pt)
+                iw0 = kb.add(kb.mul(b.urem(p, kb.i64(ow_n)), sw), -pl)
+                src = kb.add(x_base, kb.mul(kb.add(icl, k0 // taps), h * wd))
+                for kh in range(kh_n):
+                    ih = kb.add(ih0, kh * dh)
+                    row_ok = b.icmp_unsigned("<", ih, kb.i64(h))
+                    for kw in range(kw_n):
+                        iw = kb.add(iw0, kw * dw)
+                        ok = b.and_(row_ok, b.icmp_unsigned("<", iw, kb.i64(wd)))
+                        at = b.select(ok, kb.add(kb.mul(ih, wd), iw), kb.i64(0))
+                        v = b.select(ok, kb.load(x, kb.add(src, at)), kb.f32(0.0))
+                        k = kb.add(kb.mul(icl, taps), kh * kw_n + kw)
+                        kb.store(panel, kb.add(kb.mul(k, PANEL_COLUMNS), j), v)
+
+        c_base = kb.mul(kb.add(kb.mul(n, oc_n), kb.mul(g, ocg)), plane)
+        tiled_gemm(kb, (ocg, plane, k_n), load_a, load_b, out, c_base, by_column=not direct,
+                   pack_b=None if direct else pack, k_chunk=max(1, 512 // taps) * taps)
+    if bias is None and epilogue is None:
+        return
+    with kb.loop(0, n_n, "n") as n, kb.loop(0, oc_n, "oc") as oc:
+        base = kb.mul(kb.add(kb.mul(n, oc_n), oc), plane)
+        shift = kb.load(bias, oc) if bias else None
+        with kb.loop(0, oh_n, "eh") as oh, kb.loop(0, ow_n, "ew") as ow:
+            o = kb.add(base, kb.add(kb.mul(oh, ow_n), ow))
+            v = kb.load(out, o)
+            if shift is not None:
+                v = kb.fadd(v, shift)
+            if epilogue is not None:
+                v = epilogue(v, [n, oc, oh, ow])
+            kb.store(out, o, v)
+
+
+def _conv_direct(kb, node, ins, out, epilogue):
     """Direct convolution, one output-channel plane at a time.
 
     The plane is initialised with the bias; per input channel, the interior

@@ -23,17 +23,29 @@ _MR = 4           # rows per micro-kernel tile
 _KC = 512         # k rows per packed panel
 
 
-def tiled_gemm(kb, shape: tuple[int, int, int], load_a, load_b, out: Buffer, c_base) -> None:
-    """C = A @ B for (M, N, K) = `shape` into out[c_base + m * N + n]; see module doc."""
+PANEL_COLUMNS = _NB
+
+
+def tiled_gemm(kb, shape: tuple[int, int, int], load_a, load_b, out: Buffer, c_base,
+               by_column: bool = False, pack_b=None, k_chunk: int = _KC) -> None:
+    """C = A @ B for (M, N, K) = `shape` into out[c_base + m * N + n]; see module doc.
+
+    `by_column`: B is contiguous along k (a transposed matrix), so panels are
+    packed column by column. `pack_b(panel, k0, k_len, n0)`, if given, packs
+    panel[k * PANEL_COLUMNS + j] = B[k0 + k, n0 + j] itself (k0 and k_len are
+    multiples of `k_chunk`'s factors the caller chose: a convolution packs whole
+    input channels); load_b then only serves the columns that fill no block."""
     m_n, n_n, k_n = shape
-    kc_n = min(k_n, _KC)
+    kc_n = min(k_n, k_chunk)
     panel = kb.scratch(kc_n * _NB)
     with kb.loop(0, n_n // _NB, "nb") as nb:
         n0 = kb.mul(nb, _NB)
         for k0 in range(0, k_n, kc_n):
             k_len = min(kc_n, k_n - k0)
-            with kb.loop(0, k_len, "pk") as k, kb.loop(0, _NB, "pj") as j:
-                kb.store(panel, kb.add(kb.mul(k, _NB), j), load_b(kb.add(k, k0), kb.add(n0, j)))
+            if pack_b is not None:
+                pack_b(panel, k0, k_len, n0)
+            else:
+                _pack(kb, panel, load_b, k0, k_len, n0, by_column)
             full = m_n - m_n % _MR
             if full:
                 with kb.loop(0, full // _MR, "mt") as mt:
@@ -47,6 +59,14 @@ def tiled_gemm(kb, shape: tuple[int, int, int], load_a, load_b, out: Buffer, c_b
             with kb.loop(0, k_n, "tk") as k:
                 kb.set(acc, kb.fadd(kb.get(acc), kb.fmul(load_a(m, k), load_b(k, n))))
             kb.store(out, kb.add(c_base, kb.add(kb.mul(m, n_n), n)), kb.get(acc))
+
+
+def _pack(kb, panel, load_b, k0: int, k_len: int, n0, by_column: bool) -> None:
+    """panel[k][j] = B[k0 + k, n0 + j], walking B along its contiguous direction."""
+    order = (("pj", _NB), ("pk", k_len)) if by_column else (("pk", k_len), ("pj", _NB))
+    with kb.loop(0, order[0][1], order[0][0]) as i0, kb.loop(0, order[1][1], order[1][0]) as i1:
+        j, k = (i0, i1) if by_column else (i1, i0)
+        kb.store(panel, kb.add(kb.mul(k, _NB), j), load_b(kb.add(k, k0), kb.add(n0, j)))
 
 
 def _micro(kb, rows: int, m0, n0, k0: int, k_len: int, load_a, panel, out, c_base, n_n):

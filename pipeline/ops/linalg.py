@@ -31,7 +31,8 @@ def _dense_lower(kb, node, ins, out, epilogue):
     m_n = a.type.size // k_n
     n_n = w.type.shape[0]
     tiled_gemm(kb, (m_n, n_n, k_n), lambda m, k: kb.load(a, kb.add(kb.mul(m, k_n), k)),
-               lambda k, n: kb.load(w, kb.add(kb.mul(n, k_n), k)), out, kb.i64(0))
+               lambda k, n: kb.load(w, kb.add(kb.mul(n, k_n), k)), out, kb.i64(0),
+               by_column=True)
     if bias is None and epilogue is None:
         return
     with kb.loop(0, m_n, "m") as m, kb.loop(0, n_n, "j") as j:
@@ -111,7 +112,7 @@ def _matmul_lower(kb, node, ins, out, epilogue):
             return kb.load(y, kb.add(b_base, kb.add(kb.mul(n, k_n), k) if trans_b
                                      else kb.add(kb.mul(k, n_n), n)))
 
-        tiled_gemm(kb, (m_n, n_n, k_n), load_a, load_b, out, c_base)
+        tiled_gemm(kb, (m_n, n_n, k_n), load_a, load_b, out, c_base, by_column=trans_b)
         if epilogue is not None:
             with kb.loop(0, m_n, "m") as m, kb.loop(0, n_n, "e") as n:
                 o = kb.add(c_base, kb.add(kb.mul(m, n_n), n))
