@@ -1,4 +1,5 @@
-"""A register-tiled matrix product, the inner engine of `matmul` and `dense`.
+"""A register-tiled matrix product, the inner engine of `matmul`, `dense` and
+the generic `conv2d` (as an implicit GEMM).
 
     tiled_gemm(kb, shape, load_a, load_b, out, c_base)
 
@@ -9,7 +10,7 @@ broadcast) works. B is packed per block of _NB columns into a stack panel
 ([k][_NB], _KC rows of k at a time) so the micro-kernel streams it; each
 micro-kernel keeps _MR x _NB outputs in vector registers over a k chunk. Rows
 that do not fill a tile use a one-row tile, columns that do not fill a block
-a scalar loop.
+a scalar loop. A caller may pack panels itself (a convolution's patches).
 """
 
 from __future__ import annotations
