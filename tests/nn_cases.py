@@ -6,9 +6,10 @@ onnx.reference where onnxruntime refuses a valid model)."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 from conftest import make_model, rand, run_ort, run_ours
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from pipeline.errors import ModelError
@@ -66,3 +67,18 @@ def check_error(build, needle: str) -> None:
         from_onnx(build())
     message = str(err.value)
     assert "\n" not in message and needle in message
+
+
+def with_epilogue(m, feeds: dict):
+    """`m` (one output "y" of known shape) followed by Add of a constant of y's full
+    shape and Relu: at opt_level >= 1 both fuse into the anchor's kernel as its
+    epilogue, so every output index the anchor hands the epilogue is checked."""
+    m = onnx.ModelProto.FromString(m.SerializeToString())
+    out = m.graph.output[0]
+    shape = [d.dim_value for d in out.type.tensor_type.shape.dim]
+    for n in m.graph.node:
+        n.output[:] = ["t" if o == "y" else o for o in n.output]
+    m.graph.initializer.append(numpy_helper.from_array(rand(*shape, seed=17), "k"))
+    m.graph.node.extend([node("Add", ["t", "k"], ["e"]), node("Relu", ["e"], ["y"])])
+    onnx.checker.check_model(m)
+    return m, feeds

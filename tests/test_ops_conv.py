@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import rand
-from nn_cases import check, check_error, model, one, unchecked
+from nn_cases import check, check_error, model, one, unchecked, with_epilogue
 from onnx import TensorProto, helper
 
 from pipeline.frontend import from_onnx
@@ -197,6 +197,18 @@ REFERENCE_ONLY = {"conv_same_lower_dil"}
 def test_conv_pool_op_matches_onnxruntime(case, opt_level):
     m, feeds = CASES[case]()
     check(m, feeds, opt_level, reference=case in REFERENCE_ONLY)
+
+
+FUSED = ["conv1d_pads", "conv1d_s2_d2_groups", "conv_depthwise_s2_same", "conv_no_interior",
+         "conv_gemm_groups2_dil", "conv_gemm_1x1_tails", "convt_1d", "convt_asym_s3_dil",
+         "convt_chunks_groups_tail", "maxpool1d_s2_p1", "avgpool1d_incl", "lppool_p2_pads_s2",
+         "global_maxpool", "global_lppool_p3_1d", "global_avgpool_1d"]
+
+
+@pytest.mark.parametrize("case", FUSED)
+def test_fused_epilogue_sees_the_right_index(case):
+    m, feeds = with_epilogue(*CASES[case]())
+    check(m, feeds, 3, reference=case in REFERENCE_ONLY)
 
 
 @pytest.mark.parametrize(("case", "op"), [("conv1d_bn_folded", "conv1d"),

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import make_model, rand
-from nn_cases import check, check_error, model, one, unchecked
+from nn_cases import check, check_error, model, one, unchecked, with_epilogue
 from onnx import TensorProto, helper
 
 pytest.importorskip("onnxruntime")
@@ -93,7 +93,7 @@ def group_norm(shape, groups, opset, per_channel):
                 "y", TensorProto.FLOAT, shape)],
             [helper.make_tensor(k, TensorProto.FLOAT, v.shape, v) for k, v in inits.items()])
         return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), {"x": x}
-    # A function op: ONNX shape inference leaves Y's shape to us.
+    # A function op ONNX shape inference does not type: Y's shape is given here.
     return model([n], {"x": x}, inits, opset, outputs=(("y", shape),))
 
 
@@ -333,6 +333,19 @@ REFERENCE_ONLY = {"lrn_size2", "groupnorm18_per_group"}
 def test_nn_op_matches_onnxruntime(case, opt_level):
     m, feeds = CASES[case]()
     check(m, feeds, opt_level, reference=case in REFERENCE_ONLY)
+
+
+FUSED = ["layernorm_axis1", "layernorm_axis0", "rmsnorm_axis1", "instancenorm_3d",
+         "groupnorm21_per_channel", "lrn_size5", "matmul_1d_2d",
+         "matmul_2d_1d", "matmul_1d_3d", "matmul_4d_broadcast", "matmul_tile_edges",
+         "gemm_transa", "matmul_tile_edges_const_b", "ReduceMean_middle_input",
+         "reducemean_spatial_keep", "ReduceLogSumExp_last_attr", "ReduceL2_all"]
+
+
+@pytest.mark.parametrize("case", FUSED)
+def test_fused_epilogue_sees_the_right_index(case):
+    m, feeds = with_epilogue(*CASES[case]())
+    check(m, feeds, 3, reference=case in REFERENCE_ONLY)
 
 
 # -- errors: one line naming the node ---------------------------------------------------------
