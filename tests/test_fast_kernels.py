@@ -241,3 +241,30 @@ def test_profile_names_every_node():
     assert conv.outputs == [(1, 2, 12, 12, 16)] or conv.outputs == [(1, 4, 12, 12, 8)]
     text = format_profile(rows, top=2)
     assert rows[0].kernel[:40] in text and "total of 3 nodes" in text
+
+
+def test_layout_transforms_only_where_layouts_meet():
+    """A ResNet-like chain stays blocked from the first conv to the global pool: one
+    transform in (the image), one out (the pooled features), none in between."""
+    from pipeline.codegen.target import parse_target
+    from pipeline.transform import PassContext, optimize
+
+    c = 16
+    inits = {"w1": rand(c, 3, 3, 3, seed=1), "w2": rand(c, c, 3, 3, seed=2),
+             "w3": rand(c, c, 1, 1, seed=3), "fc": rand(10, c, seed=4), "fb": rand(10, seed=5)}
+    nodes = [node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]), node("Relu", ["a"], ["b"]),
+             node("MaxPool", ["b"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             node("Conv", ["p", "w2"], ["c"], pads=[1, 1, 1, 1]), node("Relu", ["c"], ["d"]),
+             node("Conv", ["d", "w3"], ["e"]), node("Add", ["e", "p"], ["f"]),
+             node("Relu", ["f"], ["g"]), node("GlobalAveragePool", ["g"], ["h"]),
+             node("Flatten", ["h"], ["i"]), node("Gemm", ["i", "fc", "fb"], ["y"], transB=1)]
+    model = make_model(nodes, [("x", (1, 3, 16, 16))], [("y", None)], inits)
+    graph, params = from_onnx(model)
+    with PassContext(opt_level=3, disabled_pass=["FuseOps"]):
+        graph, _ = optimize(graph, params, target=parse_target(AVX512 if _host_has_avx512()
+                                                               else HASWELL))
+    ops = [n.op for n in graph.nodes]
+    assert ops.count("layout_transform") == 2, ops
+    assert ops[0] == "layout_transform" and "dense_packed" in ops
+    assert "conv2d" not in ops and "max_pool2d" not in ops
+    check(model, {"x": rand(1, 3, 16, 16, seed=6)}, NATIVE)

@@ -152,8 +152,9 @@ class _Rewriter:
 
     def dense(self, node: Node) -> bool:
         weight = self.params.get(node.inputs[1])
-        if weight is None or weight.dtype != np.float32 or weight.ndim != 2:
-            return False
+        if (weight is None or weight.dtype != np.float32 or weight.ndim != 2
+                or any(self.types[i].shape != weight.shape[:1] for i in node.inputs[2:])):
+            return False  # the packed kernel takes a bias of shape [N] only
         w = node.inputs[1]
         packed = self.param(("dense", w, self.vw), f"{w}.packed",
                             lambda: pack_dense_weight(weight, self.vw))
