@@ -3,10 +3,11 @@
     rows = profile_nodes(gmod, runs=10)
     print(format_profile(rows, top=10))
 
-Each node is run on its own, `runs` times after one warm-up run of the whole
-graph, and its median time is kept; the rows come back slowest first with the
-kernel name (the operator chain, without the hash) and the shapes it reads and
-writes.
+After one warm-up run, the graph is run `runs` times node by node in graph order
+(so each kernel meets the caches as in a real run: its weights, for one, come
+from memory), timing every node; each node's median is kept. The rows come back
+slowest first with the kernel name (the operator chain, without the hash) and
+the shapes it reads and writes.
 """
 
 from __future__ import annotations
@@ -44,16 +45,18 @@ def profile_nodes(module: GraphModule | GraphExecutor, runs: int = 10) -> list[N
     if runs < 1:
         raise ValueError(f"profile_nodes: runs must be >= 1, got {runs}")
     ex.run()  # warm-up, and sets the thread count for the kernels
-    rows = []
-    for name, func_name, call in ex.node_calls():
-        times = []
-        for _ in range(runs):
+    calls = ex.node_calls()
+    times: list[list[float]] = [[] for _ in calls]
+    for _ in range(runs):  # whole passes in graph order: caches as in a real run
+        for k, (_, _, call) in enumerate(calls):
             start = time.perf_counter()
             call()
-            times.append(time.perf_counter() - start)
+            times[k].append(time.perf_counter() - start)
+    rows = []
+    for (name, func_name, _), ts in zip(calls, times, strict=True):
         ins, outs = ex.node_shapes(name)
         rows.append(NodeTime(name, _kernel_name(func_name), ins, outs,
-                             statistics.median(times) * 1e3))
+                             statistics.median(ts) * 1e3))
     return sorted(rows, key=lambda r: -r.ms)
 
 
