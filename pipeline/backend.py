@@ -94,7 +94,6 @@ LIMITS: tuple[Limit, ...] = (
     Limit("AveragePool", "only 1-D and 2-D windows", lambda n: (_rank(n.inputs[0]) or 0) > 4),
     Limit("BatchNormalization", "training mode",
           lambda n: len(n.outputs) > 1 or bool(n.attrs.get("training_mode", 0))),
-    Limit("Dropout", "the mask output", lambda n: len(n.outputs) > 1),
     Limit("Dropout", "the training_mode input (random masks)", lambda n: _given(n, 2)),
     Limit("Resize", "antialias", lambda n: bool(n.attrs.get("antialias", 0))),
     Limit("Resize", "coordinate_transformation_mode tf_crop_and_resize",

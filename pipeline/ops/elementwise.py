@@ -67,9 +67,15 @@ onnx_op("Identity", 1)(lambda ctx, n: [Node.make("identity", n.name, n.inputs[:1
 
 @onnx_op("Dropout", 1)
 def _dropout(ctx, n):
-    # Inference only: Dropout is the identity; a requested mask output is not supported.
-    if len([o for o in n.outputs if o]) > 1:
-        raise ModelError(f"node {n.name!r} (Dropout): the mask output is not supported")
+    # Inference only: Dropout is the identity and its mask output is all ones
+    # (bool since opset 10, the input's dtype before), a build-time constant.
+    training = n.inputs[2] if len(n.inputs) > 2 and n.inputs[2] else None
+    if training is not None and (ctx.const(training) is None or bool(ctx.const(training))):
+        raise ModelError(f"node {n.name!r} (Dropout): training mode is not supported "
+                         f"(training_mode input {training!r} must be a constant false)")
+    if len(n.outputs) > 1 and n.outputs[1]:
+        x = ctx.type(n.inputs[0])
+        ctx.set_const(n.outputs[1], np.ones(x.shape, bool if n.opset >= 10 else x.dtype))
     return [Node.make("identity", n.name, n.inputs[:1], n.outputs[:1])]
 
 
