@@ -107,6 +107,12 @@ CONV = {
     "conv_gemm_1x1_tails": lambda: conv("Conv", (2, 16, 5, 7), (21, 16, 1, 1)),
     "conv_gemm_k_chunks": lambda: conv("Conv", (1, 64, 6, 6), (8, 64, 3, 3), bias=False,
                                        pads=[1, 1, 1, 1]),
+    "conv3d_s2_pads": lambda: conv("Conv", (1, 3, 6, 7, 5), (4, 3, 3, 3, 2), strides=[2, 1, 2],
+                                   pads=[1, 1, 0, 1, 0, 1]),
+    "conv3d_groups_dil_same": lambda: conv("Conv", (2, 4, 5, 6, 6), (6, 2, 2, 3, 3), group=2,
+                                           dilations=[1, 2, 1], auto_pad="SAME_UPPER"),
+    "conv3d_depthwise_nobias": lambda: conv("Conv", (1, 3, 4, 5, 6), (3, 1, 3, 3, 3),
+                                            bias=False, group=3, pads=[1] * 6),
     "conv_runtime_weight": lambda: conv("Conv", (2, 3, 6, 6), (4, 3, 3, 3), w_input=True,
                                         pads=[1, 1, 1, 1]),
     "mobilenetv2_block": mobilenet_block,
@@ -141,6 +147,11 @@ CONV = {
     # Several row chunks, two groups, 9 taps (three tap groups) and a scalar tail.
     "convt_chunks_groups_tail": lambda: conv("ConvTranspose", (1, 128, 20, 21), (128, 3, 3, 3),
                                              group=2, strides=[2, 2], pads=[1, 0, 1, 1]),
+    "convt3d_s2_pads_outpad": lambda: conv("ConvTranspose", (1, 3, 3, 4, 3), (3, 2, 3, 2, 3),
+                                           strides=[2, 1, 2], pads=[1, 0, 1, 0, 1, 1],
+                                           output_padding=[1, 0, 1]),
+    "convt3d_groups_dil": lambda: conv("ConvTranspose", (2, 4, 3, 3, 3), (4, 1, 2, 2, 2),
+                                       group=2, dilations=[2, 1, 1], bias=False),
     "convt_runtime_weight": lambda: conv("ConvTranspose", (1, 2, 3, 3), (2, 2, 2, 2),
                                          w_input=True, strides=[2, 2]),
     "convt_relu_fused": conv_t_relu,
@@ -149,6 +160,9 @@ CONV = {
                                               group=2, strides=[2, 2]),
     "convt1d_bn_folded": lambda: conv_bn("ConvTranspose", (1, 3, 5), (3, 2, 3), bias=False,
                                          strides=[2]),
+    "conv3d_bn_folded": lambda: conv_bn("Conv", (1, 2, 4, 4, 4), (3, 2, 2, 2, 2)),
+    "convt3d_bn_folded": lambda: conv_bn("ConvTranspose", (1, 4, 2, 3, 2), (4, 1, 2, 2, 2),
+                                         group=2, strides=[2, 2, 2]),
 }
 
 
@@ -180,6 +194,18 @@ POOL = {
                                       strides=[2, 2], p=1, ceil_mode=1),
     "global_lppool_p2": lambda: one("GlobalLpPool", (2, 3, 4, 5)),
     "global_lppool_p3_1d": lambda: one("GlobalLpPool", (2, 3, 6), p=3),
+    # (No window may start in the end padding: onnx 1.23's shape inference counts
+    # such windows, onnxruntime and onnx.reference drop them, as we do.)
+    "maxpool3d_s2_pads_ceil": lambda: one("MaxPool", (1, 2, 5, 6, 7), kernel_shape=[3, 2, 3],
+                                          strides=[2, 2, 2], pads=[1, 1, 1, 0, 0, 1],
+                                          ceil_mode=1),
+    "avgpool3d_incl_same_upper": lambda: one("AveragePool", (2, 2, 4, 5, 6),
+                                             kernel_shape=[2, 3, 3], strides=[2, 2, 2],
+                                             auto_pad="SAME_UPPER", count_include_pad=1),
+    "avgpool3d_excl_dil_v19": lambda: one("AveragePool", (1, 1, 6, 6, 6), opset=19,
+                                          kernel_shape=[2, 2, 2], dilations=[2, 1, 2],
+                                          pads=[1, 1, 1, 1, 1, 1]),
+    "lppool3d_p2": lambda: one("LpPool", (1, 2, 4, 4, 4), opset=18, kernel_shape=[2, 2, 2]),
     "global_maxpool": lambda: one("GlobalMaxPool", (2, 3, 5, 4)),
     "global_maxpool_1d": lambda: one("GlobalMaxPool", (2, 3, 7)),
     "global_avgpool_1d": lambda: one("GlobalAveragePool", (2, 3, 7)),
@@ -189,7 +215,7 @@ POOL = {
 CASES = CONV | POOL
 # Valid ONNX that onnxruntime refuses (dilation with SAME padding): compared
 # with onnx.reference instead.
-REFERENCE_ONLY = {"conv_same_lower_dil"}
+REFERENCE_ONLY = {"conv_same_lower_dil", "conv3d_groups_dil_same"}
 
 
 @pytest.mark.parametrize("opt_level", [0, 3])
@@ -202,7 +228,8 @@ def test_conv_pool_op_matches_onnxruntime(case, opt_level):
 FUSED = ["conv1d_pads", "conv1d_s2_d2_groups", "conv_depthwise_s2_same", "conv_no_interior",
          "conv_gemm_groups2_dil", "conv_gemm_1x1_tails", "convt_1d", "convt_asym_s3_dil",
          "convt_chunks_groups_tail", "maxpool1d_s2_p1", "avgpool1d_incl", "lppool_p2_pads_s2",
-         "global_maxpool", "global_lppool_p3_1d", "global_avgpool_1d"]
+         "global_maxpool", "global_lppool_p3_1d", "global_avgpool_1d",
+         "maxpool3d_s2_pads_ceil", "conv3d_s2_pads", "convt3d_s2_pads_outpad"]
 
 
 @pytest.mark.parametrize("case", FUSED)
@@ -213,7 +240,9 @@ def test_fused_epilogue_sees_the_right_index(case):
 
 @pytest.mark.parametrize(("case", "op"), [("conv1d_bn_folded", "conv1d"),
                                           ("convt_groups_bn_folded", "conv_transpose2d"),
-                                          ("convt1d_bn_folded", "conv_transpose1d")])
+                                          ("convt1d_bn_folded", "conv_transpose1d"),
+                                          ("conv3d_bn_folded", "conv3d"),
+                                          ("convt3d_bn_folded", "conv_transpose3d")])
 def test_batch_norm_folds_into_any_conv(case, op):
     m, _ = CASES[case]()
     graph, params = from_onnx(m)
@@ -228,8 +257,8 @@ ERRORS = {
     "conv_bad_auto_pad": (lambda: unchecked(
         [node("Conv", ["x", "w"], ["y"], name="c0", auto_pad="SAME")], (1, 2, 5, 5),
         {"w": rand(3, 2, 3, 3)}), "auto_pad"),
-    "conv3d": (lambda: unchecked([node("Conv", ["x", "w"], ["y"], name="c0")],
-                                 (1, 2, 4, 4, 4), {"w": rand(3, 2, 2, 2, 2)}), "2-D"),
+    "conv4d": (lambda: unchecked([node("Conv", ["x", "w"], ["y"], name="c0")],
+                                 (1, 2, 3, 3, 3, 3), {"w": rand(3, 2, 2, 2, 2, 2)}), "3-D"),
     "maxpool_indices": (lambda: unchecked(
         [node("MaxPool", ["x"], ["y", "indices"], name="c0", kernel_shape=[2, 2])],
         (1, 2, 4, 4), outputs=("y", "indices")), "Indices"),

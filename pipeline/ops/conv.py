@@ -1,9 +1,9 @@
-"""Convolution: Conv, 2-D (NCHW) and 1-D (as H=1); ConvTranspose is in
-conv_transpose.py.
+"""Convolution: Conv, 2-D (NCHW), 3-D and 1-D (as 2-D with H=1); ConvTranspose
+is in conv_transpose.py.
 
-Graph ops: conv2d and conv1d, both (x, w[, bias]) with 2-D attributes (see
-pipeline.ops.nn); conv1d runs the 2-D lowering on a (N, C, 1, W) view of the
-same memory.
+Graph ops: conv2d, conv3d and conv1d, all (x, w[, bias]); conv1d has 2-D
+attributes (see pipeline.ops.nn) and runs the 2-D lowering on a (N, C, 1, W)
+view of the same memory. conv3d always runs the implicit GEMM.
 
 Shapes are static, so loop bounds that depend only on kernel taps are computed
 here in Python: padding never reaches the inner loops, which stay branch-free
@@ -11,6 +11,9 @@ and vectorisable.
 """
 
 from __future__ import annotations
+
+import itertools
+import math
 
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
@@ -29,20 +32,21 @@ from pipeline.ops.registry import onnx_op, register
 
 
 def _conv_infer(types, node):
+    """(N, C, spatial...) with weights (OC, C/groups, kernel...) -> (N, OC, outputs...)."""
     x, w = types[0], types[1]
-    n, c, h, wd = x.shape
-    oc, icg, kh, kw = w.shape
-    (sh, sw), (dh, dw) = node.attr("strides"), node.attr("dilations")
-    pt, pl, pb, pr = node.attr("pads")
-    groups = node.attr("groups")
+    n, c, *spatial = x.shape
+    oc, icg, *kernel = w.shape
+    strides, dilations, pads = node.attr("strides"), node.attr("dilations"), node.attr("pads")
+    groups, d = node.attr("groups"), len(spatial)
     if c != icg * groups or oc % groups:
         raise ModelError(f"node {node.name!r} ({node.op}): {c} input channels do not match "
                          f"weights {list(w.shape)} with groups={groups}")
-    oh, ow = window_out(h, kh, sh, pt, pb, dh), window_out(wd, kw, sw, pl, pr, dw)
-    if oh < 1 or ow < 1:
-        raise ModelError(f"node {node.name!r} ({node.op}): kernel {[kh, kw]} does not fit "
+    out = [window_out(size, k, s, pads[i], pads[d + i], dl) for i, (size, k, s, dl)
+           in enumerate(zip(spatial, kernel, strides, dilations, strict=True))]
+    if min(out) < 1:
+        raise ModelError(f"node {node.name!r} ({node.op}): kernel {kernel} does not fit "
                          f"the padded input {list(x.shape)}")
-    return [TensorType((n, oc, oh, ow), x.dtype)]
+    return [TensorType((n, oc, *out), x.dtype)]
 
 
 # Convolutions with at least this many output channels per group and this
@@ -61,26 +65,55 @@ def _conv_lower(kb, node, ins, out, epilogue):
 
 
 def _conv_gemm(kb, node, ins, out, epilogue):
-    """out[n, g] (OC/g x OH*OW) = w[g] (OC/g x K) @ patches (K x OH*OW), K = C/g * kh * kw,
-    by gemm_tile. The patch matrix is never built: `pack` fills gemm_tile's panel
-    for whole input channels, column (output pixel) by column, each tap a
-    bounds-checked load (zero in the padding); `load_b` maps a single (k, p) for
-    the columns that fill no panel. A 1x1, stride 1, unpadded convolution reads
-    the input directly."""
+    """out[n, g] (OC/g x P) = w[g] (OC/g x K) @ patches (K x P), K = C/g * taps and P
+    the output pixels, by gemm_tile, for any number of spatial dims. The patch
+    matrix is never built: `pack` fills gemm_tile's panel for whole input
+    channels, column (output pixel) by column, each tap a bounds-checked load
+    (zero in the padding); `load_b` maps a single (k, p) for the columns that
+    fill no panel. A 1x1, stride 1, unpadded convolution reads the input
+    directly."""
     x, w = ins[0], ins[1]
     bias = ins[2] if len(ins) > 2 else None
-    _, c, h, wd = x.type.shape
-    oc_n, icg, kh_n, kw_n = w.type.shape
-    n_n, _, oh_n, ow_n = out.type.shape
-    (sh, sw), (dh, dw) = node.attr("strides"), node.attr("dilations")
-    pt, pl = node.attr("pads")[:2]
+    c, *in_sp = x.type.shape[1:]
+    oc_n, icg, *kernel = w.type.shape
+    n_n, _, *out_sp = out.type.shape
+    strides, dilations = node.attr("strides"), node.attr("dilations")
+    lows = node.attr("pads")[:len(in_sp)]
     groups = node.attr("groups")
-    ocg, taps, plane = oc_n // groups, kh_n * kw_n, oh_n * ow_n
+    ocg, taps, plane, in_plane = oc_n // groups, math.prod(kernel), math.prod(out_sp), \
+        math.prod(in_sp)
     k_n = icg * taps
-    direct = taps == 1 and (sh, sw) == (1, 1) and (pt, pl) == (0, 0) and (oh_n, ow_n) == (h, wd)
+    in_strides = [math.prod(in_sp[i + 1:]) for i in range(len(in_sp))]
+    direct = taps == 1 and set(strides) == {1} and set(lows) == {0} and out_sp == in_sp
     b = kb.b
+
+    def split(flat, dims):
+        """Row-major index of `flat` in `dims` (integer division by constants)."""
+        index = []
+        for size in reversed(dims[1:]):
+            index.append(b.urem(flat, kb.i64(size)))
+            flat = b.udiv(flat, kb.i64(size))
+        return [flat, *reversed(index)]
+
+    def patch(src, starts, tap):
+        """x at input pixel starts + tap * dilations from `src`, 0 outside."""
+        ok, at = None, kb.i64(0)
+        for pos0, k, dl, size, stride in zip(starts, tap, dilations, in_sp, in_strides,
+                                              strict=True):
+            pos = kb.add(pos0, kb.mul(k, dl))
+            inside = b.icmp_unsigned("<", pos, kb.i64(size))
+            ok = inside if ok is None else b.and_(ok, inside)
+            at = kb.add(at, kb.mul(pos, stride))
+        # Clamp the offset so the load stays in bounds; the select drops it.
+        v = kb.load(x, kb.add(src, b.select(ok, at, kb.i64(0))))
+        return b.select(ok, v, kb.f32(0.0))
+
+    def starts_of(p):
+        return [kb.add(kb.mul(o, s), -lo) for o, s, lo in
+                zip(split(p, out_sp), strides, lows, strict=True)]
+
     with kb.loop(0, n_n, "n") as n, kb.loop(0, groups, "g") as g:
-        x_base = kb.mul(kb.add(kb.mul(n, c), kb.mul(g, icg)), h * wd)
+        x_base = kb.mul(kb.add(kb.mul(n, c), kb.mul(g, icg)), in_plane)
         w_base = kb.mul(kb.mul(g, ocg), k_n)
 
         def load_a(m, k):
@@ -88,36 +121,21 @@ def _conv_gemm(kb, node, ins, out, epilogue):
 
         def load_b(k, p):
             if direct:
-                return kb.load(x, kb.add(x_base, kb.add(kb.mul(k, h * wd), p)))
+                return kb.load(x, kb.add(x_base, kb.add(kb.mul(k, in_plane), p)))
             ic, tap = b.udiv(k, kb.i64(taps)), b.urem(k, kb.i64(taps))
-            kh, kw = b.udiv(tap, kb.i64(kw_n)), b.urem(tap, kb.i64(kw_n))
-            oh, ow = b.udiv(p, kb.i64(ow_n)), b.urem(p, kb.i64(ow_n))
-            ih = kb.add(kb.add(kb.mul(oh, sh), kb.mul(kh, dh)), -pt)
-            iw = kb.add(kb.add(kb.mul(ow, sw), kb.mul(kw, dw)), -pl)
-            ok = b.and_(b.icmp_unsigned("<", ih, kb.i64(h)), b.icmp_unsigned("<", iw, kb.i64(wd)))
-            # Clamp the offset so the load stays in bounds; the select drops it.
-            at = b.select(ok, kb.add(kb.mul(ih, wd), iw), kb.i64(0))
-            v = kb.load(x, kb.add(x_base, kb.add(kb.mul(ic, h * wd), at)))
-            return b.select(ok, v, kb.f32(0.0))
+            return patch(kb.add(x_base, kb.mul(ic, in_plane)), starts_of(p),
+                         split(tap, kernel))
 
         def pack(panel, k0, k_len, n0):
             # Channel outer, column inner: the inner loop reads neighbouring
             # pixels and writes a panel row, so it vectorises without gathers.
             with kb.loop(0, k_len // taps, "pc") as icl, kb.loop(0, PANEL_COLUMNS, "pj") as j:
-                p = kb.add(n0, j)
-                ih0 = kb.add(kb.mul(b.udiv(p, kb.i64(ow_n)), sh), -pt)
-                iw0 = kb.add(kb.mul(b.urem(p, kb.i64(ow_n)), sw), -pl)
-                src = kb.add(x_base, kb.mul(kb.add(icl, k0 // taps), h * wd))
-                for kh in range(kh_n):
-                    ih = kb.add(ih0, kh * dh)
-                    row_ok = b.icmp_unsigned("<", ih, kb.i64(h))
-                    for kw in range(kw_n):
-                        iw = kb.add(iw0, kw * dw)
-                        ok = b.and_(row_ok, b.icmp_unsigned("<", iw, kb.i64(wd)))
-                        at = b.select(ok, kb.add(kb.mul(ih, wd), iw), kb.i64(0))
-                        v = b.select(ok, kb.load(x, kb.add(src, at)), kb.f32(0.0))
-                        k = kb.add(kb.mul(icl, taps), kh * kw_n + kw)
-                        kb.store(panel, kb.add(kb.mul(k, PANEL_COLUMNS), j), v)
+                starts = starts_of(kb.add(n0, j))
+                src = kb.add(x_base, kb.mul(kb.add(icl, k0 // taps), in_plane))
+                for t, tap in enumerate(itertools.product(*map(range, kernel))):
+                    k = kb.add(kb.mul(icl, taps), t)
+                    kb.store(panel, kb.add(kb.mul(k, PANEL_COLUMNS), j),
+                             patch(src, starts, tap))
 
         c_base = kb.mul(kb.add(kb.mul(n, oc_n), kb.mul(g, ocg)), plane)
         tiled_gemm(kb, (ocg, plane, k_n), load_a, load_b, out, c_base, by_column=not direct,
@@ -127,13 +145,13 @@ def _conv_gemm(kb, node, ins, out, epilogue):
     with kb.loop(0, n_n, "n") as n, kb.loop(0, oc_n, "oc") as oc:
         base = kb.mul(kb.add(kb.mul(n, oc_n), oc), plane)
         shift = kb.load(bias, oc) if bias else None
-        with kb.loop(0, oh_n, "eh") as oh, kb.loop(0, ow_n, "ew") as ow:
-            o = kb.add(base, kb.add(kb.mul(oh, ow_n), ow))
+        with kb.nest(tuple(out_sp), "e") as pixel:
+            o = kb.add(base, kb.dot(pixel, out.strides[2:]))
             v = kb.load(out, o)
             if shift is not None:
                 v = kb.fadd(v, shift)
             if epilogue is not None:
-                v = epilogue(v, [n, oc, oh, ow])
+                v = epilogue(v, [n, oc, *pixel])
             kb.store(out, o, v)
 
 
@@ -212,6 +230,7 @@ def _conv_taps(kb, node, x, out, in_plane, plane, taps, box):
 
 
 register("conv2d", "anchor", _conv_infer, lower=_conv_lower)
+register("conv3d", "anchor", _conv_infer, lower=_conv_gemm)
 _conv1d_infer, _conv1d_lower = as_1d(_conv_infer, _conv_lower)
 register("conv1d", "anchor", _conv1d_infer, lower=_conv1d_lower)
 
@@ -236,7 +255,7 @@ def _conv(ctx, n):
     x_shape = ctx.type(n.inputs[0]).shape
     kernel = kernel_of(n, ctx)
     attrs = spatial_attrs(n, x_shape, kernel)
-    op = "conv2d"
+    op = f"conv{max(2, len(kernel))}d"
     if len(kernel) == 1:
         op, attrs = "conv1d", lift_1d(attrs)
     inputs = [i for i in n.inputs if i]

@@ -1,12 +1,17 @@
-"""Transposed convolution: ConvTranspose, 2-D (NCHW) and 1-D (as H=1).
+"""Transposed convolution: ConvTranspose, 2-D (NCHW), 3-D and 1-D (as 2-D with H=1).
 
-Graph ops: conv_transpose2d and conv_transpose1d, (x, w[, bias]) with w of
-shape [C, OC / groups, kh, kw] and 2-D attributes (strides, dilations, pads,
-output_padding; see pipeline.ops.nn). The converter resolves output_shape and
-auto_pad into explicit pads, which may be negative.
+Graph ops: conv_transpose2d, conv_transpose3d and conv_transpose1d,
+(x, w[, bias]) with w of shape [C, OC / groups, kernel...] and attributes
+strides, dilations, pads, output_padding (1-D in 2-D form; see pipeline.ops.nn).
+The converter resolves output_shape and auto_pad into explicit pads, which may
+be negative. 2-D has a chunked, register-accumulating lowering; 3-D a plain one.
 """
 
 from __future__ import annotations
+
+import itertools
+import math
+from contextlib import contextmanager
 
 from pipeline.codegen.vector import fma, splat, vec, vload, zeros
 from pipeline.errors import ModelError
@@ -17,21 +22,21 @@ from pipeline.ops.registry import onnx_op, register
 
 
 def _conv_t_infer(types, node):
+    """(N, C, spatial...) with weights (C, OC/groups, kernel...) -> (N, OC, outputs...)."""
     x, w = types[0], types[1]
-    n, c, h, wd = x.shape
-    icw, ocg, kh, kw = w.shape
-    groups = node.attr("groups")
+    n, c, *spatial = x.shape
+    icw, ocg, *kernel = w.shape
+    groups, d = node.attr("groups"), len(spatial)
     if c != icw or c % groups:
         raise ModelError(f"node {node.name!r} ({node.op}): {c} input channels do not match "
                          f"weights {list(w.shape)} with groups={groups}")
-    (sh, sw), (dh, dw) = node.attr("strides"), node.attr("dilations")
-    pt, pl, pb, pr = node.attr("pads")
-    oph, opw = node.attr("output_padding")
-    oh = sh * (h - 1) + oph + (kh - 1) * dh + 1 - pt - pb
-    ow = sw * (wd - 1) + opw + (kw - 1) * dw + 1 - pl - pr
-    if oh < 1 or ow < 1:
-        raise ModelError(f"node {node.name!r} ({node.op}): output size {[oh, ow]} is empty")
-    return [TensorType((n, ocg * groups, oh, ow), x.dtype)]
+    strides, dilations, pads = node.attr("strides"), node.attr("dilations"), node.attr("pads")
+    out = [s * (i - 1) + op + (k - 1) * dl + 1 - pads[a] - pads[d + a] for a, (i, k, s, dl, op)
+           in enumerate(zip(spatial, kernel, strides, dilations, node.attr("output_padding"),
+                            strict=True))]
+    if min(out) < 1:
+        raise ModelError(f"node {node.name!r} ({node.op}): output size {out} is empty")
+    return [TensorType((n, ocg * groups, *out), x.dtype)]
 
 
 # Chunk sizes (in floats) of the transposed convolution: a chunk of input rows
@@ -166,6 +171,66 @@ def _smin(kb, a, b):
     return kb.b.select(kb.b.icmp_signed("<", a, b), a, b)
 
 
+def _conv_t_lower_nd(kb, node, ins, out, epilogue):
+    """Transposed convolution over any number of spatial dims, plainly: per output
+    channel and input channel, each tap scatters weight * x to the outputs it
+    reaches, over input ranges computed here (no bounds checks). 3-D uses it."""
+    x, w = ins[0], ins[1]
+    bias = ins[2] if len(ins) > 2 else None
+    c, *in_sp = x.type.shape[1:]
+    _, ocg, *kernel = w.type.shape
+    n_n, oc_n, *out_sp = out.type.shape
+    strides, dilations = node.attr("strides"), node.attr("dilations")
+    lows = node.attr("pads")[:len(in_sp)]
+    icg, taps = c // node.attr("groups"), math.prod(kernel)
+    plane, in_plane = math.prod(out_sp), math.prod(in_sp)
+    in_strides, out_strides = x.strides[2:], out.strides[2:]
+    b = kb.b
+    with kb.loop(0, n_n, "n") as n, kb.loop(0, oc_n, "oc") as oc:
+        base = kb.mul(kb.add(kb.mul(n, oc_n), oc), plane)
+        init = kb.load(bias, oc) if bias else kb.f32(0.0)
+        with kb.loop(0, plane, "p") as p:
+            kb.store(out, kb.add(base, p), init)
+        group, ocl = b.udiv(oc, kb.i64(ocg)), b.urem(oc, kb.i64(ocg))
+        with kb.loop(0, icg, "icl") as icl:
+            ic = kb.add(kb.mul(group, icg), icl)
+            src = kb.mul(kb.add(kb.mul(n, c), ic), in_plane)
+            w_base = kb.mul(kb.add(kb.mul(ic, ocg), ocl), taps)
+            for t, tap in enumerate(itertools.product(*map(range, kernel))):
+                # output o = i * stride + k * dilation - low must land in [0, out)
+                dims = list(zip(tap, dilations, strides, lows, in_sp, out_sp, strict=True))
+                ranges = [(max(0, ceil_div(lo - k * dl, s)), min(size, (o - 1 + lo - k * dl) // s
+                                                                 + 1))
+                          for k, dl, s, lo, size, o in dims]
+                if any(a >= z for a, z in ranges):
+                    continue
+                wv = kb.load(w, kb.add(w_base, t))
+                shift = sum((k * dl - lo) * st for (k, dl, _, lo, _, _), st in
+                            zip(dims, out_strides, strict=True))
+                with _ranges(kb, ranges) as i:
+                    o = kb.add(base, kb.add(kb.dot(i, [s * st for s, st in
+                                                       zip(strides, out_strides, strict=True)]),
+                                            shift))
+                    v = kb.load(x, kb.add(src, kb.dot(i, in_strides)))
+                    kb.store(out, o, kb.fadd(kb.load(out, o), kb.fmul(wv, v)))
+        if epilogue is not None:
+            with kb.nest(tuple(out_sp), "e") as pixel:
+                o = kb.add(base, kb.dot(pixel, out_strides))
+                kb.store(out, o, epilogue(kb.load(out, o), [n, oc, *pixel]))
+
+
+@contextmanager
+def _ranges(kb, ranges):
+    """Nested loops over the index ranges [(start, stop), ...]; yields the indices."""
+    if not ranges:
+        yield []
+        return
+    (start, stop), rest = ranges[0], ranges[1:]
+    with kb.loop(start, stop, f"r{len(ranges)}") as i, _ranges(kb, rest) as others:
+        yield [i, *others]
+
+
+register("conv_transpose3d", "anchor", _conv_t_infer, lower=_conv_t_lower_nd)
 register("conv_transpose2d", "anchor", _conv_t_infer, lower=_conv_t_lower)
 _conv_t1d_infer, _conv_t1d_lower = as_1d(_conv_t_infer, _conv_t_lower)
 register("conv_transpose1d", "anchor", _conv_t1d_infer, lower=_conv_t1d_lower)
@@ -185,9 +250,9 @@ def _conv_transpose(ctx, n):
     x_shape = ctx.type(n.inputs[0]).shape
     kernel = kernel_of(n, ctx)
     d = len(kernel)
-    if d not in (1, 2):
-        raise ModelError(f"node {n.name!r} (ConvTranspose): only 1-D and 2-D are supported, "
-                         f"got input shape {list(x_shape)}")
+    if d not in (1, 2, 3):
+        raise ModelError(f"node {n.name!r} (ConvTranspose): only 1-D, 2-D and 3-D are "
+                         f"supported, got input shape {list(x_shape)}")
     strides, dilations = _ints(n, "strides", (1,) * d), _ints(n, "dilations", (1,) * d)
     out_pad = _ints(n, "output_padding", (0,) * d)
     auto_pad = auto_pad_of(n)
@@ -216,7 +281,7 @@ def _conv_transpose(ctx, n):
     # lowering's tap ranges handle any sign, the extra outputs get only the bias.
     attrs = {"strides": strides, "dilations": dilations, "pads": tuple(pads),
              "output_padding": out_pad}
-    op = "conv_transpose2d"
+    op = f"conv_transpose{max(2, d)}d"
     if d == 1:
         op, attrs = "conv_transpose1d", lift_1d(attrs)
     inputs = [i for i in n.inputs if i]

@@ -43,12 +43,12 @@ def spatial_attrs(n, in_shape: tuple[int, ...], kernel: tuple[int, ...],
     Conv/pool node over `in_shape` (N, C, spatial...) with window `kernel`.
 
     Raises ModelError naming the node for a wrong rank, attribute length or
-    auto_pad value. Only 1-D and 2-D windows are supported.
+    auto_pad value. 1-D, 2-D and 3-D windows are supported.
     """
     d = len(kernel)
-    if d not in (1, 2) or len(in_shape) != d + 2:
-        raise ModelError(f"node {n.name!r} ({n.op_type}): only 1-D and 2-D windows are "
-                         f"supported, got input shape {list(in_shape)} and kernel "
+    if d not in (1, 2, 3) or len(in_shape) != d + 2:
+        raise ModelError(f"node {n.name!r} ({n.op_type}): only 1-D, 2-D and 3-D windows "
+                         f"are supported, got input shape {list(in_shape)} and kernel "
                          f"{list(kernel)}")
     strides = tuple(int(s) for s in n.attrs.get("strides", (1,) * d))
     dilations = tuple(int(s) for s in n.attrs.get("dilations", (1,) * d))

@@ -1,13 +1,15 @@
-"""Pooling: MaxPool, AveragePool, LpPool (2-D, and 1-D as H=1) and
-GlobalAveragePool, GlobalMaxPool, GlobalLpPool (any number of spatial dims).
+"""Pooling: MaxPool, AveragePool, LpPool (2-D and 3-D, and 1-D as 2-D with H=1)
+and GlobalAveragePool, GlobalMaxPool, GlobalLpPool (any number of spatial dims).
 
-Graph ops: max_pool2d/avg_pool2d/lp_pool2d and their 1-D forms (attrs kernel,
-strides, dilations, pads in 2-D form, ceil_mode, count_include_pad; p for Lp),
-global_avg_pool, global_max_pool and global_lp_pool (p).
+Graph ops: max_pool2d/avg_pool2d/lp_pool2d, their 3-D and 1-D forms (attrs
+kernel, strides, dilations, pads (all begins, then all ends; 1-D in 2-D form),
+ceil_mode, count_include_pad; p for Lp), global_avg_pool, global_max_pool and
+global_lp_pool (p).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 
 from pipeline.errors import ModelError
@@ -17,16 +19,18 @@ from pipeline.ops.registry import onnx_op, register
 
 
 def _pool_infer(types, node):
-    n, c, h, w = types[0].shape
-    (kh, kw), (sh, sw), (dh, dw) = node.attr("kernel"), node.attr("strides"), \
+    """(N, C, spatial...) -> (N, C, windows per spatial dim) for 2-D and 3-D windows."""
+    n, c, *spatial = types[0].shape
+    kernel, strides, dilations = node.attr("kernel"), node.attr("strides"), \
         node.attr("dilations")
-    pt, pl, pb, pr = node.attr("pads")
+    pads, d = node.attr("pads"), len(kernel)
     ceil = bool(node.attr("ceil_mode", 0))
-    oh, ow = window_out(h, kh, sh, pt, pb, dh, ceil), window_out(w, kw, sw, pl, pr, dw, ceil)
-    if oh < 1 or ow < 1:
-        raise ModelError(f"node {node.name!r} ({node.op}): window {[kh, kw]} does not fit "
-                         f"the padded input {list(types[0].shape)}")
-    return [TensorType((n, c, oh, ow), types[0].dtype)]
+    out = [window_out(size, k, s, pads[i], pads[d + i], dl, ceil) for i, (size, k, s, dl)
+           in enumerate(zip(spatial, kernel, strides, dilations, strict=True))]
+    if min(out) < 1:
+        raise ModelError(f"node {node.name!r} ({node.op}): window {list(kernel)} does not "
+                         f"fit the padded input {list(types[0].shape)}")
+    return [TensorType((n, c, *out), types[0].dtype)]
 
 
 def _lp_term(kb, node, v):
@@ -42,51 +46,57 @@ def _lp_root(kb, node, acc):
 
 
 def _pool_lower(kb, node, ins, out, epilogue):
-    """Max, average or Lp norm over each window; taps outside the input are
-    skipped with a select on a clamped (always in-bounds) load."""
+    """Max, average or Lp norm over each window (any number of spatial dims); taps
+    outside the input are skipped with a select on a clamped (always in-bounds)
+    load."""
     x = ins[0]
     is_max = node.op.startswith("max_pool")
     is_lp = node.op.startswith("lp_pool")
-    _, _, h, w = x.type.shape
-    (kh_n, kw_n), (sh, sw), (dh, dw) = node.attr("kernel"), node.attr("strides"), \
+    spatial = x.type.shape[2:]
+    kernel, strides, dilations = node.attr("kernel"), node.attr("strides"), \
         node.attr("dilations")
-    pt, pl, pb, pr = node.attr("pads")
+    pads, d = node.attr("pads"), len(spatial)
     include_pad = bool(node.attr("count_include_pad", 0))
     b = kb.b
-    with kb.nest(out.type.shape, "o") as (n, c, oh, ow):
-        in_plane = kb.mul(kb.add(kb.mul(n, x.type.shape[1]), c), h * w)
+    with kb.nest(out.type.shape, "o") as index:
+        n, c, *o = index
+        base = kb.mul(kb.add(kb.mul(n, x.type.shape[1]), c), math.prod(spatial))
+        # Per dim and kernel position: (clamped input offset, inside, inside the pads).
+        taps = []
+        for i in range(d):
+            size, stride = spatial[i], x.strides[2 + i]
+            lo, hi = pads[i], pads[d + i]
+            row = []
+            for k in range(kernel[i]):
+                at = kb.add(kb.mul(o[i], strides[i]), k * dilations[i] - lo)
+                inside = b.and_(b.icmp_signed(">=", at, kb.i64(0)),
+                                b.icmp_signed("<", at, kb.i64(size)))
+                padded = b.and_(b.icmp_signed(">=", at, kb.i64(-lo)),
+                                b.icmp_signed("<", at, kb.i64(size + hi)))
+                row.append((kb.mul(_clamp(kb, at, size), stride), inside, padded))
+            taps.append(row)
         acc = kb.f32(-math.inf if is_max else 0.0)
         count = kb.f32(0.0)
-        for kh in range(kh_n):
-            ih = kb.add(kb.mul(oh, sh), kh * dh - pt)
-            ok_h = b.and_(b.icmp_signed(">=", ih, kb.i64(0)), b.icmp_signed("<", ih, kb.i64(h)))
-            pad_h = b.and_(b.icmp_signed(">=", ih, kb.i64(-pt)),
-                           b.icmp_signed("<", ih, kb.i64(h + pb)))
-            ih_c = _clamp(kb, ih, h)
-            for kw in range(kw_n):
-                iw = kb.add(kb.mul(ow, sw), kw * dw - pl)
-                ok = b.and_(ok_h, b.and_(b.icmp_signed(">=", iw, kb.i64(0)),
-                                         b.icmp_signed("<", iw, kb.i64(w))))
-                v = kb.load(x, kb.add(in_plane, kb.add(kb.mul(ih_c, w), _clamp(kb, iw, w))))
-                if is_max:
-                    acc = b.select(ok, kb.fmax(acc, v), acc)
-                    continue
-                acc = b.select(ok, kb.fadd(acc, _lp_term(kb, node, v) if is_lp else v), acc)
-                if is_lp:
-                    continue
-                counted = ok
-                if include_pad:
-                    # Padding counts, the ceil_mode overhang beyond it does not.
-                    counted = b.and_(pad_h, b.and_(b.icmp_signed(">=", iw, kb.i64(-pl)),
-                                                   b.icmp_signed("<", iw, kb.i64(w + pr))))
-                count = b.select(counted, kb.fadd(count, kb.f32(1.0)), count)
+        for tap in itertools.product(*taps):
+            ok, padded, at = tap[0][1], tap[0][2], kb.add(base, tap[0][0])
+            for offset, inside, in_pads in tap[1:]:
+                at = kb.add(at, offset)
+                ok, padded = b.and_(ok, inside), b.and_(padded, in_pads)
+            v = kb.load(x, at)
+            if is_max:
+                acc = b.select(ok, kb.fmax(acc, v), acc)
+                continue
+            acc = b.select(ok, kb.fadd(acc, _lp_term(kb, node, v) if is_lp else v), acc)
+            # With count_include_pad the padding counts, the ceil_mode overhang
+            # beyond it does not.
+            count = b.select(padded if include_pad else ok, kb.fadd(count, kb.f32(1.0)), count)
         if is_lp:
             acc = _lp_root(kb, node, acc)
         elif not is_max:
             acc = kb.fdiv(acc, kb.fmax(count, kb.f32(1.0)))
         if epilogue is not None:
-            acc = epilogue(acc, [n, c, oh, ow])
-        kb.store(out, kb.dot([n, c, oh, ow], out.strides), acc)
+            acc = epilogue(acc, index)
+        kb.store(out, kb.dot(index, out.strides), acc)
 
 
 def _clamp(kb, v, size):
@@ -98,6 +108,7 @@ def _clamp(kb, v, size):
 _pool1d_infer, _pool1d_lower = as_1d(_pool_infer, _pool_lower)
 for _kind in ("max", "avg", "lp"):
     register(f"{_kind}_pool2d", "anchor", _pool_infer, lower=_pool_lower)
+    register(f"{_kind}_pool3d", "anchor", _pool_infer, lower=_pool_lower)
     register(f"{_kind}_pool1d", "anchor", _pool1d_infer, lower=_pool1d_lower)
 
 
@@ -111,7 +122,7 @@ def _pool_converter(kind: str):
         kernel = tuple(int(k) for k in n.attrs["kernel_shape"])
         attrs = spatial_attrs(n, ctx.type(n.inputs[0]).shape, kernel)
         attrs["kernel"] = kernel
-        op = f"{kind}_pool2d"
+        op = f"{kind}_pool{max(2, len(kernel))}d"
         if len(kernel) == 1:
             op, attrs = f"{kind}_pool1d", lift_1d(attrs)
         if kind == "lp":

@@ -50,7 +50,8 @@ def _batch_norm_as_scale_shift(node: Node, types: dict, params: dict) -> list[No
             Node.make("add", f"{node.name}.shift", (mid, shift_name), node.outputs)]
 
 
-_FOLDABLE = ("conv2d", "conv1d", "conv_transpose2d", "conv_transpose1d")
+_FOLDABLE = ("conv2d", "conv1d", "conv3d", "conv_transpose2d", "conv_transpose1d",
+             "conv_transpose3d")
 
 
 def fold_batch_norm(graph: Graph, params: dict, cfg: PassConfig):
