@@ -65,12 +65,14 @@ def vstore(kb: KernelBuilder, buf: Buffer, offset, value: ir.Value) -> None:
     kb.b.store(value, kb.gep(buf, offset), align=4)
 
 
-def prefetch(kb: KernelBuilder, buf: Buffer, offset) -> None:
-    """Hint that `buf[offset]` will be read soon (prefetcht0). The address may lie past
-    the end of `buf`: prefetches never fault, and the GEP is not `inbounds`."""
+def prefetch(kb: KernelBuilder, buf: Buffer, offset, write: bool = False) -> None:
+    """Hint that `buf[offset]` will be read (or written) soon (prefetcht0 / prefetchw).
+    The address may lie past the end of `buf`: prefetches never fault, and the GEP
+    is not `inbounds`."""
     fn = _declare(kb.module, "llvm.prefetch.p0", VOID, [PTR, I32, I32, I32])
     ptr = kb.b.gep(buf.ptr, [kb.idx(offset)], source_etype=buf.elem)
-    kb.b.call(fn, [ptr, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+    kb.b.call(fn, [ptr, ir.Constant(I32, int(write)), ir.Constant(I32, 3),
+                   ir.Constant(I32, 1)])
 
 
 def splat(kb: KernelBuilder, scalar: ir.Value, n: int) -> ir.Value:
@@ -120,6 +122,22 @@ def load_operand(kb: KernelBuilder, buf: Buffer, index: list, n: int) -> ir.Valu
     if shape and shape[-1] != 1:
         return vload(kb, buf, offset, n)
     return splat(kb, kb.load(buf, offset), n)
+
+
+def prefetch_epilogue(kb: KernelBuilder, epilogue, out: Buffer, index: list) -> None:
+    """Prefetch what the epilogue of the vector at `index` will touch: the output
+    (for writing) and each argument it reads whole vectors of (a residual input,
+    not a per-channel bias). Issued before a long reduction, these misses overlap
+    with it instead of stalling the stores after it."""
+    prefetch(kb, out, kb.dot(index, out.strides), write=True)
+    if epilogue is None:
+        return
+    _, chain, args = epilogue.parts
+    for node in chain:
+        for name in node.inputs:
+            buf = args.get(name)
+            if buf is not None and buf.type.shape == out.type.shape:
+                prefetch(kb, buf, kb.dot(index, buf.strides))
 
 
 def apply_epilogue(kb: KernelBuilder, epilogue, value: ir.Value, index: list) -> ir.Value:

@@ -26,6 +26,7 @@ from pipeline.codegen.vector import (
     fma,
     parallel_for,
     prefetch,
+    prefetch_epilogue,
     splat,
     vload,
     vstore,
@@ -207,6 +208,8 @@ def _tile(kb, g: _Geo, bufs, n, ocg, pixels, row):
     for k in range(g.k):
         init = vload(kb, bias, kb.mul(kb.add(ocb0, k), g.ob), g.ob) if bias else zeros(g.ob)
         accs.append([kb.local(init) for _ in pixels])
+        for oh, ow in pixels:
+            prefetch_epilogue(kb, epilogue, out, [n, kb.add(ocb0, k), oh, ow, 0])
     with kb.loop(0, g.icb, "icb") as icb:
         plane = kb.mul(kb.add(kb.mul(n, g.icb), icb), g.h * g.w * g.ib)
         w_icb = kb.mul(kb.add(kb.mul(ocg, g.icb), icb), g.kh * g.kw * g.ib * g.kob)
