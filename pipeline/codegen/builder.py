@@ -158,18 +158,22 @@ class KernelBuilder:
     def local(self, init: ir.Value) -> ir.Value:
         """A stack slot holding `init`, allocated in the entry block (an alloca
         inside a loop would grow the stack every iteration); mem2reg removes it."""
-        with self.b.goto_block(self.function.entry_basic_block):
-            slot = self.b.alloca(init.type)
+        slot = self._alloca(init.type)
         self.b.store(init, slot)
         return slot
 
     def scratch(self, size: int) -> Buffer:
         """A float32 array of `size` elements on the stack (allocated once, in the
-        entry block), for a kernel's temporaries. Its pointer is typed (float*):
-        a vector store to it needs a bitcast to the vector's pointer type."""
+        entry block), for a kernel's temporaries."""
+        return Buffer(self._alloca(F32, self.i64(size)), TensorType((size,), "float32"))
+
+    def _alloca(self, typ: ir.Type, count=None) -> ir.Value:
+        """An alloca in the entry block whose pointer is opaque like every other
+        (llvmlite types it `typ*`, which the IR text would then show)."""
         with self.b.goto_block(self.function.entry_basic_block):
-            ptr = self.b.alloca(F32, size=self.i64(size))
-        return Buffer(ptr, TensorType((size,), "float32"))
+            slot = self.b.alloca(typ, size=count)
+        slot.type = PTR
+        return slot
 
     def get(self, slot: ir.Value) -> ir.Value:
         return self.b.load(slot, typ=slot.allocated_type)

@@ -13,7 +13,7 @@ import itertools
 import math
 from contextlib import contextmanager
 
-from pipeline.codegen.vector import fma, splat, vec, vload, zeros
+from pipeline.codegen.vector import fma, splat, vload, vstore, zeros
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.conv import kernel_of
@@ -118,7 +118,6 @@ def _conv_t_products(kb, x, w, packed, row, taps, span, n_blocks, icg, x_base, w
     x[ic, chunk q], q < span, for the (t, tap) pairs in `taps`: whole blocks
     accumulate in vector registers reading the packed chunk, the tail in
     scalars reading x."""
-    b = kb.b
     with kb.loop(0, n_blocks, "qb") as qb:
         accs = [[kb.local(zeros(_LANES)) for _ in range(_UNROLL)] for _ in taps]
         with kb.loop(0, icg, "icl") as icl:
@@ -131,10 +130,8 @@ def _conv_t_products(kb, x, w, packed, row, taps, span, n_blocks, icg, x_base, w
                     kb.set(slot, fma(kb, wv, xv, kb.get(slot)))
         for slots, (t, _) in zip(accs, taps, strict=True):
             for u, slot in enumerate(slots):
-                # The stack buffer's pointer is typed (float*): store through a
-                # vector pointer rather than vector.vstore.
-                at = kb.gep(row, kb.add(kb.mul(qb, _BLOCK), t * size + u * _LANES))
-                b.store(kb.get(slot), b.bitcast(at, vec(_LANES).as_pointer()), align=4)
+                vstore(kb, row, kb.add(kb.mul(qb, _BLOCK), t * size + u * _LANES),
+                       kb.get(slot))
     plane_size = x.type.shape[2] * x.type.shape[3]
     with kb.loop(kb.mul(n_blocks, _BLOCK), span, "qt") as q:
         for t, (kh, kw, _, _) in taps:

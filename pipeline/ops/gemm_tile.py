@@ -16,7 +16,7 @@ a scalar loop. A caller may pack panels itself (a convolution's patches).
 from __future__ import annotations
 
 from pipeline.codegen.builder import Buffer
-from pipeline.codegen.vector import fma, splat, vec, vload, zeros
+from pipeline.codegen.vector import fma, splat, vload, vstore, zeros
 
 _LANES = 8
 _NB = 2 * _LANES  # columns per block (two vectors)
@@ -87,5 +87,4 @@ def _micro(kb, rows: int, m0, n0, k0: int, k_len: int, load_a, panel, out, c_bas
                 kb.set(accs[r][u], fma(kb, a, bs[u], kb.get(accs[r][u])))
     for r in range(rows):
         for u in range(units):
-            ptr = kb.b.bitcast(kb.gep(out, c_at[r][u]), vec(_LANES).as_pointer())
-            kb.b.store(kb.get(accs[r][u]), ptr, align=4)
+            vstore(kb, out, c_at[r][u], kb.get(accs[r][u]))
