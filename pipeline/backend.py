@@ -87,11 +87,7 @@ def _given(n: NodeView, pos: int) -> bool:
 
 # Operator features that have a converter but are not (yet) implemented.
 LIMITS: tuple[Limit, ...] = (
-    Limit("Conv", "only 1-D and 2-D", lambda n: (_rank(n.inputs[0]) or 0) > 4),
-    Limit("ConvTranspose", "only 1-D and 2-D", lambda n: (_rank(n.inputs[0]) or 0) > 4),
-    Limit("MaxPool", "only 1-D and 2-D windows", lambda n: (_rank(n.inputs[0]) or 0) > 4),
     Limit("MaxPool", "the Indices output", lambda n: len(n.outputs) > 1),
-    Limit("AveragePool", "only 1-D and 2-D windows", lambda n: (_rank(n.inputs[0]) or 0) > 4),
     Limit("BatchNormalization", "training mode",
           lambda n: len(n.outputs) > 1 or bool(n.attrs.get("training_mode", 0))),
     Limit("Dropout", "the training_mode input (random masks)", lambda n: _given(n, 2)),
@@ -127,6 +123,8 @@ def unsupported(model: onnx.ModelProto, limits: bool = True) -> list[str]:
         types[init.name] = helper.make_tensor_type_proto(init.data_type, init.dims)
     for name, tp in types.items():
         kind = tp.WhichOneof("value")
+        if kind is None:  # untyped (ONNX could not infer it): the import will tell
+            continue
         if kind != "tensor_type":
             reasons.append(f"{kind} values ({name})")
         elif tp.tensor_type.elem_type not in SUPPORTED_DTYPES:

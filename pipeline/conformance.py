@@ -131,28 +131,47 @@ def _run_levels(suites, opt_levels, results: dict) -> None:
 
 
 def audit_limits(opt_level: int = 3) -> dict[str, dict[str, list[str]]]:
-    """Run the node tests that only LIMITS skip, anyway: {limit: {"passed": [test names],
-    "failed": [...]}}. A limit whose cases all pass is stale and hides passing tests."""
-    from onnx.backend.test.loader import load_model_tests
+    """Run the tests (node and model suites) that only LIMITS skip, anyway:
+    {limit: {"passed": [test names], "failed": [...]}}. A limit whose tests all
+    pass is stale and hides passing tests."""
     from onnx.backend.test.runner import Runner
 
     audit: dict[str, dict[str, list[str]]] = {}
-    for case in load_model_tests(kind="node"):
-        reasons = unsupported(case.model)
-        if not reasons or unsupported(case.model, limits=False):
+    for name, model, data_sets, rtol, atol in _all_cases():
+        reasons = unsupported(model)
+        if not reasons or unsupported(model, limits=False):
             continue
         outcome = "passed"
         try:
-            rep = PipelineBackend.prepare(case.model, opt_level=opt_level)
-            for inputs, outputs in case.data_sets:
-                Runner.assert_similar_outputs([_array(o) for o in outputs],
-                                              rep.run([_array(i) for i in inputs]),
-                                              case.rtol, case.atol)
+            rep = PipelineBackend.prepare(model, opt_level=opt_level)
+            for inputs, outputs in data_sets:
+                Runner.assert_similar_outputs(outputs, rep.run(inputs), rtol, atol)
         except Exception:  # any failure is what the limit declares
             outcome = "failed"
         for reason in reasons:
-            audit.setdefault(reason, {"passed": [], "failed": []})[outcome].append(case.name)
+            audit.setdefault(reason, {"passed": [], "failed": []})[outcome].append(name)
     return audit
+
+
+def _all_cases():
+    """(name, model, [(inputs, outputs)], rtol, atol) of the node and model suites."""
+    from onnx.backend.test.loader import load_model_tests
+
+    for case in load_model_tests(kind="node"):
+        yield (case.name, case.model,
+               [([_array(i) for i in ins], [_array(o) for o in outs])
+                for ins, outs in case.data_sets], case.rtol, case.atol)
+    for kind in ("simple", "pytorch-converted", "pytorch-operator"):
+        for case in load_model_tests(kind=kind):
+            model = onnx.load(os.path.join(case.model_dir, "model.onnx"))
+            data_sets = [([_load(f) for f in sorted(Path(d).glob("input_*.pb"))],
+                          [_load(f) for f in sorted(Path(d).glob("output_*.pb"))])
+                         for d in sorted(Path(case.model_dir).glob("test_data_set*"))]
+            yield case.name, model, data_sets, case.rtol, case.atol
+
+
+def _load(path: Path):
+    return onnx.numpy_helper.to_array(onnx.load_tensor(str(path)))
 
 
 def _array(value):
