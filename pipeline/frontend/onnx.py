@@ -9,6 +9,7 @@ runs after input-shape overrides, and its shapes are checked against ours.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -247,7 +248,8 @@ def _onnx_shape_inference(model, types, inputs, source) -> dict[str, tuple[int, 
         # ONNX types no output of some function ops (GroupNormalization in onnx
         # 1.23), so strict mode fails at the next node: ONNX's gap, not the
         # model's. Keep what it can infer; our shape rules check the rest.
-        if "expected to have type but instead is null" not in lines[-1]:
+        if ("expected to have type but instead is null" not in lines[-1]
+                and not _function_op_failed(lines[-1])):
             raise ModelError(f"{source}: ONNX shape inference failed: {lines[-1]}") from None
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
     shapes = {}
@@ -256,6 +258,15 @@ def _onnx_shape_inference(model, types, inputs, source) -> dict[str, tuple[int, 
         if dims and all(d.HasField("dim_value") for d in dims):
             shapes[vi.name] = tuple(d.dim_value for d in dims)
     return shapes
+
+
+def _function_op_failed(message: str) -> bool:
+    """Whether ONNX's own inference failed inside a function op's body (e.g. onnx 1.23
+    expands MeanVarianceNormalization without its default axes into an invalid
+    Constant): the model is fine, ONNX's expansion is not."""
+    match = re.match(r".*?\(op_type:(\w+)\)", message)
+    return bool(match) and onnx.defs.has(match.group(1)) and \
+        onnx.defs.get_schema(match.group(1)).has_function
 
 
 def _decode(proto, k: int, opset: int, used_names: set[str]) -> OnnxNode:
