@@ -112,3 +112,33 @@ def test_unsupported_names_operator_dtype_and_limit():
     pool = helper.make_node("MaxPool", ["x"], ["y", "indices"], kernel_shape=[2, 2])
     assert backend.unsupported(model(pool)) == ["MaxPool: the Indices output"]
     assert backend.unsupported(model(pool), limits=False) == []
+
+
+def test_legacy_broadcast_axis_matches_onnxruntime_on_the_modern_equivalent():
+    """Add-6 with broadcast=1, axis=1 lines B [3] up with A [2, 3, 4] at dim 1;
+    onnxruntime (opset >= 7 only) runs the same thing as A + Reshape(B, [3, 1])."""
+    ort = pytest.importorskip("onnxruntime")
+    from onnx import helper
+
+    from pipeline import backend
+
+    a = np.random.default_rng(2).standard_normal((2, 3, 4)).astype(np.float32)
+    b = np.random.default_rng(3).standard_normal(3).astype(np.float32)
+    io = ([helper.make_tensor_value_info("a", TensorProto.FLOAT, a.shape),
+           helper.make_tensor_value_info("b", TensorProto.FLOAT, b.shape)],
+          [helper.make_tensor_value_info("y", TensorProto.FLOAT, a.shape)])
+    for op in ("Add", "Sub", "Mul", "Div", "Pow"):
+        legacy = helper.make_model(helper.make_graph(
+            [helper.make_node(op, ["a", "b"], ["y"], broadcast=1, axis=1)], "g", *io),
+            opset_imports=[helper.make_opsetid("", 6)])
+        modern = helper.make_model(helper.make_graph(
+            [helper.make_node("Reshape", ["b", "s"], ["b3"]),
+             helper.make_node(op, ["a", "b3"], ["y"])], "g", *io,
+            [helper.make_tensor("s", TensorProto.INT64, [2], [3, 1])]),
+            opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+        x = np.abs(a) if op == "Pow" else a
+        (want,) = ort.InferenceSession(modern.SerializeToString(),
+                                       providers=["CPUExecutionProvider"]).run(
+            None, {"a": x, "b": b})
+        (got,) = backend.run_model(legacy, [x, b], opt_level=0)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=op)

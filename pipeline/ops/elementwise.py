@@ -182,6 +182,40 @@ for _op in ("add", "sub", "mul", "div"):
     onnx_op(_ARITH[_op][0], 7)(lambda ctx, n, op=_op: [Node.make(op, n.name, n.inputs[:2],
                                                                  n.outputs[:1])])
 
+
+def _legacy_broadcast(op: str):
+    """Add/Sub/Mul/Div/Pow before opset 7: with broadcast=1, B's dims line up with
+    A's starting at `axis` (default: A's trailing dims, as numpy). Padding B's
+    shape with trailing 1s turns that into numpy broadcasting."""
+
+    def convert(ctx, n):
+        a, b = n.inputs[:2]
+        rank_a, b_shape = len(ctx.type(a).shape), ctx.type(b).shape
+        trailing = 0
+        if n.attrs.get("broadcast", 0) and "axis" in n.attrs:
+            axis = int(n.attrs["axis"]) % max(rank_a, 1)
+            trailing = rank_a - axis - len(b_shape)
+            if trailing < 0:
+                raise ModelError(f"node {n.name!r} ({n.op_type}): B {list(b_shape)} does not "
+                                 f"fit A's rank {rank_a} at axis {axis}")
+        nodes = []
+        if trailing:
+            shape = tuple(b_shape) + (1,) * trailing
+            if ctx.const(b) is not None:
+                b = ctx.add_param(f"{b}_bcast", ctx.const(b).reshape(shape))
+            else:
+                nodes.append(Node.make("reshape", f"{n.name}__bcast", (b,),
+                                       (f"{n.outputs[0]}__b",), shape=shape))
+                b = f"{n.outputs[0]}__b"
+        return nodes + [Node.make(op, n.name, (a, b), n.outputs[:1])]
+
+    return convert
+
+
+for _op, _onnx in (("add", "Add"), ("sub", "Sub"), ("mul", "Mul"), ("div", "Div"),
+                   ("pow", "Pow")):
+    onnx_op(_onnx, 1)(_legacy_broadcast(_op))
+
 # -- comparisons and logic (bool results) ---------------------------------------------------
 
 _COMPARE = {  # op: (ONNX op_type, first opset, LLVM predicate, numpy)
