@@ -121,12 +121,12 @@ def unsupported(model: onnx.ModelProto, limits: bool = True) -> list[str]:
                                          *inferred.output]}
     for init in g.initializer:
         types[init.name] = helper.make_tensor_type_proto(init.data_type, init.dims)
-    for name, tp in types.items():
+    for tp in types.values():
         kind = tp.WhichOneof("value")
         if kind is None:  # untyped (ONNX could not infer it): the import will tell
             continue
         if kind != "tensor_type":
-            reasons.append(f"{kind} values ({name})")
+            reasons.append(f"{kind.removesuffix('_type')} values")
         elif tp.tensor_type.elem_type not in SUPPORTED_DTYPES:
             reasons.append("dtype " + TensorProto.DataType.Name(tp.tensor_type.elem_type))
     for node in g.node:

@@ -75,13 +75,23 @@ def make_backend_tests(opt_level: int, suites=SUITES,
 
 
 class _Result(unittest.TestResult):
-    """Records one outcome per test: ("passed" | "failed" | "skipped", message)."""
+    """Records one outcome per test: ("passed" | "failed" | "skipped", message), and
+    the seconds each test took (compile and run)."""
 
     def __init__(self):
         super().__init__()
         self.outcomes: dict[str, tuple[str, str]] = {}
+        self.seconds: dict[str, float] = {}
 
-    def addSuccess(self, test):  # noqa: N802 (unittest's names)
+    def startTest(self, test):  # noqa: N802 (unittest's names)
+        super().startTest(test)
+        self._start = time.perf_counter()
+
+    def stopTest(self, test):  # noqa: N802
+        self.seconds[test._testMethodName] = time.perf_counter() - self._start
+        super().stopTest(test)
+
+    def addSuccess(self, test):  # noqa: N802
         self.outcomes[test._testMethodName] = ("passed", "")
 
     def addFailure(self, test, err):  # noqa: N802
@@ -120,8 +130,12 @@ def _run_levels(suites, opt_levels, results: dict) -> None:
             unittest.defaultTestLoader.loadTestsFromTestCase(case).run(result)
             seconds = time.perf_counter() - start
             counts = collections.Counter(kind for kind, _ in result.outcomes.values())
+            ran = {t: s for t, s in result.seconds.items() if result.outcomes[t][0] != "skipped"}
+            slowest = sorted(ran.items(), key=lambda item: -item[1])[:5]
             results[f"{case.suite}@O{level}"] = {
                 "suite": case.suite, "opt_level": level, "seconds": round(seconds, 1),
+                "mean_seconds_per_test_run": round(sum(ran.values()) / max(len(ran), 1), 3),
+                "slowest": {t: round(s, 2) for t, s in slowest},
                 **{k: counts.get(k, 0) for k in ("passed", "failed", "skipped")},
                 "failures": {t: m for t, (k, m) in sorted(result.outcomes.items())
                              if k == "failed"},
@@ -209,15 +223,23 @@ def render_markdown(report: dict) -> str:
         if r["failures"]:
             lines += ["", f"## Failures: {key}", ""]
             lines += [f"- `{t}`: {m}" for t, m in r["failures"].items()]
+    lines += ["", "## Slowest tests (seconds to compile and run)", ""]
+    lines += [f"- {key}: mean {r['mean_seconds_per_test_run']} s per test run; "
+              + ", ".join(f"`{t}` {s}" for t, s in r["slowest"].items())
+              for key, r in report["results"].items() if r["slowest"]]
     hidden = {r: v["passed"] for r, v in report["limits_audit"].items() if v["passed"]}
     if hidden:
         lines += ["", "## Node tests a declared limit skips but that pass when run anyway", ""]
         lines += [f"- {r}: {', '.join(f'`{t}`' for t in names)}" for r, names in hidden.items()]
-    first = next(iter(report["results"].values()), None)
+    first = [r for r in report["results"].values()
+             if r["opt_level"] == next(iter(report["results"].values()))["opt_level"]]
     if first:
-        lines += ["", f"## Skip reasons ({first['suite']}@O{first['opt_level']}, tests "
-                      "per reason)", ""]
-        lines += [f"- {n} {reason}" for reason, n in list(first["skip_reasons"].items())[:80]]
+        counts = collections.Counter()
+        for r in first:
+            counts.update(r["skip_reasons"])
+        lines += ["", f"## Skip reasons (tests per reason, all suites at opt level "
+                      f"{first[0]['opt_level']}; a test may have several)", ""]
+        lines += [f"- {n} {reason}" for reason, n in counts.most_common(80)]
     return "\n".join(lines) + "\n"
 
 
