@@ -48,7 +48,7 @@ BUILD_TIME_INPUTS: dict[str, tuple[int, ...]] = {
     "Reshape": (1,), "Expand": (1,), "Tile": (1,), "Slice": (1, 2, 3, 4), "Pad": (1, 2, 3),
     "Squeeze": (1,), "Unsqueeze": (1,), "Split": (1,), "Clip": (1, 2), "TopK": (1,),
     "ConstantOfShape": (0,), "Range": (0, 1, 2), "OneHot": (1,), "CumSum": (1,),
-    "Resize": (1, 2, 3), "Upsample": (1,), "Trilu": (1,),
+    "Resize": (1, 2, 3), "Upsample": (1,), "Trilu": (1,), "Dropout": (1, 2),
     **{op: (1,) for op in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd",
                            "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp",
                            "ReduceSumSquare")},
@@ -237,6 +237,9 @@ class PipelineRep(BackendRep):
         else:
             if isinstance(inputs, np.ndarray):
                 inputs = [inputs]
+            if len(inputs) > len(self.input_names):
+                raise ValueError(f"{len(inputs)} inputs given; the model's inputs are "
+                                 f"{self.input_names}")
             feeds = {n: np.asarray(v) for n, v in zip(self.input_names, inputs, strict=False)}
         missing = [n for n in self.input_names if n not in feeds]
         if missing:
