@@ -70,6 +70,11 @@ def binary(op_type, a, b, out_dtype=None, opset=13):
         feeds
 
 
+def mod(a, b, fmod=0):
+    feeds = {"a": a, "b": b}
+    return model_of([node("Mod", ["a", "b"], ["y"], fmod=fmod)], feeds, a.dtype), feeds
+
+
 def variadic(op_type, *arrays):
     feeds = {f"x{k}": a for k, a in enumerate(arrays)}
     return model_of([node(op_type, list(feeds), ["y"])], feeds, arrays[0].dtype), feeds
@@ -138,6 +143,15 @@ CASES = {
     "div_int64_truncates": lambda: binary("Div", ints(*S, low=-50, high=50),
                                           ints(4, seed=1, low=1, high=7) *
                                           np.array([1, -1, 1, -1], np.int64)),
+    "mod_int64": lambda: mod(ints(*S, low=-50, high=50),
+                             ints(4, seed=1, low=1, high=7) * np.array([1, -1, 1, -1])),
+    "mod_int32_fmod": lambda: mod(ints(*S, low=-50, high=50, dtype=np.int32),
+                                  ints(3, 1, seed=1, low=1, high=7, dtype=np.int32) *
+                                  np.array([[1], [-1], [1]], np.int32), fmod=1),
+    "mod_float_fmod": lambda: mod(rand(*S, low=-9, high=9), rand(4, seed=1, low=0.5, high=3) *
+                                  np.array([1, -1, 1, -1], np.float32), fmod=1),
+    "mod_float_python": lambda: mod(rand(*S, low=-9, high=9), rand(4, seed=1, low=0.5, high=3)
+                                    * np.array([1, -1, 1, -1], np.float32)),
     "max_int64": lambda: variadic("Max", ints(*S), ints(4, seed=1), ints(3, 1, seed=2)),
     "min_int32": lambda: binary("Min", ints(*S, dtype=np.int32), ints(4, seed=1,
                                                                      dtype=np.int32)),
@@ -199,7 +213,8 @@ CASES = {
         inits={"w": rand(8, 5, seed=3), "t": np.float32(0.1).reshape(())}), f),
 }
 
-NOT_IN_ONNXRUNTIME = {"relu_int64"}  # its CPU provider has float Relu only
+# Its CPU provider has float Relu only, and float Mod only with fmod=1 (before opset 28).
+NOT_IN_ONNXRUNTIME = {"relu_int64", "mod_float_python"}
 
 
 @pytest.mark.parametrize("opt_level", [0, 3])

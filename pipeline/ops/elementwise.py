@@ -1,5 +1,5 @@
 """Elementwise operators of several inputs, with numpy broadcasting: arithmetic
-(Add, Sub, Mul, Div, Pow, Max, Min, PRelu, variadic Sum/Mean), comparisons,
+(Add, Sub, Mul, Div, Pow, Mod, Max, Min, PRelu, variadic Sum/Mean), comparisons,
 logic, Where and Cast; plus Identity and Dropout.
 
 Each is lowered as a scalar function of LLVM values; the builder's
@@ -118,6 +118,29 @@ def _pow_np(xs, node):
 
 register("pow", "elementwise", _pow_infer, scalar=_pow, numpy=_pow_np)
 onnx_op("Pow", 7)(lambda ctx, n: [Node.make("pow", n.name, n.inputs[:2], n.outputs[:1])])
+
+
+def _mod(kb, a, node):
+    """fmod=1: C fmod, the dividend's sign (frem, srem); fmod=0: a non-zero remainder
+    takes the divisor's sign, as Python's % (floats too since opset 28: x % inf of
+    the other sign is inf)."""
+    x, y = a
+    b = kb.b
+    is_float = x.type == F32
+    r = b.frem(x, y) if is_float else b.srem(x, y)
+    if node.attr("fmod"):
+        return r
+    zero = kb.const(0, r.type)
+    sign_r, sign_y = (kb.compare("<", v, zero) for v in (r, y))
+    fix = b.and_(kb.compare("!=", r, zero) if not is_float else
+                 b.fcmp_ordered("!=", r, zero), b.xor(sign_r, sign_y))
+    return b.select(fix, b.fadd(r, y) if is_float else b.add(r, y), r)
+
+
+register("mod", "elementwise", _binary(NUMERIC), scalar=_mod,
+         numpy=lambda xs, node: [(np.fmod if node.attr("fmod") else np.mod)(xs[0], xs[1])])
+onnx_op("Mod", 10)(lambda ctx, n: [Node.make("mod", n.name, n.inputs[:2], n.outputs[:1],
+                                             fmod=int(n.attrs.get("fmod", 0)))])
 
 
 def _prelu_infer(types, node):
