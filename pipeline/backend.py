@@ -168,6 +168,10 @@ def _default_opset(model: onnx.ModelProto) -> int:
 
 _LIBS: tempfile.TemporaryDirectory | None = None
 _COUNTER = itertools.count()
+# Kernel objects by kernel hash, shared by every model this process compiles:
+# the conformance suites repeat many kernels (about 2,500 kernels, 940 distinct,
+# in the node suite), and a hash names everything that decides the machine code.
+_KERNELS: dict[str, bytes] = {}
 
 
 def _lib_path() -> str:
@@ -190,7 +194,7 @@ def compile_model(model: onnx.ModelProto, opt_level: int = 3, target: str = TARG
 
     graph, params = from_onnx(model, shape=shape, freeze=freeze)
     with PassContext(opt_level=opt_level):
-        factory = build(graph, target=target, params=params)
+        factory = build(graph, target=target, params=params, kernel_cache=_KERNELS)
     path = factory.export_library(_lib_path())
     module = load_module(path)
     os.unlink(path)  # the mapping stays valid; nothing else reads the file

@@ -107,15 +107,23 @@ class GraphExecutorFactory:
 
 
 def build(graph: Graph, target: str = "llvm", params: dict | None = None,
-          opt_level: int | None = None) -> GraphExecutorFactory:
+          opt_level: int | None = None,
+          kernel_cache: dict[str, bytes] | None = None) -> GraphExecutorFactory:
     """Optimise and compile `graph` for `target` under the current PassContext.
 
     opt_level is LLVM's (0..3); it defaults to the PassContext's opt_level.
+    kernel_cache (kernel hash -> object bytes) is read and filled: a kernel
+    found there is not compiled again (its hash names everything that decides
+    its machine code, as for the doit kernel cache).
     """
     cfg = PassContext.current()
     resolved = parse_target(target)
     llvm_level = cfg.opt_level if opt_level is None else opt_level
     lowered = lower_graph(graph, dict(params or {}), resolved, llvm_level)
-    objects = {spec.symbol: compile_kernel(spec)[1] for spec in unique_specs(
-        lowered.specs.values())}
+    cache = {} if kernel_cache is None else kernel_cache
+    objects = {}
+    for spec in unique_specs(lowered.specs.values()):
+        if spec.hash not in cache:
+            cache[spec.hash] = compile_kernel(spec)[1]
+        objects[spec.symbol] = cache[spec.hash]
     return GraphExecutorFactory(lowered, target, objects)
