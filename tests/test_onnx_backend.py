@@ -142,3 +142,33 @@ def test_legacy_broadcast_axis_matches_onnxruntime_on_the_modern_equivalent():
             None, {"a": x, "b": b})
         (got,) = backend.run_model(legacy, [x, b], opt_level=0)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=op)
+
+
+def test_build_kernel_cache_compiles_each_kernel_once():
+    """Two models sharing a kernel: the second build compiles only its new one (and
+    the backend, which shares a cache this way, still matches onnx.reference)."""
+    from onnx import helper
+
+    from pipeline import backend
+    from pipeline.build_module import build
+    from pipeline.frontend import from_onnx
+    from pipeline.transform import PassContext
+
+    def model(*ops):
+        nodes = [helper.make_node(op, [f"t{k}"], [f"t{k + 1}"]) for k, op in enumerate(ops)]
+        return helper.make_model(helper.make_graph(
+            nodes, "g", [helper.make_tensor_value_info("t0", TensorProto.FLOAT, [4, 5])],
+            [helper.make_tensor_value_info(f"t{len(ops)}", TensorProto.FLOAT, None)]),
+            opset_imports=[helper.make_opsetid("", 13)])
+
+    cache: dict[str, bytes] = {}
+    with PassContext(opt_level=0):  # no fusion: one kernel per node
+        first = build(*from_onnx(model("Exp"))[:1], target=backend.TARGET, kernel_cache=cache)
+        assert len(cache) == 1
+        second = build(*from_onnx(model("Exp", "Neg"))[:1], target=backend.TARGET,
+                       kernel_cache=cache)
+    assert len(cache) == 2 and len(second.kernels) == 2
+    assert second.objects[first.kernels[0].symbol] is cache[first.kernels[0].hash]
+    x = np.random.default_rng(4).standard_normal((4, 5)).astype(np.float32)
+    (got,) = backend.run_model(model("Exp", "Neg"), [x], opt_level=0)
+    np.testing.assert_allclose(got, _reference(model("Exp", "Neg"), {"t0": x})[0], rtol=1e-5)
