@@ -105,6 +105,16 @@ class KernelBuilder:
                 total = self.add(total, self.mul(i, s))
         return self.idx(total)
 
+    def unflatten(self, flat, shape) -> list:
+        """The row-major index of element `flat` (< prod(shape)) in `shape`: dot's inverse."""
+        if not shape:
+            return []
+        index = []
+        for size in reversed(shape[1:]):
+            index.append(self.b.urem(flat, self.i64(size)))
+            flat = self.b.udiv(flat, self.i64(size))
+        return [flat, *reversed(index)]
+
     # -- loops --
 
     @contextmanager

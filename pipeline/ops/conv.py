@@ -87,14 +87,6 @@ def _conv_gemm(kb, node, ins, out, epilogue):
     direct = taps == 1 and set(strides) == {1} and set(lows) == {0} and out_sp == in_sp
     b = kb.b
 
-    def split(flat, dims):
-        """Row-major index of `flat` in `dims` (integer division by constants)."""
-        index = []
-        for size in reversed(dims[1:]):
-            index.append(b.urem(flat, kb.i64(size)))
-            flat = b.udiv(flat, kb.i64(size))
-        return [flat, *reversed(index)]
-
     def patch(src, starts, tap):
         """x at input pixel starts + tap * dilations from `src`, 0 outside."""
         ok, at = None, kb.i64(0)
@@ -110,7 +102,7 @@ def _conv_gemm(kb, node, ins, out, epilogue):
 
     def starts_of(p):
         return [kb.add(kb.mul(o, s), -lo) for o, s, lo in
-                zip(split(p, out_sp), strides, lows, strict=True)]
+                zip(kb.unflatten(p, out_sp), strides, lows, strict=True)]
 
     with kb.loop(0, n_n, "n") as n, kb.loop(0, groups, "g") as g:
         x_base = kb.mul(kb.add(kb.mul(n, c), kb.mul(g, icg)), in_plane)
@@ -124,7 +116,7 @@ def _conv_gemm(kb, node, ins, out, epilogue):
                 return kb.load(x, kb.add(x_base, kb.add(kb.mul(k, in_plane), p)))
             ic, tap = b.udiv(k, kb.i64(taps)), b.urem(k, kb.i64(taps))
             return patch(kb.add(x_base, kb.mul(ic, in_plane)), starts_of(p),
-                         split(tap, kernel))
+                         kb.unflatten(tap, kernel))
 
         def pack(panel, k0, k_len, n0):
             # Channel outer, column inner: the inner loop reads neighbouring

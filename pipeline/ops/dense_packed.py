@@ -78,7 +78,7 @@ def _lower(kb, node, ins, out, epilogue):
             nb0 = b.mul(b.urem(item, kb.i64(full // group)), kb.i64(group))
             for g, value in enumerate(block(m, nb0, group, bias is not None)):
                 n0 = kb.mul(kb.add(nb0, g), vb)
-                index = _unflatten(kb, m, out.type.shape[:-1]) + [n0]
+                index = kb.unflatten(m, out.type.shape[:-1]) + [n0]
                 value = apply_epilogue(kb, epilogue, value, index)
                 vstore(kb, out, kb.add(kb.mul(m, n_n), n0), value)
     if n_n % vb:  # the last, partial block: a few outputs, serially, lane by lane
@@ -90,19 +90,8 @@ def _lower(kb, node, ins, out, epilogue):
                 if bias:
                     x = kb.fadd(x, kb.load(bias, n))
                 if epilogue is not None:
-                    x = epilogue(x, _unflatten(kb, m, out.type.shape[:-1]) + [kb.i64(n)])
+                    x = epilogue(x, kb.unflatten(m, out.type.shape[:-1]) + [kb.i64(n)])
                 kb.store(out, kb.add(kb.mul(m, n_n), n), x)
-
-
-def _unflatten(kb, flat, shape):
-    """The index of row `flat` in the leading output dims `shape`."""
-    if len(shape) == 1:
-        return [flat]
-    index = []
-    for d in reversed(shape):
-        index.append(kb.b.urem(flat, kb.i64(d)))
-        flat = kb.b.udiv(flat, kb.i64(d))
-    return list(reversed(index))
 
 
 register("dense_packed", "anchor", _infer, lower=_lower)

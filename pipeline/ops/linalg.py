@@ -43,17 +43,9 @@ def _dense_lower(kb, node, ins, out, epilogue):
         if epilogue is not None:
             # Leading dims of a multi-dim input were flattened into m.
             index = [m, j] if len(out.type.shape) == 2 else \
-                _unflatten(kb, m, out.type.shape[:-1]) + [j]
+                kb.unflatten(m, out.type.shape[:-1]) + [j]
             value = epilogue(value, index)
         kb.store(out, o, value)
-
-
-def _unflatten(kb, flat, shape):
-    index = []
-    for d in reversed(shape):
-        index.append(kb.b.urem(flat, kb.i64(d)))
-        flat = kb.b.udiv(flat, kb.i64(d))
-    return list(reversed(index))
 
 
 register("dense", "anchor", _dense_infer, lower=_dense_lower)

@@ -18,6 +18,7 @@ from pipeline.codegen.builder import F32
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.registry import onnx_op, register
+from pipeline.ops.softmax import max_and_exp_sum
 
 _INT_DTYPES = ("int64", "int32")
 # kind -> (identity, map applied to each x, combine, finalize(acc, count), numpy)
@@ -114,20 +115,14 @@ def _reduce_lower(kb, node, ins, out, epilogue):
         kb.store(out, z, start)
     with kb.nest(shape[:t], "d") as index:
         base = kb.dot(index, x.strides[:t]) if index else kb.i64(0)
-        slot = kb.local(start)
         if kind == "log_sum_exp":
-            with kb.loop(0, run, "k") as k:
-                kb.set(slot, kb.fmax(kb.get(slot), kb.load(x, kb.add(base, k))))
-            peak = kb.get(slot)
-            kb.set(slot, kb.f32(0.0))
-            with kb.loop(0, run, "k") as k:
-                e = kb.exp(kb.fsub(kb.load(x, kb.add(base, k)), peak))
-                kb.set(slot, kb.fadd(kb.get(slot), e))
-            partial = kb.fadd(peak, kb.intrinsic("log", kb.get(slot)))
+            peak, total = max_and_exp_sum(kb, x, base, run)
+            partial = kb.fadd(peak, kb.intrinsic("log", total))
             # An all -inf run: exp(-inf - -inf) is NaN; the answer is -inf.
             partial = kb.b.select(kb.b.fcmp_ordered("==", peak, kb.f32(-math.inf)),
                                   peak, partial)
         else:
+            slot = kb.local(start)
             with kb.loop(0, run, "k") as k:
                 v = mapped(kb.load(x, kb.add(base, k)))
                 kb.set(slot, _combine(kb, how, kb.get(slot), v))

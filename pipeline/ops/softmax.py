@@ -19,6 +19,22 @@ from pipeline.ops.registry import axis_attr, onnx_op, register
 _COLUMNS = 1024
 
 
+def max_and_exp_sum(kb, x, base, length, store=None):
+    """(max, sum of exp(x - max)) over the contiguous run x[base:base+length]; with
+    `store`, each exp(x - max) is also written there at the same offset."""
+    slot = kb.local(kb.f32(-math.inf))
+    with kb.loop(0, length, "k") as k:
+        kb.set(slot, kb.fmax(kb.get(slot), kb.load(x, kb.add(base, k))))
+    peak = kb.get(slot)
+    kb.set(slot, kb.f32(0.0))
+    with kb.loop(0, length, "k") as k:
+        e = kb.exp(kb.fsub(kb.load(x, kb.add(base, k)), peak))
+        if store is not None:
+            kb.store(store, kb.add(base, k), e)
+        kb.set(slot, kb.fadd(kb.get(slot), e))
+    return peak, kb.get(slot)
+
+
 def _softmax_lower(kb, node, ins, out, epilogue):
     """Rows of length L with stride `inner`: max, sum of exp(x - max), then scale
     (softmax) or x - max - log(sum) (log_softmax). With inner > 1 the columns
@@ -37,20 +53,12 @@ def _softmax_lower(kb, node, ins, out, epilogue):
     x = ins[0]
     with kb.loop(0, outer, "r") as r:
         base = kb.mul(r, length)
-        slot = kb.local(kb.f32(-math.inf))
-        with kb.loop(0, length, "k") as k:
-            kb.set(slot, kb.fmax(kb.get(slot), kb.load(x, kb.add(base, k))))
-        peak = kb.get(slot)
-        kb.set(slot, kb.f32(0.0))
-        with kb.loop(0, length, "k") as k:
-            e = kb.exp(kb.fsub(kb.load(x, kb.add(base, k)), peak))
-            if node.op == "softmax":
-                kb.store(out, kb.add(base, k), e)
-            kb.set(slot, kb.fadd(kb.get(slot), e))
+        store = out if node.op == "softmax" else None
+        peak, total = max_and_exp_sum(kb, x, base, length, store)
         if node.op == "log_softmax":
-            shift = kb.fadd(peak, kb.intrinsic("log", kb.get(slot)))
+            shift = kb.fadd(peak, kb.intrinsic("log", total))
         else:
-            scale = kb.fdiv(kb.f32(1.0), kb.get(slot))
+            scale = kb.fdiv(kb.f32(1.0), total)
         with kb.loop(0, length, "k") as k:
             o = kb.add(base, k)
             y = kb.fsub(kb.load(x, o), shift) if node.op == "log_softmax" else \
