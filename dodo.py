@@ -10,6 +10,7 @@ import sys
 
 from doit import get_var
 
+from pipeline.checker import BuildChecker
 from pipeline.errors import ConfigError
 from pipeline.reporter import BuildReporter
 
@@ -19,7 +20,7 @@ DOIT_CONFIG = {
     # Fixed from day one: changing backend, dep file or checker rebuilds everything.
     "backend": "sqlite3",
     "dep_file": "out/.doit.db",
-    "check_file_uptodate": "md5",
+    "check_file_uptodate": BuildChecker,  # doit's md5, hashing each file once
     "default_tasks": ["build"],
     "action_string_formatting": "new",
     "reporter": BuildReporter,

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -75,30 +74,15 @@ def generate(name: str, path: str | Path) -> None:
     nothing. Parent directories are created. The bytes go to a temporary file in the
     same directory, which then replaces `path` with os.replace, so a reader (or an
     interrupted build) sees either the old file or the complete new one, never a
-    partial write. On any failure the temporary file is removed and `path` is untouched.
+    partial write. On any failure the temporary file is removed and `path` is untouched;
+    a file that already holds the same bytes is left as it is (mtime too).
     """
     import onnx
+
+    from pipeline.contrib.cc import atomic_write
 
     model = build(name)
     # full_check also runs strict shape inference, catching shape errors here
     # rather than in the compiler.
     onnx.checker.check_model(model, full_check=True)
-    data = model.SerializeToString()
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # A unique hidden name: concurrent writers never share a temp file, and a leftover
-    # after a hard kill is recognisably ours.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-    try:
-        # os.open with 0o666 (not tempfile, whose 0o600 would survive the rename)
-        # so the final file gets ordinary umask permissions.
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    atomic_write(path, model.SerializeToString())

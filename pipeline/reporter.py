@@ -7,7 +7,8 @@ process, so this one object sees the whole build. It
   - prints progress: `[done/total] stage model@target` with the total growing
     as the per-kernel tasks appear; on a terminal a live line rewritten in
     place, otherwise (CI, pipes) one quiet line per task run;
-  - records, per task run, why it ran (pipeline.explain) and how long it took;
+  - records, per task run, why it ran (pipeline.explain), when it started
+    (seconds into the build) and how long it took;
   - ends with one line per model@target: kernels compiled and reused, time;
   - writes all of it to out/build-report.json, which `doit explain` prints and
     tests read to know exactly which tasks executed.
@@ -131,7 +132,8 @@ class BuildReporter(ConsoleReporter):
         self._count(task)
         for item in reversed(self.ran):
             if item["task"] == task.name:
-                item.update(status=status, seconds=round(seconds, 3))
+                item.update(status=status, seconds=round(seconds, 3),
+                            start=round(self.started[task.name] - self.t0, 3))
                 why = "; ".join(item["why"][:2]) + (" ..." if len(item["why"]) > 2 else "")
                 break
         if self.live:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -43,3 +47,26 @@ def test_memory_plan_reuses_storage(tiny_factory):
 def test_export_rejects_unknown_suffix(tiny_factory, tmp_path):
     with pytest.raises(ValueError, match=r"\.so or \.tar"):
         tiny_factory[1].export_library(tmp_path / "tiny.dylib")
+
+
+# Two tensors of one size freed by the same node, then a third of that size:
+# which freed storage it takes must not depend on set iteration order.
+PLAN_SCRIPT = """
+from pipeline.ir.graph import Graph, Node, TensorType
+from pipeline.plan.plan_memory import plan_memory
+nodes = (Node.make("relu", "n1", ["x"], ["a"]), Node.make("relu", "n2", ["x"], ["b"]),
+         Node.make("add", "n3", ["a", "b"], ["c"]), Node.make("relu", "n4", ["c"], ["d"]),
+         Node.make("relu", "n5", ["d"], ["y"]))
+graph = Graph(("x",), (), ("y",), nodes, {n: TensorType((64,)) for n in "xabcdy"})
+print(sorted(plan_memory(graph).storage_id.items()))
+"""
+
+
+def test_memory_plan_does_not_depend_on_the_hash_seed():
+    """Each process hashes strings with its own seed (PYTHONHASHSEED); the plan,
+    which lands in the graph JSON, must be the same bytes in every one."""
+    plans = {subprocess.run([sys.executable, "-c", PLAN_SCRIPT], capture_output=True,
+                            text=True, check=True,
+                            env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout
+             for seed in range(8)}
+    assert len(plans) == 1 and "('d'," in plans.pop()

@@ -19,6 +19,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import onnx
 import pytest
 from test_doit_flow import REPO, doit, tiny_convnet
 
@@ -178,6 +179,49 @@ def test_8_parallel_build_same_bytes_and_reproducible(tmp_path: Path):
     shutil.rmtree(serial / "out")  # from clean, again: the same bytes
     build(serial)
     assert artifact_bytes(serial) == first
+
+
+def test_model_file_rewritten_same_graph_and_weights_stops_at_import(tiny: Path):
+    """Only the ONNX metadata changes: import runs, writes the same IR and weights,
+    leaves them untouched (mtime too), and nothing after it runs."""
+    build(tiny)
+    path = tiny / "nets" / "tiny.onnx"
+    model = onnx.load(str(path))
+    model.producer_name = "another exporter"
+    onnx.save(model, str(path))
+    ir = tiny / "out" / "tiny" / "tiny.ir.json"
+    mtime = ir.stat().st_mtime_ns
+    assert build(tiny) == {"import:tiny"}
+    assert ir.stat().st_mtime_ns == mtime
+
+
+# -- the file checker ------------------------------------------------------------
+
+def test_checker_hashes_an_input_once_and_trusts_artifact_mtimes(tmp_path, monkeypatch):
+    from pipeline import checker
+
+    hashed = []
+    md5 = checker.get_file_md5
+    monkeypatch.setattr(checker, "get_file_md5", lambda p: hashed.append(p) or md5(p))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").mkdir()
+    for name in ("model.onnx", os.path.join("out", "w.params")):
+        Path(name).write_bytes(b"weights")
+    c = checker.BuildChecker()
+    model, params = (c.get_state(n, None) for n in ("model.onnx", os.path.join("out", "w.params")))
+    assert params[2] is None and hashed == ["model.onnx"]  # artifacts are not hashed
+
+    def touch(name: str):
+        os.utime(name, (os.stat(name).st_mtime + 5,) * 2)
+        return os.stat(name)
+
+    # An input touched but unchanged: md5 decides, once for checking and saving.
+    assert not c.check_modified("model.onnx", touch("model.onnx"), model)
+    assert c.get_state("model.onnx", model)[2] == model[2]
+    assert hashed == ["model.onnx"] * 2
+    # An artifact with a new mtime was rewritten, so it changed: no hashing.
+    assert c.check_modified("out/w.params", touch("out/w.params"), params)
+    assert hashed == ["model.onnx"] * 2
 
 
 # -- the kernel cache ----------------------------------------------------------

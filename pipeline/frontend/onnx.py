@@ -9,6 +9,7 @@ runs after input-shape overrides, and its shapes are checked against ours.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -233,7 +234,7 @@ def _input_type(vi, override, source: str) -> TensorType:
 
 def _onnx_shape_inference(model, types, inputs, source) -> dict[str, tuple[int, ...]]:
     """Shapes ONNX infers once our input shapes are set, by tensor name."""
-    model = onnx.ModelProto.FromString(model.SerializeToString())
+    model = _without_large_initializers(model)
     for vi in model.graph.input:
         if vi.name in {i.name for i in inputs}:
             dims = vi.type.tensor_type.shape.dim
@@ -258,6 +259,36 @@ def _onnx_shape_inference(model, types, inputs, source) -> dict[str, tuple[int, 
         if dims and all(d.HasField("dim_value") for d in dims):
             shapes[vi.name] = tuple(d.dim_value for d in dims)
     return shapes
+
+
+def _without_large_initializers(model: onnx.ModelProto,
+                                limit: int = 1024) -> onnx.ModelProto:
+    """A copy of model for shape inference whose initializers of more than `limit`
+    elements are typed graph inputs instead.
+
+    ONNX reads initializer values only where they decide a shape (a Reshape's
+    shape, Slice's starts: a few integers); serialising a ResNet-50's 100 MB of
+    weights into and out of its inference was most of the import time.
+    """
+    large = {init.name: init for init in model.graph.initializer
+             if math.prod(init.dims) > limit}
+    copy = onnx.ModelProto(ir_version=model.ir_version)
+    copy.opset_import.extend(model.opset_import)
+    copy.functions.extend(model.functions)
+    g = copy.graph
+    g.name = model.graph.name
+    g.node.extend(model.graph.node)
+    g.output.extend(model.graph.output)
+    g.initializer.extend(i for i in model.graph.initializer if i.name not in large)
+    g.sparse_initializer.extend(model.graph.sparse_initializer)
+    listed = {vi.name for vi in model.graph.input}
+    for vi in model.graph.input:
+        init = large.get(vi.name)
+        g.input.append(vi if init is None else
+                       onnx.helper.make_tensor_value_info(vi.name, init.data_type, init.dims))
+    g.input.extend(onnx.helper.make_tensor_value_info(name, init.data_type, init.dims)
+                   for name, init in large.items() if name not in listed)
+    return copy
 
 
 def _function_op_failed(message: str) -> bool:

@@ -56,7 +56,9 @@ def plan_memory(graph: Graph) -> MemoryPlan:
                 sizes.append(need)
             sid[name] = best
             shared.add(best)
-        for name in set(node.inputs):
+        # dict.fromkeys, not set: set order changes with the process's hash seed,
+        # and the free list's order breaks ties above (reproducible bytes).
+        for name in dict.fromkeys(node.inputs):
             if last_use.get(name) == k and name not in pinned:
                 free.append(sid[name])
     return MemoryPlan(sid, tuple(sizes), sum(sizes[s] for s in shared), intermediate)

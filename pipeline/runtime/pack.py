@@ -12,8 +12,8 @@ learn the length (and reject a newer version) before touching the rest.
 The JSON header holds the import tree, the section table (offsets from the
 blob start), the kernel symbol names and the target string.
 
-Only the pure-Python parts are imported by the runtime; emitting the object
-file needs llvmlite, which is imported lazily.
+devc.o, the object holding the blob, is written here too: a minimal ELF
+relocatable object with one data section and one symbol.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import hashlib
 import json
 import os
 import struct
-import tempfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +30,8 @@ from pipeline.errors import PipelineError
 
 __all__ = [
     "BLOB_MAGIC", "BLOB_PREFIX_SIZE", "BLOB_SYMBOL", "BLOB_VERSION", "Blob", "BlobError",
-    "emit_blob_object", "pack_blob", "read_blob_header_length", "unpack_blob", "write_devc",
+    "blob_chunks", "devc_checksum", "emit_blob_object", "pack_blob", "read_blob_header_length",
+    "unpack_blob", "write_devc",
 ]
 
 BLOB_SYMBOL = "__pipeline_dev_mblob"
@@ -70,7 +70,14 @@ def _dumps(obj: Any) -> bytes:
 
 def pack_blob(graph_json: str, params: bytes, kernels: list[str], target: str) -> bytes:
     """Pack graph JSON text, param-dict bytes, kernel symbols and target into a blob."""
-    sections = [("graph", graph_json.encode("utf-8")), ("params", bytes(params))]
+    return b"".join(blob_chunks(graph_json, params, kernels, target))
+
+
+def blob_chunks(graph_json: str, params, kernels: list[str], target: str) -> list:
+    """pack_blob's bytes as a list of chunks, `params` (any bytes-like object, e.g.
+    a memory-mapped .params file) among them uncopied: write_devc streams them."""
+    sections = [("graph", memoryview(graph_json.encode("utf-8"))),
+                ("params", memoryview(params).cast("B"))]
     # Section offsets live in the header, whose length depends on the offsets'
     # digits: iterate until the header length stops changing (2-3 rounds).
     header_len = 0
@@ -78,8 +85,8 @@ def pack_blob(graph_json: str, params: bytes, kernels: list[str], target: str) -
         offset = _FIXED.size + header_len
         table = []
         for name, data in sections:
-            table.append({"name": name, "offset": offset, "size": len(data)})
-            offset += len(data)
+            table.append({"name": name, "offset": offset, "size": data.nbytes})
+            offset += data.nbytes
         header = _dumps({"import_tree": IMPORT_TREE, "sections": table,
                          "kernels": list(kernels), "target": target})
         if len(header) == header_len:
@@ -88,11 +95,10 @@ def pack_blob(graph_json: str, params: bytes, kernels: list[str], target: str) -
     total = offset + _DIGEST
     parts = [_FIXED.pack(BLOB_MAGIC, BLOB_VERSION, 0, total, header_len), header,
              *(data for _, data in sections)]
-    # Hash the parts in place and join once: params can be hundreds of MB.
     digest = hashlib.sha256()
     for part in parts:
         digest.update(part)
-    return b"".join([*parts, digest.digest()])
+    return [*parts, digest.digest()]
 
 
 def read_blob_header_length(first_bytes: bytes, source: str = "blob") -> int:
@@ -149,81 +155,94 @@ def unpack_blob(data: bytes, source: str) -> Blob:
         raise BlobError(f"{source}: malformed blob header: {err}") from None
 
 
-def _asm_string(text: str) -> str:
-    """Quote text for an assembler directive ("..." with \\ and \" escaped)."""
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+# ELF constants for the one object we write (the System V gABI's numbering).
+_ELF_MACHINE = {"x86_64": 62, "aarch64": 183}  # EM_X86_64, EM_AARCH64
+_SHF_ALLOC, _SHF_X86_64_LARGE = 0x2, 0x10000000
+_SHT_PROGBITS, _SHT_SYMTAB, _SHT_STRTAB = 1, 2, 3
+_SECTION_HEADER = struct.Struct("<IIQQQQIIQQ")
+_SYMBOL = struct.Struct("<IBBHQQ")
+_BLOB_AT = 64  # the blob's file offset: right after the ELF header, 64-byte aligned
 
 
-def _ir_string(text: str) -> str:
-    """Quote text for an LLVM IR string: everything unusual becomes \\XX hex."""
-    out = []
-    for byte in text.encode("utf-8"):
-        ch = chr(byte)
-        out.append(ch if 0x20 <= byte < 0x7F and ch not in '"\\' else f"\\{byte:02X}")
-    return '"' + "".join(out) + '"'
+def _elf_parts(blob: list, triple: str) -> list:
+    """The pieces of a relocatable ELF object defining BLOB_SYMBOL over the
+    blob's chunks (blob_chunks, or [bytes]).
+
+    Written directly rather than through LLVM and an assembler: the blob is
+    most of a model's bytes and only needs to be copied once. On x86-64 it
+    goes in a large-data section (.lrodata, flag SHF_X86_64_LARGE): linkers
+    place those after .data/.bss, so a >2 GB blob cannot push the kernels'
+    small data out of reach of their PC-relative references.
+    """
+    size = sum(memoryview(chunk).nbytes for chunk in blob)
+    arch = triple.split("-")[0]
+    if arch not in _ELF_MACHINE or any(os_ in triple for os_ in ("darwin", "windows")):
+        raise ValueError(f"cannot write the blob object for {triple}: devc.o is written "
+                         f"for little-endian ELF targets ({', '.join(_ELF_MACHINE)})")
+    large = arch == "x86_64"
+    data_name = f"{'.lrodata' if large else '.rodata'}.{BLOB_SYMBOL}".encode()
+    shstrtab = b"\0" + data_name + b"\0.note.GNU-stack\0.symtab\0.strtab\0.shstrtab\0"
+    name = {n: shstrtab.index(b"\0" + n + b"\0") + 1
+            for n in (data_name, b".note.GNU-stack", b".symtab", b".strtab", b".shstrtab")}
+    strtab = b"\0" + BLOB_SYMBOL.encode() + b"\0"
+    # Symbol 0 is the null symbol; 1 is the blob: global (1 << 4) object (1), section 1.
+    symtab = bytes(_SYMBOL.size) + _SYMBOL.pack(1, 0x11, 0, 1, 0, size)
+    data_at = _BLOB_AT
+    symtab_at = data_at + size + (-size) % 8
+    strtab_at = symtab_at + len(symtab)
+    shstrtab_at = strtab_at + len(strtab)
+    headers_at = shstrtab_at + len(shstrtab) + (-(shstrtab_at + len(shstrtab))) % 8
+    flags = _SHF_ALLOC | (_SHF_X86_64_LARGE if large else 0)
+    sections = [
+        bytes(_SECTION_HEADER.size),
+        _SECTION_HEADER.pack(name[data_name], _SHT_PROGBITS, flags, 0, data_at, size,
+                             0, 0, 64, 0),
+        # An empty .note.GNU-stack: the object does not need an executable stack.
+        _SECTION_HEADER.pack(name[b".note.GNU-stack"], _SHT_PROGBITS, 0, 0, symtab_at, 0,
+                             0, 0, 1, 0),
+        # link: the string table's index; info: the first global symbol.
+        _SECTION_HEADER.pack(name[b".symtab"], _SHT_SYMTAB, 0, 0, symtab_at, len(symtab),
+                             4, 1, 8, _SYMBOL.size),
+        _SECTION_HEADER.pack(name[b".strtab"], _SHT_STRTAB, 0, 0, strtab_at, len(strtab),
+                             0, 0, 1, 0),
+        _SECTION_HEADER.pack(name[b".shstrtab"], _SHT_STRTAB, 0, 0, shstrtab_at,
+                             len(shstrtab), 0, 0, 1, 0),
+    ]
+    # ELF64, little endian, version 1, System V ABI; a relocatable (1) object.
+    header = struct.pack("<4sBBBB8sHHIQQQIHHHHHH", b"\x7fELF", 2, 1, 1, 0, bytes(8), 1,
+                         _ELF_MACHINE[arch], 1, 0, 0, headers_at, 0, 64, 0, 0,
+                         _SECTION_HEADER.size, len(sections), len(sections) - 1)
+    return [header, *blob, bytes((-size) % 8), symtab, strtab, shstrtab,
+            bytes(headers_at - shstrtab_at - len(shstrtab)), *sections]
 
 
-def _host_arch() -> str:
-    import llvmlite.binding as llvm
-
-    return llvm.get_process_triple().split("-")[0]
-
-
-def emit_blob_object(blob: bytes, target: Any, tmp_dir: str | None = None) -> bytes:
+def emit_blob_object(blob: bytes, target: Any) -> bytes:
     """Return an ELF relocatable object whose global constant BLOB_SYMBOL holds blob.
 
-    `target` is a pipeline.codegen.target.Target (or a target string). The
-    bytes never pass through LLVM IR: module-level inline assembly `.incbin`s a
-    temporary file (in tmp_dir, default the system's), deleted afterwards, so
-    a 100 MB blob costs about as much as copying it.
+    `target` is a pipeline.codegen.target.Target or a target string; its triple
+    picks the ELF machine. ValueError for targets other than x86-64/AArch64 ELF.
     """
-    import llvmlite.binding as llvm
+    return b"".join(_elf_parts([blob], _triple(target)))
 
+
+def _triple(target: Any) -> str:
     from pipeline.codegen.target import parse_target
 
-    if isinstance(target, str):
-        target = parse_target(target)
-    machine = target.target_machine()
-    arch = target.triple.split("-")[0]
-    # Module asm needs an asm parser for the target; llvmlite can only load
-    # the host's, and LLVM aborts the whole process (no exception) without it.
-    if arch != _host_arch():
-        raise ValueError(f"cannot emit the blob object for {target.triple}: inline assembly "
-                         f"needs an assembler for {arch}, only the host's is available")
-    llvm.initialize_native_asmparser()
-    # The blob is only reached through dlsym, never from code, so no code
-    # model limits apply to it. On x86-64 it still goes in a large-data
-    # section (.lrodata, flag "l"): linkers place those after .data/.bss, so
-    # a >2 GB blob cannot push the kernels' small data out of the +-2 GB
-    # reach of their PC-relative references. Other targets use .rodata.
-    if arch == "x86_64":
-        section = f'.section .lrodata.{BLOB_SYMBOL},"al",@progbits'
-    else:
-        section = f'.section .rodata.{BLOB_SYMBOL},"a",%progbits'
-    fd, path = tempfile.mkstemp(prefix=".pipeline-blob-", suffix=".bin", dir=tmp_dir)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(blob)
-        lines = [
-            section,
-            f".globl {BLOB_SYMBOL}",
-            f".type {BLOB_SYMBOL},%object",
-            ".p2align 6",
-            f"{BLOB_SYMBOL}:",
-            f".incbin {_asm_string(os.path.abspath(path))}",
-            f".size {BLOB_SYMBOL}, {len(blob)}",
-        ]
-        text = f"target triple = {_ir_string(target.triple)}\n" + "".join(
-            f"module asm {_ir_string(line)}\n" for line in lines)
-        module = llvm.parse_assembly(text)
-        module.verify()
-        return machine.emit_object(module)
-    finally:
-        os.unlink(path)
+    return (parse_target(target) if isinstance(target, str) else target).triple
 
 
-def write_devc(blob: bytes, target: Any, path: str | os.PathLike) -> None:
-    """Emit the blob object for target and write it atomically to path (devc.o)."""
-    # Stage the blob next to the output: same disk, and /tmp may be a small tmpfs.
-    folder = os.path.dirname(os.path.abspath(path))
-    atomic_write(path, emit_blob_object(blob, target, tmp_dir=folder))
+def devc_checksum(path: str | os.PathLike) -> bytes:
+    """The sha256 stored in the blob of a devc.o that write_devc wrote: a digest of
+    graph, params, kernel list and target, read without hashing the blob again."""
+    with open(path, "rb") as f:
+        f.seek(_BLOB_AT)
+        total = read_blob_header_length(f.read(BLOB_PREFIX_SIZE), os.fspath(path))
+        f.seek(_BLOB_AT + total - _DIGEST)
+        return f.read(_DIGEST)
+
+
+def write_devc(blob: bytes | list, target: Any, path: str | os.PathLike) -> None:
+    """Write the blob object for target atomically to path (devc.o); blob is the
+    packed bytes or blob_chunks' list."""
+    atomic_write(path, _elf_parts([blob] if isinstance(blob, bytes) else blob,
+                                  _triple(target)))
