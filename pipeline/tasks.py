@@ -38,6 +38,17 @@ OUT = "out"
 _PKG = Path(__file__).resolve().parent
 
 
+def _import_stages() -> None:
+    importlib.import_module("pipeline.stages")
+
+
+# `doit -n` forks its workers before any stage has loaded the compiler, so each
+# would load it (0.6 s) when its first task starts: the worker that takes
+# optimize while another ran import pays it on the build's critical path.
+# Loading at fork time readies a waiting worker while the other one works.
+os.register_at_fork(after_in_child=_import_stages)
+
+
 def path(*parts: str) -> str:
     """Every path doit sees goes through here: doit compares paths as strings."""
     return os.path.normpath(os.path.join(*parts))
