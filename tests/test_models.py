@@ -343,7 +343,7 @@ def test_generate_failure_leaves_old_file(tmp_path: Path, monkeypatch: pytest.Mo
     def broken_replace(src: object, dst: object) -> None:
         raise OSError("disk went away")
 
-    monkeypatch.setattr(models.os, "replace", broken_replace)
+    monkeypatch.setattr(os, "replace", broken_replace)  # the rename that publishes it
     with pytest.raises(OSError, match="disk went away"):
         generate("tiny", out)
     assert out.read_bytes() == b"old"
