@@ -179,7 +179,7 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             a = artifacts(m, t)
             yield {"name": f"{m.name}@{t.name}", "targets": [a["devc"]], "clean": True,
                    "file_dep": [a["graph_json"], a["params"], a["kernels"],
-                                *_sources("runtime/pack.py")],
+                                *_sources("runtime/pack.py", "contrib/elf.py")],
                    "actions": [(run_stage, ["stages:pack_devc", a["graph_json"],
                                             a["params"], a["kernels"], a["devc"]])]}
 

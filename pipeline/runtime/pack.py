@@ -12,8 +12,8 @@ learn the length (and reject a newer version) before touching the rest.
 The JSON header holds the import tree, the section table (offsets from the
 blob start), the kernel symbol names and the target string.
 
-devc.o, the object holding the blob, is written here too: a minimal ELF
-relocatable object with one data section and one symbol.
+devc.o, the object holding the blob, is a minimal ELF object written by
+pipeline/contrib/elf.py.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.contrib.cc import atomic_write
+from pipeline.contrib.elf import DATA_OFFSET, data_object
 from pipeline.errors import PipelineError
 
 __all__ = [
@@ -155,74 +156,13 @@ def unpack_blob(data: bytes, source: str) -> Blob:
         raise BlobError(f"{source}: malformed blob header: {err}") from None
 
 
-# ELF constants for the one object we write (the System V gABI's numbering).
-_ELF_MACHINE = {"x86_64": 62, "aarch64": 183}  # EM_X86_64, EM_AARCH64
-_SHF_ALLOC, _SHF_X86_64_LARGE = 0x2, 0x10000000
-_SHT_PROGBITS, _SHT_SYMTAB, _SHT_STRTAB = 1, 2, 3
-_SECTION_HEADER = struct.Struct("<IIQQQQIIQQ")
-_SYMBOL = struct.Struct("<IBBHQQ")
-_BLOB_AT = 64  # the blob's file offset: right after the ELF header, 64-byte aligned
-
-
-def _elf_parts(blob: list, triple: str) -> list:
-    """The pieces of a relocatable ELF object defining BLOB_SYMBOL over the
-    blob's chunks (blob_chunks, or [bytes]).
-
-    Written directly rather than through LLVM and an assembler: the blob is
-    most of a model's bytes and only needs to be copied once. On x86-64 it
-    goes in a large-data section (.lrodata, flag SHF_X86_64_LARGE): linkers
-    place those after .data/.bss, so a >2 GB blob cannot push the kernels'
-    small data out of reach of their PC-relative references.
-    """
-    size = sum(memoryview(chunk).nbytes for chunk in blob)
-    arch = triple.split("-")[0]
-    if arch not in _ELF_MACHINE or any(os_ in triple for os_ in ("darwin", "windows")):
-        raise ValueError(f"cannot write the blob object for {triple}: devc.o is written "
-                         f"for little-endian ELF targets ({', '.join(_ELF_MACHINE)})")
-    large = arch == "x86_64"
-    data_name = f"{'.lrodata' if large else '.rodata'}.{BLOB_SYMBOL}".encode()
-    shstrtab = b"\0" + data_name + b"\0.note.GNU-stack\0.symtab\0.strtab\0.shstrtab\0"
-    name = {n: shstrtab.index(b"\0" + n + b"\0") + 1
-            for n in (data_name, b".note.GNU-stack", b".symtab", b".strtab", b".shstrtab")}
-    strtab = b"\0" + BLOB_SYMBOL.encode() + b"\0"
-    # Symbol 0 is the null symbol; 1 is the blob: global (1 << 4) object (1), section 1.
-    symtab = bytes(_SYMBOL.size) + _SYMBOL.pack(1, 0x11, 0, 1, 0, size)
-    data_at = _BLOB_AT
-    symtab_at = data_at + size + (-size) % 8
-    strtab_at = symtab_at + len(symtab)
-    shstrtab_at = strtab_at + len(strtab)
-    headers_at = shstrtab_at + len(shstrtab) + (-(shstrtab_at + len(shstrtab))) % 8
-    flags = _SHF_ALLOC | (_SHF_X86_64_LARGE if large else 0)
-    sections = [
-        bytes(_SECTION_HEADER.size),
-        _SECTION_HEADER.pack(name[data_name], _SHT_PROGBITS, flags, 0, data_at, size,
-                             0, 0, 64, 0),
-        # An empty .note.GNU-stack: the object does not need an executable stack.
-        _SECTION_HEADER.pack(name[b".note.GNU-stack"], _SHT_PROGBITS, 0, 0, symtab_at, 0,
-                             0, 0, 1, 0),
-        # link: the string table's index; info: the first global symbol.
-        _SECTION_HEADER.pack(name[b".symtab"], _SHT_SYMTAB, 0, 0, symtab_at, len(symtab),
-                             4, 1, 8, _SYMBOL.size),
-        _SECTION_HEADER.pack(name[b".strtab"], _SHT_STRTAB, 0, 0, strtab_at, len(strtab),
-                             0, 0, 1, 0),
-        _SECTION_HEADER.pack(name[b".shstrtab"], _SHT_STRTAB, 0, 0, shstrtab_at,
-                             len(shstrtab), 0, 0, 1, 0),
-    ]
-    # ELF64, little endian, version 1, System V ABI; a relocatable (1) object.
-    header = struct.pack("<4sBBBB8sHHIQQQIHHHHHH", b"\x7fELF", 2, 1, 1, 0, bytes(8), 1,
-                         _ELF_MACHINE[arch], 1, 0, 0, headers_at, 0, 64, 0, 0,
-                         _SECTION_HEADER.size, len(sections), len(sections) - 1)
-    return [header, *blob, bytes((-size) % 8), symtab, strtab, shstrtab,
-            bytes(headers_at - shstrtab_at - len(shstrtab)), *sections]
-
-
 def emit_blob_object(blob: bytes, target: Any) -> bytes:
     """Return an ELF relocatable object whose global constant BLOB_SYMBOL holds blob.
 
     `target` is a pipeline.codegen.target.Target or a target string; its triple
-    picks the ELF machine. ValueError for targets other than x86-64/AArch64 ELF.
+    picks the ELF machine (ValueError for targets pipeline.contrib.elf cannot write).
     """
-    return b"".join(_elf_parts([blob], _triple(target)))
+    return b"".join(data_object(BLOB_SYMBOL, [blob], _triple(target)))
 
 
 def _triple(target: Any) -> str:
@@ -235,14 +175,14 @@ def devc_checksum(path: str | os.PathLike) -> bytes:
     """The sha256 stored in the blob of a devc.o that write_devc wrote: a digest of
     graph, params, kernel list and target, read without hashing the blob again."""
     with open(path, "rb") as f:
-        f.seek(_BLOB_AT)
+        f.seek(DATA_OFFSET)
         total = read_blob_header_length(f.read(BLOB_PREFIX_SIZE), os.fspath(path))
-        f.seek(_BLOB_AT + total - _DIGEST)
+        f.seek(DATA_OFFSET + total - _DIGEST)
         return f.read(_DIGEST)
 
 
 def write_devc(blob: bytes | list, target: Any, path: str | os.PathLike) -> None:
     """Write the blob object for target atomically to path (devc.o); blob is the
     packed bytes or blob_chunks' list."""
-    atomic_write(path, _elf_parts([blob] if isinstance(blob, bytes) else blob,
-                                  _triple(target)))
+    chunks = [blob] if isinstance(blob, bytes) else blob
+    atomic_write(path, data_object(BLOB_SYMBOL, chunks, _triple(target)))

@@ -1,0 +1,72 @@
+"""A relocatable ELF object that defines one read-only data symbol (devc.o).
+
+Written directly rather than through LLVM and an assembler: the data is most
+of a model's bytes (the packed params) and only needs to be copied once. The
+object has a data section, an empty .note.GNU-stack (no executable stack
+needed), a symbol table with the one global object symbol, and the string
+tables; `cc -shared` links it like any other object.
+"""
+
+from __future__ import annotations
+
+import struct
+
+__all__ = ["DATA_OFFSET", "data_object"]
+
+DATA_OFFSET = 64  # the data's file offset: right after the ELF header, 64-byte aligned
+
+# The System V gABI's numbering.
+_MACHINE = {"x86_64": 62, "aarch64": 183}  # EM_X86_64, EM_AARCH64
+_SHF_ALLOC, _SHF_X86_64_LARGE = 0x2, 0x10000000
+_SHT_PROGBITS, _SHT_SYMTAB, _SHT_STRTAB = 1, 2, 3
+_SECTION_HEADER = struct.Struct("<IIQQQQIIQQ")
+_SYMBOL = struct.Struct("<IBBHQQ")
+
+
+def data_object(symbol: str, chunks: list, triple: str) -> list:
+    """The object file defining `symbol` over the bytes of `chunks` (bytes-like,
+    in order), as a list of bytes-like pieces to write in order.
+
+    On x86-64 the data goes in a large-data section (.lrodata, flag
+    SHF_X86_64_LARGE): linkers place those after .data/.bss, so a >2 GB blob
+    cannot push the kernels' small data out of reach of their PC-relative
+    references. ValueError for a triple that is not x86-64 or AArch64 ELF.
+    """
+    arch = triple.split("-")[0]
+    if arch not in _MACHINE or any(os_ in triple for os_ in ("darwin", "windows")):
+        raise ValueError(f"cannot write a data object for {triple}: only little-endian "
+                         f"ELF targets ({', '.join(_MACHINE)}) are supported")
+    size = sum(memoryview(chunk).nbytes for chunk in chunks)
+    large = arch == "x86_64"
+    data_name = f"{'.lrodata' if large else '.rodata'}.{symbol}".encode()
+    shstrtab = b"\0" + data_name + b"\0.note.GNU-stack\0.symtab\0.strtab\0.shstrtab\0"
+    name = {n: shstrtab.index(b"\0" + n + b"\0") + 1
+            for n in (data_name, b".note.GNU-stack", b".symtab", b".strtab", b".shstrtab")}
+    strtab = b"\0" + symbol.encode() + b"\0"
+    # Symbol 0 is the null symbol; 1 is ours: global (1 << 4) object (1), in section 1.
+    symtab = bytes(_SYMBOL.size) + _SYMBOL.pack(1, 0x11, 0, 1, 0, size)
+    symtab_at = DATA_OFFSET + size + (-size) % 8
+    strtab_at = symtab_at + len(symtab)
+    shstrtab_at = strtab_at + len(strtab)
+    headers_at = shstrtab_at + len(shstrtab) + (-(shstrtab_at + len(shstrtab))) % 8
+    flags = _SHF_ALLOC | (_SHF_X86_64_LARGE if large else 0)
+    sections = [
+        bytes(_SECTION_HEADER.size),
+        _SECTION_HEADER.pack(name[data_name], _SHT_PROGBITS, flags, 0, DATA_OFFSET, size,
+                             0, 0, 64, 0),
+        _SECTION_HEADER.pack(name[b".note.GNU-stack"], _SHT_PROGBITS, 0, 0, symtab_at, 0,
+                             0, 0, 1, 0),
+        # link: the string table's index; info: the first global symbol.
+        _SECTION_HEADER.pack(name[b".symtab"], _SHT_SYMTAB, 0, 0, symtab_at, len(symtab),
+                             4, 1, 8, _SYMBOL.size),
+        _SECTION_HEADER.pack(name[b".strtab"], _SHT_STRTAB, 0, 0, strtab_at, len(strtab),
+                             0, 0, 1, 0),
+        _SECTION_HEADER.pack(name[b".shstrtab"], _SHT_STRTAB, 0, 0, shstrtab_at,
+                             len(shstrtab), 0, 0, 1, 0),
+    ]
+    # ELF64, little endian, version 1, System V ABI; a relocatable (1) object.
+    header = struct.pack("<4sBBBB8sHHIQQQIHHHHHH", b"\x7fELF", 2, 1, 1, 0, bytes(8), 1,
+                         _MACHINE[arch], 1, 0, 0, headers_at, 0, 64, 0, 0,
+                         _SECTION_HEADER.size, len(sections), len(sections) - 1)
+    return [header, *chunks, bytes((-size) % 8), symtab, strtab, shstrtab,
+            bytes(headers_at - shstrtab_at - len(shstrtab)), *sections]
