@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import threading
 from pathlib import Path
 
 from doit import create_after
@@ -38,15 +39,17 @@ OUT = "out"
 _PKG = Path(__file__).resolve().parent
 
 
-def _import_stages() -> None:
-    importlib.import_module("pipeline.stages")
+def _load_stages_in_background() -> None:
+    threading.Thread(target=importlib.import_module, args=("pipeline.stages",),
+                     daemon=True).start()
 
 
 # `doit -n` forks its workers before any stage has loaded the compiler, so each
 # would load it (0.6 s) when its first task starts: the worker that takes
 # optimize while another ran import pays it on the build's critical path.
-# Loading at fork time readies a waiting worker while the other one works.
-os.register_at_fork(after_in_child=_import_stages)
+# Loading from fork time on readies a waiting worker while the other works; in
+# a daemon thread, so a worker with nothing to do (a no-op build) exits at once.
+os.register_at_fork(after_in_child=_load_stages_in_background)
 
 
 def path(*parts: str) -> str:
