@@ -74,7 +74,8 @@ def _gather_np(xs, node):
     return [np.take(data, indices, axis=node.attr("axis"))]
 
 
-register("gather", "anchor", _gather_infer, lower=_gather_lower, numpy=_gather_np)
+register("gather", "anchor", _gather_infer, lower=_gather_lower, numpy=_gather_np,
+         float64=True)
 
 
 @onnx_op("Gather", 1)

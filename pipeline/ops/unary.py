@@ -3,8 +3,9 @@
 Each is an elementwise op lowered as a scalar function of one LLVM value
 (see pipeline/ops/registry.py). Functions LLVM has no intrinsic for (tanh,
 erf, log1p) call the C math library, which every exported library links.
-Relu, LeakyRelu, Neg, Abs and Clip also accept int64/int32; the others are
-float32 only, and any other input dtype is a ModelError naming the node.
+Every one accepts float32 and float64 (float64 calls the double libm
+functions); Relu, LeakyRelu, Neg, Abs and Clip also accept int64/int32. Any
+other input dtype is a ModelError naming the node.
 """
 
 from __future__ import annotations
@@ -13,26 +14,27 @@ import math
 
 import numpy as np
 
-from pipeline.codegen.builder import F32
+from pipeline.codegen.builder import FLOATS
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.registry import onnx_op, register
 
 _INT_TOO = ("relu", "leaky_relu", "neg", "abs", "clip")
-_erf = np.vectorize(math.erf, otypes=[np.float32])
+_erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
 def _unary_infer(types: list[TensorType], node: Node) -> list[TensorType]:
     dtype = types[0].dtype
-    allowed = ("float32", "int64", "int32") if node.op in _INT_TOO else ("float32",)
+    allowed = ("float32", "float64") + (("int64", "int32") if node.op in _INT_TOO else ())
     if dtype not in allowed:
         raise ModelError(f"node {node.name!r} ({node.op}): input dtype {dtype} is not "
                          f"supported ({', '.join(allowed)} are)")
     return [types[0]]
 
 
-def _f(kb, x: float):
-    return kb.f32(x)
+def _f(kb, value: float, like):
+    """The float constant `value` in the type of `like` (float32 or float64)."""
+    return kb.fconst(value, like)
 
 
 def _select_negative(kb, x, negative, positive):
@@ -41,20 +43,20 @@ def _select_negative(kb, x, negative, positive):
 
 
 def _hard_sigmoid(kb, x, alpha, beta):
-    return kb.fmax(_f(kb, 0.0), kb.fmin(_f(kb, 1.0), kb.fadd(kb.fmul(_f(kb, alpha), x),
-                                                             _f(kb, beta))))
+    return kb.fmax(_f(kb, 0.0, x), kb.fmin(_f(kb, 1.0, x), kb.fadd(kb.fmul(_f(kb, alpha, x), x),
+                                                                   _f(kb, beta, x))))
 
 
 def _gelu(kb, x, node):
-    half_x = kb.fmul(_f(kb, 0.5), x)
+    half_x = kb.fmul(_f(kb, 0.5, x), x)
     if node.attr("approximate") == "tanh":
         cube = kb.fmul(kb.fmul(x, x), x)
-        inner = kb.fmul(_f(kb, math.sqrt(2 / math.pi)),
-                        kb.fadd(x, kb.fmul(_f(kb, 0.044715), cube)))
+        inner = kb.fmul(_f(kb, math.sqrt(2 / math.pi), x),
+                        kb.fadd(x, kb.fmul(_f(kb, 0.044715, x), cube)))
         t = kb.extern("tanhf", inner)
     else:
-        t = kb.extern("erff", kb.fmul(x, _f(kb, 1 / math.sqrt(2))))
-    return kb.fmul(half_x, kb.fadd(_f(kb, 1.0), t))
+        t = kb.extern("erff", kb.fmul(x, _f(kb, 1 / math.sqrt(2), x)))
+    return kb.fmul(half_x, kb.fadd(_f(kb, 1.0, x), t))
 
 
 def _gelu_np(x, node):
@@ -66,7 +68,8 @@ def _gelu_np(x, node):
 def _softplus(kb, x):
     # max(x, 0) + log1p(exp(-|x|)): no overflow for large |x|.
     neg_abs = kb.b.fneg(kb.intrinsic("fabs", x))
-    return kb.fadd(kb.fmax(x, _f(kb, 0.0)), kb.extern("log1pf", kb.intrinsic("exp", neg_abs)))
+    return kb.fadd(kb.fmax(x, _f(kb, 0.0, x)),
+                   kb.extern("log1pf", kb.intrinsic("exp", neg_abs)))
 
 
 def _clip(kb, x, node):
@@ -80,8 +83,8 @@ def _clip_np(x, node):
 
 def _selu(kb, x, node):
     alpha, gamma = node.attr("alpha"), node.attr("gamma")
-    neg = kb.fsub(kb.fmul(_f(kb, alpha), kb.intrinsic("exp", x)), _f(kb, alpha))
-    return kb.fmul(_f(kb, gamma), kb.b.select(kb.compare("<=", x, _f(kb, 0.0)), neg, x))
+    neg = kb.fsub(kb.fmul(_f(kb, alpha, x), kb.intrinsic("exp", x)), _f(kb, alpha, x))
+    return kb.fmul(_f(kb, gamma, x), kb.b.select(kb.compare("<=", x, _f(kb, 0.0, x)), neg, x))
 
 
 def _selu_np(x, node):
@@ -90,12 +93,12 @@ def _selu_np(x, node):
 
 
 def _abs(kb, x):
-    if x.type == F32:
+    if x.type in FLOATS:
         return kb.intrinsic("fabs", x)
     return _select_negative(kb, x, kb.b.neg(x), x)
 
 
-# name: (scalar(kb, x, node), numpy(x, node)), evaluated in float32 (or the int dtype).
+# name: (scalar(kb, x, node), numpy(x, node)), evaluated in the input's dtype.
 UNARY = {
     "relu": (lambda kb, x, n: kb.arith("max", x, kb.const(0, x.type)),
              lambda x, n: np.maximum(x, 0)),
@@ -103,11 +106,12 @@ UNARY = {
         kb, x, kb.arith("mul", kb.const(n.attr("alpha"), x.type), x), x),
         lambda x, n: np.where(x < 0, n.attr("alpha") * x, x)),
     "elu": (lambda kb, x, n: _select_negative(
-        kb, x, kb.fmul(_f(kb, n.attr("alpha")), kb.fsub(kb.intrinsic("exp", x), _f(kb, 1.0))),
+        kb, x, kb.fmul(_f(kb, n.attr("alpha"), x), kb.fsub(kb.intrinsic("exp", x),
+                                                          _f(kb, 1.0, x))),
         x), lambda x, n: np.where(x < 0, n.attr("alpha") * (np.exp(x) - 1), x)),
     "selu": (_selu, _selu_np),
     "sigmoid": (lambda kb, x, n: kb.fdiv(
-        _f(kb, 1.0), kb.fadd(_f(kb, 1.0), kb.intrinsic("exp", kb.b.fneg(x)))),
+        _f(kb, 1.0, x), kb.fadd(_f(kb, 1.0, x), kb.intrinsic("exp", kb.b.fneg(x)))),
         lambda x, n: 1 / (1 + np.exp(-x))),
     "hard_sigmoid": (lambda kb, x, n: _hard_sigmoid(kb, x, n.attr("alpha"), n.attr("beta")),
                      lambda x, n: np.clip(n.attr("alpha") * x + n.attr("beta"), 0, 1)),
@@ -117,8 +121,8 @@ UNARY = {
     "exp": (lambda kb, x, n: kb.intrinsic("exp", x), lambda x, n: np.exp(x)),
     "log": (lambda kb, x, n: kb.intrinsic("log", x), lambda x, n: np.log(x)),
     "sqrt": (lambda kb, x, n: kb.intrinsic("sqrt", x), lambda x, n: np.sqrt(x)),
-    "reciprocal": (lambda kb, x, n: kb.fdiv(_f(kb, 1.0), x), lambda x, n: 1 / x),
-    "neg": (lambda kb, x, n: kb.b.fneg(x) if x.type == F32 else kb.b.neg(x),
+    "reciprocal": (lambda kb, x, n: kb.fdiv(_f(kb, 1.0, x), x), lambda x, n: 1 / x),
+    "neg": (lambda kb, x, n: kb.b.fneg(x) if x.type in FLOATS else kb.b.neg(x),
             lambda x, n: -x),
     "abs": (lambda kb, x, n: _abs(kb, x), lambda x, n: np.abs(x)),
     "erf": (lambda kb, x, n: kb.extern("erff", x), lambda x, n: _erf(x)),
@@ -132,7 +136,7 @@ UNARY = {
 }
 
 for _name, (_scalar, _numpy) in UNARY.items():
-    register(_name, "elementwise", _unary_infer,
+    register(_name, "elementwise", _unary_infer, float64=True,
              scalar=lambda kb, a, node, f=_scalar: f(kb, a[0], node),
              numpy=lambda xs, node, f=_numpy: [np.asarray(f(xs[0], node)).astype(xs[0].dtype)])
 
