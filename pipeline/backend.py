@@ -50,7 +50,8 @@ FLOAT64_OPS = frozenset((
     # unary (ops/unary.py)
     "Relu", "LeakyRelu", "Elu", "Selu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Exp",
     "Log", "Sqrt", "Reciprocal", "Neg", "Abs", "Erf", "Gelu", "Softplus", "Floor", "Ceil",
-    "Round", "Clip",
+    "Round", "Clip", "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh",
+    "Acosh", "Atanh",
     # elementwise (ops/elementwise.py)
     "Identity", "Dropout", "Add", "Sub", "Mul", "Div", "Pow", "Mod", "PRelu", "Sum", "Max",
     "Min", "Mean", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Where", "Cast",
@@ -63,6 +64,9 @@ FLOAT64_OPS = frozenset((
     "MatMul", "Gemm", "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd",
     "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp", "ArgMax",
     "ArgMin", "Softmax", "LogSoftmax", "Hardmax",
+    # added with float64 support from the start
+    "GatherElements", "ScatterElements", "Scatter", "ScatterND", "NegativeLogLikelihoodLoss",
+    "SoftmaxCrossEntropyLoss", "CumSum", "TopK", "Trilu",
 ))
 
 # Operator inputs a static-shape compiler needs as build-time constants: they

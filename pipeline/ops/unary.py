@@ -1,4 +1,5 @@
-"""Unary math and activations: Relu, Sigmoid, Tanh, Erf, Gelu, Exp, Log, Clip...
+"""Unary math and activations: Relu, Sigmoid, Tanh, Erf, Gelu, Exp, Log, Clip...,
+and the trigonometric and hyperbolic functions (Sin ... Atanh).
 
 Each is an elementwise op lowered as a scalar function of one LLVM value
 (see pipeline/ops/registry.py). Functions LLVM has no intrinsic for (tanh,
@@ -135,6 +136,16 @@ UNARY = {
     "clip": (lambda kb, x, n: _clip(kb, x, n), _clip_np),
 }
 
+# Trigonometric and hyperbolic: C math library calls (sinf, or sin on float64).
+# name: (ONNX op_type, first opset, numpy)
+TRIG = {"sin": ("Sin", 7, np.sin), "cos": ("Cos", 7, np.cos), "tan": ("Tan", 7, np.tan),
+        "asin": ("Asin", 7, np.arcsin), "acos": ("Acos", 7, np.arccos),
+        "atan": ("Atan", 7, np.arctan), "sinh": ("Sinh", 9, np.sinh),
+        "cosh": ("Cosh", 9, np.cosh), "asinh": ("Asinh", 9, np.arcsinh),
+        "acosh": ("Acosh", 9, np.arccosh), "atanh": ("Atanh", 9, np.arctanh)}
+for _name, (_onnx, _since, _np) in TRIG.items():
+    UNARY[_name] = (lambda kb, x, n, f=f"{_name}f": kb.extern(f, x), lambda x, n, f=_np: f(x))
+
 for _name, (_scalar, _numpy) in UNARY.items():
     register(_name, "elementwise", _unary_infer, float64=True,
              scalar=lambda kb, a, node, f=_scalar: f(kb, a[0], node),
@@ -169,6 +180,7 @@ _ONNX = [
     ("gelu", "Gelu", 20, {"approximate": "none"}), ("softplus", "Softplus", 1, {}),
     ("floor", "Floor", 1, {}), ("ceil", "Ceil", 1, {}), ("round", "Round", 11, {}),
 ]
+_ONNX += [(_op, _onnx, _since, {}) for _op, (_onnx, _since, _) in TRIG.items()]
 for _op, _onnx, _since, _defaults in _ONNX:
     onnx_op(_onnx, _since)(_converter(_op, _defaults))
 
