@@ -66,7 +66,7 @@ FLOAT64_OPS = frozenset((
     "ArgMin", "Softmax", "LogSoftmax", "Hardmax",
     # added with float64 support from the start
     "GatherElements", "ScatterElements", "Scatter", "ScatterND", "NegativeLogLikelihoodLoss",
-    "SoftmaxCrossEntropyLoss", "CumSum", "TopK", "Trilu",
+    "SoftmaxCrossEntropyLoss", "CumSum", "CumProd", "TopK", "Trilu",
 ))
 
 # Operator inputs a static-shape compiler needs as build-time constants: they
@@ -76,6 +76,7 @@ BUILD_TIME_INPUTS: dict[str, tuple[int, ...]] = {
     "Reshape": (1,), "Expand": (1,), "Tile": (1,), "Slice": (1, 2, 3, 4), "Pad": (1, 2, 3),
     "Squeeze": (1,), "Unsqueeze": (1,), "Split": (1,), "Clip": (1, 2), "TopK": (1,),
     "ConstantOfShape": (0,), "Range": (0, 1, 2), "OneHot": (1,), "CumSum": (1,),
+    "CumProd": (1,),
     "Resize": (1, 2, 3), "Upsample": (1,), "Trilu": (1,), "Dropout": (1, 2),
     **{op: (1,) for op in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd",
                            "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp",

@@ -1,6 +1,6 @@
 """Element-indexed and positional operators, and the losses built on them, compiled end
 to end and compared with onnxruntime at pass opt_level 0 and 3: GatherElements,
-ScatterElements (and the old Scatter), ScatterND, TopK, CumSum, Trilu,
+ScatterElements (and the old Scatter), ScatterND, TopK, CumSum, CumProd, Trilu,
 NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss, on float32 and float64."""
 
 from __future__ import annotations
@@ -92,6 +92,10 @@ CASES = {
                                             {"a": np.array(0, np.int32)}, exclusive=1),
     "cumsum_double_reverse": lambda: graph("CumSum", {"x": doubles(3, 7)}, {"a": i64(1)},
                                            reverse=1),
+    "cumprod_exclusive_reverse": lambda: graph("CumProd", {"x": X + 1}, {"a": np.array(1)},
+                                               exclusive=1, reverse=1, opset=26),
+    "cumprod_int64": lambda: graph("CumProd", {"x": ints(3, 4, low=-3, high=4)},
+                                   {"a": np.array(0)}, opset=26),
     # -- Trilu
     "triu": lambda: graph("Trilu", {"x": X}),
     "tril_k_neg1": lambda: graph("Trilu", {"x": X}, {"k": i64(-1)}, upper=0),
@@ -114,9 +118,9 @@ CASES = {
     "sce_double_log_prob": lambda: sce(doubles(3, 4, 5), LABELS, log_prob=True),
 }
 
-# onnxruntime's CPU provider lacks these (dtype, reduction) combinations.
+# onnxruntime's CPU provider lacks these (dtype, reduction) combinations, and CumProd.
 NOT_IN_ONNXRUNTIME = {"scatter_nd_int64", "scatter_elements_max_double", "nll_double",
-                      "sce_double_log_prob"}
+                      "sce_double_log_prob", "cumprod_exclusive_reverse", "cumprod_int64"}
 
 
 @pytest.mark.parametrize("opt_level", [0, 3])

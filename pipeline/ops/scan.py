@@ -1,12 +1,14 @@
-"""Operators that depend on an element's position along axes: CumSum, TopK, Trilu.
+"""Operators that depend on an element's position along axes: CumSum, CumProd, TopK,
+Trilu.
 
 Graph ops (all dtype-generic over float32/64 and int64/32):
   cumsum(x; axis, exclusive, reverse)      running sums along one axis
+  cumprod(x; axis, exclusive, reverse)     running products (exclusive: 1 first)
   topk_values(x; axis, k, largest)         the k largest (smallest) along one axis,
   topk_indices(x; axis, k, largest)        sorted, ties to the lower index (int64)
   trilu(x; k, upper)                       x where column - row >= k (upper) or <= k
                                            (lower) in the last two dims, else 0
-CumSum's axis, TopK's K and Trilu's k are build-time constants (inputs listed in
+CumSum's and CumProd's axis, TopK's K and Trilu's k are build-time constants (inputs listed in
 pipeline/backend.py BUILD_TIME_INPUTS). TopK's two outputs are two kernels: the
 executor's kernels write one output each.
 """
@@ -37,49 +39,59 @@ def _axis_split(shape, axis: int) -> tuple[int, int, int]:
     return math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
 
 
-# -- CumSum ---------------------------------------------------------------------------------
+# -- CumSum, CumProd ------------------------------------------------------------------------
 
-def _cumsum_lower(kb, node, ins, out, epilogue):
+_CUMULATIVE = {"cumsum": ("add", 0, np.cumsum), "cumprod": ("mul", 1, np.cumprod)}
+
+
+def _cumulative_lower(kb, node, ins, out, epilogue):
     x = ins[0]
+    how, start, _ = _CUMULATIVE[node.op]
     outer, length, inner = _axis_split(x.type.shape, node.attr("axis"))
     reverse, exclusive = node.attr("reverse"), node.attr("exclusive")
     b = kb.b
     with kb.loop(0, outer, "r") as r, kb.loop(0, inner, "q") as q:
-        acc = kb.local(kb.const(0, x.elem))
+        acc = kb.local(kb.const(start, x.elem))
         with kb.loop(0, length, "k") as k:
             at = b.sub(kb.i64(length - 1), k) if reverse else k
             o = kb.add(kb.add(kb.mul(r, length * inner), kb.mul(at, inner)), q)
-            total = kb.arith("add", kb.get(acc), kb.load(x, o))
+            total = kb.arith(how, kb.get(acc), kb.load(x, o))
             kb.store(out, o, kb.get(acc) if exclusive else total)
             kb.set(acc, total)
 
 
-def _cumsum_np(xs, node):
+def _cumulative_np(xs, node):
     x, axis = xs[0], node.attr("axis")
+    _, start, fn = _CUMULATIVE[node.op]
     if node.attr("reverse"):
         x = np.flip(x, axis)
-    y = np.cumsum(x, axis=axis, dtype=x.dtype)
-    if node.attr("exclusive") and x.shape[axis]:  # shift by one, a 0 in front
+    y = fn(x, axis=axis, dtype=x.dtype)
+    if node.attr("exclusive") and x.shape[axis]:  # shift by one, the identity in front
         y = np.roll(y, 1, axis)
         first = [slice(None)] * y.ndim
         first[axis] = 0
-        y[tuple(first)] = 0
+        y[tuple(first)] = start
     return [np.flip(y, axis) if node.attr("reverse") else y]
 
 
-register("cumsum", "opaque", _numeric, lower=_cumsum_lower, numpy=_cumsum_np, float64=True)
+def _cumulative_converter(op: str):
+    def convert(ctx, n):
+        axis = need_const(ctx, n, 1, "the axis input")
+        if axis is None:
+            raise ModelError(f"node {n.name!r} ({n.op_type}): the axis input is required")
+        rank = len(ctx.type(n.inputs[0]).shape)
+        return [Node.make(op, n.name, n.inputs[:1], n.outputs[:1],
+                          axis=norm_axis(n, int(axis.reshape(-1)[0]), rank),
+                          exclusive=int(n.attrs.get("exclusive", 0)),
+                          reverse=int(n.attrs.get("reverse", 0)))]
+    return convert
 
 
-@onnx_op("CumSum", 11)
-def _cumsum(ctx, n):
-    axis = need_const(ctx, n, 1, "the axis input")
-    if axis is None:
-        raise ModelError(f"node {n.name!r} (CumSum): the axis input is required")
-    rank = len(ctx.type(n.inputs[0]).shape)
-    return [Node.make("cumsum", n.name, n.inputs[:1], n.outputs[:1],
-                      axis=norm_axis(n, int(axis.reshape(-1)[0]), rank),
-                      exclusive=int(n.attrs.get("exclusive", 0)),
-                      reverse=int(n.attrs.get("reverse", 0)))]
+for _op in _CUMULATIVE:
+    register(_op, "opaque", _numeric, lower=_cumulative_lower, numpy=_cumulative_np,
+             float64=True)
+onnx_op("CumSum", 11)(_cumulative_converter("cumsum"))
+onnx_op("CumProd", 26)(_cumulative_converter("cumprod"))
 
 
 # -- TopK -----------------------------------------------------------------------------------
