@@ -20,7 +20,7 @@ import llvmlite.ir as ir
 from pipeline.codegen.builder import I64
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
-from pipeline.ops.index import _fail_unless
+from pipeline.ops.index import fail_unless
 from pipeline.ops.registry import onnx_op, register
 
 _REDUCTIONS = ("none", "sum", "mean")
@@ -59,7 +59,7 @@ def _nll_lower(kb, node, ins, out, epilogue):
         skip = b.icmp_signed("==", t, kb.i64(ignore)) if ignore is not None else \
             ir.Constant(ir.IntType(1), 0)
         ok = b.and_(b.icmp_signed(">=", t, kb.i64(0)), b.icmp_signed("<", t, kb.i64(c_n)))
-        _fail_unless(kb, b.or_(skip, ok))
+        fail_unless(kb, b.or_(skip, ok))
         safe = b.select(skip, kb.i64(0), t)  # an ignored target may lie outside [0, C)
         value = kb.load(x, kb.add(kb.mul(kb.add(kb.mul(n, c_n), safe), inner), d))
         w = kb.load(weight, safe) if weight is not None else one

@@ -22,7 +22,7 @@ import numpy as np
 from pipeline.codegen.builder import I64, LLVM_TYPES
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
-from pipeline.ops.index import _fail_unless
+from pipeline.ops.index import fail_unless
 from pipeline.ops.registry import onnx_op, register
 from pipeline.ops.shape import norm_axis
 
@@ -42,7 +42,7 @@ def _checked_index(kb, raw, dim: int):
     b = kb.b
     k = b.sext(raw, I64) if raw.type != I64 else raw
     k = b.select(b.icmp_signed("<", k, kb.i64(0)), b.add(k, kb.i64(dim)), k)
-    _fail_unless(kb, b.and_(b.icmp_signed(">=", k, kb.i64(0)),
+    fail_unless(kb, b.and_(b.icmp_signed(">=", k, kb.i64(0)),
                             b.icmp_signed("<", k, kb.i64(dim))))
     return k
 
