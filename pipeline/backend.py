@@ -51,7 +51,8 @@ FLOAT64_OPS = frozenset((
     "Relu", "LeakyRelu", "Elu", "Selu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Exp",
     "Log", "Sqrt", "Reciprocal", "Neg", "Abs", "Erf", "Gelu", "Softplus", "Floor", "Ceil",
     "Round", "Clip", "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh",
-    "Acosh", "Atanh",
+    "Acosh", "Atanh", "Sign", "Softsign", "ThresholdedRelu", "Shrink", "Mish", "Celu", "Swish",
+    "IsNaN", "IsInf",
     # elementwise (ops/elementwise.py)
     "Identity", "Dropout", "Add", "Sub", "Mul", "Div", "Pow", "Mod", "PRelu", "Sum", "Max",
     "Min", "Mean", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Where", "Cast",

@@ -96,6 +96,8 @@ POSITIVE = rand(*S, low=0.1, high=4)
 HALVES = np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 3.5, -0.4, 0.6, 7.0], np.float32)
 FRACTIONS = np.array([-2.7, -1.5, -0.2, 0.0, 0.3, 1.5, 2.9, 1e5], np.float32)
 
+SPECIAL = np.array([0.0, -1.5, np.nan, np.inf, -np.inf, 3.0, -0.0, -np.nan])
+
 CASES = {
     # -- unary float math and activations
     "leaky_relu": lambda: unary("LeakyRelu", alpha=0.2),
@@ -126,6 +128,19 @@ CASES = {
                           ("Asin", -1, 1), ("Acos", -1, 1), ("Atan", -9, 9),
                           ("Sinh", -3, 3), ("Cosh", -3, 3), ("Asinh", -9, 9),
                           ("Acosh", 1, 9), ("Atanh", -0.99, 0.99))},
+    "sign": lambda: unary("Sign", FRACTIONS),
+    "sign_int32": lambda: unary("Sign", ints(*S, dtype=np.int32)),
+    "softsign": lambda: unary("Softsign"),
+    "thresholded_relu": lambda: unary("ThresholdedRelu", alpha=0.5),
+    "shrink": lambda: unary("Shrink", FRACTIONS, opset=9, lambd=1.0, bias=0.5),
+    "mish": lambda: unary("Mish", rand(*S, low=-9, high=9), opset=18),
+    "celu": lambda: unary("Celu", opset=12, alpha=0.5),
+    "swish": lambda: unary("Swish", opset=24, alpha=1.5),
+    "isnan_double": lambda: (model_of([node("IsNaN", ["x"], ["y"])], f := {"x": SPECIAL},
+                                      np.bool_), f),
+    "isinf_negative_only": lambda: (model_of(
+        [node("IsInf", ["x"], ["y"], detect_positive=0)], f := {"x": SPECIAL.astype(np.float32)},
+        np.bool_), f),
     "sin_double": lambda: unary("Sin", doubles(*S, low=-5, high=5)),
     "atanh_double": lambda: unary("Atanh", doubles(*S, low=-0.9, high=0.9)),
     "relu_int64": lambda: unary("Relu", ints(*S), opset=14),
@@ -268,9 +283,9 @@ CASES = {
 }
 
 # Its CPU provider has float Relu only, float Mod only with fmod=1 (before opset 28),
-# and no double Mean, Softplus, Elu or Atanh.
+# no double Mean, Softplus, Elu or Atanh, and no Swish (opset 24).
 NOT_IN_ONNXRUNTIME = {"relu_int64", "mod_float_python", "mod_double_python", "mean3_double",
-                      "softplus_double", "elu_double", "atanh_double"}
+                      "softplus_double", "elu_double", "atanh_double", "swish"}
 
 
 @pytest.mark.parametrize("opt_level", [0, 3])

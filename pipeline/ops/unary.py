@@ -1,5 +1,6 @@
 """Unary math and activations: Relu, Sigmoid, Tanh, Erf, Gelu, Exp, Log, Clip...,
-and the trigonometric and hyperbolic functions (Sin ... Atanh).
+the trigonometric and hyperbolic functions (Sin ... Atanh), and the float
+predicates IsNaN and IsInf (bool results).
 
 Each is an elementwise op lowered as a scalar function of one LLVM value
 (see pipeline/ops/registry.py). Functions LLVM has no intrinsic for (tanh,
@@ -20,7 +21,7 @@ from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.registry import onnx_op, register
 
-_INT_TOO = ("relu", "leaky_relu", "neg", "abs", "clip")
+_INT_TOO = ("relu", "leaky_relu", "neg", "abs", "clip", "sign")
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
@@ -136,6 +137,49 @@ UNARY = {
     "clip": (lambda kb, x, n: _clip(kb, x, n), _clip_np),
 }
 
+def _sign(kb, x):
+    one, zero = kb.const(1, x.type), kb.const(0, x.type)
+    minus = kb.const(-1, x.type)
+    return kb.b.select(kb.compare(">", x, zero), one,
+                       kb.b.select(kb.compare("<", x, zero), minus, x))  # keeps 0 and NaN
+
+
+def _shrink(kb, x, node):
+    lambd, bias = _f(kb, node.attr("lambd"), x), _f(kb, node.attr("bias"), x)
+    low = kb.compare("<", x, kb.b.fneg(lambd))
+    high = kb.compare(">", x, lambd)
+    return kb.b.select(low, kb.fadd(x, bias),
+                       kb.b.select(high, kb.fsub(x, bias), _f(kb, 0.0, x)))
+
+
+def _shrink_np(x, node):
+    lambd, bias = node.attr("lambd"), node.attr("bias")
+    return np.where(x < -lambd, x + bias, np.where(x > lambd, x - bias, 0))
+
+
+def _celu(kb, x, node):
+    alpha = _f(kb, node.attr("alpha"), x)
+    neg = kb.fmul(alpha, kb.fsub(kb.intrinsic("exp", kb.fdiv(x, alpha)), _f(kb, 1.0, x)))
+    return kb.fadd(kb.fmax(x, _f(kb, 0.0, x)), kb.fmin(neg, _f(kb, 0.0, x)))
+
+
+UNARY.update({
+    "sign": (lambda kb, x, n: _sign(kb, x), lambda x, n: np.sign(x)),
+    "softsign": (lambda kb, x, n: kb.fdiv(x, kb.fadd(_f(kb, 1.0, x), kb.intrinsic("fabs", x))),
+                 lambda x, n: x / (1 + np.abs(x))),
+    "thresholded_relu": (lambda kb, x, n: kb.b.select(
+        kb.compare(">", x, _f(kb, n.attr("alpha"), x)), x, _f(kb, 0.0, x)),
+        lambda x, n: np.where(x > n.attr("alpha"), x, 0)),
+    "shrink": (_shrink, _shrink_np),
+    "mish": (lambda kb, x, n: kb.fmul(x, kb.extern("tanhf", _softplus(kb, x))),
+             lambda x, n: x * np.tanh(np.logaddexp(x, 0))),
+    "celu": (_celu, lambda x, n: np.maximum(x, 0) + np.minimum(
+        0, n.attr("alpha") * (np.exp(x / n.attr("alpha")) - 1))),
+    "swish": (lambda kb, x, n: kb.fmul(x, UNARY["sigmoid"][0](
+        kb, kb.fmul(_f(kb, n.attr("alpha"), x), x), n)),
+        lambda x, n: x / (1 + np.exp(-n.attr("alpha") * x))),
+})
+
 # Trigonometric and hyperbolic: C math library calls (sinf, or sin on float64).
 # name: (ONNX op_type, first opset, numpy)
 TRIG = {"sin": ("Sin", 7, np.sin), "cos": ("Cos", 7, np.cos), "tan": ("Tan", 7, np.tan),
@@ -179,6 +223,10 @@ _ONNX = [
     ("neg", "Neg", 1, {}), ("abs", "Abs", 1, {}), ("erf", "Erf", 9, {}),
     ("gelu", "Gelu", 20, {"approximate": "none"}), ("softplus", "Softplus", 1, {}),
     ("floor", "Floor", 1, {}), ("ceil", "Ceil", 1, {}), ("round", "Round", 11, {}),
+    ("sign", "Sign", 9, {}), ("softsign", "Softsign", 1, {}),
+    ("thresholded_relu", "ThresholdedRelu", 10, {"alpha": 1.0}),
+    ("shrink", "Shrink", 9, {"bias": 0.0, "lambd": 0.5}), ("mish", "Mish", 18, {}),
+    ("celu", "Celu", 12, {"alpha": 1.0}), ("swish", "Swish", 24, {"alpha": 1.0}),
 ]
 _ONNX += [(_op, _onnx, _since, {}) for _op, (_onnx, _since, _) in TRIG.items()]
 for _op, _onnx, _since, _defaults in _ONNX:
@@ -210,3 +258,39 @@ def _clip_v11(ctx, n):
         bounds.append(value.item())
     return [Node.make("clip", n.name, n.inputs[:1], n.outputs[:1], min=bounds[0],
                       max=bounds[1])]
+
+
+# -- IsNaN, IsInf: float in, bool out ---------------------------------------------------
+
+def _predicate_infer(types, node):
+    if types[0].dtype not in ("float32", "float64"):
+        raise ModelError(f"node {node.name!r} ({node.op}): input dtype {types[0].dtype} is "
+                         "not supported (float32, float64 are)")
+    return [TensorType(types[0].shape, "bool")]
+
+
+def _isinf(kb, x, node):
+    b = kb.b
+    pos = b.fcmp_ordered("==", x, _f(kb, math.inf, x))
+    neg = b.fcmp_ordered("==", x, _f(kb, -math.inf, x))
+    flag = kb.const(0, pos.type)
+    if node.attr("detect_positive"):
+        flag = b.or_(flag, pos)
+    if node.attr("detect_negative"):
+        flag = b.or_(flag, neg)
+    return kb.as_bool(flag)
+
+
+def _isinf_np(xs, node):
+    x = xs[0]
+    return [(np.isposinf(x) & bool(node.attr("detect_positive")))
+            | (np.isneginf(x) & bool(node.attr("detect_negative")))]
+
+
+register("isnan", "elementwise", _predicate_infer, float64=True,
+         scalar=lambda kb, a, node: kb.as_bool(kb.b.fcmp_unordered("uno", a[0], a[0])),
+         numpy=lambda xs, node: [np.isnan(xs[0])])
+register("isinf", "elementwise", _predicate_infer, float64=True,
+         scalar=lambda kb, a, node: _isinf(kb, a[0], node), numpy=_isinf_np)
+onnx_op("IsNaN", 9)(_converter("isnan", {}))
+onnx_op("IsInf", 10)(_converter("isinf", {"detect_negative": 1, "detect_positive": 1}))
