@@ -16,9 +16,10 @@ for the concrete shapes and those inputs' values, and the result is cached
 per distinct (shapes, values).
 
 What we do not support is declared here, in one place: operators without a
-converter in the registry (automatically), dtypes the IR lacks, and the
-operator features listed in LIMITS. `unsupported(model)` names every reason a
-model cannot be compiled; the conformance suite skips exactly those models.
+converter in the registry (automatically), dtypes the IR lacks, float64 on
+operators outside FLOAT64_OPS, and the operator features listed in LIMITS.
+`unsupported(model)` names every reason a model cannot be compiled; the
+conformance suite skips exactly those models.
 """
 
 from __future__ import annotations
@@ -38,8 +39,36 @@ from onnx.backend.base import Backend, BackendRep
 
 TARGET = "llvm -mcpu=native"
 # ONNX element types the graph IR has (pipeline/ir/graph.py DTYPES).
-SUPPORTED_DTYPES = {TensorProto.FLOAT: "float32", TensorProto.INT64: "int64",
-                    TensorProto.INT32: "int32", TensorProto.BOOL: "bool"}
+SUPPORTED_DTYPES = {TensorProto.FLOAT: "float32", TensorProto.DOUBLE: "float64",
+                    TensorProto.INT64: "int64", TensorProto.INT32: "int32",
+                    TensorProto.BOOL: "bool"}
+
+# ONNX operators whose converters produce only graph ops with float64 lowerings
+# (registry `float64=True`); a DOUBLE input or output of any other operator is
+# unsupported (convolutions, pools and normalisations are float32 only).
+FLOAT64_OPS = frozenset((
+    # unary (ops/unary.py)
+    "Relu", "LeakyRelu", "Elu", "Selu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Exp",
+    "Log", "Sqrt", "Reciprocal", "Neg", "Abs", "Erf", "Gelu", "Softplus", "Floor", "Ceil",
+    "Round", "Clip", "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh",
+    "Acosh", "Atanh", "Sign", "Softsign", "ThresholdedRelu", "Shrink", "Mish", "Celu", "Swish",
+    "IsNaN", "IsInf",
+    # elementwise (ops/elementwise.py)
+    "Identity", "Dropout", "Add", "Sub", "Mul", "Div", "Pow", "Mod", "PRelu", "Sum", "Max",
+    "Min", "Mean", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Where", "Cast",
+    "CastLike",
+    # data movement and shapes (ops/shape.py, movement.py, index.py)
+    "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Concat", "Split", "Slice", "Gather", "Pad",
+    "Expand", "Tile", "Transpose", "DepthToSpace", "SpaceToDepth", "Shape", "Size",
+    "ConstantOfShape", "Range",
+    # linalg, reductions, softmax
+    "MatMul", "Gemm", "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd",
+    "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp", "ArgMax",
+    "ArgMin", "Softmax", "LogSoftmax", "Hardmax",
+    # added with float64 support from the start
+    "GatherElements", "ScatterElements", "Scatter", "ScatterND", "NegativeLogLikelihoodLoss",
+    "SoftmaxCrossEntropyLoss", "CumSum", "CumProd", "TopK", "Trilu",
+))
 
 # Operator inputs a static-shape compiler needs as build-time constants: they
 # decide output shapes or loop bounds. When a model feeds them as graph
@@ -48,6 +77,7 @@ BUILD_TIME_INPUTS: dict[str, tuple[int, ...]] = {
     "Reshape": (1,), "Expand": (1,), "Tile": (1,), "Slice": (1, 2, 3, 4), "Pad": (1, 2, 3),
     "Squeeze": (1,), "Unsqueeze": (1,), "Split": (1,), "Clip": (1, 2), "TopK": (1,),
     "ConstantOfShape": (0,), "Range": (0, 1, 2), "OneHot": (1,), "CumSum": (1,),
+    "CumProd": (1,),
     "Resize": (1, 2, 3), "Upsample": (1,), "Trilu": (1,), "Dropout": (1, 2),
     **{op: (1,) for op in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd",
                            "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp",
@@ -138,6 +168,10 @@ def unsupported(model: onnx.ModelProto, limits: bool = True) -> list[str]:
         if onnx_converter(node.op_type, opset) is None:
             reasons.append(f"{node.op_type} (opset {opset}): no converter")
             continue
+        if node.op_type not in FLOAT64_OPS and any(
+                _elem_type(types.get(name)) == TensorProto.DOUBLE
+                for name in (*node.input, *node.output) if name):
+            reasons.append(f"{node.op_type}: dtype DOUBLE")
         view = NodeView(node.op_type, opset,
                         {a.name: helper.get_attribute_value(a) for a in node.attribute},
                         tuple(node.input),
@@ -146,6 +180,12 @@ def unsupported(model: onnx.ModelProto, limits: bool = True) -> list[str]:
         reasons += [f"{lim.op_type}: {lim.reason}" for lim in LIMITS
                     if limits and lim.op_type == node.op_type and lim.applies(view)]
     return sorted(set(reasons))
+
+
+def _elem_type(tp) -> int | None:
+    if tp is None or tp.WhichOneof("value") != "tensor_type":
+        return None
+    return tp.tensor_type.elem_type
 
 
 def _tensor(tp) -> tuple[int, tuple] | None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import assert_matches_ort, make_model, rand
-from onnx import helper
+from conftest import assert_matches_ort, make_model, rand, run_ort, run_ours
+from onnx import TensorProto, helper
 
 pytest.importorskip("onnxruntime")
 
@@ -249,3 +249,79 @@ CASES = {
 def test_op_matches_onnxruntime(case, opt_level):
     model, feeds = CASES[case]()
     assert_matches_ort(model, feeds, opt_level=opt_level)
+
+
+# -- float64: dtype-generic families (linalg, reductions, softmax, data movement) ------------
+
+def doubles(*shape, seed=0):
+    return np.random.default_rng(seed).uniform(-1, 1, size=shape) + 1e-9
+
+
+def double_model(nodes, shapes: dict, inits=None, out=TensorProto.DOUBLE, opset=13):
+    """A model whose inputs (name -> shape) and initializers are float64; output y."""
+    feeds = {k: doubles(*s, seed=n) for n, (k, s) in enumerate(shapes.items())}
+    inputs = [helper.make_tensor_value_info(k, TensorProto.DOUBLE, s) for k, s in shapes.items()]
+    model = make_model(nodes, inputs, [helper.make_tensor_value_info("y", out, None)],
+                       inits or {}, opset)
+    return model, feeds
+
+
+def double_op(op_type, shapes: dict, inits=None, out=TensorProto.DOUBLE, opset=13, **attrs):
+    return double_model([node(op_type, [*shapes, *(inits or {})], ["y"], **attrs)], shapes,
+                        inits, out, opset)
+
+
+I64 = TensorProto.INT64
+DOUBLE_CASES = {
+    "matmul_const_b": lambda: double_op("MatMul", {"x": (5, 40)}, {"w": doubles(40, 20)}),
+    "matmul_batched": lambda: double_op("MatMul", {"a": (2, 5, 7), "b": (2, 7, 18)}),
+    "gemm_const": lambda: double_op("Gemm", {"a": (5, 7)}, {"b": doubles(18, 7, seed=3),
+                                                            "c": doubles(18, seed=4)},
+                                    transB=1, alpha=0.5, beta=2.0),
+    "gemm_runtime": lambda: double_op("Gemm", {"a": (7, 5), "b": (7, 17), "c": (5, 17)},
+                                      transA=1, alpha=1.5, beta=0.5),
+    "matmul_add_relu": lambda: double_model(
+        [node("MatMul", ["x", "w"], ["m"]), node("Add", ["m", "bias"], ["s"]),
+         node("Relu", ["s"], ["y"])], {"x": (3, 16)},
+        {"w": doubles(16, 24, seed=5), "bias": doubles(24, seed=6)}),
+    "reduce_sum": lambda: double_op("ReduceSum", {"x": (3, 4, 5)},
+                                    {"axes": np.array([1], np.int64)}, keepdims=1),
+    "reduce_mean": lambda: double_op("ReduceMean", {"x": (3, 4, 5)}, axes=[0, 2], keepdims=0),
+    "reduce_max": lambda: double_op("ReduceMax", {"x": (3, 4, 5)}, axes=[2]),
+    "reduce_l2": lambda: double_op("ReduceL2", {"x": (3, 4, 5)}, axes=[1]),
+    "reduce_log_sum_exp": lambda: double_op("ReduceLogSumExp", {"x": (3, 4, 5)}, axes=[1, 2]),
+    "argmax": lambda: double_op("ArgMax", {"x": (3, 4, 5)}, out=I64, axis=1),
+    "softmax_last": lambda: double_op("Softmax", {"x": (3, 4, 5)}),
+    "softmax_axis1": lambda: double_op("Softmax", {"x": (3, 4, 5)}, axis=1),
+    "log_softmax": lambda: double_op("LogSoftmax", {"x": (3, 4, 5)}),
+    "hardmax": lambda: double_op("Hardmax", {"x": (3, 4, 5)}, axis=1),
+    "concat": lambda: double_op("Concat", {"a": (2, 3), "b": (2, 5)}, axis=1),
+    "transpose": lambda: double_op("Transpose", {"x": (2, 3, 4)}, perm=[2, 0, 1]),
+    "slice": lambda: double_op("Slice", {"x": (4, 6)}, {"s": np.array([1, 0]),
+                                                        "e": np.array([4, 6]),
+                                                        "ax": np.array([0, 1]),
+                                                        "st": np.array([1, 2])}),
+    "pad": lambda: double_op("Pad", {"x": (2, 3)}, {"p": np.array([0, 1, 1, 2]),
+                                                    "v": np.array(0.25)}),
+    "gather": lambda: double_op("Gather", {"x": (5, 3)}, {"i": np.array([4, 0, 2])}),
+    "reshape_expand_tile": lambda: double_model(
+        [node("Reshape", ["x", "s"], ["r"]), node("Expand", ["r", "e"], ["t"]),
+         node("Tile", ["t", "k"], ["y"])], {"x": (2, 3)},
+        {"s": np.array([3, 1, 2]), "e": np.array([3, 4, 2]), "k": np.array([1, 1, 2])}),
+}
+
+
+@pytest.mark.parametrize("opt_level", [0, 3])
+@pytest.mark.parametrize("case", sorted(DOUBLE_CASES))
+def test_float64_matches_onnxruntime(case, opt_level):
+    """Same dtype as onnxruntime (onnx.reference for Hardmax, which onnxruntime has
+    in float only), and far below float32's resolution from it."""
+    from onnx.reference import ReferenceEvaluator
+
+    model, feeds = DOUBLE_CASES[case]()
+    got = run_ours(model, feeds, opt_level=opt_level)
+    want = ReferenceEvaluator(model).run(None, feeds) if case == "hardmax" else \
+        run_ort(model, feeds)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-13)

@@ -21,13 +21,15 @@ from pipeline.ir.graph import TensorType
 I32 = ir.IntType(32)
 I64 = ir.IntType(64)
 F32 = ir.FloatType()
+F64 = ir.DoubleType()
+FLOATS = (F32, F64)
 PTR = ir.PointerType()
 # Reassociation lets LLVM vectorise reductions; contraction allows FMA. Both
 # change rounding at the 1e-7 level, well inside validation tolerances. We do
 # not allow nnan/ninf: models may legitimately carry inf through max/relu.
 FAST = ("reassoc", "contract", "nsz")
 
-LLVM_TYPES = {"float32": F32, "int64": I64, "int32": I32, "bool": ir.IntType(8)}
+LLVM_TYPES = {"float32": F32, "float64": F64, "int64": I64, "int32": I32, "bool": ir.IntType(8)}
 
 
 def row_major_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -172,10 +174,11 @@ class KernelBuilder:
         self.b.store(init, slot)
         return slot
 
-    def scratch(self, size: int) -> Buffer:
-        """A float32 array of `size` elements on the stack (allocated once, in the
-        entry block), for a kernel's temporaries."""
-        return Buffer(self._alloca(F32, self.i64(size)), TensorType((size,), "float32"))
+    def scratch(self, size: int, dtype: str = "float32") -> Buffer:
+        """An array of `size` elements of `dtype` on the stack (allocated once, in
+        the entry block), for a kernel's temporaries."""
+        return Buffer(self._alloca(LLVM_TYPES[dtype], self.i64(size)),
+                      TensorType((size,), dtype))
 
     def _alloca(self, typ: ir.Type, count=None) -> ir.Value:
         """An alloca in the entry block whose pointer is opaque like every other
@@ -206,11 +209,13 @@ class KernelBuilder:
         return self.b.fdiv(a, b, flags=FAST)
 
     def intrinsic(self, name: str, *args) -> ir.Value:
-        """Call `llvm.<name>.f32` (maxnum, minnum, exp, sqrt, ...)."""
-        full = f"llvm.{name}.f32"
+        """Call `llvm.<name>.f32` or `.f64` (maxnum, minnum, exp, sqrt, ...), the
+        type of the first argument (all arguments share it)."""
+        typ = args[0].type
+        full = f"llvm.{name}.{'f64' if typ == F64 else 'f32'}"
         fn = self.module.globals.get(full)
         if fn is None:
-            fn = ir.Function(self.module, ir.FunctionType(F32, [F32] * len(args)), name=full)
+            fn = ir.Function(self.module, ir.FunctionType(typ, [typ] * len(args)), name=full)
         return self.b.call(fn, list(args))
 
     def fmax(self, a, b):
@@ -224,7 +229,10 @@ class KernelBuilder:
         (llvm.exp becomes a scalar libm call): x = n ln2 + r with |r| <= ln2 / 2,
         exp(r) = 1 + r + r^2 P(r) with the degree-5 P of Cephes expf (about
         2 ulp), times 2**n built in the exponent bits. Exact edge values:
-        0 below -87.33 (where 2**n would be subnormal), +inf above 88.72, NaN kept."""
+        0 below -87.33 (where 2**n would be subnormal), +inf above 88.72, NaN kept.
+        A float64 x calls llvm.exp.f64 (the C library's exp): full double accuracy."""
+        if x.type == F64:
+            return self.intrinsic("exp", x)
         b = self.b
         xc = self.fmin(self.fmax(x, self.f32(-87.33654)), self.f32(88.72283905))
         n = self.intrinsic("floor", self.fadd(self.fmul(xc, self.f32(1.4426950408889634)),
@@ -247,16 +255,22 @@ class KernelBuilder:
         y = b.select(b.fcmp_ordered(">", x, self.f32(88.72283905)), self.f32(math.inf), y)
         return b.select(b.fcmp_unordered("uno", x, x), x, y)
 
-    # -- dtype-aware scalar math (float32, int64/int32, bool as i8 0/1) --
+    # -- dtype-aware scalar math (float32/64, int64/int32, bool as i8 0/1) --
 
-    def const(self, value, typ: ir.Type) -> ir.Constant:
-        """`value` as a constant of LLVM type `typ` (F32 or an integer type)."""
-        return ir.Constant(typ, float(value) if typ == F32 else int(value))
+    @staticmethod
+    def const(value, typ: ir.Type) -> ir.Constant:
+        """`value` as a constant of LLVM type `typ` (F32, F64 or an integer type)."""
+        return ir.Constant(typ, float(value) if typ in FLOATS else int(value))
+
+    @staticmethod
+    def fconst(value: float, like: ir.Value) -> ir.Constant:
+        """The float constant `value` of the same type as the value `like`."""
+        return ir.Constant(like.type, float(value))
 
     def arith(self, op: str, a, b):
         """add, sub, mul, div, min, max of two values of one type: fast-math float
         or signed integer (div truncates toward zero, as C and onnxruntime do)."""
-        if a.type == F32:
+        if a.type in FLOATS:
             return {"add": self.fadd, "sub": self.fsub, "mul": self.fmul, "div": self.fdiv,
                     "min": self.fmin, "max": self.fmax}[op](a, b)
         if op in ("min", "max"):
@@ -266,7 +280,7 @@ class KernelBuilder:
 
     def compare(self, op: str, a, b) -> ir.Value:
         """i1 of `a op b` for op in ==, !=, <, <=, >, >= (float: ordered, so NaN is false)."""
-        if a.type == F32:
+        if a.type in FLOATS:
             return self.b.fcmp_ordered(op, a, b) if op != "!=" else \
                 self.b.fcmp_unordered(op, a, b)
         return self.b.icmp_signed(op, a, b)
@@ -286,20 +300,26 @@ class KernelBuilder:
             return self.as_bool(self.truth(v))
         if v.type == to:
             return v
-        if v.type == F32:
-            return self.b.fptosi(v, to)
+        if v.type in FLOATS:
+            if to == F64:
+                return self.b.fpext(v, to)
+            return self.b.fptrunc(v, to) if to == F32 else self.b.fptosi(v, to)
         bool_in = v.type == LLVM_TYPES["bool"]  # 0/1, never sign-extended
-        if to == F32:
-            return self.b.uitofp(v, F32) if bool_in else self.b.sitofp(v, F32)
+        if to in FLOATS:
+            return self.b.uitofp(v, to) if bool_in else self.b.sitofp(v, to)
         if v.type.width > to.width:
             return self.b.trunc(v, to)
         return self.b.zext(v, to) if bool_in else self.b.sext(v, to)
 
     def extern(self, name: str, *args) -> ir.Value:
-        """Call the C math library's float function `name` (erff, tanhf, log1pf...)."""
+        """Call the C math library's float function `name` (erff, tanhf, log1pf...);
+        on float64 arguments its double twin (the name without the final f)."""
+        typ = args[0].type
+        if typ == F64:
+            name = name.removesuffix("f")
         fn = self.module.globals.get(name)
         if fn is None:
-            fn = ir.Function(self.module, ir.FunctionType(F32, [F32] * len(args)), name=name)
+            fn = ir.Function(self.module, ir.FunctionType(typ, [typ] * len(args)), name=name)
         return self.b.call(fn, list(args))
 
     # -- constant tables (index maps computed at build time) --

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 
 import llvmlite.ir as ir
 
-from pipeline.codegen.builder import F32, I32, PTR, Buffer, KernelBuilder
+from pipeline.codegen.builder import F32, F64, I32, PTR, Buffer, KernelBuilder
 from pipeline.ops.registry import get
 
 VOID = ir.VoidType()
@@ -88,12 +88,14 @@ def fma(kb: KernelBuilder, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
     return _call_intrinsic(kb, "fma", a.type, [a, b, c])
 
 
-def zeros(n: int) -> ir.Constant:
-    return ir.Constant(vec(n), [0.0] * n)
+def zeros(n: int, elem: ir.Type = F32) -> ir.Constant:
+    return ir.Constant(vec(n, elem), [0.0] * n)
 
 
 def _call_intrinsic(kb: KernelBuilder, name: str, t: ir.Type, args: list) -> ir.Value:
-    suffix = f"v{t.count}f32" if isinstance(t, ir.VectorType) else "f32"
+    elem = t.element if isinstance(t, ir.VectorType) else t
+    bits = "f64" if elem == F64 else "f32"
+    suffix = f"v{t.count}{bits}" if isinstance(t, ir.VectorType) else bits
     full = f"llvm.{name}.{suffix}"
     fn = kb.module.globals.get(full)
     if fn is None:

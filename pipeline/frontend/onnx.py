@@ -19,10 +19,11 @@ import onnx
 from onnx import numpy_helper
 
 from pipeline.errors import ModelError, UnsupportedOperatorError
-from pipeline.ir.graph import Graph, Node, TensorType, add_param
+from pipeline.ir.graph import DTYPES, Graph, Node, TensorType, add_param
 from pipeline.ops import get, infer_types, onnx_converter
 
-_DTYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.INT64: "int64",
+_DTYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.DOUBLE: "float64",
+           onnx.TensorProto.INT64: "int64",
            onnx.TensorProto.INT32: "int32", onnx.TensorProto.BOOL: "bool"}
 
 
@@ -208,9 +209,9 @@ def _check_supported(model: onnx.ModelProto, opset: int, source: str) -> None:
 
 def _dtype_name(dtype, name: str) -> str:
     text = str(np.dtype(dtype))
-    if text not in ("float32", "int64", "int32", "bool"):
+    if text not in DTYPES:
         raise ModelError(f"tensor {name!r}: dtype {text} is not supported "
-                         "(float32, int64, int32, bool are)")
+                         f"({', '.join(DTYPES)} are)")
     return text
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from pipeline.errors import GraphError
 
-DTYPES = ("float32", "int64", "int32", "bool")
+DTYPES = ("float32", "float64", "int64", "int32", "bool")
 
 
 @dataclass(frozen=True)

@@ -4,24 +4,23 @@ logic, Where and Cast; plus Identity and Dropout.
 
 Each is lowered as a scalar function of LLVM values; the builder's
 dtype-aware helpers (arith, compare, cast) pick float or integer instructions
-from the values' types, so one definition serves float32, int64 and int32.
+from the values' types, so one definition serves float32, float64, int64 and int32.
 Comparisons and logic produce bool, stored as one byte holding 0 or 1.
 Unary math and activations are in pipeline/ops/unary.py.
 """
 
 from __future__ import annotations
 
-import llvmlite.ir as ir
 import numpy as np
 
-from pipeline.codegen.builder import F32
+from pipeline.codegen.builder import FLOATS
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.registry import broadcast_shape, onnx_op, register
 
-NUMERIC = ("float32", "int64", "int32")
+NUMERIC = ("float32", "float64", "int64", "int32")
 # ONNX TensorProto element types we convert to, for Cast's `to`.
-ONNX_DTYPES = {1: "float32", 6: "int32", 7: "int64", 9: "bool"}
+ONNX_DTYPES = {1: "float32", 11: "float64", 6: "int32", 7: "int64", 9: "bool"}
 
 
 def _check(node: Node, types: list[TensorType], allowed: tuple[str, ...],
@@ -58,7 +57,7 @@ def _div_np(a, b):
 
 # -- identity ----------------------------------------------------------------------------
 
-register("identity", "elementwise", lambda types, node: [types[0]],
+register("identity", "elementwise", lambda types, node: [types[0]], float64=True,
          scalar=lambda kb, a, node: a[0], numpy=lambda xs, node: [xs[0]])
 
 onnx_op("Identity", 1)(lambda ctx, n: [Node.make("identity", n.name, n.inputs[:1],
@@ -86,9 +85,12 @@ _ARITH = {  # op: (ONNX op_type, numpy)
     "div": ("Div", _div_np), "max": ("Max", np.maximum), "min": ("Min", np.minimum),
 }
 for _op, (_onnx, _np) in _ARITH.items():
-    register(_op, "elementwise", _binary(NUMERIC),
+    register(_op, "elementwise", _binary(NUMERIC), float64=True,
              scalar=lambda kb, a, node, op=_op: kb.arith(op, a[0], a[1]),
              numpy=lambda xs, node, f=_np: [f(xs[0], xs[1]).astype(xs[0].dtype)])
+
+
+_FLOAT_NAMES = dict(zip(FLOATS, ("float32", "float64"), strict=True))
 
 
 def _pow_infer(types, node):
@@ -98,25 +100,21 @@ def _pow_infer(types, node):
 
 def _pow(kb, a, node):
     base, exponent = a
-    if base.type == F32:
-        return kb.intrinsic("pow", base, kb.cast(exponent, "float32"))
+    if base.type in FLOATS:
+        return kb.intrinsic("pow", base, kb.cast(exponent, _FLOAT_NAMES[base.type]))
     # Integer base: pow in double, truncated back, as onnxruntime's static_cast does.
-    f64 = ir.DoubleType()
-    fn = kb.module.globals.get("llvm.pow.f64") or ir.Function(
-        kb.module, ir.FunctionType(f64, [f64, f64]), name="llvm.pow.f64")
-    wide = [kb.b.fpext(v, f64) if v.type == F32 else kb.b.sitofp(v, f64)
-            for v in (base, exponent)]
-    return kb.b.fptosi(kb.b.call(fn, wide), base.type)
+    wide = [kb.cast(v, "float64") for v in (base, exponent)]
+    return kb.b.fptosi(kb.intrinsic("pow", *wide), base.type)
 
 
 def _pow_np(xs, node):
     base, exponent = xs
     if base.dtype.kind == "f":
-        return [np.power(base, exponent.astype(np.float32))]
+        return [np.power(base, exponent.astype(base.dtype))]
     return [np.power(base.astype(np.float64), exponent.astype(np.float64)).astype(base.dtype)]
 
 
-register("pow", "elementwise", _pow_infer, scalar=_pow, numpy=_pow_np)
+register("pow", "elementwise", _pow_infer, scalar=_pow, numpy=_pow_np, float64=True)
 onnx_op("Pow", 7)(lambda ctx, n: [Node.make("pow", n.name, n.inputs[:2], n.outputs[:1])])
 
 
@@ -126,7 +124,7 @@ def _mod(kb, a, node):
     the other sign is inf)."""
     x, y = a
     b = kb.b
-    is_float = x.type == F32
+    is_float = x.type in FLOATS
     r = b.frem(x, y) if is_float else b.srem(x, y)
     if node.attr("fmod"):
         return r
@@ -137,23 +135,23 @@ def _mod(kb, a, node):
     return b.select(fix, b.fadd(r, y) if is_float else b.add(r, y), r)
 
 
-register("mod", "elementwise", _binary(NUMERIC), scalar=_mod,
+register("mod", "elementwise", _binary(NUMERIC), scalar=_mod, float64=True,
          numpy=lambda xs, node: [(np.fmod if node.attr("fmod") else np.mod)(xs[0], xs[1])])
 onnx_op("Mod", 10)(lambda ctx, n: [Node.make("mod", n.name, n.inputs[:2], n.outputs[:1],
                                              fmod=int(n.attrs.get("fmod", 0)))])
 
 
 def _prelu_infer(types, node):
-    _check(node, types, ("float32",))
-    out = _broadcast_type(node, types, "float32")
+    _check(node, types, ("float32", "float64"))
+    out = _broadcast_type(node, types, types[0].dtype)
     if out[0].shape != types[0].shape:
         raise ModelError(f"node {node.name!r} (PRelu): slope {list(types[1].shape)} does not "
                          f"broadcast to the input {list(types[0].shape)}")
     return out
 
 
-register("prelu", "elementwise", _prelu_infer,
-         scalar=lambda kb, a, node: kb.b.select(kb.compare("<", a[0], kb.f32(0.0)),
+register("prelu", "elementwise", _prelu_infer, float64=True,
+         scalar=lambda kb, a, node: kb.b.select(kb.compare("<", a[0], kb.fconst(0.0, a[0])),
                                                 kb.fmul(a[0], a[1]), a[0]),
          numpy=lambda xs, node: [np.where(xs[0] < 0, xs[0] * xs[1], xs[0])])
 onnx_op("PRelu", 7)(lambda ctx, n: [Node.make("prelu", n.name, n.inputs[:2], n.outputs[:1])])
@@ -190,7 +188,8 @@ def _variadic(op: str):
                                    (out,)))
             acc = out
         if mean:
-            count = ctx.add_param(f"{n.name}__count", np.array(len(inputs), np.float32))
+            dtype = ctx.type(inputs[0]).dtype
+            count = ctx.add_param(f"{n.name}__count", np.array(len(inputs), dtype))
             nodes.append(Node.make("div", n.name, (acc, count), (final,)))
         return nodes
     return convert
@@ -249,7 +248,7 @@ _COMPARE = {  # op: (ONNX op_type, first opset, LLVM predicate, numpy)
 }
 for _op, (_onnx, _since, _pred, _np) in _COMPARE.items():
     register(_op, "elementwise", _binary(NUMERIC + (("bool",) if _op == "equal" else ()),
-                                         "bool"),
+                                         "bool"), float64=True,
              scalar=lambda kb, a, node, p=_pred: kb.as_bool(kb.compare(p, a[0], a[1])),
              numpy=lambda xs, node, f=_np: [f(xs[0], xs[1])])
     onnx_op(_onnx, _since)(lambda ctx, n, op=_op: [Node.make(op, n.name, n.inputs[:2],
@@ -283,7 +282,7 @@ def _where_infer(types, node):
     return _broadcast_type(node, types, types[1].dtype)
 
 
-register("where", "elementwise", _where_infer,
+register("where", "elementwise", _where_infer, float64=True,
          scalar=lambda kb, a, node: kb.b.select(kb.truth(a[0]), a[1], a[2]),
          numpy=lambda xs, node: [np.where(xs[0], xs[1], xs[2])])
 onnx_op("Where", 9)(lambda ctx, n: [Node.make("where", n.name, n.inputs[:3], n.outputs[:1])])
@@ -298,12 +297,12 @@ def _cast_infer(types, node):
 
 def _cast_np(xs, node):
     x, to = xs[0], node.attr("to")
-    if to in ("bool", "float32") or x.dtype.kind != "f":
+    if to in ("bool", "float32", "float64") or x.dtype.kind != "f":
         return [x.astype(to)]
     return [np.trunc(x).astype(to)]  # float -> int truncates toward zero
 
 
-register("cast", "elementwise", _cast_infer,
+register("cast", "elementwise", _cast_infer, float64=True,
          scalar=lambda kb, a, node: kb.cast(a[0], node.attr("to")), numpy=_cast_np)
 
 

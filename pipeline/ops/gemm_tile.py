@@ -38,7 +38,7 @@ def tiled_gemm(kb, shape: tuple[int, int, int], load_a, load_b, out: Buffer, c_b
     input channels); load_b then only serves the columns that fill no block."""
     m_n, n_n, k_n = shape
     kc_n = min(k_n, k_chunk)
-    panel = kb.scratch(kc_n * _NB)
+    panel = kb.scratch(kc_n * _NB, out.type.dtype)  # float32 or float64, as C
     with kb.loop(0, n_n // _NB, "nb") as nb:
         n0 = kb.mul(nb, _NB)
         for k0 in range(0, k_n, kc_n):
@@ -56,7 +56,7 @@ def tiled_gemm(kb, shape: tuple[int, int, int], load_a, load_b, out: Buffer, c_b
                 _micro(kb, 1, kb.i64(m), n0, k0, k_len, load_a, panel, out, c_base, n_n)
     if n_n % _NB:
         with kb.loop(0, m_n, "tm") as m, kb.loop(n_n - n_n % _NB, n_n, "tn") as n:
-            acc = kb.local(kb.f32(0.0))
+            acc = kb.local(kb.const(0.0, out.elem))
             with kb.loop(0, k_n, "tk") as k:
                 kb.set(acc, kb.fadd(kb.get(acc), kb.fmul(load_a(m, k), load_b(k, n))))
             kb.store(out, kb.add(c_base, kb.add(kb.mul(m, n_n), n)), kb.get(acc))
@@ -76,7 +76,7 @@ def _micro(kb, rows: int, m0, n0, k0: int, k_len: int, load_a, panel, out, c_bas
     units = _NB // _LANES
     c_at = [[kb.add(c_base, kb.add(kb.mul(kb.add(m0, r), n_n), kb.add(n0, u * _LANES)))
              for u in range(units)] for r in range(rows)]
-    accs = [[kb.local(zeros(_LANES) if k0 == 0 else vload(kb, out, c_at[r][u], _LANES))
+    accs = [[kb.local(zeros(_LANES, out.elem) if k0 == 0 else vload(kb, out, c_at[r][u], _LANES))
              for u in range(units)] for r in range(rows)]
     with kb.loop(0, k_len, "mk") as k:
         bs = [vload(kb, panel, kb.add(kb.mul(k, _NB), u * _LANES), _LANES)

@@ -32,7 +32,7 @@ def _gather_infer(types, node):
     return [TensorType(shape, data.dtype)]
 
 
-def _fail_unless(kb, ok) -> None:
+def fail_unless(kb, ok) -> None:
     """Return error code 1 from the kernel unless `ok` (an i1) holds."""
     fail = kb.function.append_basic_block("fail")
     cont = kb.function.append_basic_block("ok")
@@ -55,7 +55,7 @@ def _gather_lower(kb, node, ins, out, epilogue):
         k = kb.load(indices, kb.dot(index[axis:], indices.strides))
         k = b.sext(k, I64) if k.type != I64 else k
         k = b.select(b.icmp_signed("<", k, kb.i64(0)), b.add(k, kb.i64(dim)), k)
-        _fail_unless(kb, b.and_(b.icmp_signed(">=", k, kb.i64(0)),
+        fail_unless(kb, b.and_(b.icmp_signed(">=", k, kb.i64(0)),
                                 b.icmp_signed("<", k, kb.i64(dim))))
         src = kb.add(kb.dot(index[:axis], strides[:axis]), kb.mul(k, strides[axis]))
         dst = kb.dot(index, out.strides[:axis + rank])
@@ -74,7 +74,8 @@ def _gather_np(xs, node):
     return [np.take(data, indices, axis=node.attr("axis"))]
 
 
-register("gather", "anchor", _gather_infer, lower=_gather_lower, numpy=_gather_np)
+register("gather", "anchor", _gather_infer, lower=_gather_lower, numpy=_gather_np,
+         float64=True)
 
 
 @onnx_op("Gather", 1)

@@ -15,7 +15,17 @@ from pipeline.ops.gemm_tile import tiled_gemm
 from pipeline.ops.registry import broadcast_shape, onnx_op, register
 
 
+def _check_float(node, types) -> None:
+    """ModelError naming the node unless its operands are all float32 or all float64."""
+    dtypes = {t.dtype for t in types}
+    if len(dtypes) > 1 or not dtypes <= {"float32", "float64"}:
+        raise ModelError(f"node {node.name!r} ({node.op}): operand dtypes "
+                         f"{[t.dtype for t in types]} are not supported (all float32 or all "
+                         "float64 are)")
+
+
 def _dense_infer(types, node):
+    _check_float(node, types)
     a, w = types[0], types[1]
     if a.shape[-1] != w.shape[1]:
         raise ModelError(f"node {node.name!r} (dense): input {list(a.shape)} does not "
@@ -48,7 +58,7 @@ def _dense_lower(kb, node, ins, out, epilogue):
         kb.store(out, o, value)
 
 
-register("dense", "anchor", _dense_infer, lower=_dense_lower)
+register("dense", "anchor", _dense_infer, lower=_dense_lower, float64=True)
 
 
 def _matrix_shapes(a: tuple, b: tuple, node) -> tuple[tuple, tuple]:
@@ -66,6 +76,7 @@ def _matrix_shapes(a: tuple, b: tuple, node) -> tuple[tuple, tuple]:
 def _matmul_infer(types, node):
     """numpy.matmul shape rule, batch dims broadcast; 1-D operands lose their
     inserted dim again in the output."""
+    _check_float(node, types)
     sa, sb = types[0].shape, types[1].shape
     if not sa or not sb:
         raise ModelError(f"node {node.name!r} (matmul): scalar operands do not multiply")
@@ -140,7 +151,8 @@ def _matmul_numpy(xs, node):
     return [np.matmul(a, b)]
 
 
-register("matmul", "anchor", _matmul_infer, lower=_matmul_lower, numpy=_matmul_numpy)
+register("matmul", "anchor", _matmul_infer, lower=_matmul_lower, numpy=_matmul_numpy,
+         float64=True)
 
 
 @onnx_op("Gemm", 1)
@@ -161,32 +173,32 @@ def _gemm(ctx, n):
                          f"{list(ctx.type(a).shape)} and {list(ctx.type(b).shape)}")
     w, c_value = ctx.const(b), ctx.const(c) if c else None
     n_out = ctx.type(b).shape[0 if trans_b else 1]
-    f32 = np.float32
+    ftype = np.dtype(ctx.type(a).dtype).type  # the operands' float type (float32 or 64)
     nodes = []
     if w is not None and not trans_a:
         inputs = [a, b]
         if not trans_b or alpha != 1.0:
-            w = (w if trans_b else w.T) * f32(alpha)
-            inputs[1] = ctx.add_param(f"{b}_nk", np.ascontiguousarray(w, dtype=f32))
+            w = (w if trans_b else w.T) * ftype(alpha)
+            inputs[1] = ctx.add_param(f"{b}_nk", np.ascontiguousarray(w, dtype=ftype))
         if (c_value is not None and c_value.size in (1, n_out)
                 and (c_value.ndim < 2 or c_value.shape[0] == 1)):  # C varies along N only
-            bias = np.broadcast_to(c_value.reshape(-1) * f32(beta), (n_out,))
-            inputs.append(ctx.add_param(f"{c}_bias", np.ascontiguousarray(bias, f32)))
+            bias = np.broadcast_to(c_value.reshape(-1) * ftype(beta), (n_out,))
+            inputs.append(ctx.add_param(f"{c}_bias", np.ascontiguousarray(bias, ftype)))
             c = None
         chain = [("dense", n.name, inputs, {})]
     else:
         if w is not None and alpha != 1.0:  # fold alpha into a constant B
-            b = ctx.add_param(f"{b}_scaled", (w * f32(alpha)).astype(f32))
+            b = ctx.add_param(f"{b}_scaled", (w * ftype(alpha)).astype(ftype))
             alpha = 1.0
         chain = [("matmul", n.name, [a, b], {"trans_a": trans_a, "trans_b": trans_b})]
         if alpha != 1.0:
-            k = ctx.add_param(f"{n.name}_alpha", np.array([alpha], f32))
+            k = ctx.add_param(f"{n.name}_alpha", np.array([alpha], ftype))
             chain.append(("mul", f"{n.name}__alpha", [k], {}))
     if c is not None:
         if c_value is not None and beta != 1.0:
-            c = ctx.add_param(f"{c}_scaled", (c_value * f32(beta)).astype(f32))
+            c = ctx.add_param(f"{c}_scaled", (c_value * ftype(beta)).astype(ftype))
         elif beta != 1.0:
-            k = ctx.add_param(f"{n.name}_beta", np.array([beta], f32))
+            k = ctx.add_param(f"{n.name}_beta", np.array([beta], ftype))
             nodes.append(Node.make("mul", f"{n.name}__beta", (c, k), (f"{n.outputs[0]}__c",)))
             c = f"{n.outputs[0]}__c"
         chain.append(("add", f"{n.name}__bias", [c], {}))
@@ -204,6 +216,6 @@ def _matmul(ctx, n):
     a, b = n.inputs[:2]
     w = ctx.const(b)
     if w is not None and w.ndim == 2 and len(ctx.type(a).shape) >= 2:
-        weight = ctx.add_param(f"{b}_nk", np.ascontiguousarray(w.T, dtype=np.float32))
+        weight = ctx.add_param(f"{b}_nk", np.ascontiguousarray(w.T))
         return [Node.make("dense", n.name, (a, weight), n.outputs[:1])]
     return [Node.make("matmul", n.name, (a, b), n.outputs[:1], trans_a=0, trans_b=0)]

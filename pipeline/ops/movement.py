@@ -76,7 +76,7 @@ def remap_numpy(tables_of):
 def register_remap(name: str, infer, tables_of) -> None:
     """Register a data-movement op lowered by its index tables."""
     register(name, "anchor", infer, lower=remap_lower(tables_of),
-             numpy=remap_numpy(tables_of))
+             numpy=remap_numpy(tables_of), float64=True)
 
 
 

@@ -14,13 +14,14 @@ import math
 
 import numpy as np
 
-from pipeline.codegen.builder import F32
+from pipeline.codegen.builder import FLOATS
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.registry import onnx_op, register
 from pipeline.ops.softmax import max_and_exp_sum
 
 _INT_DTYPES = ("int64", "int32")
+_FLOAT_DTYPES = ("float32", "float64")
 # kind -> (identity, map applied to each x, combine, finalize(acc, count), numpy)
 _KINDS = {
     "sum": (0.0, None, "add", None, lambda x, ax, kd: np.sum(x, ax, keepdims=kd)),
@@ -42,7 +43,7 @@ _KINDS = {
 def _reduce_infer(types, node):
     x = types[0]
     kind = node.op[len("reduce_"):]
-    allowed = ("float32",) + (_INT_DTYPES if kind in ("sum", "prod", "max", "min") else ()) \
+    allowed = _FLOAT_DTYPES + (_INT_DTYPES if kind in ("sum", "prod", "max", "min") else ()) \
         + (("bool",) if kind in ("max", "min") else ())
     if x.dtype not in allowed:
         raise ModelError(f"node {node.name!r} ({node.op}): dtype {x.dtype} is not supported "
@@ -56,7 +57,7 @@ def _reduce_infer(types, node):
 
 def _identity(kind: str, dtype: str):
     """The start value of a `kind` reduction in `dtype` (ints: the type's extremes)."""
-    if dtype == "float32":
+    if dtype in _FLOAT_DTYPES:
         return _KINDS[kind][0]
     bits = {"int64": 64, "int32": 32, "bool": 1}[dtype]
     low, high = (0, 1) if dtype == "bool" else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
@@ -64,7 +65,7 @@ def _identity(kind: str, dtype: str):
 
 
 def _combine(kb, how: str, acc, v):
-    if acc.type != F32:  # integers and bool (0/1): signed arithmetic
+    if acc.type not in FLOATS:  # integers and bool (0/1): signed arithmetic
         return kb.arith(how, acc, v)
     if how == "add":
         return kb.fadd(acc, v)
@@ -76,8 +77,8 @@ def _combine(kb, how: str, acc, v):
         return kb.fmin(acc, v)
     # logaddexp, stable: max(a, b) + log(1 + exp(-|a - b|)); -inf is the identity.
     hi, lo = kb.fmax(acc, v), kb.fmin(acc, v)
-    tail = kb.intrinsic("log", kb.fadd(kb.f32(1.0), kb.exp(kb.fsub(lo, hi))))
-    empty = kb.b.fcmp_ordered("==", lo, kb.f32(-math.inf))
+    tail = kb.intrinsic("log", kb.fadd(kb.fconst(1.0, lo), kb.exp(kb.fsub(lo, hi))))
+    empty = kb.b.fcmp_ordered("==", lo, kb.fconst(-math.inf, lo))
     return kb.b.select(empty, hi, kb.fadd(hi, tail))
 
 
@@ -119,7 +120,7 @@ def _reduce_lower(kb, node, ins, out, epilogue):
             peak, total = max_and_exp_sum(kb, x, base, run)
             partial = kb.fadd(peak, kb.intrinsic("log", total))
             # An all -inf run: exp(-inf - -inf) is NaN; the answer is -inf.
-            partial = kb.b.select(kb.b.fcmp_ordered("==", peak, kb.f32(-math.inf)),
+            partial = kb.b.select(kb.b.fcmp_ordered("==", peak, kb.fconst(-math.inf, peak)),
                                   peak, partial)
         else:
             slot = kb.local(start)
@@ -136,7 +137,7 @@ def _reduce_lower(kb, node, ins, out, epilogue):
         o = kb.dot(index, out.strides)
         v = kb.load(out, o)
         if finish == "mean":
-            v = kb.fmul(v, kb.f32(1.0 / count))
+            v = kb.fmul(v, kb.fconst(1.0 / count, v))
         elif finish is not None:
             v = kb.intrinsic(finish, v)
         if epilogue is not None:
@@ -152,7 +153,7 @@ def _reduce_numpy(kind: str):
 
 for _kind in _KINDS:
     register(f"reduce_{_kind}", "anchor", _reduce_infer, lower=_reduce_lower,
-             numpy=_reduce_numpy(_kind))
+             numpy=_reduce_numpy(_kind), float64=True)
 
 
 def _norm_axes(n, axes, rank: int) -> tuple[int, ...]:
@@ -218,7 +219,7 @@ def _arg_lower(kb, node, ins, out, epilogue):
     if node.attr("select_last_index"):
         pred += "="
     b = kb.b
-    if inner > 1 and x.type.dtype == "float32":
+    if inner > 1 and x.type.dtype in _FLOAT_DTYPES:
         _arg_columns(kb, x, out, pred, math.prod(shape[:axis]), length, inner)
         return
     with kb.loop(0, math.prod(shape[:axis]), "r") as r, kb.loop(0, inner, "q") as q:
@@ -242,7 +243,7 @@ def _arg_columns(kb, x, out, pred: str, outer: int, length: int, inner: int):
     every loop runs along contiguous memory: the best values in a stack buffer,
     their indices in the output itself."""
     width = min(inner, _COLUMNS)
-    best = kb.scratch(width)
+    best = kb.scratch(width, x.type.dtype)
     b = kb.b
     with kb.loop(0, outer, "r") as r, kb.loop(0, -(-inner // width), "qb") as qb:
         q0 = kb.mul(qb, width)
@@ -274,8 +275,10 @@ def _arg_numpy(fn):
     return run
 
 
-register("argmax", "opaque", _arg_infer, lower=_arg_lower, numpy=_arg_numpy(np.argmax))
-register("argmin", "opaque", _arg_infer, lower=_arg_lower, numpy=_arg_numpy(np.argmin))
+register("argmax", "opaque", _arg_infer, lower=_arg_lower, numpy=_arg_numpy(np.argmax),
+         float64=True)
+register("argmin", "opaque", _arg_infer, lower=_arg_lower, numpy=_arg_numpy(np.argmin),
+         float64=True)
 
 
 def _arg_converter(op: str):

@@ -9,6 +9,8 @@ linalg, shape), with:
   - its lowering: `scalar` (elementwise: LLVM values in, one value out) or
     `lower` (anchor/opaque: writes loops with a KernelBuilder),
   - optionally `numpy`, used by constant folding,
+  - whether its lowering handles float64 (`float64=True`); a float64 input to
+    any other operator is a ModelError naming the node (infer_types),
   - and the ONNX converters that produce it, registered per (op_type, opset).
 """
 
@@ -31,6 +33,7 @@ class OpDef:
     scalar: Callable | None = None  # (kb, args: list[ir.Value], node) -> ir.Value
     lower: Callable | None = None   # (kb, node, ins: list[Buffer], out: Buffer, epilogue)
     numpy: Callable | None = None   # (arrays: list[np.ndarray], node) -> list[np.ndarray]
+    float64: bool = False           # the lowering is dtype-generic over float32/float64
 
 
 OPS: dict[str, OpDef] = {}
@@ -38,12 +41,13 @@ OPS: dict[str, OpDef] = {}
 ONNX_CONVERTERS: dict[str, list[tuple[int, Callable]]] = {}
 
 
-def register(name: str, kind: str, infer, *, scalar=None, lower=None, numpy=None) -> OpDef:
+def register(name: str, kind: str, infer, *, scalar=None, lower=None, numpy=None,
+             float64: bool = False) -> OpDef:
     """Add a graph-IR operator to the registry and return its OpDef."""
     assert kind in KINDS, kind
     assert name not in OPS, f"operator {name} registered twice"
     assert (scalar is not None) == (kind == "elementwise"), name
-    OPS[name] = OpDef(name, kind, infer, scalar, lower, numpy)
+    OPS[name] = OpDef(name, kind, infer, scalar, lower, numpy, float64)
     return OPS[name]
 
 
@@ -82,7 +86,11 @@ def infer_types(node: Node, inputs: list[TensorType]) -> list[TensorType]:
             outs = infer_types(inner, [env[i] for i in inner.inputs])
             env.update(zip(inner.outputs, outs, strict=True))
         return [env[o] for o in node.outputs]
-    return get(node.op).infer(inputs, node)
+    op = get(node.op)
+    if not op.float64 and any(t.dtype == "float64" for t in inputs):
+        raise ModelError(f"node {node.name!r} ({node.op}): float64 input is not supported "
+                         "(this operator is float32 only)")
+    return op.infer(inputs, node)
 
 
 def broadcast_shape(*shapes: tuple[int, ...], where: str = "") -> tuple[int, ...]:

@@ -53,7 +53,7 @@ def _copy_lower(kb, node, ins, out, epilogue):
         kb.store(out, i, kb.load(ins[0], i))
 
 
-register("reshape", "opaque", _reshape_infer, lower=_copy_lower,
+register("reshape", "opaque", _reshape_infer, lower=_copy_lower, float64=True,
          numpy=lambda xs, node: [xs[0].reshape(node.attr("shape"))])
 
 
@@ -160,7 +160,7 @@ def _concat_lower(kb, node, ins, out, epilogue):
         offset += width
 
 
-register("concat", "opaque", _concat_infer, lower=_concat_lower,
+register("concat", "opaque", _concat_infer, lower=_concat_lower, float64=True,
          numpy=lambda xs, node: [np.concatenate(xs, axis=node.attr("axis"))])
 
 
@@ -180,7 +180,8 @@ register("expand", "elementwise",
              types[0].dtype)],
          scalar=lambda kb, a, node: a[0],
          numpy=lambda xs, node: [np.broadcast_to(
-             xs[0], np.broadcast_shapes(xs[0].shape, tuple(node.attr("shape")))).copy()])
+             xs[0], np.broadcast_shapes(xs[0].shape, tuple(node.attr("shape")))).copy()],
+         float64=True)
 
 
 @onnx_op("Expand", 8)

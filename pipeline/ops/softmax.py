@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+from pipeline.errors import ModelError
 from pipeline.ir.graph import Node
 from pipeline.ops.registry import axis_attr, onnx_op, register
 
@@ -22,17 +23,25 @@ _COLUMNS = 1024
 def max_and_exp_sum(kb, x, base, length, store=None):
     """(max, sum of exp(x - max)) over the contiguous run x[base:base+length]; with
     `store`, each exp(x - max) is also written there at the same offset."""
-    slot = kb.local(kb.f32(-math.inf))
+    slot = kb.local(kb.const(-math.inf, x.elem))
     with kb.loop(0, length, "k") as k:
         kb.set(slot, kb.fmax(kb.get(slot), kb.load(x, kb.add(base, k))))
     peak = kb.get(slot)
-    kb.set(slot, kb.f32(0.0))
+    kb.set(slot, kb.const(0.0, x.elem))
     with kb.loop(0, length, "k") as k:
         e = kb.exp(kb.fsub(kb.load(x, kb.add(base, k)), peak))
         if store is not None:
             kb.store(store, kb.add(base, k), e)
         kb.set(slot, kb.fadd(kb.get(slot), e))
     return peak, kb.get(slot)
+
+
+def _float_infer(types, node):
+    """The input's type; a float32 or float64 input (else a ModelError naming the node)."""
+    if types[0].dtype not in ("float32", "float64"):
+        raise ModelError(f"node {node.name!r} ({node.op}): input dtype {types[0].dtype} is "
+                         "not supported (float32, float64 are)")
+    return [types[0]]
 
 
 def _softmax_lower(kb, node, ins, out, epilogue):
@@ -58,7 +67,7 @@ def _softmax_lower(kb, node, ins, out, epilogue):
         if node.op == "log_softmax":
             shift = kb.fadd(peak, kb.intrinsic("log", total))
         else:
-            scale = kb.fdiv(kb.f32(1.0), total)
+            scale = kb.fdiv(kb.fconst(1.0, total), total)
         with kb.loop(0, length, "k") as k:
             o = kb.add(base, k)
             y = kb.fsub(kb.load(x, o), shift) if node.op == "log_softmax" else \
@@ -69,7 +78,8 @@ def _softmax_lower(kb, node, ins, out, epilogue):
 def _softmax_columns(kb, node, x, out, outer, length, inner):
     """Softmax over k of x[r, k, q] for blocks of columns q (see _softmax_lower)."""
     width = min(inner, _COLUMNS)
-    peak, total = kb.scratch(width), kb.scratch(width)
+    peak, total = kb.scratch(width, x.type.dtype), kb.scratch(width, x.type.dtype)
+    one, zero, low = (kb.const(v, x.elem) for v in (1.0, 0.0, -math.inf))
     b = kb.b
     with kb.loop(0, outer, "r") as r, kb.loop(0, -(-inner // width), "qb") as qb:
         q0 = kb.mul(qb, width)
@@ -77,8 +87,8 @@ def _softmax_columns(kb, node, x, out, outer, length, inner):
         cols = b.select(b.icmp_signed("<", left, kb.i64(width)), left, kb.i64(width))
         base = kb.add(kb.mul(r, length * inner), q0)
         with kb.loop(0, cols, "q") as q:
-            kb.store(peak, q, kb.f32(-math.inf))
-            kb.store(total, q, kb.f32(0.0))
+            kb.store(peak, q, low)
+            kb.store(total, q, zero)
         with kb.loop(0, length, "k") as k, kb.loop(0, cols, "q") as q:
             v = kb.load(x, kb.add(kb.add(base, kb.mul(k, inner)), q))
             kb.store(peak, q, kb.fmax(kb.load(peak, q), v))
@@ -93,7 +103,7 @@ def _softmax_columns(kb, node, x, out, outer, length, inner):
                 kb.store(peak, q, kb.fadd(kb.load(peak, q),
                                           kb.intrinsic("log", kb.load(total, q))))
             else:
-                kb.store(total, q, kb.fdiv(kb.f32(1.0), kb.load(total, q)))
+                kb.store(total, q, kb.fdiv(one, kb.load(total, q)))
         with kb.loop(0, length, "k") as k, kb.loop(0, cols, "q") as q:
             o = kb.add(kb.add(base, kb.mul(k, inner)), q)
             y = kb.fsub(kb.load(x, o), kb.load(peak, q)) if node.op == "log_softmax" else \
@@ -101,8 +111,8 @@ def _softmax_columns(kb, node, x, out, outer, length, inner):
             kb.store(out, o, y)
 
 
-register("softmax", "opaque", lambda types, node: [types[0]], lower=_softmax_lower)
-register("log_softmax", "opaque", lambda types, node: [types[0]], lower=_softmax_lower)
+register("softmax", "opaque", _float_infer, lower=_softmax_lower, float64=True)
+register("log_softmax", "opaque", _float_infer, lower=_softmax_lower, float64=True)
 
 
 def _hardmax_lower(kb, node, ins, out, epilogue):
@@ -126,10 +136,10 @@ def _hardmax_lower(kb, node, ins, out, epilogue):
         with kb.loop(0, length, "k") as k:
             hit = b.icmp_signed("==", k, kb.get(where))
             kb.store(out, kb.add(base, kb.mul(k, inner)),
-                     b.select(hit, kb.f32(1.0), kb.f32(0.0)))
+                     b.select(hit, kb.const(1.0, out.elem), kb.const(0.0, out.elem)))
 
 
-register("hardmax", "opaque", lambda types, node: [types[0]], lower=_hardmax_lower)
+register("hardmax", "opaque", _float_infer, lower=_hardmax_lower, float64=True)
 
 
 def _softmax_converter(op: str, flatten: bool, default_axis: int):

@@ -1,10 +1,13 @@
-"""Unary math and activations: Relu, Sigmoid, Tanh, Erf, Gelu, Exp, Log, Clip...
+"""Unary math and activations: Relu, Sigmoid, Tanh, Erf, Gelu, Exp, Log, Clip...,
+the trigonometric and hyperbolic functions (Sin ... Atanh), and the float
+predicates IsNaN and IsInf (bool results).
 
 Each is an elementwise op lowered as a scalar function of one LLVM value
 (see pipeline/ops/registry.py). Functions LLVM has no intrinsic for (tanh,
 erf, log1p) call the C math library, which every exported library links.
-Relu, LeakyRelu, Neg, Abs and Clip also accept int64/int32; the others are
-float32 only, and any other input dtype is a ModelError naming the node.
+Every one accepts float32 and float64 (float64 calls the double libm
+functions); Relu, LeakyRelu, Neg, Abs and Clip also accept int64/int32. Any
+other input dtype is a ModelError naming the node.
 """
 
 from __future__ import annotations
@@ -13,26 +16,27 @@ import math
 
 import numpy as np
 
-from pipeline.codegen.builder import F32
+from pipeline.codegen.builder import FLOATS
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.registry import onnx_op, register
 
-_INT_TOO = ("relu", "leaky_relu", "neg", "abs", "clip")
-_erf = np.vectorize(math.erf, otypes=[np.float32])
+_INT_TOO = ("relu", "leaky_relu", "neg", "abs", "clip", "sign")
+_erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
 def _unary_infer(types: list[TensorType], node: Node) -> list[TensorType]:
     dtype = types[0].dtype
-    allowed = ("float32", "int64", "int32") if node.op in _INT_TOO else ("float32",)
+    allowed = ("float32", "float64") + (("int64", "int32") if node.op in _INT_TOO else ())
     if dtype not in allowed:
         raise ModelError(f"node {node.name!r} ({node.op}): input dtype {dtype} is not "
                          f"supported ({', '.join(allowed)} are)")
     return [types[0]]
 
 
-def _f(kb, x: float):
-    return kb.f32(x)
+def _f(kb, value: float, like):
+    """The float constant `value` in the type of `like` (float32 or float64)."""
+    return kb.fconst(value, like)
 
 
 def _select_negative(kb, x, negative, positive):
@@ -41,20 +45,20 @@ def _select_negative(kb, x, negative, positive):
 
 
 def _hard_sigmoid(kb, x, alpha, beta):
-    return kb.fmax(_f(kb, 0.0), kb.fmin(_f(kb, 1.0), kb.fadd(kb.fmul(_f(kb, alpha), x),
-                                                             _f(kb, beta))))
+    return kb.fmax(_f(kb, 0.0, x), kb.fmin(_f(kb, 1.0, x), kb.fadd(kb.fmul(_f(kb, alpha, x), x),
+                                                                   _f(kb, beta, x))))
 
 
 def _gelu(kb, x, node):
-    half_x = kb.fmul(_f(kb, 0.5), x)
+    half_x = kb.fmul(_f(kb, 0.5, x), x)
     if node.attr("approximate") == "tanh":
         cube = kb.fmul(kb.fmul(x, x), x)
-        inner = kb.fmul(_f(kb, math.sqrt(2 / math.pi)),
-                        kb.fadd(x, kb.fmul(_f(kb, 0.044715), cube)))
+        inner = kb.fmul(_f(kb, math.sqrt(2 / math.pi), x),
+                        kb.fadd(x, kb.fmul(_f(kb, 0.044715, x), cube)))
         t = kb.extern("tanhf", inner)
     else:
-        t = kb.extern("erff", kb.fmul(x, _f(kb, 1 / math.sqrt(2))))
-    return kb.fmul(half_x, kb.fadd(_f(kb, 1.0), t))
+        t = kb.extern("erff", kb.fmul(x, _f(kb, 1 / math.sqrt(2), x)))
+    return kb.fmul(half_x, kb.fadd(_f(kb, 1.0, x), t))
 
 
 def _gelu_np(x, node):
@@ -66,7 +70,8 @@ def _gelu_np(x, node):
 def _softplus(kb, x):
     # max(x, 0) + log1p(exp(-|x|)): no overflow for large |x|.
     neg_abs = kb.b.fneg(kb.intrinsic("fabs", x))
-    return kb.fadd(kb.fmax(x, _f(kb, 0.0)), kb.extern("log1pf", kb.intrinsic("exp", neg_abs)))
+    return kb.fadd(kb.fmax(x, _f(kb, 0.0, x)),
+                   kb.extern("log1pf", kb.intrinsic("exp", neg_abs)))
 
 
 def _clip(kb, x, node):
@@ -80,8 +85,8 @@ def _clip_np(x, node):
 
 def _selu(kb, x, node):
     alpha, gamma = node.attr("alpha"), node.attr("gamma")
-    neg = kb.fsub(kb.fmul(_f(kb, alpha), kb.intrinsic("exp", x)), _f(kb, alpha))
-    return kb.fmul(_f(kb, gamma), kb.b.select(kb.compare("<=", x, _f(kb, 0.0)), neg, x))
+    neg = kb.fsub(kb.fmul(_f(kb, alpha, x), kb.intrinsic("exp", x)), _f(kb, alpha, x))
+    return kb.fmul(_f(kb, gamma, x), kb.b.select(kb.compare("<=", x, _f(kb, 0.0, x)), neg, x))
 
 
 def _selu_np(x, node):
@@ -90,12 +95,12 @@ def _selu_np(x, node):
 
 
 def _abs(kb, x):
-    if x.type == F32:
+    if x.type in FLOATS:
         return kb.intrinsic("fabs", x)
     return _select_negative(kb, x, kb.b.neg(x), x)
 
 
-# name: (scalar(kb, x, node), numpy(x, node)), evaluated in float32 (or the int dtype).
+# name: (scalar(kb, x, node), numpy(x, node)), evaluated in the input's dtype.
 UNARY = {
     "relu": (lambda kb, x, n: kb.arith("max", x, kb.const(0, x.type)),
              lambda x, n: np.maximum(x, 0)),
@@ -103,11 +108,12 @@ UNARY = {
         kb, x, kb.arith("mul", kb.const(n.attr("alpha"), x.type), x), x),
         lambda x, n: np.where(x < 0, n.attr("alpha") * x, x)),
     "elu": (lambda kb, x, n: _select_negative(
-        kb, x, kb.fmul(_f(kb, n.attr("alpha")), kb.fsub(kb.intrinsic("exp", x), _f(kb, 1.0))),
+        kb, x, kb.fmul(_f(kb, n.attr("alpha"), x), kb.fsub(kb.intrinsic("exp", x),
+                                                          _f(kb, 1.0, x))),
         x), lambda x, n: np.where(x < 0, n.attr("alpha") * (np.exp(x) - 1), x)),
     "selu": (_selu, _selu_np),
     "sigmoid": (lambda kb, x, n: kb.fdiv(
-        _f(kb, 1.0), kb.fadd(_f(kb, 1.0), kb.intrinsic("exp", kb.b.fneg(x)))),
+        _f(kb, 1.0, x), kb.fadd(_f(kb, 1.0, x), kb.intrinsic("exp", kb.b.fneg(x)))),
         lambda x, n: 1 / (1 + np.exp(-x))),
     "hard_sigmoid": (lambda kb, x, n: _hard_sigmoid(kb, x, n.attr("alpha"), n.attr("beta")),
                      lambda x, n: np.clip(n.attr("alpha") * x + n.attr("beta"), 0, 1)),
@@ -117,8 +123,8 @@ UNARY = {
     "exp": (lambda kb, x, n: kb.intrinsic("exp", x), lambda x, n: np.exp(x)),
     "log": (lambda kb, x, n: kb.intrinsic("log", x), lambda x, n: np.log(x)),
     "sqrt": (lambda kb, x, n: kb.intrinsic("sqrt", x), lambda x, n: np.sqrt(x)),
-    "reciprocal": (lambda kb, x, n: kb.fdiv(_f(kb, 1.0), x), lambda x, n: 1 / x),
-    "neg": (lambda kb, x, n: kb.b.fneg(x) if x.type == F32 else kb.b.neg(x),
+    "reciprocal": (lambda kb, x, n: kb.fdiv(_f(kb, 1.0, x), x), lambda x, n: 1 / x),
+    "neg": (lambda kb, x, n: kb.b.fneg(x) if x.type in FLOATS else kb.b.neg(x),
             lambda x, n: -x),
     "abs": (lambda kb, x, n: _abs(kb, x), lambda x, n: np.abs(x)),
     "erf": (lambda kb, x, n: kb.extern("erff", x), lambda x, n: _erf(x)),
@@ -131,8 +137,61 @@ UNARY = {
     "clip": (lambda kb, x, n: _clip(kb, x, n), _clip_np),
 }
 
+def _sign(kb, x):
+    one, zero = kb.const(1, x.type), kb.const(0, x.type)
+    minus = kb.const(-1, x.type)
+    return kb.b.select(kb.compare(">", x, zero), one,
+                       kb.b.select(kb.compare("<", x, zero), minus, x))  # keeps 0 and NaN
+
+
+def _shrink(kb, x, node):
+    lambd, bias = _f(kb, node.attr("lambd"), x), _f(kb, node.attr("bias"), x)
+    low = kb.compare("<", x, kb.b.fneg(lambd))
+    high = kb.compare(">", x, lambd)
+    return kb.b.select(low, kb.fadd(x, bias),
+                       kb.b.select(high, kb.fsub(x, bias), _f(kb, 0.0, x)))
+
+
+def _shrink_np(x, node):
+    lambd, bias = node.attr("lambd"), node.attr("bias")
+    return np.where(x < -lambd, x + bias, np.where(x > lambd, x - bias, 0))
+
+
+def _celu(kb, x, node):
+    alpha = _f(kb, node.attr("alpha"), x)
+    neg = kb.fmul(alpha, kb.fsub(kb.intrinsic("exp", kb.fdiv(x, alpha)), _f(kb, 1.0, x)))
+    return kb.fadd(kb.fmax(x, _f(kb, 0.0, x)), kb.fmin(neg, _f(kb, 0.0, x)))
+
+
+UNARY.update({
+    "sign": (lambda kb, x, n: _sign(kb, x), lambda x, n: np.sign(x)),
+    "softsign": (lambda kb, x, n: kb.fdiv(x, kb.fadd(_f(kb, 1.0, x), kb.intrinsic("fabs", x))),
+                 lambda x, n: x / (1 + np.abs(x))),
+    "thresholded_relu": (lambda kb, x, n: kb.b.select(
+        kb.compare(">", x, _f(kb, n.attr("alpha"), x)), x, _f(kb, 0.0, x)),
+        lambda x, n: np.where(x > n.attr("alpha"), x, 0)),
+    "shrink": (_shrink, _shrink_np),
+    "mish": (lambda kb, x, n: kb.fmul(x, kb.extern("tanhf", _softplus(kb, x))),
+             lambda x, n: x * np.tanh(np.logaddexp(x, 0))),
+    "celu": (_celu, lambda x, n: np.maximum(x, 0) + np.minimum(
+        0, n.attr("alpha") * (np.exp(x / n.attr("alpha")) - 1))),
+    "swish": (lambda kb, x, n: kb.fmul(x, UNARY["sigmoid"][0](
+        kb, kb.fmul(_f(kb, n.attr("alpha"), x), x), n)),
+        lambda x, n: x / (1 + np.exp(-n.attr("alpha") * x))),
+})
+
+# Trigonometric and hyperbolic: C math library calls (sinf, or sin on float64).
+# name: (ONNX op_type, first opset, numpy)
+TRIG = {"sin": ("Sin", 7, np.sin), "cos": ("Cos", 7, np.cos), "tan": ("Tan", 7, np.tan),
+        "asin": ("Asin", 7, np.arcsin), "acos": ("Acos", 7, np.arccos),
+        "atan": ("Atan", 7, np.arctan), "sinh": ("Sinh", 9, np.sinh),
+        "cosh": ("Cosh", 9, np.cosh), "asinh": ("Asinh", 9, np.arcsinh),
+        "acosh": ("Acosh", 9, np.arccosh), "atanh": ("Atanh", 9, np.arctanh)}
+for _name, (_onnx, _since, _np) in TRIG.items():
+    UNARY[_name] = (lambda kb, x, n, f=f"{_name}f": kb.extern(f, x), lambda x, n, f=_np: f(x))
+
 for _name, (_scalar, _numpy) in UNARY.items():
-    register(_name, "elementwise", _unary_infer,
+    register(_name, "elementwise", _unary_infer, float64=True,
              scalar=lambda kb, a, node, f=_scalar: f(kb, a[0], node),
              numpy=lambda xs, node, f=_numpy: [np.asarray(f(xs[0], node)).astype(xs[0].dtype)])
 
@@ -164,7 +223,12 @@ _ONNX = [
     ("neg", "Neg", 1, {}), ("abs", "Abs", 1, {}), ("erf", "Erf", 9, {}),
     ("gelu", "Gelu", 20, {"approximate": "none"}), ("softplus", "Softplus", 1, {}),
     ("floor", "Floor", 1, {}), ("ceil", "Ceil", 1, {}), ("round", "Round", 11, {}),
+    ("sign", "Sign", 9, {}), ("softsign", "Softsign", 1, {}),
+    ("thresholded_relu", "ThresholdedRelu", 10, {"alpha": 1.0}),
+    ("shrink", "Shrink", 9, {"bias": 0.0, "lambd": 0.5}), ("mish", "Mish", 18, {}),
+    ("celu", "Celu", 12, {"alpha": 1.0}), ("swish", "Swish", 24, {"alpha": 1.0}),
 ]
+_ONNX += [(_op, _onnx, _since, {}) for _op, (_onnx, _since, _) in TRIG.items()]
 for _op, _onnx, _since, _defaults in _ONNX:
     onnx_op(_onnx, _since)(_converter(_op, _defaults))
 
@@ -194,3 +258,39 @@ def _clip_v11(ctx, n):
         bounds.append(value.item())
     return [Node.make("clip", n.name, n.inputs[:1], n.outputs[:1], min=bounds[0],
                       max=bounds[1])]
+
+
+# -- IsNaN, IsInf: float in, bool out ---------------------------------------------------
+
+def _predicate_infer(types, node):
+    if types[0].dtype not in ("float32", "float64"):
+        raise ModelError(f"node {node.name!r} ({node.op}): input dtype {types[0].dtype} is "
+                         "not supported (float32, float64 are)")
+    return [TensorType(types[0].shape, "bool")]
+
+
+def _isinf(kb, x, node):
+    b = kb.b
+    pos = b.fcmp_ordered("==", x, _f(kb, math.inf, x))
+    neg = b.fcmp_ordered("==", x, _f(kb, -math.inf, x))
+    flag = kb.const(0, pos.type)
+    if node.attr("detect_positive"):
+        flag = b.or_(flag, pos)
+    if node.attr("detect_negative"):
+        flag = b.or_(flag, neg)
+    return kb.as_bool(flag)
+
+
+def _isinf_np(xs, node):
+    x = xs[0]
+    return [(np.isposinf(x) & bool(node.attr("detect_positive")))
+            | (np.isneginf(x) & bool(node.attr("detect_negative")))]
+
+
+register("isnan", "elementwise", _predicate_infer, float64=True,
+         scalar=lambda kb, a, node: kb.as_bool(kb.b.fcmp_unordered("uno", a[0], a[0])),
+         numpy=lambda xs, node: [np.isnan(xs[0])])
+register("isinf", "elementwise", _predicate_infer, float64=True,
+         scalar=lambda kb, a, node: _isinf(kb, a[0], node), numpy=_isinf_np)
+onnx_op("IsNaN", 9)(_converter("isnan", {}))
+onnx_op("IsInf", 10)(_converter("isinf", {"detect_negative": 1, "detect_positive": 1}))

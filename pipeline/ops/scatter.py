@@ -1,0 +1,195 @@
+"""Element-indexed gathers and scatters: GatherElements, ScatterElements, ScatterND.
+
+Their indices are read at run time: a negative index counts from the end of its
+axis, and an index outside the data makes the kernel return an error code, which
+the executor raises as a RuntimeError (as Gather does, pipeline/ops/index.py).
+All three are dtype-generic (float32/64, int64/32, bool data).
+
+Graph ops:
+  gather_elements(data, indices; axis)          out[i] = data[i with i[axis] = indices[i]]
+  scatter_elements(data, indices, updates; axis, reduction)
+  scatter_nd(data, indices, updates; reduction)
+reduction is none, add, mul, max or min; with none, of two updates to one
+element the later (in row-major order) wins, as in onnxruntime.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from pipeline.codegen.builder import I64, LLVM_TYPES
+from pipeline.errors import ModelError
+from pipeline.ir.graph import Node, TensorType
+from pipeline.ops.index import fail_unless
+from pipeline.ops.registry import onnx_op, register
+from pipeline.ops.shape import norm_axis
+
+_INDEX_DTYPES = ("int64", "int32")
+_REDUCTIONS = ("none", "add", "mul", "max", "min")
+
+
+def _check_indices(node: Node, indices: TensorType) -> None:
+    if indices.dtype not in _INDEX_DTYPES:
+        raise ModelError(f"node {node.name!r} ({node.op}): indices dtype {indices.dtype} is "
+                         "not supported (int64, int32 are)")
+
+
+def _checked_index(kb, raw, dim: int):
+    """An index value as i64 in [0, dim): negative ones count from the end; anything
+    outside makes the kernel fail."""
+    b = kb.b
+    k = b.sext(raw, I64) if raw.type != I64 else raw
+    k = b.select(b.icmp_signed("<", k, kb.i64(0)), b.add(k, kb.i64(dim)), k)
+    fail_unless(kb, b.and_(b.icmp_signed(">=", k, kb.i64(0)),
+                            b.icmp_signed("<", k, kb.i64(dim))))
+    return k
+
+
+def _combine(kb, reduction: str, old, new):
+    """`new` merged into `old` by the scatter's reduction (bool: and/or for mul/add)."""
+    if reduction == "none":
+        return new
+    if old.type == LLVM_TYPES["bool"]:  # 0/1: add and max are or, mul and min are and
+        return (kb.b.or_ if reduction in ("add", "max") else kb.b.and_)(old, new)
+    return kb.arith(reduction, old, new)
+
+
+def _copy(kb, src, out) -> None:
+    with kb.loop(0, out.type.size, "c") as i:
+        kb.store(out, i, kb.load(src, i))
+
+
+# -- GatherElements ------------------------------------------------------------------------
+
+def _gather_elements_infer(types, node):
+    data, indices = types
+    _check_indices(node, indices)
+    if len(indices.shape) != len(data.shape):
+        raise ModelError(f"node {node.name!r} (gather_elements): indices rank "
+                         f"{len(indices.shape)} differs from data rank {len(data.shape)}")
+    return [TensorType(indices.shape, data.dtype)]
+
+
+def _gather_elements_lower(kb, node, ins, out, epilogue):
+    data, indices = ins
+    axis = node.attr("axis")
+    with kb.nest(out.type.shape, "o") as index:
+        k = _checked_index(kb, kb.load(indices, kb.dot(index, indices.strides)),
+                           data.type.shape[axis])
+        src = kb.dot([k if d == axis else i for d, i in enumerate(index)], data.strides)
+        value = kb.load(data, src)
+        if epilogue is not None:
+            value = epilogue(value, index)
+        kb.store(out, kb.dot(index, out.strides), value)
+
+
+def _gather_elements_np(xs, node):
+    data, indices = xs
+    axis = node.attr("axis")
+    return [np.take_along_axis(data, np.where(indices < 0, indices + data.shape[axis],
+                                              indices), axis)]
+
+
+register("gather_elements", "anchor", _gather_elements_infer, lower=_gather_elements_lower,
+         numpy=_gather_elements_np, float64=True)
+
+
+@onnx_op("GatherElements", 11)
+def _gather_elements(ctx, n):
+    rank = len(ctx.type(n.inputs[0]).shape)
+    return [Node.make("gather_elements", n.name, n.inputs[:2], n.outputs[:1],
+                      axis=norm_axis(n, int(n.attrs.get("axis", 0)), rank))]
+
+
+# -- ScatterElements ---------------------------------------------------------------------
+
+def _scatter_elements_infer(types, node):
+    data, indices, updates = types
+    _check_indices(node, indices)
+    if indices.shape != updates.shape or len(indices.shape) != len(data.shape) \
+            or updates.dtype != data.dtype:
+        raise ModelError(f"node {node.name!r} (scatter_elements): indices {list(indices.shape)}"
+                         f" and updates {list(updates.shape)} {updates.dtype} must match and "
+                         f"have the rank of data {list(data.shape)} {data.dtype}")
+    return [data]
+
+
+def _scatter_elements_lower(kb, node, ins, out, epilogue):
+    data, indices, updates = ins
+    axis, reduction = node.attr("axis"), node.attr("reduction")
+    _copy(kb, data, out)
+    with kb.nest(updates.type.shape, "u") as index:
+        k = _checked_index(kb, kb.load(indices, kb.dot(index, indices.strides)),
+                           data.type.shape[axis])
+        dst = kb.dot([k if d == axis else i for d, i in enumerate(index)], out.strides)
+        value = kb.load(updates, kb.dot(index, updates.strides))
+        kb.store(out, dst, _combine(kb, reduction, kb.load(out, dst), value))
+
+
+register("scatter_elements", "opaque", _scatter_elements_infer, lower=_scatter_elements_lower,
+         float64=True)
+
+
+def _reduction(n) -> str:
+    value = n.attrs.get("reduction", b"none")
+    value = value.decode() if isinstance(value, bytes) else value
+    if value not in _REDUCTIONS:
+        raise ModelError(f"node {n.name!r} ({n.op_type}): reduction {value!r} is not "
+                         f"supported ({', '.join(_REDUCTIONS)} are)")
+    return value
+
+
+@onnx_op("Scatter", 9)
+@onnx_op("ScatterElements", 11)
+def _scatter_elements(ctx, n):
+    rank = len(ctx.type(n.inputs[0]).shape)
+    return [Node.make("scatter_elements", n.name, n.inputs[:3], n.outputs[:1],
+                      axis=norm_axis(n, int(n.attrs.get("axis", 0)), rank),
+                      reduction=_reduction(n))]
+
+
+# -- ScatterND ---------------------------------------------------------------------------
+
+def _scatter_nd_infer(types, node):
+    data, indices, updates = types
+    _check_indices(node, indices)
+    q, k = len(indices.shape), indices.shape[-1] if indices.shape else 0
+    want = indices.shape[:-1] + data.shape[k:]
+    if not indices.shape or k > len(data.shape) or updates.shape != want \
+            or updates.dtype != data.dtype:
+        raise ModelError(f"node {node.name!r} (scatter_nd): updates {list(updates.shape)} "
+                         f"must be {list(want)} for indices {list(indices.shape)} (rank {q}) "
+                         f"and data {list(data.shape)} {data.dtype}")
+    return [data]
+
+
+def _scatter_nd_lower(kb, node, ins, out, epilogue):
+    """Per index tuple (the last axis of indices): the slice of data it names gets
+    the matching slice of updates, element by element."""
+    data, indices, updates = ins
+    k = indices.type.shape[-1]
+    lead = indices.type.shape[:-1]
+    block = math.prod(data.type.shape[k:])
+    _copy(kb, data, out)
+    with kb.nest(lead, "n") as index:
+        base = kb.dot(index, indices.strides[:-1])
+        dst = kb.i64(0)
+        for d in range(k):
+            at = _checked_index(kb, kb.load(indices, kb.add(base, d)), data.type.shape[d])
+            dst = kb.add(dst, kb.mul(at, out.strides[d]))
+        src = kb.dot(index, updates.strides[:len(lead)])
+        with kb.loop(0, block, "e") as e:
+            o = kb.add(dst, e)
+            value = kb.load(updates, kb.add(src, e))
+            kb.store(out, o, _combine(kb, node.attr("reduction"), kb.load(out, o), value))
+
+
+register("scatter_nd", "opaque", _scatter_nd_infer, lower=_scatter_nd_lower, float64=True)
+
+
+@onnx_op("ScatterND", 11)
+def _scatter_nd(ctx, n):
+    return [Node.make("scatter_nd", n.name, n.inputs[:3], n.outputs[:1],
+                      reduction=_reduction(n))]
