@@ -4,10 +4,10 @@
 
 In a temporary folder it writes the model's ONNX file and a one-entry matrix,
 then times `doit build` (each a fresh process, as a user runs it):
-cold serial, cold `-n 2` (in a second clean folder), no-op, after a weight
-change, after a pass option change that affects one kernel family
-(FuseOps.max_depth: 2 splits the conv+add+relu kernels only), and after adding a
-second target (llvm -mcpu=haswell). Kernel counts come from the build report
+cold serial and cold `-n 2` (each in a clean folder, alternating, medians),
+no-op, after a weight change, after a pass option change that affects one
+kernel family (FuseOps.max_depth: 2 splits the conv+add+relu kernels only), and
+after adding a second target (llvm -mcpu=haswell). Kernel counts come from the build report
 (out/build-report.json). Prints a Markdown table; times are wall-clock
 seconds of the whole doit process, medians where repeated; then the weight
 change's tasks with their own times.
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -72,17 +73,23 @@ def perturb_weights(path: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="resnet50", help="a models/ generator")
-    parser.add_argument("--repeat", type=int, default=3, help="runs of the no-op build")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="runs of each cold build and of the no-op build (medians)")
     args = parser.parse_args(argv)
     from models import generate
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="rebuild-bench-") as tmp:
-        serial, parallel = Path(tmp, "serial"), Path(tmp, "parallel")
-        for folder in (serial, parallel):
+        model = Path(tmp, f"{args.model}.onnx")
+        generate(args.model, str(model))
+
+        def fresh(name: str) -> Path:
+            """A folder holding the model and a one-entry matrix, nothing built."""
+            folder = Path(tmp, name)
             folder.mkdir()
-            generate(args.model, str(folder / f"{args.model}.onnx"))
+            shutil.copy(model, folder / model.name)
             write_matrix(folder, args.model, f"  llvm: {TARGET}\n")
+            return folder
 
         def step(name: str, folder: Path, *doit_args: str) -> float:
             seconds, report = run_doit(folder, *doit_args)
@@ -90,8 +97,20 @@ def main(argv: list[str] | None = None) -> None:
             print(f"  {name}: {seconds:.2f} s", file=sys.stderr)
             return seconds
 
-        cold = step("cold build, serial", serial)
-        cold_n2 = step("cold build, -n 2", parallel, "-n", "2")
+        # Cold builds (own folder, own kernel cache) alternate serial and -n 2,
+        # so drift in the machine's load hits both alike.
+        cold_args = {"serial": (), "-n 2": ("-n", "2")}
+        cold_runs: dict[str, list] = {kind: [] for kind in cold_args}
+        for i in range(args.repeat):
+            for kind, doit_args in cold_args.items():
+                folder = fresh(f"cold-{i}-{'parallel' if doit_args else 'serial'}")
+                cold_runs[kind].append(run_doit(folder, *doit_args))
+        medians = {kind: statistics.median(s for s, _ in runs) for kind, runs in cold_runs.items()}
+        for kind, runs in cold_runs.items():
+            rows.append((f"cold build, {kind} (median of {args.repeat})", medians[kind],
+                         *kernels(runs[0][1])))
+        cold, cold_n2 = medians["serial"], medians["-n 2"]
+        serial = Path(tmp, "cold-0-serial")  # the later steps go on from this build
         noop = [run_doit(serial) for _ in range(args.repeat)]
         rows.append((f"no-op rebuild (median of {args.repeat})",
                      statistics.median(s for s, _ in noop), *kernels(noop[-1][1])))
