@@ -56,7 +56,7 @@ def temp_output(output: PathLike) -> Iterator[str]:
     try:
         yield tmp
         if same_bytes(tmp, output):
-            os.unlink(tmp)
+            _remove(tmp)
         else:
             _replace(tmp, output)
     except BaseException:
@@ -66,24 +66,29 @@ def temp_output(output: PathLike) -> Iterator[str]:
 
 
 def _replace(tmp: str, output: str) -> None:
-    """os.replace(tmp, output), freeing a large old output in the background.
-
-    Freeing a big file is slow on some file systems (ext4 with online discard:
-    0.15 s per 100 MB, a tenth of a ResNet-50 weight-change rebuild). A hard
-    link keeps the old file alive across the (still atomic) rename, and a
-    thread removes it while the build goes on; Python waits for such threads
-    before it exits.
-    """
+    """os.replace(tmp, output), the old output freed by _remove: a hard link
+    keeps it alive across the (still atomic) rename."""
     old = f"{tmp}.old"
     try:
-        if os.path.getsize(output) < 1 << 20:
-            raise OSError("small enough to free in place")
         os.link(output, old)
-    except OSError:  # no old output, a small one, or a file system without hard links
+    except OSError:  # no old output, or a file system without hard links
         os.replace(tmp, output)
         return
     os.replace(tmp, output)
-    threading.Thread(target=os.unlink, args=(old,), name=f"free {output}").start()
+    _remove(old)
+
+
+def _remove(path: str) -> None:
+    """Delete path; a large file in a background thread.
+
+    Freeing a big file is slow on some file systems (ext4 with online discard:
+    0.15 s per 100 MB, a tenth of a ResNet-50 weight-change rebuild), so it
+    happens while the build goes on; Python waits for the thread before it exits.
+    """
+    if os.path.getsize(path) < 1 << 20:
+        os.unlink(path)
+    else:
+        threading.Thread(target=os.unlink, args=(path,), name=f"free {path}").start()
 
 
 def same_bytes(a: PathLike, b: PathLike, chunk: int = 1 << 22) -> bool:
