@@ -74,7 +74,11 @@ def _replace(tmp: str, output: str) -> None:
     except OSError:  # no old output, or a file system without hard links
         os.replace(tmp, output)
         return
-    os.replace(tmp, output)
+    try:
+        os.replace(tmp, output)
+    except BaseException:
+        os.unlink(old)
+        raise
     _remove(old)
 
 
