@@ -38,6 +38,16 @@ class OnnxNode:
     attrs: dict
     opset: int
 
+    def text(self, key: str, default: str, allowed: tuple[str, ...] | None = None) -> str:
+        """String attribute `key` (ONNX stores bytes) or `default`; ModelError naming
+        the node when `allowed` is given and the value is not in it."""
+        value = self.attrs.get(key, default)
+        value = value.decode() if isinstance(value, bytes) else value
+        if allowed is not None and value not in allowed:
+            raise ModelError(f"node {self.name!r} ({self.op_type}): {key} {value!r} is not "
+                             f"supported ({', '.join(allowed)} are)")
+        return value
+
 
 class ImportContext:
     """Types and constant values known so far, for converters to consult."""

@@ -228,8 +228,7 @@ _PAD_MODES = ("constant", "reflect", "edge", "wrap")
 @onnx_op("Pad", 1)
 def _pad(ctx, n):
     rank = len(ctx.type(n.inputs[0]).shape)
-    mode = n.attrs.get("mode", b"constant")
-    mode = mode.decode() if isinstance(mode, bytes) else mode
+    mode = n.text("mode", "constant")
     if mode not in _PAD_MODES or (mode == "wrap" and n.opset < 19):
         raise ModelError(f"node {n.name!r} (Pad): mode {mode!r} is not supported")
     if n.opset < 11:

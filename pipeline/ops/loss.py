@@ -81,11 +81,7 @@ register("nll_loss", "opaque", _nll_infer, lower=_nll_lower, float64=True)
 
 
 def _attrs(n) -> dict:
-    reduction = n.attrs.get("reduction", b"mean")
-    reduction = reduction.decode() if isinstance(reduction, bytes) else reduction
-    if reduction not in _REDUCTIONS:
-        raise ModelError(f"node {n.name!r} ({n.op_type}): reduction {reduction!r} is not "
-                         f"supported ({', '.join(_REDUCTIONS)} are)")
+    reduction = n.text("reduction", "mean", _REDUCTIONS)
     ignore = n.attrs.get("ignore_index")
     return {"reduction": reduction, "ignore_index": None if ignore is None else int(ignore)}
 

@@ -186,10 +186,9 @@ def _block_converter(op: str):
         if len(ctx.type(n.inputs[0]).shape) != 4:
             raise ModelError(f"node {n.name!r} ({n.op_type}): only 4-D (NCHW) inputs are "
                              "supported")
-        mode = n.attrs.get("mode", b"DCR")  # SpaceToDepth has it from opset 28
         return [Node.make(op, n.name, n.inputs[:1], n.outputs[:1],
                           blocksize=int(n.attrs["blocksize"]),
-                          mode=mode.decode() if isinstance(mode, bytes) else mode)]
+                          mode=n.text("mode", "DCR"))]  # SpaceToDepth's from opset 28
     return convert
 
 

@@ -32,9 +32,7 @@ def window_out(size: int, k: int, stride: int, pad_lo: int, pad_hi: int, dil: in
 
 
 def auto_pad_of(n) -> str:
-    value = n.attrs.get("auto_pad", "NOTSET")
-    value = value.decode() if isinstance(value, bytes) else value
-    return value or "NOTSET"
+    return n.text("auto_pad", "NOTSET") or "NOTSET"
 
 
 def spatial_attrs(n, in_shape: tuple[int, ...], kernel: tuple[int, ...],

@@ -148,16 +148,11 @@ register("resize", "anchor", _resize_infer, lower=_resize_lower, numpy=_resize_n
 
 # -- ONNX converters -------------------------------------------------------------------
 
-def _text(n, key: str, default: str) -> str:
-    value = n.attrs.get(key, default)
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def _resize_node(ctx, n, scales, sizes, coord: str, nearest: str, axes=None,
                  policy: str = "stretch") -> Node:
     in_shape = ctx.type(n.inputs[0]).shape
     rank = len(in_shape)
-    mode = _text(n, "mode", "nearest")
+    mode = n.text("mode", "nearest")
     if mode not in ("nearest", "linear", "bilinear", "cubic"):
         raise ModelError(f"node {n.name!r} ({n.op_type}): mode {mode!r} is not supported "
                          "(nearest, linear, cubic are)")
@@ -203,15 +198,15 @@ def _resize10(ctx, n):
 
 @onnx_op("Resize", 11)
 def _resize11(ctx, n):
-    coord = _text(n, "coordinate_transformation_mode", "half_pixel")
+    coord = n.text("coordinate_transformation_mode", "half_pixel")
     if int(n.attrs.get("antialias", 0)):
         raise ModelError(f"node {n.name!r} (Resize): antialias is not supported")
-    policy = _text(n, "keep_aspect_ratio_policy", "stretch")
+    policy = n.text("keep_aspect_ratio_policy", "stretch")
     if policy not in ("stretch", "not_larger", "not_smaller"):
         raise ModelError(f"node {n.name!r} (Resize): keep_aspect_ratio_policy {policy!r} "
                          "is not supported")
     scales = need_const(ctx, n, 2, "the scales input")
     sizes = need_const(ctx, n, 3, "the sizes input")
     return [_resize_node(ctx, n, scales, sizes, coord,
-                         _text(n, "nearest_mode", "round_prefer_floor"), n.attrs.get("axes"),
+                         n.text("nearest_mode", "round_prefer_floor"), n.attrs.get("axes"),
                          policy)]

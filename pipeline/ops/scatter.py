@@ -132,22 +132,13 @@ register("scatter_elements", "opaque", _scatter_elements_infer, lower=_scatter_e
          float64=True)
 
 
-def _reduction(n) -> str:
-    value = n.attrs.get("reduction", b"none")
-    value = value.decode() if isinstance(value, bytes) else value
-    if value not in _REDUCTIONS:
-        raise ModelError(f"node {n.name!r} ({n.op_type}): reduction {value!r} is not "
-                         f"supported ({', '.join(_REDUCTIONS)} are)")
-    return value
-
-
 @onnx_op("Scatter", 9)
 @onnx_op("ScatterElements", 11)
 def _scatter_elements(ctx, n):
     rank = len(ctx.type(n.inputs[0]).shape)
     return [Node.make("scatter_elements", n.name, n.inputs[:3], n.outputs[:1],
                       axis=norm_axis(n, int(n.attrs.get("axis", 0)), rank),
-                      reduction=_reduction(n))]
+                      reduction=n.text("reduction", "none", _REDUCTIONS))]
 
 
 # -- ScatterND ---------------------------------------------------------------------------
@@ -192,4 +183,4 @@ register("scatter_nd", "opaque", _scatter_nd_infer, lower=_scatter_nd_lower, flo
 @onnx_op("ScatterND", 11)
 def _scatter_nd(ctx, n):
     return [Node.make("scatter_nd", n.name, n.inputs[:3], n.outputs[:1],
-                      reduction=_reduction(n))]
+                      reduction=n.text("reduction", "none", _REDUCTIONS))]
