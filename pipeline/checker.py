@@ -23,7 +23,9 @@ import os
 
 from doit.dependency import MD5Checker, get_file_md5
 
-ARTIFACTS = "out" + os.sep  # pipeline.tasks.OUT: paths reach us relative, normalised
+from pipeline.tasks import OUT
+
+ARTIFACTS = OUT + os.sep  # task paths reach us relative and normalised (tasks.path)
 
 
 class BuildChecker(MD5Checker):

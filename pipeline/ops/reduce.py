@@ -18,7 +18,7 @@ from pipeline.codegen.builder import FLOATS
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.registry import onnx_op, register
-from pipeline.ops.softmax import max_and_exp_sum
+from pipeline.ops.softmax import COLUMNS, column_blocks, max_and_exp_sum
 
 _INT_DTYPES = ("int64", "int32")
 _FLOAT_DTYPES = ("float32", "float64")
@@ -234,21 +234,13 @@ def _arg_lower(kb, node, ins, out, epilogue):
         kb.store(out, kb.add(kb.mul(r, inner), q), kb.get(where))
 
 
-# ArgMax/ArgMin along a non-last axis scan this many columns at a time.
-_COLUMNS = 1024
-
-
 def _arg_columns(kb, x, out, pred: str, outer: int, length: int, inner: int):
     """The scan of _arg_lower for x[r, k, q], blocks of columns q at a time so
     every loop runs along contiguous memory: the best values in a stack buffer,
     their indices in the output itself."""
-    width = min(inner, _COLUMNS)
-    best = kb.scratch(width, x.type.dtype)
+    best = kb.scratch(min(inner, COLUMNS), x.type.dtype)
     b = kb.b
-    with kb.loop(0, outer, "r") as r, kb.loop(0, -(-inner // width), "qb") as qb:
-        q0 = kb.mul(qb, width)
-        left = b.sub(kb.i64(inner), q0)
-        cols = b.select(b.icmp_signed("<", left, kb.i64(width)), left, kb.i64(width))
+    with column_blocks(kb, outer, inner) as (r, q0, cols):
         base = kb.add(kb.mul(r, length * inner), q0)
         dst = kb.add(kb.mul(r, inner), q0)
         with kb.loop(0, cols, "q") as q:

@@ -10,14 +10,29 @@ vectorises.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node
 from pipeline.ops.registry import axis_attr, onnx_op, register
 
-# Softmax along a non-last axis keeps per-column statistics for this many
-# columns at a time in stack buffers.
-_COLUMNS = 1024
+# Softmax (and ArgMax/ArgMin) along a non-last axis keep per-column state for
+# this many columns at a time in stack buffers.
+COLUMNS = 1024
+
+
+@contextmanager
+def column_blocks(kb, outer: int, inner: int):
+    """Loops over the rows r < outer and the blocks of at most COLUMNS of the
+    `inner` contiguous columns of an x[r, k, q] view, so every inner loop runs
+    along contiguous memory. Yields (r, q0, cols): the block's first column and
+    its width (a runtime value, as the last block may be narrower)."""
+    width = min(inner, COLUMNS)
+    b = kb.b
+    with kb.loop(0, outer, "r") as r, kb.loop(0, -(-inner // width), "qb") as qb:
+        q0 = kb.mul(qb, width)
+        left = b.sub(kb.i64(inner), q0)
+        yield r, q0, b.select(b.icmp_signed("<", left, kb.i64(width)), left, kb.i64(width))
 
 
 def max_and_exp_sum(kb, x, base, length, store=None):
@@ -47,7 +62,7 @@ def _float_infer(types, node):
 def _softmax_lower(kb, node, ins, out, epilogue):
     """Rows of length L with stride `inner`: max, sum of exp(x - max), then scale
     (softmax) or x - max - log(sum) (log_softmax). With inner > 1 the columns
-    are processed _COLUMNS at a time, their statistics in stack buffers, so
+    are processed COLUMNS at a time, their statistics in stack buffers, so
     every loop runs along contiguous memory."""
     shape = ins[0].type.shape
     axis = node.attr("axis")
@@ -77,14 +92,10 @@ def _softmax_lower(kb, node, ins, out, epilogue):
 
 def _softmax_columns(kb, node, x, out, outer, length, inner):
     """Softmax over k of x[r, k, q] for blocks of columns q (see _softmax_lower)."""
-    width = min(inner, _COLUMNS)
+    width = min(inner, COLUMNS)
     peak, total = kb.scratch(width, x.type.dtype), kb.scratch(width, x.type.dtype)
     one, zero, low = (kb.const(v, x.elem) for v in (1.0, 0.0, -math.inf))
-    b = kb.b
-    with kb.loop(0, outer, "r") as r, kb.loop(0, -(-inner // width), "qb") as qb:
-        q0 = kb.mul(qb, width)
-        left = b.sub(kb.i64(inner), q0)
-        cols = b.select(b.icmp_signed("<", left, kb.i64(width)), left, kb.i64(width))
+    with column_blocks(kb, outer, inner) as (r, q0, cols):
         base = kb.add(kb.mul(r, length * inner), q0)
         with kb.loop(0, cols, "q") as q:
             kb.store(peak, q, low)
