@@ -52,7 +52,7 @@ def lower_graph(graph: Graph, params: dict, target: Target, opt_level: int) -> L
 def compile_kernel(spec: KernelSpec) -> tuple[str, bytes]:
     """(LLVM IR text, object bytes) of one kernel."""
     text = render(spec)
-    return text, compile_ir(text, spec.target, spec.opt_level)
+    return text, compile_ir(text, spec.target, spec.opt_level, name=spec.symbol)
 
 
 def unique_specs(specs) -> list[KernelSpec]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+import warnings
 from pathlib import Path
 
 from pipeline.contrib.cc import atomic_write
@@ -52,23 +53,28 @@ def is_valid(root: str, kernel_hash: str) -> bool:
 
 def compile_entry(root: str, kernel_hash: str) -> dict:
     """Compile the spec <hash>.json into the entry: {"compiled": False} if a valid
-    one was there already, {"compiled": True} otherwise.
+    one was there already, {"compiled": True} otherwise, plus {"note": text} when
+    the compile needed a fallback (pipeline.codegen.compile.CompileWarning).
 
     Another process sharing the cache may have compiled it already; then the
     object is reused. Concurrent compiles of one spec write identical bytes.
     """
     from pipeline.build_module import compile_kernel
+    from pipeline.codegen.compile import CompileWarning
     from pipeline.lower.kernel import KernelSpec
 
     if is_valid(root, kernel_hash):
         return {"compiled": False}
     spec = KernelSpec.from_json(Path(entry_path(root, kernel_hash, ".json")).read_text())
-    text, obj = compile_kernel(spec)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CompileWarning)
+        text, obj = compile_kernel(spec)
     atomic_write(entry_path(root, kernel_hash, ".ll"), text.encode())
     atomic_write(entry_path(root, kernel_hash, ".o"), obj)
     atomic_write(entry_path(root, kernel_hash, ".sha256"),
                  hashlib.sha256(obj).hexdigest().encode())
-    return {"compiled": True}
+    notes = [str(w.message) for w in caught if issubclass(w.category, CompileWarning)]
+    return {"compiled": True, **({"note": "; ".join(notes)} if notes else {})}
 
 
 def object_for_link(root: str, kernel_hash: str) -> str:

@@ -135,12 +135,16 @@ class BuildReporter(ConsoleReporter):
                 item.update(status=status, seconds=round(seconds, 3),
                             start=round(self.started[task.name] - self.t0, 3))
                 why = "; ".join(item["why"][:2]) + (" ..." if len(item["why"]) > 2 else "")
+                if task.values.get("note"):  # e.g. a kernel compiled by a fallback
+                    item["note"] = task.values["note"]
                 break
         if self.live:
             self._live(f"{self._progress()} {self._title(task)} {seconds:.1f} s")
         else:
             self.write(f"{self._progress()} {self._title(task)} {status} {seconds:.2f} s"
                        f"  ({why})\n")
+        if task.values.get("note"):
+            self.write(f"  note: {task.values['note']}\n")
 
     def _progress(self) -> str:
         total = self.done + len(self.pending)

@@ -218,11 +218,16 @@ class KernelBuilder:
             fn = ir.Function(self.module, ir.FunctionType(typ, [typ] * len(args)), name=full)
         return self.b.call(fn, list(args))
 
+    # Scalar max/min are IEEE 754-2019 maximumNumber/minimumNumber: a NaN operand
+    # is ignored, as with maxnum, and -0 < +0. Not maxnum: LLVM 22 vectorises a
+    # loop-carried maxnum reduction with NaN checks whose two cost models disagree
+    # on znver4/znver5 for some trip counts (121 aborts, 120 not), and its
+    # assertion aborts the process; maximumnum reductions take another path.
     def fmax(self, a, b):
-        return self.intrinsic("maxnum", a, b)
+        return self.intrinsic("maximumnum", a, b)
 
     def fmin(self, a, b):
-        return self.intrinsic("minnum", a, b)
+        return self.intrinsic("minimumnum", a, b)
 
     def exp(self, x):
         """exp(x) of a float32 in plain arithmetic, so loops using it vectorise

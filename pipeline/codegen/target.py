@@ -53,8 +53,10 @@ class Target:
 # Named CPUs whose implied features we know without asking LLVM (features
 # given with -mattr override these).
 _AVX512_CPUS = {"skylake-avx512", "cascadelake", "cooperlake", "icelake-server",
-                "icelake-client", "tigerlake", "sapphirerapids", "znver4", "znver5"}
-_AVX2_CPUS = {"haswell", "broadwell", "skylake", "alderlake", "znver1", "znver2", "znver3"}
+                "icelake-client", "tigerlake", "sapphirerapids", "emeraldrapids",
+                "graniterapids", "znver4", "znver5", "x86-64-v4"}
+_AVX2_CPUS = {"haswell", "broadwell", "skylake", "alderlake", "raptorlake", "meteorlake",
+              "arrowlake", "znver1", "znver2", "znver3", "x86-64-v3"}
 
 
 @cache
