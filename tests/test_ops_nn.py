@@ -194,6 +194,8 @@ LINALG = {
     "bert_attention": attention,
     # Tile edges of gemm_tile: M % 4, N % 16 and K beyond one packed panel (512).
     "matmul_tile_edges": lambda: matmul((2, 7, 600), (2, 600, 37)),
+    # k chunks: the first, two run-time ones and a remainder (gemm_tile's k loop)
+    "matmul_long_k": lambda: matmul((5, 1800), (1800, 33)),
     "matmul_tile_edges_const_b": lambda: matmul((5, 530), (530, 33), b_const=True),
     "gemm_tile_edges_transb": lambda: gemm((9, 520), (40, 520), (40,), b_input=True,
                                            transB=1),

@@ -39,21 +39,35 @@ def tiled_gemm(kb, shape: tuple[int, int, int], load_a, load_b, out: Buffer, c_b
     m_n, n_n, k_n = shape
     kc_n = min(k_n, k_chunk)
     panel = kb.scratch(kc_n * _NB, out.type.dtype)  # float32 or float64, as C
+    full_chunks, rest = divmod(k_n, kc_n)
+
+    def chunk(n0, k0, k_len: int, first: bool) -> None:
+        if pack_b is not None:
+            pack_b(panel, k0, k_len, n0)
+        else:
+            _pack(kb, panel, load_b, k0, k_len, n0, by_column)
+        full = m_n - m_n % _MR
+        if full:
+            with kb.loop(0, full // _MR, "mt") as mt:
+                _micro(kb, _MR, kb.mul(mt, _MR), n0, k0, k_len, load_a, panel, out, c_base,
+                       n_n, first)
+        for m in range(full, m_n):
+            _micro(kb, 1, kb.i64(m), n0, k0, k_len, load_a, panel, out, c_base, n_n, first)
+
     with kb.loop(0, n_n // _NB, "nb") as nb:
         n0 = kb.mul(nb, _NB)
-        for k0 in range(0, k_n, kc_n):
-            k_len = min(kc_n, k_n - k0)
-            if pack_b is not None:
-                pack_b(panel, k0, k_len, n0)
-            else:
-                _pack(kb, panel, load_b, k0, k_len, n0, by_column)
-            full = m_n - m_n % _MR
-            if full:
-                with kb.loop(0, full // _MR, "mt") as mt:
-                    _micro(kb, _MR, kb.mul(mt, _MR), n0, k0, k_len, load_a, panel, out, c_base,
-                           n_n)
-            for m in range(full, m_n):
-                _micro(kb, 1, kb.i64(m), n0, k0, k_len, load_a, panel, out, c_base, n_n)
+        chunk(n0, 0, kc_n, True)  # the first chunk starts C from zero
+        # Middle chunks loop at run time (a dense layer's K can be 150k: one
+        # chunk's code each would be megabytes of IR); a caller's pack_b
+        # gets static offsets, as it packs whole input channels.
+        if pack_b is None and full_chunks > 2:
+            with kb.loop(1, full_chunks, "kc") as kc:
+                chunk(n0, kb.mul(kc, kc_n), kc_n, False)
+        else:
+            for k0 in range(kc_n, full_chunks * kc_n, kc_n):
+                chunk(n0, k0, kc_n, False)
+        if rest and full_chunks:
+            chunk(n0, full_chunks * kc_n, rest, False)
     if n_n % _NB:
         with kb.loop(0, m_n, "tm") as m, kb.loop(n_n - n_n % _NB, n_n, "tn") as n:
             acc = kb.local(kb.const(0.0, out.elem))
@@ -70,13 +84,14 @@ def _pack(kb, panel, load_b, k0: int, k_len: int, n0, by_column: bool) -> None:
         kb.store(panel, kb.add(kb.mul(k, _NB), j), load_b(kb.add(k, k0), kb.add(n0, j)))
 
 
-def _micro(kb, rows: int, m0, n0, k0: int, k_len: int, load_a, panel, out, c_base, n_n):
+def _micro(kb, rows: int, m0, n0, k0, k_len: int, load_a, panel, out, c_base, n_n,
+           first: bool):
     """C[m0:m0+rows, n0:n0+_NB] (+)= A[m0:m0+rows, k0:k0+k_len] @ panel, in registers;
     the first k chunk starts from zero, later ones from what C holds."""
     units = _NB // _LANES
     c_at = [[kb.add(c_base, kb.add(kb.mul(kb.add(m0, r), n_n), kb.add(n0, u * _LANES)))
              for u in range(units)] for r in range(rows)]
-    accs = [[kb.local(zeros(_LANES, out.elem) if k0 == 0 else vload(kb, out, c_at[r][u], _LANES))
+    accs = [[kb.local(zeros(_LANES, out.elem) if first else vload(kb, out, c_at[r][u], _LANES))
              for u in range(units)] for r in range(rows)]
     with kb.loop(0, k_len, "mk") as k:
         bs = [vload(kb, panel, kb.add(kb.mul(k, _NB), u * _LANES), _LANES)
