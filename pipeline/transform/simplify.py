@@ -8,7 +8,7 @@ import numpy as np
 
 from pipeline.ir.graph import Graph, Node, add_param
 from pipeline.transform.context import PassConfig
-from pipeline.transform.util import prune, rename_inputs
+from pipeline.transform.util import fresh_name, prune, rename_inputs
 
 
 def simplify_inference(graph: Graph, params: dict, cfg: PassConfig):
@@ -44,7 +44,7 @@ def _batch_norm_as_scale_shift(node: Node, types: dict, params: dict) -> list[No
                            scale.astype(np.float32).reshape(per_channel))
     shift_name = add_param(types, params, f"{node.name}.shift",
                            shift.astype(np.float32).reshape(per_channel))
-    mid = f"{node.outputs[0]}.scaled"
+    mid = fresh_name(types, f"{node.outputs[0]}.scaled")
     types[mid] = types[node.outputs[0]]
     return [Node.make("mul", f"{node.name}.scale", (x, scale_name), (mid,)),
             Node.make("add", f"{node.name}.shift", (mid, shift_name), node.outputs)]
@@ -64,7 +64,8 @@ def fold_batch_norm(graph: Graph, params: dict, cfg: PassConfig):
     removed: set[int] = set()
     nodes = list(graph.nodes)
     for k, conv in enumerate(nodes):
-        if conv.op not in _FOLDABLE or conv.inputs[1] not in params:
+        # Only constant weights and bias fold (a bias computed at run time stays).
+        if conv.op not in _FOLDABLE or any(i and i not in params for i in conv.inputs[1:]):
             continue
         out_shape = types[conv.outputs[0]].shape
         oc = out_shape[1]
