@@ -150,7 +150,7 @@ def test_7_codegen_edit_rebuilds_kernels_validation_edit_does_not(tiny: Path,
     assert code == 0, out[-3000:]
     kernels = hashes(tiny, "tiny", "llvm")
 
-    with open(repo_copy / "pipeline" / "validate.py", "a") as f:
+    with open(repo_copy / "pipeline" / "tools" / "validate.py", "a") as f:
         f.write("\n# an edit to the validation code\n")
     code, executed, out = doit(tiny, "validate", "config=matrix.yaml", repo=repo_copy)
     assert code == 0, out[-3000:]

@@ -1,9 +1,9 @@
-"""ONNX's official backend test suite over pipeline.backend, at opt_level 0 and 3.
+"""ONNX's official backend test suite over pipeline.tools.backend, at opt_level 0 and 3.
 
 onnx.backend.test.BackendTest generates the node tests in Python (about 1,900)
 and reads the model suites the wheel ships (pytorch-converted,
 pytorch-operator, simple); it compares our outputs with the stored reference
-outputs. A test is skipped only when pipeline.backend.unsupported() names a
+outputs. A test is skipped only when pipeline.tools.backend.unsupported() names a
 reason (an operator without a converter, a dtype the IR lacks, or a declared
 LIMITS entry); every other test runs and a failure is a failure.
 
@@ -23,7 +23,7 @@ from onnx import TensorProto
 
 pytest.importorskip("onnx.backend.test")
 
-from pipeline.conformance import SUITES, make_backend_tests  # noqa: E402
+from pipeline.tools.conformance import SUITES, make_backend_tests  # noqa: E402
 
 with warnings.catch_warnings():
     # The node-case generators overflow casts on purpose (the Cast tests).
@@ -39,10 +39,10 @@ with warnings.catch_warnings():
 def test_no_declared_limit_is_stale():
     """Every LIMITS entry must still be needed: of the node tests it skips, at least
     one fails when run anyway (else it only hides passing tests)."""
-    from pipeline.conformance import audit_limits
+    from pipeline.tools.conformance import audit_limits
 
     stale = {r: v["passed"] for r, v in audit_limits().items() if not v["failed"]}
-    assert not stale, f"limits in pipeline/backend.py that hide only passing tests: {stale}"
+    assert not stale, f"limits in pipeline/tools/backend.py that hide only passing tests: {stale}"
 
 
 # -- the backend's own behaviour, against onnx.reference -----------------------------
@@ -153,7 +153,7 @@ def test_build_kernel_cache_compiles_each_kernel_once():
     from onnx import helper
 
     from pipeline import backend
-    from pipeline.build_module import build
+    from pipeline.driver.build import build
     from pipeline.frontend import from_onnx
     from pipeline.transform import PassContext
 

@@ -10,6 +10,7 @@ from onnx import helper
 
 from pipeline.errors import ConfigError
 from pipeline.frontend import from_onnx
+from pipeline.ops import infer_types
 from pipeline.transform import PIPELINE, PassConfig, PassContext, optimize
 
 node = helper.make_node
@@ -34,7 +35,7 @@ def run(model, **ctx):
     graph, params = from_onnx(model)
     with PassContext(**ctx):
         out, out_params = optimize(graph, params)
-    out.verify()
+    out.verify(infer_types)
     return out, out_params
 
 
@@ -147,12 +148,12 @@ def test_every_pass_keeps_the_graph_valid():
     cfg = PassConfig(opt_level=3)
     for p in PIPELINE:
         graph, params = p.run(graph, params, cfg)
-        graph.verify()
+        graph.verify(infer_types)
         assert set(graph.params) == set(params), p.name
     assert body_ops(graph) == [("conv2d", "add", "add", "relu")]
     with PassContext(opt_level=3):
         again, _ = optimize(*from_onnx(model))
-    again.verify()
+    again.verify(infer_types)
     assert again == graph
 
 

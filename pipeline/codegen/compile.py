@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import llvmlite.binding as llvm
 
-from pipeline.codegen.target import Target
+from pipeline.ir.target import Target
 
 
 def optimize_ir(text: str, target: Target, opt_level: int = 3):
