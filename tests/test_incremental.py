@@ -1,4 +1,5 @@
-"""The incrementality properties of DESIGN.md, one test each, through real doit.
+"""The incrementality properties the README lists (section "Rebuilds you can trust"),
+one test each, through real doit.
 
 Every test builds a small conv-net in a temporary folder with `doit -f
 <repo>/dodo.py -d <tmp>` in a subprocess and reads which tasks executed from

@@ -1,7 +1,7 @@
 """Load an exported library (.so, or .tar of objects) and hand out its graph executor.
 
 The library carries everything in itself: kernels as exported functions and
-the graph JSON + params in the blob symbol (see pack.py). The blob is
+the graph JSON + params in the blob symbol (format: pipeline/link/blob.py). The blob is
 verified (magic, version, length, sha256) before anything in it is used.
 """
 
