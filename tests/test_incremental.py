@@ -199,7 +199,7 @@ def test_model_file_rewritten_same_graph_and_weights_stops_at_import(tiny: Path)
 # -- the file checker ------------------------------------------------------------
 
 def test_checker_hashes_an_input_once_and_trusts_artifact_mtimes(tmp_path, monkeypatch):
-    from pipeline import checker
+    from pipeline.tasks import checker
 
     hashed = []
     md5 = checker.get_file_md5

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -182,6 +183,46 @@ def _fresh_import(module: str, absent: list[str]) -> list[str]:
                           capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.split()
+
+
+def test_every_pipeline_import_names_a_module_here():
+    """A stale module path must fail here, not resolve elsewhere: an editable
+    install of another checkout would quietly serve the old module."""
+    files = [*PKG.rglob("*.py"), *(REPO / "tests").glob("*.py"),
+             *(REPO / "models").rglob("*.py"), REPO / "dodo.py"]
+    facade = {"build", "frontend", "runtime", "transform"}  # pipeline.__getattr__
+    bad = []
+    for path in sorted(files):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [node.module]
+                if node.module == ROOT:
+                    names += [f"{ROOT}.{a.name}" for a in node.names if a.name not in facade]
+            else:
+                continue
+            bad += [f"{path.relative_to(REPO)}:{node.lineno}: {n}" for n in names
+                    if (n == ROOT or n.startswith(ROOT + ".")) and not _is_module(n)]
+    bad += [f"{where}: {dst}" for _, dst, where in _edges() if not _is_module(dst)]
+    assert not bad, "imports of modules that do not exist here:\n  " + "\n  ".join(bad)
+
+
+def test_run_stage_names_exist():
+    """The doit tasks name their stages as strings ("tasks.stages:import_model",
+    and the tools they run, "tools.validate:validate_library"): each must exist."""
+    tree = ast.parse((PKG / "tasks" / "__init__.py").read_text())
+    names = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)
+             and isinstance(n.value, str) and re.fullmatch(r"[a-z_.]+:[a-z_]+", n.value)}
+    assert "tasks.stages:import_model" in names
+    for name in sorted(names):
+        module, _, fn = name.partition(":")
+        path = PKG.joinpath(*module.split(".")).with_suffix(".py")
+        assert path.is_file(), f"{name}: no {path.relative_to(REPO)}"
+        defined = {d.name for d in ast.parse(path.read_text()).body
+                   if isinstance(d, ast.FunctionDef)}
+        assert fn in defined, f"{name}: {path.relative_to(REPO)} defines no {fn}()"
 
 
 @pytest.mark.parametrize("module, absent", [

@@ -56,7 +56,7 @@ def _reference(model, feeds):
 def test_run_node_matches_reference():
     from onnx import helper
 
-    from pipeline import backend
+    from pipeline.tools import backend
 
     node = helper.make_node("Softmax", ["x"], ["y"], axis=1)
     x = np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32)
@@ -72,7 +72,7 @@ def test_symbolic_shapes_and_build_time_inputs_compile_per_value():
     distinct (input shape, shape value), reused when both repeat."""
     from onnx import helper
 
-    from pipeline import backend
+    from pipeline.tools import backend
 
     nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "s"], ["y"])]
     model = helper.make_model(helper.make_graph(
@@ -96,7 +96,7 @@ def test_symbolic_shapes_and_build_time_inputs_compile_per_value():
 def test_unsupported_names_operator_dtype_and_limit():
     from onnx import helper
 
-    from pipeline import backend
+    from pipeline.tools import backend
 
     def model(node, dtype=TensorProto.FLOAT):
         graph = helper.make_graph(
@@ -123,7 +123,7 @@ def test_legacy_broadcast_axis_matches_onnxruntime_on_the_modern_equivalent():
     ort = pytest.importorskip("onnxruntime")
     from onnx import helper
 
-    from pipeline import backend
+    from pipeline.tools import backend
 
     a = np.random.default_rng(2).standard_normal((2, 3, 4)).astype(np.float32)
     b = np.random.default_rng(3).standard_normal(3).astype(np.float32)
@@ -152,9 +152,9 @@ def test_build_kernel_cache_compiles_each_kernel_once():
     the backend, which shares a cache this way, still matches onnx.reference)."""
     from onnx import helper
 
-    from pipeline import backend
     from pipeline.driver.build import build
     from pipeline.frontend import from_onnx
+    from pipeline.tools import backend
     from pipeline.transform import PassContext
 
     def model(*ops):

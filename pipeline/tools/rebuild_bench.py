@@ -30,7 +30,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]  # the checkout: pipeline/tools/ is two below
 TARGET = '{target: "llvm -mcpu=native", opt_level: 3}'
 
 
