@@ -2,7 +2,7 @@
 
 Variables: config=PATH (default configs/default.yaml), model=NAME[,NAME],
 target=NAME[,NAME], cache=DIR (the kernel cache; default $PIPELINE_KERNEL_CACHE
-or out/kernels). The tasks themselves are described in pipeline/tasks.py.
+or out/kernels). The tasks themselves are described in pipeline/tasks/__init__.py.
 """
 
 import os
@@ -10,9 +10,9 @@ import sys
 
 from doit import get_var
 
-from pipeline.checker import BuildChecker
 from pipeline.errors import ConfigError
-from pipeline.reporter import BuildReporter
+from pipeline.tasks.checker import BuildChecker
+from pipeline.tasks.reporter import BuildReporter
 
 os.makedirs("out", exist_ok=True)
 
@@ -27,8 +27,8 @@ DOIT_CONFIG = {
 }
 
 try:
-    from pipeline.config import load_config
     from pipeline.tasks import make_tasks
+    from pipeline.tasks.config import load_config
 
     _config = load_config(get_var("config", "configs/default.yaml"))
     globals().update(make_tasks(_config, *_config.select(get_var("model"), get_var("target")),

@@ -79,7 +79,7 @@ def generate(name: str, path: str | Path) -> None:
     """
     import onnx
 
-    from pipeline.contrib.cc import atomic_write
+    from pipeline.link.files import atomic_write
 
     model = build(name)
     # full_check also runs strict shape inference, catching shape errors here

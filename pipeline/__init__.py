@@ -1,10 +1,18 @@
 """pipeline: an incremental ML compiler from ONNX to self-contained CPU libraries.
 
-Stages, in processing order (one package each):
-  frontend  -> ONNX to graph IR            transform -> graph passes (PassContext)
-  lower     -> fused nodes to KernelSpecs  codegen   -> LLVM IR text, objects
-  plan      -> graph JSON + memory plan    contrib   -> linker (lib0.o, .so, .tar)
-  runtime   -> blob, load_module, GraphModule
+Packages, bottom layer first; each imports only from those above it in this list
+(tests/test_layers.py checks):
+  errors, ir  -> user errors; graph IR (Graph, Node, TensorType) and Target
+  dsl         -> kernel DSL: KernelBuilder, vectors, parallel_for, shared GEMM tile
+  ops         -> operators per family: shape rule, lowering, ONNX converters
+  frontend    -> ONNX to graph IR          transform -> graph passes (PassContext)
+  lower       -> fused nodes to KernelSpecs plan      -> graph JSON + memory plan
+  codegen     -> KernelSpec to LLVM IR text, objects
+  link        -> cc/ld/tar, devc.o ELF and blob writers, atomic file writes
+  runtime     -> blob reader, load_module, GraphModule (nothing from the compiler)
+  driver      -> `build` and GraphExecutorFactory.export_library
+  tasks       -> the doit build: task creators, stages, checker, reporter, caches, config
+  tools       -> ONNX backend, conformance, validate, bench, rebuild_bench
 
 Submodules load on first use, so `import pipeline.runtime` (all a deployed
 library needs) pulls in neither llvmlite nor onnx.
@@ -17,7 +25,7 @@ __all__ = ["build", "frontend", "runtime", "transform"]
 
 def __getattr__(name: str):
     if name == "build":
-        return importlib.import_module("pipeline.build_module").build
+        return importlib.import_module("pipeline.driver.build").build
     if name in ("frontend", "runtime", "transform"):
         return importlib.import_module(f"pipeline.{name}")
     raise AttributeError(f"module 'pipeline' has no attribute {name!r}")

@@ -17,7 +17,7 @@ import pytest
 from conftest import make_model, rand
 from onnx import helper
 
-from pipeline.bench import BenchError, bench_library, memory_plan, model_flops
+from pipeline.tools.bench import BenchError, bench_library, memory_plan, model_flops
 
 pytest.importorskip("onnxruntime")
 
@@ -98,7 +98,7 @@ def test_missing_onnxruntime_is_one_clear_error(tmp_path):
     script = textwrap.dedent("""\
         import sys
         sys.modules["onnxruntime"] = None  # as if not installed
-        from pipeline.bench import BenchError, _session
+        from pipeline.tools.bench import BenchError, _session
         try:
             _session(None, 1)
         except BenchError as err:

@@ -11,11 +11,11 @@ import pytest
 from conftest import assert_matches_ort, make_model, rand
 from onnx import helper
 
-from pipeline.build_module import lower_graph
 from pipeline.codegen.compile import compile_ir, optimize_ir
 from pipeline.codegen.render import render
-from pipeline.codegen.target import TargetError, parse_target
+from pipeline.driver.build import lower_graph
 from pipeline.frontend import from_onnx
+from pipeline.ir.target import TargetError, parse_target
 from pipeline.lower.kernel import KernelSpec, kernel_spec
 from pipeline.transform import PassContext, optimize
 

@@ -14,9 +14,9 @@ import warnings
 
 import pytest
 
-from pipeline import cache
+from pipeline.tasks import cache
 from pipeline.codegen.compile import CompileError, CompileWarning, compile_ir
-from pipeline.codegen.target import parse_target
+from pipeline.ir.target import parse_target
 
 ZNVER5 = parse_target("llvm -mcpu=znver5")
 
@@ -86,7 +86,7 @@ def test_kernel_cache_entry_records_the_fallback_note(tmp_path, monkeypatch):
     from conftest import make_model
     from onnx import helper
 
-    from pipeline import build_module
+    from pipeline.driver import build as build_module
     from pipeline.frontend import from_onnx
     from pipeline.transform import PassContext
 

@@ -23,10 +23,10 @@ from functools import cache
 
 import pytest
 
-from pipeline.build_module import lower_graph, unique_specs
+from pipeline.driver.build import lower_graph, unique_specs
 from pipeline.codegen.compile import CompileError, compile_ir
 from pipeline.codegen.render import render
-from pipeline.codegen.target import Target, parse_target
+from pipeline.ir.target import Target, parse_target
 from pipeline.errors import PipelineError
 from pipeline.frontend import from_onnx
 from pipeline.transform import PassContext

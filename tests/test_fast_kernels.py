@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _host_has_avx512() -> bool:
-    from pipeline.codegen.target import parse_target
+    from pipeline.ir.target import parse_target
 
     return parse_target(NATIVE).vector_width == 16
 
@@ -246,7 +246,7 @@ def test_profile_names_every_node():
 def test_layout_transforms_only_where_layouts_meet():
     """A ResNet-like chain stays blocked from the first conv to the global pool: one
     transform in (the image), one out (the pooled features), none in between."""
-    from pipeline.codegen.target import parse_target
+    from pipeline.ir.target import parse_target
     from pipeline.transform import PassContext, optimize
 
     c = 16

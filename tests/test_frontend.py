@@ -10,9 +10,10 @@ from conftest import assert_matches_ort, make_model, rand, run_ort, run_ours
 from onnx import helper
 
 from models._onnx import GraphBuilder, with_initializers_as_inputs
-from pipeline.errors import ModelError, UnsupportedOperatorError
+from pipeline.errors import GraphError, ModelError, UnsupportedOperatorError
 from pipeline.frontend import from_onnx
-from pipeline.ir.graph import Graph
+from pipeline.ir.graph import Graph, TensorType
+from pipeline.ops import infer_types
 from pipeline.transform import PassContext, optimize
 
 node = helper.make_node
@@ -138,10 +139,23 @@ def test_constant_nodes_become_params():
 
 def test_graph_verifies_and_json_round_trips():
     graph, params = from_onnx(small_mlp())
-    graph.verify()
+    graph.verify(infer_types)
     again = Graph.from_json(graph.to_json())
     assert again == graph
-    again.verify()
+    again.verify(infer_types)
+
+
+def test_verify_checks_structure_alone_and_shape_rules_when_given_them():
+    graph, _ = from_onnx(small_mlp())
+    out = graph.outputs[0]
+    t = graph.types[out]
+    wrong = graph.replace(types={**graph.types, out: TensorType((*t.shape, 1), t.dtype)})
+    wrong.verify()  # structure only: the IR does not know the operators
+    with pytest.raises(GraphError, match="shape rule gives"):
+        wrong.verify(infer_types)
+    untyped = graph.replace(types={k: v for k, v in graph.types.items() if k != out})
+    with pytest.raises(GraphError, match="has no type"):
+        untyped.verify()
 
 
 def test_fused_graph_json_round_trips():
@@ -153,4 +167,4 @@ def test_fused_graph_json_round_trips():
     assert any(n.op == "fused" for n in fused.nodes)
     again = Graph.from_json(fused.to_json())
     assert again == fused
-    again.verify()
+    again.verify(infer_types)

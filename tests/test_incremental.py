@@ -1,4 +1,5 @@
-"""The incrementality properties of DESIGN.md, one test each, through real doit.
+"""The incrementality properties the README lists (section "Rebuilds you can trust"),
+one test each, through real doit.
 
 Every test builds a small conv-net in a temporary folder with `doit -f
 <repo>/dodo.py -d <tmp>` in a subprocess and reads which tasks executed from
@@ -150,7 +151,7 @@ def test_7_codegen_edit_rebuilds_kernels_validation_edit_does_not(tiny: Path,
     assert code == 0, out[-3000:]
     kernels = hashes(tiny, "tiny", "llvm")
 
-    with open(repo_copy / "pipeline" / "validate.py", "a") as f:
+    with open(repo_copy / "pipeline" / "tools" / "validate.py", "a") as f:
         f.write("\n# an edit to the validation code\n")
     code, executed, out = doit(tiny, "validate", "config=matrix.yaml", repo=repo_copy)
     assert code == 0, out[-3000:]
@@ -198,7 +199,7 @@ def test_model_file_rewritten_same_graph_and_weights_stops_at_import(tiny: Path)
 # -- the file checker ------------------------------------------------------------
 
 def test_checker_hashes_an_input_once_and_trusts_artifact_mtimes(tmp_path, monkeypatch):
-    from pipeline import checker
+    from pipeline.tasks import checker
 
     hashed = []
     md5 = checker.get_file_md5

@@ -1,9 +1,9 @@
-"""ONNX's official backend test suite over pipeline.backend, at opt_level 0 and 3.
+"""ONNX's official backend test suite over pipeline.tools.backend, at opt_level 0 and 3.
 
 onnx.backend.test.BackendTest generates the node tests in Python (about 1,900)
 and reads the model suites the wheel ships (pytorch-converted,
 pytorch-operator, simple); it compares our outputs with the stored reference
-outputs. A test is skipped only when pipeline.backend.unsupported() names a
+outputs. A test is skipped only when pipeline.tools.backend.unsupported() names a
 reason (an operator without a converter, a dtype the IR lacks, or a declared
 LIMITS entry); every other test runs and a failure is a failure.
 
@@ -23,7 +23,7 @@ from onnx import TensorProto
 
 pytest.importorskip("onnx.backend.test")
 
-from pipeline.conformance import SUITES, make_backend_tests  # noqa: E402
+from pipeline.tools.conformance import SUITES, make_backend_tests  # noqa: E402
 
 with warnings.catch_warnings():
     # The node-case generators overflow casts on purpose (the Cast tests).
@@ -39,10 +39,10 @@ with warnings.catch_warnings():
 def test_no_declared_limit_is_stale():
     """Every LIMITS entry must still be needed: of the node tests it skips, at least
     one fails when run anyway (else it only hides passing tests)."""
-    from pipeline.conformance import audit_limits
+    from pipeline.tools.conformance import audit_limits
 
     stale = {r: v["passed"] for r, v in audit_limits().items() if not v["failed"]}
-    assert not stale, f"limits in pipeline/backend.py that hide only passing tests: {stale}"
+    assert not stale, f"limits in pipeline/tools/backend.py that hide only passing tests: {stale}"
 
 
 # -- the backend's own behaviour, against onnx.reference -----------------------------
@@ -56,7 +56,7 @@ def _reference(model, feeds):
 def test_run_node_matches_reference():
     from onnx import helper
 
-    from pipeline import backend
+    from pipeline.tools import backend
 
     node = helper.make_node("Softmax", ["x"], ["y"], axis=1)
     x = np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32)
@@ -72,7 +72,7 @@ def test_symbolic_shapes_and_build_time_inputs_compile_per_value():
     distinct (input shape, shape value), reused when both repeat."""
     from onnx import helper
 
-    from pipeline import backend
+    from pipeline.tools import backend
 
     nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "s"], ["y"])]
     model = helper.make_model(helper.make_graph(
@@ -96,7 +96,7 @@ def test_symbolic_shapes_and_build_time_inputs_compile_per_value():
 def test_unsupported_names_operator_dtype_and_limit():
     from onnx import helper
 
-    from pipeline import backend
+    from pipeline.tools import backend
 
     def model(node, dtype=TensorProto.FLOAT):
         graph = helper.make_graph(
@@ -123,7 +123,7 @@ def test_legacy_broadcast_axis_matches_onnxruntime_on_the_modern_equivalent():
     ort = pytest.importorskip("onnxruntime")
     from onnx import helper
 
-    from pipeline import backend
+    from pipeline.tools import backend
 
     a = np.random.default_rng(2).standard_normal((2, 3, 4)).astype(np.float32)
     b = np.random.default_rng(3).standard_normal(3).astype(np.float32)
@@ -152,9 +152,9 @@ def test_build_kernel_cache_compiles_each_kernel_once():
     the backend, which shares a cache this way, still matches onnx.reference)."""
     from onnx import helper
 
-    from pipeline import backend
-    from pipeline.build_module import build
+    from pipeline.driver.build import build
     from pipeline.frontend import from_onnx
+    from pipeline.tools import backend
     from pipeline.transform import PassContext
 
     def model(*ops):

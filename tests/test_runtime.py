@@ -20,29 +20,29 @@ import numpy as np
 import pytest
 from llvmlite import ir
 
-from pipeline.codegen.target import parse_target
-from pipeline.contrib.cc import (
-    LinkError,
-    atomic_write,
-    create_shared,
-    create_tar,
-    link_relocatable,
-)
-from pipeline.runtime import GraphModule, load_module, load_params, save_params
-from pipeline.runtime.pack import (
+from pipeline.ir.target import parse_target
+from pipeline.link.blob import (
     BLOB_MAGIC,
     BLOB_SYMBOL,
-    BlobError,
     emit_blob_object,
     pack_blob,
     read_blob_header_length,
-    unpack_blob,
     write_devc,
 )
+from pipeline.link.cc import LinkError, create_shared, create_tar, link_relocatable
+from pipeline.link.files import atomic_write
+from pipeline.runtime import GraphModule, load_module, load_params, save_params
+from pipeline.runtime.blob import BlobError, unpack_blob
 
 REPO = Path(__file__).resolve().parents[1]
 N = 8
 TARGET = "llvm -mcpu=native"
+
+
+def _triple() -> str:
+    """TARGET's triple: the blob writer takes a triple, not a target string."""
+    return parse_target(TARGET).triple
+
 
 # ---------------------------------------------------------------- params
 
@@ -228,7 +228,7 @@ def objs(tmp_path_factory):
         str(_kernel_module(target.triple)))))
     link_relocatable(out / "lib0.o", [kernel_o])
     params = save_params({"w": W})
-    write_devc(pack_blob(GRAPH, params, KERNELS, TARGET), target, out / "devc.o")
+    write_devc(pack_blob(GRAPH, params, KERNELS, TARGET), target.triple, out / "devc.o")
     return out
 
 
@@ -333,7 +333,7 @@ def test_rebuilt_library_at_same_path_is_reloaded(objs, tmp_path):
     np.testing.assert_array_equal(_run(load_module(path))[0], _expected()[0])
     w2 = np.full(N, 3.0, np.float32)
     devc2 = tmp_path / "devc.o"
-    write_devc(pack_blob(GRAPH, save_params({"w": w2}), KERNELS, TARGET), TARGET, devc2)
+    write_devc(pack_blob(GRAPH, save_params({"w": w2}), KERNELS, TARGET), _triple(), devc2)
     create_shared(path, [objs / "lib0.o", devc2])
     np.testing.assert_array_equal(_run(load_module(path))[0], _expected(w=w2)[0])
 
@@ -341,7 +341,7 @@ def test_rebuilt_library_at_same_path_is_reloaded(objs, tmp_path):
 def test_kernel_failure_names_node_and_function(objs, tmp_path):
     graph = _graph([("boom", "pl_fail", [0, 1], 2)], heads=[2])
     devc = tmp_path / "devc.o"
-    write_devc(pack_blob(graph, save_params({"w": W}), KERNELS, TARGET), TARGET, devc)
+    write_devc(pack_blob(graph, save_params({"w": W}), KERNELS, TARGET), _triple(), devc)
     create_shared(tmp_path / "f.so", [objs / "lib0.o", devc])
     gmod = GraphModule(load_module(tmp_path / "f.so")["default"]())
     with pytest.raises(RuntimeError, match="node 'boom' \\(function 'pl_fail'\\)"):
@@ -351,7 +351,7 @@ def test_kernel_failure_names_node_and_function(objs, tmp_path):
 def test_storage_shared_with_input_is_rejected(objs, tmp_path):
     graph = _graph([("add0", "pl_add", [0, 1], 0)], heads=[2])  # writes data's storage
     devc = tmp_path / "devc.o"
-    write_devc(pack_blob(graph, save_params({"w": W}), KERNELS, TARGET), TARGET, devc)
+    write_devc(pack_blob(graph, save_params({"w": W}), KERNELS, TARGET), _triple(), devc)
     create_shared(tmp_path / "s.so", [objs / "lib0.o", devc])
     with pytest.raises(ValueError, match="node 'add0' writes storage 0, which holds 'data'"):
         load_module(tmp_path / "s.so")["default"]()
@@ -362,7 +362,7 @@ def test_library_without_blob_or_kernels(objs, tmp_path):
     with pytest.raises(BlobError, match=f"noblob.so: no {BLOB_SYMBOL} symbol"):
         load_module(tmp_path / "noblob.so")
     devc = tmp_path / "devc.o"
-    write_devc(pack_blob(GRAPH, b"", [*KERNELS, "pl_gone"], TARGET), TARGET, devc)
+    write_devc(pack_blob(GRAPH, b"", [*KERNELS, "pl_gone"], TARGET), _triple(), devc)
     create_shared(tmp_path / "nok.so", [objs / "lib0.o", devc])
     with pytest.raises(BlobError, match=r"missing from the library: \['pl_gone'\]"):
         load_module(tmp_path / "nok.so")
@@ -413,7 +413,7 @@ def test_large_blob_packs_links_and_loads(objs, tmp_path):
     nodes = json.loads(graph)
     start = time.perf_counter()
     devc = tmp_path / "devc.o"
-    write_devc(pack_blob(graph, params, KERNELS, TARGET), TARGET, devc)
+    write_devc(pack_blob(graph, params, KERNELS, TARGET), _triple(), devc)
     pack_s = time.perf_counter() - start
     create_shared(tmp_path / "big.so", [objs / "lib0.o", devc])
     link_s = time.perf_counter() - pack_s - start
@@ -427,7 +427,7 @@ def test_large_blob_packs_links_and_loads(objs, tmp_path):
 def test_devc_in_folder_with_awkward_name(objs, tmp_path):
     folder = tmp_path / 'we"ird\\ dir'
     folder.mkdir()
-    write_devc(pack_blob(GRAPH, save_params({"w": W}), KERNELS, TARGET), TARGET,
+    write_devc(pack_blob(GRAPH, save_params({"w": W}), KERNELS, TARGET), _triple(),
                folder / "devc.o")
     assert sorted(p.name for p in folder.iterdir()) == ["devc.o"]  # staging file removed
     create_shared(folder / "m.so", [objs / "lib0.o", folder / "devc.o"])
@@ -436,13 +436,12 @@ def test_devc_in_folder_with_awkward_name(objs, tmp_path):
 
 def test_devc_object_is_deterministic_and_elf_only(tmp_path):
     blob = _blob()
-    assert emit_blob_object(blob, TARGET) == emit_blob_object(blob, parse_target(TARGET))
+    assert emit_blob_object(blob, _triple()) == emit_blob_object(blob, _triple())
     # Written without LLVM, so a cross target's devc.o needs no foreign assembler.
     cross = tmp_path / "devc.o"
-    cross.write_bytes(emit_blob_object(blob, "llvm -mtriple=aarch64-unknown-linux-gnu "
-                                             "-mcpu=generic"))
+    cross.write_bytes(emit_blob_object(blob, "aarch64-unknown-linux-gnu"))
     elf = subprocess.run(["readelf", "-h", "-s", "-W", str(cross)], capture_output=True,
                          text=True, check=True).stdout
     assert "AArch64" in elf and f"{len(blob)} OBJECT  GLOBAL DEFAULT    1 {BLOB_SYMBOL}" in elf
     with pytest.raises(ValueError, match="only little-endian ELF targets"):
-        emit_blob_object(blob, "llvm -mtriple=x86_64-apple-darwin -mcpu=generic")
+        emit_blob_object(blob, "x86_64-apple-darwin")

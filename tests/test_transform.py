@@ -10,9 +10,9 @@ import pytest
 from conftest import assert_matches_ort, make_model, rand
 from onnx import helper
 
-from pipeline.codegen.target import parse_target
 from pipeline.errors import ConfigError
 from pipeline.frontend import from_onnx
+from pipeline.ir.target import parse_target
 from pipeline.ir.graph import Graph, Node, TensorType
 from pipeline.ops import infer_types
 from pipeline.transform import PASS_NAMES, PIPELINE, PassConfig, PassContext, optimize
@@ -39,7 +39,7 @@ def run(model, **ctx):
     graph, params = from_onnx(model)
     with PassContext(**ctx):
         out, out_params = optimize(graph, params)
-    out.verify()
+    out.verify(infer_types)
     return out, out_params
 
 
@@ -100,12 +100,12 @@ def test_every_pass_keeps_the_graph_valid():
     cfg = PassConfig(opt_level=3)
     for p in PIPELINE:
         graph, params = p.run(graph, params, cfg)
-        graph.verify()
+        graph.verify(infer_types)
         assert set(graph.params) == set(params), p.name
     assert body_ops(graph) == [("conv2d", "add", "add", "relu")]
     with PassContext(opt_level=3):
         again, _ = optimize(*from_onnx(model))
-    again.verify()
+    again.verify(infer_types)
     assert again == graph
 
 
@@ -143,7 +143,7 @@ def make_graph(inputs: dict, params: dict, outputs, nodes) -> Graph:
     for n in nodes:
         types.update(zip(n.outputs, infer_types(n, [types[i] for i in n.inputs]), strict=True))
     graph = Graph(tuple(inputs), tuple(sorted(params)), tuple(outputs), tuple(nodes), types)
-    graph.verify()
+    graph.verify(infer_types)
     return graph
 
 
@@ -193,11 +193,11 @@ def assert_graph_equal(got: Graph, expected: Graph, got_params=None, expected_pa
 def run_pass(name, graph, params, target=None, **ctx):
     """(graph, params) after only pass `name`, run by optimize under a PassContext
     that requires it and disables every other pass."""
-    graph.verify()
+    graph.verify(infer_types)
     others = [p for p in PASS_NAMES if p != name]
     with PassContext(opt_level=0, required_pass=[name], disabled_pass=others, **ctx):
         out, out_params = optimize(graph, params, target=target)
-    out.verify()
+    out.verify(infer_types)
     return out, out_params
 
 
@@ -415,5 +415,5 @@ def test_alter_op_layout_pass_leaves_graph_unchanged(target, opt_level, disabled
     with PassContext(opt_level=opt_level, disabled_pass=others + disabled):
         got, got_params = optimize(before, params,
                                    target=target and parse_target(f"llvm -mcpu={target}"))
-    got.verify()
+    got.verify(infer_types)
     assert_graph_equal(got, before, got_params, params)

@@ -32,8 +32,8 @@ from pathlib import Path
 
 import llvmlite.binding as llvm
 
-from pipeline.codegen.target import Target
 from pipeline.errors import PipelineError
+from pipeline.ir.target import Target
 
 
 class CompileError(PipelineError):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import llvmlite.ir as ir
 
-from pipeline.codegen.builder import KernelBuilder
+from pipeline.dsl.builder import KernelBuilder
 from pipeline.lower.kernel import KernelSpec
 from pipeline.ops import get
 
@@ -33,8 +33,8 @@ def render(spec: KernelSpec) -> str:
             env[node.outputs[0]] = get(node.op).scalar(kb, operands, node)
         return env[chain[-1].outputs[0]]
 
-    # Vector kernels apply the chain to whole vectors (codegen/vector.py apply_epilogue).
-    epilogue.parts = (anchor.outputs[0], chain, args)
+    # Vector kernels apply the chain to whole vectors (dsl/vector.py apply_epilogue).
+    epilogue.parts = (anchor.outputs[0], chain, args, lambda op: get(op).scalar)
 
     opdef = get(anchor.op)
     if opdef.kind == "elementwise":

@@ -1,4 +1,4 @@
-"""Frontends: model formats into the graph IR."""
+"""Layer 3, frontends: model formats (ONNX) into the graph IR. Imports ops, ir, errors."""
 
 from pipeline.frontend.onnx import from_onnx, load_model
 

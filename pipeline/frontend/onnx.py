@@ -173,7 +173,7 @@ def from_onnx(model: onnx.ModelProto | str | Path,
     graph = Graph(inputs=input_names, params=tuple(sorted(kept)), outputs=outputs,
                   nodes=tuple(nodes),
                   types={name: t for name, t in types.items() if name in defined})
-    graph.verify()
+    graph.verify(infer_types)
     return graph, kept
 
 

@@ -104,14 +104,14 @@ class Graph:
                   "nodes": self.nodes, "types": self.types, **changes}
         return Graph(**fields)
 
-    def verify(self) -> None:
+    def verify(self, infer_types=None) -> None:
         """Check the invariants every pass must keep; raise GraphError if broken.
 
-        Every tensor is defined exactly once and before use, has a type, every
-        op is registered and its shape rule reproduces the recorded output types.
+        Every tensor is defined exactly once and before use and has a type. Given
+        `infer_types` (node, input types -> output types: pipeline.ops.infer_types,
+        which the IR cannot import, being below the operators), every op must
+        also be registered and its shape rule reproduce the recorded output types.
         """
-        from pipeline.ops import registry  # ops import the IR; avoid a cycle
-
         defined: set[str] = set()
         for name in (*self.inputs, *self.params):
             if name in defined:
@@ -124,11 +124,15 @@ class Graph:
                 if name and name not in defined:
                     raise GraphError(f"node {node.name!r} ({node.op}) uses {name!r} "
                                      "before it is defined")
-            expected = registry.infer_types(node, [self.types[i] for i in node.inputs])
+            expected = (infer_types(node, [self.types[i] for i in node.inputs])
+                        if infer_types is not None else [None] * len(node.outputs))
             for name, want in zip(node.outputs, expected, strict=True):
                 if name in defined:
                     raise GraphError(f"tensor {name!r} is defined twice")
-                if self.types.get(name) != want:
+                if infer_types is None:
+                    if name not in self.types:
+                        raise GraphError(f"tensor {name!r} has no type")
+                elif self.types.get(name) != want:
                     raise GraphError(f"node {node.name!r} ({node.op}): output {name!r} "
                                      f"recorded as {self.types.get(name)}, shape rule "
                                      f"gives {want}")

@@ -17,9 +17,9 @@ from functools import lru_cache
 
 import llvmlite
 
-from pipeline.codegen.target import Target
 from pipeline.errors import GraphError
 from pipeline.ir.graph import Graph, Node, TensorType
+from pipeline.ir.target import Target
 from pipeline.lower.sources import CODEGEN_SOURCES
 from pipeline.ops import get, infer_types
 

@@ -10,5 +10,6 @@ from pathlib import Path
 _PKG = Path(__file__).resolve().parent.parent
 
 CODEGEN_SOURCES = tuple(sorted(
-    [*(_PKG / "ops").glob("*.py"), *(_PKG / "codegen").glob("*.py"),
-     _PKG / "lower" / "kernel.py", _PKG / "lower" / "sources.py", _PKG / "ir" / "graph.py"]))
+    [*(_PKG / "dsl").glob("*.py"), *(_PKG / "ops").glob("*.py"),
+     *(_PKG / "codegen").glob("*.py"), _PKG / "lower" / "kernel.py",
+     _PKG / "lower" / "sources.py", _PKG / "ir" / "graph.py", _PKG / "ir" / "target.py"]))

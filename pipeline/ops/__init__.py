@@ -1,4 +1,5 @@
-"""Operators, one module per family; importing this package registers them all."""
+"""Layer 2, operators, one module per family (shape rule, lowering, converters);
+importing this package registers them all. Imports only dsl, ir and errors."""
 
 from pipeline.ops import (  # noqa: F401  (registration)
     conv,

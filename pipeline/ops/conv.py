@@ -15,9 +15,9 @@ from __future__ import annotations
 import itertools
 import math
 
+from pipeline.dsl.gemm_tile import PANEL_COLUMNS, tiled_gemm
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
-from pipeline.ops.gemm_tile import PANEL_COLUMNS, tiled_gemm
 from pipeline.ops.nn import (
     as_1d,
     ceil_div,

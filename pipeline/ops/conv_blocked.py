@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.codegen.vector import (
+from pipeline.dsl.vector import (
     apply_epilogue,
     fma,
     parallel_for,

@@ -13,7 +13,7 @@ import itertools
 import math
 from contextlib import contextmanager
 
-from pipeline.codegen.vector import fma, splat, vload, vstore, zeros
+from pipeline.dsl.vector import fma, splat, vload, vstore, zeros
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.conv import kernel_of

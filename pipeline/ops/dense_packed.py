@@ -13,8 +13,8 @@ from __future__ import annotations
 import llvmlite.ir as ir
 import numpy as np
 
-from pipeline.codegen.builder import I32
-from pipeline.codegen.vector import (
+from pipeline.dsl.builder import I32
+from pipeline.dsl.vector import (
     apply_epilogue,
     fma,
     parallel_for,

@@ -15,7 +15,7 @@ out-of-range kw taps, tiles inside the row run in a loop.
 
 from __future__ import annotations
 
-from pipeline.codegen.vector import apply_epilogue, fma, parallel_for, vload, vstore, zeros
+from pipeline.dsl.vector import apply_epilogue, fma, parallel_for, vload, vstore, zeros
 from pipeline.errors import ModelError
 from pipeline.ir.graph import TensorType
 from pipeline.ops.conv_blocked import registers, row_plan, smax, smin

@@ -12,7 +12,7 @@ from __future__ import annotations
 import llvmlite.ir as ir
 import numpy as np
 
-from pipeline.codegen.builder import I32, I64, row_major_strides
+from pipeline.dsl.builder import I32, I64, row_major_strides
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.movement import OUTSIDE, register_remap

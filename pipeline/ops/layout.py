@@ -11,7 +11,7 @@ import re
 
 import numpy as np
 
-from pipeline.codegen.vector import parallel_for
+from pipeline.dsl.vector import parallel_for
 from pipeline.errors import GraphError
 from pipeline.ir.graph import TensorType
 from pipeline.ops.registry import register

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.dsl.gemm_tile import tiled_gemm
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
-from pipeline.ops.gemm_tile import tiled_gemm
 from pipeline.ops.registry import broadcast_shape, onnx_op, register
 
 

@@ -17,7 +17,7 @@ import math
 
 import llvmlite.ir as ir
 
-from pipeline.codegen.builder import I64
+from pipeline.dsl.builder import I64
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.index import fail_unless

@@ -15,7 +15,7 @@ from functools import reduce
 
 import numpy as np
 
-from pipeline.codegen.builder import row_major_strides
+from pipeline.dsl.builder import row_major_strides
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.registry import get, onnx_op, register

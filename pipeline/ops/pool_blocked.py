@@ -14,7 +14,7 @@ import math
 
 import llvmlite.ir as ir
 
-from pipeline.codegen.vector import (
+from pipeline.dsl.vector import (
     apply_epilogue,
     parallel_for,
     splat,

@@ -15,7 +15,7 @@ from functools import reduce
 
 import numpy as np
 
-from pipeline.codegen.builder import F32, row_major_strides
+from pipeline.dsl.builder import F32, row_major_strides
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.movement import axis_term

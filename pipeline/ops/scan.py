@@ -9,7 +9,7 @@ Graph ops (all dtype-generic over float32/64 and int64/32):
   trilu(x; k, upper)                       x where column - row >= k (upper) or <= k
                                            (lower) in the last two dims, else 0
 CumSum's and CumProd's axis, TopK's K and Trilu's k are build-time constants (inputs listed in
-pipeline/backend.py BUILD_TIME_INPUTS). TopK's two outputs are two kernels: the
+pipeline/tools/backend.py BUILD_TIME_INPUTS). TopK's two outputs are two kernels: the
 executor's kernels write one output each.
 """
 

@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from pipeline.codegen.builder import I64, LLVM_TYPES
+from pipeline.dsl.builder import I64, LLVM_TYPES
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.index import fail_unless

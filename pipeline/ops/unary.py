@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from pipeline.codegen.builder import FLOATS
+from pipeline.dsl.builder import FLOATS
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.registry import onnx_op, register

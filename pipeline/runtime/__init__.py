@@ -1,8 +1,9 @@
-"""Runtime: load exported libraries and run their graphs (no llvmlite needed)."""
+"""Runtime: load exported libraries and run their graphs. Imports only `errors`
+and `link` (the blob format, the linker for a .tar): no llvmlite, onnx or compiler."""
 
+from pipeline.runtime.blob import BlobError
 from pipeline.runtime.graph_executor import GraphExecutor, GraphModule
 from pipeline.runtime.module import Module, load_module
-from pipeline.runtime.pack import BlobError
 from pipeline.runtime.params import load_params, save_params
 
 __all__ = [

@@ -1,7 +1,7 @@
 """Load an exported library (.so, or .tar of objects) and hand out its graph executor.
 
 The library carries everything in itself: kernels as exported functions and
-the graph JSON + params in the blob symbol (see pack.py). The blob is
+the graph JSON + params in the blob symbol (format: pipeline/link/blob.py). The blob is
 verified (magic, version, length, sha256) before anything in it is used.
 """
 
@@ -16,16 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.contrib.cc import create_shared
+from pipeline.link.blob import BLOB_PREFIX_SIZE, BLOB_SYMBOL
+from pipeline.link.cc import create_shared
+from pipeline.runtime.blob import Blob, BlobError, read_blob_header_length, unpack_blob
 from pipeline.runtime.graph_executor import GraphExecutor
-from pipeline.runtime.pack import (
-    BLOB_PREFIX_SIZE,
-    BLOB_SYMBOL,
-    Blob,
-    BlobError,
-    read_blob_header_length,
-    unpack_blob,
-)
 from pipeline.runtime.params import load_params
 from pipeline.runtime.threads import limit_idle_spin
 

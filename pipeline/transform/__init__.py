@@ -1,4 +1,5 @@
-"""Graph-level optimisation: PassContext (all options) and the pass pipeline.
+"""Layer 3, graph-level optimisation: PassContext (all options) and the pass pipeline.
+Imports ops, ir and errors.
 
 The pipeline itself (pipeline/transform/passes.py: PIPELINE, optimize) loads
 on first use, so reading a build config (PassContext, PASS_NAMES) does not

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.codegen.target import Target
 from pipeline.ir.graph import Graph, Node, add_param
+from pipeline.ir.target import Target
 from pipeline.ops import get, infer_types
 from pipeline.ops.conv_blocked import pack_weight, tiling
 from pipeline.ops.dense_packed import pack_dense_weight

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pipeline.ir.graph import Graph
+from pipeline.ops import infer_types
 from pipeline.transform.context import PASS_NAMES, PassConfig, PassContext
 from pipeline.transform.fuse import fold_constant, fuse_ops
 from pipeline.transform.layout import alter_op_layout
@@ -42,6 +43,6 @@ def optimize(graph: Graph, params: dict, cfg: PassConfig | None = None, target=N
         if cfg.enabled(p.name, p.opt_level):
             graph, params = (p.run(graph, params, cfg, target) if p.needs_target
                              else p.run(graph, params, cfg))
-            graph.verify()
+            graph.verify(infer_types)
     return graph, params
 

@@ -13,15 +13,16 @@ import json
 import mmap
 from pathlib import Path
 
-from pipeline.build_module import lower_graph, unique_specs
-from pipeline.cache import object_for_link
-from pipeline.codegen.target import parse_target
-from pipeline.contrib import cc
-from pipeline.contrib.cc import atomic_write
+from pipeline.driver.build import lower_graph
+from pipeline.driver.factory import unique_specs
 from pipeline.frontend import from_onnx
 from pipeline.ir.graph import Graph
-from pipeline.runtime.pack import blob_chunks, devc_checksum, write_devc
+from pipeline.ir.target import parse_target
+from pipeline.link import cc
+from pipeline.link.blob import blob_chunks, devc_checksum, write_devc
+from pipeline.link.files import atomic_write
 from pipeline.runtime.params import load_params, param_chunks
+from pipeline.tasks.cache import object_for_link
 from pipeline.transform import PassContext
 
 
@@ -90,7 +91,7 @@ def pack_devc(graph_json_path: str, params_path: str, kernels_path: str,
     with open(params_path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         chunks = blob_chunks(Path(graph_json_path).read_text(), m,
                              [k["symbol"] for k in manifest["kernels"]], manifest["target"])
-        write_devc(chunks, parse_target(manifest["target"]), devc_path)
+        write_devc(chunks, parse_target(manifest["target"]).triple, devc_path)
         del chunks  # a view of the mapping left alive would keep it from closing
 
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.codegen.target import TargetError, parse_target
 from pipeline.errors import ConfigError
+from pipeline.ir.target import TargetError, parse_target
 from pipeline.transform import PassContext
 
 REFERENCES = ("onnx", "onnxruntime")

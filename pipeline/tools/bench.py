@@ -24,12 +24,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from pipeline.contrib.cc import atomic_write
 from pipeline.errors import PipelineError
 from pipeline.frontend.onnx import load_model
+from pipeline.link.files import atomic_write
 from pipeline.runtime import GraphModule, load_module
 from pipeline.runtime.profile import format_profile, profile_nodes
-from pipeline.validate import random_inputs
+from pipeline.tools.validate import random_inputs
 
 # Pause before each timed run. After a run onnxruntime's idle workers spin for tens
 # of ms (libgomp's, as the runtime configures it, for under 1 ms); a run started

@@ -1,11 +1,15 @@
-"""doit task creators: they only describe tasks; the work is in pipeline.stages.
+"""Layer 8, the build system on doit: these task creators, `stages` (the work),
+`checker`, `reporter`, `explain`, `cache` (kernel cache) and `config`. Imports
+every package below; tools' validate/bench/conformance run only by name (run_stage).
+
+The task creators only describe tasks; the work is in pipeline.tasks.stages.
 
 Task names (model m, target entry t):
   model:m        generate an ONNX file with models/ (generated models only)
   import:m       ONNX -> graph IR + weights          (out/m/m.ir.json, m.weights.params)
   optimize:m@t   passes + lowering -> graph JSON, params, kernels.json, kernel specs
   kernel:<hash>  one kernel spec -> <cache>/<hash>.ll, .o, .sha256 (created after optimize;
-                 the cache is shared by all entries, see pipeline/cache.py)
+                 the cache is shared by all entries, see pipeline/tasks/cache.py)
   lib0:m@t       the entry's kernel objects -> lib0.o (ld -r)
   devc:m@t       graph JSON + params -> devc.o (the packed blob)
   export:m@t     lib0.o + devc.o -> m.so
@@ -14,7 +18,7 @@ Task names (model m, target entry t):
   gc             remove cache entries no entry of the matrix uses
 Every task declares its inputs, including the compiler sources it runs (doit
 does not see code edits otherwise); option dicts go into one options_changed
-(a config_changed that keeps the options, so pipeline.explain can say which
+(a config_changed that keeps the options, so pipeline.tasks.explain can say which
 one changed).
 """
 
@@ -29,18 +33,18 @@ from pathlib import Path
 from doit import create_after
 from doit.exceptions import TaskFailed
 
-from pipeline import cache
-from pipeline.config import BuildConfig, ModelEntry, TargetEntry
 from pipeline.errors import PipelineError
-from pipeline.explain import options_changed
 from pipeline.lower.sources import CODEGEN_SOURCES
+from pipeline.tasks import cache
+from pipeline.tasks.config import BuildConfig, ModelEntry, TargetEntry
+from pipeline.tasks.explain import options_changed
 
 OUT = "out"
-_PKG = Path(__file__).resolve().parent
+_PKG = Path(__file__).resolve().parent.parent  # pipeline/
 
 
 def _load_stages_in_background() -> None:
-    threading.Thread(target=importlib.import_module, args=("pipeline.stages",),
+    threading.Thread(target=importlib.import_module, args=("pipeline.tasks.stages",),
                      daemon=True).start()
 
 
@@ -106,9 +110,10 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
     """
     cache_root = cache.cache_dir(kernel_cache)
     entries = [(m, t) for m in models for t in targets]
-    front_src = _sources("frontend/*.py", "ops/*.py", "ir/*.py", "stages.py")
-    opt_src = _sources("transform/*.py", "lower/*.py", "plan/*.py", "build_module.py",
-                       "stages.py") + [os.path.relpath(p) for p in CODEGEN_SOURCES]
+    front_src = _sources("frontend/*.py", "ops/*.py", "ir/__init__.py", "ir/graph.py",
+                         "tasks/stages.py")
+    opt_src = _sources("transform/*.py", "lower/*.py", "plan/*.py", "driver/*.py",
+                       "tasks/stages.py") + [os.path.relpath(p) for p in CODEGEN_SOURCES]
 
     def task_model():
         """Generate the ONNX files of models built by models/ generators."""
@@ -117,7 +122,7 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
         for m in models:
             if m.generator:
                 yield {"name": m.name, "targets": [onnx_path(m)], "clean": True,
-                       "actions": [(run_stage, ["stages:generate_model", m.generator,
+                       "actions": [(run_stage, ["tasks.stages:generate_model", m.generator,
                                                 onnx_path(m)])],
                        "file_dep": [os.path.relpath(p) for p in source_files(m.generator)]}
 
@@ -126,7 +131,7 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
         for m in models:
             ir, weights = imported(m)
             yield {"name": m.name, "targets": [ir, weights], "clean": True,
-                   "actions": [(run_stage, ["stages:import_model", onnx_path(m),
+                   "actions": [(run_stage, ["tasks.stages:import_model", onnx_path(m),
                                             {k: list(v) for k, v in m.inputs.items()},
                                             ir, weights])],
                    "file_dep": [onnx_path(m), *front_src],
@@ -140,7 +145,7 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             opts = t.to_dict()
             yield {"name": f"{m.name}@{t.name}", "clean": True,
                    "targets": [a["graph_json"], a["params"], a["kernels"]],
-                   "actions": [(run_stage, ["stages:optimize_model", *imported(m), opts,
+                   "actions": [(run_stage, ["tasks.stages:optimize_model", *imported(m), opts,
                                             cache_root, a["graph_json"], a["params"],
                                             a["kernels"]])],
                    "file_dep": [*imported(m), *opt_src],
@@ -162,7 +167,8 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
                 yield {"name": k["hash"], "doc": k["symbol"],
                        "targets": [f"{base}.o", f"{base}.ll", f"{base}.sha256"],
                        "file_dep": [f"{base}.json"],
-                       "actions": [(run_stage, ["cache:compile_entry", cache_root, k["hash"]])]}
+                       "actions": [(run_stage, ["tasks.cache:compile_entry", cache_root,
+                                                k["hash"]])]}
 
     def task_lib0():
         """Combine an entry's kernel objects into lib0.o."""
@@ -172,8 +178,8 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             # the manifest decides lib0.o; "kernel" orders us after compilation.
             yield {"name": f"{m.name}@{t.name}", "targets": [a["lib0"]], "clean": True,
                    "task_dep": ["kernel"],
-                   "file_dep": [a["kernels"], *_sources("contrib/cc.py")],
-                   "actions": [(run_stage, ["stages:link_lib0", a["kernels"], cache_root,
+                   "file_dep": [a["kernels"], *_sources("link/cc.py", "link/files.py")],
+                   "actions": [(run_stage, ["tasks.stages:link_lib0", a["kernels"], cache_root,
                                             a["lib0"]])]}
 
     def task_devc():
@@ -182,8 +188,8 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             a = artifacts(m, t)
             yield {"name": f"{m.name}@{t.name}", "targets": [a["devc"]], "clean": True,
                    "file_dep": [a["graph_json"], a["params"], a["kernels"],
-                                *_sources("runtime/pack.py", "contrib/elf.py")],
-                   "actions": [(run_stage, ["stages:pack_devc", a["graph_json"],
+                                *_sources("link/blob.py", "link/elf.py")],
+                   "actions": [(run_stage, ["tasks.stages:pack_devc", a["graph_json"],
                                             a["params"], a["kernels"], a["devc"]])]}
 
     def task_export():
@@ -191,8 +197,8 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
         for m, t in entries:
             a = artifacts(m, t)
             yield {"name": f"{m.name}@{t.name}", "targets": [a["so"]], "clean": True,
-                   "file_dep": [a["lib0"], a["devc"], *_sources("contrib/cc.py")],
-                   "actions": [(run_stage, ["stages:export_library", a["lib0"],
+                   "file_dep": [a["lib0"], a["devc"], *_sources("link/cc.py", "link/files.py")],
+                   "actions": [(run_stage, ["tasks.stages:export_library", a["lib0"],
                                             a["devc"], a["so"]])]}
 
     def task_build():
@@ -208,10 +214,10 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             shapes = {k: list(v) for k, v in m.inputs.items()}
             yield {"name": f"{m.name}@{t.name}", "targets": [a["validation"]],
                    "file_dep": [a["so"], onnx_path(m),
-                                *_sources("validate.py", "runtime/*.py")],
+                                *_sources("tools/validate.py", "runtime/*.py", "link/blob.py")],
                    "uptodate": [options_changed({"validate": opts, "inputs": shapes},
                                                 "validation")],
-                   "actions": [(run_stage, ["validate:validate_library", a["so"],
+                   "actions": [(run_stage, ["tools.validate:validate_library", a["so"],
                                             onnx_path(m), shapes, opts, m.name, t.name,
                                             a["validation"]])]}
 
@@ -219,7 +225,7 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
         """Run ONNX's backend test suites (not part of build): out/conformance.json, .md."""
         report = [path(OUT, "conformance.json"), path(OUT, "conformance.md")]
         return {"targets": report, "file_dep": _sources("**/*.py"), "verbosity": 2,
-                "actions": [(run_stage, ["conformance:write_report", OUT])]}
+                "actions": [(run_stage, ["tools.conformance:write_report", OUT])]}
 
     def task_bench():
         """Time each library against onnxruntime (never part of build; always runs when
@@ -233,14 +239,14 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             yield {"name": f"{m.name}@{t.name}", "verbosity": 2, "uptodate": [False],
                    "targets": [path(OUT, m.name, t.name, "bench.json")],
                    "file_dep": [a["so"], onnx_path(m)],
-                   "actions": [(run_stage, ["bench:bench_library", a["so"], onnx_path(m),
+                   "actions": [(run_stage, ["tools.bench:bench_library", a["so"], onnx_path(m),
                                             {k: list(v) for k, v in m.inputs.items()},
                                             m.name, t.name,
                                             path(OUT, m.name, t.name, "bench.json"), *opts])]}
 
     def task_explain():
         """Print why each task of the last build ran, and what it compiled or reused."""
-        from pipeline.reporter import print_report
+        from pipeline.tasks.reporter import print_report
 
         return {"actions": [print_report], "uptodate": [False], "verbosity": 2}
 

@@ -22,7 +22,7 @@ import time
 import warnings
 from pathlib import Path
 
-from pipeline.contrib.cc import atomic_write
+from pipeline.link.files import atomic_write
 
 DEFAULT = os.path.join("out", "kernels")
 ENV = "PIPELINE_KERNEL_CACHE"
@@ -59,8 +59,8 @@ def compile_entry(root: str, kernel_hash: str) -> dict:
     Another process sharing the cache may have compiled it already; then the
     object is reused. Concurrent compiles of one spec write identical bytes.
     """
-    from pipeline.build_module import compile_kernel
     from pipeline.codegen.compile import CompileWarning
+    from pipeline.driver.build import compile_kernel
     from pipeline.lower.kernel import KernelSpec
 
     if is_valid(root, kernel_hash):

@@ -15,8 +15,8 @@ a scalar loop. A caller may pack panels itself (a convolution's patches).
 
 from __future__ import annotations
 
-from pipeline.codegen.builder import Buffer
-from pipeline.codegen.vector import fma, splat, vload, vstore, zeros
+from pipeline.dsl.builder import Buffer
+from pipeline.dsl.vector import fma, splat, vload, vstore, zeros
 
 _LANES = 8
 _NB = 2 * _LANES  # columns per block (two vectors)

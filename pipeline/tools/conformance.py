@@ -1,4 +1,4 @@
-"""ONNX backend conformance: run onnx's backend test suites over pipeline.backend.
+"""ONNX backend conformance: run onnx's backend test suites over pipeline.tools.backend.
 
     write_report("out")        # out/conformance.json and out/conformance.md
 
@@ -7,7 +7,7 @@ onnx package generates in Python), and the model suites its wheel ships
 ("Simple", "PyTorchConverted", "PyTorchOperator", and "Real": nine full-size
 model-zoo networks with constant weights, run on dummy inputs against stored
 outputs; the report includes it, the pytest suite does not). A test is skipped only when
-pipeline.backend.unsupported() names a reason; the report counts passed,
+pipeline.tools.backend.unsupported() names a reason; the report counts passed,
 failed and skipped per suite and opt level, lists every failure with its first
 error line, the skip reasons, and the supported operators with the opsets
 their converters start at (from the registry).
@@ -27,7 +27,7 @@ from unittest import mock
 
 import onnx
 
-from pipeline.backend import PipelineBackend, unsupported
+from pipeline.tools.backend import PipelineBackend, unsupported
 
 SUITES = ("Node", "Simple", "PyTorchConverted", "PyTorchOperator")
 REPORT_SUITES = (*SUITES, "Real")

@@ -1,4 +1,5 @@
-"""The packed blob stored in devc.o: graph JSON, params and metadata in one symbol.
+"""The packed blob stored in devc.o (graph JSON, params and metadata in one symbol):
+its format and its writer. The reader, which the runtime loads, is pipeline/runtime/blob.py.
 
 Layout (integers little endian):
 
@@ -13,7 +14,7 @@ The JSON header holds the import tree, the section table (offsets from the
 blob start), the kernel symbol names and the target string.
 
 devc.o, the object holding the blob, is a minimal ELF object written by
-pipeline/contrib/elf.py.
+pipeline/link/elf.py.
 """
 
 from __future__ import annotations
@@ -22,25 +23,24 @@ import hashlib
 import json
 import os
 import struct
-from dataclasses import dataclass
 from typing import Any
 
-from pipeline.contrib.cc import atomic_write
-from pipeline.contrib.elf import DATA_OFFSET, data_object
 from pipeline.errors import PipelineError
+from pipeline.link.elf import DATA_OFFSET, data_object
+from pipeline.link.files import atomic_write
 
 __all__ = [
-    "BLOB_MAGIC", "BLOB_PREFIX_SIZE", "BLOB_SYMBOL", "BLOB_VERSION", "Blob", "BlobError",
-    "blob_chunks", "devc_checksum", "emit_blob_object", "pack_blob", "read_blob_header_length",
-    "unpack_blob", "write_devc",
+    "BLOB_DIGEST_SIZE", "BLOB_FIXED", "BLOB_MAGIC", "BLOB_PREFIX_SIZE", "BLOB_SYMBOL",
+    "BLOB_VERSION", "BlobError", "blob_chunks", "devc_checksum", "emit_blob_object",
+    "pack_blob", "read_blob_header_length", "write_devc",
 ]
 
 BLOB_SYMBOL = "__pipeline_dev_mblob"
 BLOB_MAGIC = b"PLMBLOB\0"
 BLOB_VERSION = 1
 BLOB_PREFIX_SIZE = 24  # magic + version + reserved + total length
-_FIXED = struct.Struct("<8sIIQQ")  # the prefix plus the header length
-_DIGEST = 32
+BLOB_FIXED = struct.Struct("<8sIIQQ")  # the prefix plus the header length
+BLOB_DIGEST_SIZE = 32
 
 IMPORT_TREE = {
     "modules": [{"type_key": "library"},
@@ -52,17 +52,6 @@ IMPORT_TREE = {
 
 class BlobError(PipelineError, ValueError):
     """A blob that cannot be trusted; the message starts with where it came from."""
-
-
-@dataclass(frozen=True)
-class Blob:
-    """The verified contents of a blob."""
-
-    graph_json: str
-    params: bytes
-    kernels: tuple[str, ...]
-    target: str
-    import_tree: dict[str, Any]
 
 
 def _dumps(obj: Any) -> bytes:
@@ -83,7 +72,7 @@ def blob_chunks(graph_json: str, params, kernels: list[str], target: str) -> lis
     # digits: iterate until the header length stops changing (2-3 rounds).
     header_len = 0
     while True:
-        offset = _FIXED.size + header_len
+        offset = BLOB_FIXED.size + header_len
         table = []
         for name, data in sections:
             table.append({"name": name, "offset": offset, "size": data.nbytes})
@@ -93,8 +82,8 @@ def blob_chunks(graph_json: str, params, kernels: list[str], target: str) -> lis
         if len(header) == header_len:
             break
         header_len = len(header)
-    total = offset + _DIGEST
-    parts = [_FIXED.pack(BLOB_MAGIC, BLOB_VERSION, 0, total, header_len), header,
+    total = offset + BLOB_DIGEST_SIZE
+    parts = [BLOB_FIXED.pack(BLOB_MAGIC, BLOB_VERSION, 0, total, header_len), header,
              *(data for _, data in sections)]
     digest = hashlib.sha256()
     for part in parts:
@@ -117,58 +106,19 @@ def read_blob_header_length(first_bytes: bytes, source: str = "blob") -> int:
     if version != BLOB_VERSION:
         raise BlobError(f"{source}: blob from format version {version}, this runtime reads "
                         f"version {BLOB_VERSION}; rebuild the library")
-    if total < _FIXED.size + _DIGEST:
+    if total < BLOB_FIXED.size + BLOB_DIGEST_SIZE:
         raise BlobError(f"{source}: blob header is corrupted: total length {total} is too "
                         "small; rebuild the library")
     return total
 
 
-def unpack_blob(data: bytes, source: str) -> Blob:
-    """Verify and parse a blob; `source` names its origin in error messages.
-
-    Magic, version, length and sha256 are checked before anything else is
-    read. Raises BlobError with a one-line message on any problem.
-    """
-    total = read_blob_header_length(data[:BLOB_PREFIX_SIZE], source)
-    if len(data) < total:
-        raise BlobError(f"{source}: blob truncated: expected {total} bytes, found {len(data)}")
-    if len(data) > total:
-        raise BlobError(f"{source}: blob length mismatch: expected {total} bytes, found "
-                        f"{len(data)}")
-    view = memoryview(data)
-    if hashlib.sha256(view[:-_DIGEST]).digest() != bytes(view[-_DIGEST:]):
-        raise BlobError(f"{source}: checksum mismatch: the library is corrupted; rebuild it")
-    # From here on the bytes are exactly what pack_blob wrote (or a deliberate
-    # forgery, which we do not defend against), so errors below mean a bug.
-    header_len = _FIXED.unpack_from(view)[4]
-    try:
-        header = json.loads(bytes(view[_FIXED.size:_FIXED.size + header_len]))
-        sections = {}
-        for entry in header["sections"]:
-            start, size = entry["offset"], entry["size"]
-            if start < _FIXED.size + header_len or start + size > total - _DIGEST:
-                raise ValueError(f"section {entry['name']!r} out of bounds")
-            sections[entry["name"]] = bytes(view[start:start + size])
-        return Blob(graph_json=sections["graph"].decode("utf-8"), params=sections["params"],
-                    kernels=tuple(header["kernels"]), target=header["target"],
-                    import_tree=header["import_tree"])
-    except (ValueError, KeyError, TypeError) as err:
-        raise BlobError(f"{source}: malformed blob header: {err}") from None
-
-
-def emit_blob_object(blob: bytes, target: Any) -> bytes:
+def emit_blob_object(blob: bytes, triple: str) -> bytes:
     """Return an ELF relocatable object whose global constant BLOB_SYMBOL holds blob.
 
-    `target` is a pipeline.codegen.target.Target or a target string; its triple
-    picks the ELF machine (ValueError for targets pipeline.contrib.elf cannot write).
+    `triple` (the target's LLVM triple, Target.triple) picks the ELF machine
+    (ValueError for triples pipeline.link.elf cannot write).
     """
-    return b"".join(data_object(BLOB_SYMBOL, [blob], _triple(target)))
-
-
-def _triple(target: Any) -> str:
-    from pipeline.codegen.target import parse_target
-
-    return (parse_target(target) if isinstance(target, str) else target).triple
+    return b"".join(data_object(BLOB_SYMBOL, [blob], triple))
 
 
 def devc_checksum(path: str | os.PathLike) -> bytes:
@@ -177,12 +127,12 @@ def devc_checksum(path: str | os.PathLike) -> bytes:
     with open(path, "rb") as f:
         f.seek(DATA_OFFSET)
         total = read_blob_header_length(f.read(BLOB_PREFIX_SIZE), os.fspath(path))
-        f.seek(DATA_OFFSET + total - _DIGEST)
-        return f.read(_DIGEST)
+        f.seek(DATA_OFFSET + total - BLOB_DIGEST_SIZE)
+        return f.read(BLOB_DIGEST_SIZE)
 
 
-def write_devc(blob: bytes | list, target: Any, path: str | os.PathLike) -> None:
-    """Write the blob object for target atomically to path (devc.o); blob is the
-    packed bytes or blob_chunks' list."""
+def write_devc(blob: bytes | list, triple: str, path: str | os.PathLike) -> None:
+    """Write the blob object for the target triple atomically to path (devc.o);
+    blob is the packed bytes or blob_chunks' list."""
     chunks = [blob] if isinstance(blob, bytes) else blob
-    atomic_write(path, data_object(BLOB_SYMBOL, chunks, _triple(target)))
+    atomic_write(path, data_object(BLOB_SYMBOL, chunks, triple))

@@ -1,6 +1,6 @@
 """Rebuild benchmark: what each kind of change costs, through real doit runs.
 
-    python -m pipeline.rebuild_bench [--model resnet50] [--repeat 3]
+    python -m pipeline.tools.rebuild_bench [--model resnet50] [--repeat 3]
 
 In a temporary folder it writes the model's ONNX file and a one-entry matrix,
 then times `doit build` (each a fresh process, as a user runs it):
@@ -30,7 +30,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]  # the checkout: pipeline/tools/ is two below
 TARGET = '{target: "llvm -mcpu=native", opt_level: 3}'
 
 
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
                      '  haswell: {target: "llvm -mcpu=haswell", opt_level: 3}\n')
         step("(c) second target added (llvm -mcpu=haswell)", serial)
 
-    print(f"\nRebuild benchmark: {args.model}, `python -m pipeline.rebuild_bench "
+    print(f"\nRebuild benchmark: {args.model}, `python -m pipeline.tools.rebuild_bench "
           f"--model {args.model}`, {os.cpu_count()} cores\n")
     print("| step | wall s | kernels compiled | kernels reused |")
     print("|---|---:|---:|---:|")

@@ -17,9 +17,9 @@ import onnx
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
-from pipeline.contrib.cc import atomic_write
 from pipeline.errors import PipelineError
 from pipeline.frontend.onnx import load_model
+from pipeline.link.files import atomic_write
 from pipeline.runtime import GraphModule, load_module
 
 

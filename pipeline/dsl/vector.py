@@ -17,8 +17,7 @@ from contextlib import contextmanager
 
 import llvmlite.ir as ir
 
-from pipeline.codegen.builder import F32, F64, I32, PTR, Buffer, KernelBuilder
-from pipeline.ops.registry import get
+from pipeline.dsl.builder import F32, F64, I32, PTR, Buffer, KernelBuilder
 
 VOID = ir.VoidType()
 
@@ -134,7 +133,7 @@ def prefetch_epilogue(kb: KernelBuilder, epilogue, out: Buffer, index: list) -> 
     prefetch(kb, out, kb.dot(index, out.strides), write=True)
     if epilogue is None:
         return
-    _, chain, args = epilogue.parts
+    _, chain, args, _ = epilogue.parts
     for node in chain:
         for name in node.inputs:
             buf = args.get(name)
@@ -147,11 +146,13 @@ def apply_epilogue(kb: KernelBuilder, epilogue, value: ir.Value, index: list) ->
     outputs at `index` .. `index` + n along the last dimension.
 
     `epilogue` is the closure render.py passes to `lower`; it carries the chain
-    as `epilogue.parts = (anchor output name, chain nodes, argument buffers)`.
+    as `epilogue.parts = (anchor output name, chain nodes, argument buffers,
+    scalar_of)`, scalar_of(op name) being the op's scalar lowering (the DSL
+    does not import the operator registry).
     """
     if epilogue is None:
         return value
-    source, chain, args = epilogue.parts
+    source, chain, args, scalar_of = epilogue.parts
     n = value.type.count
     env = {source: value}
     for node in chain:
@@ -161,7 +162,7 @@ def apply_epilogue(kb: KernelBuilder, epilogue, value: ir.Value, index: list) ->
             env[node.outputs[0]] = VECTOR_OPS[node.op](kb, operands, node)
             continue
         # Lane by lane with the op's own scalar lowering: exact for any op, slower.
-        scalar = get(node.op).scalar
+        scalar = scalar_of(node.op)
         lanes = [scalar(kb, [kb.b.extract_element(v, ir.Constant(I32, k)) for v in operands],
                         node) for k in range(n)]
         out = ir.Constant(vec(n, lanes[0].type), None)

@@ -7,7 +7,7 @@ process, so this one object sees the whole build. It
   - prints progress: `[done/total] stage model@target` with the total growing
     as the per-kernel tasks appear; on a terminal a live line rewritten in
     place, otherwise (CI, pipes) one quiet line per task run;
-  - records, per task run, why it ran (pipeline.explain), when it started
+  - records, per task run, why it ran (pipeline.tasks.explain), when it started
     (seconds into the build) and how long it took;
   - ends with one line per model@target: kernels compiled and reused, time;
   - writes all of it to out/build-report.json, which `doit explain` prints and
@@ -24,8 +24,8 @@ import time
 
 from doit.reporter import ConsoleReporter
 
-from pipeline.contrib.cc import atomic_write
-from pipeline.explain import reasons
+from pipeline.link.files import atomic_write
+from pipeline.tasks.explain import reasons
 
 REPORT = os.path.join("out", "build-report.json")
 # Runs of only these tasks leave the previous report alone (it is what they show).

@@ -1,6 +1,6 @@
 """The ONNX backend (onnx.backend.base): prepare a model with the real compiler, run it.
 
-    rep = pipeline.backend.prepare(model, "CPU", opt_level=3)
+    rep = pipeline.tools.backend.prepare(model, "CPU", opt_level=3)
     outputs = rep.run([x, ...])          # inputs in graph-input order, or a dict
 
 `prepare` imports the model, optimises it at the chosen opt level, compiles
@@ -227,7 +227,7 @@ def compile_model(model: onnx.ModelProto, opt_level: int = 3, target: str = TARG
                   shape: dict[str, tuple[int, ...]] | None = None,
                   freeze: dict[str, np.ndarray] | None = None):
     """Import, optimise, compile, link and load `model`; returns its GraphModule."""
-    from pipeline.build_module import build
+    from pipeline.driver.build import build
     from pipeline.frontend import from_onnx
     from pipeline.runtime import GraphModule, load_module
     from pipeline.transform import PassContext

@@ -1,0 +1,60 @@
+"""The build driver (TVM: relay.build -> GraphExecutorFactoryModule).
+
+    with PassContext(opt_level=3):
+        factory = build(graph, target="llvm -mcpu=native", params=params)
+    factory.export_library("out/net.so")   # or "out/net.tar"
+
+`build` optimises the graph, lowers every kernel node to a KernelSpec and
+compiles each distinct spec once (what it returns, and export_library, are in
+pipeline/driver/factory.py). The doit tasks run the same functions one stage at
+a time (pipeline/tasks/stages.py).
+"""
+
+from __future__ import annotations
+
+from pipeline.codegen.compile import compile_ir
+from pipeline.codegen.render import render
+from pipeline.driver.factory import GraphExecutorFactory, LoweredGraph, unique_specs
+from pipeline.ir.graph import Graph
+from pipeline.ir.target import Target, parse_target
+from pipeline.lower.kernel import KernelSpec, kernel_spec
+from pipeline.plan import graph_json, plan_memory
+from pipeline.transform import PassContext, optimize
+
+
+def lower_graph(graph: Graph, params: dict, target: Target, opt_level: int) -> LoweredGraph:
+    """Optimise under the current PassContext and describe every kernel."""
+    graph, params = optimize(graph, params, target=target)
+    specs = {node.name: kernel_spec(node, graph, target, opt_level) for node in graph.nodes}
+    plan = plan_memory(graph)
+    text = graph_json(graph, {name: s.symbol for name, s in specs.items()}, plan)
+    return LoweredGraph(graph, params, specs, text, plan)
+
+
+def compile_kernel(spec: KernelSpec) -> tuple[str, bytes]:
+    """(LLVM IR text, object bytes) of one kernel."""
+    text = render(spec)
+    return text, compile_ir(text, spec.target, spec.opt_level, name=spec.symbol)
+
+
+def build(graph: Graph, target: str = "llvm", params: dict | None = None,
+          opt_level: int | None = None,
+          kernel_cache: dict[str, bytes] | None = None) -> GraphExecutorFactory:
+    """Optimise and compile `graph` for `target` under the current PassContext.
+
+    opt_level is LLVM's (0..3); it defaults to the PassContext's opt_level.
+    kernel_cache (kernel hash -> object bytes) is read and filled: a kernel
+    found there is not compiled again (its hash names everything that decides
+    its machine code, as for the doit kernel cache).
+    """
+    cfg = PassContext.current()
+    resolved = parse_target(target)
+    llvm_level = cfg.opt_level if opt_level is None else opt_level
+    lowered = lower_graph(graph, dict(params or {}), resolved, llvm_level)
+    cache = {} if kernel_cache is None else kernel_cache
+    objects = {}
+    for spec in unique_specs(lowered.specs.values()):
+        if spec.hash not in cache:
+            cache[spec.hash] = compile_kernel(spec)[1]
+        objects[spec.symbol] = cache[spec.hash]
+    return GraphExecutorFactory(lowered, target, objects)

@@ -1,0 +1,83 @@
+"""What `build` returns: GraphExecutorFactory (graph JSON, params, kernel objects)
+and its export_library, which links lib0.o + devc.o into a .so or packs a .tar.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.ir.graph import Graph
+from pipeline.ir.target import parse_target
+from pipeline.link import cc
+from pipeline.link.blob import pack_blob, write_devc
+from pipeline.lower.kernel import KernelSpec
+from pipeline.plan import MemoryPlan
+from pipeline.runtime.params import save_params
+
+__all__ = ["GraphExecutorFactory", "LoweredGraph", "unique_specs"]
+
+
+@dataclass(frozen=True)
+class LoweredGraph:
+    """An optimised graph ready for export: executor JSON, params, kernel specs."""
+
+    graph: Graph
+    params: dict[str, np.ndarray]
+    specs: dict[str, KernelSpec]  # node name -> spec (several nodes may share one)
+    graph_json: str
+    memory: MemoryPlan
+
+
+def unique_specs(specs) -> list[KernelSpec]:
+    """Distinct specs ordered by symbol: the order objects are linked in."""
+    return sorted({s.hash: s for s in specs}.values(), key=lambda s: s.symbol)
+
+
+class GraphExecutorFactory:
+    """What `build` returns: graph JSON, params and compiled kernel objects."""
+
+    def __init__(self, lowered: LoweredGraph, target_text: str,
+                 objects: dict[str, bytes]):
+        self.lowered = lowered
+        self.target_text = target_text
+        self.objects = objects  # symbol -> object bytes
+
+    def get_graph_json(self) -> str:
+        return self.lowered.graph_json
+
+    def get_params(self) -> dict[str, np.ndarray]:
+        return dict(self.lowered.params)
+
+    @property
+    def kernels(self) -> list[KernelSpec]:
+        return unique_specs(self.lowered.specs.values())
+
+    def export_library(self, path: str | Path) -> Path:
+        """Write lib0.o + devc.o and link them into `path` (.so), or pack them (.tar)."""
+        path = Path(path)
+        if path.suffix not in (".so", ".tar"):
+            raise ValueError(f"{path}: export_library writes .so or .tar files")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+            kernel_objs = []
+            for spec in self.kernels:
+                obj = Path(tmp, f"{spec.hash}.o")
+                obj.write_bytes(self.objects[spec.symbol])
+                kernel_objs.append(obj)
+            lib0, devc = Path(tmp, "lib0.o"), Path(tmp, "devc.o")
+            # A graph whose outputs are all build-time constants has no kernel.
+            objects = [lib0, devc] if kernel_objs else [devc]
+            if kernel_objs:
+                cc.link_relocatable(lib0, kernel_objs)
+            blob = pack_blob(self.lowered.graph_json, save_params(self.lowered.params),
+                             [s.symbol for s in self.kernels], self.target_text)
+            write_devc(blob, parse_target(self.target_text).triple, devc)
+            if path.suffix == ".so":
+                cc.create_shared(path, objects)
+            else:
+                cc.create_tar(path, objects)
+        return path
