@@ -14,9 +14,9 @@ import warnings
 
 import pytest
 
-from pipeline.tasks import cache
 from pipeline.codegen.compile import CompileError, CompileWarning, compile_ir
 from pipeline.ir.target import parse_target
+from pipeline.tasks import cache
 
 ZNVER5 = parse_target("llvm -mcpu=znver5")
 

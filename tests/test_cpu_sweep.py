@@ -23,12 +23,12 @@ from functools import cache
 
 import pytest
 
-from pipeline.driver.build import lower_graph, unique_specs
 from pipeline.codegen.compile import CompileError, compile_ir
 from pipeline.codegen.render import render
-from pipeline.ir.target import Target, parse_target
+from pipeline.driver.build import lower_graph, unique_specs
 from pipeline.errors import PipelineError
 from pipeline.frontend import from_onnx
+from pipeline.ir.target import Target, parse_target
 from pipeline.transform import PassContext
 
 X86, ARM = "x86_64-unknown-linux-gnu", "aarch64-linux-gnu"

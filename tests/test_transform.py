@@ -12,8 +12,8 @@ from onnx import helper
 
 from pipeline.errors import ConfigError
 from pipeline.frontend import from_onnx
-from pipeline.ir.target import parse_target
 from pipeline.ir.graph import Graph, Node, TensorType
+from pipeline.ir.target import parse_target
 from pipeline.ops import infer_types
 from pipeline.transform import PASS_NAMES, PIPELINE, PassConfig, PassContext, optimize
 
