@@ -207,9 +207,10 @@ def _close_workers() -> None:
         worker.close()
 
 
-def serve(stdin=sys.stdin.buffer, stdout=sys.stdout.buffer) -> None:
+def serve() -> None:
     """The worker's loop: read (text, target, opt_level, loop_vectorize) jobs until EOF,
     answer b"O" + object bytes, or b"E" + message when LLVM rejects the IR."""
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     while True:
         head = stdin.read(8)
         if len(head) < 8:
