@@ -1,5 +1,6 @@
 """What `build` returns: GraphExecutorFactory (graph JSON, params, kernel objects)
-and its export_library, which links lib0.o + devc.o into a .so or packs a .tar.
+and its export_library, which links lib0.o + devc.o into a .so or packs a .tar
+through the same steps as the doit build (pipeline/link/export.py).
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ import numpy as np
 from pipeline.ir.graph import Graph
 from pipeline.ir.target import parse_target
 from pipeline.link import cc
-from pipeline.link.blob import pack_blob, write_devc
+from pipeline.link.export import link_library, pack_devc
 from pipeline.lower.kernel import KernelSpec
 from pipeline.plan import MemoryPlan
-from pipeline.runtime.params import save_params
+from pipeline.runtime.params import param_chunks
 
 __all__ = ["GraphExecutorFactory", "LoweredGraph", "unique_specs"]
 
@@ -57,7 +58,12 @@ class GraphExecutorFactory:
         return unique_specs(self.lowered.specs.values())
 
     def export_library(self, path: str | Path) -> Path:
-        """Write lib0.o + devc.o and link them into `path` (.so), or pack them (.tar)."""
+        """Link the kernels and the packed graph, params and kernel list into `path`
+        (.so), or pack lib0.o + devc.o into it (.tar); returns `path`.
+
+        The steps and their bytes are the doit build's (pipeline/link/export.py).
+        ValueError for another suffix; LinkError if the linker fails.
+        """
         path = Path(path)
         if path.suffix not in (".so", ".tar"):
             raise ValueError(f"{path}: export_library writes .so or .tar files")
@@ -68,16 +74,13 @@ class GraphExecutorFactory:
                 obj = Path(tmp, f"{spec.hash}.o")
                 obj.write_bytes(self.objects[spec.symbol])
                 kernel_objs.append(obj)
-            lib0, devc = Path(tmp, "lib0.o"), Path(tmp, "devc.o")
             # A graph whose outputs are all build-time constants has no kernel.
-            objects = [lib0, devc] if kernel_objs else [devc]
-            if kernel_objs:
+            lib0 = Path(tmp, "lib0.o") if kernel_objs else None
+            if lib0 is not None:
                 cc.link_relocatable(lib0, kernel_objs)
-            blob = pack_blob(self.lowered.graph_json, save_params(self.lowered.params),
-                             [s.symbol for s in self.kernels], self.target_text)
-            write_devc(blob, parse_target(self.target_text).triple, devc)
-            if path.suffix == ".so":
-                cc.create_shared(path, objects)
-            else:
-                cc.create_tar(path, objects)
+            devc = Path(tmp, "devc.o")
+            pack_devc(self.lowered.graph_json, param_chunks(self.lowered.params),
+                      [s.symbol for s in self.kernels], self.target_text,
+                      parse_target(self.target_text).triple, devc)
+            link_library(lib0, devc, path)
         return path

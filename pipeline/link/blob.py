@@ -63,20 +63,29 @@ def pack_blob(graph_json: str, params: bytes, kernels: list[str], target: str) -
     return b"".join(blob_chunks(graph_json, params, kernels, target))
 
 
+def _byte_views(data) -> list[memoryview]:
+    """A bytes-like object, or a list or tuple of them, as flat byte views (no copy)."""
+    chunks = data if isinstance(data, (list, tuple)) else [data]
+    return [memoryview(chunk).cast("B") for chunk in chunks]
+
+
 def blob_chunks(graph_json: str, params, kernels: list[str], target: str) -> list:
-    """pack_blob's bytes as a list of chunks, `params` (any bytes-like object, e.g.
-    a memory-mapped .params file) among them uncopied: write_devc streams them."""
-    sections = [("graph", memoryview(graph_json.encode("utf-8"))),
-                ("params", memoryview(params).cast("B"))]
+    """pack_blob's bytes as a list of chunks, `params` among them uncopied:
+    write_devc streams them. `params` is the param-dict bytes as one bytes-like
+    object (e.g. a memory-mapped .params file) or a list of bytes-like chunks
+    (runtime.params.param_chunks' list, over the arrays' own memory)."""
+    sections = [("graph", _byte_views(graph_json.encode("utf-8"))),
+                ("params", _byte_views(params))]
     # Section offsets live in the header, whose length depends on the offsets'
     # digits: iterate until the header length stops changing (2-3 rounds).
     header_len = 0
     while True:
         offset = BLOB_FIXED.size + header_len
         table = []
-        for name, data in sections:
-            table.append({"name": name, "offset": offset, "size": data.nbytes})
-            offset += data.nbytes
+        for name, views in sections:
+            size = sum(v.nbytes for v in views)
+            table.append({"name": name, "offset": offset, "size": size})
+            offset += size
         header = _dumps({"import_tree": IMPORT_TREE, "sections": table,
                          "kernels": list(kernels), "target": target})
         if len(header) == header_len:
@@ -84,7 +93,7 @@ def blob_chunks(graph_json: str, params, kernels: list[str], target: str) -> lis
         header_len = len(header)
     total = offset + BLOB_DIGEST_SIZE
     parts = [BLOB_FIXED.pack(BLOB_MAGIC, BLOB_VERSION, 0, total, header_len), header,
-             *(data for _, data in sections)]
+             *(view for _, views in sections for view in views)]
     digest = hashlib.sha256()
     for part in parts:
         digest.update(part)

@@ -188,7 +188,8 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             a = artifacts(m, t)
             yield {"name": f"{m.name}@{t.name}", "targets": [a["devc"]], "clean": True,
                    "file_dep": [a["graph_json"], a["params"], a["kernels"],
-                                *_sources("link/blob.py", "link/elf.py")],
+                                *_sources("link/blob.py", "link/elf.py", "link/export.py",
+                                          "link/files.py")],
                    "actions": [(run_stage, ["tasks.stages:pack_devc", a["graph_json"],
                                             a["params"], a["kernels"], a["devc"]])]}
 
@@ -197,7 +198,9 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
         for m, t in entries:
             a = artifacts(m, t)
             yield {"name": f"{m.name}@{t.name}", "targets": [a["so"]], "clean": True,
-                   "file_dep": [a["lib0"], a["devc"], *_sources("link/cc.py", "link/files.py")],
+                   "file_dep": [a["lib0"], a["devc"],
+                                *_sources("link/cc.py", "link/files.py", "link/export.py",
+                                          "link/blob.py")],
                    "actions": [(run_stage, ["tasks.stages:export_library", a["lib0"],
                                             a["devc"], a["so"]])]}
 

@@ -8,7 +8,6 @@ which keeps them picklable for `doit -n`.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import mmap
 from pathlib import Path
@@ -18,8 +17,7 @@ from pipeline.driver.factory import unique_specs
 from pipeline.frontend import from_onnx
 from pipeline.ir.graph import Graph
 from pipeline.ir.target import parse_target
-from pipeline.link import cc
-from pipeline.link.blob import blob_chunks, devc_checksum, write_devc
+from pipeline.link import cc, export
 from pipeline.link.files import atomic_write
 from pipeline.runtime.params import load_params, param_chunks
 from pipeline.tasks.cache import object_for_link
@@ -73,7 +71,8 @@ def optimize_model(graph_path: str, weights_path: str, target: dict, kernel_dir:
 
 
 def link_lib0(kernels_path: str, cache: str, lib0_path: str) -> None:
-    """All of a model's kernel objects -> one relocatable lib0.o (ld -r).
+    """All of a model's kernel objects -> one relocatable lib0.o (ld -r), in the
+    manifest's order (symbol order, as export_library links them).
 
     Objects come from the kernel cache, checked against their checksums; a
     corrupted or missing entry is recompiled from its spec, never linked.
@@ -87,20 +86,14 @@ def pack_devc(graph_json_path: str, params_path: str, kernels_path: str,
               devc_path: str) -> None:
     """Graph JSON + params + kernel list -> devc.o holding the packed blob."""
     manifest = json.loads(Path(kernels_path).read_text())
+    target = manifest["target"]
     # Mapped, not read: the params go from the page cache to devc.o in one copy.
     with open(params_path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        chunks = blob_chunks(Path(graph_json_path).read_text(), m,
-                             [k["symbol"] for k in manifest["kernels"]], manifest["target"])
-        write_devc(chunks, parse_target(manifest["target"]).triple, devc_path)
-        del chunks  # a view of the mapping left alive would keep it from closing
+        export.pack_devc(Path(graph_json_path).read_text(), m,
+                         [k["symbol"] for k in manifest["kernels"]], target,
+                         parse_target(target).triple, devc_path)
 
 
 def export_library(lib0_path: str, devc_path: str, out_path: str) -> None:
     """lib0.o + devc.o -> the deliverable shared library (or .tar)."""
-    if out_path.endswith(".tar"):
-        cc.create_tar(out_path, [lib0_path, devc_path])
-        return
-    # The linker's own build id hashes its whole output, 100 MB for ResNet-50,
-    # at a third of a second; one derived from what decides the output is free.
-    build_id = hashlib.sha1(Path(lib0_path).read_bytes() + devc_checksum(devc_path))
-    cc.create_shared(out_path, [lib0_path, devc_path], [f"-Wl,--build-id=0x{build_id.hexdigest()}"])
+    export.link_library(lib0_path, devc_path, out_path)

@@ -1,0 +1,102 @@
+"""One export path: the Python API (from_onnx -> build -> export_library) and
+`doit build` link through the same functions (pipeline/link/export.py), so one
+model gives the same lib0.o, devc.o, params and .so bytes both ways.
+
+The doit side runs doit's own runner in a subprocess (as tests/test_doit_flow.py);
+the API side exports a .so and a .tar, whose members are its lib0.o and devc.o.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import models
+import pipeline
+from pipeline.frontend import from_onnx
+from pipeline.runtime.params import save_params
+from pipeline.transform import PassContext
+from tests.test_doit_flow import doit, tiny_convnet, write_config
+
+TARGET = "llvm -mcpu=native"  # the target write_config's matrix builds
+
+
+def _api_export(onnx_path: Path, out: Path) -> tuple[bytes, dict[str, bytes], bytes]:
+    """(.so bytes, {tar member: bytes}, params bytes) exported through the Python API."""
+    graph, params = from_onnx(onnx_path)
+    with PassContext(opt_level=3):
+        factory = pipeline.build(graph, target=TARGET, params=params)
+    so = factory.export_library(out / "model.so")
+    with tarfile.open(factory.export_library(out / "model.tar")) as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    return so.read_bytes(), members, save_params(factory.get_params())
+
+
+def _build_id(so: Path) -> str:
+    notes = subprocess.run(["readelf", "-n", str(so)], capture_output=True, text=True,
+                           check=True).stdout
+    return next(line.split()[-1] for line in notes.splitlines() if "Build ID" in line)
+
+
+@pytest.mark.parametrize("model", ["tiny", "mlp"])
+def test_api_and_doit_export_identical_bytes(tmp_path: Path, model: str):
+    """tiny: conv, folded batch norm, pool, gemm; mlp: the models/ generator, 38 MB
+    of weights (streamed from a mapped .params file by doit, from the arrays by the API)."""
+    onnx_path = tmp_path / "nets" / f"{model}.onnx"
+    if model == "tiny":
+        tiny_convnet(onnx_path, seed=5)
+        write_config(tmp_path, "tiny: {path: nets/tiny.onnx}\n")
+    else:
+        onnx_path.parent.mkdir()
+        onnx.save(models.build(model), str(onnx_path))
+        write_config(tmp_path, f"{model}: {{generator: {model}}}\n")
+    code, executed, out = doit(tmp_path, "build", "config=matrix.yaml", "target=llvm")
+    assert code == 0, out[-3000:]
+    assert {f"{step}:{model}@llvm" for step in ("lib0", "devc", "export")} <= executed
+    built = tmp_path / "out" / model / "llvm"
+
+    so, members, params = _api_export(onnx_path, tmp_path / "api")
+    assert sorted(members) == ["devc.o", "lib0.o"]
+    assert members["lib0.o"] == (built / "lib0.o").read_bytes()
+    assert members["devc.o"] == (built / "devc.o").read_bytes()
+    assert params == (built / f"{model}.params").read_bytes()
+    assert so == (built / f"{model}.so").read_bytes()
+    # Both carry the build id made from lib0.o and the blob checksum (a sha1).
+    assert re.fullmatch("[0-9a-f]{40}", _build_id(built / f"{model}.so"))
+
+
+def test_export_without_kernels(tmp_path: Path):
+    """A graph with no node (its output is its input) has no kernel: the library
+    is devc.o alone, and still loads and runs."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    model = helper.make_model(helper.make_graph([], "passthrough", [x], [x]),
+                              opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    graph, params = from_onnx(model)
+    with PassContext(opt_level=3):
+        factory = pipeline.build(graph, target=TARGET, params=params)
+    assert factory.kernels == []
+    value = np.arange(6, dtype=np.float32).reshape(2, 3)
+    for suffix in (".so", ".tar"):
+        lib = pipeline.runtime.load_module(factory.export_library(tmp_path / f"p{suffix}"))
+        m = pipeline.runtime.GraphModule(lib["default"]())
+        m.set_input("x", value)
+        m.run()
+        np.testing.assert_array_equal(m.get_output(0), value)
+    with tarfile.open(tmp_path / "p.tar") as tar:
+        assert tar.getnames() == ["devc.o"]
+
+
+@pytest.mark.parametrize("name", ["model.dylib", "model"])
+def test_export_rejects_other_suffixes(tmp_path: Path, name: str):
+    from pipeline.link.export import link_library
+
+    with pytest.raises(ValueError, match=r"\.so or \.tar"):
+        link_library(None, tmp_path / "devc.o", tmp_path / name)
