@@ -179,8 +179,8 @@ def bench_library(lib_path: str, onnx_path: str, shapes: dict, model: str, targe
                 times.append(_time(fn))
                 peaks[side] = max(peaks[side], _peak_rss())
         ours_s, theirs_s = statistics.median(ours), statistics.median(theirs)
-        rows[str(t)] = {"ours_ms": round(ours_s * 1e3, 3),
-                        "onnxruntime_ms": round(theirs_s * 1e3, 3),
+        rows[str(t)] = {"ours_ms": round(ours_s * 1e3, 4),
+                        "onnxruntime_ms": round(theirs_s * 1e3, 4),
                         "ratio": round(ours_s / theirs_s, 3),
                         "ours_gflops": round(flops / ours_s / 1e9, 2),
                         "onnxruntime_gflops": round(flops / theirs_s / 1e9, 2)}
