@@ -15,12 +15,11 @@ import numpy as np
 
 from pipeline.dsl.builder import FLOATS
 from pipeline.errors import ModelError
-from pipeline.ir.graph import Node, TensorType
-from pipeline.ops.registry import broadcast_shape, onnx_op, register
+from pipeline.ir.graph import ONNX_DTYPES, Node, TensorType
+from pipeline.ops.registry import Limit, broadcast_shape, onnx_op, register
 
 NUMERIC = ("float32", "float64", "int64", "int32")
 # ONNX TensorProto element types we convert to, for Cast's `to`.
-ONNX_DTYPES = {1: "float32", 11: "float64", 6: "int32", 7: "int64", 9: "bool"}
 
 
 def _check(node: Node, types: list[TensorType], allowed: tuple[str, ...],
@@ -60,11 +59,12 @@ def _div_np(a, b):
 register("identity", "elementwise", lambda types, node: [types[0]], float64=True,
          scalar=lambda kb, a, node: a[0], numpy=lambda xs, node: [xs[0]])
 
-onnx_op("Identity", 1)(lambda ctx, n: [Node.make("identity", n.name, n.inputs[:1],
-                                                 n.outputs[:1])])
+onnx_op("Identity", 1, emits=("identity",))(
+    lambda ctx, n: [Node.make("identity", n.name, n.inputs[:1], n.outputs[:1])])
 
 
-@onnx_op("Dropout", 1)
+@onnx_op("Dropout", 1, emits=("identity",), build_time_inputs=(1, 2),
+         limits=(Limit("the training_mode input (random masks)", lambda n: n.given(2)),))
 def _dropout(ctx, n):
     # Inference only: Dropout is the identity and its mask output is all ones
     # (bool since opset 10, the input's dtype before), a build-time constant.
@@ -115,7 +115,8 @@ def _pow_np(xs, node):
 
 
 register("pow", "elementwise", _pow_infer, scalar=_pow, numpy=_pow_np, float64=True)
-onnx_op("Pow", 7)(lambda ctx, n: [Node.make("pow", n.name, n.inputs[:2], n.outputs[:1])])
+onnx_op("Pow", 7, emits=("pow",))(
+    lambda ctx, n: [Node.make("pow", n.name, n.inputs[:2], n.outputs[:1])])
 
 
 def _mod(kb, a, node):
@@ -137,8 +138,9 @@ def _mod(kb, a, node):
 
 register("mod", "elementwise", _binary(NUMERIC), scalar=_mod, float64=True,
          numpy=lambda xs, node: [(np.fmod if node.attr("fmod") else np.mod)(xs[0], xs[1])])
-onnx_op("Mod", 10)(lambda ctx, n: [Node.make("mod", n.name, n.inputs[:2], n.outputs[:1],
-                                             fmod=int(n.attrs.get("fmod", 0)))])
+onnx_op("Mod", 10, emits=("mod",))(
+    lambda ctx, n: [Node.make("mod", n.name, n.inputs[:2], n.outputs[:1],
+                              fmod=int(n.attrs.get("fmod", 0)))])
 
 
 def _prelu_infer(types, node):
@@ -154,10 +156,11 @@ register("prelu", "elementwise", _prelu_infer, float64=True,
          scalar=lambda kb, a, node: kb.b.select(kb.compare("<", a[0], kb.fconst(0.0, a[0])),
                                                 kb.fmul(a[0], a[1]), a[0]),
          numpy=lambda xs, node: [np.where(xs[0] < 0, xs[0] * xs[1], xs[0])])
-onnx_op("PRelu", 7)(lambda ctx, n: [Node.make("prelu", n.name, n.inputs[:2], n.outputs[:1])])
+onnx_op("PRelu", 7, emits=("prelu",))(
+    lambda ctx, n: [Node.make("prelu", n.name, n.inputs[:2], n.outputs[:1])])
 
 
-@onnx_op("PRelu", 1)
+@onnx_op("PRelu", 1, emits=("reshape", "prelu"))
 def _prelu_v1(ctx, n):
     """Before opset 7 a 1-D slope of C values is per channel (axis 1), as old
     PyTorch exports use it: reshape it to [C, 1, ..] for numpy broadcasting."""
@@ -195,14 +198,14 @@ def _variadic(op: str):
     return convert
 
 
-onnx_op("Sum", 1)(_variadic("add"))
-onnx_op("Max", 1)(_variadic("max"))
-onnx_op("Min", 1)(_variadic("min"))
-onnx_op("Mean", 1)(_variadic("mean"))
+onnx_op("Sum", 1, emits=("identity", "add"))(_variadic("add"))
+onnx_op("Max", 1, emits=("identity", "max"))(_variadic("max"))
+onnx_op("Min", 1, emits=("identity", "min"))(_variadic("min"))
+onnx_op("Mean", 1, emits=("add", "div"))(_variadic("mean"))
 # Opset 7 replaced the legacy `broadcast`/`axis` attributes with numpy broadcasting.
 for _op in ("add", "sub", "mul", "div"):
-    onnx_op(_ARITH[_op][0], 7)(lambda ctx, n, op=_op: [Node.make(op, n.name, n.inputs[:2],
-                                                                 n.outputs[:1])])
+    onnx_op(_ARITH[_op][0], 7, emits=(_op,))(
+        lambda ctx, n, op=_op: [Node.make(op, n.name, n.inputs[:2], n.outputs[:1])])
 
 
 def _legacy_broadcast(op: str):
@@ -236,7 +239,7 @@ def _legacy_broadcast(op: str):
 
 for _op, _onnx in (("add", "Add"), ("sub", "Sub"), ("mul", "Mul"), ("div", "Div"),
                    ("pow", "Pow")):
-    onnx_op(_onnx, 1)(_legacy_broadcast(_op))
+    onnx_op(_onnx, 1, emits=("reshape", _op))(_legacy_broadcast(_op))
 
 # -- comparisons and logic (bool results) ---------------------------------------------------
 
@@ -251,8 +254,8 @@ for _op, (_onnx, _since, _pred, _np) in _COMPARE.items():
                                          "bool"), float64=True,
              scalar=lambda kb, a, node, p=_pred: kb.as_bool(kb.compare(p, a[0], a[1])),
              numpy=lambda xs, node, f=_np: [f(xs[0], xs[1])])
-    onnx_op(_onnx, _since)(lambda ctx, n, op=_op: [Node.make(op, n.name, n.inputs[:2],
-                                                             n.outputs[:1])])
+    onnx_op(_onnx, _since, emits=(_op,))(
+        lambda ctx, n, op=_op: [Node.make(op, n.name, n.inputs[:2], n.outputs[:1])])
 
 _LOGIC = {"and": ("And", "and_", np.logical_and), "or": ("Or", "or_", np.logical_or),
           "xor": ("Xor", "xor", np.logical_xor)}
@@ -261,8 +264,8 @@ for _op, (_onnx, _method, _np) in _LOGIC.items():
     register(_op, "elementwise", _binary(("bool",)),
              scalar=lambda kb, a, node, m=_method: getattr(kb.b, m)(a[0], a[1]),
              numpy=lambda xs, node, f=_np: [f(xs[0], xs[1])])
-    onnx_op(_onnx, 7)(lambda ctx, n, op=_op: [Node.make(op, n.name, n.inputs[:2],
-                                                        n.outputs[:1])])
+    onnx_op(_onnx, 7, emits=(_op,))(
+        lambda ctx, n, op=_op: [Node.make(op, n.name, n.inputs[:2], n.outputs[:1])])
 
 
 def _not_infer(types, node):
@@ -273,7 +276,8 @@ def _not_infer(types, node):
 register("not", "elementwise", _not_infer,
          scalar=lambda kb, a, node: kb.b.xor(a[0], kb.const(1, a[0].type)),
          numpy=lambda xs, node: [np.logical_not(xs[0])])
-onnx_op("Not", 1)(lambda ctx, n: [Node.make("not", n.name, n.inputs[:1], n.outputs[:1])])
+onnx_op("Not", 1, emits=("not",))(
+    lambda ctx, n: [Node.make("not", n.name, n.inputs[:1], n.outputs[:1])])
 
 
 def _where_infer(types, node):
@@ -285,7 +289,8 @@ def _where_infer(types, node):
 register("where", "elementwise", _where_infer, float64=True,
          scalar=lambda kb, a, node: kb.b.select(kb.truth(a[0]), a[1], a[2]),
          numpy=lambda xs, node: [np.where(xs[0], xs[1], xs[2])])
-onnx_op("Where", 9)(lambda ctx, n: [Node.make("where", n.name, n.inputs[:3], n.outputs[:1])])
+onnx_op("Where", 9, emits=("where",))(
+    lambda ctx, n: [Node.make("where", n.name, n.inputs[:3], n.outputs[:1])])
 
 
 # -- Cast --------------------------------------------------------------------------------
@@ -317,13 +322,13 @@ def _cast_to(n, code: int) -> str:
     return dtype
 
 
-@onnx_op("Cast", 6)
+@onnx_op("Cast", 6, emits=("cast",))
 def _cast(ctx, n):
     return [Node.make("cast", n.name, n.inputs[:1], n.outputs[:1],
                       to=_cast_to(n, int(n.attrs["to"])))]
 
 
-@onnx_op("CastLike", 15)
+@onnx_op("CastLike", 15, emits=("cast",))
 def _cast_like(ctx, n):
     return [Node.make("cast", n.name, n.inputs[:1], n.outputs[:1],
                       to=ctx.type(n.inputs[1]).dtype)]

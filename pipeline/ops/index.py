@@ -78,7 +78,7 @@ register("gather", "anchor", _gather_infer, lower=_gather_lower, numpy=_gather_n
          float64=True)
 
 
-@onnx_op("Gather", 1)
+@onnx_op("Gather", 1, emits=("gather",))
 def _gather(ctx, n):
     rank = len(ctx.type(n.inputs[0]).shape)
     axis = norm_axis(n, int(n.attrs.get("axis", 0)), rank)
@@ -144,13 +144,13 @@ def _slice_args(ctx, n):
     return starts, ends, axes, steps or [1] * len(starts)
 
 
-@onnx_op("Slice", 1)
+@onnx_op("Slice", 1, emits=("slice",), build_time_inputs=(1, 2, 3, 4))
 def _slice(ctx, n):
     shape = ctx.type(n.inputs[0]).shape
     return [slice_node(n.name, n.inputs[0], n.outputs[0], shape, *_slice_args(ctx, n))]
 
 
-@onnx_op("Split", 1)
+@onnx_op("Split", 1, emits=("slice",), build_time_inputs=(1,))
 def _split(ctx, n):
     """One slice per output. Sizes: the `split` attribute (before opset 13) or
     input, else equal parts (opset 18: `num_outputs` parts, the last smaller)."""
@@ -225,7 +225,7 @@ register_remap("pad", _pad_infer, _pad_tables)
 _PAD_MODES = ("constant", "reflect", "edge", "wrap")
 
 
-@onnx_op("Pad", 1)
+@onnx_op("Pad", 1, emits=("pad",), build_time_inputs=(1, 2, 3))
 def _pad(ctx, n):
     rank = len(ctx.type(n.inputs[0]).shape)
     mode = n.text("mode", "constant")

@@ -155,7 +155,7 @@ register("matmul", "anchor", _matmul_infer, lower=_matmul_lower, numpy=_matmul_n
          float64=True)
 
 
-@onnx_op("Gemm", 1)
+@onnx_op("Gemm", 1, emits=("dense", "matmul", "mul", "add"))
 def _gemm(ctx, n):
     """Y = alpha * A' @ B' + beta * C, as a chain product [-> mul alpha] [-> add C].
 
@@ -211,7 +211,7 @@ def _gemm(ctx, n):
     return nodes
 
 
-@onnx_op("MatMul", 1)
+@onnx_op("MatMul", 1, emits=("dense", "matmul"))
 def _matmul(ctx, n):
     a, b = n.inputs[:2]
     w = ctx.const(b)

@@ -95,7 +95,7 @@ def _transpose_tables(node, x, out):
 register_remap("transpose", _transpose_infer, _transpose_tables)
 
 
-@onnx_op("Transpose", 1)
+@onnx_op("Transpose", 1, emits=("transpose",))
 def _transpose(ctx, n):
     rank = len(ctx.type(n.inputs[0]).shape)
     perm = [int(p) for p in n.attrs.get("perm", range(rank - 1, -1, -1))]
@@ -120,7 +120,7 @@ def _tile_tables(node, x, out):
 register_remap("tile", _tile_infer, _tile_tables)
 
 
-@onnx_op("Tile", 6)
+@onnx_op("Tile", 6, emits=("tile",), build_time_inputs=(1,))
 def _tile(ctx, n):
     reps = need_const(ctx, n, 1, "the repeats input").tolist()
     if len(reps) != len(ctx.type(n.inputs[0]).shape) or min(reps, default=0) < 0:
@@ -192,5 +192,5 @@ def _block_converter(op: str):
     return convert
 
 
-onnx_op("DepthToSpace", 1)(_block_converter("depth_to_space"))
-onnx_op("SpaceToDepth", 1)(_block_converter("space_to_depth"))
+onnx_op("DepthToSpace", 1, emits=("depth_to_space",))(_block_converter("depth_to_space"))
+onnx_op("SpaceToDepth", 1, emits=("space_to_depth",))(_block_converter("space_to_depth"))

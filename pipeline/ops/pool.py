@@ -15,7 +15,7 @@ import math
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.nn import as_1d, lift_1d, spatial_attrs, window_out
-from pipeline.ops.registry import onnx_op, register
+from pipeline.ops.registry import Limit, onnx_op, register
 
 
 def _pool_infer(types, node):
@@ -142,9 +142,10 @@ def _lp_p(n) -> float:
     return p
 
 
-onnx_op("MaxPool", 1)(_pool_converter("max"))
-onnx_op("AveragePool", 1)(_pool_converter("avg"))
-onnx_op("LpPool", 1)(_pool_converter("lp"))
+onnx_op("MaxPool", 1, emits=("max_pool1d", "max_pool2d", "max_pool3d"),
+        limits=(Limit("the Indices output", lambda n: len(n.outputs) > 1),))(_pool_converter("max"))
+onnx_op("AveragePool", 1, emits=("avg_pool1d", "avg_pool2d", "avg_pool3d"))(_pool_converter("avg"))
+onnx_op("LpPool", 1, emits=("lp_pool1d", "lp_pool2d", "lp_pool3d"))(_pool_converter("lp"))
 
 
 # -- global pooling: one value per (n, c) plane ----------------------------------------
@@ -189,6 +190,6 @@ def _global_converter(op: str):
     return convert
 
 
-onnx_op("GlobalAveragePool", 1)(_global_converter("global_avg_pool"))
-onnx_op("GlobalMaxPool", 1)(_global_converter("global_max_pool"))
-onnx_op("GlobalLpPool", 1)(_global_converter("global_lp_pool"))
+onnx_op("GlobalAveragePool", 1, emits=("global_avg_pool",))(_global_converter("global_avg_pool"))
+onnx_op("GlobalMaxPool", 1, emits=("global_max_pool",))(_global_converter("global_max_pool"))
+onnx_op("GlobalLpPool", 1, emits=("global_lp_pool",))(_global_converter("global_lp_pool"))

@@ -193,8 +193,10 @@ _ONNX_NAMES = {"sum": "ReduceSum", "mean": "ReduceMean", "max": "ReduceMax",
                "sum_square": "ReduceSumSquare", "log_sum": "ReduceLogSum",
                "log_sum_exp": "ReduceLogSumExp"}
 for _kind, _onnx in _ONNX_NAMES.items():
-    onnx_op(_onnx, 1)(_reduce_converter(_kind, axes_input=False))
-    onnx_op(_onnx, 13 if _kind == "sum" else 18)(_reduce_converter(_kind, axes_input=True))
+    onnx_op(_onnx, 1, emits=(f"reduce_{_kind}", "identity"))(
+        _reduce_converter(_kind, axes_input=False))
+    onnx_op(_onnx, 13 if _kind == "sum" else 18, emits=(f"reduce_{_kind}", "identity"),
+            build_time_inputs=(1,))(_reduce_converter(_kind, axes_input=True))
 
 
 # -- ArgMax, ArgMin ---------------------------------------------------------------------
@@ -283,5 +285,5 @@ def _arg_converter(op: str):
     return convert
 
 
-onnx_op("ArgMax", 1)(_arg_converter("argmax"))
-onnx_op("ArgMin", 1)(_arg_converter("argmin"))
+onnx_op("ArgMax", 1, emits=("argmax",))(_arg_converter("argmax"))
+onnx_op("ArgMin", 1, emits=("argmin",))(_arg_converter("argmin"))

@@ -8,8 +8,8 @@ Graph ops (all dtype-generic over float32/64 and int64/32):
   topk_indices(x; axis, k, largest)        sorted, ties to the lower index (int64)
   trilu(x; k, upper)                       x where column - row >= k (upper) or <= k
                                            (lower) in the last two dims, else 0
-CumSum's and CumProd's axis, TopK's K and Trilu's k are build-time constants (inputs listed in
-pipeline/tools/backend.py BUILD_TIME_INPUTS). TopK's two outputs are two kernels: the
+CumSum's and CumProd's axis, TopK's K and Trilu's k are build-time constants (their
+converters' build_time_inputs). TopK's two outputs are two kernels: the
 executor's kernels write one output each.
 """
 
@@ -90,8 +90,8 @@ def _cumulative_converter(op: str):
 for _op in _CUMULATIVE:
     register(_op, "opaque", _numeric, lower=_cumulative_lower, numpy=_cumulative_np,
              float64=True)
-onnx_op("CumSum", 11)(_cumulative_converter("cumsum"))
-onnx_op("CumProd", 26)(_cumulative_converter("cumprod"))
+onnx_op("CumSum", 11, emits=("cumsum",), build_time_inputs=(1,))(_cumulative_converter("cumsum"))
+onnx_op("CumProd", 26, emits=("cumprod",), build_time_inputs=(1,))(_cumulative_converter("cumprod"))
 
 
 # -- TopK -----------------------------------------------------------------------------------
@@ -144,7 +144,7 @@ for _op in ("topk_values", "topk_indices"):
     register(_op, "opaque", _topk_infer, lower=_topk_lower, numpy=_topk_np, float64=True)
 
 
-@onnx_op("TopK", 1)
+@onnx_op("TopK", 1, emits=("topk_values", "topk_indices"), build_time_inputs=(1,))
 def _topk(ctx, n):
     rank = len(ctx.type(n.inputs[0]).shape)
     if n.opset >= 10:
@@ -187,7 +187,7 @@ def _trilu_np(xs, node):
 register("trilu", "opaque", _trilu_infer, lower=_trilu_lower, numpy=_trilu_np, float64=True)
 
 
-@onnx_op("Trilu", 14)
+@onnx_op("Trilu", 14, emits=("trilu",), build_time_inputs=(1,))
 def _trilu(ctx, n):
     k = need_const(ctx, n, 1, "the k input")
     return [Node.make("trilu", n.name, n.inputs[:1], n.outputs[:1],

@@ -164,5 +164,5 @@ def _softmax_converter(op: str, flatten: bool, default_axis: int):
 # Before opset 13 (Log)Softmax and Hardmax flattened the input to 2-D at `axis` (default 1).
 for _onnx, _op in (("Softmax", "softmax"), ("LogSoftmax", "log_softmax"),
                    ("Hardmax", "hardmax")):
-    onnx_op(_onnx, 1)(_softmax_converter(_op, flatten=True, default_axis=1))
-    onnx_op(_onnx, 13)(_softmax_converter(_op, flatten=False, default_axis=-1))
+    onnx_op(_onnx, 1, emits=(_op,))(_softmax_converter(_op, flatten=True, default_axis=1))
+    onnx_op(_onnx, 13, emits=(_op,))(_softmax_converter(_op, flatten=False, default_axis=-1))

@@ -230,17 +230,17 @@ _ONNX = [
 ]
 _ONNX += [(_op, _onnx, _since, {}) for _op, (_onnx, _since, _) in TRIG.items()]
 for _op, _onnx, _since, _defaults in _ONNX:
-    onnx_op(_onnx, _since)(_converter(_op, _defaults))
+    onnx_op(_onnx, _since, emits=(_op,))(_converter(_op, _defaults))
 
 
-@onnx_op("Clip", 6)
+@onnx_op("Clip", 6, emits=("clip",))
 def _clip_v6(ctx, n):
     return [Node.make("clip", n.name, n.inputs[:1], n.outputs[:1],
                       min=float(n.attrs.get("min", -3.4028234663852886e38)),
                       max=float(n.attrs.get("max", 3.4028234663852886e38)))]
 
 
-@onnx_op("Clip", 11)
+@onnx_op("Clip", 11, emits=("clip",), build_time_inputs=(1, 2))
 def _clip_v11(ctx, n):
     # min and max became optional inputs; we need them as build-time constants.
     dtype = np.dtype(ctx.type(n.inputs[0]).dtype)
@@ -292,5 +292,6 @@ register("isnan", "elementwise", _predicate_infer, float64=True,
          numpy=lambda xs, node: [np.isnan(xs[0])])
 register("isinf", "elementwise", _predicate_infer, float64=True,
          scalar=lambda kb, a, node: _isinf(kb, a[0], node), numpy=_isinf_np)
-onnx_op("IsNaN", 9)(_converter("isnan", {}))
-onnx_op("IsInf", 10)(_converter("isinf", {"detect_negative": 1, "detect_positive": 1}))
+onnx_op("IsNaN", 9, emits=("isnan",))(_converter("isnan", {}))
+onnx_op("IsInf", 10, emits=("isinf",))(
+    _converter("isinf", {"detect_negative": 1, "detect_positive": 1}))
