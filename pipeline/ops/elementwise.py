@@ -48,6 +48,16 @@ def _binary(allowed: tuple[str, ...], result: str | None = None):
     return infer
 
 
+# Samples for tests/test_registry_ops.py, (rng, float dtype) -> (inputs, attrs): the
+# second operand broadcasts along the first's leading dim and stays away from 0.
+def _floats(rng, dtype: str, shape: tuple[int, ...], low: float = -2.0, high: float = 2.0):
+    return rng.uniform(low, high, shape).astype(dtype)
+
+
+def _binary_sample(rng, dtype, low: float = -2.0, attrs=None):
+    return [_floats(rng, dtype, (2, 3, 4), low), _floats(rng, dtype, (3, 1), 0.5)], attrs or {}
+
+
 def _div_np(a, b):
     if a.dtype.kind == "f":
         return a / b
@@ -57,6 +67,7 @@ def _div_np(a, b):
 # -- identity ----------------------------------------------------------------------------
 
 register("identity", "elementwise", lambda types, node: [types[0]], float64=True,
+         sample=lambda rng, dtype: ([_floats(rng, dtype, (2, 3))], {}),
          scalar=lambda kb, a, node: a[0], numpy=lambda xs, node: [xs[0]])
 
 onnx_op("Identity", 1, emits=("identity",))(
@@ -85,7 +96,7 @@ _ARITH = {  # op: (ONNX op_type, numpy)
     "div": ("Div", _div_np), "max": ("Max", np.maximum), "min": ("Min", np.minimum),
 }
 for _op, (_onnx, _np) in _ARITH.items():
-    register(_op, "elementwise", _binary(NUMERIC), float64=True,
+    register(_op, "elementwise", _binary(NUMERIC), float64=True, sample=_binary_sample,
              scalar=lambda kb, a, node, op=_op: kb.arith(op, a[0], a[1]),
              numpy=lambda xs, node, f=_np: [f(xs[0], xs[1]).astype(xs[0].dtype)])
 
@@ -114,7 +125,8 @@ def _pow_np(xs, node):
     return [np.power(base.astype(np.float64), exponent.astype(np.float64)).astype(base.dtype)]
 
 
-register("pow", "elementwise", _pow_infer, scalar=_pow, numpy=_pow_np, float64=True)
+register("pow", "elementwise", _pow_infer, scalar=_pow, numpy=_pow_np, float64=True,
+         sample=lambda rng, dtype: _binary_sample(rng, dtype, low=0.5))
 onnx_op("Pow", 7, emits=("pow",))(
     lambda ctx, n: [Node.make("pow", n.name, n.inputs[:2], n.outputs[:1])])
 
@@ -137,6 +149,7 @@ def _mod(kb, a, node):
 
 
 register("mod", "elementwise", _binary(NUMERIC), scalar=_mod, float64=True,
+         sample=lambda rng, dtype: _binary_sample(rng, dtype, attrs={"fmod": 1}),
          numpy=lambda xs, node: [(np.fmod if node.attr("fmod") else np.mod)(xs[0], xs[1])])
 onnx_op("Mod", 10, emits=("mod",))(
     lambda ctx, n: [Node.make("mod", n.name, n.inputs[:2], n.outputs[:1],
@@ -152,7 +165,7 @@ def _prelu_infer(types, node):
     return out
 
 
-register("prelu", "elementwise", _prelu_infer, float64=True,
+register("prelu", "elementwise", _prelu_infer, float64=True, sample=_binary_sample,
          scalar=lambda kb, a, node: kb.b.select(kb.compare("<", a[0], kb.fconst(0.0, a[0])),
                                                 kb.fmul(a[0], a[1]), a[0]),
          numpy=lambda xs, node: [np.where(xs[0] < 0, xs[0] * xs[1], xs[0])])
@@ -252,6 +265,8 @@ _COMPARE = {  # op: (ONNX op_type, first opset, LLVM predicate, numpy)
 for _op, (_onnx, _since, _pred, _np) in _COMPARE.items():
     register(_op, "elementwise", _binary(NUMERIC + (("bool",) if _op == "equal" else ()),
                                          "bool"), float64=True,
+             sample=lambda rng, dtype: ([rng.integers(-2, 3, s).astype(dtype)  # some equal
+                                         for s in ((2, 3, 4), (3, 1))], {}),
              scalar=lambda kb, a, node, p=_pred: kb.as_bool(kb.compare(p, a[0], a[1])),
              numpy=lambda xs, node, f=_np: [f(xs[0], xs[1])])
     onnx_op(_onnx, _since, emits=(_op,))(
@@ -262,6 +277,7 @@ _LOGIC = {"and": ("And", "and_", np.logical_and), "or": ("Or", "or_", np.logical
 for _op, (_onnx, _method, _np) in _LOGIC.items():
     # bool values are 0 or 1, so the bitwise instructions are the logical ones.
     register(_op, "elementwise", _binary(("bool",)),
+             sample=lambda rng, dtype: ([rng.random((2, 3)) < 0.5, rng.random((1, 3)) < 0.5], {}),
              scalar=lambda kb, a, node, m=_method: getattr(kb.b, m)(a[0], a[1]),
              numpy=lambda xs, node, f=_np: [f(xs[0], xs[1])])
     onnx_op(_onnx, 7, emits=(_op,))(
@@ -274,6 +290,7 @@ def _not_infer(types, node):
 
 
 register("not", "elementwise", _not_infer,
+         sample=lambda rng, dtype: ([rng.random((2, 3)) < 0.5], {}),
          scalar=lambda kb, a, node: kb.b.xor(a[0], kb.const(1, a[0].type)),
          numpy=lambda xs, node: [np.logical_not(xs[0])])
 onnx_op("Not", 1, emits=("not",))(
@@ -287,6 +304,8 @@ def _where_infer(types, node):
 
 
 register("where", "elementwise", _where_infer, float64=True,
+         sample=lambda rng, dtype: ([rng.random((2, 3, 4)) < 0.5, _floats(rng, dtype, (2, 3, 4)),
+                                     _floats(rng, dtype, (3, 1))], {}),
          scalar=lambda kb, a, node: kb.b.select(kb.truth(a[0]), a[1], a[2]),
          numpy=lambda xs, node: [np.where(xs[0], xs[1], xs[2])])
 onnx_op("Where", 9, emits=("where",))(
@@ -308,6 +327,7 @@ def _cast_np(xs, node):
 
 
 register("cast", "elementwise", _cast_infer, float64=True,
+         sample=lambda rng, dtype: ([_floats(rng, dtype, (2, 5), -5, 5)], {"to": "int32"}),
          scalar=lambda kb, a, node: kb.cast(a[0], node.attr("to")), numpy=_cast_np)
 
 

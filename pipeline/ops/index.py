@@ -75,6 +75,8 @@ def _gather_np(xs, node):
 
 
 register("gather", "anchor", _gather_infer, lower=_gather_lower, numpy=_gather_np,
+         sample=lambda rng, dtype: ([rng.uniform(-2, 2, (4, 3)).astype(dtype),
+                                     rng.integers(-4, 4, (2, 2))], {"axis": 0}),
          float64=True)
 
 
@@ -104,7 +106,9 @@ def _slice_tables(node, x, out):
             in zip(node.attr("starts"), node.attr("steps"), out.shape, strides, strict=True)]
 
 
-register_remap("slice", _slice_infer, _slice_tables)
+register_remap("slice", _slice_infer, _slice_tables,
+               lambda rng, dtype: ([rng.uniform(-2, 2, (4, 6)).astype(dtype)], dict(slice_node(
+                   "s", "x", "y", (4, 6), [1, -1], [4, 0], [0, 1], [1, -2]).attrs)))
 
 
 def slice_node(name: str, x: str, out: str, shape, starts, ends, axes, steps) -> Node:
@@ -220,7 +224,9 @@ def _pad_tables(node, x, out):
     return tables
 
 
-register_remap("pad", _pad_infer, _pad_tables)
+register_remap("pad", _pad_infer, _pad_tables,
+               lambda rng, dtype: ([rng.uniform(-2, 2, (2, 3)).astype(dtype)],
+                                   {"pads": (1, 0, 0, 2), "mode": "constant", "value": 0.5}))
 
 _PAD_MODES = ("constant", "reflect", "edge", "wrap")
 

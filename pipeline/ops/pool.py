@@ -12,6 +12,8 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
+
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.nn import as_1d, lift_1d, spatial_attrs, window_out
@@ -176,8 +178,23 @@ def _global_pool_lower(kb, node, ins, out, epilogue):
         kb.store(out, kb.add(kb.mul(n, c_n), c), value)
 
 
+def _global_numpy(xs, node):
+    x = xs[0]
+    axes = tuple(range(2, x.ndim))
+    kind = node.op[len("global_"):-len("_pool")]
+    if kind == "lp":
+        p = node.attr("p")
+        out = (np.abs(x) ** p).sum(axis=axes, keepdims=True) ** (1 / p)
+    else:
+        out = (x.max if kind == "max" else x.mean)(axis=axes, keepdims=True)
+    return [out.astype(x.dtype)]
+
+
 for _kind in ("avg", "max", "lp"):
-    register(f"global_{_kind}_pool", "anchor", _global_infer, lower=_global_pool_lower)
+    register(f"global_{_kind}_pool", "anchor", _global_infer, lower=_global_pool_lower,
+             numpy=_global_numpy,
+             sample=lambda rng, dtype, k=_kind: ([rng.uniform(-2, 2, (2, 3, 4, 5)).astype(dtype)],
+                                                 {"p": 3.0} if k == "lp" else {}))
 
 
 def _global_converter(op: str):

@@ -143,7 +143,11 @@ def _resize_np(xs, node):
     return [result.astype(x.dtype)]
 
 
-register("resize", "anchor", _resize_infer, lower=_resize_lower, numpy=_resize_np)
+register("resize", "anchor", _resize_infer, lower=_resize_lower, numpy=_resize_np,
+         sample=lambda rng, dtype: ([rng.uniform(-2, 2, (1, 2, 3, 4)).astype(dtype)], {
+             "mode": "linear", "coord": "half_pixel", "nearest": "round_prefer_floor",
+             "scales": (1.0, 1.0, 2.0, 1.5), "shape": (1, 2, 6, 6), "cubic_a": -0.75,
+             "exclude_outside": 0}))
 
 
 # -- ONNX converters -------------------------------------------------------------------

@@ -89,7 +89,9 @@ def _cumulative_converter(op: str):
 
 for _op in _CUMULATIVE:
     register(_op, "opaque", _numeric, lower=_cumulative_lower, numpy=_cumulative_np,
-             float64=True)
+             float64=True, sample=lambda rng, dtype: (
+                 [rng.uniform(0.5, 1.5, (2, 4, 3)).astype(dtype)],
+                 {"axis": 1, "exclusive": 1, "reverse": 1}))
 onnx_op("CumSum", 11, emits=("cumsum",), build_time_inputs=(1,))(_cumulative_converter("cumsum"))
 onnx_op("CumProd", 26, emits=("cumprod",), build_time_inputs=(1,))(_cumulative_converter("cumprod"))
 
@@ -141,7 +143,9 @@ def _topk_np(xs, node):
 
 
 for _op in ("topk_values", "topk_indices"):
-    register(_op, "opaque", _topk_infer, lower=_topk_lower, numpy=_topk_np, float64=True)
+    register(_op, "opaque", _topk_infer, lower=_topk_lower, numpy=_topk_np, float64=True,
+             sample=lambda rng, dtype: ([rng.uniform(-2, 2, (2, 5, 3)).astype(dtype)],
+                                        {"axis": 1, "k": 3, "largest": 1}))
 
 
 @onnx_op("TopK", 1, emits=("topk_values", "topk_indices"), build_time_inputs=(1,))
@@ -184,7 +188,9 @@ def _trilu_np(xs, node):
     return [fn(xs[0], node.attr("k"))]
 
 
-register("trilu", "opaque", _trilu_infer, lower=_trilu_lower, numpy=_trilu_np, float64=True)
+register("trilu", "opaque", _trilu_infer, lower=_trilu_lower, numpy=_trilu_np, float64=True,
+         sample=lambda rng, dtype: ([rng.uniform(-2, 2, (2, 3, 4)).astype(dtype)],
+                                    {"k": 1, "upper": 0}))
 
 
 @onnx_op("Trilu", 14, emits=("trilu",), build_time_inputs=(1,))

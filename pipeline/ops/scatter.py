@@ -93,7 +93,9 @@ def _gather_elements_np(xs, node):
 
 
 register("gather_elements", "anchor", _gather_elements_infer, lower=_gather_elements_lower,
-         numpy=_gather_elements_np, float64=True)
+         numpy=_gather_elements_np, float64=True,
+         sample=lambda rng, dtype: ([rng.uniform(-2, 2, (3, 4)).astype(dtype),
+                                     rng.integers(-4, 4, (3, 2))], {"axis": 1}))
 
 
 @onnx_op("GatherElements", 11, emits=("gather_elements",))

@@ -59,6 +59,8 @@ def _copy_lower(kb, node, ins, out, epilogue):
 
 
 register("reshape", "opaque", _reshape_infer, lower=_copy_lower, float64=True,
+         sample=lambda rng, dtype: ([rng.uniform(-2, 2, (2, 3, 4)).astype(dtype)],
+                                    {"shape": (4, 6)}),
          numpy=lambda xs, node: [xs[0].reshape(node.attr("shape"))])
 
 
@@ -166,6 +168,8 @@ def _concat_lower(kb, node, ins, out, epilogue):
 
 
 register("concat", "opaque", _concat_infer, lower=_concat_lower, float64=True,
+         sample=lambda rng, dtype: ([rng.uniform(-2, 2, s).astype(dtype)
+                                     for s in ((2, 3), (2, 1), (2, 4))], {"axis": 1}),
          numpy=lambda xs, node: [np.concatenate(xs, axis=node.attr("axis"))])
 
 
@@ -186,7 +190,9 @@ register("expand", "elementwise",
          scalar=lambda kb, a, node: a[0],
          numpy=lambda xs, node: [np.broadcast_to(
              xs[0], np.broadcast_shapes(xs[0].shape, tuple(node.attr("shape")))).copy()],
-         float64=True)
+         float64=True,
+         sample=lambda rng, dtype: ([rng.uniform(-2, 2, (3, 1)).astype(dtype)],
+                                    {"shape": (2, 3, 4)}))
 
 
 @onnx_op("Expand", 8, emits=("expand",), build_time_inputs=(1,))
