@@ -18,13 +18,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from pipeline.errors import ModelError, UnsupportedOperatorError
-from pipeline.ir.graph import DTYPES, Graph, Node, TensorType, add_param
+from pipeline.errors import GraphError, ModelError, UnsupportedOperatorError
+from pipeline.ir.graph import DTYPES, ONNX_DTYPES, Graph, Node, TensorType, add_param
 from pipeline.ops import get, infer_types, onnx_converter
-
-_DTYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.DOUBLE: "float64",
-           onnx.TensorProto.INT64: "int64",
-           onnx.TensorProto.INT32: "int32", onnx.TensorProto.BOOL: "bool"}
 
 
 @dataclass
@@ -128,7 +124,7 @@ def from_onnx(model: onnx.ModelProto | str | Path,
     source = source or model.graph.name or "<model>"
     if freeze:
         model = _freeze_inputs(model, freeze, source)
-    opset = _default_opset(model)
+    opset = default_opset(model)
     _check_supported(model, opset, source)
 
     g = model.graph
@@ -152,7 +148,12 @@ def from_onnx(model: onnx.ModelProto | str | Path,
         if onode.op_type == "Constant":
             _import_constant(onode, ctx, source)
             continue
-        for node in onnx_converter(onode.op_type, opset)(ctx, onode):
+        converter = onnx_converter(onode.op_type, opset)
+        for node in converter.fn(ctx, onode):
+            if node.op not in converter.emits:  # the backend's float64 rule relies on emits
+                raise GraphError(f"{source}: node {onode.name!r}: the {onode.op_type} "
+                                 f"converter (opset {converter.since}) produced {node.op!r}, "
+                                 "which its onnx_op(emits=...) does not list")
             out_types = infer_types(node, [types[i] for i in node.inputs])
             for name, t in zip(node.outputs, out_types, strict=True):
                 want = onnx_shapes.get(name)
@@ -189,7 +190,8 @@ def _freeze_inputs(model: onnx.ModelProto, freeze: dict, source: str) -> onnx.Mo
     return model
 
 
-def _default_opset(model: onnx.ModelProto) -> int:
+def default_opset(model: onnx.ModelProto) -> int:
+    """The model's opset of the default ONNX domain ("" or "ai.onnx"); 1 if unlisted."""
     for imp in model.opset_import:
         if imp.domain in ("", "ai.onnx"):
             return imp.version
@@ -227,7 +229,7 @@ def _dtype_name(dtype, name: str) -> str:
 
 def _input_type(vi, override, source: str) -> TensorType:
     tt = vi.type.tensor_type
-    dtype = _DTYPES.get(tt.elem_type)
+    dtype = ONNX_DTYPES.get(tt.elem_type)
     if dtype is None:
         raise ModelError(f"{source}: input {vi.name!r} has unsupported element type "
                          f"{onnx.TensorProto.DataType.Name(tt.elem_type)}")

@@ -242,7 +242,7 @@ def kernel_of(n, ctx) -> tuple[int, ...]:
     return kernel
 
 
-@onnx_op("Conv", 1)
+@onnx_op("Conv", 1, emits=("conv1d", "conv2d", "conv3d"))
 def _conv(ctx, n):
     x_shape = ctx.type(n.inputs[0]).shape
     kernel = kernel_of(n, ctx)

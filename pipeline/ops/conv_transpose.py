@@ -241,7 +241,8 @@ def _ints(n, key: str, default: tuple[int, ...]) -> tuple[int, ...]:
     return value
 
 
-@onnx_op("ConvTranspose", 1)
+@onnx_op("ConvTranspose", 1, emits=("conv_transpose1d", "conv_transpose2d",
+                                        "conv_transpose3d"))
 def _conv_transpose(ctx, n):
     """Resolve output_shape / auto_pad into explicit pads (ONNX ConvTranspose rules)."""
     x_shape = ctx.type(n.inputs[0]).shape

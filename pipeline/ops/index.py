@@ -75,10 +75,12 @@ def _gather_np(xs, node):
 
 
 register("gather", "anchor", _gather_infer, lower=_gather_lower, numpy=_gather_np,
+         sample=lambda rng, dtype: ([rng.uniform(-2, 2, (4, 3)).astype(dtype),
+                                     rng.integers(-4, 4, (2, 2))], {"axis": 0}),
          float64=True)
 
 
-@onnx_op("Gather", 1)
+@onnx_op("Gather", 1, emits=("gather",))
 def _gather(ctx, n):
     rank = len(ctx.type(n.inputs[0]).shape)
     axis = norm_axis(n, int(n.attrs.get("axis", 0)), rank)
@@ -104,7 +106,9 @@ def _slice_tables(node, x, out):
             in zip(node.attr("starts"), node.attr("steps"), out.shape, strides, strict=True)]
 
 
-register_remap("slice", _slice_infer, _slice_tables)
+register_remap("slice", _slice_infer, _slice_tables,
+               lambda rng, dtype: ([rng.uniform(-2, 2, (4, 6)).astype(dtype)], dict(slice_node(
+                   "s", "x", "y", (4, 6), [1, -1], [4, 0], [0, 1], [1, -2]).attrs)))
 
 
 def slice_node(name: str, x: str, out: str, shape, starts, ends, axes, steps) -> Node:
@@ -144,13 +148,13 @@ def _slice_args(ctx, n):
     return starts, ends, axes, steps or [1] * len(starts)
 
 
-@onnx_op("Slice", 1)
+@onnx_op("Slice", 1, emits=("slice",), build_time_inputs=(1, 2, 3, 4))
 def _slice(ctx, n):
     shape = ctx.type(n.inputs[0]).shape
     return [slice_node(n.name, n.inputs[0], n.outputs[0], shape, *_slice_args(ctx, n))]
 
 
-@onnx_op("Split", 1)
+@onnx_op("Split", 1, emits=("slice",), build_time_inputs=(1,))
 def _split(ctx, n):
     """One slice per output. Sizes: the `split` attribute (before opset 13) or
     input, else equal parts (opset 18: `num_outputs` parts, the last smaller)."""
@@ -220,12 +224,14 @@ def _pad_tables(node, x, out):
     return tables
 
 
-register_remap("pad", _pad_infer, _pad_tables)
+register_remap("pad", _pad_infer, _pad_tables,
+               lambda rng, dtype: ([rng.uniform(-2, 2, (2, 3)).astype(dtype)],
+                                   {"pads": (1, 0, 0, 2), "mode": "constant", "value": 0.5}))
 
 _PAD_MODES = ("constant", "reflect", "edge", "wrap")
 
 
-@onnx_op("Pad", 1)
+@onnx_op("Pad", 1, emits=("pad",), build_time_inputs=(1, 2, 3))
 def _pad(ctx, n):
     rank = len(ctx.type(n.inputs[0]).shape)
     mode = n.text("mode", "constant")

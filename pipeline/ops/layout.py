@@ -82,7 +82,9 @@ def _lower(kb, node, ins, out, epilogue):
                 kb.store(out, bo, kb.load(ins[0], po))
 
 
-register("layout_transform", "opaque", _infer, lower=_lower, numpy=_numpy)
+register("layout_transform", "opaque", _infer, lower=_lower, numpy=_numpy,
+         sample=lambda rng, dtype: ([rng.uniform(-2, 2, (2, 8, 3, 2)).astype(dtype)],
+                                    {"src_layout": "NCHW", "dst_layout": "NCHW4c"}))
 
 
 def to_blocked(value: np.ndarray, block: int) -> np.ndarray:

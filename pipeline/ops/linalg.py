@@ -58,7 +58,15 @@ def _dense_lower(kb, node, ins, out, epilogue):
         kb.store(out, o, value)
 
 
-register("dense", "anchor", _dense_infer, lower=_dense_lower, float64=True)
+def _dense_numpy(xs, node):
+    """a [..., K] @ w[N, K]^T (+ bias[N])."""
+    y = np.matmul(xs[0], xs[1].T)
+    return [(y + xs[2] if len(xs) > 2 else y).astype(xs[0].dtype)]
+
+
+register("dense", "anchor", _dense_infer, lower=_dense_lower, float64=True, numpy=_dense_numpy,
+         sample=lambda rng, dtype: ([rng.uniform(-1, 1, s).astype(dtype)
+                                     for s in ((2, 3, 5), (4, 5), (4,))], {}))
 
 
 def _matrix_shapes(a: tuple, b: tuple, node) -> tuple[tuple, tuple]:
@@ -152,10 +160,12 @@ def _matmul_numpy(xs, node):
 
 
 register("matmul", "anchor", _matmul_infer, lower=_matmul_lower, numpy=_matmul_numpy,
-         float64=True)
+         float64=True, sample=lambda rng, dtype: (
+             [rng.uniform(-1, 1, s).astype(dtype) for s in ((2, 3, 5), (4, 5))],
+             {"trans_a": 0, "trans_b": 1}))
 
 
-@onnx_op("Gemm", 1)
+@onnx_op("Gemm", 1, emits=("dense", "matmul", "mul", "add"))
 def _gemm(ctx, n):
     """Y = alpha * A' @ B' + beta * C, as a chain product [-> mul alpha] [-> add C].
 
@@ -211,7 +221,7 @@ def _gemm(ctx, n):
     return nodes
 
 
-@onnx_op("MatMul", 1)
+@onnx_op("MatMul", 1, emits=("dense", "matmul"))
 def _matmul(ctx, n):
     a, b = n.inputs[:2]
     w = ctx.const(b)

@@ -86,13 +86,13 @@ def _attrs(n) -> dict:
     return {"reduction": reduction, "ignore_index": None if ignore is None else int(ignore)}
 
 
-@onnx_op("NegativeLogLikelihoodLoss", 12)
+@onnx_op("NegativeLogLikelihoodLoss", 12, emits=("nll_loss",))
 def _nll(ctx, n):
     inputs = [i for i in n.inputs if i]
     return [Node.make("nll_loss", n.name, inputs, n.outputs[:1], **_attrs(n))]
 
 
-@onnx_op("SoftmaxCrossEntropyLoss", 12)
+@onnx_op("SoftmaxCrossEntropyLoss", 12, emits=("log_softmax", "nll_loss"))
 def _softmax_cross_entropy(ctx, n):
     scores = n.inputs[0]
     log_prob = n.outputs[1] if len(n.outputs) > 1 and n.outputs[1] else \

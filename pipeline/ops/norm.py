@@ -16,7 +16,7 @@ import numpy as np
 
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node
-from pipeline.ops.registry import axis_attr, broadcast_shape, onnx_op, register
+from pipeline.ops.registry import Limit, axis_attr, broadcast_shape, onnx_op, register
 
 # -- BatchNormalization ---------------------------------------------------------------
 
@@ -41,7 +41,9 @@ def _batch_norm_lower(kb, node, ins, out, epilogue):
 register("batch_norm", "anchor", lambda types, node: [types[0]], lower=_batch_norm_lower)
 
 
-@onnx_op("BatchNormalization", 1)
+@onnx_op("BatchNormalization", 1, emits=("batch_norm",), limits=(Limit(
+    "training mode",
+    lambda n: len(n.outputs) > 1 or bool(n.attrs.get("training_mode", 0))),))
 def _batch_norm(ctx, n):
     if len([o for o in n.outputs if o]) > 1 or n.attrs.get("training_mode", 0):
         raise ModelError(f"node {n.name!r} (BatchNormalization): training mode "
@@ -159,7 +161,8 @@ def _chain(n, tag: str, steps, out: str) -> list[Node]:
     return nodes
 
 
-@onnx_op("LayerNormalization", 17)
+@onnx_op("LayerNormalization", 17, emits=("layer_norm", "reduce_mean", "sub", "mul", "add",
+                                           "sqrt", "reciprocal"))
 def _layer_norm(ctx, n):
     """Y is one layer_norm kernel; the optional Mean and InvStdDev outputs (shape
     x.shape[:axis] + ones) are computed beside it by reduce_mean and elementwise ops."""
@@ -184,7 +187,8 @@ def _layer_norm(ctx, n):
     return nodes
 
 
-@onnx_op("MeanVarianceNormalization", 9)
+@onnx_op("MeanVarianceNormalization", 9, emits=("reduce_mean", "sub", "mul", "sqrt", "add",
+                                                  "div"))
 def _mean_variance_norm(ctx, n):
     """(x - mean) / (sqrt(mean((x - mean)^2)) + 1e-9) over `axes` (default N, H, W),
     as the ONNX function body defines it, from reductions and elementwise ops."""
@@ -196,7 +200,7 @@ def _mean_variance_norm(ctx, n):
                          f"range for rank {rank}")
     axes = tuple(sorted({a % rank for a in raw}))
     stats = {"axes": axes, "keepdims": 1}
-    eps = ctx.add_param(f"{n.name}_epsilon", np.array([1e-9], np.float32))
+    eps = ctx.add_param(f"{n.name}_epsilon", np.array([1e-9], ctx.type(x).dtype))
     centred = f"{n.outputs[0]}__centred"
     return _chain(n, "mean", [("reduce_mean", (x,), stats), ("sub", (x, "@"), {})],
                   centred) + \
@@ -205,7 +209,7 @@ def _mean_variance_norm(ctx, n):
                           ("div", (centred, "@"), {})], n.outputs[0])
 
 
-@onnx_op("LpNormalization", 1)
+@onnx_op("LpNormalization", 1, emits=("reduce_l1", "reduce_l2", "max", "div"))
 def _lp_norm(ctx, n):
     """x / ||x||_p along `axis` (p 1 or 2): a keepdims reduction, then a division.
     An all-zero slice gives 0 (onnxruntime, onnx.reference): its norm is raised to
@@ -215,19 +219,20 @@ def _lp_norm(ctx, n):
     p = int(n.attrs.get("p", 2))
     if p not in (1, 2):
         raise ModelError(f"node {n.name!r} (LpNormalization): p must be 1 or 2, got {p}")
-    tiny = ctx.add_param(f"{n.name}_tiny", np.array([np.finfo(np.float32).tiny], np.float32))
+    tiny = ctx.add_param(f"{n.name}_tiny",
+                         np.array([np.finfo(np.float32).tiny], ctx.type(x).dtype))
     return _chain(n, "norm", [(f"reduce_l{p}", (x,), {"axes": (axis,), "keepdims": 1}),
                               ("max", ("@", tiny), {}), ("div", (x, "@"), {})], n.outputs[0])
 
 
-@onnx_op("RMSNormalization", 23)
+@onnx_op("RMSNormalization", 23, emits=("rms_norm",))
 def _rms_norm(ctx, n):
     axis = axis_attr(n, len(ctx.type(n.inputs[0]).shape), -1)
     return [Node.make("rms_norm", n.name, n.inputs[:2], n.outputs[:1], axis=axis,
                       epsilon=float(n.attrs.get("epsilon", 1e-5)))]
 
 
-@onnx_op("GroupNormalization", 18)
+@onnx_op("GroupNormalization", 18, emits=("group_norm",))
 def _group_norm(ctx, n):
     """Scale and bias are per group at opset 18, per channel from 21 (the shapes say which)."""
     if "num_groups" not in n.attrs:
@@ -237,7 +242,7 @@ def _group_norm(ctx, n):
                       epsilon=float(n.attrs.get("epsilon", 1e-5)))]
 
 
-@onnx_op("InstanceNormalization", 1)
+@onnx_op("InstanceNormalization", 1, emits=("instance_norm",))
 def _instance_norm(ctx, n):
     return [Node.make("instance_norm", n.name, n.inputs[:3], n.outputs[:1],
                       epsilon=float(n.attrs.get("epsilon", 1e-5)))]
@@ -274,7 +279,7 @@ def _lrn_lower(kb, node, ins, out, epilogue):
 register("lrn", "anchor", lambda types, node: [types[0]], lower=_lrn_lower)
 
 
-@onnx_op("LRN", 1)
+@onnx_op("LRN", 1, emits=("lrn",))
 def _lrn(ctx, n):
     if "size" not in n.attrs or len(ctx.type(n.inputs[0]).shape) < 3:
         raise ModelError(f"node {n.name!r} (LRN): needs the size attribute and an input "

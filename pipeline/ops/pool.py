@@ -12,10 +12,12 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
+
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.nn import as_1d, lift_1d, spatial_attrs, window_out
-from pipeline.ops.registry import onnx_op, register
+from pipeline.ops.registry import Limit, onnx_op, register
 
 
 def _pool_infer(types, node):
@@ -142,9 +144,10 @@ def _lp_p(n) -> float:
     return p
 
 
-onnx_op("MaxPool", 1)(_pool_converter("max"))
-onnx_op("AveragePool", 1)(_pool_converter("avg"))
-onnx_op("LpPool", 1)(_pool_converter("lp"))
+onnx_op("MaxPool", 1, emits=("max_pool1d", "max_pool2d", "max_pool3d"),
+        limits=(Limit("the Indices output", lambda n: len(n.outputs) > 1),))(_pool_converter("max"))
+onnx_op("AveragePool", 1, emits=("avg_pool1d", "avg_pool2d", "avg_pool3d"))(_pool_converter("avg"))
+onnx_op("LpPool", 1, emits=("lp_pool1d", "lp_pool2d", "lp_pool3d"))(_pool_converter("lp"))
 
 
 # -- global pooling: one value per (n, c) plane ----------------------------------------
@@ -175,8 +178,23 @@ def _global_pool_lower(kb, node, ins, out, epilogue):
         kb.store(out, kb.add(kb.mul(n, c_n), c), value)
 
 
+def _global_numpy(xs, node):
+    x = xs[0]
+    axes = tuple(range(2, x.ndim))
+    kind = node.op[len("global_"):-len("_pool")]
+    if kind == "lp":
+        p = node.attr("p")
+        out = (np.abs(x) ** p).sum(axis=axes, keepdims=True) ** (1 / p)
+    else:
+        out = (x.max if kind == "max" else x.mean)(axis=axes, keepdims=True)
+    return [out.astype(x.dtype)]
+
+
 for _kind in ("avg", "max", "lp"):
-    register(f"global_{_kind}_pool", "anchor", _global_infer, lower=_global_pool_lower)
+    register(f"global_{_kind}_pool", "anchor", _global_infer, lower=_global_pool_lower,
+             numpy=_global_numpy,
+             sample=lambda rng, dtype, k=_kind: ([rng.uniform(-2, 2, (2, 3, 4, 5)).astype(dtype)],
+                                                 {"p": 3.0} if k == "lp" else {}))
 
 
 def _global_converter(op: str):
@@ -189,6 +207,6 @@ def _global_converter(op: str):
     return convert
 
 
-onnx_op("GlobalAveragePool", 1)(_global_converter("global_avg_pool"))
-onnx_op("GlobalMaxPool", 1)(_global_converter("global_max_pool"))
-onnx_op("GlobalLpPool", 1)(_global_converter("global_lp_pool"))
+onnx_op("GlobalAveragePool", 1, emits=("global_avg_pool",))(_global_converter("global_avg_pool"))
+onnx_op("GlobalMaxPool", 1, emits=("global_max_pool",))(_global_converter("global_max_pool"))
+onnx_op("GlobalLpPool", 1, emits=("global_lp_pool",))(_global_converter("global_lp_pool"))

@@ -153,7 +153,9 @@ def _reduce_numpy(kind: str):
 
 for _kind in _KINDS:
     register(f"reduce_{_kind}", "anchor", _reduce_infer, lower=_reduce_lower,
-             numpy=_reduce_numpy(_kind), float64=True)
+             numpy=_reduce_numpy(_kind), float64=True, sample=lambda rng, dtype, k=_kind: (
+                 [rng.uniform(0.1 if k == "log_sum" else -2, 2, (2, 3, 4)).astype(dtype)],
+                 {"axes": (0, 2), "keepdims": 1}))
 
 
 def _norm_axes(n, axes, rank: int) -> tuple[int, ...]:
@@ -193,8 +195,10 @@ _ONNX_NAMES = {"sum": "ReduceSum", "mean": "ReduceMean", "max": "ReduceMax",
                "sum_square": "ReduceSumSquare", "log_sum": "ReduceLogSum",
                "log_sum_exp": "ReduceLogSumExp"}
 for _kind, _onnx in _ONNX_NAMES.items():
-    onnx_op(_onnx, 1)(_reduce_converter(_kind, axes_input=False))
-    onnx_op(_onnx, 13 if _kind == "sum" else 18)(_reduce_converter(_kind, axes_input=True))
+    onnx_op(_onnx, 1, emits=(f"reduce_{_kind}", "identity"))(
+        _reduce_converter(_kind, axes_input=False))
+    onnx_op(_onnx, 13 if _kind == "sum" else 18, emits=(f"reduce_{_kind}", "identity"),
+            build_time_inputs=(1,))(_reduce_converter(_kind, axes_input=True))
 
 
 # -- ArgMax, ArgMin ---------------------------------------------------------------------
@@ -267,10 +271,15 @@ def _arg_numpy(fn):
     return run
 
 
+def _arg_sample(rng, dtype):  # small integers: ties, which select_last_index decides
+    return [rng.integers(0, 3, (3, 4, 2)).astype(dtype)], {"axis": 1, "keepdims": 0,
+                                                           "select_last_index": 1}
+
+
 register("argmax", "opaque", _arg_infer, lower=_arg_lower, numpy=_arg_numpy(np.argmax),
-         float64=True)
+         float64=True, sample=_arg_sample)
 register("argmin", "opaque", _arg_infer, lower=_arg_lower, numpy=_arg_numpy(np.argmin),
-         float64=True)
+         float64=True, sample=_arg_sample)
 
 
 def _arg_converter(op: str):
@@ -283,5 +292,5 @@ def _arg_converter(op: str):
     return convert
 
 
-onnx_op("ArgMax", 1)(_arg_converter("argmax"))
-onnx_op("ArgMin", 1)(_arg_converter("argmin"))
+onnx_op("ArgMax", 1, emits=("argmax",))(_arg_converter("argmax"))
+onnx_op("ArgMin", 1, emits=("argmin",))(_arg_converter("argmin"))

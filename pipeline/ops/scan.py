@@ -8,8 +8,8 @@ Graph ops (all dtype-generic over float32/64 and int64/32):
   topk_indices(x; axis, k, largest)        sorted, ties to the lower index (int64)
   trilu(x; k, upper)                       x where column - row >= k (upper) or <= k
                                            (lower) in the last two dims, else 0
-CumSum's and CumProd's axis, TopK's K and Trilu's k are build-time constants (inputs listed in
-pipeline/tools/backend.py BUILD_TIME_INPUTS). TopK's two outputs are two kernels: the
+CumSum's and CumProd's axis, TopK's K and Trilu's k are build-time constants (their
+converters' build_time_inputs). TopK's two outputs are two kernels: the
 executor's kernels write one output each.
 """
 
@@ -89,9 +89,11 @@ def _cumulative_converter(op: str):
 
 for _op in _CUMULATIVE:
     register(_op, "opaque", _numeric, lower=_cumulative_lower, numpy=_cumulative_np,
-             float64=True)
-onnx_op("CumSum", 11)(_cumulative_converter("cumsum"))
-onnx_op("CumProd", 26)(_cumulative_converter("cumprod"))
+             float64=True, sample=lambda rng, dtype: (
+                 [rng.uniform(0.5, 1.5, (2, 4, 3)).astype(dtype)],
+                 {"axis": 1, "exclusive": 1, "reverse": 1}))
+onnx_op("CumSum", 11, emits=("cumsum",), build_time_inputs=(1,))(_cumulative_converter("cumsum"))
+onnx_op("CumProd", 26, emits=("cumprod",), build_time_inputs=(1,))(_cumulative_converter("cumprod"))
 
 
 # -- TopK -----------------------------------------------------------------------------------
@@ -141,10 +143,12 @@ def _topk_np(xs, node):
 
 
 for _op in ("topk_values", "topk_indices"):
-    register(_op, "opaque", _topk_infer, lower=_topk_lower, numpy=_topk_np, float64=True)
+    register(_op, "opaque", _topk_infer, lower=_topk_lower, numpy=_topk_np, float64=True,
+             sample=lambda rng, dtype: ([rng.uniform(-2, 2, (2, 5, 3)).astype(dtype)],
+                                        {"axis": 1, "k": 3, "largest": 1}))
 
 
-@onnx_op("TopK", 1)
+@onnx_op("TopK", 1, emits=("topk_values", "topk_indices"), build_time_inputs=(1,))
 def _topk(ctx, n):
     rank = len(ctx.type(n.inputs[0]).shape)
     if n.opset >= 10:
@@ -184,10 +188,12 @@ def _trilu_np(xs, node):
     return [fn(xs[0], node.attr("k"))]
 
 
-register("trilu", "opaque", _trilu_infer, lower=_trilu_lower, numpy=_trilu_np, float64=True)
+register("trilu", "opaque", _trilu_infer, lower=_trilu_lower, numpy=_trilu_np, float64=True,
+         sample=lambda rng, dtype: ([rng.uniform(-2, 2, (2, 3, 4)).astype(dtype)],
+                                    {"k": 1, "upper": 0}))
 
 
-@onnx_op("Trilu", 14)
+@onnx_op("Trilu", 14, emits=("trilu",), build_time_inputs=(1,))
 def _trilu(ctx, n):
     k = need_const(ctx, n, 1, "the k input")
     return [Node.make("trilu", n.name, n.inputs[:1], n.outputs[:1],

@@ -93,10 +93,12 @@ def _gather_elements_np(xs, node):
 
 
 register("gather_elements", "anchor", _gather_elements_infer, lower=_gather_elements_lower,
-         numpy=_gather_elements_np, float64=True)
+         numpy=_gather_elements_np, float64=True,
+         sample=lambda rng, dtype: ([rng.uniform(-2, 2, (3, 4)).astype(dtype),
+                                     rng.integers(-4, 4, (3, 2))], {"axis": 1}))
 
 
-@onnx_op("GatherElements", 11)
+@onnx_op("GatherElements", 11, emits=("gather_elements",))
 def _gather_elements(ctx, n):
     rank = len(ctx.type(n.inputs[0]).shape)
     return [Node.make("gather_elements", n.name, n.inputs[:2], n.outputs[:1],
@@ -132,8 +134,8 @@ register("scatter_elements", "opaque", _scatter_elements_infer, lower=_scatter_e
          float64=True)
 
 
-@onnx_op("Scatter", 9)
-@onnx_op("ScatterElements", 11)
+@onnx_op("Scatter", 9, emits=("scatter_elements",))
+@onnx_op("ScatterElements", 11, emits=("scatter_elements",))
 def _scatter_elements(ctx, n):
     rank = len(ctx.type(n.inputs[0]).shape)
     return [Node.make("scatter_elements", n.name, n.inputs[:3], n.outputs[:1],
@@ -180,7 +182,7 @@ def _scatter_nd_lower(kb, node, ins, out, epilogue):
 register("scatter_nd", "opaque", _scatter_nd_infer, lower=_scatter_nd_lower, float64=True)
 
 
-@onnx_op("ScatterND", 11)
+@onnx_op("ScatterND", 11, emits=("scatter_nd",))
 def _scatter_nd(ctx, n):
     return [Node.make("scatter_nd", n.name, n.inputs[:3], n.outputs[:1],
                       reduction=n.text("reduction", "none", _REDUCTIONS))]

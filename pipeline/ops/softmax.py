@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 
+import numpy as np
+
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node
 from pipeline.ops.registry import axis_attr, onnx_op, register
@@ -122,8 +124,37 @@ def _softmax_columns(kb, node, x, out, outer, length, inner):
             kb.store(out, o, y)
 
 
-register("softmax", "opaque", _float_infer, lower=_softmax_lower, float64=True)
-register("log_softmax", "opaque", _float_infer, lower=_softmax_lower, float64=True)
+def _rows(x, node):
+    """x as [outer, length, inner] rows along `axis` (flatten: everything from `axis` on)."""
+    axis = node.attr("axis")
+    outer = math.prod(x.shape[:axis])
+    if node.attr("flatten"):
+        return x.reshape(outer, -1, 1)
+    return x.reshape(outer, x.shape[axis], -1)
+
+
+def _softmax_numpy(xs, node):
+    rows = _rows(xs[0], node)
+    shifted = rows - rows.max(axis=1, keepdims=True)
+    total = np.exp(shifted).sum(axis=1, keepdims=True)
+    out = shifted - np.log(total) if node.op == "log_softmax" else np.exp(shifted) / total
+    return [out.reshape(xs[0].shape).astype(xs[0].dtype)]
+
+
+def _hardmax_numpy(xs, node):
+    rows = _rows(xs[0], node)
+    hit = np.arange(rows.shape[1])[None, :, None] == rows.argmax(axis=1)[:, None, :]
+    return [hit.reshape(xs[0].shape).astype(xs[0].dtype)]
+
+
+def _sample(rng, dtype):  # tests/test_registry_ops.py
+    return [rng.uniform(-3, 3, (2, 3, 4)).astype(dtype)], {"axis": 1, "flatten": 0}
+
+
+register("softmax", "opaque", _float_infer, lower=_softmax_lower, float64=True,
+         numpy=_softmax_numpy, sample=_sample)
+register("log_softmax", "opaque", _float_infer, lower=_softmax_lower, float64=True,
+         numpy=_softmax_numpy, sample=_sample)
 
 
 def _hardmax_lower(kb, node, ins, out, epilogue):
@@ -150,7 +181,10 @@ def _hardmax_lower(kb, node, ins, out, epilogue):
                      b.select(hit, kb.const(1.0, out.elem), kb.const(0.0, out.elem)))
 
 
-register("hardmax", "opaque", _float_infer, lower=_hardmax_lower, float64=True)
+register("hardmax", "opaque", _float_infer, lower=_hardmax_lower, float64=True,
+         numpy=_hardmax_numpy,
+         sample=lambda rng, dtype: ([rng.uniform(-3, 3, (2, 3, 4)).astype(dtype)],
+                                    {"axis": 1, "flatten": 1}))
 
 
 def _softmax_converter(op: str, flatten: bool, default_axis: int):
@@ -164,5 +198,5 @@ def _softmax_converter(op: str, flatten: bool, default_axis: int):
 # Before opset 13 (Log)Softmax and Hardmax flattened the input to 2-D at `axis` (default 1).
 for _onnx, _op in (("Softmax", "softmax"), ("LogSoftmax", "log_softmax"),
                    ("Hardmax", "hardmax")):
-    onnx_op(_onnx, 1)(_softmax_converter(_op, flatten=True, default_axis=1))
-    onnx_op(_onnx, 13)(_softmax_converter(_op, flatten=False, default_axis=-1))
+    onnx_op(_onnx, 1, emits=(_op,))(_softmax_converter(_op, flatten=True, default_axis=1))
+    onnx_op(_onnx, 13, emits=(_op,))(_softmax_converter(_op, flatten=False, default_axis=-1))

@@ -64,7 +64,7 @@ def _gelu(kb, x, node):
 def _gelu_np(x, node):
     if node.attr("approximate") == "tanh":
         return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
-    return 0.5 * x * (1 + _erf(x / np.float32(math.sqrt(2))))
+    return 0.5 * x * (1 + _erf(x / math.sqrt(2)))
 
 
 def _softplus(kb, x):
@@ -190,8 +190,21 @@ TRIG = {"sin": ("Sin", 7, np.sin), "cos": ("Cos", 7, np.cos), "tan": ("Tan", 7, 
 for _name, (_onnx, _since, _np) in TRIG.items():
     UNARY[_name] = (lambda kb, x, n, f=f"{_name}f": kb.extern(f, x), lambda x, n, f=_np: f(x))
 
+# Sample input ranges (the function's domain; default [-2, 2]) for tests/test_registry_ops.py.
+_DOMAIN = {"log": (0.1, 3), "sqrt": (0.1, 3), "reciprocal": (0.5, 2), "acosh": (1.1, 3),
+           "asin": (-0.9, 0.9), "acos": (-0.9, 0.9), "atanh": (-0.9, 0.9), "tan": (-1.2, 1.2)}
+
+
+def _sample(op: str):
+    """Inputs and attributes (the ONNX defaults the converter copies) to test `op` on."""
+    def sample(rng, dtype):
+        attrs = {"min": -0.5, "max": 0.7} if op == "clip" else _ATTRS.get(op, {})
+        return [rng.uniform(*_DOMAIN.get(op, (-2, 2)), (2, 3, 5)).astype(dtype)], attrs
+    return sample
+
+
 for _name, (_scalar, _numpy) in UNARY.items():
-    register(_name, "elementwise", _unary_infer, float64=True,
+    register(_name, "elementwise", _unary_infer, float64=True, sample=_sample(_name),
              scalar=lambda kb, a, node, f=_scalar: f(kb, a[0], node),
              numpy=lambda xs, node, f=_numpy: [np.asarray(f(xs[0], node)).astype(xs[0].dtype)])
 
@@ -229,18 +242,19 @@ _ONNX = [
     ("celu", "Celu", 12, {"alpha": 1.0}), ("swish", "Swish", 24, {"alpha": 1.0}),
 ]
 _ONNX += [(_op, _onnx, _since, {}) for _op, (_onnx, _since, _) in TRIG.items()]
+_ATTRS = {_op: _defaults for _op, _, _, _defaults in _ONNX}
 for _op, _onnx, _since, _defaults in _ONNX:
-    onnx_op(_onnx, _since)(_converter(_op, _defaults))
+    onnx_op(_onnx, _since, emits=(_op,))(_converter(_op, _defaults))
 
 
-@onnx_op("Clip", 6)
+@onnx_op("Clip", 6, emits=("clip",))
 def _clip_v6(ctx, n):
     return [Node.make("clip", n.name, n.inputs[:1], n.outputs[:1],
                       min=float(n.attrs.get("min", -3.4028234663852886e38)),
                       max=float(n.attrs.get("max", 3.4028234663852886e38)))]
 
 
-@onnx_op("Clip", 11)
+@onnx_op("Clip", 11, emits=("clip",), build_time_inputs=(1, 2))
 def _clip_v11(ctx, n):
     # min and max became optional inputs; we need them as build-time constants.
     dtype = np.dtype(ctx.type(n.inputs[0]).dtype)
@@ -287,10 +301,18 @@ def _isinf_np(xs, node):
             | (np.isneginf(x) & bool(node.attr("detect_negative")))]
 
 
+def _special_values(rng, dtype):
+    return [np.array([[0.5, np.inf, -np.inf], [np.nan, -1.0, 3.0]], dtype)]
+
+
 register("isnan", "elementwise", _predicate_infer, float64=True,
          scalar=lambda kb, a, node: kb.as_bool(kb.b.fcmp_unordered("uno", a[0], a[0])),
-         numpy=lambda xs, node: [np.isnan(xs[0])])
+         numpy=lambda xs, node: [np.isnan(xs[0])],
+         sample=lambda rng, dtype: (_special_values(rng, dtype), {}))
 register("isinf", "elementwise", _predicate_infer, float64=True,
-         scalar=lambda kb, a, node: _isinf(kb, a[0], node), numpy=_isinf_np)
-onnx_op("IsNaN", 9)(_converter("isnan", {}))
-onnx_op("IsInf", 10)(_converter("isinf", {"detect_negative": 1, "detect_positive": 1}))
+         scalar=lambda kb, a, node: _isinf(kb, a[0], node), numpy=_isinf_np,
+         sample=lambda rng, dtype: (_special_values(rng, dtype),
+                                    {"detect_negative": 0, "detect_positive": 1}))
+onnx_op("IsNaN", 9, emits=("isnan",))(_converter("isnan", {}))
+onnx_op("IsInf", 10, emits=("isinf",))(
+    _converter("isinf", {"detect_negative": 1, "detect_positive": 1}))
