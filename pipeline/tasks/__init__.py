@@ -1,6 +1,7 @@
 """Layer 8, the build system on doit: these task creators, `stages` (the work),
-`checker`, `reporter`, `explain`, `cache` (kernel cache) and `config`. Imports
-every package below; tools' validate/bench/conformance run only by name (run_stage).
+`checker`, `reporter`, `explain`, `cache` (kernel cache), `config` and `deps`
+(the sources each task runs). Imports every package below; tools'
+validate/bench/conformance run only by name (run_stage).
 
 The task creators only describe tasks; the work is in pipeline.tasks.stages.
 
@@ -17,9 +18,9 @@ Task names (model m, target entry t):
   explain        print why each task of the last build ran (out/build-report.json)
   gc             remove cache entries no entry of the matrix uses
 Every task declares its inputs, including the compiler sources it runs (doit
-does not see code edits otherwise); option dicts go into one options_changed
-(a config_changed that keeps the options, so pipeline.tasks.explain can say which
-one changed).
+does not see code edits otherwise; derived from the stage's code by `code_of`);
+option dicts go into one options_changed (a config_changed that keeps the
+options, so pipeline.tasks.explain can say which one changed).
 """
 
 from __future__ import annotations
