@@ -20,7 +20,7 @@ import llvmlite
 from pipeline.errors import GraphError
 from pipeline.ir.graph import Graph, Node, TensorType
 from pipeline.ir.target import Target
-from pipeline.lower.sources import CODEGEN_ROOTS, kernel_sources, source_digest
+from pipeline.lower.sources import CODEGEN_ROOTS, kernel_digest, kernel_sources
 from pipeline.ops import get, infer_types
 
 # Bump when the kernel ABI or object format changes in a way sources don't show.
@@ -49,16 +49,20 @@ def _defining_modules(fn, found: set[str], seen: set[int]) -> None:
             _defining_modules(f, found, seen)
 
 
-def version_sources(op_names: tuple[str, ...]) -> tuple[str, ...]:
-    """The modules whose code decides a kernel made of the operators `op_names`:
-    the code generator's and those lowering these operators (with what they import)."""
+def _roots(op_names: tuple[str, ...]) -> tuple[str, ...]:
     modules: set[str] = set()
     for name in set(op_names):
         op = get(name)
         for fn in (op.lower, op.scalar):
             if fn is not None:
                 _defining_modules(fn, modules, set())
-    return kernel_sources(tuple(sorted({*CODEGEN_ROOTS, *modules})))
+    return tuple(sorted({*CODEGEN_ROOTS, *modules}))
+
+
+def version_sources(op_names: tuple[str, ...]) -> tuple[str, ...]:
+    """The modules whose code decides a kernel made of the operators `op_names`:
+    the code generator's and those lowering these operators (with what they import)."""
+    return kernel_sources(_roots(op_names))
 
 
 @cache
@@ -68,7 +72,7 @@ def kernel_version(op_names: tuple[str, ...]) -> str:
     its ONNX converters, pipeline/lower/sources.py), so an edit to one family's
     lowering recompiles that family's kernels and an ONNX converter edit none."""
     h = hashlib.sha256(f"{FORMAT_VERSION} llvmlite {llvmlite.__version__}".encode())
-    h.update(source_digest(version_sources(tuple(sorted(set(op_names))))).encode())
+    h.update(kernel_digest(_roots(op_names)).encode())
     return h.hexdigest()[:16]
 
 

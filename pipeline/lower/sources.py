@@ -1,5 +1,6 @@
 """Which source files decide what: read with `ast`, never imported, so doit's task
-loading can use it without loading the compiler (results are cached per process).
+loading can use it without loading the compiler. Results are cached per process
+and, by `remembered`, in pipeline/__pycache__ until a source file changes.
 
 Two users:
   - a kernel's version (pipeline/lower/kernel.py): `kernel_sources` lists the code
@@ -16,8 +17,13 @@ code generator imports reaches it.
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
+import json
+import os
 import re
+import tempfile
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
@@ -322,3 +328,60 @@ def source_digest(modules: tuple[str, ...]) -> str:
     for module in modules:
         h.update(module.encode() + b"\0" + _dump(module).encode() + b"\0")
     return h.hexdigest()
+
+
+def kernel_digest(roots: tuple[str, ...]) -> str:
+    """source_digest(kernel_sources(roots)), remembered until a source file changes."""
+    return remembered("kernel", roots, lambda: source_digest(kernel_sources(roots)))
+
+
+# -- kept across processes: reading the sources costs more than a no-op build ---------
+
+_STORE = PKG / "__pycache__" / "source-facts.json"
+
+
+def _signature() -> str:
+    """Every pipeline source file's path, inode, size, mtime and ctime: any edit,
+    new or removed module changes it (ctime too, which no tool can set back)."""
+    h = hashlib.sha256()
+    for folder, dirs, files in os.walk(PKG):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(f for f in files if f.endswith(".py")):
+            st = os.stat(os.path.join(folder, name))
+            h.update(f"{folder}/{name} {st.st_ino} {st.st_size} {st.st_mtime_ns} "
+                     f"{st.st_ctime_ns}\n".encode())
+    return h.hexdigest()
+
+
+@cache
+def _stored() -> tuple[str, dict]:
+    """(the sources' signature now, the facts stored for it)."""
+    signature = _signature()
+    try:
+        doc = json.loads(_STORE.read_text())
+    except (OSError, ValueError):
+        return signature, {}
+    return signature, (doc.get("facts", {}) if doc.get("signature") == signature else {})
+
+
+def remembered(kind: str, key, compute: Callable):
+    """compute() (JSON-able), kept in pipeline/__pycache__ under (kind, key) for as
+    long as no pipeline source file changes: a file of facts about the sources,
+    shared by every process and project using this copy of the compiler."""
+    signature, facts = _stored()
+    name = f"{kind} {json.dumps(key)}"
+    if name not in facts:
+        facts[name] = compute()
+        # Written whole by rename: a reader sees an old or a new file, never a torn
+        # one; a fact another process added meanwhile may be lost (and recomputed).
+        with contextlib.suppress(OSError):  # read-only install: computed every time
+            _STORE.parent.mkdir(exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=_STORE.parent, suffix=".tmp")
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump({"signature": signature, "facts": facts}, f)
+                os.replace(tmp, _STORE)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+    return facts[name]

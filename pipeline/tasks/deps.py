@@ -20,15 +20,10 @@ never one too few.
 from __future__ import annotations
 
 import ast
-import contextlib
-import hashlib
-import json
-import os
 from functools import cache
 from pathlib import Path
 
-from pipeline.link.files import atomic_write
-from pipeline.lower.sources import PKG, import_targets, module_file, names, parse
+from pipeline.lower.sources import PKG, import_targets, module_file, names, parse, remembered
 
 Key = tuple[str, str | None]  # (module, name in it; None: the whole module)
 
@@ -99,47 +94,14 @@ def _derive(roots: tuple[str, ...], stop: tuple[str, ...]) -> list[Path]:
     return sorted(files)
 
 
-# -- kept across processes: reading the sources costs more than a no-op build ---------
-
-_STORE = PKG / "__pycache__" / "task-sources.json"
-
-
-def _signature() -> str:
-    """Every pipeline source file's path, inode, size, mtime and ctime: any edit,
-    new or removed module changes it (ctime too, which no tool can set back)."""
-    h = hashlib.sha256()
-    for folder, dirs, files in os.walk(PKG):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in sorted(f for f in files if f.endswith(".py")):
-            st = os.stat(os.path.join(folder, name))
-            h.update(f"{folder}/{name} {st.st_ino} {st.st_size} {st.st_mtime_ns} "
-                     f"{st.st_ctime_ns}\n".encode())
-    return h.hexdigest()
-
-
-@cache
-def _stored() -> tuple[str, dict[str, list[str]]]:
-    signature = _signature()
-    try:
-        doc = json.loads(_STORE.read_text())
-    except (OSError, ValueError):
-        return signature, {}
-    return signature, (doc.get("sources", {}) if doc.get("signature") == signature else {})
-
-
 @cache
 def sources(*roots: str, stop: tuple[str, ...] = ()) -> tuple[Path, ...]:
     """The pipeline source files the code of `roots` runs ("pipeline.module:name", or
     "pipeline.module" for all of it), sorted. Keys in `stop` are not followed: code
     the task's inputs already version (see the lib0 task).
 
-    Cached per process, and in pipeline/__pycache__ for as long as no source file
-    changes, so a no-op build does not parse the compiler."""
-    signature, known = _stored()
-    name = json.dumps([roots, stop])
-    if name not in known:
-        known[name] = [str(p.relative_to(PKG)) for p in _derive(roots, stop)]
-        with contextlib.suppress(OSError):  # a read-only install derives every time
-            atomic_write(_STORE, json.dumps({"signature": signature, "sources": known},
-                                            indent=0).encode())
-    return tuple(PKG / p for p in known[name])
+    Remembered until a source file changes (pipeline.lower.sources.remembered), so
+    a no-op build does not parse the compiler."""
+    found = remembered("task", [roots, stop],
+                       lambda: [str(p.relative_to(PKG)) for p in _derive(roots, stop)])
+    return tuple(PKG / p for p in found)
