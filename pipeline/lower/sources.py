@@ -83,7 +83,8 @@ def _first_line(stmt: ast.stmt) -> int:
     return min([stmt.lineno, *(d.lineno for d in getattr(stmt, "decorator_list", ()))])
 
 
-def _substatements(stmt: ast.stmt) -> list[ast.stmt]:
+def substatements(stmt: ast.stmt) -> list[ast.stmt]:
+    """The statements directly inside a compound statement or definition."""
     inner = [*getattr(stmt, "body", ()), *getattr(stmt, "orelse", ()),
              *getattr(stmt, "finalbody", ())]
     for handler in getattr(stmt, "handlers", ()):
@@ -113,7 +114,7 @@ def names(module: str, stmt: ast.stmt) -> frozenset[str]:
     if hit is not None and hit[0] is stmt:
         return hit[1]
     lines = _lines(module_file(module))
-    inner = _substatements(stmt) if isinstance(stmt, _COMPOUND) else []
+    inner = substatements(stmt) if isinstance(stmt, _COMPOUND) else []
     if inner:
         header = lines[_first_line(stmt) - 1:_header_end(stmt)]
         found = frozenset(_IDENTIFIER.findall("\n".join(header))).union(
@@ -148,8 +149,8 @@ def import_targets(module: str, stmts: list[ast.stmt]) -> list[tuple[str, str, s
                 sub = f"{source}.{a.name}"
                 found.append((a.asname or a.name, *((sub, None) if module_file(sub)
                                                       else (source, a.name))))
-        elif _substatements(n):
-            todo += _substatements(n)
+        elif substatements(n):
+            todo += substatements(n)
         elif "import_module" in names(module, n):
             for c in ast.walk(n):
                 if (isinstance(c, ast.Call) and c.args and isinstance(c.args[0], ast.Constant)

@@ -23,9 +23,33 @@ import ast
 from functools import cache
 from pathlib import Path
 
-from pipeline.lower.sources import PKG, import_targets, module_file, names, parse, remembered
+from pipeline.lower.sources import (
+    PKG,
+    import_targets,
+    module_file,
+    names,
+    parse,
+    remembered,
+    substatements,
+)
 
 Key = tuple[str, str | None]  # (module, name in it; None: the whole module)
+
+
+def _bound_by(stmt: ast.stmt) -> list[str]:
+    """The module-level names a top-level statement binds; a compound one (if, try,
+    for, with) binds what its inner statements and loop target bind."""
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [stmt.name]
+    if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+        return [(a.asname or a.name).split(".")[0] for a in stmt.names]
+    targets = {ast.Assign: lambda: stmt.targets, ast.For: lambda: [stmt.target]}.get(
+        type(stmt), lambda: [getattr(stmt, "target", None)])()
+    bound = [n.id for t in targets if t is not None for n in ast.walk(t)
+             if isinstance(n, ast.Name)]
+    for inner in substatements(stmt):
+        bound += _bound_by(inner)
+    return bound
 
 
 @cache
@@ -33,15 +57,7 @@ def _bindings(module: str) -> dict[str, list[ast.stmt]]:
     """Module-level name -> the top-level statements that bind it."""
     found: dict[str, list[ast.stmt]] = {}
     for stmt in parse(module_file(module)).body:
-        bound = []
-        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            bound = [stmt.name]
-        elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
-            bound = [(a.asname or a.name).split(".")[0] for a in stmt.names]
-        elif isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-            bound = [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
-        for name in bound:
+        for name in _bound_by(stmt):
             found.setdefault(name, []).append(stmt)
     return found
 
