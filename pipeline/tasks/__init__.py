@@ -1,6 +1,7 @@
 """Layer 8, the build system on doit: these task creators, `stages` (the work),
-`checker`, `reporter`, `explain`, `cache` (kernel cache) and `config`. Imports
-every package below; tools' validate/bench/conformance run only by name (run_stage).
+`checker`, `reporter`, `explain`, `cache` (kernel cache), `config` and `deps`
+(the sources each task runs). Imports every package below; tools'
+validate/bench/conformance run only by name (run_stage).
 
 The task creators only describe tasks; the work is in pipeline.tasks.stages.
 
@@ -17,9 +18,9 @@ Task names (model m, target entry t):
   explain        print why each task of the last build ran (out/build-report.json)
   gc             remove cache entries no entry of the matrix uses
 Every task declares its inputs, including the compiler sources it runs (doit
-does not see code edits otherwise); option dicts go into one options_changed
-(a config_changed that keeps the options, so pipeline.tasks.explain can say which
-one changed).
+does not see code edits otherwise; derived from the stage's code by `code_of`);
+option dicts go into one options_changed (a config_changed that keeps the
+options, so pipeline.tasks.explain can say which one changed).
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ from doit import create_after
 from doit.exceptions import TaskFailed
 
 from pipeline.errors import PipelineError
-from pipeline.lower.sources import CODEGEN_SOURCES
+from pipeline.lower.sources import CODEGEN_ROOTS
 from pipeline.tasks import cache
 from pipeline.tasks.config import BuildConfig, ModelEntry, TargetEntry
+from pipeline.tasks.deps import sources
 from pipeline.tasks.explain import options_changed
 
 OUT = "out"
@@ -61,9 +63,11 @@ def path(*parts: str) -> str:
     return os.path.normpath(os.path.join(*parts))
 
 
-def _sources(*globs: str) -> list[str]:
-    files = sorted({p for g in globs for p in _PKG.glob(g)})
-    return [os.path.relpath(p) for p in files]
+def code_of(*roots: str, stop: tuple[str, ...] = ()) -> list[str]:
+    """The source files the code of `roots` runs ("module:function" in pipeline, as
+    run_stage takes them, or a module), derived from the code: pipeline.tasks.deps."""
+    found = sources(*(f"pipeline.{r}" for r in roots), stop=tuple(f"pipeline.{s}" for s in stop))
+    return [os.path.relpath(p) for p in found]
 
 
 def run_stage(fn: str, *args):
@@ -110,10 +114,12 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
     """
     cache_root = cache.cache_dir(kernel_cache)
     entries = [(m, t) for m in models for t in targets]
-    front_src = _sources("frontend/*.py", "ops/*.py", "ir/__init__.py", "ir/graph.py",
-                         "tasks/stages.py")
-    opt_src = _sources("transform/*.py", "lower/*.py", "plan/*.py", "driver/*.py",
-                       "tasks/stages.py") + [os.path.relpath(p) for p in CODEGEN_SOURCES]
+    # Each task's file_dep lists the code its stage runs (code_of). The kernel
+    # versions optimize writes into the specs hash the code generator's files
+    # without importing them: listed as roots of their own.
+    front_src = code_of("tasks.stages:import_model")
+    opt_src = code_of("tasks.stages:optimize_model",
+                      *(r.removeprefix("pipeline.") for r in CODEGEN_ROOTS))
 
     def task_model():
         """Generate the ONNX files of models built by models/ generators."""
@@ -170,6 +176,10 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
                        "actions": [(run_stage, ["tasks.cache:compile_entry", cache_root,
                                                 k["hash"]])]}
 
+    # A corrupted cache entry is recompiled while linking (cache.compile_entry),
+    # but what that compiles is named by the kernel's hash in kernels.json.
+    lib0_src = code_of("tasks.stages:link_lib0", stop=("tasks.cache:compile_entry",))
+
     def task_lib0():
         """Combine an entry's kernel objects into lib0.o."""
         for m, t in entries:
@@ -178,7 +188,7 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             # the manifest decides lib0.o; "kernel" orders us after compilation.
             yield {"name": f"{m.name}@{t.name}", "targets": [a["lib0"]], "clean": True,
                    "task_dep": ["kernel"],
-                   "file_dep": [a["kernels"], *_sources("link/cc.py", "link/files.py")],
+                   "file_dep": [a["kernels"], *lib0_src],
                    "actions": [(run_stage, ["tasks.stages:link_lib0", a["kernels"], cache_root,
                                             a["lib0"]])]}
 
@@ -188,8 +198,7 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             a = artifacts(m, t)
             yield {"name": f"{m.name}@{t.name}", "targets": [a["devc"]], "clean": True,
                    "file_dep": [a["graph_json"], a["params"], a["kernels"],
-                                *_sources("link/blob.py", "link/elf.py", "link/export.py",
-                                          "link/files.py")],
+                                *code_of("tasks.stages:pack_devc")],
                    "actions": [(run_stage, ["tasks.stages:pack_devc", a["graph_json"],
                                             a["params"], a["kernels"], a["devc"]])]}
 
@@ -198,9 +207,7 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
         for m, t in entries:
             a = artifacts(m, t)
             yield {"name": f"{m.name}@{t.name}", "targets": [a["so"]], "clean": True,
-                   "file_dep": [a["lib0"], a["devc"],
-                                *_sources("link/cc.py", "link/files.py", "link/export.py",
-                                          "link/blob.py")],
+                   "file_dep": [a["lib0"], a["devc"], *code_of("tasks.stages:export_library")],
                    "actions": [(run_stage, ["tasks.stages:export_library", a["lib0"],
                                             a["devc"], a["so"]])]}
 
@@ -217,7 +224,7 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             shapes = {k: list(v) for k, v in m.inputs.items()}
             yield {"name": f"{m.name}@{t.name}", "targets": [a["validation"]],
                    "file_dep": [a["so"], onnx_path(m),
-                                *_sources("tools/validate.py", "runtime/*.py", "link/blob.py")],
+                                *code_of("tools.validate:validate_library")],
                    "uptodate": [options_changed({"validate": opts, "inputs": shapes},
                                                 "validation")],
                    "actions": [(run_stage, ["tools.validate:validate_library", a["so"],
@@ -227,7 +234,8 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
     def task_conformance():
         """Run ONNX's backend test suites (not part of build): out/conformance.json, .md."""
         report = [path(OUT, "conformance.json"), path(OUT, "conformance.md")]
-        return {"targets": report, "file_dep": _sources("**/*.py"), "verbosity": 2,
+        every = sorted(os.path.relpath(p) for p in _PKG.glob("**/*.py"))  # tests it all
+        return {"targets": report, "file_dep": every, "verbosity": 2,
                 "actions": [(run_stage, ["tools.conformance:write_report", OUT])]}
 
     def task_bench():
