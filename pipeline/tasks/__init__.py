@@ -10,16 +10,18 @@ Task names (model m, target entry t):
   optimize:m@t   passes + lowering -> graph JSON, params, kernels.json, kernel specs
   kernel:<hash>  one kernel spec -> <cache>/<hash>.ll, .o, .sha256 (created after optimize;
                  the cache is shared by all entries, see pipeline/tasks/cache.py)
-  lib0:m@t       the entry's kernel objects -> lib0.o (ld -r)
+  lib0:m@t       the entry's kernel objects -> lib0.o (the target's cc -r)
   devc:m@t       graph JSON + params -> devc.o (the packed blob)
-  export:m@t     lib0.o + devc.o -> m.so
+  export:m@t     lib0.o + devc.o -> m.so (linked by the target's cc)
   validate:m@t   run m.so against the reference -> validation.json
   explain        print why each task of the last build ran (out/build-report.json)
   gc             remove cache entries no entry of the matrix uses
 Every task declares its inputs, including the compiler sources it runs (doit
 does not see code edits otherwise); option dicts go into one options_changed
 (a config_changed that keeps the options, so pipeline.tasks.explain can say which
-one changed).
+one changed). A task that runs the target's compiler also hashes its identity
+(path and --version; TargetEntry.toolchain), so changing a target's cc rebuilds
+that target's lib0.o and .so, and no other target's.
 """
 
 from __future__ import annotations
@@ -110,6 +112,9 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
     """
     cache_root = cache.cache_dir(kernel_cache)
     entries = [(m, t) for m in models for t in targets]
+    # Asked once per target (ConfigError, caught by dodo.py, if a cc is missing).
+    toolchain = {t.name: t.toolchain() for t in targets} if models else {}
+    packing = {t.name: t.packing() for t in targets} if models else {}
     front_src = _sources("frontend/*.py", "ops/*.py", "ir/__init__.py", "ir/graph.py",
                          "tasks/stages.py")
     opt_src = _sources("transform/*.py", "lower/*.py", "plan/*.py", "driver/*.py",
@@ -179,8 +184,9 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             yield {"name": f"{m.name}@{t.name}", "targets": [a["lib0"]], "clean": True,
                    "task_dep": ["kernel"],
                    "file_dep": [a["kernels"], *_sources("link/cc.py", "link/files.py")],
+                   "uptodate": [options_changed(toolchain[t.name], "toolchain")],
                    "actions": [(run_stage, ["tasks.stages:link_lib0", a["kernels"], cache_root,
-                                            a["lib0"]])]}
+                                            a["lib0"], t.cc])]}
 
     def task_devc():
         """Pack graph JSON, params and the kernel list into devc.o."""
@@ -190,8 +196,10 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
                    "file_dep": [a["graph_json"], a["params"], a["kernels"],
                                 *_sources("link/blob.py", "link/elf.py", "link/export.py",
                                           "link/files.py")],
+                   "uptodate": [options_changed(packing[t.name], "packing")],
                    "actions": [(run_stage, ["tasks.stages:pack_devc", a["graph_json"],
-                                            a["params"], a["kernels"], a["devc"]])]}
+                                            a["params"], a["kernels"], a["devc"],
+                                            packing[t.name]["pack"], t.cc])]}
 
     def task_export():
         """Link lib0.o and devc.o into the model's shared library."""
@@ -201,8 +209,9 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
                    "file_dep": [a["lib0"], a["devc"],
                                 *_sources("link/cc.py", "link/files.py", "link/export.py",
                                           "link/blob.py")],
+                   "uptodate": [options_changed(toolchain[t.name], "toolchain")],
                    "actions": [(run_stage, ["tasks.stages:export_library", a["lib0"],
-                                            a["devc"], a["so"]])]}
+                                            a["devc"], a["so"], t.cc])]}
 
     def task_build():
         """Build every selected model x target (model=, target=, config= narrow it)."""
