@@ -41,7 +41,7 @@ class Target:
     def is_host(self) -> bool:
         """True when this machine runs the target's code natively (same
         architecture and operating system as the process)."""
-        host = llvm.get_process_triple()
+        host = host_triple()
         return self.arch == triple_arch(host) and _system(self.triple) == _system(host)
 
     @property
@@ -77,6 +77,11 @@ class Target:
         its float ABI and compressed instructions there; the linker refuses to mix
         objects whose float ABIs differ), read from an empty module's object."""
         return _elf_flags(self)
+
+
+def host_triple() -> str:
+    """This process's LLVM triple ("x86_64-unknown-linux-gnu")."""
+    return llvm.get_process_triple()
 
 
 def triple_arch(triple: str) -> str:
@@ -166,7 +171,7 @@ def parse_target(text: str) -> Target:
             raise TargetError(f"target {text!r}: unknown option {word!r} "
                               "(allowed: -mtriple=, -mcpu=, -mattr=)")
         opts[key] = value
-    host = llvm.get_process_triple()
+    host = host_triple()
     triple = opts.get("-mtriple", host)
     foreign = (triple_arch(triple), _system(triple)) != (triple_arch(host), _system(host))
     cpu = opts.get("-mcpu", "generic" if foreign else "native")

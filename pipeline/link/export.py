@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from pipeline.ir.target import Target, parse_target
+from pipeline.ir.target import Target, host_triple, parse_target, triple_arch
 from pipeline.link.blob import blob_chunks, devc_checksum, write_devc, write_devc_c
 from pipeline.link.cc import (
     ToolchainError,
@@ -49,9 +49,9 @@ def resolve_cc(target: Target, cc: str | None, key: str = "cc") -> str | None:
     if cc is not None or target.is_host:
         return cc
     raise ToolchainError(
-        f"{key}: required for target {target.triple} (this machine builds for itself "
-        f"only by default): e.g. {target.arch}-linux-gnu-gcc from the Debian package "
-        f"{cc_package(target.arch)}")
+        f"{key}: required for target {target.triple}, which is not this machine "
+        f"({triple_arch(host_triple())}): its compiler, e.g. {target.arch}-linux-gnu-gcc "
+        f"from the Debian package {cc_package(target.arch)}")
 
 
 def choose_pack(target: Target, pack: str | None) -> str:

@@ -41,7 +41,7 @@ def check_machine(path: str | os.PathLike, source: str) -> None:
         return
     arch, here = machine_name(machine), machine_name(host)
     raise ForeignLibraryError(
-        f"{source}: built for {arch}, this machine is {here}: run it on a {arch} machine "
+        f"{source}: built for {arch}, this machine is {here}: run it on the {arch} machine "
         f"with pipeline-run, or here under emulation: qemu-{arch} -L /usr/{arch}-linux-gnu "
         f"pipeline-run {os.path.basename(source)} ... (Debian packages qemu-user and "
         f"libc6-dev-{_debian_arch(arch)}-cross)")
