@@ -30,6 +30,7 @@ from pipeline.frontend import from_onnx
 from pipeline.ir.target import TargetError, parse_target
 from pipeline.link.blob import devc_checksum
 from pipeline.link.cc import ToolchainError, create_shared
+from pipeline.link.elf import machine_name
 from pipeline.link.export import pack_devc
 from pipeline.runtime import GraphModule, load_module
 from pipeline.runtime.machine import ForeignLibraryError, host_machine
@@ -92,7 +93,8 @@ def _config(tmp: Path, targets: str) -> Path:
 
 @pytest.mark.parametrize("targets, error", [
     ('  arm64: {target: "llvm -mtriple=aarch64-linux-gnu"}\n',
-     r"targets\.arm64\.cc: required for target aarch64-linux-gnu .*Debian package "
+     r"targets\.arm64\.cc: required for target aarch64-linux-gnu, which is not this "
+     r"machine .*Debian package "
      r"gcc-aarch64-linux-gnu"),
     ('  rv64: {target: "llvm -mtriple=riscv64-linux-gnu", cc: [gcc]}\n',
      r"targets\.rv64\.cc: must be a command"),
@@ -210,14 +212,15 @@ def test_pack_c_and_elf_give_the_same_outputs(tmp_path: Path, tiny_model):
 
 def test_foreign_library_says_its_architecture_and_how_to_run_it(tmp_path: Path, tiny_model):
     entry = cross("aarch64")
+    here = machine_name(host_machine())
     factory = _factory(tiny_model[0], entry["target"])
     with pytest.raises(ToolchainError, match=r"export_library\(cc=\.\.\.\): required for target "
-                                             r"aarch64-linux-gnu .*gcc-aarch64-linux-gnu"):
+                                             r"aarch64-linux-gnu, .*gcc-aarch64-linux-gnu"):
         factory.export_library(tmp_path / "nocc.so")
     for suffix in (".so", ".o", ".tar"):
         lib = factory.export_library(tmp_path / f"arm{suffix}", cc=entry["cc"])
         with pytest.raises(ForeignLibraryError, match=r"built for aarch64, this machine is "
-                                                      r"x86_64: .*qemu-aarch64 -L"):
+                                                      rf"{here}: .*qemu-aarch64 -L"):
             load_module(lib)
 
 
