@@ -14,13 +14,15 @@ The JSON header holds the import tree, the section table (offsets from the
 blob start), the kernel symbol names and the target string.
 
 devc.o, the object holding the blob, is a minimal ELF object written by
-pipeline/link/elf.py.
+pipeline/link/elf.py, or (target option `pack: c`, and any target our ELF
+writer cannot serve) the target compiler's object of a C file: write_devc_c.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 import struct
 from typing import Any
@@ -32,7 +34,7 @@ from pipeline.link.files import atomic_write
 __all__ = [
     "BLOB_DIGEST_SIZE", "BLOB_FIXED", "BLOB_MAGIC", "BLOB_PREFIX_SIZE", "BLOB_SYMBOL",
     "BLOB_VERSION", "BlobError", "blob_chunks", "devc_checksum", "emit_blob_object",
-    "pack_blob", "read_blob_header_length", "write_devc",
+    "pack_blob", "read_blob_header_length", "write_devc", "write_devc_c",
 ]
 
 BLOB_SYMBOL = "__pipeline_dev_mblob"
@@ -131,17 +133,53 @@ def emit_blob_object(blob: bytes, triple: str) -> bytes:
 
 
 def devc_checksum(path: str | os.PathLike) -> bytes:
-    """The sha256 stored in the blob of a devc.o that write_devc wrote: a digest of
-    graph, params, kernel list and target, read without hashing the blob again."""
-    with open(path, "rb") as f:
-        f.seek(DATA_OFFSET)
-        total = read_blob_header_length(f.read(BLOB_PREFIX_SIZE), os.fspath(path))
-        f.seek(DATA_OFFSET + total - BLOB_DIGEST_SIZE)
-        return f.read(BLOB_DIGEST_SIZE)
+    """The sha256 stored in the blob of a devc.o: a digest of graph, params,
+    kernel list and target, read without hashing the blob again. The blob sits
+    at DATA_OFFSET in write_devc's objects; in a compiler's (write_devc_c) it is
+    found by its magic. BlobError if there is none or it is cut short."""
+    source = os.fspath(path)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        start = DATA_OFFSET
+        if m[start:start + len(BLOB_MAGIC)] != BLOB_MAGIC:
+            start = m.find(BLOB_MAGIC)
+        if start < 0:
+            raise BlobError(f"{source}: no pipeline blob in this object")
+        end = start + read_blob_header_length(m[start:start + BLOB_PREFIX_SIZE], source)
+        if end > len(m):
+            raise BlobError(f"{source}: blob truncated: it ends at byte {end} of a "
+                            f"{len(m)}-byte file")
+        return bytes(m[end - BLOB_DIGEST_SIZE:end])
 
 
-def write_devc(blob: bytes | list, triple: str, path: str | os.PathLike) -> None:
+def write_devc(blob: bytes | list, triple: str, path: str | os.PathLike,
+               flags: int = 0) -> None:
     """Write the blob object for the target triple atomically to path (devc.o);
-    blob is the packed bytes or blob_chunks' list."""
+    blob is the packed bytes or blob_chunks' list; flags the ELF e_flags
+    (Target.elf_flags(): RISC-V's float ABI)."""
     chunks = [blob] if isinstance(blob, bytes) else blob
-    atomic_write(path, data_object(BLOB_SYMBOL, chunks, triple))
+    atomic_write(path, data_object(BLOB_SYMBOL, chunks, triple, flags))
+
+
+def write_devc_c(blob: bytes | list, path: str | os.PathLike) -> None:
+    """Write the blob as a C file (atomically) defining the same symbol as
+    write_devc: `const unsigned char BLOB_SYMBOL[n]`, 64-byte aligned, read-only.
+    Any target's C compiler turns it into its own object format (TVM's
+    PackImportsToC). The bytes are hex escapes in string literals, which
+    compilers parse far faster than a list of integers."""
+    chunks = [blob] if isinstance(blob, bytes) else blob
+    views = _byte_views(chunks)
+    size = sum(v.nbytes for v in views)
+    atomic_write(path, _c_lines(views, size))
+
+
+def _c_lines(views: list[memoryview], size: int):
+    yield (f"/* The packed model of a pipeline library (pipeline/link/blob.py): {size} "
+           "bytes. */\n"
+           f"__attribute__((aligned(64), used)) const unsigned char {BLOB_SYMBOL}[{size}] =\n"
+           ).encode()
+    for view in views:
+        for at in range(0, view.nbytes, 4096):
+            # hex digits never contain "x": bytes 1 2 -> "01x02" -> "\x01\x02"
+            text = view[at:at + 4096].hex("x").replace("x", "\\x")
+            yield f'"\\x{text}"\n'.encode()
+    yield b";\n"

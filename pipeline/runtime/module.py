@@ -1,4 +1,5 @@
-"""Load an exported library (.so, or .tar of objects) and hand out its graph executor.
+"""Load an exported library (.so, one relocatable .o, or a .tar of objects) and
+hand out its graph executor.
 
 The library carries everything in itself: kernels as exported functions and
 the graph JSON + params in the blob symbol (format: pipeline/link/blob.py). The blob is
@@ -20,12 +21,13 @@ from pipeline.link.blob import BLOB_PREFIX_SIZE, BLOB_SYMBOL
 from pipeline.link.cc import create_shared
 from pipeline.runtime.blob import Blob, BlobError, read_blob_header_length, unpack_blob
 from pipeline.runtime.graph_executor import GraphExecutor
+from pipeline.runtime.machine import check_machine
 from pipeline.runtime.params import load_params
 from pipeline.runtime.threads import limit_idle_spin
 
 __all__ = ["Module", "load_module"]
 
-SUFFIXES = (".so", ".tar")
+SUFFIXES = (".so", ".tar", ".o")
 
 # glibc's dlopen returns the already-loaded library when the *path* matches,
 # even if the file was rebuilt since. Remember what each path was when we
@@ -107,12 +109,14 @@ def _check_device(device: Any) -> None:
 
 
 def load_module(path: str | os.PathLike, link_options: Sequence[str] | None = None) -> Module:
-    """Load a library exported as `.so` or as a `.tar` of object files.
+    """Load a library exported as `.so`, as one relocatable `.o`, or as a `.tar`
+    of object files.
 
-    A `.tar` is extracted to a private temporary folder and linked there with
-    create_shared (link_options are passed on, e.g. ["-lgomp"]). Raises
-    FileNotFoundError, ValueError for other suffixes, BlobError when the blob
-    is missing or corrupted.
+    A `.o` or `.tar` is linked (a `.tar` extracted first) in a private temporary
+    folder with the host's cc through create_shared (link_options are passed
+    on, e.g. ["-lgomp"]). Raises FileNotFoundError, ValueError for other
+    suffixes, ForeignLibraryError for a library built for another architecture
+    (saying how to run it), BlobError when the blob is missing or corrupted.
     """
     path = os.path.abspath(os.fspath(path))
     if not path.endswith(SUFFIXES):
@@ -121,10 +125,13 @@ def load_module(path: str | os.PathLike, link_options: Sequence[str] | None = No
     if not os.path.isfile(path):
         raise FileNotFoundError(f"library not found: {path}")
     if path.endswith(".so"):
+        check_machine(path, path)
         return _load_so(path, path)
     tmp = tempfile.TemporaryDirectory(prefix="pipeline-lib-")
     try:
-        objects = _extract_objects(path, tmp.name)
+        objects = [path] if path.endswith(".o") else _extract_objects(path, tmp.name)
+        for obj in objects:
+            check_machine(obj, path)
         so_path = os.path.join(tmp.name, "lib.so")
         create_shared(so_path, objects, options=link_options)
         return _load_so(so_path, path, keep=[tmp])

@@ -11,16 +11,19 @@ Task names (model m, target entry t):
   optimize:m@t   passes + lowering -> graph JSON, params, kernels.json, kernel specs
   kernel:<hash>  one kernel spec -> <cache>/<hash>.ll, .o, .sha256 (created after optimize;
                  the cache is shared by all entries, see pipeline/tasks/cache.py)
-  lib0:m@t       the entry's kernel objects -> lib0.o (ld -r)
+  lib0:m@t       the entry's kernel objects -> lib0.o (the target's cc -r)
   devc:m@t       graph JSON + params -> devc.o (the packed blob)
-  export:m@t     lib0.o + devc.o -> m.so
+  export:m@t     lib0.o + devc.o -> m.so (linked by the target's cc)
   validate:m@t   run m.so against the reference -> validation.json
   explain        print why each task of the last build ran (out/build-report.json)
   gc             remove cache entries no entry of the matrix uses
 Every task declares its inputs, including the compiler sources it runs (doit
 does not see code edits otherwise; derived from the stage's code by `code_of`);
 option dicts go into one options_changed (a config_changed that keeps the
-options, so pipeline.tasks.explain can say which one changed).
+options, so pipeline.tasks.explain can say which one changed). A task that runs
+the target's compiler also hashes its identity (path and --version;
+TargetEntry.toolchain), so changing a target's cc rebuilds that target's lib0.o
+and .so, and no other target's.
 """
 
 from __future__ import annotations
@@ -114,6 +117,9 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
     """
     cache_root = cache.cache_dir(kernel_cache)
     entries = [(m, t) for m in models for t in targets]
+    # Asked once per target (ConfigError, caught by dodo.py, if a cc is missing).
+    toolchain = {t.name: t.toolchain() for t in targets} if models else {}
+    packing = {t.name: t.packing() for t in targets} if models else {}
     # Each task's file_dep lists the code its stage runs (code_of). The kernel
     # versions optimize writes into the specs hash the code generator's files
     # without importing them: listed as roots of their own.
@@ -189,8 +195,9 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             yield {"name": f"{m.name}@{t.name}", "targets": [a["lib0"]], "clean": True,
                    "task_dep": ["kernel"],
                    "file_dep": [a["kernels"], *lib0_src],
+                   "uptodate": [options_changed(toolchain[t.name], "toolchain")],
                    "actions": [(run_stage, ["tasks.stages:link_lib0", a["kernels"], cache_root,
-                                            a["lib0"]])]}
+                                            a["lib0"], t.cc])]}
 
     def task_devc():
         """Pack graph JSON, params and the kernel list into devc.o."""
@@ -199,8 +206,10 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             yield {"name": f"{m.name}@{t.name}", "targets": [a["devc"]], "clean": True,
                    "file_dep": [a["graph_json"], a["params"], a["kernels"],
                                 *code_of("tasks.stages:pack_devc")],
+                   "uptodate": [options_changed(packing[t.name], "packing")],
                    "actions": [(run_stage, ["tasks.stages:pack_devc", a["graph_json"],
-                                            a["params"], a["kernels"], a["devc"]])]}
+                                            a["params"], a["kernels"], a["devc"],
+                                            packing[t.name]["pack"], t.cc])]}
 
     def task_export():
         """Link lib0.o and devc.o into the model's shared library."""
@@ -208,8 +217,9 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             a = artifacts(m, t)
             yield {"name": f"{m.name}@{t.name}", "targets": [a["so"]], "clean": True,
                    "file_dep": [a["lib0"], a["devc"], *code_of("tasks.stages:export_library")],
+                   "uptodate": [options_changed(toolchain[t.name], "toolchain")],
                    "actions": [(run_stage, ["tasks.stages:export_library", a["lib0"],
-                                            a["devc"], a["so"]])]}
+                                            a["devc"], a["so"], t.cc])]}
 
     def task_build():
         """Build every selected model x target (model=, target=, config= narrow it)."""

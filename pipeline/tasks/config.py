@@ -9,6 +9,11 @@
     targets:
       llvm: {target: "llvm -mcpu=native", opt_level: 3,
              disabled_pass: [], required_pass: [], config: {FuseOps.max_depth: 256}}
+      arm64:
+        target: "llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a76"
+        cc: aarch64-linux-gnu-gcc          # compiler + linker driver; required off-host
+        run: "qemu-aarch64 -L /usr/aarch64-linux-gnu"   # runs target programs
+        pack: elf                          # devc.o by our ELF writer, or c (compiled)
     validate: {reference: onnx, rtol: 1.0e-4, atol: 1.0e-4, seed: 0}
 
 Every mistake stops the load with one ConfigError naming the file, the key
@@ -24,6 +29,8 @@ import yaml
 
 from pipeline.errors import ConfigError
 from pipeline.ir.target import TargetError, parse_target
+from pipeline.link.cc import ToolchainError, cc_package, toolchain_identity
+from pipeline.link.export import PACKS, choose_pack, resolve_cc
 from pipeline.transform import PassContext
 
 REFERENCES = ("onnx", "onnxruntime")
@@ -58,6 +65,10 @@ class TargetEntry:
     required_pass: tuple[str, ...] = ()
     disabled_pass: tuple[str, ...] = ()
     config: dict = field(default_factory=dict)
+    cc: str | None = None      # the target's compiler; None: the host's ($CC or cc)
+    run: str | None = None     # command prefix that runs the target's programs
+    pack: str | None = None    # how devc.o is written (export.choose_pack); None: by target
+    path: Path | None = None   # the config file, for errors
 
     def pass_context(self) -> PassContext:
         return PassContext(self.opt_level, self.required_pass, self.disabled_pass,
@@ -67,6 +78,23 @@ class TargetEntry:
         """Everything that decides this entry's build; what doit hashes."""
         return {"target": self.target, "resolved": parse_target(self.target).key(),
                 **self.pass_context().pass_config.to_dict()}
+
+    def toolchain(self) -> dict:
+        """The compiler's identity (link.cc.toolchain_identity): an input of every
+        task that runs it. ConfigError naming the key and the Debian package when
+        the compiler cannot be found."""
+        try:
+            return toolchain_identity(self.cc)
+        except ToolchainError as err:
+            arch = parse_target(self.target).arch
+            hint = "" if self.cc is None else f"; install the Debian package {cc_package(arch)}"
+            raise ConfigError(f"{self.path}: targets.{self.name}.cc: {err}{hint}") from None
+
+    def packing(self) -> dict:
+        """What decides devc.o besides its inputs: the pack, and the compiler when
+        the pack is "c"."""
+        pack = choose_pack(parse_target(self.target), self.pack)
+        return {"pack": pack, **(self.toolchain() if pack == "c" else {})}
 
 
 @dataclass(frozen=True)
@@ -192,13 +220,22 @@ def _model(where: _Where, name: str, spec, validate: ValidateOptions) -> ModelEn
 
 def _target(where: _Where, name: str, spec) -> TargetEntry:
     key = f"targets.{name}"
-    spec = where.mapping(spec, key, {"target", "opt_level", "required_pass",
-                                     "disabled_pass", "config"}, required={"target"})
+    spec = where.mapping(spec, key, {"target", "opt_level", "required_pass", "disabled_pass",
+                                     "config", "cc", "run", "pack"}, required={"target"})
     text = where.typed(spec["target"], f"{key}.target", str, "a target string")
     try:
-        parse_target(text)
+        resolved = parse_target(text)
     except TargetError as err:
         where.fail(f"{key}.target", str(err))
+    tools = {k: where.typed(spec[k], f"{key}.{k}", str, "a command")
+             for k in ("cc", "run") if k in spec}
+    try:
+        resolve_cc(resolved, tools.get("cc"), f"{key}.cc")
+    except ToolchainError as err:
+        where.fail("", str(err))
+    pack = spec.get("pack")
+    if pack is not None and pack not in PACKS:
+        where.fail(f"{key}.pack", f"{pack!r} is not a pack; allowed: {', '.join(PACKS)}")
     entry = TargetEntry(
         name, text,
         opt_level=where.typed(spec.get("opt_level", 3), f"{key}.opt_level", int, "0..3"),
@@ -206,7 +243,8 @@ def _target(where: _Where, name: str, spec) -> TargetEntry:
                                         f"{key}.required_pass", list, "a list of passes")),
         disabled_pass=tuple(where.typed(spec.get("disabled_pass", []),
                                         f"{key}.disabled_pass", list, "a list of passes")),
-        config=dict(where.mapping(spec.get("config") or {}, f"{key}.config")))
+        config=dict(where.mapping(spec.get("config") or {}, f"{key}.config")),
+        cc=tools.get("cc"), run=tools.get("run"), pack=pack, path=where.path)
     # Check each list and option on its own, so the error names its exact key.
     checks = [(f"{key}.{f}", {f: getattr(entry, f)}) for f in ("required_pass", "disabled_pass")]
     checks += [(f"{key}.config.{opt}", {"config": {opt: v}}) for opt, v in entry.config.items()]

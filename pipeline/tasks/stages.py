@@ -17,7 +17,8 @@ from pipeline.driver.factory import unique_specs
 from pipeline.frontend import from_onnx
 from pipeline.ir.graph import Graph
 from pipeline.ir.target import parse_target
-from pipeline.link import cc, export
+from pipeline.link import export
+from pipeline.link.cc import link_relocatable
 from pipeline.link.files import atomic_write
 from pipeline.runtime.params import load_params, param_chunks
 from pipeline.tasks.cache import object_for_link
@@ -70,30 +71,34 @@ def optimize_model(graph_path: str, weights_path: str, target: dict, kernel_dir:
     atomic_write(params_path, param_chunks(lowered.params))
 
 
-def link_lib0(kernels_path: str, cache: str, lib0_path: str) -> None:
-    """All of a model's kernel objects -> one relocatable lib0.o (ld -r), in the
-    manifest's order (symbol order, as export_library links them).
+def link_lib0(kernels_path: str, cache: str, lib0_path: str, cc: str | None = None) -> None:
+    """All of a model's kernel objects -> one relocatable lib0.o (`cc -r`, cc the
+    target's compiler, None for the host's), in the manifest's order (symbol
+    order, as export_library links them).
 
     Objects come from the kernel cache, checked against their checksums; a
     corrupted or missing entry is recompiled from its spec, never linked.
     """
     manifest = json.loads(Path(kernels_path).read_text())
-    cc.link_relocatable(lib0_path, [object_for_link(cache, k["hash"])
-                                    for k in manifest["kernels"]])
+    link_relocatable(lib0_path, [object_for_link(cache, k["hash"])
+                                 for k in manifest["kernels"]], cc)
 
 
 def pack_devc(graph_json_path: str, params_path: str, kernels_path: str,
-              devc_path: str) -> None:
-    """Graph JSON + params + kernel list -> devc.o holding the packed blob."""
+              devc_path: str, pack: str | None = None, cc: str | None = None) -> None:
+    """Graph JSON + params + kernel list -> devc.o holding the packed blob
+    (pack "elf" or "c", None to choose by target; cc for the "c" pack)."""
     manifest = json.loads(Path(kernels_path).read_text())
     target = manifest["target"]
     # Mapped, not read: the params go from the page cache to devc.o in one copy.
     with open(params_path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         export.pack_devc(Path(graph_json_path).read_text(), m,
-                         [k["symbol"] for k in manifest["kernels"]], target,
-                         parse_target(target).triple, devc_path)
+                         [k["symbol"] for k in manifest["kernels"]], target, devc_path,
+                         pack, cc)
 
 
-def export_library(lib0_path: str, devc_path: str, out_path: str) -> None:
-    """lib0.o + devc.o -> the deliverable shared library (or .tar)."""
-    export.link_library(lib0_path, devc_path, out_path)
+def export_library(lib0_path: str, devc_path: str, out_path: str,
+                   cc: str | None = None) -> None:
+    """lib0.o + devc.o -> the deliverable shared library (or .tar), linked by cc
+    (the target's compiler; None for the host's)."""
+    export.link_library(lib0_path, devc_path, out_path, cc)
