@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from pipeline.errors import PipelineError
 from pipeline.link.files import temp_output
+from pipeline.link.integrity import stamp_code_digest
 
 __all__ = ["LinkError", "create_shared", "create_tar", "link_relocatable"]
 
@@ -74,6 +75,7 @@ def create_shared(
         cmd = [*_tool("CC", "cc", cc), "-shared", "-fPIC", "-o", tmp, *paths, "-lm",
                "-lgomp", *(options or ())]
         _run("link", cmd)
+        stamp_code_digest(tmp)  # a library with a blob records its code (see integrity.py)
 
 
 def link_relocatable(output: PathLike, objects: Sequence[PathLike]) -> None:

@@ -11,10 +11,13 @@ instead of hashing it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
 import threading
 from collections.abc import Iterator, Sequence
+
+from pipeline.errors import OutputError
 
 __all__ = ["atomic_write", "same_bytes", "temp_output"]
 
@@ -32,8 +35,12 @@ def temp_output(output: PathLike) -> Iterator[str]:
     output = os.fspath(output)
     folder = os.path.dirname(os.path.abspath(output))
     base = os.path.basename(output)
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{base}.", suffix=".tmp")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{base}.", suffix=".tmp")
+    except OSError as err:
+        _raise_for_output(output, err)
+        raise
     os.close(fd)
     os.chmod(tmp, 0o644)  # mkstemp makes 0600; artifacts are meant to be shared
     try:
@@ -42,10 +49,23 @@ def temp_output(output: PathLike) -> Iterator[str]:
             _remove(tmp)
         else:
             _replace(tmp, output)
-    except BaseException:
+    except BaseException as err:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(err, OSError):
+            _raise_for_output(output, err)
         raise
+
+
+# Errors of the disk rather than of the program: the user gets one line naming
+# the artifact (a PipelineError), and the previous artifact is still in place.
+_DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO, errno.EACCES}
+
+
+def _raise_for_output(output: str, err: OSError) -> None:
+    if err.errno in _DISK_ERRORS and not isinstance(err, OutputError):
+        raise OutputError(f"{output}: cannot write: {os.strerror(err.errno)}; the previous "
+                          "version, if any, is unchanged") from err
 
 
 def _replace(tmp: str, output: str) -> None:

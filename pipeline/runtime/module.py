@@ -18,6 +18,7 @@ import numpy as np
 
 from pipeline.link.blob import BLOB_PREFIX_SIZE, BLOB_SYMBOL
 from pipeline.link.cc import create_shared
+from pipeline.link.integrity import verify_code_digest
 from pipeline.runtime.blob import Blob, BlobError, read_blob_header_length, unpack_blob
 from pipeline.runtime.graph_executor import GraphExecutor
 from pipeline.runtime.params import load_params
@@ -106,13 +107,16 @@ def _check_device(device: Any) -> None:
     raise ValueError(f"unsupported device {device!r}: only the CPU is supported")
 
 
-def load_module(path: str | os.PathLike, link_options: Sequence[str] | None = None) -> Module:
+def load_module(path: str | os.PathLike, link_options: Sequence[str] | None = None,
+                verify: bool = True) -> Module:
     """Load a library exported as `.so` or as a `.tar` of object files.
 
     A `.tar` is extracted to a private temporary folder and linked there with
-    create_shared (link_options are passed on, e.g. ["-lgomp"]). Raises
-    FileNotFoundError, ValueError for other suffixes, BlobError when the blob
-    is missing or corrupted.
+    create_shared (link_options are passed on, e.g. ["-lgomp"]). With `verify`,
+    the library's code sections are hashed and compared with the digest its blob
+    records before it is loaded (pipeline/link/integrity.py; a few ms per MB of
+    code). Raises FileNotFoundError, ValueError for other suffixes, BlobError when
+    the blob is missing or corrupted or the code does not match its digest.
     """
     path = os.path.abspath(os.fspath(path))
     if not path.endswith(SUFFIXES):
@@ -121,13 +125,13 @@ def load_module(path: str | os.PathLike, link_options: Sequence[str] | None = No
     if not os.path.isfile(path):
         raise FileNotFoundError(f"library not found: {path}")
     if path.endswith(".so"):
-        return _load_so(path, path)
+        return _load_so(path, path, verify=verify)
     tmp = tempfile.TemporaryDirectory(prefix="pipeline-lib-")
     try:
         objects = _extract_objects(path, tmp.name)
         so_path = os.path.join(tmp.name, "lib.so")
         create_shared(so_path, objects, options=link_options)
-        return _load_so(so_path, path, keep=[tmp])
+        return _load_so(so_path, path, keep=[tmp], verify=verify)
     except BaseException:
         tmp.cleanup()
         raise
@@ -156,7 +160,10 @@ def _extract_objects(tar_path: str, dest: str) -> list[str]:
     return sorted(objects)
 
 
-def _load_so(so_path: str, source: str, keep: Sequence[Any] = ()) -> Module:
+def _load_so(so_path: str, source: str, keep: Sequence[Any] = (),
+             verify: bool = True) -> Module:
+    if verify:  # before dlopen: no byte of damaged code (constructors included) runs
+        verify_code_digest(so_path, source)
     keep = list(keep)
     open_path = so_path
     file_id = _file_id(so_path)

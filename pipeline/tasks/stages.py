@@ -72,15 +72,18 @@ def optimize_model(graph_path: str, weights_path: str, target: dict, kernel_dir:
     atomic_write(params_path, param_chunks(lowered.params))
 
 
-def link_lib0(kernels_path: str, cache: str, lib0_path: str) -> None:
+def link_lib0(kernels_path: str, cache: str, lib0_path: str) -> dict:
     """All of a model's kernel objects -> one relocatable lib0.o (ld -r).
 
     Objects come from the kernel cache, checked against their checksums; a
     corrupted or missing entry is recompiled from its spec, never linked.
+    Returns {"recompiled": [hash, ...]}, which the build report counts as compiled.
     """
     manifest = json.loads(Path(kernels_path).read_text())
-    cc.link_relocatable(lib0_path, [object_for_link(cache, k["hash"])
-                                    for k in manifest["kernels"]])
+    found = [object_for_link(cache, k["hash"]) for k in manifest["kernels"]]
+    cc.link_relocatable(lib0_path, [obj for obj, _ in found])
+    return {"recompiled": [k["hash"] for k, (_, compiled) in zip(manifest["kernels"], found,
+                                                                   strict=True) if compiled]}
 
 
 def pack_devc(graph_json_path: str, params_path: str, kernels_path: str,
