@@ -37,8 +37,8 @@ from pipeline.link.elf import DATA_OFFSET, data_object
 from pipeline.link.files import atomic_write
 
 __all__ = [
-    "BLOB_CODE_DIGEST_SIZE", "BLOB_DIGEST_SIZE", "BLOB_FIXED", "BLOB_MAGIC", "BLOB_PREFIX_SIZE", "BLOB_SYMBOL",
-    "BLOB_VERSION", "BlobError", "blob_chunks", "devc_checksum", "emit_blob_object",
+    "BLOB_CODE_DIGEST_SIZE", "BLOB_DIGEST_SIZE", "BLOB_FIXED", "BLOB_MAGIC", "BLOB_PREFIX_SIZE",
+    "BLOB_SYMBOL", "BLOB_VERSION", "BlobError", "blob_chunks", "devc_checksum", "emit_blob_object",
     "pack_blob", "read_blob_header_length", "write_devc",
 ]
 

@@ -66,5 +66,5 @@ def unpack_blob(data: bytes, source: str) -> Blob:
         return Blob(graph_json=sections["graph"].decode("utf-8"), params=sections["params"],
                     kernels=tuple(header["kernels"]), target=header["target"],
                     import_tree=header["import_tree"], code_digest=bytes(view[end:]))
-    except (ValueError, KeyError, TypeError) as err:
+    except (ValueError, KeyError, TypeError, RecursionError) as err:
         raise BlobError(f"{source}: malformed blob header: {err}") from None
