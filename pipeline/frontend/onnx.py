@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from pipeline.errors import ModelError, UnsupportedOperatorError
+from pipeline.errors import ModelError, PipelineError, UnsupportedOperatorError, check_elements
 from pipeline.ir.graph import DTYPES, Graph, Node, TensorType, add_param
 from pipeline.ops import get, infer_types, onnx_converter
 
@@ -132,7 +132,7 @@ def from_onnx(model: onnx.ModelProto | str | Path,
     _check_supported(model, opset, source)
 
     g = model.graph
-    params = {init.name: numpy_helper.to_array(init) for init in g.initializer}
+    params = _initializers(g, source)
     types = {name: TensorType(v.shape, _dtype_name(v.dtype, name)) for name, v in params.items()}
     inputs = [vi for vi in g.input if vi.name not in params]
     shape = dict(shape or {})
@@ -142,19 +142,32 @@ def from_onnx(model: onnx.ModelProto | str | Path,
                          f"inputs are {[vi.name for vi in inputs]}")
     for vi in inputs:
         types[vi.name] = _input_type(vi, shape.get(vi.name), source)
+        check_elements(types[vi.name].shape, f"{source}: input {vi.name!r}")
+    _check_defined(g, source)
 
     onnx_shapes = _onnx_shape_inference(model, types, inputs, source)
     ctx = ImportContext(params, types)
     nodes: list[Node] = []
     used_names: set[str] = set()
     for k, proto in enumerate(g.node):
-        onode = _decode(proto, k, opset, used_names)
-        if onode.op_type == "Constant":
-            _import_constant(onode, ctx, source)
-            continue
-        for node in onnx_converter(onode.op_type, opset)(ctx, onode):
-            out_types = infer_types(node, [types[i] for i in node.inputs])
+        try:
+            onode = _decode(proto, k, opset, used_names)
+            if onode.op_type == "Constant":
+                _import_constant(onode, ctx, source)
+                continue
+            converted = [(node, infer_types(node, [types[i] for i in node.inputs]))
+                         for node in onnx_converter(onode.op_type, opset)(ctx, onode)]
+        except PipelineError:
+            raise
+        except Exception as err:
+            # A node the converter's checks did not anticipate (an attribute of the
+            # wrong type, a missing input): still one line naming the node.
+            what = f"{proto.name or f'#{k}'!r} ({proto.op_type})"
+            raise ModelError(f"{source}: node {what}: cannot import it "
+                             f"({type(err).__name__}: {err})") from err
+        for node, out_types in converted:
             for name, t in zip(node.outputs, out_types, strict=True):
+                check_elements(t.shape, f"{source}: node {node.name!r} output {name!r}")
                 want = onnx_shapes.get(name)
                 if want is not None and want != t.shape:
                     raise ModelError(f"{source}: node {node.name!r} ({onode.op_type}): "
@@ -175,6 +188,44 @@ def from_onnx(model: onnx.ModelProto | str | Path,
                   types={name: t for name, t in types.items() if name in defined})
     graph.verify(infer_types)
     return graph, kept
+
+
+def _initializers(g: onnx.GraphProto, source: str) -> dict[str, np.ndarray]:
+    """The initializers as arrays; their declared sizes are checked before reading."""
+    params = {}
+    for init in g.initializer:
+        check_elements(list(init.dims), f"{source}: initializer {init.name!r}")
+        try:
+            params[init.name] = numpy_helper.to_array(init)
+        except PipelineError:
+            raise
+        except Exception as err:  # raw data of the wrong size, an unknown data type
+            raise ModelError(f"{source}: initializer {init.name!r} cannot be read "
+                             f"({type(err).__name__}: {str(err).splitlines()[0]})") from None
+    return params
+
+
+def _check_defined(g: onnx.GraphProto, source: str) -> None:
+    """ModelError unless every node input is a graph input, an initializer or the
+    output of an earlier node: a cycle or a dangling input is named, not a KeyError."""
+    defined = {vi.name for vi in g.input} | {i.name for i in g.initializer} | {""}
+    later = {out: (k, node) for k, node in enumerate(g.node) for out in node.output}
+    for k, node in enumerate(g.node):
+        for name in node.input:
+            if name in defined:
+                continue
+            what = f"{source}: node {node.name or f'#{k}'!r} ({node.op_type}): input {name!r}"
+            if name in later:
+                j, producer = later[name]
+                raise ModelError(f"{what} is computed by node {producer.name or f'#{j}'!r} "
+                                 f"{'after it' if j > k else 'itself'}: the graph has a "
+                                 "cycle or is not in topological order")
+            raise ModelError(f"{what} is not a graph input, an initializer or the output of "
+                             "any node (a dangling input)")
+        defined.update(node.output)
+    missing = [o.name for o in g.output if o.name not in defined]
+    if missing:
+        raise ModelError(f"{source}: graph output(s) {missing} are computed by no node")
 
 
 def _freeze_inputs(model: onnx.ModelProto, freeze: dict, source: str) -> onnx.ModelProto:

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.errors import FormatError
 from pipeline.link.blob import BLOB_PREFIX_SIZE, BLOB_SYMBOL
 from pipeline.link.cc import create_shared
 from pipeline.link.integrity import verify_code_digest
@@ -140,14 +141,18 @@ def load_module(path: str | os.PathLike, link_options: Sequence[str] | None = No
 def _extract_objects(tar_path: str, dest: str) -> list[str]:
     """Extract a flat tar's regular files into dest; return the .o paths, sorted."""
     objects = []
-    with tarfile.open(tar_path) as tar:
+    try:
+        tar = tarfile.open(tar_path)
+    except tarfile.TarError as err:
+        raise FormatError(f"{tar_path}: not a readable tar archive ({err})") from None
+    with tar:
         for member in tar.getmembers():
             name = member.name
             # Our tars are flat; refuse anything that could land outside dest.
             if (not member.isfile() or os.path.isabs(name) or os.path.dirname(name)
                     or name in ("", ".", "..")):
-                raise ValueError(f"{tar_path}: refusing tar member {name!r} (expected plain "
-                                 "files without folders)")
+                raise FormatError(f"{tar_path}: refusing tar member {name!r} (expected plain "
+                                  "files without folders)")
             src = tar.extractfile(member)
             out = os.path.join(dest, name)
             with src, open(out, "wb") as f:
@@ -156,7 +161,7 @@ def _extract_objects(tar_path: str, dest: str) -> list[str]:
             if name.endswith(".o"):
                 objects.append(out)
     if not objects:
-        raise ValueError(f"{tar_path}: no .o files in the archive")
+        raise FormatError(f"{tar_path}: no .o files in the archive")
     return sorted(objects)
 
 
