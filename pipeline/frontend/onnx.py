@@ -146,6 +146,11 @@ def from_onnx(model: onnx.ModelProto | str | Path,
     _check_defined(g, source)
 
     onnx_shapes = _onnx_shape_inference(model, types, inputs, source)
+    # Before any converter runs: one folding a constant (ConstantOfShape, Expand
+    # of constants) would allocate the tensor first and check it after.
+    producer = {out: node.name or f"#{k}" for k, node in enumerate(g.node) for out in node.output}
+    for name, dims in onnx_shapes.items():
+        check_elements(dims, f"{source}: node {producer.get(name, '?')!r} output {name!r}")
     ctx = ImportContext(params, types)
     nodes: list[Node] = []
     used_names: set[str] = set()
