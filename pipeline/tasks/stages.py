@@ -8,6 +8,7 @@ which keeps them picklable for `doit -n`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import mmap
@@ -91,11 +92,19 @@ def pack_devc(graph_json_path: str, params_path: str, kernels_path: str,
     """Graph JSON + params + kernel list -> devc.o holding the packed blob."""
     manifest = json.loads(Path(kernels_path).read_text())
     # Mapped, not read: the params go from the page cache to devc.o in one copy.
-    with open(params_path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        chunks = blob_chunks(Path(graph_json_path).read_text(), m,
-                             [k["symbol"] for k in manifest["kernels"]], manifest["target"])
-        write_devc(chunks, parse_target(manifest["target"]).triple, devc_path)
-        del chunks  # a view of the mapping left alive would keep it from closing
+    with open(params_path, "rb") as f:
+        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            chunks = blob_chunks(Path(graph_json_path).read_text(), m,
+                                 [k["symbol"] for k in manifest["kernels"]], manifest["target"])
+            write_devc(chunks, parse_target(manifest["target"]).triple, devc_path)
+            del chunks  # a view of the mapping left alive would keep it from closing
+        finally:
+            # After a failed write (a full disk) the error's traceback still holds
+            # views of the mapping: closing would raise BufferError over the real
+            # error, so the mapping is left to go with the traceback.
+            with contextlib.suppress(BufferError):
+                m.close()
 
 
 def export_library(lib0_path: str, devc_path: str, out_path: str) -> None:
