@@ -101,6 +101,9 @@ class GraphExecutor:
             else:
                 self._input_index[name] = len(self._input_index)
                 self._input_eids.append(row_ptr[nid])
+        if set(params) - set(self._param_eids):
+            raise FormatError(f"graph JSON: params {sorted(set(params) - set(self._param_eids))} "
+                              "are not among the graph's arg_nodes")
         self._output_eids = [self._entry(nid, idx, "heads") for nid, idx, *_ in graph["heads"]]
         self._check_arg_storage(graph["arg_nodes"])
         self._plan_ops()
