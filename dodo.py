@@ -40,10 +40,14 @@ DOIT_CONFIG = {
 }
 
 try:
+    from pipeline.link.files import remove_stale_temporaries
     from pipeline.tasks import make_tasks
+    from pipeline.tasks.cache import cache_dir
     from pipeline.tasks.config import load_config
 
     _config = load_config(get_var("config", "configs/default.yaml"))
+    # A build killed mid-write leaves its temporary files; no one else writes here now.
+    remove_stale_temporaries("out", skip=cache_dir(get_var("cache")))
     globals().update(make_tasks(_config, *_config.select(get_var("model"), get_var("target")),
                                 kernel_cache=get_var("cache")))
 except ConfigError as err:

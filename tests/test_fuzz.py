@@ -230,7 +230,8 @@ def edited_models(draw) -> onnx.ModelProto:
         elif kind == "attr":
             name = draw(st.sampled_from(["pads", "kernel_shape", "strides", "axis", "group",
                                          "dilations", "perm", "auto_pad", "transB"]))
-            value = draw(st.one_of(st.integers(-5, 70), st.lists(st.integers(-3, 9), min_size=1, max_size=6),
+            value = draw(st.one_of(st.integers(-5, 70),
+                                   st.lists(st.integers(-3, 9), min_size=1, max_size=6),
                                    st.text(max_size=6), st.floats(allow_nan=True)))
             for i, a in enumerate(node.attribute):
                 if a.name == name:

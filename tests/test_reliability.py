@@ -121,6 +121,17 @@ def test_sigkill_before_a_kernel_compiles(tiny: Path):
     assert ok(tiny) == set()
 
 
+def test_temporaries_of_a_killed_write_are_removed(tiny: Path):
+    ok(tiny)
+    d = tiny / "out" / "tiny" / "llvm"
+    stale = [d / ".tiny.so.x1y2.tmp", d / ".devc.o.abcd.tmp.old"]
+    shared = tiny / "out" / "kernels" / ".0123.o.zz.tmp"  # maybe another checkout's
+    for p in [*stale, shared]:
+        p.write_bytes(b"half written")
+    assert ok(tiny) == set()
+    assert not any(p.exists() for p in stale) and shared.exists()
+
+
 # -- two builds of one folder ------------------------------------------------------
 
 def test_second_build_while_one_holds_the_lock_says_so(tiny: Path):

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 
 from pipeline.errors import OutputError
 
-__all__ = ["atomic_write", "same_bytes", "temp_output"]
+__all__ = ["atomic_write", "remove_stale_temporaries", "same_bytes", "temp_output"]
 
 PathLike = str | os.PathLike
 
@@ -120,3 +120,25 @@ def atomic_write(path: PathLike, data: bytes | Sequence) -> None:
     with temp_output(path) as tmp:
         with open(tmp, "wb") as f:
             f.writelines([data] if isinstance(data, bytes) else data)
+
+
+def remove_stale_temporaries(folder: PathLike, skip: PathLike | None = None) -> list[str]:
+    """Delete the temporary files temp_output left under folder when its process was
+    killed mid-write (".<name>.<random>.tmp", and its ".old" link); returns them.
+
+    Only safe while no other process writes there: dodo.py calls it holding
+    out/.lock. `skip` (the kernel cache, which other checkouts may share and
+    fill at the same time) is left alone.
+    """
+    skip_path = os.path.abspath(skip) if skip else None
+    removed = []
+    for root, dirs, names in os.walk(folder):
+        if skip_path and os.path.abspath(root) == skip_path:
+            dirs[:] = []
+            continue
+        for name in names:
+            if name.startswith(".") and (name.endswith(".tmp") or name.endswith(".tmp.old")):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(root, name))
+                removed.append(os.path.join(root, name))
+    return removed
