@@ -125,6 +125,18 @@ def from_onnx(model: onnx.ModelProto | str | Path,
     if not isinstance(model, onnx.ModelProto):
         source = source or str(model)
         model = load_model(model)
+    try:
+        return _import(model, shape, source, freeze)
+    except UnicodeDecodeError:
+        # protobuf decodes string fields when they are read, not when parsed
+        raise ModelError(f"{source or '<model>'}: a name or string in the model is not "
+                         "valid UTF-8") from None
+
+
+def _import(model: onnx.ModelProto, shape: dict[str, tuple[int, ...]] | None,
+            source: str | None, freeze: dict[str, np.ndarray] | None
+            ) -> tuple[Graph, dict[str, np.ndarray]]:
+    """from_onnx on a parsed model."""
     source = source or model.graph.name or "<model>"
     if freeze:
         model = _freeze_inputs(model, freeze, source)
