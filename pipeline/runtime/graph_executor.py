@@ -65,7 +65,10 @@ class GraphExecutor:
             # gets one line, not a traceback from deep inside the setup.
             raise FormatError(f"graph JSON: malformed ({type(err).__name__}: {err})") from None
         for name, value in params.items():
-            self._copy_in(name, self._param_eids[name], value)
+            try:
+                self._copy_in(name, self._param_eids[name], value)
+            except ValueError as err:
+                raise FormatError(f"graph JSON and params disagree: {err}") from None
         self._setup_op_execs(lookup)
         self._set_threads = thread_setter(lookup)
         self.num_threads = default_num_threads()
