@@ -172,8 +172,18 @@ def _import(model: onnx.ModelProto, shape: dict[str, tuple[int, ...]] | None,
             if onode.op_type == "Constant":
                 _import_constant(onode, ctx, source)
                 continue
-            converted = [(node, infer_types(node, [types[i] for i in node.inputs]))
-                         for node in onnx_converter(onode.op_type, opset)(ctx, onode)]
+            for node in onnx_converter(onode.op_type, opset)(ctx, onode):
+                out_types = infer_types(node, [types[i] for i in node.inputs])
+                for name, t in zip(node.outputs, out_types, strict=True):
+                    check_elements(t.shape, f"{source}: node {node.name!r} output {name!r}")
+                    want = onnx_shapes.get(name)
+                    if want is not None and want != t.shape:
+                        raise ModelError(f"{source}: node {node.name!r} ({onode.op_type}): "
+                                         f"output {name!r} has shape {list(t.shape)} here but "
+                                         f"{list(want)} by ONNX shape inference")
+                    types[name] = t
+                ctx.track(node)
+                nodes.append(node)
         except PipelineError:
             raise
         except Exception as err:
@@ -182,17 +192,6 @@ def _import(model: onnx.ModelProto, shape: dict[str, tuple[int, ...]] | None,
             what = f"{proto.name or f'#{k}'!r} ({proto.op_type})"
             raise ModelError(f"{source}: node {what}: cannot import it "
                              f"({type(err).__name__}: {err})") from err
-        for node, out_types in converted:
-            for name, t in zip(node.outputs, out_types, strict=True):
-                check_elements(t.shape, f"{source}: node {node.name!r} output {name!r}")
-                want = onnx_shapes.get(name)
-                if want is not None and want != t.shape:
-                    raise ModelError(f"{source}: node {node.name!r} ({onode.op_type}): "
-                                     f"output {name!r} has shape {list(t.shape)} here but "
-                                     f"{list(want)} by ONNX shape inference")
-                types[name] = t
-            ctx.track(node)
-            nodes.append(node)
 
     outputs = tuple(o.name for o in g.output)
     nodes = _constant_outputs(ctx, outputs) + _live(nodes, outputs)
