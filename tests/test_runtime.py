@@ -131,8 +131,8 @@ def test_blob_round_trip():
     (lambda b: b[:60] + bytes([b[60] ^ 0xFF]) + b[61:],
      r"^test\.so: checksum mismatch: the library is corrupted; rebuild it$"),
     (lambda b: b"XXXXXXX\0" + b[8:], r"^test\.so: not a pipeline blob: expected magic"),
-    (lambda b: b[:8] + struct.pack("<I", 2) + b[12:],
-     r"^test\.so: blob from format version 2, this runtime reads version 1; "
+    (lambda b: b[:8] + struct.pack("<I", 1) + b[12:],
+     r"^test\.so: blob from format version 1, this runtime reads version 2; "
      r"rebuild the library$"),
 ])
 def test_blob_corruption(mutate, message):

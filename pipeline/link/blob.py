@@ -6,12 +6,19 @@ Layout (integers little endian):
     magic "PLMBLOB\\0" (8) | u32 format version | u32 reserved 0 |
     u64 total blob length, including the checksum |
     u64 header length H | H bytes of UTF-8 JSON header (sorted keys, compact) |
-    section bytes, concatenated | sha256 of everything before it (32)
+    section bytes, concatenated | sha256 of everything before it (32) |
+    code digest (32)
 
 The first 24 bytes are stable across format versions so that a reader can
 learn the length (and reject a newer version) before touching the rest.
 The JSON header holds the import tree, the section table (offsets from the
 blob start), the kernel symbol names and the target string.
+
+The code digest (version 2) is the sha256 of the library's code sections as
+linked (pipeline/link/integrity.py): devc.o carries zeros there, and the link
+(pipeline/link/cc.py create_shared) fills it in, so it sits outside the blob's
+own checksum. The loader recomputes it to refuse a library whose code bytes
+changed after the build. Version 1 had no code digest.
 
 devc.o, the object holding the blob, is a minimal ELF object written by
 pipeline/link/elf.py, or (target option `pack: c`, and any target our ELF
@@ -32,17 +39,19 @@ from pipeline.link.elf import DATA_OFFSET, data_object
 from pipeline.link.files import atomic_write
 
 __all__ = [
-    "BLOB_DIGEST_SIZE", "BLOB_FIXED", "BLOB_MAGIC", "BLOB_PREFIX_SIZE", "BLOB_SYMBOL",
-    "BLOB_VERSION", "BlobError", "blob_chunks", "devc_checksum", "emit_blob_object",
-    "pack_blob", "read_blob_header_length", "write_devc", "write_devc_c",
+    "BLOB_CODE_DIGEST_SIZE", "BLOB_DIGEST_SIZE", "BLOB_FIXED", "BLOB_MAGIC",
+    "BLOB_PREFIX_SIZE", "BLOB_SYMBOL", "BLOB_VERSION", "BlobError", "blob_chunks",
+    "devc_checksum", "emit_blob_object", "pack_blob", "read_blob_header_length",
+    "write_devc", "write_devc_c",
 ]
 
 BLOB_SYMBOL = "__pipeline_dev_mblob"
 BLOB_MAGIC = b"PLMBLOB\0"
-BLOB_VERSION = 1
+BLOB_VERSION = 2
 BLOB_PREFIX_SIZE = 24  # magic + version + reserved + total length
 BLOB_FIXED = struct.Struct("<8sIIQQ")  # the prefix plus the header length
 BLOB_DIGEST_SIZE = 32
+BLOB_CODE_DIGEST_SIZE = 32  # the trailer the link stamps
 
 IMPORT_TREE = {
     "modules": [{"type_key": "library"},
@@ -93,13 +102,13 @@ def blob_chunks(graph_json: str, params, kernels: list[str], target: str) -> lis
         if len(header) == header_len:
             break
         header_len = len(header)
-    total = offset + BLOB_DIGEST_SIZE
+    total = offset + BLOB_DIGEST_SIZE + BLOB_CODE_DIGEST_SIZE
     parts = [BLOB_FIXED.pack(BLOB_MAGIC, BLOB_VERSION, 0, total, header_len), header,
              *(view for _, views in sections for view in views)]
     digest = hashlib.sha256()
     for part in parts:
         digest.update(part)
-    return [*parts, digest.digest()]
+    return [*parts, digest.digest(), bytes(BLOB_CODE_DIGEST_SIZE)]
 
 
 def read_blob_header_length(first_bytes: bytes, source: str = "blob") -> int:
@@ -117,7 +126,7 @@ def read_blob_header_length(first_bytes: bytes, source: str = "blob") -> int:
     if version != BLOB_VERSION:
         raise BlobError(f"{source}: blob from format version {version}, this runtime reads "
                         f"version {BLOB_VERSION}; rebuild the library")
-    if total < BLOB_FIXED.size + BLOB_DIGEST_SIZE:
+    if total < BLOB_FIXED.size + BLOB_DIGEST_SIZE + BLOB_CODE_DIGEST_SIZE:
         raise BlobError(f"{source}: blob header is corrupted: total length {total} is too "
                         "small; rebuild the library")
     return total
@@ -148,6 +157,8 @@ def devc_checksum(path: str | os.PathLike) -> bytes:
         if end > len(m):
             raise BlobError(f"{source}: blob truncated: it ends at byte {end} of a "
                             f"{len(m)}-byte file")
+        # The blob ends with its sha256, then the code digest slot the link fills in.
+        end -= BLOB_CODE_DIGEST_SIZE
         return bytes(m[end - BLOB_DIGEST_SIZE:end])
 
 

@@ -18,6 +18,7 @@ from functools import cache
 
 from pipeline.errors import PipelineError
 from pipeline.link.files import temp_output
+from pipeline.link.integrity import stamp_code_digest
 
 __all__ = ["LinkError", "ToolchainError", "cc_package", "compile_c", "create_shared",
            "create_tar", "host_cc", "link_relocatable", "toolchain_identity"]
@@ -119,6 +120,7 @@ def create_shared(
         cmd = [*_tool(cc), "-shared", "-fPIC", "-o", tmp, *paths, "-lm",
                "-lgomp", *(options or ())]
         _run("link", cmd)
+        stamp_code_digest(tmp)  # a library with a blob records its code (see integrity.py)
 
 
 def link_relocatable(output: PathLike, objects: Sequence[PathLike],

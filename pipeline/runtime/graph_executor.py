@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.errors import FormatError, PipelineError, check_elements
 from pipeline.runtime.params import load_params as _parse_params
 from pipeline.runtime.threads import check_num_threads, default_num_threads, thread_setter
 
@@ -39,7 +40,7 @@ def _attr_list(attrs: dict, key: str) -> list:
     try:
         return attrs[key][1]
     except (KeyError, IndexError, TypeError):
-        raise ValueError(f"graph JSON: attrs[{key!r}] missing or malformed") from None
+        raise FormatError(f"graph JSON: attrs[{key!r}] missing or malformed") from None
 
 
 class GraphExecutor:
@@ -52,35 +53,74 @@ class GraphExecutor:
 
     def __init__(self, graph_json: str | dict, lookup: Callable[[str], Any],
                  params: dict[str, np.ndarray] | None = None, owner: Any = None):
-        graph = json.loads(graph_json) if isinstance(graph_json, str) else graph_json
         self._owner = owner
+        params = params or {}
+        try:
+            self._read_graph(graph_json, params)
+        except PipelineError:
+            raise
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError,
+                OverflowError) as err:
+            # Whatever shape of JSON a hand-made or damaged graph has, the user
+            # gets one line, not a traceback from deep inside the setup.
+            raise FormatError(f"graph JSON: malformed ({type(err).__name__}: {err})") from None
+        for name, value in params.items():
+            try:
+                self._copy_in(name, self._param_eids[name], value)
+            except ValueError as err:
+                raise FormatError(f"graph JSON and params disagree: {err}") from None
+        self._setup_op_execs(lookup)
+        self._set_threads = thread_setter(lookup)
+        self.num_threads = default_num_threads()
+
+    def _read_graph(self, graph_json: str | dict, params: dict[str, np.ndarray]) -> None:
+        """Parse and check the graph JSON, allocate storage, plan the op calls."""
+        graph = json.loads(graph_json) if isinstance(graph_json, str) else graph_json
+        if not isinstance(graph, dict):
+            raise FormatError(f"graph JSON: expected an object, found {type(graph).__name__}")
         self._nodes = graph["nodes"]
+        if not isinstance(self._nodes, list) or not all(
+                isinstance(n, dict) and isinstance(n.get("name"), str) and "op" in n
+                for n in self._nodes):
+            raise FormatError("graph JSON: nodes must be a list of objects with name and op")
         row_ptr = graph["node_row_ptr"]
-        if len(row_ptr) != len(self._nodes) + 1:
-            raise ValueError("graph JSON: node_row_ptr must have len(nodes) + 1 entries")
+        if (not isinstance(row_ptr, list) or len(row_ptr) != len(self._nodes) + 1
+                or not all(type(r) is int for r in row_ptr) or row_ptr[0] != 0
+                or any(b < a for a, b in zip(row_ptr, row_ptr[1:], strict=False))):
+            raise FormatError("graph JSON: node_row_ptr must be len(nodes) + 1 ascending "
+                              "integers from 0")
         self._row_ptr = row_ptr
         self._setup_storage(graph["attrs"])
-        params = params or {}
         unknown = set(params) - {n["name"] for n in self._nodes if n["op"] == "null"}
         if unknown:
-            raise ValueError(f"params not used by the graph: {sorted(unknown)}")
+            raise FormatError(f"params not used by the graph: {sorted(unknown)}")
         self._input_index: dict[str, int] = {}  # graph inputs, in arg_nodes order
         self._input_eids: list[int] = []
         self._param_eids: dict[str, int] = {}
         for nid in graph["arg_nodes"]:
-            name = self._nodes[nid]["name"]
+            name = self._nodes[self._index(nid, len(self._nodes), "arg_nodes")]["name"]
             if name in params:
                 self._param_eids[name] = row_ptr[nid]
             else:
                 self._input_index[name] = len(self._input_index)
                 self._input_eids.append(row_ptr[nid])
-        self._output_eids = [row_ptr[nid] + idx for nid, idx, *_ in graph["heads"]]
+        if set(params) - set(self._param_eids):
+            raise FormatError(f"graph JSON: params {sorted(set(params) - set(self._param_eids))} "
+                              "are not among the graph's arg_nodes")
+        self._output_eids = [self._entry(nid, idx, "heads") for nid, idx, *_ in graph["heads"]]
         self._check_arg_storage(graph["arg_nodes"])
-        for name, value in params.items():
-            self._copy_in(name, self._param_eids[name], value)
-        self._setup_op_execs(lookup)
-        self._set_threads = thread_setter(lookup)
-        self.num_threads = default_num_threads()
+        self._plan_ops()
+
+    def _index(self, value: Any, size: int, what: str) -> int:
+        if type(value) is not int or not 0 <= value < size:
+            raise FormatError(f"graph JSON: {what}: index {value!r} out of range 0..{size - 1}")
+        return value
+
+    def _entry(self, nid: Any, idx: Any, what: str) -> int:
+        """The entry id of output `idx` of node `nid`, both checked."""
+        nid = self._index(nid, len(self._nodes), what)
+        count = self._row_ptr[nid + 1] - self._row_ptr[nid]
+        return self._row_ptr[nid] + self._index(idx, count, f"{what}: output of node {nid}")
 
     def _check_arg_storage(self, arg_nodes: list[int]) -> None:
         """Reject plans where a kernel writes into an input's or param's storage.
@@ -93,7 +133,7 @@ class GraphExecutor:
         for nid in arg_nodes:
             sid, name = self._sids[self._row_ptr[nid]], self._nodes[nid]["name"]
             if sid in owner:
-                raise ValueError(f"graph JSON: inputs {owner[sid]!r} and {name!r} share "
+                raise FormatError(f"graph JSON: inputs {owner[sid]!r} and {name!r} share "
                                  f"storage {sid}")
             owner[sid] = name
         for nid, node in enumerate(self._nodes):
@@ -101,7 +141,7 @@ class GraphExecutor:
                 continue
             for eid in range(self._row_ptr[nid], self._row_ptr[nid + 1]):
                 if self._sids[eid] in owner:
-                    raise ValueError(f"graph JSON: node {node['name']!r} writes storage "
+                    raise FormatError(f"graph JSON: node {node['name']!r} writes storage "
                                      f"{self._sids[eid]}, which holds {owner[self._sids[eid]]!r}")
 
     def _setup_storage(self, attrs: dict) -> None:
@@ -111,15 +151,19 @@ class GraphExecutor:
         sids = _attr_list(attrs, "storage_id")
         n_entries = self._row_ptr[-1]
         if not len(shapes) == len(dtypes) == len(sids) == n_entries:
-            raise ValueError(f"graph JSON: shape/dltype/storage_id must have {n_entries} "
+            raise FormatError(f"graph JSON: shape/dltype/storage_id must have {n_entries} "
                              "entries (one per node output)")
         for dt in dtypes:
-            if dt not in _DTYPES:
-                raise ValueError(f"graph JSON: unsupported dltype {dt!r}")
+            if not isinstance(dt, str) or dt not in _DTYPES:
+                raise FormatError(f"graph JSON: unsupported dltype {dt!r}")
+        if not all(type(sid) is int and sid >= 0 for sid in sids):
+            raise FormatError("graph JSON: storage_id must be integers >= 0")
         self._sids = sids
         types = [np.dtype(dt) for dt in dtypes]
-        sizes = [int(np.prod(s, dtype=np.int64)) * t.itemsize
-                 for s, t in zip(shapes, types, strict=True)]
+        # Checked before anything is allocated: no shape may exceed the element limit.
+        sizes = [check_elements(s if isinstance(s, list) else [s], f"graph JSON: entry {e}")
+                 * t.itemsize for e, (s, t) in enumerate(zip(shapes, types, strict=True))]
+        check_elements([sum(sizes)], "graph JSON: all storage (bytes)")
         need: dict[int, int] = {}
         for sid, size in zip(sids, sizes, strict=True):
             need[sid] = max(need.get(sid, 0), size)
@@ -127,20 +171,34 @@ class GraphExecutor:
         self._entries = [self._storage[sid][:size].view(t).reshape(shape)
                          for sid, size, t, shape in zip(sids, sizes, types, shapes, strict=True)]
 
-    def _setup_op_execs(self, lookup: Callable[[str], Any]) -> None:
-        """Resolve every op node's kernel and fill its argument array once."""
-        self._execs: list[tuple[Any, Any, int]] = []
+    def _plan_ops(self) -> None:
+        """(node id, function name, input entries, output entries) per op node, checked."""
+        self._ops: list[tuple[int, str, list[int], list[int]]] = []
         for nid, node in enumerate(self._nodes):
             if node["op"] == "null":
                 continue
             attrs = node.get("attrs", {})
             func_name = attrs.get("func_name")
-            in_eids = [self._row_ptr[i] + idx for i, idx, *_ in node["inputs"]]
+            if not isinstance(func_name, str):
+                raise FormatError(f"graph JSON: node {node['name']!r} has no func_name")
+            in_eids = [self._entry(i, idx, f"node {node['name']!r} inputs")
+                       for i, idx, *_ in node["inputs"]]
             out_eids = list(range(self._row_ptr[nid], self._row_ptr[nid + 1]))
             if int(attrs.get("num_inputs", len(in_eids))) != len(in_eids) or \
                     int(attrs.get("num_outputs", len(out_eids))) != len(out_eids):
-                raise ValueError(f"graph JSON: node {node['name']!r} has {len(in_eids)} inputs "
-                                 f"and {len(out_eids)} outputs, attrs say otherwise")
+                raise FormatError(f"graph JSON: node {node['name']!r} has {len(in_eids)} "
+                                  f"inputs and {len(out_eids)} outputs, attrs say otherwise")
+            if func_name == _COPY and (len(in_eids) != 1 or len(out_eids) != 1 or
+                                       self._entries[in_eids[0]].shape !=
+                                       self._entries[out_eids[0]].shape):
+                raise FormatError(f"graph JSON: copy node {node['name']!r} needs one input "
+                                  "and one output of one shape")
+            self._ops.append((nid, func_name, in_eids, out_eids))
+
+    def _setup_op_execs(self, lookup: Callable[[str], Any]) -> None:
+        """Resolve every op node's kernel and fill its argument array once."""
+        self._execs: list[tuple[Any, Any, int]] = []
+        for nid, func_name, in_eids, out_eids in self._ops:
             if func_name == _NOP:
                 continue
             if func_name == _COPY:

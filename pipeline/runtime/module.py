@@ -17,8 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.errors import FormatError
 from pipeline.link.blob import BLOB_PREFIX_SIZE, BLOB_SYMBOL
 from pipeline.link.cc import create_shared
+from pipeline.link.integrity import verify_code_digest
 from pipeline.runtime.blob import Blob, BlobError, read_blob_header_length, unpack_blob
 from pipeline.runtime.graph_executor import GraphExecutor
 from pipeline.runtime.machine import check_machine
@@ -108,15 +110,19 @@ def _check_device(device: Any) -> None:
     raise ValueError(f"unsupported device {device!r}: only the CPU is supported")
 
 
-def load_module(path: str | os.PathLike, link_options: Sequence[str] | None = None) -> Module:
+def load_module(path: str | os.PathLike, link_options: Sequence[str] | None = None,
+                verify: bool = True) -> Module:
     """Load a library exported as `.so`, as one relocatable `.o`, or as a `.tar`
     of object files.
 
     A `.o` or `.tar` is linked (a `.tar` extracted first) in a private temporary
     folder with the host's cc through create_shared (link_options are passed
-    on, e.g. ["-lgomp"]). Raises FileNotFoundError, ValueError for other
-    suffixes, ForeignLibraryError for a library built for another architecture
-    (saying how to run it), BlobError when the blob is missing or corrupted.
+    on, e.g. ["-lgomp"]). With `verify`, the library's code sections are hashed
+    and compared with the digest its blob records before it is loaded
+    (pipeline/link/integrity.py; a few ms per MB of code). Raises
+    FileNotFoundError, ValueError for other suffixes, ForeignLibraryError for a
+    library built for another architecture (saying how to run it), BlobError
+    when the blob is missing or corrupted or the code does not match its digest.
     """
     path = os.path.abspath(os.fspath(path))
     if not path.endswith(SUFFIXES):
@@ -126,7 +132,7 @@ def load_module(path: str | os.PathLike, link_options: Sequence[str] | None = No
         raise FileNotFoundError(f"library not found: {path}")
     if path.endswith(".so"):
         check_machine(path, path)
-        return _load_so(path, path)
+        return _load_so(path, path, verify=verify)
     tmp = tempfile.TemporaryDirectory(prefix="pipeline-lib-")
     try:
         objects = [path] if path.endswith(".o") else _extract_objects(path, tmp.name)
@@ -134,7 +140,7 @@ def load_module(path: str | os.PathLike, link_options: Sequence[str] | None = No
             check_machine(obj, path)
         so_path = os.path.join(tmp.name, "lib.so")
         create_shared(so_path, objects, options=link_options)
-        return _load_so(so_path, path, keep=[tmp])
+        return _load_so(so_path, path, keep=[tmp], verify=verify)
     except BaseException:
         tmp.cleanup()
         raise
@@ -143,14 +149,18 @@ def load_module(path: str | os.PathLike, link_options: Sequence[str] | None = No
 def _extract_objects(tar_path: str, dest: str) -> list[str]:
     """Extract a flat tar's regular files into dest; return the .o paths, sorted."""
     objects = []
-    with tarfile.open(tar_path) as tar:
+    try:
+        tar = tarfile.open(tar_path)
+    except tarfile.TarError as err:
+        raise FormatError(f"{tar_path}: not a readable tar archive ({err})") from None
+    with tar:
         for member in tar.getmembers():
             name = member.name
             # Our tars are flat; refuse anything that could land outside dest.
             if (not member.isfile() or os.path.isabs(name) or os.path.dirname(name)
                     or name in ("", ".", "..")):
-                raise ValueError(f"{tar_path}: refusing tar member {name!r} (expected plain "
-                                 "files without folders)")
+                raise FormatError(f"{tar_path}: refusing tar member {name!r} (expected plain "
+                                  "files without folders)")
             src = tar.extractfile(member)
             out = os.path.join(dest, name)
             with src, open(out, "wb") as f:
@@ -159,11 +169,14 @@ def _extract_objects(tar_path: str, dest: str) -> list[str]:
             if name.endswith(".o"):
                 objects.append(out)
     if not objects:
-        raise ValueError(f"{tar_path}: no .o files in the archive")
+        raise FormatError(f"{tar_path}: no .o files in the archive")
     return sorted(objects)
 
 
-def _load_so(so_path: str, source: str, keep: Sequence[Any] = ()) -> Module:
+def _load_so(so_path: str, source: str, keep: Sequence[Any] = (),
+             verify: bool = True) -> Module:
+    if verify:  # before dlopen: no byte of damaged code (constructors included) runs
+        verify_code_digest(so_path, source)
     keep = list(keep)
     open_path = so_path
     file_id = _file_id(so_path)

@@ -31,7 +31,9 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import signal
 import threading
+import traceback
 from pathlib import Path
 
 from doit import create_after
@@ -73,20 +75,55 @@ def code_of(*roots: str, stop: tuple[str, ...] = ()) -> list[str]:
     return [os.path.relpath(p) for p in found]
 
 
-def run_stage(fn: str, *args):
-    """Run the stage `fn` ("module:function" in pipeline); a user-caused error
-    becomes one TaskFailed line, not a traceback. Stages are imported only when
-    a task runs, so a no-op build never loads the compiler.
+def run_stage(fn: str, *args, task):
+    """Run the stage `fn` ("module:function" in pipeline) for the doit `task` (doit
+    passes it by name); returns what doit expects of a python action.
+
+    A user-caused error (PipelineError) becomes one TaskFailed line. Any other
+    exception is a compiler bug, but the user still gets one line: the task, the
+    exception, and the log under out/logs/ holding the full traceback. Stages are
+    imported only when a task runs, so a no-op build never loads the compiler.
 
     A dict the stage returns becomes the task's doit values (the reporter reads
     a kernel task's {"compiled": bool} to count cache hits).
     """
     module, _, name = fn.partition(":")
+    _test_kill(task.name, "before")
     try:
         result = getattr(importlib.import_module(f"pipeline.{module}"), name)(*args)
     except PipelineError as err:
         return TaskFailed(str(err))
+    except Exception as err:  # noqa: BLE001 - a bug: log it, keep the user's line short
+        log = _write_traceback(task.name)
+        return TaskFailed(f"{task.name}: internal error {type(err).__name__}: "
+                          f"{str(err).splitlines()[0] if str(err) else ''} "
+                          f"(full traceback in {log})")
+    _test_kill(task.name, "after")
     return result if isinstance(result, dict) else None
+
+
+def _write_traceback(task_name: str) -> str:
+    """Write the current exception's traceback to out/logs/<task>.log; returns the path."""
+    log = path(OUT, "logs", task_name.replace(":", "_").replace("/", "_") + ".log")
+    os.makedirs(os.path.dirname(log), exist_ok=True)
+    with open(log, "w") as f:
+        traceback.print_exc(file=f)
+    return log
+
+
+# Fault injection for tests/test_reliability.py: PIPELINE_TEST_KILL_AT=<task-name
+# prefix>[:before] makes the process running that task SIGKILL itself after the
+# stage wrote its outputs (or before it starts), the way a power cut or the OOM
+# killer would end a build: no cleanup, no doit database written.
+KILL_ENV = "PIPELINE_TEST_KILL_AT"
+
+
+def _test_kill(task_name: str, when: str) -> None:
+    prefix, _, at = os.environ.get(KILL_ENV, "").rpartition(":")
+    if at not in ("before", "after"):
+        prefix, at = os.environ.get(KILL_ENV, ""), "after"
+    if prefix and at == when and task_name.startswith(prefix):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def onnx_path(entry: ModelEntry) -> str:

@@ -128,9 +128,13 @@ def load_config(path: str | Path) -> BuildConfig:
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
     try:
-        doc = yaml.safe_load(path.read_text())
+        text = path.read_text()
+        _check_expanded_size(yaml.compose(text, Loader=yaml.SafeLoader), path)
+        doc = yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not valid YAML: not UTF-8 text") from None
     where = _Where(path)
     doc = where.mapping(doc, "", {"models", "targets", "validate"}, required={"models",
                                                                             "targets"})
@@ -143,6 +147,39 @@ def load_config(path: str | Path) -> BuildConfig:
     if not models or not targets:
         raise ConfigError(f"{path}: 'models' and 'targets' must each list at least one entry")
     return BuildConfig(path, models, targets, validate)
+
+
+# Aliases are fine (a target reusing another's settings), but every alias is a
+# copy once the config is walked: "billion laughs" (nine aliases of nine aliases
+# ...) is a few hundred bytes that expands to 10**9 values. Configs have tens.
+MAX_CONFIG_VALUES = 100_000
+
+
+def _check_expanded_size(root: yaml.Node | None, path: Path) -> None:
+    """ConfigError if the YAML node graph, aliases expanded, has more than
+    MAX_CONFIG_VALUES nodes or refers to itself. Counts each node once, with memo."""
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        if id(node) in active:
+            raise ConfigError(f"{path}: a YAML alias refers to the value that contains it")
+        active.add(id(node))
+        children = (node.value if isinstance(node, yaml.SequenceNode) else
+                    [n for pair in node.value for n in pair]
+                    if isinstance(node, yaml.MappingNode) else [])
+        total = 1 + sum(size(child) for child in children)
+        active.discard(id(node))
+        if total > MAX_CONFIG_VALUES:
+            raise ConfigError(f"{path}: the YAML expands to more than {MAX_CONFIG_VALUES} "
+                              "values through its aliases (an alias bomb?)")
+        sizes[id(node)] = total
+        return total
+
+    if root is not None:
+        size(root)
 
 
 class _Where:

@@ -8,6 +8,7 @@ which keeps them picklable for `doit -n`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import mmap
 from pathlib import Path
@@ -71,17 +72,20 @@ def optimize_model(graph_path: str, weights_path: str, target: dict, kernel_dir:
     atomic_write(params_path, param_chunks(lowered.params))
 
 
-def link_lib0(kernels_path: str, cache: str, lib0_path: str, cc: str | None = None) -> None:
+def link_lib0(kernels_path: str, cache: str, lib0_path: str, cc: str | None = None) -> dict:
     """All of a model's kernel objects -> one relocatable lib0.o (`cc -r`, cc the
     target's compiler, None for the host's), in the manifest's order (symbol
     order, as export_library links them).
 
     Objects come from the kernel cache, checked against their checksums; a
     corrupted or missing entry is recompiled from its spec, never linked.
+    Returns {"recompiled": [hash, ...]}, which the build report counts as compiled.
     """
     manifest = json.loads(Path(kernels_path).read_text())
-    link_relocatable(lib0_path, [object_for_link(cache, k["hash"])
-                                 for k in manifest["kernels"]], cc)
+    found = [object_for_link(cache, k["hash"]) for k in manifest["kernels"]]
+    link_relocatable(lib0_path, [obj for obj, _ in found], cc)
+    return {"recompiled": [k["hash"] for k, (_, compiled) in zip(manifest["kernels"], found,
+                                                                   strict=True) if compiled]}
 
 
 def pack_devc(graph_json_path: str, params_path: str, kernels_path: str,
@@ -91,10 +95,18 @@ def pack_devc(graph_json_path: str, params_path: str, kernels_path: str,
     manifest = json.loads(Path(kernels_path).read_text())
     target = manifest["target"]
     # Mapped, not read: the params go from the page cache to devc.o in one copy.
-    with open(params_path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        export.pack_devc(Path(graph_json_path).read_text(), m,
-                         [k["symbol"] for k in manifest["kernels"]], target, devc_path,
-                         pack, cc)
+    with open(params_path, "rb") as f:
+        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            export.pack_devc(Path(graph_json_path).read_text(), m,
+                             [k["symbol"] for k in manifest["kernels"]], target, devc_path,
+                             pack, cc)
+        finally:
+            # After a failed write (a full disk) the error's traceback still holds
+            # views of the mapping: closing would raise BufferError over the real
+            # error, so the mapping is left to go with the traceback.
+            with contextlib.suppress(BufferError):
+                m.close()
 
 
 def export_library(lib0_path: str, devc_path: str, out_path: str,
