@@ -104,7 +104,7 @@ def _pow(kb, a, node):
         return kb.intrinsic("pow", base, kb.cast(exponent, _FLOAT_NAMES[base.type]))
     # Integer base: pow in double, truncated back, as onnxruntime's static_cast does.
     wide = [kb.cast(v, "float64") for v in (base, exponent)]
-    return kb.b.fptosi(kb.intrinsic("pow", *wide), base.type)
+    return kb.cast(kb.intrinsic("pow", *wide), base.type)
 
 
 def _pow_np(xs, node):
@@ -123,16 +123,13 @@ def _mod(kb, a, node):
     takes the divisor's sign, as Python's % (floats too since opset 28: x % inf of
     the other sign is inf)."""
     x, y = a
-    b = kb.b
-    is_float = x.type in FLOATS
-    r = b.frem(x, y) if is_float else b.srem(x, y)
+    r = kb.arith("rem", x, y)
     if node.attr("fmod"):
         return r
     zero = kb.const(0, r.type)
     sign_r, sign_y = (kb.compare("<", v, zero) for v in (r, y))
-    fix = b.and_(kb.compare("!=", r, zero) if not is_float else
-                 b.fcmp_ordered("!=", r, zero), b.xor(sign_r, sign_y))
-    return b.select(fix, b.fadd(r, y) if is_float else b.add(r, y), r)
+    fix = kb.and_(kb.compare("!=", r, zero, ordered=True), kb.xor(sign_r, sign_y))
+    return kb.select(fix, kb.arith("add", r, y, fast=False), r)
 
 
 register("mod", "elementwise", _binary(NUMERIC), scalar=_mod, float64=True,
@@ -151,7 +148,7 @@ def _prelu_infer(types, node):
 
 
 register("prelu", "elementwise", _prelu_infer, float64=True,
-         scalar=lambda kb, a, node: kb.b.select(kb.compare("<", a[0], kb.fconst(0.0, a[0])),
+         scalar=lambda kb, a, node: kb.select(kb.compare("<", a[0], kb.fconst(0.0, a[0])),
                                                 kb.fmul(a[0], a[1]), a[0]),
          numpy=lambda xs, node: [np.where(xs[0] < 0, xs[0] * xs[1], xs[0])])
 onnx_op("PRelu", 7)(lambda ctx, n: [Node.make("prelu", n.name, n.inputs[:2], n.outputs[:1])])
@@ -259,7 +256,7 @@ _LOGIC = {"and": ("And", "and_", np.logical_and), "or": ("Or", "or_", np.logical
 for _op, (_onnx, _method, _np) in _LOGIC.items():
     # bool values are 0 or 1, so the bitwise instructions are the logical ones.
     register(_op, "elementwise", _binary(("bool",)),
-             scalar=lambda kb, a, node, m=_method: getattr(kb.b, m)(a[0], a[1]),
+             scalar=lambda kb, a, node, m=_method: getattr(kb, m)(a[0], a[1]),
              numpy=lambda xs, node, f=_np: [f(xs[0], xs[1])])
     onnx_op(_onnx, 7)(lambda ctx, n, op=_op: [Node.make(op, n.name, n.inputs[:2],
                                                         n.outputs[:1])])
@@ -271,7 +268,7 @@ def _not_infer(types, node):
 
 
 register("not", "elementwise", _not_infer,
-         scalar=lambda kb, a, node: kb.b.xor(a[0], kb.const(1, a[0].type)),
+         scalar=lambda kb, a, node: kb.xor(a[0], kb.const(1, a[0].type)),
          numpy=lambda xs, node: [np.logical_not(xs[0])])
 onnx_op("Not", 1)(lambda ctx, n: [Node.make("not", n.name, n.inputs[:1], n.outputs[:1])])
 
@@ -283,7 +280,7 @@ def _where_infer(types, node):
 
 
 register("where", "elementwise", _where_infer, float64=True,
-         scalar=lambda kb, a, node: kb.b.select(kb.truth(a[0]), a[1], a[2]),
+         scalar=lambda kb, a, node: kb.select(kb.truth(a[0]), a[1], a[2]),
          numpy=lambda xs, node: [np.where(xs[0], xs[1], xs[2])])
 onnx_op("Where", 9)(lambda ctx, n: [Node.make("where", n.name, n.inputs[:3], n.outputs[:1])])
 
