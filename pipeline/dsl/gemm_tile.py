@@ -18,6 +18,11 @@ from __future__ import annotations
 from pipeline.dsl.builder import Buffer
 from pipeline.dsl.vector import fma, zeros
 
+# 8 lanes on every target, not its vector width: one AVX2 vector, two SSE/NEON
+# ones, half an AVX-512 one. Tried with the target's width instead (one thread,
+# MatMul 64x512x512, 196x1152x128, 8x2048x1000): 4 lanes on x86-64 (SSE2) took
+# the same CPU time, 16 on znver5 was no faster (and doubles the scalar tail of
+# an N that is no multiple of 32).
 _LANES = 8
 _NB = 2 * _LANES  # columns per block (two vectors)
 _MR = 4           # rows per micro-kernel tile
@@ -52,7 +57,7 @@ def tiled_gemm(kb, shape: tuple[int, int, int], load_a, load_b, out: Buffer, c_b
                 _micro(kb, _MR, mt * _MR, n0, k0, k_len, load_a, panel, out, c_base,
                        n_n, first)
         for m in range(full, m_n):
-            _micro(kb, 1, kb.i64(m), n0, k0, k_len, load_a, panel, out, c_base, n_n, first)
+            _micro(kb, 1, m, n0, k0, k_len, load_a, panel, out, c_base, n_n, first)
 
     with kb.loop(0, n_n // _NB, "nb") as nb:
         n0 = nb * _NB

@@ -88,7 +88,7 @@ def _conv_gemm(kb, node, ins, out, epilogue):
 
     def patch(src, starts, tap):
         """x at input pixel starts + tap * dilations from `src`, 0 outside."""
-        ok, at = None, kb.i64(0)
+        ok, at = None, 0
         for pos0, k, dl, size, stride in zip(starts, tap, dilations, in_sp, in_strides,
                                               strict=True):
             pos = pos0 + k * dl

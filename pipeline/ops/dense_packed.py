@@ -83,7 +83,7 @@ def _lower(kb, node, ins, out, epilogue):
                 if bias:
                     x = kb.fadd(x, kb.load(bias, n))
                 if epilogue is not None:
-                    x = epilogue(x, kb.unflatten(m, out.type.shape[:-1]) + [kb.i64(n)])
+                    x = epilogue(x, kb.unflatten(m, out.type.shape[:-1]) + [n])
                 kb.store(out, m * n_n + n, x)
 
 

@@ -41,7 +41,7 @@ def _dense_lower(kb, node, ins, out, epilogue):
     m_n = a.type.size // k_n
     n_n = w.type.shape[0]
     tiled_gemm(kb, (m_n, n_n, k_n), lambda m, k: kb.load(a, m * k_n + k),
-               lambda k, n: kb.load(w, n * k_n + k), out, kb.i64(0),
+               lambda k, n: kb.load(w, n * k_n + k), out, 0,
                by_column=True)
     if bias is None and epilogue is None:
         return

@@ -161,7 +161,7 @@ def _global_pool_lower(kb, node, ins, out, epilogue):
         value = {"max": lambda a: a, "avg": lambda a: kb.fmul(a, kb.f32(1.0 / size)),
                  "lp": lambda a: _lp_root(kb, node, a)}[kind](kb.get(acc))
         if epilogue is not None:
-            value = epilogue(value, [n, c] + [kb.i64(0)] * len(spatial))
+            value = epilogue(value, [n, c] + [0] * len(spatial))
         kb.store(out, n * c_n + c, value)
 
 

@@ -89,7 +89,7 @@ def _global_lower(kb, node, ins, out, epilogue):
             v = kb.vload(x, base + p * vb, vb)
             kb.set(acc, vmax(kb, kb.get(acc), v) if is_max else kb.fadd(kb.get(acc), v))
         value = kb.get(acc) if is_max else kb.fmul(kb.get(acc), vconst(1.0 / (h * w), vb))
-        index = [plane // cb_n, plane % cb_n, kb.i64(0), kb.i64(0), 0]
+        index = [plane // cb_n, plane % cb_n, 0, 0, 0]
         value = apply_epilogue(kb, epilogue, value, index)
         kb.vstore(out, plane * vb, value)
 

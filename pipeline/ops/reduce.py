@@ -115,7 +115,7 @@ def _reduce_lower(kb, node, ins, out, epilogue):
     with kb.loop(0, out.type.size, "z") as z:
         kb.store(out, z, start)
     with kb.nest(shape[:t], "d") as index:
-        base = kb.dot(index, x.strides[:t]) if index else kb.i64(0)
+        base = kb.dot(index, x.strides[:t])
         if kind == "log_sum_exp":
             peak, total = max_and_exp_sum(kb, x, base, run)
             partial = kb.fadd(peak, kb.intrinsic("log", total))
@@ -128,7 +128,7 @@ def _reduce_lower(kb, node, ins, out, epilogue):
                 v = mapped(kb.load(x, base + k))
                 kb.set(slot, _combine(kb, how, kb.get(slot), v))
             partial = kb.get(slot)
-        o = kb.dot(index, out_strides[:t]) if index else kb.i64(0)
+        o = kb.dot(index, out_strides[:t])
         kb.store(out, o, _combine(kb, how, kb.load(out, o), partial))
     count = math.prod(s for d, s in enumerate(shape) if d in axes)
     if finish is None and epilogue is None:

@@ -154,7 +154,7 @@ def _scatter_nd_lower(kb, node, ins, out, epilogue):
     _copy(kb, data, out)
     with kb.nest(lead, "n") as index:
         base = kb.dot(index, indices.strides[:-1])
-        dst = kb.i64(0)
+        dst = 0
         for d in range(k):
             at = kb.checked_index(kb.load(indices, base + d), data.type.shape[d])
             dst = dst + at * out.strides[d]
