@@ -115,7 +115,7 @@ def _pow(kb, a, node):
         return kb.intrinsic("pow", base, kb.cast(exponent, _FLOAT_NAMES[base.type]))
     # Integer base: pow in double, truncated back, as onnxruntime's static_cast does.
     wide = [kb.cast(v, "float64") for v in (base, exponent)]
-    return kb.b.fptosi(kb.intrinsic("pow", *wide), base.type)
+    return kb.cast(kb.intrinsic("pow", *wide), base.type)
 
 
 def _pow_np(xs, node):
@@ -136,16 +136,13 @@ def _mod(kb, a, node):
     takes the divisor's sign, as Python's % (floats too since opset 28: x % inf of
     the other sign is inf)."""
     x, y = a
-    b = kb.b
-    is_float = x.type in FLOATS
-    r = b.frem(x, y) if is_float else b.srem(x, y)
+    r = kb.arith("rem", x, y)
     if node.attr("fmod"):
         return r
     zero = kb.const(0, r.type)
     sign_r, sign_y = (kb.compare("<", v, zero) for v in (r, y))
-    fix = b.and_(kb.compare("!=", r, zero) if not is_float else
-                 b.fcmp_ordered("!=", r, zero), b.xor(sign_r, sign_y))
-    return b.select(fix, b.fadd(r, y) if is_float else b.add(r, y), r)
+    fix = kb.and_(kb.compare("!=", r, zero, ordered=True), kb.xor(sign_r, sign_y))
+    return kb.select(fix, kb.arith("add", r, y, fast=False), r)
 
 
 register("mod", "elementwise", _binary(NUMERIC), scalar=_mod, float64=True,
@@ -166,7 +163,7 @@ def _prelu_infer(types, node):
 
 
 register("prelu", "elementwise", _prelu_infer, float64=True, sample=_binary_sample,
-         scalar=lambda kb, a, node: kb.b.select(kb.compare("<", a[0], kb.fconst(0.0, a[0])),
+         scalar=lambda kb, a, node: kb.select(kb.compare("<", a[0], kb.fconst(0.0, a[0])),
                                                 kb.fmul(a[0], a[1]), a[0]),
          numpy=lambda xs, node: [np.where(xs[0] < 0, xs[0] * xs[1], xs[0])])
 onnx_op("PRelu", 7, emits=("prelu",))(
@@ -278,7 +275,7 @@ for _op, (_onnx, _method, _np) in _LOGIC.items():
     # bool values are 0 or 1, so the bitwise instructions are the logical ones.
     register(_op, "elementwise", _binary(("bool",)),
              sample=lambda rng, dtype: ([rng.random((2, 3)) < 0.5, rng.random((1, 3)) < 0.5], {}),
-             scalar=lambda kb, a, node, m=_method: getattr(kb.b, m)(a[0], a[1]),
+             scalar=lambda kb, a, node, m=_method: getattr(kb, m)(a[0], a[1]),
              numpy=lambda xs, node, f=_np: [f(xs[0], xs[1])])
     onnx_op(_onnx, 7, emits=(_op,))(
         lambda ctx, n, op=_op: [Node.make(op, n.name, n.inputs[:2], n.outputs[:1])])
@@ -291,7 +288,7 @@ def _not_infer(types, node):
 
 register("not", "elementwise", _not_infer,
          sample=lambda rng, dtype: ([rng.random((2, 3)) < 0.5], {}),
-         scalar=lambda kb, a, node: kb.b.xor(a[0], kb.const(1, a[0].type)),
+         scalar=lambda kb, a, node: kb.xor(a[0], kb.const(1, a[0].type)),
          numpy=lambda xs, node: [np.logical_not(xs[0])])
 onnx_op("Not", 1, emits=("not",))(
     lambda ctx, n: [Node.make("not", n.name, n.inputs[:1], n.outputs[:1])])
@@ -306,7 +303,7 @@ def _where_infer(types, node):
 register("where", "elementwise", _where_infer, float64=True,
          sample=lambda rng, dtype: ([rng.random((2, 3, 4)) < 0.5, _floats(rng, dtype, (2, 3, 4)),
                                      _floats(rng, dtype, (3, 1))], {}),
-         scalar=lambda kb, a, node: kb.b.select(kb.truth(a[0]), a[1], a[2]),
+         scalar=lambda kb, a, node: kb.select(kb.truth(a[0]), a[1], a[2]),
          numpy=lambda xs, node: [np.where(xs[0], xs[1], xs[2])])
 onnx_op("Where", 9, emits=("where",))(
     lambda ctx, n: [Node.make("where", n.name, n.inputs[:3], n.outputs[:1])])

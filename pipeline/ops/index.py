@@ -9,10 +9,9 @@ kernel return an error code, which the executor raises as a RuntimeError.
 
 from __future__ import annotations
 
-import llvmlite.ir as ir
 import numpy as np
 
-from pipeline.dsl.builder import I32, I64, row_major_strides
+from pipeline.dsl.builder import row_major_strides
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.movement import OUTSIDE, register_remap
@@ -32,16 +31,6 @@ def _gather_infer(types, node):
     return [TensorType(shape, data.dtype)]
 
 
-def fail_unless(kb, ok) -> None:
-    """Return error code 1 from the kernel unless `ok` (an i1) holds."""
-    fail = kb.function.append_basic_block("fail")
-    cont = kb.function.append_basic_block("ok")
-    kb.b.cbranch(ok, cont, fail)
-    with kb.b.goto_block(fail):
-        kb.b.ret(ir.Constant(I32, 1))
-    kb.b.position_at_end(cont)
-
-
 def _gather_lower(kb, node, ins, out, epilogue):
     """Per (outer, index) position: load and check the index once, then copy the
     contiguous row of trailing elements (a branch-free, vectorisable inner loop)."""
@@ -50,20 +39,15 @@ def _gather_lower(kb, node, ins, out, epilogue):
     dim = data.type.shape[axis]
     strides = data.strides
     head, tail = out.type.shape[:axis + rank], out.type.shape[axis + rank:]
-    b = kb.b
     with kb.nest(head, "o") as index:
-        k = kb.load(indices, kb.dot(index[axis:], indices.strides))
-        k = b.sext(k, I64) if k.type != I64 else k
-        k = b.select(b.icmp_signed("<", k, kb.i64(0)), b.add(k, kb.i64(dim)), k)
-        fail_unless(kb, b.and_(b.icmp_signed(">=", k, kb.i64(0)),
-                                b.icmp_signed("<", k, kb.i64(dim))))
-        src = kb.add(kb.dot(index[:axis], strides[:axis]), kb.mul(k, strides[axis]))
+        k = kb.checked_index(kb.load(indices, kb.dot(index[axis:], indices.strides)), dim)
+        src = kb.dot(index[:axis], strides[:axis]) + k * strides[axis]
         dst = kb.dot(index, out.strides[:axis + rank])
         with kb.nest(tail, "t") as rest:
-            value = kb.load(data, kb.add(src, kb.dot(rest, strides[axis + 1:])))
+            value = kb.load(data, src + kb.dot(rest, strides[axis + 1:]))
             if epilogue is not None:
                 value = epilogue(value, index + rest)
-            kb.store(out, kb.add(dst, kb.dot(rest, out.strides[axis + rank:])), value)
+            kb.store(out, dst + kb.dot(rest, out.strides[axis + rank:]), value)
 
 
 def _gather_np(xs, node):

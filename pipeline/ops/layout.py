@@ -71,11 +71,11 @@ def _lower(kb, node, ins, out, epilogue):
     plain, blocked = (out, ins[0]) if src else (ins[0], out)
     n_n, cb_n, h, w, b = blocked.type.shape
     with parallel_for(kb, n_n * cb_n, "blocks") as item:
-        base = kb.mul(item, h * w * b)            # blocked offset of (n, cb, 0, 0, 0)
-        pbase = kb.mul(item, b * h * w)           # plain offset of (n, cb*b, 0, 0)
+        base = item * (h * w * b)            # blocked offset of (n, cb, 0, 0, 0)
+        pbase = item * (b * h * w)           # plain offset of (n, cb*b, 0, 0)
         with kb.loop(0, h * w, "p") as p, kb.loop(0, b, "c") as c:
-            bo = kb.add(base, kb.add(kb.mul(p, b), c))
-            po = kb.add(pbase, kb.add(kb.mul(c, h * w), p))
+            bo = base + (p * b + c)
+            po = pbase + (c * (h * w) + p)
             if src:
                 kb.store(out, po, kb.load(ins[0], bo))
             else:

@@ -40,13 +40,13 @@ def _dense_lower(kb, node, ins, out, epilogue):
     k_n = a.type.shape[-1]
     m_n = a.type.size // k_n
     n_n = w.type.shape[0]
-    tiled_gemm(kb, (m_n, n_n, k_n), lambda m, k: kb.load(a, kb.add(kb.mul(m, k_n), k)),
-               lambda k, n: kb.load(w, kb.add(kb.mul(n, k_n), k)), out, kb.i64(0),
+    tiled_gemm(kb, (m_n, n_n, k_n), lambda m, k: kb.load(a, m * k_n + k),
+               lambda k, n: kb.load(w, n * k_n + k), out, 0,
                by_column=True)
     if bias is None and epilogue is None:
         return
     with kb.loop(0, m_n, "m") as m, kb.loop(0, n_n, "j") as j:
-        o = kb.add(kb.mul(m, n_n), j)
+        o = m * n_n + j
         value = kb.load(out, o)
         if bias:
             value = kb.fadd(value, kb.load(bias, j))
@@ -116,17 +116,17 @@ def _matmul_lower(kb, node, ins, out, epilogue):
         c_base = kb.dot(bidx, out_strides[:-2])
 
         def load_a(m, k):
-            return kb.load(x, kb.add(a_base, kb.add(kb.mul(k, m_n), m) if trans_a
-                                     else kb.add(kb.mul(m, k_n), k)))
+            return kb.load(x, a_base + (k * m_n + m if trans_a
+                                     else m * k_n + k))
 
         def load_b(k, n):
-            return kb.load(y, kb.add(b_base, kb.add(kb.mul(n, k_n), k) if trans_b
-                                     else kb.add(kb.mul(k, n_n), n)))
+            return kb.load(y, b_base + (n * k_n + k if trans_b
+                                     else k * n_n + n))
 
         tiled_gemm(kb, (m_n, n_n, k_n), load_a, load_b, out, c_base, by_column=trans_b)
         if epilogue is not None:
             with kb.loop(0, m_n, "m") as m, kb.loop(0, n_n, "e") as n:
-                o = kb.add(c_base, kb.add(kb.mul(m, n_n), n))
+                o = c_base + (m * n_n + n)
                 index = [i for d, i in enumerate([*bidx, m, n]) if d not in squeeze]
                 kb.store(out, o, epilogue(kb.load(out, o), index))
 

@@ -35,12 +35,12 @@ def remap_lower(tables_of):
         with kb.nest(out.type.shape, "o") as index:
             offset = 0
             for i, t in zip(index, tables, strict=True):
-                offset = kb.add(offset, axis_term(kb, t, i))
-            offset = kb.idx(offset)
+                offset = offset + axis_term(kb, t, i)
             if padded:
-                inside = kb.b.icmp_signed(">=", offset, kb.i64(0))
-                value = kb.load(ins[0], kb.b.select(inside, offset, kb.i64(0)))
-                value = kb.b.select(inside, value, kb.const(node.attr("value", 0), value.type))
+                offset = kb.i64(offset) if isinstance(offset, int) else offset
+                inside = offset >= 0
+                value = kb.load(ins[0], kb.select(inside, offset, 0))
+                value = kb.select(inside, value, kb.const(node.attr("value", 0), value.type))
             else:
                 value = kb.load(ins[0], offset)
             if epilogue is not None:
@@ -55,7 +55,7 @@ def axis_term(kb, table: np.ndarray, i):
         return int(table[0]) if len(table) else 0
     step = int(table[1] - table[0])
     if (np.diff(table) == step).all():
-        return kb.add(kb.mul(i, step), int(table[0]))
+        return i * step + int(table[0])
     return kb.load_table(kb.table(table.tolist()), i)
 
 

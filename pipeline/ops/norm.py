@@ -31,7 +31,7 @@ def _batch_norm_lower(kb, node, ins, out, epilogue):
         shift = kb.fsub(kb.load(bias, c), kb.fmul(kb.load(mean, c), g))
         base = kb.dot([n, c], x.strides[:2])
         with kb.nest(shape[2:], "p") as rest:
-            o = kb.add(base, kb.dot(rest, x.strides[2:]))
+            o = base + kb.dot(rest, x.strides[2:])
             y = kb.fadd(kb.fmul(kb.load(x, o), g), shift)
             if epilogue is not None:
                 y = epilogue(y, [n, c, *rest])
@@ -89,12 +89,12 @@ def _normalize_lower(kb, node, ins, out, epilogue):
         mean = kb.f32(0.0)
         if centred:
             with kb.loop(0, length, "k") as k:
-                kb.set(slot, kb.fadd(kb.get(slot), kb.load(x, kb.add(base, k))))
+                kb.set(slot, kb.fadd(kb.get(slot), kb.load(x, base + k)))
             mean = kb.fmul(kb.get(slot), kb.f32(1.0 / length))
             kb.set(slot, kb.f32(0.0))
         with kb.loop(0, length, "k") as k:
-            dev = kb.fsub(kb.load(x, kb.add(base, k)), mean) if centred else \
-                kb.load(x, kb.add(base, k))
+            dev = kb.fsub(kb.load(x, base + k), mean) if centred else \
+                kb.load(x, base + k)
             kb.set(slot, kb.fadd(kb.get(slot), kb.fmul(dev, dev)))
         var = kb.fmul(kb.get(slot), kb.f32(1.0 / length))
         rstd = kb.fdiv(kb.f32(1.0), kb.intrinsic(
@@ -102,10 +102,10 @@ def _normalize_lower(kb, node, ins, out, epilogue):
         if per_row:  # per-channel (instance) or per-group affine, hoisted out of the row
             g, beta = kb.load(scale, outer[1]), kb.load(bias, outer[1])
         with kb.nest(view[axis:], "i") as inner:
-            o = kb.add(base, kb.dot(inner, strides[axis:]))
+            o = base + kb.dot(inner, strides[axis:])
             index = [*outer, *inner]
             if node.op == "group_norm":  # back to (n, c, spatial...)
-                index = [outer[0], kb.add(kb.mul(outer[1], view[2]), inner[0]), *inner[1:]]
+                index = [outer[0], outer[1] * view[2] + inner[0], *inner[1:]]
                 if not per_row:
                     g, beta = kb.load(scale, index[1]), kb.load(bias, index[1])
             elif not per_row:
@@ -256,19 +256,17 @@ def _lrn_lower(kb, node, ins, out, epilogue):
     shape = x.type.shape
     size = node.attr("size")
     lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
-    b = kb.b
     with kb.nest(shape, "d") as index:
         c = index[1]
         o = kb.dot(index, x.strides)
         acc = kb.f32(0.0)
         for j in range(-lo, hi + 1):
-            cj = kb.add(c, j)
-            ok = b.and_(b.icmp_signed(">=", cj, kb.i64(0)),
-                        b.icmp_signed("<", cj, kb.i64(shape[1])))
+            cj = c + j
+            ok = kb.inside(cj, 0, shape[1])
             # Clamp the offset so the load stays in bounds; the select drops it.
-            safe = b.select(ok, kb.i64(j * x.strides[1]), kb.i64(0))
-            v = kb.load(x, kb.add(o, safe))
-            acc = b.select(ok, kb.fadd(acc, kb.fmul(v, v)), acc)
+            safe = kb.select(ok, j * x.strides[1], 0)
+            v = kb.load(x, o + safe)
+            acc = kb.select(ok, kb.fadd(acc, kb.fmul(v, v)), acc)
         denom = kb.fadd(kb.f32(node.attr("bias")), kb.fmul(acc, kb.f32(node.attr("alpha") / size)))
         y = kb.fdiv(kb.load(x, o), kb.intrinsic("pow", denom, kb.f32(node.attr("beta"))))
         if epilogue is not None:

@@ -78,8 +78,8 @@ def _combine(kb, how: str, acc, v):
     # logaddexp, stable: max(a, b) + log(1 + exp(-|a - b|)); -inf is the identity.
     hi, lo = kb.fmax(acc, v), kb.fmin(acc, v)
     tail = kb.intrinsic("log", kb.fadd(kb.fconst(1.0, lo), kb.exp(kb.fsub(lo, hi))))
-    empty = kb.b.fcmp_ordered("==", lo, kb.fconst(-math.inf, lo))
-    return kb.b.select(empty, hi, kb.fadd(hi, tail))
+    empty = kb.compare("==", lo, kb.fconst(-math.inf, lo))
+    return kb.select(empty, hi, kb.fadd(hi, tail))
 
 
 def _reduce_lower(kb, node, ins, out, epilogue):
@@ -115,20 +115,20 @@ def _reduce_lower(kb, node, ins, out, epilogue):
     with kb.loop(0, out.type.size, "z") as z:
         kb.store(out, z, start)
     with kb.nest(shape[:t], "d") as index:
-        base = kb.dot(index, x.strides[:t]) if index else kb.i64(0)
+        base = kb.dot(index, x.strides[:t])
         if kind == "log_sum_exp":
             peak, total = max_and_exp_sum(kb, x, base, run)
             partial = kb.fadd(peak, kb.intrinsic("log", total))
             # An all -inf run: exp(-inf - -inf) is NaN; the answer is -inf.
-            partial = kb.b.select(kb.b.fcmp_ordered("==", peak, kb.fconst(-math.inf, peak)),
+            partial = kb.select(kb.compare("==", peak, kb.fconst(-math.inf, peak)),
                                   peak, partial)
         else:
             slot = kb.local(start)
             with kb.loop(0, run, "k") as k:
-                v = mapped(kb.load(x, kb.add(base, k)))
+                v = mapped(kb.load(x, base + k))
                 kb.set(slot, _combine(kb, how, kb.get(slot), v))
             partial = kb.get(slot)
-        o = kb.dot(index, out_strides[:t]) if index else kb.i64(0)
+        o = kb.dot(index, out_strides[:t])
         kb.store(out, o, _combine(kb, how, kb.load(out, o), partial))
     count = math.prod(s for d, s in enumerate(shape) if d in axes)
     if finish is None and epilogue is None:
@@ -222,20 +222,19 @@ def _arg_lower(kb, node, ins, out, epilogue):
     pred = ">" if node.op == "argmax" else "<"
     if node.attr("select_last_index"):
         pred += "="
-    b = kb.b
     if inner > 1 and x.type.dtype in _FLOAT_DTYPES:
         _arg_columns(kb, x, out, pred, math.prod(shape[:axis]), length, inner)
         return
     with kb.loop(0, math.prod(shape[:axis]), "r") as r, kb.loop(0, inner, "q") as q:
-        base = kb.add(kb.mul(r, length * inner), q)
+        base = r * (length * inner) + q
         best = kb.local(kb.load(x, base))
         where = kb.local(kb.i64(0))
         with kb.loop(1, length, "k") as k:
-            v = kb.load(x, kb.add(base, kb.mul(k, inner)))
+            v = kb.load(x, base + k * inner)
             better = kb.compare(pred, v, kb.get(best))
-            kb.set(best, b.select(better, v, kb.get(best)))
-            kb.set(where, b.select(better, k, kb.get(where)))
-        kb.store(out, kb.add(kb.mul(r, inner), q), kb.get(where))
+            kb.set(best, kb.select(better, v, kb.get(best)))
+            kb.set(where, kb.select(better, k, kb.get(where)))
+        kb.store(out, r * inner + q, kb.get(where))
 
 
 def _arg_columns(kb, x, out, pred: str, outer: int, length: int, inner: int):
@@ -243,19 +242,18 @@ def _arg_columns(kb, x, out, pred: str, outer: int, length: int, inner: int):
     every loop runs along contiguous memory: the best values in a stack buffer,
     their indices in the output itself."""
     best = kb.scratch(min(inner, COLUMNS), x.type.dtype)
-    b = kb.b
     with column_blocks(kb, outer, inner) as (r, q0, cols):
-        base = kb.add(kb.mul(r, length * inner), q0)
-        dst = kb.add(kb.mul(r, inner), q0)
+        base = r * (length * inner) + q0
+        dst = r * inner + q0
         with kb.loop(0, cols, "q") as q:
-            kb.store(best, q, kb.load(x, kb.add(base, q)))
-            kb.store(out, kb.add(dst, q), kb.i64(0))
+            kb.store(best, q, kb.load(x, base + q))
+            kb.store(out, dst + q, kb.i64(0))
         with kb.loop(1, length, "k") as k, kb.loop(0, cols, "q") as q:
-            v = kb.load(x, kb.add(kb.add(base, kb.mul(k, inner)), q))
+            v = kb.load(x, base + k * inner + q)
             better = kb.compare(pred, v, kb.load(best, q))
-            kb.store(best, q, b.select(better, v, kb.load(best, q)))
-            o = kb.add(dst, q)
-            kb.store(out, o, b.select(better, k, kb.load(out, o)))
+            kb.store(best, q, kb.select(better, v, kb.load(best, q)))
+            o = dst + q
+            kb.store(out, o, kb.select(better, k, kb.load(out, o)))
 
 
 def _arg_numpy(fn):

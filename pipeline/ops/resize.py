@@ -118,7 +118,7 @@ def _resize_lower(kb, node, ins, out, epilogue):
         for combo in itertools.product(*axes):
             offset, weight = 0, None
             for term, w in combo:
-                offset = kb.add(offset, term)
+                offset = offset + term
                 if w is not None:
                     weight = w if weight is None else kb.fmul(weight, w)
             term = kb.load(ins[0], offset)

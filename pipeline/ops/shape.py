@@ -161,8 +161,8 @@ def _concat_lower(kb, node, ins, out, epilogue):
     for x in ins:
         width = x.type.shape[axis] * inner
         with kb.loop(0, outer, "o") as o, kb.loop(0, width, "j") as j:
-            src = kb.add(kb.mul(o, width), j)
-            dst = kb.add(kb.mul(o, shape[axis] * inner), kb.add(j, offset))
+            src = o * width + j
+            dst = o * (shape[axis] * inner) + (j + offset)
             kb.store(out, dst, kb.load(x, src))
         offset += width
 

@@ -41,7 +41,7 @@ def _f(kb, value: float, like):
 
 def _select_negative(kb, x, negative, positive):
     """`negative` where x < 0, else `positive`."""
-    return kb.b.select(kb.compare("<", x, kb.const(0, x.type)), negative, positive)
+    return kb.select(kb.compare("<", x, kb.const(0, x.type)), negative, positive)
 
 
 def _hard_sigmoid(kb, x, alpha, beta):
@@ -69,7 +69,7 @@ def _gelu_np(x, node):
 
 def _softplus(kb, x):
     # max(x, 0) + log1p(exp(-|x|)): no overflow for large |x|.
-    neg_abs = kb.b.fneg(kb.intrinsic("fabs", x))
+    neg_abs = kb.neg(kb.intrinsic("fabs", x))
     return kb.fadd(kb.fmax(x, _f(kb, 0.0, x)),
                    kb.extern("log1pf", kb.intrinsic("exp", neg_abs)))
 
@@ -86,7 +86,7 @@ def _clip_np(x, node):
 def _selu(kb, x, node):
     alpha, gamma = node.attr("alpha"), node.attr("gamma")
     neg = kb.fsub(kb.fmul(_f(kb, alpha, x), kb.intrinsic("exp", x)), _f(kb, alpha, x))
-    return kb.fmul(_f(kb, gamma, x), kb.b.select(kb.compare("<=", x, _f(kb, 0.0, x)), neg, x))
+    return kb.fmul(_f(kb, gamma, x), kb.select(kb.compare("<=", x, _f(kb, 0.0, x)), neg, x))
 
 
 def _selu_np(x, node):
@@ -97,7 +97,7 @@ def _selu_np(x, node):
 def _abs(kb, x):
     if x.type in FLOATS:
         return kb.intrinsic("fabs", x)
-    return _select_negative(kb, x, kb.b.neg(x), x)
+    return _select_negative(kb, x, kb.neg(x), x)
 
 
 # name: (scalar(kb, x, node), numpy(x, node)), evaluated in the input's dtype.
@@ -113,7 +113,7 @@ UNARY = {
         x), lambda x, n: np.where(x < 0, n.attr("alpha") * (np.exp(x) - 1), x)),
     "selu": (_selu, _selu_np),
     "sigmoid": (lambda kb, x, n: kb.fdiv(
-        _f(kb, 1.0, x), kb.fadd(_f(kb, 1.0, x), kb.intrinsic("exp", kb.b.fneg(x)))),
+        _f(kb, 1.0, x), kb.fadd(_f(kb, 1.0, x), kb.intrinsic("exp", kb.neg(x)))),
         lambda x, n: 1 / (1 + np.exp(-x))),
     "hard_sigmoid": (lambda kb, x, n: _hard_sigmoid(kb, x, n.attr("alpha"), n.attr("beta")),
                      lambda x, n: np.clip(n.attr("alpha") * x + n.attr("beta"), 0, 1)),
@@ -124,7 +124,7 @@ UNARY = {
     "log": (lambda kb, x, n: kb.intrinsic("log", x), lambda x, n: np.log(x)),
     "sqrt": (lambda kb, x, n: kb.intrinsic("sqrt", x), lambda x, n: np.sqrt(x)),
     "reciprocal": (lambda kb, x, n: kb.fdiv(_f(kb, 1.0, x), x), lambda x, n: 1 / x),
-    "neg": (lambda kb, x, n: kb.b.fneg(x) if x.type in FLOATS else kb.b.neg(x),
+    "neg": (lambda kb, x, n: kb.neg(x),
             lambda x, n: -x),
     "abs": (lambda kb, x, n: _abs(kb, x), lambda x, n: np.abs(x)),
     "erf": (lambda kb, x, n: kb.extern("erff", x), lambda x, n: _erf(x)),
@@ -140,16 +140,16 @@ UNARY = {
 def _sign(kb, x):
     one, zero = kb.const(1, x.type), kb.const(0, x.type)
     minus = kb.const(-1, x.type)
-    return kb.b.select(kb.compare(">", x, zero), one,
-                       kb.b.select(kb.compare("<", x, zero), minus, x))  # keeps 0 and NaN
+    return kb.select(kb.compare(">", x, zero), one,
+                       kb.select(kb.compare("<", x, zero), minus, x))  # keeps 0 and NaN
 
 
 def _shrink(kb, x, node):
     lambd, bias = _f(kb, node.attr("lambd"), x), _f(kb, node.attr("bias"), x)
-    low = kb.compare("<", x, kb.b.fneg(lambd))
+    low = kb.compare("<", x, kb.neg(lambd))
     high = kb.compare(">", x, lambd)
-    return kb.b.select(low, kb.fadd(x, bias),
-                       kb.b.select(high, kb.fsub(x, bias), _f(kb, 0.0, x)))
+    return kb.select(low, kb.fadd(x, bias),
+                       kb.select(high, kb.fsub(x, bias), _f(kb, 0.0, x)))
 
 
 def _shrink_np(x, node):
@@ -167,7 +167,7 @@ UNARY.update({
     "sign": (lambda kb, x, n: _sign(kb, x), lambda x, n: np.sign(x)),
     "softsign": (lambda kb, x, n: kb.fdiv(x, kb.fadd(_f(kb, 1.0, x), kb.intrinsic("fabs", x))),
                  lambda x, n: x / (1 + np.abs(x))),
-    "thresholded_relu": (lambda kb, x, n: kb.b.select(
+    "thresholded_relu": (lambda kb, x, n: kb.select(
         kb.compare(">", x, _f(kb, n.attr("alpha"), x)), x, _f(kb, 0.0, x)),
         lambda x, n: np.where(x > n.attr("alpha"), x, 0)),
     "shrink": (_shrink, _shrink_np),
@@ -284,14 +284,13 @@ def _predicate_infer(types, node):
 
 
 def _isinf(kb, x, node):
-    b = kb.b
-    pos = b.fcmp_ordered("==", x, _f(kb, math.inf, x))
-    neg = b.fcmp_ordered("==", x, _f(kb, -math.inf, x))
+    pos = kb.compare("==", x, _f(kb, math.inf, x))
+    neg = kb.compare("==", x, _f(kb, -math.inf, x))
     flag = kb.const(0, pos.type)
     if node.attr("detect_positive"):
-        flag = b.or_(flag, pos)
+        flag = kb.or_(flag, pos)
     if node.attr("detect_negative"):
-        flag = b.or_(flag, neg)
+        flag = kb.or_(flag, neg)
     return kb.as_bool(flag)
 
 
@@ -306,7 +305,7 @@ def _special_values(rng, dtype):
 
 
 register("isnan", "elementwise", _predicate_infer, float64=True,
-         scalar=lambda kb, a, node: kb.as_bool(kb.b.fcmp_unordered("uno", a[0], a[0])),
+         scalar=lambda kb, a, node: kb.as_bool(kb.isnan(a[0])),
          numpy=lambda xs, node: [np.isnan(xs[0])],
          sample=lambda rng, dtype: (_special_values(rng, dtype), {}))
 register("isinf", "elementwise", _predicate_infer, float64=True,
