@@ -1,0 +1,81 @@
+"""The host's measured fp32 multiply-add peak, the 100% of `doit bench`'s "% of peak".
+
+A tiny C loop (compiled by the host cc with -march=native) keeps twelve independent
+vector accumulators busy with a*x+b: enough chains to cover the FMA latency of
+two FMA ports, all in registers, no memory traffic. `threads` Python threads run it
+at once (ctypes releases the GIL during the call); the best of a few repetitions
+counts, since a shared machine only ever makes the loop slower.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from pipeline.link.cc import host_cc
+
+CHAINS = 12
+_SOURCE = f"""
+#ifdef __AVX512F__
+#define W 16
+#else
+#define W 8
+#endif
+typedef float vf __attribute__((vector_size(W * 4)));
+int fma_width(void) {{ return W; }}
+/* {CHAINS} chains of acc = acc * a + b, `iters` times; a and b arrive as arguments so
+   the compiler cannot fold the loop. Returns a sum so the work is not dead. */
+float fma_loop(long iters, float a, float b) {{
+    vf acc[{CHAINS}], va, vb;
+    for (int i = 0; i < W; i++) {{ va[i] = a; vb[i] = b; }}
+    for (int j = 0; j < {CHAINS}; j++) for (int i = 0; i < W; i++) acc[j][i] = j + i;
+    for (long n = 0; n < iters; n++)
+        for (int j = 0; j < {CHAINS}; j++) acc[j] = acc[j] * va + vb;
+    float s = 0;
+    for (int j = 0; j < {CHAINS}; j++) for (int i = 0; i < W; i++) s += acc[j][i];
+    return s;
+}}
+"""
+
+
+def _load_loop(folder: Path) -> ctypes.CDLL:
+    src, lib = folder / "fma.c", folder / "fma.so"
+    src.write_text(_SOURCE)
+    subprocess.run([*host_cc().split(), "-O3", "-march=native", "-ffp-contract=fast",
+                    "-shared", "-fPIC", "-o", str(lib), str(src)],
+                   check=True, capture_output=True)
+    dll = ctypes.CDLL(str(lib))
+    dll.fma_loop.argtypes = [ctypes.c_long, ctypes.c_float, ctypes.c_float]
+    dll.fma_loop.restype = ctypes.c_float
+    return dll
+
+
+def measure_peak_gflops(threads: int, seconds: float = 0.1, repeats: int = 5) -> float:
+    """GFLOP/s of `threads` threads running the FMA loop together (best of `repeats`,
+    each about `seconds` long). Raises subprocess.CalledProcessError if cc fails."""
+    with tempfile.TemporaryDirectory() as tmp:
+        dll = _load_loop(Path(tmp))
+        flops_per_iter = 2 * CHAINS * dll.fma_width()
+        iters = 1 << 16
+        while True:  # calibrate on one thread to about `seconds`
+            start = time.perf_counter()
+            dll.fma_loop(iters, 0.999, 0.001)
+            if time.perf_counter() - start >= seconds / 4:
+                break
+            iters *= 2
+        iters = int(iters * seconds / max(time.perf_counter() - start, 1e-6))
+        best = 0.0
+        for _ in range(repeats):
+            workers = [threading.Thread(target=dll.fma_loop, args=(iters, 0.999, 0.001))
+                       for _ in range(threads)]
+            start = time.perf_counter()
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join()
+            best = max(best, threads * iters * flops_per_iter / (time.perf_counter() - start))
+    return best / 1e9
