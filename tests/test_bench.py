@@ -21,6 +21,7 @@ from onnx import helper
 from pipeline.errors import ConfigError
 from pipeline.tasks.config import load_config
 from pipeline.tools.bench import BenchError, bench_library, memory_plan, model_flops
+from pipeline.tools.peak import _cpu_name, best_peak_gflops
 
 pytest.importorskip("onnxruntime")
 
@@ -112,7 +113,8 @@ def test_runner_failure_is_one_line(tmp_path):
     with pytest.raises(BenchError, match=r"bench tiny: the ours side at 1 threads failed: "
                        r"bench_runner ours .*broken.so"):
         bench_library(str(tmp_path / "broken.so"), str(tmp_path / "tiny.onnx"), {}, "tiny",
-                      "llvm", str(tmp_path / "b.json"), threads="1", rounds="1", runs="1")
+                      "llvm", str(tmp_path / "b.json"), str(tmp_path / "peak.json"), threads="1",
+                      rounds="1", runs="1")
 
 
 def test_light_zoo_config_spelling(tmp_path):
@@ -159,4 +161,15 @@ def test_missing_onnxruntime_is_one_clear_error(tmp_path):
 
 def test_bad_thread_list_is_refused(tmp_path):
     with pytest.raises(BenchError, match="threads"):
-        bench_library("x.so", "x.onnx", {}, "m", "t", str(tmp_path / "b.json"), threads="0")
+        bench_library("x.so", "x.onnx", {}, "m", "t", str(tmp_path / "b.json"),
+                      str(tmp_path / "peak.json"), threads="0")
+
+
+def test_peak_keeps_the_best_seen_on_this_cpu(tmp_path):
+    record = tmp_path / "peak.json"
+    record.write_text(json.dumps({"cpu": "another CPU", "gflops": {"1": 1e9}}))
+    measured = best_peak_gflops(1, str(record))  # another CPU's record is not ours
+    assert 1 < measured < 1e6
+    assert json.loads(record.read_text()) == {"cpu": _cpu_name(), "gflops": {"1": measured}}
+    record.write_text(json.dumps({"cpu": _cpu_name(), "gflops": {"1": 1e9}}))
+    assert best_peak_gflops(1, str(record)) == 1e9  # a better one seen before stays

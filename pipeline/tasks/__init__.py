@@ -303,7 +303,8 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
                    "file_dep": [a["so"], onnx_path(m)],
                    "actions": [(run_stage, ["tools.bench:bench_library", a["so"], onnx_path(m),
                                             {k: list(v) for k, v in m.inputs.items()},
-                                            m.name, t.name, reports[-1], *opts])]}
+                                            m.name, t.name, reports[-1],
+                                            path(OUT, "bench-peak.json"), *opts])]}
         # After every entry's bench ("summary" has no "@", so no entry is called so).
         yield {"name": "summary", "verbosity": 2, "uptodate": [False],
                "task_dep": [f"bench:{m.name}@{t.name}" for m, t in entries],

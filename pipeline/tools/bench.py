@@ -11,10 +11,11 @@ onnxruntime is an optional extra (`pip install -e .[ort]`).
 
 bench.json holds per thread count: ours_ms, onnxruntime_ms, ratio (ours / theirs),
 their spread, GFLOP/s of both (FLOPs of the model's Conv, Gemm and MatMul nodes)
-and as % of the host's measured FMA peak (pipeline.tools.peak), each side's peak
-RSS (ru_maxrss of its own process) and RSS before loading the model; the planned
-activation bytes of our memory plan against the sum of all intermediate tensors;
-with profile, our slowest nodes (timed in this process after the rounds).
+and as % of the host's measured FMA peak (the best seen: pipeline.tools.peak), each
+side's peak RSS (VmHWM of its own process) and its RSS before loading the model, the
+round figures with each process's pid; the planned activation bytes of our memory
+plan against the sum of all intermediate tensors; with profile, our slowest nodes
+(timed in this process after the rounds).
 summarize() turns the bench.json files of a suite into one table with, per target
 and thread count, the geometric-mean ratio and the worst model.
 """
@@ -40,7 +41,7 @@ from pipeline.link.files import atomic_write
 from pipeline.runtime import GraphModule, load_module
 from pipeline.runtime.profile import format_profile, profile_nodes
 from pipeline.tools.bench_runner import SIDES
-from pipeline.tools.peak import measure_peak_gflops
+from pipeline.tools.peak import best_peak_gflops
 from pipeline.tools.validate import random_inputs
 
 _ROOT = str(Path(__file__).resolve().parents[2])  # holds pipeline/: the runner's code
@@ -155,12 +156,13 @@ def _row(rounds: list[dict], flops: int, peak_gflops: float) -> dict:
 
 
 def bench_library(lib_path: str, onnx_path: str, shapes: dict, model: str, target: str,
-                  report_path: str, threads="1,2", rounds="3", runs="10", warmup="3",
-                  profile="0") -> dict:
+                  report_path: str, peak_path: str, threads="1,2", rounds="3", runs="10",
+                  warmup="3", profile="0") -> dict:
     """Time `lib_path` against onnxruntime on `onnx_path`; write and return the report.
 
-    shapes: input-name -> shape overrides (as the config's `inputs`). threads, rounds,
-    runs, warmup and profile may be given as the strings of doit's command line
+    shapes: input-name -> shape overrides (as the config's `inputs`). peak_path: the
+    file keeping the best FMA peak measured on this CPU (pipeline.tools.peak). threads,
+    rounds, runs, warmup and profile may be given as the strings of doit's command line
     (threads=1,2 rounds=3 runs=10 warmup=3 profile=1).
     """
     threads = _counts(threads, "threads", 1)
@@ -178,7 +180,7 @@ def bench_library(lib_path: str, onnx_path: str, shapes: dict, model: str, targe
         np.savez(inputs, **feeds)
         paths = {"ours": os.path.abspath(lib_path), "onnxruntime": os.path.abspath(onnx_path)}
         for t in threads:
-            peak = measure_peak_gflops(t)  # before the rounds: nothing of ours is running
+            peak = best_peak_gflops(t, peak_path)  # nothing of ours is running now
             done = [{side: _run_side(side, paths[side], inputs, t, runs, warmup, model)
                      for side in SIDES} for _ in range(rounds)]  # dicts keep SIDES' order
             rows[str(t)] = _row(done, flops, peak)

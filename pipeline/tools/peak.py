@@ -4,12 +4,16 @@ A tiny C loop (compiled by the host cc with -march=native) keeps twelve independ
 vector accumulators busy with a*x+b: enough chains to cover the FMA latency of
 two FMA ports, all in registers, no memory traffic. `threads` Python threads run it
 at once (ctypes releases the GIL during the call); the best of a few repetitions
-counts, since a shared machine only ever makes the loop slower.
+counts, since a shared machine only ever makes the loop slower. For the same
+reason best_peak_gflops keeps the best ever seen on this CPU in a small JSON file:
+a peak measured while other work held a core would inflate every "% of peak".
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
+import platform
 import subprocess
 import tempfile
 import threading
@@ -17,6 +21,7 @@ import time
 from pathlib import Path
 
 from pipeline.link.cc import host_cc
+from pipeline.link.files import atomic_write
 
 CHAINS = 12
 _SOURCE = f"""
@@ -79,3 +84,29 @@ def measure_peak_gflops(threads: int, seconds: float = 0.1, repeats: int = 5) ->
                 w.join()
             best = max(best, threads * iters * flops_per_iter / (time.perf_counter() - start))
     return best / 1e9
+
+
+def _cpu_name() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo), else platform.processor()."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def best_peak_gflops(threads: int, record: str) -> float:
+    """The best of a measurement now and those kept in `record` (JSON: {"cpu": name,
+    "gflops": {threads: best}}, rewritten when beaten; ignored if of another CPU)."""
+    cpu, now = _cpu_name(), measure_peak_gflops(threads)
+    try:
+        doc = json.loads(Path(record).read_text())
+        kept = doc["gflops"] if doc.get("cpu") == cpu else {}
+    except (OSError, ValueError, KeyError, AttributeError):
+        kept = {}
+    if now > kept.get(str(threads), 0.0):
+        kept[str(threads)] = round(now, 1)
+        atomic_write(record, json.dumps({"cpu": cpu, "gflops": kept}, indent=1).encode())
+    return kept[str(threads)]
