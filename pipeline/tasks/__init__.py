@@ -294,7 +294,7 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
 
         opts = [get_var(k, d) for k, d in (("threads", "1,2"), ("rounds", "3"), ("runs", "10"),
                                            ("warmup", "3"), ("profile", "0"))]
-        reports = []
+        reports, peak = [], path(OUT, "bench-peak.json")
         for m, t in entries:
             a = artifacts(m, t)
             reports.append(path(OUT, m.name, t.name, "bench.json"))
@@ -303,14 +303,13 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
                    "file_dep": [a["so"], onnx_path(m)],
                    "actions": [(run_stage, ["tools.bench:bench_library", a["so"], onnx_path(m),
                                             {k: list(v) for k, v in m.inputs.items()},
-                                            m.name, t.name, reports[-1],
-                                            path(OUT, "bench-peak.json"), *opts])]}
+                                            m.name, t.name, reports[-1], peak, *opts])]}
         # After every entry's bench ("summary" has no "@", so no entry is called so).
         yield {"name": "summary", "verbosity": 2, "uptodate": [False],
                "task_dep": [f"bench:{m.name}@{t.name}" for m, t in entries],
                "targets": [path(OUT, "bench-summary.md"), path(OUT, "bench-summary.json")],
                "actions": [(run_stage, ["tools.bench:summarize", reports,
-                                        path(OUT, "bench-summary.md"),
+                                        peak, path(OUT, "bench-summary.md"),
                                         path(OUT, "bench-summary.json")])]}
 
     def task_explain():

@@ -235,10 +235,13 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
-def summarize(report_paths: list[str], md_path: str, json_path: str) -> dict:
+def summarize(report_paths: list[str], peak_path: str, md_path: str, json_path: str) -> dict:
     """The suite table of several bench.json files, with per target and thread count the
-    geometric-mean ratio and the worst model; written as Markdown and JSON, printed."""
+    geometric-mean ratio and the worst model; written as Markdown and JSON, printed.
+    "% of peak" is against the best peak in `peak_path` now, the same for every row
+    (a report measured earlier may have known a lower one)."""
     reports = [json.loads(Path(p).read_text()) for p in report_paths]
+    best = json.loads(Path(peak_path).read_text())["gflops"]
     head = ("| model | target | threads | ours ms | onnxruntime ms | ratio | ratio range | "
             "spread ours / ort | ours GFLOP/s | % of peak | peak RSS ours / ort MiB |")
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
@@ -251,9 +254,12 @@ def summarize(report_paths: list[str], md_path: str, json_path: str) -> dict:
                 f"{r['onnxruntime_ms']:.2f} | {r['ratio']:.2f} | {r['ratio_min']:.2f}–"
                 f"{r['ratio_max']:.2f} | {_spread(r, 'ours'):.0f}% / "
                 f"{_spread(r, 'onnxruntime'):.0f}% | {r['ours_gflops']:.1f} | "
-                f"{r['ours_peak_pct']:.0f}% of {r['peak_gflops']:.0f} | "
+                f"{100 * r['ours_gflops'] / best[t]:.0f}% | "
                 f"{r['ours_peak_rss_bytes'] / MIB:.0f} / "
                 f"{r['onnxruntime_peak_rss_bytes'] / MIB:.0f} |")
+    lines.append("\nPeak: " + ", ".join(f"{g:.0f} GFLOP/s at {t} thread{'s' * (t != '1')}"
+                                        for t, g in sorted(best.items()))
+                 + " (the best FMA-loop rate measured on this CPU so far)")
     summary = {}
     for (target, t), ratios in sorted(groups.items()):
         geo = math.exp(statistics.fmean(math.log(r) for r, _ in ratios))
@@ -261,12 +267,12 @@ def summarize(report_paths: list[str], md_path: str, json_path: str) -> dict:
         summary[f"{target}@{t}"] = {"target": target, "threads": int(t), "models": len(ratios),
                                     "geomean_ratio": round(geo, 3),
                                     "worst_model": worst[1], "worst_ratio": worst[0]}
-        lines.append(f"\n{target}, {t} thread{'s' if t != '1' else ''}: geometric-mean ratio "
+        lines.append(f"{target}, {t} thread{'s' * (t != '1')}: geometric-mean ratio "
                      f"(ours / onnxruntime) {geo:.2f} over {len(ratios)} models; worst "
                      f"{worst[1]} {worst[0]:.2f}")
     text = "\n".join(lines) + "\n"
     atomic_write(md_path, text.encode())
-    atomic_write(json_path, json.dumps({"summary": summary, "reports": reports},
-                                       indent=1).encode())
+    atomic_write(json_path, json.dumps({"summary": summary, "peak_gflops": best,
+                                        "reports": reports}, indent=1).encode())
     print(text, end="")
     return summary
