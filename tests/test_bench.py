@@ -1,6 +1,7 @@
-"""`doit bench` end to end on a tiny model in a temporary folder, and the benchmark's
-helpers (FLOP count, memory figures, option errors). No timing assertions: speed
-claims live in bench output only."""
+"""`doit bench` end to end on a tiny model in a temporary folder (each side in its own
+processes, the suite summary), and the benchmark's helpers (FLOP count, memory
+figures, option and runner errors, the light-zoo config spelling). No timing
+assertions: speed claims live in bench output only."""
 
 from __future__ import annotations
 
@@ -17,7 +18,10 @@ import pytest
 from conftest import make_model, rand
 from onnx import helper
 
+from pipeline.errors import ConfigError
+from pipeline.tasks.config import load_config
 from pipeline.tools.bench import BenchError, bench_library, memory_plan, model_flops
+from pipeline.tools.peak import _cpu_name, best_peak_gflops
 
 pytest.importorskip("onnxruntime")
 
@@ -44,6 +48,7 @@ def test_doit_bench_writes_report(tmp_path):
     (tmp_path / "cfg.yaml").write_text(textwrap.dedent("""\
         models:
           tiny: {path: tiny.onnx}
+          tiny2: {path: tiny.onnx}
         targets:
           llvm: {target: "llvm -mcpu=native", opt_level: 3}
         """))
@@ -59,26 +64,71 @@ def test_doit_bench_writes_report(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report_path = tmp_path / "out" / "tiny" / "llvm" / "bench.json"
     assert not report_path.exists()  # bench is not part of build
-    proc = doit("bench", "runs=3", "warmup=1", "threads=1,2,3", "profile=1")
+    proc = doit("bench", "rounds=2", "runs=3", "warmup=1", "threads=1,2", "profile=1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(report_path.read_text())
-    assert set(report["threads"]) == {"1", "2", "3"}
+    assert (report["rounds"], report["runs"], report["warmup"]) == (2, 3, 1)
+    assert set(report["threads"]) == {"1", "2"}
+    pids = set()
     for row in report["threads"].values():
-        assert row["ours_ms"] > 0 and row["onnxruntime_ms"] > 0
+        for side in ("ours", "onnxruntime"):
+            assert row[f"{side}_min_ms"] <= row[f"{side}_ms"] <= row[f"{side}_max_ms"]
+            assert row[f"{side}_peak_rss_bytes"] >= row[f"{side}_base_rss_bytes"] > 0
         assert row["ratio"] == pytest.approx(row["ours_ms"] / row["onnxruntime_ms"], rel=0.01)
-    assert report["gflop"] == pytest.approx(model_flops(tiny_model()) / 1e9, abs=1e-4)
+        assert row["ratio_min"] <= row["ratio_max"] and row["peak_gflops"] > 0
+        assert len(row["rounds"]) == 2
+        for rnd in row["rounds"]:
+            assert list(rnd) == ["ours", "onnxruntime"]  # ours first, then theirs
+            pids |= {rnd["ours"]["pid"], rnd["onnxruntime"]["pid"]}
+            assert min(rnd[side]["peak_rss_bytes"] for side in rnd) > 0
+    assert len(pids) == 8 and os.getpid() not in pids  # a fresh process per side and round
+    # Each side's own peak: onnxruntime's library and session are not in ours, and
+    # neither holds what the doit process (fork parent) had read.
     mem = report["memory"]
+    assert mem["ours_peak_rss_bytes"] != mem["onnxruntime_peak_rss_bytes"]
+    assert report["gflop"] == pytest.approx(model_flops(tiny_model()) / 1e9, abs=1e-4)
     assert 0 < mem["planned_activation_bytes"] <= mem["intermediate_bytes"]
-    assert mem["peak_rss_bytes_ours"] > 0
     kernels = {row["kernel"] for row in report["profile"]["nodes"]}
     assert any(k.startswith("conv2d_nchwc") for k in kernels), kernels
     assert "ours ms" in proc.stdout and "conv2d_nchwc" in proc.stdout
+    summary = json.loads((tmp_path / "out" / "bench-summary.json").read_text())["summary"]
+    assert set(summary) == {"llvm@1", "llvm@2"}
+    for s in summary.values():
+        assert s["models"] == 2 and s["worst_model"] in ("tiny", "tiny2")
+        assert s["geomean_ratio"] > 0
+    assert "geometric-mean ratio (ours / onnxruntime)" in proc.stdout
+    assert "| tiny2 | llvm | 2 |" in (tmp_path / "out" / "bench-summary.md").read_text()
     first = report_path.stat().st_mtime_ns
-    proc = doit("bench", "runs=1", "warmup=0", "threads=1")
+    proc = doit("bench", "rounds=1", "runs=1", "warmup=0", "threads=1", "model=tiny")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert report_path.stat().st_mtime_ns != first  # always runs when asked
     proc = doit("bench", "runs=zero")
     assert proc.returncode != 0 and "runs must be integers >= 1" in proc.stdout + proc.stderr
+
+
+def test_runner_failure_is_one_line(tmp_path):
+    """A side that cannot load its model fails the bench with the runner's last line."""
+    onnx.save(tiny_model(), tmp_path / "tiny.onnx")
+    (tmp_path / "broken.so").write_bytes(b"not a library")
+    with pytest.raises(BenchError, match=r"bench tiny: the ours side at 1 threads failed: "
+                       r"bench_runner ours .*broken.so"):
+        bench_library(str(tmp_path / "broken.so"), str(tmp_path / "tiny.onnx"), {}, "tiny",
+                      "llvm", str(tmp_path / "b.json"), str(tmp_path / "peak.json"), threads="1",
+                      rounds="1", runs="1")
+
+
+def test_light_zoo_config_spelling(tmp_path):
+    """`path: onnx-light:<name>` is the onnx wheel's light-zoo file; an unknown one says
+    what the wheel ships."""
+    light = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+    (tmp_path / "c.yaml").write_text('models:\n  s: {path: "onnx-light:squeezenet"}\n'
+                                     'targets:\n  llvm: {target: llvm}\n')
+    assert load_config(tmp_path / "c.yaml").models["s"].path == light / "light_squeezenet.onnx"
+    (tmp_path / "c.yaml").write_text('models:\n  s: {path: "onnx-light:squeezenut"}\n'
+                                     'targets:\n  llvm: {target: llvm}\n')
+    with pytest.raises(ConfigError, match=r"c.yaml: models.s.path: onnx-light:squeezenut: .*"
+                       r"light_squeezenut.onnx .* ships: .*squeezenet"):
+        load_config(tmp_path / "c.yaml")
 
 
 def test_memory_plan_reads_graph_json():
@@ -98,9 +148,9 @@ def test_missing_onnxruntime_is_one_clear_error(tmp_path):
     script = textwrap.dedent("""\
         import sys
         sys.modules["onnxruntime"] = None  # as if not installed
-        from pipeline.tools.bench import BenchError, _session
+        from pipeline.tools.bench import BenchError, _require_onnxruntime
         try:
-            _session(None, 1)
+            _require_onnxruntime()
         except BenchError as err:
             print(err)
         """)
@@ -111,4 +161,15 @@ def test_missing_onnxruntime_is_one_clear_error(tmp_path):
 
 def test_bad_thread_list_is_refused(tmp_path):
     with pytest.raises(BenchError, match="threads"):
-        bench_library("x.so", "x.onnx", {}, "m", "t", str(tmp_path / "b.json"), threads="0")
+        bench_library("x.so", "x.onnx", {}, "m", "t", str(tmp_path / "b.json"),
+                      str(tmp_path / "peak.json"), threads="0")
+
+
+def test_peak_keeps_the_best_seen_on_this_cpu(tmp_path):
+    record = tmp_path / "peak.json"
+    record.write_text(json.dumps({"cpu": "another CPU", "gflops": {"1": 1e9}}))
+    measured = best_peak_gflops(1, str(record))  # another CPU's record is not ours
+    assert 1 < measured < 1e6
+    assert json.loads(record.read_text()) == {"cpu": _cpu_name(), "gflops": {"1": measured}}
+    record.write_text(json.dumps({"cpu": _cpu_name(), "gflops": {"1": 1e9}}))
+    assert best_peak_gflops(1, str(record)) == 1e9  # a better one seen before stays

@@ -286,21 +286,31 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
                 "actions": [(run_stage, ["tools.conformance:write_report", OUT])]}
 
     def task_bench():
-        """Time each library against onnxruntime (never part of build; always runs when
-        asked): bench.json. Options: threads=1,2 runs=20 warmup=3 profile=1."""
+        """Time each library against onnxruntime, each side in its own fresh process (never
+        part of build; always runs when asked): bench.json, then bench:summary, the suite
+        table out/bench-summary.md (.json). Options: threads=1,2 rounds=3 runs=10
+        warmup=3 profile=1."""
         from doit import get_var
 
-        opts = [get_var(k, d) for k, d in (("threads", "1,2"), ("runs", "20"),
+        opts = [get_var(k, d) for k, d in (("threads", "1,2"), ("rounds", "3"), ("runs", "10"),
                                            ("warmup", "3"), ("profile", "0"))]
+        reports, peak = [], path(OUT, "bench-peak.json")
         for m, t in entries:
             a = artifacts(m, t)
+            reports.append(path(OUT, m.name, t.name, "bench.json"))
             yield {"name": f"{m.name}@{t.name}", "verbosity": 2, "uptodate": [False],
-                   "targets": [path(OUT, m.name, t.name, "bench.json")],
+                   "targets": [reports[-1]],
                    "file_dep": [a["so"], onnx_path(m)],
                    "actions": [(run_stage, ["tools.bench:bench_library", a["so"], onnx_path(m),
                                             {k: list(v) for k, v in m.inputs.items()},
-                                            m.name, t.name,
-                                            path(OUT, m.name, t.name, "bench.json"), *opts])]}
+                                            m.name, t.name, reports[-1], peak, *opts])]}
+        # After every entry's bench ("summary" has no "@", so no entry is called so).
+        yield {"name": "summary", "verbosity": 2, "uptodate": [False],
+               "task_dep": [f"bench:{m.name}@{t.name}" for m, t in entries],
+               "targets": [path(OUT, "bench-summary.md"), path(OUT, "bench-summary.json")],
+               "actions": [(run_stage, ["tools.bench:summarize", reports,
+                                        peak, path(OUT, "bench-summary.md"),
+                                        path(OUT, "bench-summary.json")])]}
 
     def task_explain():
         """Print why each task of the last build ran, and what it compiled or reused."""

@@ -4,6 +4,7 @@
       resnet18: {generator: resnet18}                   # built by models/
       mynet:
         path: nets/mynet.onnx                           # relative to this file
+      squeezenet: {path: "onnx-light:squeezenet"}       # the onnx wheel's light zoo
         inputs: {input.1: [1, 3, 224, 224]}             # optional shape overrides
         validate: {rtol: 1.0e-3}                        # optional overrides
     targets:
@@ -34,6 +35,9 @@ from pipeline.link.export import PACKS, choose_pack, resolve_cc
 from pipeline.transform import PassContext
 
 REFERENCES = ("onnx", "onnxruntime")
+# `path: onnx-light:<name>` names a model of the light zoo in the installed onnx
+# wheel, whose site-packages path differs from machine to machine.
+ONNX_LIGHT = "onnx-light:"
 
 
 @dataclass(frozen=True)
@@ -233,8 +237,11 @@ def _model(where: _Where, name: str, spec, validate: ValidateOptions) -> ModelEn
                    f"(one of {', '.join(GENERATORS)})")
     path = generator = None
     if "path" in spec:
-        path = (where.path.parent / where.typed(spec["path"], f"{key}.path", str,
-                                                "a file path")).resolve()
+        text = where.typed(spec["path"], f"{key}.path", str, "a file path")
+        if text.startswith(ONNX_LIGHT):
+            path = _onnx_light(where, text.removeprefix(ONNX_LIGHT), f"{key}.path")
+        else:
+            path = (where.path.parent / text).resolve()
         if not path.is_file():
             where.fail(f"{key}.path", f"model file {path} does not exist "
                        "(paths are relative to the config file)")
@@ -253,6 +260,20 @@ def _model(where: _Where, name: str, spec, validate: ValidateOptions) -> ModelEn
     return ModelEntry(name, path, generator, inputs,
                       _validate_options(where, spec.get("validate") or {},
                                         f"{key}.validate", validate))
+
+
+def _onnx_light(where: _Where, name: str, key: str) -> Path:
+    """The light model zoo file `name` ("squeezenet") the installed onnx wheel ships
+    under onnx/backend/test/data/light/ (its weights are constants: ConstantOfShape)."""
+    import onnx  # only for a config that names a light model
+
+    folder = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+    path = folder / f"light_{name}.onnx"
+    if not path.is_file():
+        shipped = sorted(p.stem.removeprefix("light_") for p in folder.glob("light_*.onnx"))
+        where.fail(key, f"{ONNX_LIGHT}{name}: the installed onnx {onnx.__version__} ships no "
+                   f"{path.name} in {folder}; it ships: {', '.join(shipped) or 'none'}")
+    return path
 
 
 def _target(where: _Where, name: str, spec) -> TargetEntry:

@@ -1,24 +1,35 @@
 """Benchmark a built library against onnxruntime (`doit bench`): bench.json + a table.
 
-For each thread count, our GraphModule and an onnxruntime CPU session with the
-same intra-op thread count run the same seeded inputs, interleaved run by run in
-this one process (so both see the same machine load), after warm-up runs; the
-medians are compared. Each timed run starts after a short pause, so neither side
-shares its cores with the other's still-spinning idle threads. onnxruntime is an
-optional extra (`pip install -e .[ort]`).
+For each thread count, `rounds` rounds alternate the two sides (ours, onnxruntime,
+ours, ...), each side in a fresh process (pipeline.tools.bench_runner) that loads
+the library or an onnxruntime CPU session with that intra-op thread count, runs
+`warmup` untimed and `runs` timed inferences on the same seeded inputs and reports
+its times and its own peak RSS. A round's figure is the median of its runs; the
+report gives the median of the rounds and their spread (min and max, and the range
+of the per-round ratios, each round's two sides having run one after the other).
+onnxruntime is an optional extra (`pip install -e .[ort]`).
 
-bench.json holds per thread count: ours_ms, onnxruntime_ms, ratio (ours / theirs)
-and GFLOP/s of both (FLOPs of the model's Conv, Gemm and MatMul nodes); the
-planned activation bytes of our memory plan against the sum of all intermediate
-tensors; the peak RSS while each side ran; and with profile, our slowest nodes.
+bench.json holds per thread count: ours_ms, onnxruntime_ms, ratio (ours / theirs),
+their spread, GFLOP/s of both (FLOPs of the model's Conv, Gemm and MatMul nodes)
+and as % of the host's measured FMA peak (the best seen: pipeline.tools.peak), each
+side's peak RSS (VmHWM of its own process) and its RSS before loading the model, the
+round figures with each process's pid; the planned activation bytes of our memory
+plan against the sum of all intermediate tensors; with profile, our slowest nodes
+(timed in this process after the rounds).
+summarize() turns the bench.json files of a suite into one table with, per target
+and thread count, the geometric-mean ratio and the worst model.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import os
 import statistics
-import time
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -29,12 +40,11 @@ from pipeline.frontend.onnx import load_model
 from pipeline.link.files import atomic_write
 from pipeline.runtime import GraphModule, load_module
 from pipeline.runtime.profile import format_profile, profile_nodes
+from pipeline.tools.bench_runner import SIDES
+from pipeline.tools.peak import best_peak_gflops
 from pipeline.tools.validate import random_inputs
 
-# Pause before each timed run. After a run onnxruntime's idle workers spin for tens
-# of ms (libgomp's, as the runtime configures it, for under 1 ms); a run started
-# meanwhile would share its cores with them.
-SETTLE_S = 0.06
+_ROOT = str(Path(__file__).resolve().parents[2])  # holds pipeline/: the runner's code
 
 
 class BenchError(PipelineError):
@@ -87,44 +97,10 @@ def memory_plan(graph_json: str) -> dict:
     return {"planned_activation_bytes": sum(storage.values()), "intermediate_bytes": total}
 
 
-def _reset_peak_rss() -> bool:
-    """Reset this process's peak RSS (Linux: write 5 to clear_refs); False if refused."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
-
-
-def _status(key: str) -> int:
-    """A byte count from /proc/self/status (VmHWM: peak RSS, VmRSS: current)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(f"{key}:"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
-def _peak_rss() -> int:
-    return _status("VmHWM")
-
-
-def _session(model: onnx.ModelProto, threads: int):
-    try:
-        import onnxruntime as ort
-    except ImportError:
+def _require_onnxruntime() -> None:
+    if importlib.util.find_spec("onnxruntime") is None:
         raise BenchError("bench needs onnxruntime, an optional extra: "
-                         "pip install -e .[ort]") from None
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    return ort.InferenceSession(model.SerializeToString(), opts,
-                                providers=["CPUExecutionProvider"])
-
-
-def _time(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+                         "pip install -e .[ort]")
 
 
 def _counts(value, what: str, minimum: int) -> list[int]:
@@ -140,61 +116,87 @@ def _counts(value, what: str, minimum: int) -> list[int]:
     return counts
 
 
+def _run_side(side: str, path: str, inputs: str, threads: int, runs: int,
+              warmup: int, model: str) -> dict:
+    """One side's round in a fresh process (bench_runner); its JSON report."""
+    env = dict(os.environ)
+    # The runner runs the code of this checkout, wherever doit's folder is.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
+    proc = subprocess.run([sys.executable, "-m", "pipeline.tools.bench_runner", side, path,
+                           inputs, f"--threads={threads}", f"--runs={runs}",
+                           f"--warmup={warmup}"], capture_output=True, text=True, env=env)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        why = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        raise BenchError(f"bench {model}: the {side} side at {threads} threads failed: {why}")
+    return json.loads(lines[-1])
+
+
+def _row(rounds: list[dict], flops: int, peak_gflops: float) -> dict:
+    """The figures of one thread count from its rounds ({side: runner report})."""
+    row = {}
+    med = {side: [statistics.median(r[side]["times_ms"]) for r in rounds] for side in SIDES}
+    for side in SIDES:
+        ms = statistics.median(med[side])
+        row.update({f"{side}_ms": round(ms, 4), f"{side}_min_ms": round(min(med[side]), 4),
+                    f"{side}_max_ms": round(max(med[side]), 4),
+                    f"{side}_gflops": round(flops / ms / 1e6, 2),
+                    f"{side}_peak_pct": round(100 * flops / ms / 1e6 / peak_gflops, 1),
+                    f"{side}_peak_rss_bytes": max(r[side]["peak_rss_bytes"] for r in rounds),
+                    f"{side}_base_rss_bytes": max(r[side]["base_rss_bytes"] for r in rounds)})
+    ratios = [o / t for o, t in zip(med["ours"], med["onnxruntime"], strict=True)]
+    row.update({"ratio": round(row["ours_ms"] / row["onnxruntime_ms"], 3),
+                "ratio_min": round(min(ratios), 3), "ratio_max": round(max(ratios), 3),
+                "peak_gflops": round(peak_gflops, 1),
+                "rounds": [{side: {"ms": round(m, 4), "pid": r[side]["pid"],
+                                   "peak_rss_bytes": r[side]["peak_rss_bytes"]}
+                            for side, m in ((s, med[s][i]) for s in SIDES)}
+                           for i, r in enumerate(rounds)]})
+    return row
+
+
 def bench_library(lib_path: str, onnx_path: str, shapes: dict, model: str, target: str,
-                  report_path: str, threads="1,2", runs="20", warmup="3",
-                  profile="0") -> dict:
+                  report_path: str, peak_path: str, threads="1,2", rounds="3", runs="10",
+                  warmup="3", profile="0") -> dict:
     """Time `lib_path` against onnxruntime on `onnx_path`; write and return the report.
 
-    shapes: input-name -> shape overrides (as the config's `inputs`). threads, runs,
-    warmup and profile may be given as the strings of doit's command line
-    (threads=1,2 runs=20 warmup=3 profile=1).
+    shapes: input-name -> shape overrides (as the config's `inputs`). peak_path: the
+    file keeping the best FMA peak measured on this CPU (pipeline.tools.peak). threads,
+    rounds, runs, warmup and profile may be given as the strings of doit's command line
+    (threads=1,2 rounds=3 runs=10 warmup=3 profile=1).
     """
     threads = _counts(threads, "threads", 1)
-    (runs,), (warmup,) = _counts(runs, "runs", 1)[:1], _counts(warmup, "warmup", 0)[:1]
+    (rounds,), (runs,) = _counts(rounds, "rounds", 1)[:1], _counts(runs, "runs", 1)[:1]
+    (warmup,) = _counts(warmup, "warmup", 0)[:1]
     profile = str(profile).lower() in ("1", "true", "yes")
+    _require_onnxruntime()
     onnx_model = load_model(onnx_path)
     feeds = random_inputs(onnx_model, {k: tuple(v) for k, v in shapes.items()}, seed=0)
-    lib = load_module(lib_path)
-    gm = GraphModule(lib["default"]())
-    gm.set_input(**feeds)
     flops = model_flops(onnx_model)
-    rows, peaks, top = {}, {"ours": 0, "onnxruntime": 0}, []
-    # With a resettable peak (Linux), each side's peak is measured over its own runs;
-    # otherwise both report the process's peak.
-    exact = _reset_peak_rss()
-    baseline = _status("VmRSS")  # Python, numpy, onnx, both libraries and their weights
-    for t in threads:
-        gm.set_num_threads(t)
-        sess = _session(onnx_model, t)
-        for _ in range(warmup):
-            gm.run()
-            sess.run(None, feeds)
-        ours, theirs = [], []
-        for _ in range(runs):  # interleaved: both see the same load on the machine
-            for side, fn, times in (("ours", gm.run, ours),
-                                    ("onnxruntime", lambda s=sess: s.run(None, feeds), theirs)):
-                time.sleep(SETTLE_S)  # the other side's idle threads stop spinning
-                if exact:
-                    _reset_peak_rss()
-                times.append(_time(fn))
-                peaks[side] = max(peaks[side], _peak_rss())
-        ours_s, theirs_s = statistics.median(ours), statistics.median(theirs)
-        rows[str(t)] = {"ours_ms": round(ours_s * 1e3, 4),
-                        "onnxruntime_ms": round(theirs_s * 1e3, 4),
-                        "ratio": round(ours_s / theirs_s, 3),
-                        "ours_gflops": round(flops / ours_s / 1e9, 2),
-                        "onnxruntime_gflops": round(flops / theirs_s / 1e9, 2)}
-        if profile and not top:
-            top = profile_nodes(gm, runs=max(3, min(runs, 10)))
-        del sess
+    del onnx_model
+    rows = {}
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        inputs = os.path.join(tmp, "inputs.npz")
+        np.savez(inputs, **feeds)
+        paths = {"ours": os.path.abspath(lib_path), "onnxruntime": os.path.abspath(onnx_path)}
+        for t in threads:
+            peak = best_peak_gflops(t, peak_path)  # nothing of ours is running now
+            done = [{side: _run_side(side, paths[side], inputs, t, runs, warmup, model)
+                     for side in SIDES} for _ in range(rounds)]  # dicts keep SIDES' order
+            rows[str(t)] = _row(done, flops, peak)
+    lib = load_module(lib_path)
     report = {"model": model, "target": target, "library_target": lib.target,
-              "gflop": round(flops / 1e9, 4), "runs": runs, "warmup": warmup,
-              "threads": rows,
+              "gflop": round(flops / 1e9, 4), "rounds": rounds, "runs": runs,
+              "warmup": warmup, "threads": rows,
               "memory": {**memory_plan(lib.graph_json),
-                         "peak_rss_bytes_ours": peaks["ours"],
-                         "peak_rss_bytes_onnxruntime": peaks["onnxruntime"],
-                         "rss_before_runs_bytes": baseline, "peak_rss_per_side": exact}}
+                         **{f"{side}_peak_rss_bytes": max(r[f"{side}_peak_rss_bytes"]
+                                                          for r in rows.values())
+                            for side in SIDES}}}
+    top = []
     if profile:
+        gm = GraphModule(lib["default"](), num_threads=threads[0])
+        gm.set_input(**feeds)
+        top = profile_nodes(gm, runs=max(3, min(runs, 10)))
         report["profile"] = {"threads": threads[0], "nodes": [r.to_dict() for r in top[:10]]}
     atomic_write(report_path, json.dumps(report, indent=1).encode())
     print(format_report(report))
@@ -203,19 +205,74 @@ def bench_library(lib_path: str, onnx_path: str, shapes: dict, model: str, targe
     return report
 
 
+MIB = 2**20
+
+
+def _spread(row: dict, side: str) -> float:
+    """(max - min) / median of a side's round figures, in percent."""
+    return 100 * (row[f"{side}_max_ms"] - row[f"{side}_min_ms"]) / row[f"{side}_ms"]
+
+
 def format_report(report: dict) -> str:
-    """The bench table: one line per thread count, then the memory figures."""
-    lines = [f"{report['model']} @ {report['target']} ({report['gflop']} GFLOP, median of "
-             f"{report['runs']} runs)",
-             f"{'threads':>7} {'ours ms':>9} {'ort ms':>9} {'ratio':>6} {'ours GF/s':>10} "
-             f"{'ort GF/s':>9}"]
+    """The bench table of one model: one line per thread count, then its memory."""
+    lines = [f"{report['model']} @ {report['target']} ({report['gflop']} GFLOP; median of "
+             f"{report['rounds']} rounds of {report['runs']} runs, each side in its own "
+             "process)",
+             f"{'threads':>7} {'ours ms':>9} {'ort ms':>9} {'ratio':>6} {'range':>11} "
+             f"{'spread':>11} {'ours GF/s':>10} {'% peak':>7} {'RSS ours':>9} {'RSS ort':>8}"]
     for t, r in report["threads"].items():
-        lines.append(f"{t:>7} {r['ours_ms']:9.2f} {r['onnxruntime_ms']:9.2f} {r['ratio']:6.2f} "
-                     f"{r['ours_gflops']:10.1f} {r['onnxruntime_gflops']:9.1f}")
+        lines.append(
+            f"{t:>7} {r['ours_ms']:9.2f} {r['onnxruntime_ms']:9.2f} {r['ratio']:6.2f} "
+            f"{r['ratio_min']:5.2f}-{r['ratio_max']:<5.2f} "
+            f"{_spread(r, 'ours'):4.0f}%/{_spread(r, 'onnxruntime'):4.0f}% "
+            f"{r['ours_gflops']:10.1f} {r['ours_peak_pct']:6.0f}% "
+            f"{r['ours_peak_rss_bytes'] / MIB:6.0f}MiB "
+            f"{r['onnxruntime_peak_rss_bytes'] / MIB:5.0f}MiB")
     mem = report["memory"]
-    lines.append(f"activations: planned {mem['planned_activation_bytes'] / 2**20:.1f} MiB of "
-                 f"{mem['intermediate_bytes'] / 2**20:.1f} MiB; peak RSS ours "
-                 f"{mem['peak_rss_bytes_ours'] / 2**20:.0f} MiB, onnxruntime "
-                 f"{mem['peak_rss_bytes_onnxruntime'] / 2**20:.0f} MiB (process before runs "
-                 f"{mem['rss_before_runs_bytes'] / 2**20:.0f} MiB)")
+    lines.append(f"activations: planned {mem['planned_activation_bytes'] / MIB:.1f} MiB of "
+                 f"{mem['intermediate_bytes'] / MIB:.1f} MiB (range: per-round ratios; "
+                 "spread: (max - min) / median of the rounds, ours/ort)")
     return "\n".join(lines)
+
+
+def summarize(report_paths: list[str], peak_path: str, md_path: str, json_path: str) -> dict:
+    """The suite table of several bench.json files, with per target and thread count the
+    geometric-mean ratio and the worst model; written as Markdown and JSON, printed.
+    "% of peak" is against the best peak in `peak_path` now, the same for every row
+    (a report measured earlier may have known a lower one)."""
+    reports = [json.loads(Path(p).read_text()) for p in report_paths]
+    best = json.loads(Path(peak_path).read_text())["gflops"]
+    head = ("| model | target | threads | ours ms | onnxruntime ms | ratio | ratio range | "
+            "spread ours / ort | ours GFLOP/s | % of peak | peak RSS ours / ort MiB |")
+    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
+    groups: dict[tuple[str, str], list[tuple[float, str]]] = {}
+    for rep in reports:
+        for t, r in rep["threads"].items():
+            groups.setdefault((rep["target"], t), []).append((r["ratio"], rep["model"]))
+            lines.append(
+                f"| {rep['model']} | {rep['target']} | {t} | {r['ours_ms']:.2f} | "
+                f"{r['onnxruntime_ms']:.2f} | {r['ratio']:.2f} | {r['ratio_min']:.2f}–"
+                f"{r['ratio_max']:.2f} | {_spread(r, 'ours'):.0f}% / "
+                f"{_spread(r, 'onnxruntime'):.0f}% | {r['ours_gflops']:.1f} | "
+                f"{100 * r['ours_gflops'] / best[t]:.0f}% | "
+                f"{r['ours_peak_rss_bytes'] / MIB:.0f} / "
+                f"{r['onnxruntime_peak_rss_bytes'] / MIB:.0f} |")
+    lines.append("\nPeak: " + ", ".join(f"{g:.0f} GFLOP/s at {t} thread{'s' * (t != '1')}"
+                                        for t, g in sorted(best.items()))
+                 + " (the best FMA-loop rate measured on this CPU so far)")
+    summary = {}
+    for (target, t), ratios in sorted(groups.items()):
+        geo = math.exp(statistics.fmean(math.log(r) for r, _ in ratios))
+        worst = max(ratios)
+        summary[f"{target}@{t}"] = {"target": target, "threads": int(t), "models": len(ratios),
+                                    "geomean_ratio": round(geo, 3),
+                                    "worst_model": worst[1], "worst_ratio": worst[0]}
+        lines.append(f"{target}, {t} thread{'s' * (t != '1')}: geometric-mean ratio "
+                     f"(ours / onnxruntime) {geo:.2f} over {len(ratios)} models; worst "
+                     f"{worst[1]} {worst[0]:.2f}")
+    text = "\n".join(lines) + "\n"
+    atomic_write(md_path, text.encode())
+    atomic_write(json_path, json.dumps({"summary": summary, "peak_gflops": best,
+                                        "reports": reports}, indent=1).encode())
+    print(text, end="")
+    return summary

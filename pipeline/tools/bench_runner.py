@@ -1,0 +1,121 @@
+"""One side of one benchmark round, in a fresh process (`doit bench` starts it):
+
+    python -m pipeline.tools.bench_runner ours LIB.so INPUTS.npz --threads 2 --runs 10
+    python -m pipeline.tools.bench_runner onnxruntime MODEL.onnx INPUTS.npz --threads 2
+
+loads our library (pipeline.runtime only: no compiler, no onnx) or an onnxruntime
+CPU session, sets the thread count, feeds the inputs of INPUTS.npz (an array per
+input name), runs `--warmup` untimed and `--runs` timed inferences back to back,
+and prints one JSON object on stdout:
+
+    {"side", "threads", "pid", "times_ms": [...],
+     "base_rss_bytes": RSS once Python, numpy and the side's runtime are imported,
+     "peak_rss_bytes": this program's peak RSS (VmHWM), all it ever held}
+
+A process per side means each side's peak RSS is its own, and neither shares its
+cores with the other's idle threads, which spin for a while after a run.
+Errors: one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+SIDES = ("ours", "onnxruntime")
+
+
+def _status(key: str) -> int:
+    """A byte count of /proc/self/status (VmRSS: resident now, VmHWM: peak resident
+    since this program started); 0 where there is no /proc."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(f"{key}:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _peak_rss() -> int:
+    """This program's own peak RSS in bytes. Not ru_maxrss where /proc has VmHWM: Linux
+    keeps ru_maxrss across exec, so a child forked from a big parent (doit, having
+    read the model) would report the parent's peak when it is the larger."""
+    return _status("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _ours(lib_path: str, feeds: dict, threads: int) -> Callable[[], object]:
+    """A callable running our library once on `feeds` with `threads` threads."""
+    from pipeline.runtime import GraphModule, load_module
+
+    gm = GraphModule(load_module(lib_path)["default"](), num_threads=threads)
+    gm.set_input(**feeds)
+    return gm.run
+
+
+def _onnxruntime(model_path: str, feeds: dict, threads: int) -> Callable[[], object]:
+    """A callable running an onnxruntime CPU session (intra-op `threads`) on `feeds`."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    sess = ort.InferenceSession(model_path, opts, providers=["CPUExecutionProvider"])
+    return lambda: sess.run(None, feeds)
+
+
+def measure(side: str, path: str, inputs: str, threads: int, runs: int,
+            warmup: int) -> dict:
+    """Load `path` on `side`, run it warmup + runs times; the JSON report (module doc)."""
+    with np.load(inputs) as z:
+        feeds = {name: z[name] for name in z.files}
+    if side == "ours":
+        import pipeline.runtime  # noqa: F401 - its import is part of the base RSS
+    else:
+        import onnxruntime  # noqa: F401
+    base = _status("VmRSS")
+    run = (_ours if side == "ours" else _onnxruntime)(path, feeds, threads)
+    for _ in range(warmup):
+        run()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - start) * 1e3)
+    peak = _peak_rss()
+    return {"side": side, "threads": threads, "pid": os.getpid(),
+            "times_ms": [round(t, 4) for t in times],
+            "base_rss_bytes": base, "peak_rss_bytes": peak}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.tools.bench_runner",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("side", choices=SIDES)
+    parser.add_argument("path", help="our .so (ours) or the ONNX file (onnxruntime)")
+    parser.add_argument("inputs", help=".npz with one array per graph input")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    args = parser.parse_args(argv)
+    try:
+        report = measure(args.side, args.path, args.inputs, args.threads, args.runs,
+                         args.warmup)
+    except Exception as err:  # noqa: BLE001 - the parent shows this one line
+        print(f"bench_runner {args.side} {args.path}: {type(err).__name__}: "
+              f"{str(err).splitlines()[0] if str(err) else ''}", file=sys.stderr)
+        return 2
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

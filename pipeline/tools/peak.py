@@ -1,0 +1,112 @@
+"""The host's measured fp32 multiply-add peak, the 100% of `doit bench`'s "% of peak".
+
+A tiny C loop (compiled by the host cc with -march=native) keeps twelve independent
+vector accumulators busy with a*x+b: enough chains to cover the FMA latency of
+two FMA ports, all in registers, no memory traffic. `threads` Python threads run it
+at once (ctypes releases the GIL during the call); the best of a few repetitions
+counts, since a shared machine only ever makes the loop slower. For the same
+reason best_peak_gflops keeps the best ever seen on this CPU in a small JSON file:
+a peak measured while other work held a core would inflate every "% of peak".
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import platform
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from pipeline.link.cc import host_cc
+from pipeline.link.files import atomic_write
+
+CHAINS = 12
+_SOURCE = f"""
+#ifdef __AVX512F__
+#define W 16
+#else
+#define W 8
+#endif
+typedef float vf __attribute__((vector_size(W * 4)));
+int fma_width(void) {{ return W; }}
+/* {CHAINS} chains of acc = acc * a + b, `iters` times; a and b arrive as arguments so
+   the compiler cannot fold the loop. Returns a sum so the work is not dead. */
+float fma_loop(long iters, float a, float b) {{
+    vf acc[{CHAINS}], va, vb;
+    for (int i = 0; i < W; i++) {{ va[i] = a; vb[i] = b; }}
+    for (int j = 0; j < {CHAINS}; j++) for (int i = 0; i < W; i++) acc[j][i] = j + i;
+    for (long n = 0; n < iters; n++)
+        for (int j = 0; j < {CHAINS}; j++) acc[j] = acc[j] * va + vb;
+    float s = 0;
+    for (int j = 0; j < {CHAINS}; j++) for (int i = 0; i < W; i++) s += acc[j][i];
+    return s;
+}}
+"""
+
+
+def _load_loop(folder: Path) -> ctypes.CDLL:
+    src, lib = folder / "fma.c", folder / "fma.so"
+    src.write_text(_SOURCE)
+    subprocess.run([*host_cc().split(), "-O3", "-march=native", "-ffp-contract=fast",
+                    "-shared", "-fPIC", "-o", str(lib), str(src)],
+                   check=True, capture_output=True)
+    dll = ctypes.CDLL(str(lib))
+    dll.fma_loop.argtypes = [ctypes.c_long, ctypes.c_float, ctypes.c_float]
+    dll.fma_loop.restype = ctypes.c_float
+    return dll
+
+
+def measure_peak_gflops(threads: int, seconds: float = 0.1, repeats: int = 5) -> float:
+    """GFLOP/s of `threads` threads running the FMA loop together (best of `repeats`,
+    each about `seconds` long). Raises subprocess.CalledProcessError if cc fails."""
+    with tempfile.TemporaryDirectory() as tmp:
+        dll = _load_loop(Path(tmp))
+        flops_per_iter = 2 * CHAINS * dll.fma_width()
+        iters = 1 << 16
+        while True:  # calibrate on one thread to about `seconds`
+            start = time.perf_counter()
+            dll.fma_loop(iters, 0.999, 0.001)
+            if time.perf_counter() - start >= seconds / 4:
+                break
+            iters *= 2
+        iters = int(iters * seconds / max(time.perf_counter() - start, 1e-6))
+        best = 0.0
+        for _ in range(repeats):
+            workers = [threading.Thread(target=dll.fma_loop, args=(iters, 0.999, 0.001))
+                       for _ in range(threads)]
+            start = time.perf_counter()
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join()
+            best = max(best, threads * iters * flops_per_iter / (time.perf_counter() - start))
+    return best / 1e9
+
+
+def _cpu_name() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo), else platform.processor()."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def best_peak_gflops(threads: int, record: str) -> float:
+    """The best of a measurement now and those kept in `record` (JSON: {"cpu": name,
+    "gflops": {threads: best}}, rewritten when beaten; ignored if of another CPU)."""
+    cpu, now = _cpu_name(), measure_peak_gflops(threads)
+    try:
+        doc = json.loads(Path(record).read_text())
+        kept = doc["gflops"] if doc.get("cpu") == cpu else {}
+    except (OSError, ValueError, KeyError, AttributeError):
+        kept = {}
+    if now > kept.get(str(threads), 0.0):
+        kept[str(threads)] = round(now, 1)
+        atomic_write(record, json.dumps({"cpu": cpu, "gflops": kept}, indent=1).encode())
+    return kept[str(threads)]
