@@ -106,10 +106,10 @@ def silent_server() -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def dask_cluster(tmp: Path, repo: Path, workers: int = 2
+def dask_cluster(tmp: Path, repo: Path, workers: int = 2, worker_path: str = ""
                  ) -> Iterator[tuple[str, list[subprocess.Popen]]]:
     """(scheduler address, worker processes) of `dask scheduler` + `dask worker`s on
-    127.0.0.1, the workers importing this checkout (PYTHONPATH)."""
+    127.0.0.1, the workers importing this checkout (PYTHONPATH, after worker_path)."""
     try:
         import distributed  # noqa: F401
     except ImportError:
@@ -120,9 +120,9 @@ def dask_cluster(tmp: Path, repo: Path, workers: int = 2
         pytest.skip("missing: the `distributed` package (pip install -e .[cluster])")
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(repo)}
-    dask = [sys.executable, "-m", "distributed.cli"]
+    worker_env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [worker_path, str(repo)]))}
     scheduler = subprocess.Popen(
-        [*dask[:2], "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port",
+        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port",
          str(port), "--no-dashboard"], cwd=tmp, env=env,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     procs = [scheduler]
@@ -131,9 +131,9 @@ def dask_cluster(tmp: Path, repo: Path, workers: int = 2
         address = f"tcp://127.0.0.1:{port}"
         for _ in range(workers):
             procs.append(subprocess.Popen(
-                [*dask[:2], "distributed.cli.dask_worker", address, "--nthreads", "1",
-                 "--nworkers", "1", "--no-dashboard", "--host", "127.0.0.1"],
-                cwd=tmp, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads",
+                 "1", "--no-dashboard", "--host", "127.0.0.1"],
+                cwd=tmp, env=worker_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         _wait_for_workers(address, workers)
         yield address, procs[1:]
     finally:

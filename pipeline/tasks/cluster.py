@@ -19,6 +19,7 @@ the same version installed).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
@@ -53,14 +54,20 @@ def client(address: str):
 
 
 def _key(spec_json: str) -> str:
-    return f"pipeline-kernel-{json.loads(spec_json)['hash']}"
+    """The task's key on the scheduler: the same spec text, the same compile."""
+    return f"pipeline-kernel-{hashlib.sha256(spec_json.encode()).hexdigest()[:32]}"
 
 
 def prefetch(address: str, specs: list[str]) -> None:
-    """Submit the compiles of `specs` (JSON texts) so the cluster starts on all of them."""
+    """Submit the compiles of `specs` (JSON texts) so the cluster starts on all of them.
+    An unreachable scheduler is left for the kernel tasks to report (one line each
+    task that needs it), not raised while doit creates the tasks."""
     from pipeline.tasks.cache import compile_spec
 
-    c = client(address)
+    try:
+        c = client(address)
+    except ClusterError:
+        return
     futures = [c.submit(compile_spec, s, key=_key(s), pure=False) for s in specs]
     _PENDING.update({f.key: f for f in futures})
 
@@ -82,8 +89,15 @@ def compile_remotely(address: str, spec_json: str) -> tuple[str, bytes, list[str
         raise
     except Exception as err:  # noqa: BLE001 - KilledWorker, CommClosedError, a compile error
         first = str(err).splitlines()[0] if str(err) else ""
-        raise ClusterError(f"kernel {json.loads(spec_json)['hash']}: compile on the cluster "
+        raise ClusterError(f"kernel {_symbol(spec_json)}: compile on the cluster "
                            f"{address} failed: {type(err).__name__}: {first}") from None
+
+
+def _symbol(spec_json: str) -> str:
+    try:
+        return "_".join(n["op"] for n in json.loads(spec_json)["ops"])
+    except (ValueError, KeyError, TypeError):
+        return "?"
 
 
 _OWNER = os.getpid()  # futures in _PENDING belong to the process that imported us
