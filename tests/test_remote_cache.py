@@ -69,7 +69,7 @@ def test_fresh_clone_with_remote_cache_runs_no_stage(tmp_path: Path, reference):
 
 
 def test_server_down_is_one_warning_and_a_local_build(tmp_path: Path, reference):
-    from servers import free_port
+    from pipeline.tools.servers import free_port
 
     folder = checkout(tmp_path / "w")
     report, out = run(folder, f"cache_url=http://127.0.0.1:{free_port()}/c")
