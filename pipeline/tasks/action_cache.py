@@ -30,10 +30,21 @@ from pipeline.link.files import atomic_write, temp_output
 _DIGESTS: dict[tuple[str, int, int, int], str] = {}
 
 
+def _memo(path: str) -> tuple[str, int, int, int]:
+    st = os.stat(path)
+    return os.path.abspath(path), st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def remember(path: str, digest: str) -> None:
+    """Record that `path`, as it is now, hashes to `digest` (known from its source:
+    bytes verified in memory, or the blob it was linked from), so neither the
+    restore nor the next stage's key hashes it again."""
+    _DIGESTS[_memo(path)] = digest
+
+
 def file_digest(path: str) -> str:
     """sha256 of a file, memoised per (path, inode, mtime, size) for this process."""
-    st = os.stat(path)
-    memo = (os.path.abspath(path), st.st_ino, st.st_mtime_ns, st.st_size)
+    memo = _memo(path)
     if memo not in _DIGESTS:
         h = hashlib.sha256()
         with open(path, "rb") as f:
@@ -88,8 +99,10 @@ class LocalStore:
         return path
 
     def put_blob_bytes(self, digest: str, data: bytes) -> None:
+        """Store bytes the caller has verified to hash to `digest`."""
         if not self.has_blob(digest):
             atomic_write(self.blob_path(digest), data)
+            remember(self.blob_path(digest), digest)
 
     def put_blob_file(self, digest: str, path: str) -> None:
         """Store a file's bytes as blob `digest`: a hard link when the file system
@@ -136,6 +149,7 @@ def restore(store: LocalStore, manifest: dict, outputs: dict[str, str]) -> bool:
         blobs[name] = blob
     for name, blob in blobs.items():
         _link_or_copy(blob, outputs.get(name, name))
+        remember(outputs.get(name, name), manifest["outputs"][name]["sha256"])
     return True
 
 
