@@ -1,8 +1,12 @@
 """doit entry point: `doit build target=llvm`, `doit validate model=resnet18`.
 
 Variables: config=PATH (default configs/default.yaml), model=NAME[,NAME],
-target=NAME[,NAME], cache=DIR (the kernel cache; default $PIPELINE_KERNEL_CACHE
-or out/kernels). The tasks themselves are described in pipeline/tasks/__init__.py.
+target=NAME[,NAME], cache=DIR (the kernel and action cache; default
+$PIPELINE_KERNEL_CACHE or out/kernels), cache_url=URL (a remote tier; or
+`cache: {url: ...}` in the config), cache_upload=0 (read the remote tier only),
+cache_timeout=SECONDS, actions=0 (no action cache), dask=tcp://HOST:PORT (kernel
+compiles on a Dask cluster), shard=I/N (the I-th of N slices of the matrix). The
+tasks themselves are described in pipeline/tasks/__init__.py.
 """
 
 import fcntl
@@ -44,11 +48,12 @@ try:
     from pipeline.tasks import make_tasks
     from pipeline.tasks.cache import cache_dir
     from pipeline.tasks.config import load_config
+    from pipeline.tasks.tiered import settings_from
 
     _config = load_config(get_var("config", "configs/default.yaml"))
     # A build killed mid-write leaves its temporary files; no one else writes here now.
     remove_stale_temporaries("out", skip=cache_dir(get_var("cache")))
     globals().update(make_tasks(_config, *_config.select(get_var("model"), get_var("target")),
-                                kernel_cache=get_var("cache")))
+                                settings_from(_config.cache, get_var), get_var("shard")))
 except ConfigError as err:
     sys.exit(f"error: {err}")

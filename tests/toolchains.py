@@ -16,6 +16,7 @@ PACKAGES = {
     "qemu-riscv64": "qemu-user",
     "clang": "clang",
     "readelf": "binutils",
+    "nginx": "nginx",
 }
 
 

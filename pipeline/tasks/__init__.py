@@ -41,10 +41,12 @@ from doit.exceptions import TaskFailed
 
 from pipeline.errors import PipelineError
 from pipeline.lower.sources import CODEGEN_ROOTS
-from pipeline.tasks import cache
+from pipeline.tasks import cache, tiered
 from pipeline.tasks.config import BuildConfig, ModelEntry, TargetEntry
 from pipeline.tasks.deps import sources
 from pipeline.tasks.explain import options_changed
+from pipeline.tasks.shard import shard_entries
+from pipeline.tasks.tiered import Action, CacheSettings
 
 OUT = "out"
 _PKG = Path(__file__).resolve().parent.parent  # pipeline/
@@ -75,9 +77,13 @@ def code_of(*roots: str, stop: tuple[str, ...] = ()) -> list[str]:
     return [os.path.relpath(p) for p in found]
 
 
-def run_stage(fn: str, *args, task):
+def run_stage(fn: str, *args, task, cached: tuple[Action, CacheSettings] | None = None):
     """Run the stage `fn` ("module:function" in pipeline) for the doit `task` (doit
     passes it by name); returns what doit expects of a python action.
+
+    cached: (what decides the outputs, the cache settings): the outputs are looked
+    up in the action cache's tiers first and restored on a hit (values
+    {"cache": "local" | "remote"}), else computed and stored (pipeline.tasks.tiered).
 
     A user-caused error (PipelineError) becomes one TaskFailed line. Any other
     exception is a compiler bug, but the user still gets one line: the task, the
@@ -89,8 +95,17 @@ def run_stage(fn: str, *args, task):
     """
     module, _, name = fn.partition(":")
     _test_kill(task.name, "before")
+    key = None
     try:
+        if cached is not None and cached[1].actions:
+            action, settings = cached
+            key = action.key()
+            tier = tiered.lookup(settings, key, action.outputs)
+            if tier is not None:
+                return {"cache": tier, **_warnings(settings)}
         result = getattr(importlib.import_module(f"pipeline.{module}"), name)(*args)
+        if key is not None:
+            tiered.save(settings, key, action.all_outputs())
     except PipelineError as err:
         return TaskFailed(str(err))
     except Exception as err:  # noqa: BLE001 - a bug: log it, keep the user's line short
@@ -99,7 +114,16 @@ def run_stage(fn: str, *args, task):
                           f"{str(err).splitlines()[0] if str(err) else ''} "
                           f"(full traceback in {log})")
     _test_kill(task.name, "after")
-    return result if isinstance(result, dict) else None
+    values = result if isinstance(result, dict) else {}
+    if cached is not None:
+        values.update(_warnings(cached[1]))
+    return values or None
+
+
+def _warnings(settings: CacheSettings) -> dict:
+    """{"warnings": [...]} from the remote tier since the last call, or {}."""
+    found = tiered.take_warnings(settings)
+    return {"warnings": found} if found else {}
 
 
 def _write_traceback(task_name: str) -> str:
@@ -146,14 +170,30 @@ def artifacts(m: ModelEntry, t: TargetEntry) -> dict[str, str]:
             "validation": path(d, "validation.json")}
 
 
+SPECS = path(OUT, "specs")  # kernel specs optimize writes: the kernel tasks' inputs
+
+
 def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[TargetEntry],
-               kernel_cache: str | None = None):
+               settings: CacheSettings | None = None, shard: str | None = None):
     """The task-creator functions for a selection of the matrix (dodo.py exposes them).
 
-    kernel_cache: the kernel cache folder (None: $PIPELINE_KERNEL_CACHE or out/kernels).
+    settings: the cache tiers (None: the kernel cache $PIPELINE_KERNEL_CACHE or
+    out/kernels, action cache on, no remote tier); shard: "I/N", this run's slice
+    of the model x target entries (pipeline.tasks.shard).
     """
-    cache_root = cache.cache_dir(kernel_cache)
-    entries = [(m, t) for m in models for t in targets]
+    settings = settings or CacheSettings(cache.cache_dir(None))
+    cache_root = settings.root
+
+    def cached(fn: str, args: list, inputs: list[str], outputs: list[str] | dict,
+               extra: dict | None = None, specs_of: str | None = None) -> tuple:
+        """The doit action running stage `fn` through the action cache."""
+        named = outputs if isinstance(outputs, dict) else {p: p for p in outputs}
+        key_args = ["<cache>" if a == cache_root else a for a in args]
+        action = Action(fn, key_args, list(inputs), named, extra or {}, specs_of, SPECS)
+        return (run_stage, [fn, *args], {"cached": (action, settings)})
+    entries = shard_entries([(m, t) for m in models for t in targets], shard)
+    models = [m for m in models if any(e[0] is m for e in entries)]
+    targets = [t for t in targets if any(e[1] is t for e in entries)]
     # Asked once per target (ConfigError, caught by dodo.py, if a cc is missing).
     toolchain = {t.name: t.toolchain() for t in targets} if models else {}
     packing = {t.name: t.packing() for t in targets} if models else {}
@@ -170,20 +210,22 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
 
         for m in models:
             if m.generator:
+                deps = [os.path.relpath(p) for p in source_files(m.generator)]
                 yield {"name": m.name, "targets": [onnx_path(m)], "clean": True,
-                       "actions": [(run_stage, ["tasks.stages:generate_model", m.generator,
-                                                onnx_path(m)])],
-                       "file_dep": [os.path.relpath(p) for p in source_files(m.generator)]}
+                       "actions": [cached("tasks.stages:generate_model",
+                                          [m.generator, onnx_path(m)], deps, [onnx_path(m)])],
+                       "file_dep": deps}
 
     def task_import():
         """Import each ONNX model into the graph IR."""
         for m in models:
             ir, weights = imported(m)
+            deps = [onnx_path(m), *front_src]
+            shapes = {k: list(v) for k, v in m.inputs.items()}
             yield {"name": m.name, "targets": [ir, weights], "clean": True,
-                   "actions": [(run_stage, ["tasks.stages:import_model", onnx_path(m),
-                                            {k: list(v) for k, v in m.inputs.items()},
-                                            ir, weights])],
-                   "file_dep": [onnx_path(m), *front_src],
+                   "actions": [cached("tasks.stages:import_model",
+                                      [onnx_path(m), shapes, ir, weights], deps, [ir, weights])],
+                   "file_dep": deps,
                    "uptodate": [options_changed({"inputs": {k: list(v) for k, v in
                                                              m.inputs.items()}}, "input")]}
 
@@ -192,18 +234,22 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
         for m, t in entries:
             a = artifacts(m, t)
             opts = t.to_dict()
+            deps = [*imported(m), *opt_src]
+            outs = [a["graph_json"], a["params"], a["kernels"]]
             yield {"name": f"{m.name}@{t.name}", "clean": True,
-                   "targets": [a["graph_json"], a["params"], a["kernels"]],
-                   "actions": [(run_stage, ["tasks.stages:optimize_model", *imported(m), opts,
-                                            cache_root, a["graph_json"], a["params"],
-                                            a["kernels"]])],
-                   "file_dep": [*imported(m), *opt_src],
-                   "uptodate": [options_changed(opts)]}
+                   "targets": outs,
+                   "actions": [cached("tasks.stages:optimize_model",
+                                      [*imported(m), opts, SPECS, *outs], deps, outs,
+                                      specs_of=a["kernels"])],
+                   "file_dep": deps,
+                   # The specs it wrote are outputs too (shared by entries, so not
+                   # doit targets): a missing one reruns it.
+                   "uptodate": [options_changed(opts), SpecsPresent(a["kernels"])]}
 
     @create_after(executed="optimize", target_regex=r".*\.o$")
     def task_kernel():
         """Compile each distinct kernel once, shared by every model and target."""
-        seen = set()
+        seen, tasks = set(), []
         for m, t in entries:
             manifest = Path(artifacts(m, t)["kernels"])
             if not manifest.exists():
@@ -212,12 +258,23 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
                 if k["hash"] in seen:
                     continue
                 seen.add(k["hash"])
-                base = path(cache_root, k["hash"])
-                yield {"name": k["hash"], "doc": k["symbol"],
-                       "targets": [f"{base}.o", f"{base}.ll", f"{base}.sha256"],
-                       "file_dep": [f"{base}.json"],
-                       "actions": [(run_stage, ["tasks.cache:compile_entry", cache_root,
-                                                k["hash"]])]}
+                entry = {s[1:]: path(cache_root, k["hash"] + s) for s in cache.SUFFIXES}
+                spec = path(SPECS, f"{k['hash']}.json")
+                # The spec is read from out/specs (declared), never from the cache
+                # folder, which may have moved or been emptied since optimize ran.
+                tasks.append({"name": k["hash"], "doc": k["symbol"],
+                       "targets": sorted(entry.values()),
+                       "file_dep": [spec],
+                       "actions": [cached("tasks.cache:compile_entry",
+                                          [cache_root, k["hash"], spec, settings.dask],
+                                          [spec], entry)]})
+        if settings.dask:  # the cluster starts on every kernel not cached yet
+            from pipeline.tasks.cluster import prefetch
+
+            prefetch(settings.dask, [Path(t["file_dep"][0]).read_text() for t in tasks
+                                     if not cache.is_valid(cache_root, t["name"])
+                                     and not _in_action_cache(t["actions"][0])])
+        yield from tasks
 
     # A corrupted cache entry is recompiled while linking (cache.compile_entry),
     # but what that compiles is named by the kernel's hash in kernels.json.
@@ -227,36 +284,42 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
         """Combine an entry's kernel objects into lib0.o."""
         for m, t in entries:
             a = artifacts(m, t)
+            deps = [a["kernels"], *lib0_src]
             # Objects are content-addressed by the hashes kernels.json lists, so
             # the manifest decides lib0.o; "kernel" orders us after compilation.
             yield {"name": f"{m.name}@{t.name}", "targets": [a["lib0"]], "clean": True,
                    "task_dep": ["kernel"],
-                   "file_dep": [a["kernels"], *lib0_src],
+                   "file_dep": deps,
                    "uptodate": [options_changed(toolchain[t.name], "toolchain")],
-                   "actions": [(run_stage, ["tasks.stages:link_lib0", a["kernels"], cache_root,
-                                            a["lib0"], t.cc])]}
+                   "actions": [cached("tasks.stages:link_lib0",
+                                      [a["kernels"], cache_root, a["lib0"], t.cc, SPECS],
+                                      deps, [a["lib0"]], toolchain[t.name])]}
 
     def task_devc():
         """Pack graph JSON, params and the kernel list into devc.o."""
         for m, t in entries:
             a = artifacts(m, t)
+            deps = [a["graph_json"], a["params"], a["kernels"],
+                    *code_of("tasks.stages:pack_devc")]
             yield {"name": f"{m.name}@{t.name}", "targets": [a["devc"]], "clean": True,
-                   "file_dep": [a["graph_json"], a["params"], a["kernels"],
-                                *code_of("tasks.stages:pack_devc")],
+                   "file_dep": deps,
                    "uptodate": [options_changed(packing[t.name], "packing")],
-                   "actions": [(run_stage, ["tasks.stages:pack_devc", a["graph_json"],
-                                            a["params"], a["kernels"], a["devc"],
-                                            packing[t.name]["pack"], t.cc])]}
+                   "actions": [cached("tasks.stages:pack_devc",
+                                      [a["graph_json"], a["params"], a["kernels"], a["devc"],
+                                       packing[t.name]["pack"], t.cc],
+                                      deps, [a["devc"]], packing[t.name])]}
 
     def task_export():
         """Link lib0.o and devc.o into the model's shared library."""
         for m, t in entries:
             a = artifacts(m, t)
+            deps = [a["lib0"], a["devc"], *code_of("tasks.stages:export_library")]
             yield {"name": f"{m.name}@{t.name}", "targets": [a["so"]], "clean": True,
-                   "file_dep": [a["lib0"], a["devc"], *code_of("tasks.stages:export_library")],
+                   "file_dep": deps,
                    "uptodate": [options_changed(toolchain[t.name], "toolchain")],
-                   "actions": [(run_stage, ["tasks.stages:export_library", a["lib0"],
-                                            a["devc"], a["so"], t.cc])]}
+                   "actions": [cached("tasks.stages:export_library",
+                                      [a["lib0"], a["devc"], a["so"], t.cc], deps, [a["so"]],
+                                      toolchain[t.name])]}
 
     def task_build():
         """Build every selected model x target (model=, target=, config= narrow it)."""
@@ -327,6 +390,34 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
                 "verbosity": 2}
 
     return {name: fn for name, fn in locals().items() if name.startswith("task_")}
+
+
+def _in_action_cache(action: tuple) -> bool:
+    """Whether the local tier holds the outputs of a cached() action."""
+    what, settings = action[2]["cached"]
+    return settings.actions and os.path.exists(path(settings.root, "ac", what.key()))
+
+
+class SpecsPresent:
+    """doit uptodate check: True while every spec kernels_json lists is in out/specs."""
+
+    def __init__(self, kernels_json: str):
+        self.kernels_json = kernels_json
+
+    def missing(self) -> list[str]:
+        try:
+            listed = json.loads(Path(self.kernels_json).read_text())["kernels"]
+        except (FileNotFoundError, ValueError, KeyError):
+            return []  # no manifest: the missing target reruns the task anyway
+        return [p for p in (path(SPECS, k["hash"] + ".json") for k in listed)
+                if not os.path.exists(p)]
+
+    def __call__(self, task, values) -> bool:
+        return not self.missing()
+
+    def describe(self) -> list[str]:
+        gone = self.missing()
+        return [f"missing output {gone[0]}" + (f" (+{len(gone) - 1} more)" if gone[1:] else "")]
 
 
 def collect_unused(config: BuildConfig, cache_root: str, max_age_days: float) -> None:

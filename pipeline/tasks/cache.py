@@ -3,7 +3,8 @@
 One entry per KernelSpec hash, in one folder shared by every model, target
 and matrix entry (and by several checkouts or doit processes when the folder
 is shared, e.g. in CI):
-    <hash>.json    the spec (written by optimize)
+    <hash>.json    the spec (a copy of out/specs/<hash>.json, which optimize writes and
+                   the kernel task declares as its input: the cache may move)
     <hash>.ll      LLVM IR, for reading
     <hash>.o       the object
     <hash>.sha256  the checksum of the entry's hash and its object, written last: it
@@ -14,7 +15,8 @@ or truncated entry, or a foreign one (another kernel's object and checksum
 copied under this hash: the hash is in the checksum), is rebuilt from its spec
 instead of linked. The location is
 `cache=DIR` on the doit command line, else $PIPELINE_KERNEL_CACHE, else
-out/kernels.
+out/kernels. The action cache (ac/, cas/: pipeline.tasks.action_cache) lives
+in the same folder.
 """
 
 from __future__ import annotations
@@ -62,23 +64,26 @@ def is_valid(root: str, kernel_hash: str) -> bool:
         return False
 
 
-def compile_entry(root: str, kernel_hash: str) -> dict:
-    """Compile the spec <hash>.json into the entry: {"compiled": False} if a valid
-    one was there already, {"compiled": True} otherwise, plus {"note": text} when
-    the compile needed a fallback (pipeline.codegen.compile.CompileWarning).
+def compile_entry(root: str, kernel_hash: str, spec_path: str | None = None,
+                  dask: str | None = None) -> dict:
+    """Compile the spec at spec_path (default: the entry's own <hash>.json) into the
+    entry: {"compiled": False} if a valid one was there already, {"compiled": True}
+    otherwise ({"compiled": "cluster"} when the Dask scheduler at `dask` ran it),
+    plus {"note": text} when the compile needed a fallback
+    (pipeline.codegen.compile.CompileWarning).
 
     Another process sharing the cache may have compiled it already; then the
     object is reused. Concurrent compiles of one spec write identical bytes.
     """
-    from pipeline.codegen.compile import CompileWarning
-    from pipeline.driver.build import compile_kernel
     from pipeline.lower.kernel import KernelSpec
 
+    spec_path = spec_path or entry_path(root, kernel_hash, ".json")
     if is_valid(root, kernel_hash):
+        _copy_spec(root, kernel_hash, spec_path)
         return {"compiled": False}
-    spec_path = entry_path(root, kernel_hash, ".json")
     try:
-        spec = KernelSpec.from_json(Path(spec_path).read_text())
+        spec_text = Path(spec_path).read_text()
+        spec = KernelSpec.from_json(spec_text)
     except FileNotFoundError:
         raise CacheError(f"{spec_path}: kernel spec missing from the cache (removed while "
                          "in use?); rerun the build to write it again") from None
@@ -88,21 +93,47 @@ def compile_entry(root: str, kernel_hash: str) -> dict:
     if spec.hash != kernel_hash:
         raise CacheError(f"{spec_path}: holds the spec of kernel {spec.hash}, not "
                          f"{kernel_hash}; delete it and rerun the build")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", CompileWarning)
-        text, obj = compile_kernel(spec)
+    if dask:
+        from pipeline.tasks.cluster import compile_remotely
+
+        text, obj, notes = compile_remotely(dask, spec_text)
+    else:
+        text, obj, notes = compile_spec(spec_text)
+    _copy_spec(root, kernel_hash, spec_path)
     atomic_write(entry_path(root, kernel_hash, ".ll"), text.encode())
     atomic_write(entry_path(root, kernel_hash, ".o"), obj)
     atomic_write(entry_path(root, kernel_hash, ".sha256"), checksum(kernel_hash, obj).encode())
-    notes = [str(w.message) for w in caught if issubclass(w.category, CompileWarning)]
-    return {"compiled": True, **({"note": "; ".join(notes)} if notes else {})}
+    return {"compiled": "cluster" if dask else True,
+            **({"note": "; ".join(notes)} if notes else {})}
 
 
-def object_for_link(root: str, kernel_hash: str) -> tuple[str, bool]:
+def compile_spec(spec_json: str) -> tuple[str, bytes, list[str]]:
+    """A pure function: a kernel spec (JSON text) -> (LLVM IR text, object bytes, the
+    compiler's fallback notes). What a cluster worker runs (pipeline.tasks.cluster)."""
+    from pipeline.codegen.compile import CompileWarning
+    from pipeline.driver.build import compile_kernel
+    from pipeline.lower.kernel import KernelSpec
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CompileWarning)
+        text, obj = compile_kernel(KernelSpec.from_json(spec_json))
+    return text, obj, [str(w.message) for w in caught if issubclass(w.category, CompileWarning)]
+
+
+def _copy_spec(root: str, kernel_hash: str, spec_path: str) -> None:
+    """Keep the spec with its entry (a corrupted object is recompiled from it)."""
+    dst = entry_path(root, kernel_hash, ".json")
+    if os.path.abspath(dst) != os.path.abspath(spec_path) and not os.path.exists(dst):
+        atomic_write(dst, Path(spec_path).read_bytes())
+
+
+def object_for_link(root: str, kernel_hash: str,
+                    spec_path: str | None = None) -> tuple[str, bool]:
     """(path of a valid object for `kernel_hash`, whether it had to be compiled now):
     a corrupted, truncated, foreign or missing entry is recompiled. Its time stamp
     is refreshed so garbage collection sees the use."""
-    compiled = not is_valid(root, kernel_hash) and compile_entry(root, kernel_hash)["compiled"]
+    compiled = (not is_valid(root, kernel_hash)
+                and bool(compile_entry(root, kernel_hash, spec_path)["compiled"]))
     path = entry_path(root, kernel_hash, ".o")
     os.utime(path)
     return path, compiled

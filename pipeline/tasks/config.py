@@ -16,6 +16,7 @@
         run: "qemu-aarch64 -L /usr/aarch64-linux-gnu"   # runs target programs
         pack: elf                          # devc.o by our ELF writer, or c (compiled)
     validate: {reference: onnx, rtol: 1.0e-4, atol: 1.0e-4, seed: 0}
+    cache: {url: "http://cache:8080/pipeline", upload: true, timeout: 10}   # remote tier
 
 Every mistake stops the load with one ConfigError naming the file, the key
 path and what is allowed.
@@ -107,6 +108,7 @@ class BuildConfig:
     models: dict[str, ModelEntry]
     targets: dict[str, TargetEntry]
     validate: ValidateOptions
+    cache: dict = field(default_factory=dict)   # the remote tier: url, upload, timeout
 
     def select(self, models: str | None, targets: str | None):
         """(model entries, target entries) named by comma lists; None means all."""
@@ -140,8 +142,8 @@ def load_config(path: str | Path) -> BuildConfig:
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not valid YAML: not UTF-8 text") from None
     where = _Where(path)
-    doc = where.mapping(doc, "", {"models", "targets", "validate"}, required={"models",
-                                                                            "targets"})
+    doc = where.mapping(doc, "", {"models", "targets", "validate", "cache"},
+                        required={"models", "targets"})
     validate = _validate_options(where, doc.get("validate") or {}, "validate",
                                  ValidateOptions())
     models = {name: _model(where, name, spec, validate)
@@ -150,7 +152,21 @@ def load_config(path: str | Path) -> BuildConfig:
                for name, spec in where.mapping(doc["targets"], "targets").items()}
     if not models or not targets:
         raise ConfigError(f"{path}: 'models' and 'targets' must each list at least one entry")
-    return BuildConfig(path, models, targets, validate)
+    return BuildConfig(path, models, targets, validate, _cache(where, doc.get("cache") or {}))
+
+
+def _cache(where: _Where, doc) -> dict:
+    """The `cache:` section: {url: str, upload: bool, timeout: seconds}."""
+    doc = where.mapping(doc, "cache", {"url", "upload", "timeout"})
+    if "url" in doc and not str(where.typed(doc["url"], "cache.url", str, "a string")
+                                ).startswith(("http://", "https://")):
+        where.fail("cache.url", f"must be an http:// or https:// URL, got {doc['url']!r}")
+    if "upload" in doc:
+        where.typed(doc["upload"], "cache.upload", bool, "true or false")
+    if "timeout" in doc and (where.typed(doc["timeout"], "cache.timeout", (int, float),
+                                         "a number of seconds") <= 0):
+        where.fail("cache.timeout", "must be positive")
+    return dict(doc)
 
 
 # Aliases are fine (a target reusing another's settings), but every alias is a

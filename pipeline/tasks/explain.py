@@ -93,6 +93,8 @@ def reasons(task) -> list[str]:
             return ["runs whenever asked"]
         if isinstance(check, options_changed) and check.config_digest != check.previous:
             out += check.describe()
+        elif hasattr(check, "missing") and check.missing():  # e.g. kernel specs
+            out += check.describe()
     missing = [t for t in task.targets if not os.path.exists(t)]
     if out and out[0].startswith("first build"):
         return out[:1]

@@ -9,7 +9,11 @@ process, so this one object sees the whole build. It
     place, otherwise (CI, pipes) one quiet line per task run;
   - records, per task run, why it ran (pipeline.tasks.explain), when it started
     (seconds into the build) and how long it took;
-  - ends with one line per model@target: kernels compiled and reused, time;
+  - records how each task got its outputs: "computed", "computed on the cluster"
+    or "restored from cache (local|remote)" (the action cache), and prints each
+    distinct cache warning once (a remote tier that is down);
+  - ends with one line per model@target: kernels compiled and reused, time, and
+    one line counting the tasks by how they got their outputs;
   - writes all of it to out/build-report.json, which `doit explain` prints and
     tests read to know exactly which tasks executed.
 Failures are reported exactly as doit's console reporter does.
@@ -53,6 +57,7 @@ class BuildReporter(ConsoleReporter):
         self.record = True
         self.optimize_tasks: list[str] = []
         self.recompiled: dict[str, list[str]] = {}  # lib0 task -> cache entries it rebuilt
+        self.warned: list[str] = []
         self.t0 = time.monotonic()
 
     # -- doit's reporter interface --
@@ -80,8 +85,17 @@ class BuildReporter(ConsoleReporter):
             return
         if task.values.get("recompiled"):
             self.recompiled[task.name] = task.values["recompiled"]
-        # A kernel task whose object another process put in the shared cache.
-        self._finish(task, "reused" if task.values.get("compiled") is False else "ok")
+        for warning in task.values.get("warnings", ()):
+            if warning not in self.warned:
+                self.warned.append(warning)
+                self.write(warning + "\n")
+        if task.values.get("cache"):
+            self._finish(task, "restored", f"restored from cache ({task.values['cache']})")
+        elif task.values.get("compiled") == "cluster":
+            self._finish(task, "ok", "computed on the cluster")
+        else:
+            # A kernel task whose object another process put in the shared cache.
+            self._finish(task, "reused" if task.values.get("compiled") is False else "ok")
 
     def add_failure(self, task, fail):
         if task.name in self.started:
@@ -107,6 +121,7 @@ class BuildReporter(ConsoleReporter):
         if self.record:
             atomic_write(REPORT, json.dumps(
                 {"executed": self.ran, "failed": self.failed, "entries": summary["entries"],
+                 "how": summary["how"], "warnings": self.warned,
                  "wall_s": round(time.monotonic() - self.t0, 3)}, indent=1).encode())
         super().complete_run()
 
@@ -130,12 +145,12 @@ class BuildReporter(ConsoleReporter):
             self.pending.discard(task.name)
             self.done += 1
 
-    def _finish(self, task, status: str):
+    def _finish(self, task, status: str, how: str = "computed"):
         seconds = time.monotonic() - self.started[task.name]
         self._count(task)
         for item in reversed(self.ran):
             if item["task"] == task.name:
-                item.update(status=status, seconds=round(seconds, 3),
+                item.update(status=status, how=how, seconds=round(seconds, 3),
                             start=round(self.started[task.name] - self.t0, 3))
                 why = "; ".join(item["why"][:2]) + (" ..." if len(item["why"]) > 2 else "")
                 if task.values.get("note"):  # e.g. a kernel compiled by a fallback
@@ -144,7 +159,8 @@ class BuildReporter(ConsoleReporter):
         if self.live:
             self._live(f"{self._progress()} {self._title(task)} {seconds:.1f} s")
         else:
-            self.write(f"{self._progress()} {self._title(task)} {status} {seconds:.2f} s"
+            shown = status if how == "computed" else how
+            self.write(f"{self._progress()} {self._title(task)} {shown} {seconds:.2f} s"
                        f"  ({why})\n")
         if task.values.get("note"):
             self.write(f"  note: {task.values['note']}\n")
@@ -188,7 +204,23 @@ class BuildReporter(ConsoleReporter):
             lines.append(f"{entry}: {len(hashes)} kernels ({len(compiled)} compiled, "
                          f"{len(hashes) - len(compiled)} reused), "
                          f"{own + kernel_s:.1f} s of work")
-        return {"entries": entries, "lines": lines}
+        how = count_how(self.ran)
+        if how:
+            lines.append(how_line(how))
+        return {"entries": entries, "lines": lines, "how": how}
+
+
+def count_how(ran: list[dict]) -> dict[str, int]:
+    """Tasks run, counted by how they got their outputs ("computed", ...)."""
+    how: dict[str, int] = {}
+    for item in ran:
+        if item.get("status") in ("ok", "restored", "reused"):
+            how[item["how"]] = how.get(item["how"], 0) + 1
+    return dict(sorted(how.items()))
+
+
+def how_line(how: dict[str, int]) -> str:
+    return "tasks: " + ", ".join(f"{n} {what}" for what, n in how.items())
 
 
 def print_report(path: str = REPORT, stream=sys.stdout) -> None:
@@ -200,11 +232,15 @@ def print_report(path: str = REPORT, stream=sys.stdout) -> None:
     if not report["executed"]:
         stream.write("The last build ran no task: everything was up to date.\n")
     for item in report["executed"]:
-        stream.write(f"{item['task']}  [{item.get('status', '?')}, "
+        stream.write(f"{item['task']}  [{item.get('how', item.get('status', '?'))}, "
                      f"{item.get('seconds', 0):.2f} s]\n")
         for why in item["why"]:
             stream.write(f"    because {why}\n")
     for entry, s in report["entries"].items():
         stream.write(f"{entry}: {s['kernels']} kernels ({s['compiled']} compiled, "
                      f"{s['reused']} reused), {s['seconds']:.1f} s of work\n")
+    if report.get("how"):
+        stream.write(how_line(report["how"]) + "\n")
+    for warning in report.get("warnings", ()):
+        stream.write(warning + "\n")
     stream.write(f"wall time {report['wall_s']:.1f} s\n")

@@ -40,7 +40,7 @@ def import_model(onnx_path: str, shapes: dict, graph_path: str, weights_path: st
     atomic_write(weights_path, param_chunks(params))
 
 
-def optimize_model(graph_path: str, weights_path: str, target: dict, kernel_dir: str,
+def optimize_model(graph_path: str, weights_path: str, target: dict, spec_dir: str,
                    graph_json_path: str, params_path: str, kernels_path: str) -> None:
     """Graph IR -> optimised graph JSON, params, and one spec file per kernel.
 
@@ -56,9 +56,9 @@ def optimize_model(graph_path: str, weights_path: str, target: dict, kernel_dir:
         lowered = lower_graph(graph, params, parse_target(target["target"]),
                               target["opt_level"])
     specs = unique_specs(lowered.specs.values())
-    Path(kernel_dir).mkdir(parents=True, exist_ok=True)
+    Path(spec_dir).mkdir(parents=True, exist_ok=True)
     for spec in specs:
-        spec_path = Path(kernel_dir, f"{spec.hash}.json")
+        spec_path = Path(spec_dir, f"{spec.hash}.json")
         if not spec_path.exists():  # content-addressed: an existing file is this spec
             atomic_write(spec_path, spec.to_json().encode())
     manifest = {
@@ -72,17 +72,19 @@ def optimize_model(graph_path: str, weights_path: str, target: dict, kernel_dir:
     atomic_write(params_path, param_chunks(lowered.params))
 
 
-def link_lib0(kernels_path: str, cache: str, lib0_path: str, cc: str | None = None) -> dict:
+def link_lib0(kernels_path: str, cache: str, lib0_path: str, cc: str | None = None,
+              specs: str = "out/specs") -> dict:
     """All of a model's kernel objects -> one relocatable lib0.o (`cc -r`, cc the
     target's compiler, None for the host's), in the manifest's order (symbol
     order, as export_library links them).
 
     Objects come from the kernel cache, checked against their checksums; a
-    corrupted or missing entry is recompiled from its spec, never linked.
+    corrupted or missing entry is recompiled from its spec in `specs`, never linked.
     Returns {"recompiled": [hash, ...]}, which the build report counts as compiled.
     """
     manifest = json.loads(Path(kernels_path).read_text())
-    found = [object_for_link(cache, k["hash"]) for k in manifest["kernels"]]
+    found = [object_for_link(cache, k["hash"], f"{specs}/{k['hash']}.json")
+             for k in manifest["kernels"]]
     link_relocatable(lib0_path, [obj for obj, _ in found], cc)
     return {"recompiled": [k["hash"] for k, (_, compiled) in zip(manifest["kernels"], found,
                                                                    strict=True) if compiled]}

@@ -1,0 +1,71 @@
+"""Kernel compiles on a real Dask cluster (issue 15, point 4): `dask scheduler` and
+two `dask worker` processes on 127.0.0.1, started by the test."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+from servers import dask_cluster
+from test_doit_flow import REPO, doit, tiny_convnet
+from test_incremental import artifact_bytes, matrix
+
+
+def checkout(folder: Path) -> Path:
+    tiny_convnet(folder / "nets" / "tiny.onnx")
+    matrix(folder, "tiny: {path: nets/tiny.onnx}\n")
+    return folder
+
+
+def how(folder: Path) -> dict[str, str]:
+    report = json.loads((folder / "out" / "build-report.json").read_text())
+    return {i["task"]: i["how"] for i in report["executed"]}
+
+
+def test_cluster_build_is_byte_identical_to_local(tmp_path: Path):
+    local = checkout(tmp_path / "local")
+    code, _, out = doit(local, "build", "config=matrix.yaml")
+    assert code == 0, out[-3000:]
+    remote = checkout(tmp_path / "remote")
+    with dask_cluster(tmp_path, REPO) as (address, _):
+        code, executed, out = doit(remote, "build", "config=matrix.yaml", f"dask={address}")
+    assert code == 0, out[-3000:]
+    kernels = {t: h for t, h in how(remote).items() if t.startswith("kernel:")}
+    assert kernels and set(kernels.values()) == {"computed on the cluster"}, kernels
+    assert "computed on the cluster" in out
+    assert artifact_bytes(remote) == artifact_bytes(local)
+    code, _, out = doit(remote, "validate", "config=matrix.yaml")
+    assert code == 0, out[-3000:]
+
+
+def test_killing_a_worker_mid_build_ends_correct_or_one_error(tmp_path: Path):
+    local = checkout(tmp_path / "local")
+    assert doit(local, "build", "config=matrix.yaml", "actions=0")[0] == 0
+    slow = tmp_path / "slow"  # each compile takes a second on the workers
+    slow.mkdir()
+    (slow / "sitecustomize.py").write_text(textwrap.dedent("""
+        import time
+        import pipeline.tasks.cache as cache
+        _compile = cache.compile_spec
+        def compile_spec(spec):
+            time.sleep(1.0)
+            return _compile(spec)
+        cache.compile_spec = compile_spec
+        """))
+    folder = checkout(tmp_path / "w")
+    with dask_cluster(tmp_path, REPO, worker_path=str(slow)) as (address, workers):
+        killer = threading.Timer(2.0, workers[0].kill)  # while kernels are compiling
+        killer.start()
+        start = time.monotonic()
+        code, _, out = doit(folder, "build", "config=matrix.yaml", f"dask={address}")
+        killer.join()
+    assert time.monotonic() - start > 2.0  # the kill happened during the build
+    assert not list((folder / "out").rglob("*.tmp")), "a half-written file was left"
+    if code == 0:
+        assert artifact_bytes(folder) == artifact_bytes(local)
+    else:
+        lines = [ln for ln in out.splitlines() if "compile on the cluster" in ln]
+        assert len(lines) == 1 and "Traceback" not in out, out[-3000:]
