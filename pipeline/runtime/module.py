@@ -1,8 +1,9 @@
 """Load an exported library (.so, or .tar of objects) and hand out its graph executor.
 
-The library carries everything in itself: kernels as exported functions and
-the graph JSON + params in the blob symbol (format: pipeline/link/blob.py). The blob is
-verified (magic, version, length, sha256) before anything in it is used.
+The library carries everything in itself: kernels as exported functions, the
+graph JSON, executor plan and params in the blob symbol (format:
+pipeline/link/blob.py) and the C graph executor that runs them (its pl_* API).
+The blob is verified (magic, version, length, sha256) before anything in it is used.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 from pipeline.link.blob import BLOB_PREFIX_SIZE, BLOB_SYMBOL
 from pipeline.link.cc import create_shared
 from pipeline.runtime.blob import Blob, BlobError, read_blob_header_length, unpack_blob
-from pipeline.runtime.graph_executor import GraphExecutor
+from pipeline.runtime.graph_executor import GraphExecutor, bind_api
 from pipeline.runtime.params import load_params
 from pipeline.runtime.threads import limit_idle_spin
 
@@ -45,6 +46,11 @@ class Module:
         self.path = path
         self.lib = lib
         self.blob = blob
+        try:
+            self._api = bind_api(lib)
+        except AttributeError:
+            raise BlobError(f"{path}: the library carries no graph executor (pl_create); "
+                            "export it again with this version of pipeline") from None
         self._keep = list(keep)  # temp dirs that must outlive the dlopen'ed file
         self._params: dict[str, np.ndarray] | None = None
 
@@ -89,9 +95,10 @@ class Module:
 
     def _factory(self, device: Any = None) -> GraphExecutor:
         _check_device(device)
-        # Each executor gets its own copy of the params, so two executors
-        # from one library never see each other's load_params/set_input.
-        return GraphExecutor(self.graph_json, self.get_function, self.params, owner=self)
+        # Each executor gets its own copy of the params (the C executor copies
+        # them from the blob), so two executors from one library never see each
+        # other's load_params/set_input.
+        return GraphExecutor(self._api, self.graph_json, owner=self)
 
     def __repr__(self) -> str:
         return f"Module({self.path!r}, {len(self.kernels)} kernels, target={self.target!r})"
@@ -171,12 +178,11 @@ def _load_so(so_path: str, source: str, keep: Sequence[Any] = ()) -> Module:
     except OSError as err:
         raise OSError(f"cannot load {source}: {err}") from None
     blob = unpack_blob(_read_blob(lib, so_path, source), source)
-    module = Module(source, lib, blob, keep)
     missing = [k for k in blob.kernels if not _has_symbol(lib, k)]
     if missing:
         raise BlobError(f"{source}: kernel symbols listed in the blob are missing from the "
                         f"library: {missing[:5]}")
-    return module
+    return Module(source, lib, blob, keep)
 
 
 def _has_symbol(lib: ctypes.CDLL, name: str) -> bool:
