@@ -27,8 +27,9 @@ C_SOURCES = (C_DIR / "pipeline_runtime.h", C_DIR / "executor.c", C_DIR / "pipeli
 # -fvisibility=hidden: only the pl_* API (marked default) is exported from the
 # library; the executor's helpers stay out of its dynamic symbol table.
 _CFLAGS = ("-std=c11", "-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra")
-# The kernel cache's location (pipeline/tasks/cache.py): the API keeps executor.o there.
-_CACHE_ENV, _CACHE_DEFAULT = "PIPELINE_KERNEL_CACHE", os.path.join("out", "kernels")
+# The kernel cache's variable (pipeline/tasks/cache.py): when set, the API keeps
+# executor.o there; else in the user's cache folder (never in the working directory).
+_CACHE_ENV = "PIPELINE_KERNEL_CACHE"
 
 
 @functools.lru_cache(maxsize=8)
@@ -66,12 +67,13 @@ def build_pipeline_run(output: str | os.PathLike, cc: str | None = None) -> None
 
 def executor_object(cc: str | None = None, cache: str | os.PathLike | None = None) -> Path:
     """executor.o for `cc`, compiled once: `<cache>/runtime/<key>/executor.o`, the key
-    a hash of the C sources and cc_identity(cc). cache: the kernel cache folder
-    (default $PIPELINE_KERNEL_CACHE, else out/kernels)."""
+    a hash of the C sources and cc_identity(cc). cache: default
+    $PIPELINE_KERNEL_CACHE, else $XDG_CACHE_HOME/pipeline (~/.cache/pipeline)."""
     key = hashlib.sha256(cc_identity(cc).encode())
     for src in C_SOURCES[:2]:
         key.update(src.read_bytes())
-    root = Path(cache or os.environ.get(_CACHE_ENV) or _CACHE_DEFAULT)
+    root = Path(cache or os.environ.get(_CACHE_ENV) or Path(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "pipeline"))
     obj = root / "runtime" / key.hexdigest()[:20] / "executor.o"
     if not obj.exists():
         compile_executor(obj, cc)

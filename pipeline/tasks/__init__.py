@@ -12,7 +12,9 @@ Task names (model m, target entry t):
                  the cache is shared by all entries, see pipeline/tasks/cache.py)
   lib0:m@t       the entry's kernel objects -> lib0.o (ld -r)
   devc:m@t       graph JSON + params -> devc.o (the packed blob)
-  export:m@t     lib0.o + devc.o -> m.so
+  runtime:t      the C executor and pipeline-run for target t -> out/runtime/t/executor.o,
+                 pipeline-run (compiled once per target, sources pipeline/runtime/c/)
+  export:m@t     lib0.o + devc.o + executor.o -> m.so
   validate:m@t   run m.so against the reference -> validation.json
   explain        print why each task of the last build ran (out/build-report.json)
   gc             remove cache entries no entry of the matrix uses
@@ -92,6 +94,12 @@ def imported(m: ModelEntry) -> tuple[str, str]:
     """The import stage's outputs: graph IR JSON and weights."""
     return (path(OUT, m.name, f"{m.name}.ir.json"),
             path(OUT, m.name, f"{m.name}.weights.params"))
+
+
+def runtime_artifacts(t: TargetEntry) -> dict[str, str]:
+    """The runtime task's outputs for target t."""
+    d = path(OUT, "runtime", t.name)
+    return {"executor": path(d, "executor.o"), "run": path(d, "pipeline-run")}
 
 
 def artifacts(m: ModelEntry, t: TargetEntry) -> dict[str, str]:
@@ -188,21 +196,34 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             a = artifacts(m, t)
             yield {"name": f"{m.name}@{t.name}", "targets": [a["devc"]], "clean": True,
                    "file_dep": [a["graph_json"], a["params"], a["kernels"],
-                                *_sources("link/blob.py", "link/elf.py", "link/export.py",
-                                          "link/files.py")],
+                                *_sources("link/blob.py", "link/plan.py", "link/elf.py",
+                                          "link/export.py", "link/files.py")],
                    "actions": [(run_stage, ["tasks.stages:pack_devc", a["graph_json"],
                                             a["params"], a["kernels"], a["devc"]])]}
 
+    def task_runtime():
+        """Compile the C executor (linked into every library) and pipeline-run, per target."""
+        from pipeline.link.runtime_c import C_SOURCES, cc_identity
+
+        for t in targets:
+            r = runtime_artifacts(t)
+            yield {"name": t.name, "targets": [r["executor"], r["run"]], "clean": True,
+                   "file_dep": [*(os.path.relpath(p) for p in C_SOURCES),
+                                *_sources("link/runtime_c.py", "link/cc.py", "link/files.py")],
+                   "uptodate": [options_changed({"cc": cc_identity()}, "toolchain")],
+                   "actions": [(run_stage, ["tasks.stages:build_runtime", r["executor"],
+                                            r["run"]])]}
+
     def task_export():
-        """Link lib0.o and devc.o into the model's shared library."""
+        """Link lib0.o, devc.o and the target's executor.o into the model's shared library."""
         for m, t in entries:
-            a = artifacts(m, t)
+            a, r = artifacts(m, t), runtime_artifacts(t)
             yield {"name": f"{m.name}@{t.name}", "targets": [a["so"]], "clean": True,
-                   "file_dep": [a["lib0"], a["devc"],
+                   "file_dep": [a["lib0"], a["devc"], r["executor"],
                                 *_sources("link/cc.py", "link/files.py", "link/export.py",
                                           "link/blob.py")],
                    "actions": [(run_stage, ["tasks.stages:export_library", a["lib0"],
-                                            a["devc"], a["so"]])]}
+                                            a["devc"], r["executor"], a["so"]])]}
 
     def task_build():
         """Build every selected model x target (model=, target=, config= narrow it)."""

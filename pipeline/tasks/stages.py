@@ -17,7 +17,7 @@ from pipeline.driver.factory import unique_specs
 from pipeline.frontend import from_onnx
 from pipeline.ir.graph import Graph
 from pipeline.ir.target import parse_target
-from pipeline.link import cc, export
+from pipeline.link import cc, export, runtime_c
 from pipeline.link.files import atomic_write
 from pipeline.runtime.params import load_params, param_chunks
 from pipeline.tasks.cache import object_for_link
@@ -94,6 +94,13 @@ def pack_devc(graph_json_path: str, params_path: str, kernels_path: str,
                          parse_target(target).triple, devc_path)
 
 
-def export_library(lib0_path: str, devc_path: str, out_path: str) -> None:
-    """lib0.o + devc.o -> the deliverable shared library (or .tar)."""
-    export.link_library(lib0_path, devc_path, out_path)
+def build_runtime(executor_path: str, run_path: str) -> None:
+    """The target's C runtime: executor.o (linked into every library) and the
+    pipeline-run program."""
+    runtime_c.compile_executor(executor_path)
+    runtime_c.build_pipeline_run(run_path)
+
+
+def export_library(lib0_path: str, devc_path: str, executor_path: str, out_path: str) -> None:
+    """lib0.o + devc.o + executor.o -> the deliverable shared library (or .tar)."""
+    export.link_library(lib0_path, devc_path, out_path, executor=executor_path)
