@@ -13,6 +13,7 @@
 #include "pipeline_runtime.h"
 
 #include <dlfcn.h>
+#include <link.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,7 +50,44 @@ static void *sym(void *lib, const char *path, const char *name) {
     return p;
 }
 
+#if defined(__x86_64__)
+#define MACHINE EM_X86_64
+#elif defined(__aarch64__)
+#define MACHINE EM_AARCH64
+#elif defined(__riscv)
+#define MACHINE EM_RISCV
+#endif
+
+/* dlopen trusts the file: a truncated library is mapped past its end and the
+ * first touch of a missing page kills us with SIGBUS. So check first that it is
+ * an ELF file of our class and machine whose loadable segments are all there. */
+static void check_elf(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) die("cannot load %s: cannot open it", path);
+    ElfW(Ehdr) eh;
+    if (fread(&eh, sizeof eh, 1, f) != 1 || memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0)
+        die("cannot load %s: not an ELF shared library", path);
+#ifdef MACHINE
+    if (eh.e_ident[EI_CLASS] != ELFCLASS64 - (sizeof(void *) == 4) || eh.e_machine != MACHINE)
+        die("cannot load %s: built for ELF machine %d, this program runs on machine %d",
+            path, (int)eh.e_machine, MACHINE);
+#endif
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    for (unsigned i = 0; i < eh.e_phnum; i++) {
+        ElfW(Phdr) ph;
+        if (fseek(f, (long)(eh.e_phoff + (uint64_t)i * sizeof ph), SEEK_SET) ||
+            fread(&ph, sizeof ph, 1, f) != 1)
+            die("cannot load %s: truncated (program headers missing)", path);
+        if (ph.p_type == PT_LOAD && ph.p_offset + ph.p_filesz > (uint64_t)size)
+            die("cannot load %s: truncated (%ld bytes, a segment ends at %llu)", path, size,
+                (unsigned long long)(ph.p_offset + ph.p_filesz));
+    }
+    fclose(f);
+}
+
 static void load_api(const char *path) {
+    check_elf(path);
     /* Let libgomp's idle threads sleep soon after a run, as the Python loader
      * does (pipeline/runtime/threads.py); read when libgomp loads. */
     setenv("GOMP_SPINCOUNT", "10000", 0);
@@ -98,6 +136,12 @@ static const char *field(const char *header, const char *key) {
     return p;
 }
 
+/* How many characters of p to print: up to and including `end` (at most 40). */
+static int until(const char *p, int from, char end) {
+    const char *e = p ? strchr(p + from, end) : NULL;
+    return e && e - p < 40 ? (int)(e - p) + 1 : 40;
+}
+
 /* Read FILE.npy into input `index`: the header must give exactly its dtype, C
  * order and shape (compared as numpy writes them, spaces ignored). */
 static void read_npy(pl_executor *h, int index, const char *name, const char *path) {
@@ -130,13 +174,13 @@ static void read_npy(pl_executor *h, int index, const char *name, const char *pa
     shape_squeezed[k] = 0;
     snprintf(want, sizeof want, "'%s'", descr_of(t.dtype));
     if (!descr || strncmp(descr, want, strlen(want)) != 0)
-        die("input '%s': %s has dtype %.12s, expected %s %s", name, path,
-            descr ? descr : "?", t.dtype, want);
+        die("input '%s': %s has dtype %.*s, expected %s %s", name, path,
+            until(descr, 1, '\''), descr ? descr : "?", t.dtype, want);
     if (!order || strncmp(order, "False", 5) != 0)
         die("input '%s': %s is in Fortran order; save it in C order", name, path);
     if (!dims || strncmp(dims, shape_squeezed, strlen(shape_squeezed)) != 0)
-        die("input '%s': %s has shape %.40s, expected %s", name, path, dims ? dims : "?",
-            shape);
+        die("input '%s': %s has shape %.*s, expected %s", name, path, until(dims, 0, ')'),
+            dims ? dims : "?", shape);
     void *data = malloc(t.nbytes ? t.nbytes : 1);
     if (!data || fread(data, 1, t.nbytes, f) != t.nbytes || fgetc(f) != EOF)
         die("input '%s': %s does not hold exactly %zu bytes of data", name, path, t.nbytes);
