@@ -373,6 +373,13 @@ def test_library_without_blob_or_kernels(objs, tmp_path):
         load_module(tmp_path / "nok.so")
 
 
+def test_truncated_library_is_an_error_not_a_crash(so_path, tmp_path):
+    cut = tmp_path / "cut.so"
+    cut.write_bytes(so_path.read_bytes()[:5000])  # headers intact, segments missing
+    with pytest.raises(OSError, match=r"cut\.so: truncated \(5000 bytes, a segment ends at"):
+        load_module(cut)
+
+
 def test_load_module_path_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="gone.so"):
         load_module(tmp_path / "gone.so")

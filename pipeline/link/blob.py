@@ -39,9 +39,9 @@ from pipeline.link.files import atomic_write
 from pipeline.link.plan import encode_plan
 
 __all__ = [
-    "BLOB_DIGEST_SIZE", "BLOB_FIXED", "BLOB_MAGIC", "BLOB_PREFIX_SIZE", "BLOB_SYMBOL",
-    "BLOB_SECTIONS", "BLOB_TABLE", "BLOB_VERSION", "BlobError", "blob_chunks", "devc_checksum", "emit_blob_object",
-    "pack_blob", "read_blob_header_length", "write_devc",
+    "BLOB_DIGEST_SIZE", "BLOB_FIXED", "BLOB_MAGIC", "BLOB_PREFIX_SIZE", "BLOB_SECTIONS",
+    "BLOB_SYMBOL", "BLOB_TABLE", "BLOB_VERSION", "BlobError", "blob_chunks", "devc_checksum",
+    "emit_blob_object", "pack_blob", "read_blob_header_length", "write_devc",
 ]
 
 BLOB_SYMBOL = "__pipeline_dev_mblob"

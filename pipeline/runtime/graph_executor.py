@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np

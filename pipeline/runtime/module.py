@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import struct
 import tarfile
 import tempfile
 from collections.abc import Callable, Sequence
@@ -172,6 +173,7 @@ def _load_so(so_path: str, source: str, keep: Sequence[Any] = ()) -> Module:
         keep.append(alias_dir)
         open_path = os.path.join(alias_dir.name, os.path.basename(so_path))
         os.symlink(so_path, open_path)
+    _check_segments(so_path, source)
     limit_idle_spin()  # before the library pulls in libgomp (see runtime/threads.py)
     try:
         lib = ctypes.CDLL(open_path, mode=os.RTLD_LOCAL | os.RTLD_NOW)
@@ -183,6 +185,30 @@ def _load_so(so_path: str, source: str, keep: Sequence[Any] = ()) -> Module:
         raise BlobError(f"{source}: kernel symbols listed in the blob are missing from the "
                         f"library: {missing[:5]}")
     return Module(source, lib, blob, keep)
+
+
+def _check_segments(so_path: str, source: str) -> None:
+    """OSError if a 64-bit little-endian ELF file is shorter than its loadable
+    segments: dlopen would map it past its end, and the first touch of a missing
+    page kills the process (SIGBUS). Other files are left to dlopen's own checks."""
+    with open(so_path, "rb") as f:
+        head = f.read(64)
+        if len(head) < 64 or head[:6] != b"\x7fELF\x02\x01":
+            return
+        phoff, = struct.unpack_from("<Q", head, 32)
+        phentsize, phnum = struct.unpack_from("<HH", head, 54)
+        f.seek(phoff)
+        table = f.read(phentsize * phnum)
+    size = os.path.getsize(so_path)
+    if len(table) < phentsize * phnum:
+        raise OSError(f"cannot load {source}: truncated (program headers missing)")
+    for k in range(phnum):
+        p_type, = struct.unpack_from("<I", table, k * phentsize)
+        offset, = struct.unpack_from("<Q", table, k * phentsize + 8)
+        filesz, = struct.unpack_from("<Q", table, k * phentsize + 32)
+        if p_type == 1 and offset + filesz > size:  # PT_LOAD
+            raise OSError(f"cannot load {source}: truncated ({size} bytes, a segment ends at "
+                          f"{offset + filesz}); copy or export it again")
 
 
 def _has_symbol(lib: ctypes.CDLL, name: str) -> bool:

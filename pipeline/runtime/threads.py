@@ -1,8 +1,8 @@
 """Thread count of the parallel kernels (they run their outer loop with libgomp).
 
 A library whose kernels call GOMP_parallel is linked against libgomp; its C
-executor calls `omp_set_num_threads` before every run with the executor's count. The default is $PIPELINE_NUM_THREADS, else every core
-this process may run on.
+executor calls `omp_set_num_threads` before every run with the executor's count.
+The default is $PIPELINE_NUM_THREADS, else every core this process may run on.
 
 Between parallel kernels libgomp's idle threads spin before they sleep; by default
 for ~300000 pause instructions (tens of milliseconds), which on a machine shared
