@@ -517,7 +517,7 @@ static void apply_threads(const pl_executor *h) {
 
 static int run_node(pl_executor *h, const struct node *n) {
     if (n->is_copy) {
-        memcpy(n->args[1], n->args[0], h->entries[n->eids[1]].nbytes);
+        memmove(n->args[1], n->args[0], h->entries[n->eids[1]].nbytes); /* may alias */
         return 0;
     }
     int32_t rc = n->fn(n->args);
