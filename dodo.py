@@ -5,6 +5,7 @@ target=NAME[,NAME], cache=DIR (the kernel cache; default $PIPELINE_KERNEL_CACHE
 or out/kernels). The tasks themselves are described in pipeline/tasks/__init__.py.
 """
 
+import fcntl
 import os
 import sys
 
@@ -15,6 +16,18 @@ from pipeline.tasks.checker import BuildChecker
 from pipeline.tasks.reporter import BuildReporter
 
 os.makedirs("out", exist_ok=True)
+
+# One doit process per out/ at a time: doit keeps its database in memory and
+# writes it when the run ends, so two runs at once would each overwrite the
+# other's record. The lock is held until this process exits; `doit -n` workers
+# are forked from it and share it. A kernel cache shared by several out/
+# folders needs no lock (see pipeline/tasks/cache.py).
+_lock = open(os.path.join("out", ".lock"), "a")
+try:
+    fcntl.flock(_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+except BlockingIOError:
+    sys.exit(f"error: a build is already running in {os.path.abspath('out')} "
+             "(out/.lock is held); wait for it to finish")
 
 DOIT_CONFIG = {
     # Fixed from day one: changing backend, dep file or checker rebuilds everything.
@@ -27,10 +40,14 @@ DOIT_CONFIG = {
 }
 
 try:
+    from pipeline.link.files import remove_stale_temporaries
     from pipeline.tasks import make_tasks
+    from pipeline.tasks.cache import cache_dir
     from pipeline.tasks.config import load_config
 
     _config = load_config(get_var("config", "configs/default.yaml"))
+    # A build killed mid-write leaves its temporary files; no one else writes here now.
+    remove_stale_temporaries("out", skip=cache_dir(get_var("cache")))
     globals().update(make_tasks(_config, *_config.select(get_var("model"), get_var("target")),
                                 kernel_cache=get_var("cache")))
 except ConfigError as err:

@@ -45,7 +45,7 @@ def test_memory_plan_reuses_storage(tiny_factory):
 
 
 def test_export_rejects_unknown_suffix(tiny_factory, tmp_path):
-    with pytest.raises(ValueError, match=r"\.so or \.tar"):
+    with pytest.raises(ValueError, match=r"writes \.so, \.tar, \.o files"):
         tiny_factory[1].export_library(tmp_path / "tiny.dylib")
 
 

@@ -214,7 +214,7 @@ def test_config_errors_one_line(tiny: Path, models: str, message: str):
     ('{target: "cuda"}', "targets.t.target", "only 'llvm' targets are supported"),
     ('{target: "llvm -mcpu=pentium9"}', "targets.t.target", "not a recognized processor"),
     ('{target: "llvm -mattr=+avx9"}', "targets.t.target", "not a recognized feature"),
-    ('{target: "llvm", opt: 3}', "targets.t.opt", "unknown key; allowed: config,"),
+    ('{target: "llvm", opt: 3}', "targets.t.opt", "unknown key; allowed: cc, config,"),
 ])
 def test_target_config_errors_one_line(tiny: Path, target: str, key: str, message: str):
     (tiny / "matrix.yaml").write_text(

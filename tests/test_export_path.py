@@ -97,5 +97,5 @@ def test_export_without_kernels(tmp_path: Path):
 def test_export_rejects_other_suffixes(tmp_path: Path, name: str):
     from pipeline.link.export import link_library
 
-    with pytest.raises(ValueError, match=r"\.so or \.tar"):
+    with pytest.raises(ValueError, match=r"a model library is a \.so, \.tar, \.o file"):
         link_library(None, tmp_path / "devc.o", tmp_path / name)

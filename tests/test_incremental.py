@@ -11,6 +11,7 @@ the progress lines.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import pty
@@ -44,8 +45,9 @@ def kernel_tasks(executed: set[str]) -> set[str]:
     return {name.partition(":")[2] for name in executed if name.startswith("kernel:")}
 
 
-def build(tmp: Path, *args: str, jobs: int = 1) -> set[str]:
-    code, executed, out = doit(tmp, "-n", str(jobs), "build", "config=matrix.yaml", *args)
+def build(tmp: Path, *args: str, jobs: int = 1, repo: Path = REPO) -> set[str]:
+    code, executed, out = doit(tmp, "-n", str(jobs), "build", "config=matrix.yaml", *args,
+                               repo=repo)
     assert code == 0, out[-3000:]
     return executed
 
@@ -152,13 +154,20 @@ def test_7_codegen_edit_rebuilds_kernels_validation_edit_does_not(tiny: Path,
     kernels = hashes(tiny, "tiny", "llvm")
 
     with open(repo_copy / "pipeline" / "tools" / "validate.py", "a") as f:
-        f.write("\n# an edit to the validation code\n")
+        f.write("\n_EDITED = True  # an edit to the validation code\n")
     code, executed, out = doit(tiny, "validate", "config=matrix.yaml", repo=repo_copy)
     assert code == 0, out[-3000:]
     assert executed == {"validate:tiny@llvm"}
 
-    with open(repo_copy / "pipeline" / "codegen" / "render.py", "a") as f:
-        f.write("\n# an edit to the code generator\n")
+    render = repo_copy / "pipeline" / "codegen" / "render.py"
+    with open(render, "a") as f:
+        f.write("\n# a comment in the code generator\n")
+    code, executed, out = doit(tiny, "build", "config=matrix.yaml", repo=repo_copy)
+    assert code == 0, out[-3000:]
+    assert "optimize:tiny@llvm" in executed and not kernel_tasks(executed)  # same code
+
+    with open(render, "a") as f:
+        f.write("\n_EDITED = True  # an edit to the code generator\n")
     code, executed, out = doit(tiny, "build", "config=matrix.yaml", repo=repo_copy)
     assert code == 0, out[-3000:]
     # The generator's version is part of every kernel's hash: all are new.
@@ -194,6 +203,89 @@ def test_model_file_rewritten_same_graph_and_weights_stops_at_import(tiny: Path)
     mtime = ir.stat().st_mtime_ns
     assert build(tiny) == {"import:tiny"}
     assert ir.stat().st_mtime_ns == mtime
+
+
+# -- source edits: what a change to the compiler rebuilds (see also test 7) ---------
+
+def edit_function(path: Path, name: str, statement: str) -> None:
+    """Insert `statement` before the last statement of the function `name` in `path`."""
+    source = path.read_text()
+    (fn,) = [n for n in ast.walk(ast.parse(source))
+             if isinstance(n, ast.FunctionDef) and n.name == name]
+    last = fn.body[-1]
+    lines = source.splitlines(keepends=True)
+    lines.insert(last.lineno - 1, " " * last.col_offset + statement + "\n")
+    path.write_text("".join(lines))
+
+
+def kernel_ops(tmp: Path, model: str, target: str) -> dict[str, list[str]]:
+    """Each kernel of the entry: hash -> its operators, read from its spec."""
+    return {h: [o["op"] for o in json.loads(
+        (tmp / "out" / "kernels" / f"{h}.json").read_text())["ops"]]
+            for h in hashes(tmp, model, target)}
+
+
+def test_converter_edit_reimports_and_recompiles_no_kernel(tiny: Path, repo_copy: Path):
+    """ONNX converters share their modules with lowerings: conv.py's Conv converter
+    sits next to the conv2d lowering two of tiny's kernels use."""
+    build(tiny, repo=repo_copy)
+    kernels = hashes(tiny, "tiny", "llvm")
+    ops = repo_copy / "pipeline" / "ops"
+    edit_function(ops / "conv.py", "_conv", "assert ctx is not None  # a converter edit")
+    edit_function(ops / "elementwise.py", "_cast", "assert ctx is not None")
+    executed = build(tiny, repo=repo_copy)
+    # import and optimize run the converters' modules; what they write is unchanged.
+    assert executed == {"import:tiny", "optimize:tiny@llvm"}
+    assert hashes(tiny, "tiny", "llvm") == kernels
+
+
+def test_lowering_edit_recompiles_only_that_familys_kernels(tiny: Path, repo_copy: Path):
+    from pipeline.ops import get
+
+    build(tiny, repo=repo_copy)
+    before = kernel_ops(tiny, "tiny", "llvm")
+    pooling = {h for h, ops in before.items() if any("pool" in op for op in ops)}
+    assert pooling and len(pooling) < len(before)
+    (op,) = {op for h in pooling for op in before[h] if "pool" in op}
+    lower = get(op).lower  # where tiny's pooling lowering lives (pool.py or pool_blocked.py)
+    edit_function(repo_copy / Path(*lower.__module__.split(".")).with_suffix(".py"),
+                  lower.__name__, "assert kb is not None  # a lowering edit")
+    executed = build(tiny, repo=repo_copy)
+    after = kernel_ops(tiny, "tiny", "llvm")
+    new = set(after) - set(before)
+    assert sorted(after[h] for h in new) == sorted(before[h] for h in pooling)
+    assert kernel_tasks(executed) == new
+    assert set(after) - new == set(before) - pooling  # dense, conv, reshape: the same
+    assert {"lib0:tiny@llvm", "devc:tiny@llvm", "export:tiny@llvm"} <= executed
+
+
+def test_link_code_edit_relinks_without_compiling(tiny: Path, repo_copy: Path):
+    build(tiny, repo=repo_copy)
+    with open(repo_copy / "pipeline" / "link" / "cc.py", "a") as f:
+        f.write("\n_EDITED = True  # an edit to the linker driver\n")
+    executed = build(tiny, repo=repo_copy)
+    # devc runs link/export.py, which imports cc.py: it may rerun too; runtime
+    # compiles the C executor through cc.py: it reruns.
+    assert {"lib0:tiny@llvm", "runtime:llvm", "export:tiny@llvm"} <= executed
+    assert executed <= {"lib0:tiny@llvm", "devc:tiny@llvm", "runtime:llvm", "export:tiny@llvm"}
+
+    # The stages module holds every stage (export's build id among them): all rerun,
+    # but the kernels, whose code is elsewhere, stay.
+    with open(repo_copy / "pipeline" / "tasks" / "stages.py", "a") as f:
+        f.write("\n_EDITED = True  # an edit to the stages\n")
+    executed = build(tiny, repo=repo_copy)
+    assert {"lib0:tiny@llvm", "devc:tiny@llvm", "export:tiny@llvm"} <= executed
+    assert not kernel_tasks(executed)
+
+    # The C executor's source (no Python: listed by hand) recompiles the runtime;
+    # a comment leaves executor.o's bytes (and so the library) as they were, code
+    # relinks the library; nothing else runs.
+    with open(repo_copy / "pipeline" / "runtime" / "c" / "executor.c", "a") as f:
+        f.write("\n/* a comment */\n")
+    assert build(tiny, repo=repo_copy) == {"runtime:llvm"}
+    with open(repo_copy / "pipeline" / "runtime" / "c" / "executor.c", "a") as f:
+        f.write("\nAPI int pl_edited(void) { return 1; }\n")
+    assert build(tiny, repo=repo_copy) == {"runtime:llvm", "export:tiny@llvm"}
 
 
 # -- the file checker ------------------------------------------------------------

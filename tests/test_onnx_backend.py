@@ -4,8 +4,8 @@ onnx.backend.test.BackendTest generates the node tests in Python (about 1,900)
 and reads the model suites the wheel ships (pytorch-converted,
 pytorch-operator, simple); it compares our outputs with the stored reference
 outputs. A test is skipped only when pipeline.tools.backend.unsupported() names a
-reason (an operator without a converter, a dtype the IR lacks, or a declared
-LIMITS entry); every other test runs and a failure is a failure.
+reason (an operator without a converter, a dtype the IR lacks, or a limit its
+converter declares); every other test runs and a failure is a failure.
 
 The small model suites (simple, pytorch-operator) at opt_level 3 run by
 default; the node suite (~2 minutes of compiling per opt level on 2 cores),
@@ -37,12 +37,13 @@ with warnings.catch_warnings():
 
 @pytest.mark.slow
 def test_no_declared_limit_is_stale():
-    """Every LIMITS entry must still be needed: of the node tests it skips, at least
+    """Every declared converter limit must still be needed: of the tests it skips, at least
     one fails when run anyway (else it only hides passing tests)."""
     from pipeline.tools.conformance import audit_limits
 
     stale = {r: v["passed"] for r, v in audit_limits().items() if not v["failed"]}
-    assert not stale, f"limits in pipeline/tools/backend.py that hide only passing tests: {stale}"
+    assert not stale, ("converter limits (pipeline/ops, onnx_op(limits=...)) that hide only "
+                       f"passing tests: {stale}")
 
 
 # -- the backend's own behaviour, against onnx.reference -----------------------------

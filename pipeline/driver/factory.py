@@ -1,11 +1,12 @@
 """What `build` returns: GraphExecutorFactory (graph JSON, params, kernel objects)
-and its export_library, which links lib0.o + devc.o into a .so or packs a .tar
-through the same steps as the doit build (pipeline/link/export.py).
+and its export_library, which links lib0.o + devc.o into a .so or one .o, or packs
+a .tar, through the same steps as the doit build (pipeline/link/export.py).
 """
 
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,8 +14,8 @@ import numpy as np
 
 from pipeline.ir.graph import Graph
 from pipeline.ir.target import parse_target
-from pipeline.link import cc
-from pipeline.link.export import link_library, pack_devc
+from pipeline.link.cc import link_relocatable
+from pipeline.link.export import LIBRARY_SUFFIXES, link_library, pack_devc, resolve_cc
 from pipeline.lower.kernel import KernelSpec
 from pipeline.plan import MemoryPlan
 from pipeline.runtime.params import param_chunks
@@ -57,16 +58,28 @@ class GraphExecutorFactory:
     def kernels(self) -> list[KernelSpec]:
         return unique_specs(self.lowered.specs.values())
 
-    def export_library(self, path: str | Path) -> Path:
-        """Link the kernels and the packed graph, params and kernel list into `path`
-        (.so), or pack lib0.o + devc.o into it (.tar); returns `path`.
+    def export_library(self, path: str | Path, cc: str | None = None,
+                       options: Sequence[str] = (),
+                       fcompile: Callable[[str, list[str], list[str]], object] | None = None,
+                       *, pack: str | None = None) -> Path:
+        """Link the kernels and the packed graph, params and kernel list into `path`:
+        a shared library (.so), one relocatable object (.o), or lib0.o + devc.o in
+        a tar (.tar); returns `path`.
 
+        cc: the target's C compiler, which also links (default: the host's $CC or
+        cc, allowed only for a target this machine runs); options: extra arguments
+        for the final link; fcompile: a callable (output, objects, options) that
+        links the .so/.o instead (TVM's export_library argument); pack: how devc.o
+        is written ("elf", "c"; default: the ELF writer where it serves the target).
         The steps and their bytes are the doit build's (pipeline/link/export.py).
-        ValueError for another suffix; LinkError if the linker fails.
+        ValueError for another suffix; ToolchainError for a missing cc;
+        LinkError if the compiler fails.
         """
         path = Path(path)
-        if path.suffix not in (".so", ".tar"):
-            raise ValueError(f"{path}: export_library writes .so or .tar files")
+        if path.suffix not in LIBRARY_SUFFIXES:
+            raise ValueError(f"{path}: export_library writes "
+                             f"{', '.join(LIBRARY_SUFFIXES)} files")
+        cc = resolve_cc(parse_target(self.target_text), cc, "export_library(cc=...)")
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
             kernel_objs = []
@@ -77,10 +90,9 @@ class GraphExecutorFactory:
             # A graph whose outputs are all build-time constants has no kernel.
             lib0 = Path(tmp, "lib0.o") if kernel_objs else None
             if lib0 is not None:
-                cc.link_relocatable(lib0, kernel_objs)
+                link_relocatable(lib0, kernel_objs, cc)
             devc = Path(tmp, "devc.o")
             pack_devc(self.lowered.graph_json, param_chunks(self.lowered.params),
-                      [s.symbol for s in self.kernels], self.target_text,
-                      parse_target(self.target_text).triple, devc)
-            link_library(lib0, devc, path)
+                      [s.symbol for s in self.kernels], self.target_text, devc, pack, cc)
+            link_library(lib0, devc, path, cc, options, fcompile)
         return path

@@ -6,6 +6,11 @@ convention the graph executor uses. Buffers are dense, row-major and hold
 their TensorType's dtype. The builder offers counted loops, row-major and
 broadcasting index arithmetic (GEP on element types, never pointer integers),
 float math with the fast-math flags we allow, and LLVM intrinsics.
+
+Index values (loop variables, `i64`, `index`) carry their own operators, so
+offsets read as arithmetic: `kb.load(x, (n * c + ic) * plane + p)`; see
+pipeline.dsl.index. Float and data values stay llvmlite values and go through
+the named methods here (fadd, select, compare, ...), which also accept Index.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from dataclasses import dataclass
 
 import llvmlite.ir as ir
 
+from pipeline.dsl.index import Index, raw
 from pipeline.ir.graph import TensorType
 
 I32 = ir.IntType(32)
@@ -68,62 +74,81 @@ class KernelBuilder:
         self.b = ir.IRBuilder(fn.append_basic_block("entry"))
         self.buffers = []
         for i, t in enumerate(params):
-            slot = self.b.gep(fn.args[0], [self.i64(i)], source_etype=PTR, inbounds=True)
+            slot = self.b.gep(fn.args[0], [raw(i)], source_etype=PTR, inbounds=True)
             self.buffers.append(Buffer(self.b.load(slot, typ=PTR, name=f"buf{i}"), t))
 
     def finish(self) -> None:
         self.b.ret(ir.Constant(I32, 0))
 
-    # -- constants and integer index arithmetic --
+    # -- constants and integer indices --
 
-    @staticmethod
-    def i64(n: int) -> ir.Constant:
-        return ir.Constant(I64, int(n))
+    def i64(self, n: int) -> Index:
+        """The constant `n` as an Index (where an llvmlite i64 value is needed)."""
+        return Index(self, ir.Constant(I64, int(n)))
 
     @staticmethod
     def f32(x: float) -> ir.Constant:
         return ir.Constant(F32, float(x))
 
-    def idx(self, v) -> ir.Value:
-        return self.i64(v) if isinstance(v, int) else v
+    def index(self, v):
+        """`v` as an index: an int stays an int, an Index stays one, an llvmlite
+        integer value (a loaded int32/int64 index, an i64 slot's value) becomes an
+        Index, sign-extended to i64."""
+        if isinstance(v, int | Index):
+            return v
+        if v.type != I64:
+            v = self.b.sext(v, I64)
+        return Index(self, v)
 
-    def add(self, a, b):
-        if isinstance(a, int) and isinstance(b, int):
-            return a + b
-        return self.b.add(self.idx(a), self.idx(b))
-
-    def mul(self, a, b):
-        if isinstance(a, int) and isinstance(b, int):
-            return a * b
-        if isinstance(b, int) and b == 1:
-            return self.idx(a)
-        return self.b.mul(self.idx(a), self.idx(b))
-
-    def dot(self, index, strides) -> ir.Value:
-        """sum(index[d] * strides[d]) with zero strides skipped."""
+    def dot(self, index, strides):
+        """sum(index[d] * strides[d]) with zero strides skipped (an int if all are)."""
         total = 0
         for i, s in zip(index, strides, strict=True):
             if s:
-                total = self.add(total, self.mul(i, s))
-        return self.idx(total)
+                total = total + self.index(i) * s
+        return total
 
-    def unflatten(self, flat, shape) -> list:
+    def unflatten(self, flat: Index, shape) -> list:
         """The row-major index of element `flat` (< prod(shape)) in `shape`: dot's inverse."""
         if not shape:
             return []
         index = []
         for size in reversed(shape[1:]):
-            index.append(self.b.urem(flat, self.i64(size)))
-            flat = self.b.udiv(flat, self.i64(size))
+            index.append(flat % size)
+            flat = flat // size
         return [flat, *reversed(index)]
+
+    def smax(self, a, b) -> Index:
+        """The signed maximum of two indices."""
+        return self.index(self.select(self.index(a) > b, a, b))
+
+    def smin(self, a, b) -> Index:
+        return self.index(self.select(self.index(a) < b, a, b))
+
+    def clamp(self, v: Index, size: int) -> Index:
+        """`v` clamped into [0, size)."""
+        low = self.select(v < 0, 0, v)
+        return self.select(self.index(low) >= size, size - 1, low)
+
+    def inside(self, v: Index, lo: int, hi: int) -> ir.Value:
+        """i1: lo <= v < hi."""
+        return self.and_(v >= lo, v < hi)
+
+    def checked_index(self, k, dim: int) -> Index:
+        """A loaded index (int32/int64) as an i64 Index in [0, dim): negative ones count
+        from the end; anything outside makes the kernel fail (ONNX Gather, Scatter...)."""
+        k = self.index(k)
+        k = self.select(k < 0, k + dim, k)
+        self.fail_unless(self.inside(k, 0, dim))
+        return k
 
     # -- loops --
 
     @contextmanager
     def loop(self, start, stop, name: str = "i"):
-        """`for i in range(start, stop)`; yields the i64 induction variable."""
+        """`for i in range(start, stop)`; yields the induction variable, an Index."""
         b = self.b
-        start, stop = self.idx(start), self.idx(stop)
+        start, stop = raw(start), raw(stop)
         pre = b.block
         head = b.append_basic_block(f"{name}.head")
         body = b.append_basic_block(f"{name}.body")
@@ -134,10 +159,25 @@ class KernelBuilder:
         i.add_incoming(start, pre)
         b.cbranch(b.icmp_signed("<", i, stop), body, done)
         b.position_at_end(body)
-        yield i
-        i.add_incoming(b.add(i, self.i64(1), name=f"{name}.next"), b.block)
+        yield Index(self, i)
+        i.add_incoming(b.add(i, ir.Constant(I64, 1), name=f"{name}.next"), b.block)
         b.branch(head)
         b.position_at_end(done)
+
+    @contextmanager
+    def if_(self, flag: ir.Value):
+        """Code generated in the block runs only when the i1 `flag` holds."""
+        with self.b.if_then(flag):
+            yield
+
+    def fail_unless(self, ok: ir.Value) -> None:
+        """Return error code 1 from the kernel unless `ok` (an i1) holds."""
+        fail = self.function.append_basic_block("fail")
+        cont = self.function.append_basic_block("ok")
+        self.b.cbranch(ok, cont, fail)
+        with self.b.goto_block(fail):
+            self.b.ret(ir.Constant(I32, 1))
+        self.b.position_at_end(cont)
 
     @contextmanager
     def nest(self, shape: tuple[int, ...], name: str = "d"):
@@ -151,25 +191,57 @@ class KernelBuilder:
 
     # -- memory --
 
-    def gep(self, buf: Buffer, offset) -> ir.Value:
-        return self.b.gep(buf.ptr, [self.idx(offset)], source_etype=buf.elem, inbounds=True)
+    def gep(self, buf: Buffer, offset, inbounds: bool = True) -> ir.Value:
+        return self.b.gep(buf.ptr, [raw(offset)], source_etype=buf.elem, inbounds=inbounds)
 
     def load(self, buf: Buffer, offset) -> ir.Value:
         return self.b.load(self.gep(buf, offset), typ=buf.elem)
 
     def store(self, buf: Buffer, offset, value) -> None:
-        self.b.store(value, self.gep(buf, offset))
+        self.b.store(raw(value), self.gep(buf, offset))
 
-    def load_broadcast(self, buf: Buffer, index: list) -> ir.Value:
-        """Load `buf` at the output `index` under numpy broadcasting rules."""
+    def vload(self, buf: Buffer, offset, n: int) -> ir.Value:
+        """`n` consecutive elements of `buf` from `offset` as a vector (alignment of
+        one float32)."""
+        return self.b.load(self.gep(buf, offset), typ=ir.VectorType(buf.elem, n), align=4)
+
+    def vstore(self, buf: Buffer, offset, value: ir.Value) -> None:
+        self.b.store(value, self.gep(buf, offset), align=4)
+
+    def splat(self, scalar: ir.Value, n: int) -> ir.Value:
+        """The vector with every lane `scalar` (LLVM folds this into a broadcast load)."""
+        t = ir.VectorType(scalar.type, n)
+        one = self.b.insert_element(ir.Constant(t, None), scalar, ir.Constant(I32, 0))
+        return self.b.shuffle_vector(one, ir.Constant(t, None),
+                                     ir.Constant(ir.VectorType(I32, n), [0] * n))
+
+    def lane(self, v: ir.Value, k: int) -> ir.Value:
+        """Lane `k` of the vector `v`."""
+        return self.b.extract_element(v, ir.Constant(I32, k))
+
+    def with_lane(self, v: ir.Value, k: int, x: ir.Value) -> ir.Value:
+        """The vector `v` with lane `k` replaced by `x`."""
+        return self.b.insert_element(v, x, ir.Constant(I32, k))
+
+    def load_broadcast(self, buf: Buffer, index: list, lanes: int | None = None) -> ir.Value:
+        """Load `buf` at the output `index` under numpy broadcasting rules: a scalar,
+        or with `lanes` an n-lane vector along the last output dimension (index[-1]
+        is the first lane): a vector load when buf varies along that dimension,
+        else its one element splat to all lanes."""
         shape = buf.type.shape
         lead = len(index) - len(shape)
         strides = [0 if d == 1 else s for d, s in zip(shape, buf.strides, strict=True)]
-        return self.load(buf, self.dot(index[lead:], strides))
+        offset = self.dot(index[lead:], strides)
+        if lanes is None:
+            return self.load(buf, offset)
+        if shape and shape[-1] != 1:
+            return self.vload(buf, offset, lanes)
+        return self.splat(self.load(buf, offset), lanes)
 
-    def local(self, init: ir.Value) -> ir.Value:
+    def local(self, init) -> ir.Value:
         """A stack slot holding `init`, allocated in the entry block (an alloca
         inside a loop would grow the stack every iteration); mem2reg removes it."""
+        init = raw(init)
         slot = self._alloca(init.type)
         self.b.store(init, slot)
         return slot
@@ -177,7 +249,7 @@ class KernelBuilder:
     def scratch(self, size: int, dtype: str = "float32") -> Buffer:
         """An array of `size` elements of `dtype` on the stack (allocated once, in
         the entry block), for a kernel's temporaries."""
-        return Buffer(self._alloca(LLVM_TYPES[dtype], self.i64(size)),
+        return Buffer(self._alloca(LLVM_TYPES[dtype], raw(size)),
                       TensorType((size,), dtype))
 
     def _alloca(self, typ: ir.Type, count=None) -> ir.Value:
@@ -191,28 +263,32 @@ class KernelBuilder:
     def get(self, slot: ir.Value) -> ir.Value:
         return self.b.load(slot, typ=slot.allocated_type)
 
-    def set(self, slot: ir.Value, value: ir.Value) -> None:
-        self.b.store(value, slot)
+    def set(self, slot: ir.Value, value) -> None:
+        self.b.store(raw(value), slot)
 
-    # -- float math --
+    # -- float math (fast=False: plain IEEE, where a kernel needs exact signs) --
 
-    def fadd(self, a, b):
-        return self.b.fadd(a, b, flags=FAST)
+    def fadd(self, a, b, fast: bool = True):
+        return self.b.fadd(a, b, flags=FAST if fast else ())
 
-    def fsub(self, a, b):
-        return self.b.fsub(a, b, flags=FAST)
+    def fsub(self, a, b, fast: bool = True):
+        return self.b.fsub(a, b, flags=FAST if fast else ())
 
-    def fmul(self, a, b):
-        return self.b.fmul(a, b, flags=FAST)
+    def fmul(self, a, b, fast: bool = True):
+        return self.b.fmul(a, b, flags=FAST if fast else ())
 
-    def fdiv(self, a, b):
-        return self.b.fdiv(a, b, flags=FAST)
+    def fdiv(self, a, b, fast: bool = True):
+        return self.b.fdiv(a, b, flags=FAST if fast else ())
 
     def intrinsic(self, name: str, *args) -> ir.Value:
-        """Call `llvm.<name>.f32` or `.f64` (maxnum, minnum, exp, sqrt, ...), the
-        type of the first argument (all arguments share it)."""
+        """Call `llvm.<name>.<type>` (maxnum, fma, exp, sqrt, ...) on float scalars
+        (f32, f64) or float vectors (v8f32, ...), the type of the first argument (all
+        arguments share it)."""
         typ = args[0].type
-        full = f"llvm.{name}.{'f64' if typ == F64 else 'f32'}"
+        elem = typ.element if isinstance(typ, ir.VectorType) else typ
+        bits = "f64" if elem == F64 else "f32"
+        suffix = f"v{typ.count}{bits}" if isinstance(typ, ir.VectorType) else bits
+        full = f"llvm.{name}.{suffix}"
         fn = self.module.globals.get(full)
         if fn is None:
             fn = ir.Function(self.module, ir.FunctionType(typ, [typ] * len(args)), name=full)
@@ -258,7 +334,7 @@ class KernelBuilder:
         y = b.select(top, self.fmul(y, self.f32(2.0)), y)
         y = b.select(b.fcmp_ordered("<", x, self.f32(-87.33654)), self.f32(0.0), y)
         y = b.select(b.fcmp_ordered(">", x, self.f32(88.72283905)), self.f32(math.inf), y)
-        return b.select(b.fcmp_unordered("uno", x, x), x, y)
+        return b.select(self.isnan(x), x, y)
 
     # -- dtype-aware scalar math (float32/64, int64/int32, bool as i8 0/1) --
 
@@ -272,23 +348,56 @@ class KernelBuilder:
         """The float constant `value` of the same type as the value `like`."""
         return ir.Constant(like.type, float(value))
 
-    def arith(self, op: str, a, b):
-        """add, sub, mul, div, min, max of two values of one type: fast-math float
-        or signed integer (div truncates toward zero, as C and onnxruntime do)."""
+    def arith(self, op: str, a, b, fast: bool = True):
+        """add, sub, mul, div, rem, min, max of two values of one type: float (with
+        the fast-math flags unless not `fast`; rem never has them) or signed
+        integer (div and rem truncate toward zero, as C and onnxruntime do)."""
+        a, b = raw(a), raw(b)
         if a.type in FLOATS:
-            return {"add": self.fadd, "sub": self.fsub, "mul": self.fmul, "div": self.fdiv,
-                    "min": self.fmin, "max": self.fmax}[op](a, b)
+            if op == "rem":
+                return self.b.frem(a, b)
+            if op in ("min", "max"):
+                return (self.fmin if op == "min" else self.fmax)(a, b)
+            return {"add": self.fadd, "sub": self.fsub, "mul": self.fmul,
+                    "div": self.fdiv}[op](a, b, fast=fast)
         if op in ("min", "max"):
-            return self.b.select(self.b.icmp_signed("<" if op == "min" else ">", a, b), a, b)
+            return self.select(self.compare("<" if op == "min" else ">", a, b), a, b)
         return {"add": self.b.add, "sub": self.b.sub, "mul": self.b.mul,
-                "div": self.b.sdiv}[op](a, b)
+                "div": self.b.sdiv, "rem": self.b.srem}[op](a, b)
 
-    def compare(self, op: str, a, b) -> ir.Value:
-        """i1 of `a op b` for op in ==, !=, <, <=, >, >= (float: ordered, so NaN is false)."""
+    def compare(self, op: str, a, b, ordered: bool = False) -> ir.Value:
+        """i1 of `a op b` for op in ==, !=, <, <=, >, >= (signed integers; floats
+        ordered, so NaN is false, except != which NaN makes true unless `ordered`)."""
+        a, b = raw(a), raw(b)
         if a.type in FLOATS:
-            return self.b.fcmp_ordered(op, a, b) if op != "!=" else \
+            return self.b.fcmp_ordered(op, a, b) if op != "!=" or ordered else \
                 self.b.fcmp_unordered(op, a, b)
         return self.b.icmp_signed(op, a, b)
+
+    def isnan(self, x: ir.Value) -> ir.Value:
+        """i1: the float x is NaN."""
+        return self.b.fcmp_unordered("uno", x, x)
+
+    def select(self, flag: ir.Value, a, b):
+        """`a` if the i1 `flag` holds, else `b`; an Index when a or b is an index
+        (an Index or an int), else an llvmlite value."""
+        value = self.b.select(flag, raw(a), raw(b))
+        return Index(self, value) if isinstance(a, int | Index) or isinstance(b, int | Index) \
+            else value
+
+    # Bitwise on integers and i1 flags (bool tensors hold 0/1, so these are logical).
+    def and_(self, a: ir.Value, b: ir.Value) -> ir.Value:
+        return self.b.and_(a, b)
+
+    def or_(self, a: ir.Value, b: ir.Value) -> ir.Value:
+        return self.b.or_(a, b)
+
+    def xor(self, a: ir.Value, b: ir.Value) -> ir.Value:
+        return self.b.xor(a, b)
+
+    def neg(self, x: ir.Value) -> ir.Value:
+        """-x of a float (fneg) or an integer (0 - x)."""
+        return self.b.fneg(x) if x.type in FLOATS else self.b.neg(x)
 
     def truth(self, v) -> ir.Value:
         """i1: v is non-zero (NaN counts as true, as in a C cast to bool)."""
@@ -298,8 +407,16 @@ class KernelBuilder:
         """An i1 as the stored bool type (i8 0/1)."""
         return self.b.zext(flag, LLVM_TYPES["bool"])
 
-    def cast(self, v, dtype: str) -> ir.Value:
-        """Convert `v` to `dtype` with ONNX Cast semantics (float -> int truncates)."""
+    def as_index(self, flag) -> Index:
+        """An i1 as the index 0 or 1."""
+        return Index(self, self.b.zext(flag, I64))
+
+    def cast(self, v, dtype: str | ir.Type) -> ir.Value:
+        """Convert `v` to `dtype` (a dtype name or its LLVM type; i8 is bool) with
+        ONNX Cast semantics (float -> int truncates)."""
+        if isinstance(dtype, ir.Type):
+            dtype = next(k for k, t in LLVM_TYPES.items() if t == dtype)
+        v = raw(v)
         to = LLVM_TYPES[dtype]
         if dtype == "bool":
             return self.as_bool(self.truth(v))
@@ -338,7 +455,9 @@ class KernelBuilder:
         g.initializer = ir.Constant(array, [self.const(v, typ) for v in values])
         return g
 
-    def load_table(self, table: ir.GlobalVariable, i) -> ir.Value:
-        ptr = self.b.gep(table, [self.i64(0), self.idx(i)], source_etype=table.value_type,
+    def load_table(self, table: ir.GlobalVariable, i):
+        """table[i]: an Index from an i64 table, else an llvmlite value."""
+        ptr = self.b.gep(table, [raw(0), raw(i)], source_etype=table.value_type,
                          inbounds=True)
-        return self.b.load(ptr, typ=table.value_type.element)
+        value = self.b.load(ptr, typ=table.value_type.element)
+        return Index(self, value) if value.type == I64 else value

@@ -1,8 +1,9 @@
 """Vector and threading building blocks for the fast kernels (functions on a KernelBuilder).
 
-- Explicit LLVM vectors `<n x float>`: loads, stores, splats and fused multiply-add,
-  with n the target's vector width, so a micro-kernel's register tile is what we
-  wrote, not what the auto-vectoriser guessed.
+- Explicit LLVM vectors `<n x float>` (loaded and stored with kb.vload, kb.vstore,
+  kb.splat): fused multiply-add, max, constants and prefetches, with n the
+  target's vector width, so a micro-kernel's register tile is what we wrote,
+  not what the auto-vectoriser guessed.
 - `apply_epilogue`: the fused elementwise chain of a kernel (bias, relu, residual
   add, clip, ...) applied to a whole vector of outputs at once.
 - `parallel_for`: the kernel's outer loop outlined into a function that libgomp
@@ -17,17 +18,21 @@ from contextlib import contextmanager
 
 import llvmlite.ir as ir
 
-from pipeline.dsl.builder import F32, F64, I32, PTR, Buffer, KernelBuilder
+from pipeline.dsl.builder import F32, I32, PTR, Buffer, KernelBuilder
+from pipeline.dsl.index import raw
 
 VOID = ir.VoidType()
 
 
+# Vector max/min are maxnum/minnum (NaN operands ignored), unlike the scalar
+# kb.fmax/fmin (maximumnum, see builder.py): explicit vectors are no loop-carried
+# reduction for the loop vectoriser, and maxnum is one instruction (vmaxps).
 def _fmax(kb, a, b):
-    return _call_intrinsic(kb, "maxnum", a.type, [a, b])
+    return kb.intrinsic("maxnum", a, b)
 
 
 def _fmin(kb, a, b):
-    return _call_intrinsic(kb, "minnum", a.type, [a, b])
+    return kb.intrinsic("minnum", a, b)
 
 
 def _const(x: float, like: ir.Value) -> ir.Constant:
@@ -55,51 +60,22 @@ def vec(n: int, elem: ir.Type = F32) -> ir.VectorType:
     return ir.VectorType(elem, n)
 
 
-def vload(kb: KernelBuilder, buf: Buffer, offset, n: int) -> ir.Value:
-    """`n` consecutive elements of `buf` from `offset` (alignment of one element)."""
-    return kb.b.load(kb.gep(buf, offset), typ=vec(n, buf.elem), align=4)
-
-
-def vstore(kb: KernelBuilder, buf: Buffer, offset, value: ir.Value) -> None:
-    kb.b.store(value, kb.gep(buf, offset), align=4)
-
-
 def prefetch(kb: KernelBuilder, buf: Buffer, offset, write: bool = False) -> None:
     """Hint that `buf[offset]` will be read (or written) soon (prefetcht0 / prefetchw).
     The address may lie past the end of `buf`: prefetches never fault, and the GEP
     is not `inbounds`."""
     fn = _declare(kb.module, "llvm.prefetch.p0", VOID, [PTR, I32, I32, I32])
-    ptr = kb.b.gep(buf.ptr, [kb.idx(offset)], source_etype=buf.elem)
-    kb.b.call(fn, [ptr, ir.Constant(I32, int(write)), ir.Constant(I32, 3),
-                   ir.Constant(I32, 1)])
-
-
-def splat(kb: KernelBuilder, scalar: ir.Value, n: int) -> ir.Value:
-    """The vector with every lane `scalar` (LLVM folds this into a broadcast load)."""
-    t = vec(n, scalar.type)
-    one = kb.b.insert_element(ir.Constant(t, None), scalar, ir.Constant(I32, 0))
-    return kb.b.shuffle_vector(one, ir.Constant(t, None),
-                               ir.Constant(vec(n, I32), [0] * n))
+    kb.b.call(fn, [kb.gep(buf, offset, inbounds=False), ir.Constant(I32, int(write)),
+                   ir.Constant(I32, 3), ir.Constant(I32, 1)])
 
 
 def fma(kb: KernelBuilder, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
     """a * b + c on float vectors with one rounding (llvm.fma)."""
-    return _call_intrinsic(kb, "fma", a.type, [a, b, c])
+    return kb.intrinsic("fma", a, b, c)
 
 
 def zeros(n: int, elem: ir.Type = F32) -> ir.Constant:
     return ir.Constant(vec(n, elem), [0.0] * n)
-
-
-def _call_intrinsic(kb: KernelBuilder, name: str, t: ir.Type, args: list) -> ir.Value:
-    elem = t.element if isinstance(t, ir.VectorType) else t
-    bits = "f64" if elem == F64 else "f32"
-    suffix = f"v{t.count}{bits}" if isinstance(t, ir.VectorType) else bits
-    full = f"llvm.{name}.{suffix}"
-    fn = kb.module.globals.get(full)
-    if fn is None:
-        fn = ir.Function(kb.module, ir.FunctionType(t, [t] * len(args)), name=full)
-    return kb.b.call(fn, args)
 
 
 def vmax(kb: KernelBuilder, a: ir.Value, b: ir.Value) -> ir.Value:
@@ -110,19 +86,6 @@ def vmax(kb: KernelBuilder, a: ir.Value, b: ir.Value) -> ir.Value:
 def vconst(x: float, n: int) -> ir.Constant:
     """The float vector with every lane x."""
     return ir.Constant(vec(n), [float(x)] * n)
-
-
-def load_operand(kb: KernelBuilder, buf: Buffer, index: list, n: int) -> ir.Value:
-    """`buf` broadcast to the output at `index` as an n-lane vector along the last
-    output dimension (index[-1] is the first lane): a vector load when buf varies
-    along that dimension, else one element splat to all lanes."""
-    shape = buf.type.shape
-    lead = len(index) - len(shape)
-    strides = [0 if d == 1 else s for d, s in zip(shape, buf.strides, strict=True)]
-    offset = kb.dot(index[lead:], strides)
-    if shape and shape[-1] != 1:
-        return vload(kb, buf, offset, n)
-    return splat(kb, kb.load(buf, offset), n)
 
 
 def prefetch_epilogue(kb: KernelBuilder, epilogue, out: Buffer, index: list) -> None:
@@ -156,18 +119,17 @@ def apply_epilogue(kb: KernelBuilder, epilogue, value: ir.Value, index: list) ->
     n = value.type.count
     env = {source: value}
     for node in chain:
-        operands = [env[i] if i in env else load_operand(kb, args[i], index, n)
+        operands = [env[i] if i in env else kb.load_broadcast(args[i], index, n)
                     for i in node.inputs]
         if node.op in VECTOR_OPS and all(v.type == vec(n) for v in operands):
             env[node.outputs[0]] = VECTOR_OPS[node.op](kb, operands, node)
             continue
         # Lane by lane with the op's own scalar lowering: exact for any op, slower.
         scalar = scalar_of(node.op)
-        lanes = [scalar(kb, [kb.b.extract_element(v, ir.Constant(I32, k)) for v in operands],
-                        node) for k in range(n)]
+        lanes = [scalar(kb, [kb.lane(v, k) for v in operands], node) for k in range(n)]
         out = ir.Constant(vec(n, lanes[0].type), None)
         for k, lane in enumerate(lanes):
-            out = kb.b.insert_element(out, lane, ir.Constant(I32, k))
+            out = kb.with_lane(out, k, lane)
         env[node.outputs[0]] = out
     return env[chain[-1].outputs[0]]
 
@@ -205,20 +167,20 @@ def parallel_for(kb: KernelBuilder, n_items: int, name: str = "task"):
     kb.function, kb.b = fn, b
     chunk = _chunk(n_items)
     try:
-        args = b.load(b.gep(fn.args[0], [kb.i64(0)], source_etype=PTR), typ=PTR)
-        counter = b.gep(fn.args[0], [kb.i64(1)], source_etype=PTR)
+        args = b.load(b.gep(fn.args[0], [raw(0)], source_etype=PTR), typ=PTR)
+        counter = b.gep(fn.args[0], [raw(1)], source_etype=PTR)
         for i, buf in enumerate(kb.buffers):
-            slot = b.gep(args, [kb.i64(i)], source_etype=PTR, inbounds=True)
+            slot = b.gep(args, [raw(i)], source_etype=PTR, inbounds=True)
             buf.ptr = b.load(slot, typ=PTR, name=f"buf{i}")
         grab, work, done = (fn.append_basic_block(f"{name}.{s}")
                             for s in ("grab", "work", "done"))
         b.branch(grab)
         b.position_at_end(grab)
-        start = b.atomic_rmw("add", counter, kb.i64(chunk), "monotonic")
-        b.cbranch(b.icmp_signed("<", start, kb.i64(n_items)), work, done)
+        start = b.atomic_rmw("add", counter, raw(chunk), "monotonic")
+        b.cbranch(b.icmp_signed("<", start, raw(n_items)), work, done)
         b.position_at_end(work)
-        end = b.add(start, kb.i64(chunk))
-        end = b.select(b.icmp_signed("<", end, kb.i64(n_items)), end, kb.i64(n_items))
+        end = b.add(start, raw(chunk))
+        end = b.select(b.icmp_signed("<", end, raw(n_items)), end, raw(n_items))
         with kb.loop(start, end, name) as i:
             yield i
         kb.b.branch(grab)
@@ -231,7 +193,7 @@ def parallel_for(kb: KernelBuilder, n_items: int, name: str = "task"):
     with outer_b.goto_block(outer_fn.entry_basic_block):
         outer_b.position_at_start(outer_fn.entry_basic_block)
         data = outer_b.bitcast(outer_b.alloca(PTR, size=2), PTR)
-    outer_b.store(outer_fn.args[0], outer_b.gep(data, [kb.i64(0)], source_etype=PTR))
-    outer_b.store(kb.i64(0), outer_b.gep(data, [kb.i64(1)], source_etype=PTR))
+    outer_b.store(outer_fn.args[0], outer_b.gep(data, [raw(0)], source_etype=PTR))
+    outer_b.store(raw(0), outer_b.gep(data, [raw(1)], source_etype=PTR))
     gomp = _declare(module, "GOMP_parallel", VOID, [PTR, PTR, I32, I32])
     outer_b.call(gomp, [fn, data, ir.Constant(I32, 0), ir.Constant(I32, 0)])

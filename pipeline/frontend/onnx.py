@@ -18,13 +18,15 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from pipeline.errors import ModelError, UnsupportedOperatorError
-from pipeline.ir.graph import DTYPES, Graph, Node, TensorType, add_param
+from pipeline.errors import (
+    GraphError,
+    ModelError,
+    PipelineError,
+    UnsupportedOperatorError,
+    check_elements,
+)
+from pipeline.ir.graph import DTYPES, ONNX_DTYPES, Graph, Node, TensorType, add_param
 from pipeline.ops import get, infer_types, onnx_converter
-
-_DTYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.DOUBLE: "float64",
-           onnx.TensorProto.INT64: "int64",
-           onnx.TensorProto.INT32: "int32", onnx.TensorProto.BOOL: "bool"}
 
 
 @dataclass
@@ -125,14 +127,26 @@ def from_onnx(model: onnx.ModelProto | str | Path,
     if not isinstance(model, onnx.ModelProto):
         source = source or str(model)
         model = load_model(model)
+    try:
+        return _import(model, shape, source, freeze)
+    except UnicodeDecodeError:
+        # protobuf decodes string fields when they are read, not when parsed
+        raise ModelError(f"{source or '<model>'}: a name or string in the model is not "
+                         "valid UTF-8") from None
+
+
+def _import(model: onnx.ModelProto, shape: dict[str, tuple[int, ...]] | None,
+            source: str | None, freeze: dict[str, np.ndarray] | None
+            ) -> tuple[Graph, dict[str, np.ndarray]]:
+    """from_onnx on a parsed model."""
     source = source or model.graph.name or "<model>"
     if freeze:
         model = _freeze_inputs(model, freeze, source)
-    opset = _default_opset(model)
+    opset = default_opset(model)
     _check_supported(model, opset, source)
 
     g = model.graph
-    params = {init.name: numpy_helper.to_array(init) for init in g.initializer}
+    params = _initializers(g, source)
     types = {name: TensorType(v.shape, _dtype_name(v.dtype, name)) for name, v in params.items()}
     inputs = [vi for vi in g.input if vi.name not in params]
     shape = dict(shape or {})
@@ -142,27 +156,49 @@ def from_onnx(model: onnx.ModelProto | str | Path,
                          f"inputs are {[vi.name for vi in inputs]}")
     for vi in inputs:
         types[vi.name] = _input_type(vi, shape.get(vi.name), source)
+        check_elements(types[vi.name].shape, f"{source}: input {vi.name!r}")
+    _check_defined(g, source)
 
     onnx_shapes = _onnx_shape_inference(model, types, inputs, source)
+    # Before any converter runs: one folding a constant (ConstantOfShape, Expand
+    # of constants) would allocate the tensor first and check it after.
+    producer = {out: node.name or f"#{k}" for k, node in enumerate(g.node) for out in node.output}
+    for name, dims in onnx_shapes.items():
+        check_elements(dims, f"{source}: node {producer.get(name, '?')!r} output {name!r}")
     ctx = ImportContext(params, types)
     nodes: list[Node] = []
     used_names: set[str] = set()
     for k, proto in enumerate(g.node):
-        onode = _decode(proto, k, opset, used_names)
-        if onode.op_type == "Constant":
-            _import_constant(onode, ctx, source)
-            continue
-        for node in onnx_converter(onode.op_type, opset)(ctx, onode):
-            out_types = infer_types(node, [types[i] for i in node.inputs])
-            for name, t in zip(node.outputs, out_types, strict=True):
-                want = onnx_shapes.get(name)
-                if want is not None and want != t.shape:
-                    raise ModelError(f"{source}: node {node.name!r} ({onode.op_type}): "
-                                     f"output {name!r} has shape {list(t.shape)} here but "
-                                     f"{list(want)} by ONNX shape inference")
-                types[name] = t
-            ctx.track(node)
-            nodes.append(node)
+        try:
+            onode = _decode(proto, k, opset, used_names)
+            if onode.op_type == "Constant":
+                _import_constant(onode, ctx, source)
+                continue
+            converter = onnx_converter(onode.op_type, opset)
+            for node in converter.fn(ctx, onode):
+                if node.op not in converter.emits:  # the backend's float64 rule relies on it
+                    raise GraphError(f"{source}: node {onode.name!r}: the {onode.op_type} "
+                                     f"converter (opset {converter.since}) produced "
+                                     f"{node.op!r}, which its onnx_op(emits=...) does not list")
+                out_types = infer_types(node, [types[i] for i in node.inputs])
+                for name, t in zip(node.outputs, out_types, strict=True):
+                    check_elements(t.shape, f"{source}: node {node.name!r} output {name!r}")
+                    want = onnx_shapes.get(name)
+                    if want is not None and want != t.shape:
+                        raise ModelError(f"{source}: node {node.name!r} ({onode.op_type}): "
+                                         f"output {name!r} has shape {list(t.shape)} here but "
+                                         f"{list(want)} by ONNX shape inference")
+                    types[name] = t
+                ctx.track(node)
+                nodes.append(node)
+        except PipelineError:
+            raise
+        except Exception as err:
+            # A node the converter's checks did not anticipate (an attribute of the
+            # wrong type, a missing input): still one line naming the node.
+            what = f"{proto.name or f'#{k}'!r} ({proto.op_type})"
+            raise ModelError(f"{source}: node {what}: cannot import it "
+                             f"({type(err).__name__}: {err})") from err
 
     outputs = tuple(o.name for o in g.output)
     nodes = _constant_outputs(ctx, outputs) + _live(nodes, outputs)
@@ -177,6 +213,44 @@ def from_onnx(model: onnx.ModelProto | str | Path,
     return graph, kept
 
 
+def _initializers(g: onnx.GraphProto, source: str) -> dict[str, np.ndarray]:
+    """The initializers as arrays; their declared sizes are checked before reading."""
+    params = {}
+    for init in g.initializer:
+        check_elements(list(init.dims), f"{source}: initializer {init.name!r}")
+        try:
+            params[init.name] = numpy_helper.to_array(init)
+        except PipelineError:
+            raise
+        except Exception as err:  # raw data of the wrong size, an unknown data type
+            raise ModelError(f"{source}: initializer {init.name!r} cannot be read "
+                             f"({type(err).__name__}: {str(err).splitlines()[0]})") from None
+    return params
+
+
+def _check_defined(g: onnx.GraphProto, source: str) -> None:
+    """ModelError unless every node input is a graph input, an initializer or the
+    output of an earlier node: a cycle or a dangling input is named, not a KeyError."""
+    defined = {vi.name for vi in g.input} | {i.name for i in g.initializer} | {""}
+    later = {out: (k, node) for k, node in enumerate(g.node) for out in node.output}
+    for k, node in enumerate(g.node):
+        for name in node.input:
+            if name in defined:
+                continue
+            what = f"{source}: node {node.name or f'#{k}'!r} ({node.op_type}): input {name!r}"
+            if name in later:
+                j, producer = later[name]
+                raise ModelError(f"{what} is computed by node {producer.name or f'#{j}'!r} "
+                                 f"{'after it' if j > k else 'itself'}: the graph has a "
+                                 "cycle or is not in topological order")
+            raise ModelError(f"{what} is not a graph input, an initializer or the output of "
+                             "any node (a dangling input)")
+        defined.update(node.output)
+    missing = [o.name for o in g.output if o.name not in defined]
+    if missing:
+        raise ModelError(f"{source}: graph output(s) {missing} are computed by no node")
+
+
 def _freeze_inputs(model: onnx.ModelProto, freeze: dict, source: str) -> onnx.ModelProto:
     """A copy of `model` whose inputs named in `freeze` are initializers with those values."""
     names = {vi.name for vi in model.graph.input} - {i.name for i in model.graph.initializer}
@@ -189,7 +263,8 @@ def _freeze_inputs(model: onnx.ModelProto, freeze: dict, source: str) -> onnx.Mo
     return model
 
 
-def _default_opset(model: onnx.ModelProto) -> int:
+def default_opset(model: onnx.ModelProto) -> int:
+    """The model's opset of the default ONNX domain ("" or "ai.onnx"); 1 if unlisted."""
     for imp in model.opset_import:
         if imp.domain in ("", "ai.onnx"):
             return imp.version
@@ -227,7 +302,7 @@ def _dtype_name(dtype, name: str) -> str:
 
 def _input_type(vi, override, source: str) -> TensorType:
     tt = vi.type.tensor_type
-    dtype = _DTYPES.get(tt.elem_type)
+    dtype = ONNX_DTYPES.get(tt.elem_type)
     if dtype is None:
         raise ModelError(f"{source}: input {vi.name!r} has unsupported element type "
                          f"{onnx.TensorProto.DataType.Name(tt.elem_type)}")

@@ -17,7 +17,11 @@ from dataclasses import dataclass, field
 
 from pipeline.errors import GraphError
 
-DTYPES = ("float32", "float64", "int64", "int32", "bool")
+# The element types the IR has, by ONNX TensorProto code (FLOAT, DOUBLE, INT64, INT32,
+# BOOL): the one table the ONNX import, Cast and the backend read. Plain ints, as
+# the IR does not import onnx.
+ONNX_DTYPES = {1: "float32", 11: "float64", 7: "int64", 6: "int32", 9: "bool"}
+DTYPES = tuple(ONNX_DTYPES.values())
 
 
 @dataclass(frozen=True)

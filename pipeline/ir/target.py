@@ -3,6 +3,8 @@
 A Target names everything that decides machine code: triple, cpu and feature
 string. `-mcpu=native` is resolved to this host's cpu and features at parse
 time, so the resolved values (not the word "native") enter kernel hashes.
+A triple for another machine (`-mtriple=aarch64-linux-gnu`) never takes the
+host's cpu: without `-mcpu` it gets its architecture's generic cpu.
 """
 
 from __future__ import annotations
@@ -31,8 +33,29 @@ class Target:
     features: str  # LLVM feature string: "+avx2,+fma,-avx512f"
 
     @property
+    def arch(self) -> str:
+        """The triple's architecture ("x86_64", "aarch64", "riscv64")."""
+        return triple_arch(self.triple)
+
+    @property
+    def is_host(self) -> bool:
+        """True when this machine runs the target's code natively (same
+        architecture and operating system as the process)."""
+        host = host_triple()
+        return self.arch == triple_arch(host) and _system(self.triple) == _system(host)
+
+    @property
+    def object_format(self) -> str:
+        """The object file format the target's toolchain links: elf, macho, coff or wasm."""
+        return _object_format(self.triple)
+
+    @property
     def vector_width(self) -> int:
-        """Floats per native vector register: 16 with AVX-512, 8 with AVX, else 4."""
+        """Floats per native vector register the kernels are laid out for: on x86,
+        16 with AVX-512, 8 with AVX, else 4 (SSE); 4 everywhere else (AArch64
+        NEON's 128 bits; on RISC-V LLVM legalises 4-wide vectors for any V setting)."""
+        if self.arch not in ("x86_64", "i386", "i686"):
+            return 4
         feats = set(self.features.split(","))
         if "+avx512f" in feats or (self.cpu in _AVX512_CPUS and "-avx512f" not in feats):
             return 16
@@ -48,6 +71,48 @@ class Target:
         """An llvmlite TargetMachine emitting position-independent objects
         (one per target and opt level; render and compile share it)."""
         return _target_machine(self, opt_level)
+
+    def elf_flags(self) -> int:
+        """The e_flags LLVM writes into this target's ELF objects (RISC-V records
+        its float ABI and compressed instructions there; the linker refuses to mix
+        objects whose float ABIs differ), read from an empty module's object."""
+        return _elf_flags(self)
+
+
+def host_triple() -> str:
+    """This process's LLVM triple ("x86_64-unknown-linux-gnu")."""
+    return llvm.get_process_triple()
+
+
+def triple_arch(triple: str) -> str:
+    """The architecture word of an LLVM triple, with LLVM's aliases folded."""
+    arch = triple.split("-")[0]
+    return {"arm64": "aarch64", "amd64": "x86_64"}.get(arch, arch)
+
+
+def _system(triple: str) -> str:
+    words = triple.split("-")[1:]
+    for system in ("linux", "darwin", "macos", "ios", "windows", "freebsd", "wasi"):
+        if any(w.startswith(system) for w in words):
+            return system
+    return "-".join(words)
+
+
+def _object_format(triple: str) -> str:
+    system = _system(triple)
+    if system in ("darwin", "macos", "ios") or "apple" in triple.split("-"):
+        return "macho"
+    if system == "windows" or any(w in triple for w in ("mingw", "cygwin", "msvc")):
+        return "coff"
+    if triple.startswith("wasm"):
+        return "wasm"
+    return "elf"
+
+
+# What clang assumes for a riscv64 Linux triple without -march (RV64GC, the
+# ISA Debian and every Linux distribution build for): without it LLVM picks
+# soft-float code, which the system's double-float (lp64d) libraries refuse.
+_DEFAULT_FEATURES = {"riscv64": "+m,+a,+f,+d,+c"}
 
 
 # Named CPUs whose implied features we know without asking LLVM (features
@@ -68,6 +133,17 @@ def _target_machine(target: Target, opt_level: int):
 
 
 @cache
+def _elf_flags(target: Target) -> int:
+    if target.object_format != "elf":
+        raise ValueError(f"{target.triple}: not an ELF target")
+    module = llvm.parse_assembly(f'target triple = "{target.triple}"\n')
+    obj = _target_machine(target, 0).emit_object(module)
+    # e_flags sits after ident(16), type, machine (2+2), version (4), entry, phoff, shoff.
+    offset = 48 if obj[4] == 2 else 36  # ELF64 or ELF32
+    return int.from_bytes(obj[offset:offset + 4], "little" if obj[5] == 1 else "big")
+
+
+@cache
 def _init_llvm() -> None:
     # Safe to call repeatedly; current llvmlite needs no llvm.initialize().
     llvm.initialize_all_targets()
@@ -78,8 +154,10 @@ def _init_llvm() -> None:
 def parse_target(text: str) -> Target:
     """Parse a target string: `llvm [-mtriple=T] [-mcpu=C] [-mattr=+a,-b]`.
 
-    `-mcpu=native` (or no -mcpu) takes this host's cpu and all its features;
-    -mattr entries then add to or remove from that set.
+    `-mcpu=native` (or no -mcpu, for this machine's triple) takes this host's
+    cpu and all its features; for another machine's triple no -mcpu means
+    "generic" (plus RV64GC on riscv64 Linux, as clang assumes) and native is an
+    error. -mattr entries then add to or remove from that set.
     """
     words = shlex.split(text)
     if not words or words[0] != "llvm":
@@ -93,11 +171,20 @@ def parse_target(text: str) -> Target:
             raise TargetError(f"target {text!r}: unknown option {word!r} "
                               "(allowed: -mtriple=, -mcpu=, -mattr=)")
         opts[key] = value
-    triple = opts.get("-mtriple", llvm.get_process_triple())
-    cpu = opts.get("-mcpu", "native")
+    host = host_triple()
+    triple = opts.get("-mtriple", host)
+    foreign = (triple_arch(triple), _system(triple)) != (triple_arch(host), _system(host))
+    cpu = opts.get("-mcpu", "generic" if foreign else "native")
+    if cpu == "native" and foreign:
+        raise TargetError(f"target {text!r}: -mcpu=native names this machine's cpu "
+                          f"({llvm.get_host_cpu_name()}, {triple_arch(host)}), not one for "
+                          f"{triple}; name a cpu of {triple_arch(triple)} or leave -mcpu "
+                          "out for the generic one")
     if cpu == "native":
         cpu = llvm.get_host_cpu_name()
         features = dict(_split_features(llvm.get_host_cpu_features().flatten()))
+    elif "-mcpu" not in opts and "linux" in triple:
+        features = dict(_split_features(_DEFAULT_FEATURES.get(triple_arch(triple), "")))
     else:
         features = {}
     for name, sign in _split_features(opts.get("-mattr", "")):

@@ -1,4 +1,5 @@
-"""Layer 5, linking and packing: `cc` (cc/ld/tar wrappers), `elf` (the devc.o
-writer), `blob` (the blob format and writer), `files` (atomic writes) and
-`export` (devc.o and the .so/.tar: the steps export_library and doit share).
-Imports only `errors`: the runtime loads it, so no compiler code here."""
+"""Layer 5, linking and packing: `cc` (wrappers of a target's compiler and tar),
+`elf` (the devc.o writer), `blob` (the blob format, its ELF and C writers), `files`
+(atomic writes) and `export` (devc.o and the .so/.tar/.o: the steps export_library
+and doit share). Only `export` imports `ir` (a target's machine and ELF flags): the
+runtime loads the others, which import only `errors`, so no compiler code there."""

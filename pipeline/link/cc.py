@@ -1,21 +1,27 @@
-"""Thin wrappers around the system C compiler, linker and tar.
+"""Thin wrappers around a target's C compiler (which also drives its linker) and tar.
 
-Every function writes its output atomically through pipeline/link/files.py
-(temporary file + rename, an unchanged output left untouched, mtime included).
+`cc` everywhere is the compiler command for the target ("aarch64-linux-gnu-gcc",
+"ccache gcc"); None means the host's: $CC, else "cc". Every function writes its
+output atomically through pipeline/link/files.py (temporary file + rename, an
+unchanged output left untouched, mtime included).
 """
 
 from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import subprocess
 import tarfile
 from collections.abc import Sequence
+from functools import cache
 
 from pipeline.errors import PipelineError
 from pipeline.link.files import temp_output
+from pipeline.link.integrity import stamp_code_digest
 
-__all__ = ["LinkError", "create_shared", "create_tar", "link_relocatable"]
+__all__ = ["LinkError", "ToolchainError", "cc_package", "compile_c", "create_shared",
+           "create_tar", "host_cc", "link_relocatable", "toolchain_identity"]
 
 PathLike = str | os.PathLike
 
@@ -24,12 +30,52 @@ class LinkError(PipelineError, RuntimeError):
     """An external tool (cc, ld) failed; the message holds its command line and stderr."""
 
 
-def _tool(env_var: str, default: str, override: str | None = None) -> list[str]:
-    # CC / LD may carry a wrapper or flags ("ccache gcc"), so split like a shell.
-    words = shlex.split(override or os.environ.get(env_var) or default)
+class ToolchainError(LinkError):
+    """A target's compiler cannot be found or run."""
+
+
+def host_cc() -> str:
+    """The host's compiler command: $CC, else "cc"."""
+    return os.environ.get("CC") or "cc"
+
+
+def _tool(cc: str | None) -> list[str]:
+    # cc may carry a wrapper or flags ("ccache gcc"), so split like a shell.
+    words = shlex.split(cc or host_cc())
     if not words:
-        raise LinkError(f"{env_var} is set but empty")
+        raise ToolchainError("the compiler command is empty (cc option or $CC)")
     return words
+
+
+def cc_package(arch: str) -> str:
+    """The Debian package with the GNU cross compiler for an architecture
+    ("aarch64" -> "gcc-aarch64-linux-gnu"), named in errors about a missing cc."""
+    return f"gcc-{arch}-linux-gnu"
+
+
+@cache
+def toolchain_identity(cc: str | None = None) -> dict:
+    """What identifies the compiler `cc` (None: host_cc()): its command, resolved
+    path and `--version` output. Build tasks that run it hash this dict, so a
+    changed compiler (another cc, $CC, an upgraded package) rebuilds what it made.
+
+    Cached per process and command (one `cc --version`, a few milliseconds).
+    Raises ToolchainError if the command cannot be found or run.
+    """
+    words = _tool(cc)
+    found = shutil.which(words[0])
+    if found is None:
+        raise ToolchainError(f"compiler {words[0]!r} not found on PATH")
+    try:
+        proc = subprocess.run([*words, "--version"], capture_output=True, text=True,
+                              check=False, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise ToolchainError(f"cannot run {shlex.join(words)} --version: {err}") from None
+    if proc.returncode != 0:
+        raise ToolchainError(f"{shlex.join(words)} --version failed (exit {proc.returncode}): "
+                             f"{(proc.stderr or proc.stdout).strip()[:200]}")
+    return {"cc": shlex.join(words), "path": os.path.realpath(found),
+            "version": proc.stdout.strip()}
 
 
 def _run(what: str, cmd: list[str]) -> subprocess.CompletedProcess:
@@ -63,7 +109,7 @@ def create_shared(
     Runs `cc -shared -fPIC -o OUT objs... -lm -lgomp [options...]` (kernels call
     libm and libgomp's GOMP_parallel; a library that does not is linked to neither
     where the toolchain links --as-needed, the default on Debian/Ubuntu); the compiler is
-    `cc` if given, else $CC, else "cc". Raises LinkError (command line + stderr)
+    `cc` if given, else host_cc(). Raises LinkError (command line + stderr)
     if the link fails and ValueError for a bad output name or no objects.
     """
     output = os.fspath(output)
@@ -71,20 +117,34 @@ def create_shared(
         raise ValueError(f"shared library name {output!r} must end with '.so'")
     paths = _check_objects(objects)
     with temp_output(output) as tmp:
-        cmd = [*_tool("CC", "cc", cc), "-shared", "-fPIC", "-o", tmp, *paths, "-lm",
+        cmd = [*_tool(cc), "-shared", "-fPIC", "-o", tmp, *paths, "-lm",
                "-lgomp", *(options or ())]
         _run("link", cmd)
+        stamp_code_digest(tmp)  # a library with a blob records its code (see integrity.py)
 
 
-def link_relocatable(output: PathLike, objects: Sequence[PathLike]) -> None:
-    """Combine object files into one relocatable object with `ld -r` ($LD honoured).
+def link_relocatable(output: PathLike, objects: Sequence[PathLike],
+                     cc: str | None = None, options: Sequence[str] = ()) -> None:
+    """Combine object files into one relocatable object: `cc -r -nostdlib`, which
+    runs the target's own `ld -r` (for the host, the same bytes as `ld -r`).
 
-    Objects are passed to ld in the given order (the caller sorts them), so the
-    output bytes are deterministic. Raises LinkError on failure.
+    Objects are passed in the given order (the caller sorts them), so the
+    output bytes are deterministic; options are extra arguments for cc. Raises
+    LinkError on failure.
     """
     paths = _check_objects(objects)
     with temp_output(output) as tmp:
-        _run("relocatable link", [*_tool("LD", "ld"), "-r", "-o", tmp, *paths])
+        _run("relocatable link", [*_tool(cc), "-r", "-nostdlib", "-o", tmp, *paths,
+                                  *options])
+
+
+def compile_c(output: PathLike, source: PathLike, cc: str | None = None,
+              options: Sequence[str] = ()) -> None:
+    """Compile one C file into the position-independent object `output`
+    (`cc -c -fPIC -O0 [options] -o OUT SRC`). Raises LinkError on failure."""
+    with temp_output(output) as tmp:
+        _run("compile", [*_tool(cc), "-c", "-fPIC", "-O0", *options, "-o", tmp,
+                         os.fspath(source)])
 
 
 def create_tar(output: PathLike, files: Sequence[PathLike]) -> None:

@@ -11,31 +11,48 @@ from __future__ import annotations
 
 import struct
 
-__all__ = ["DATA_OFFSET", "data_object"]
+__all__ = ["DATA_OFFSET", "MACHINES", "data_object", "machine_name", "read_machine"]
 
 DATA_OFFSET = 64  # the data's file offset: right after the ELF header, 64-byte aligned
 
-# The System V gABI's numbering.
-_MACHINE = {"x86_64": 62, "aarch64": 183}  # EM_X86_64, EM_AARCH64
+# The System V gABI's numbering: the architectures data_object writes.
+MACHINES = {"x86_64": 62, "aarch64": 183, "riscv64": 243}  # EM_X86_64, EM_AARCH64, EM_RISCV
+# Names for e_machine values a library may carry, for errors about foreign libraries.
+_NAMES = {**{v: k for k, v in MACHINES.items()}, 3: "i386", 8: "mips", 20: "ppc",
+          21: "ppc64", 22: "s390x", 40: "arm", 258: "loongarch64"}
 _SHF_ALLOC, _SHF_X86_64_LARGE = 0x2, 0x10000000
 _SHT_PROGBITS, _SHT_SYMTAB, _SHT_STRTAB = 1, 2, 3
 _SECTION_HEADER = struct.Struct("<IIQQQQIIQQ")
 _SYMBOL = struct.Struct("<IBBHQQ")
 
 
-def data_object(symbol: str, chunks: list, triple: str) -> list:
+def read_machine(header: bytes) -> int | None:
+    """e_machine from the first 20 bytes of a file; None if it is not ELF."""
+    if len(header) < 20 or header[:4] != b"\x7fELF":
+        return None
+    return int.from_bytes(header[18:20], "little" if header[5] == 1 else "big")
+
+
+def machine_name(machine: int) -> str:
+    """A readable architecture name for an e_machine value ("aarch64")."""
+    return _NAMES.get(machine, f"ELF machine {machine}")
+
+
+def data_object(symbol: str, chunks: list, triple: str, flags: int = 0) -> list:
     """The object file defining `symbol` over the bytes of `chunks` (bytes-like,
     in order), as a list of bytes-like pieces to write in order.
 
+    flags: the ELF header's e_flags, which must equal what the target's compiler
+    writes where the linker checks them (RISC-V's float ABI: Target.elf_flags()).
     On x86-64 the data goes in a large-data section (.lrodata, flag
     SHF_X86_64_LARGE): linkers place those after .data/.bss, so a >2 GB blob
     cannot push the kernels' small data out of reach of their PC-relative
-    references. ValueError for a triple that is not x86-64 or AArch64 ELF.
+    references. ValueError for a triple that is not x86-64, AArch64 or riscv64 ELF.
     """
     arch = triple.split("-")[0]
-    if arch not in _MACHINE or any(os_ in triple for os_ in ("darwin", "windows")):
+    if arch not in MACHINES or any(os_ in triple for os_ in ("darwin", "apple", "windows")):
         raise ValueError(f"cannot write a data object for {triple}: only little-endian "
-                         f"ELF targets ({', '.join(_MACHINE)}) are supported")
+                         f"ELF targets ({', '.join(MACHINES)}) are supported")
     size = sum(memoryview(chunk).nbytes for chunk in chunks)
     large = arch == "x86_64"
     data_name = f"{'.lrodata' if large else '.rodata'}.{symbol}".encode()
@@ -49,10 +66,10 @@ def data_object(symbol: str, chunks: list, triple: str) -> list:
     strtab_at = symtab_at + len(symtab)
     shstrtab_at = strtab_at + len(strtab)
     headers_at = shstrtab_at + len(shstrtab) + (-(shstrtab_at + len(shstrtab))) % 8
-    flags = _SHF_ALLOC | (_SHF_X86_64_LARGE if large else 0)
+    data_flags = _SHF_ALLOC | (_SHF_X86_64_LARGE if large else 0)
     sections = [
         bytes(_SECTION_HEADER.size),
-        _SECTION_HEADER.pack(name[data_name], _SHT_PROGBITS, flags, 0, DATA_OFFSET, size,
+        _SECTION_HEADER.pack(name[data_name], _SHT_PROGBITS, data_flags, 0, DATA_OFFSET, size,
                              0, 0, 64, 0),
         _SECTION_HEADER.pack(name[b".note.GNU-stack"], _SHT_PROGBITS, 0, 0, symtab_at, 0,
                              0, 0, 1, 0),
@@ -66,7 +83,7 @@ def data_object(symbol: str, chunks: list, triple: str) -> list:
     ]
     # ELF64, little endian, version 1, System V ABI; a relocatable (1) object.
     header = struct.pack("<4sBBBB8sHHIQQQIHHHHHH", b"\x7fELF", 2, 1, 1, 0, bytes(8), 1,
-                         _MACHINE[arch], 1, 0, 0, headers_at, 0, 64, 0, 0,
+                         MACHINES[arch], 1, 0, 0, headers_at, flags, 64, 0, 0,
                          _SECTION_HEADER.size, len(sections), len(sections) - 1)
     return [header, *chunks, bytes((-size) % 8), symtab, strtab, shstrtab,
             bytes(headers_at - shstrtab_at - len(shstrtab)), *sections]

@@ -4,67 +4,131 @@ GraphExecutorFactory.export_library (pipeline/driver/factory.py) and the doit
 tasks lib0, devc and export (pipeline/tasks/stages.py) both run these steps,
 so the Python API and `doit build` give the same bytes for the same model:
 
-  1. kernel objects -> lib0.o   cc.link_relocatable (ld -r, objects in symbol order)
+  1. kernel objects -> lib0.o   cc.link_relocatable (cc -r, objects in symbol order)
   2. graph JSON + params + kernel symbols + target -> devc.o   pack_devc
-  3. lib0.o + devc.o + executor.o -> .so (deterministic build id) or .tar   link_library
-     (executor.o: the C graph executor, pipeline/runtime/c/, compiled once per target
-     by pipeline/link/runtime_c.py)
+  3. lib0.o + devc.o + executor.o -> .so (deterministic build id), .tar or one .o
+     link_library (executor.o: the C graph executor, pipeline/runtime/c/, compiled
+     once per target compiler by pipeline/link/runtime_c.py)
 
-Every output is written atomically and left untouched when its bytes did not
-change (pipeline/link/files.py), which is what keeps doit's later tasks up to date.
+Every step runs the target's compiler `cc` (None: the host's, allowed only for a
+target this machine runs; resolve_cc). Every output is written atomically and
+left untouched when its bytes did not change (pipeline/link/files.py), which is
+what keeps doit's later tasks up to date.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from pipeline.link.blob import blob_chunks, devc_checksum, write_devc
-from pipeline.link.cc import create_shared, create_tar
+from pipeline.ir.target import Target, host_triple, parse_target, triple_arch
+from pipeline.link.blob import blob_chunks, devc_checksum, write_devc, write_devc_c
+from pipeline.link.cc import (
+    ToolchainError,
+    cc_package,
+    compile_c,
+    create_shared,
+    create_tar,
+    link_relocatable,
+)
+from pipeline.link.elf import MACHINES
 from pipeline.link.runtime_c import executor_object
 
-__all__ = ["link_library", "pack_devc"]
+__all__ = ["LIBRARY_SUFFIXES", "PACKS", "choose_pack", "link_library", "pack_devc",
+           "resolve_cc"]
 
 PathLike = str | os.PathLike
+PACKS = ("elf", "c")  # devc.o written by pipeline/link/elf.py, or compiled from C
+LIBRARY_SUFFIXES = (".so", ".tar", ".o")
 
 
-def pack_devc(graph_json: str, params, kernels: list[str], target: str, triple: str,
-              devc: PathLike) -> None:
+def resolve_cc(target: Target, cc: str | None, key: str = "cc") -> str | None:
+    """The compiler for `target`: `cc` if given; None (the host's) for a target
+    this machine runs. ToolchainError naming `key` and the Debian package of the
+    cross compiler for any other target without one."""
+    if cc is not None or target.is_host:
+        return cc
+    raise ToolchainError(
+        f"{key}: required for target {target.triple}, which is not this machine "
+        f"({triple_arch(host_triple())}): its compiler, e.g. {target.arch}-linux-gnu-gcc "
+        f"from the Debian package {cc_package(target.arch)}")
+
+
+def choose_pack(target: Target, pack: str | None) -> str:
+    """How devc.o is written: `pack` if given ("elf" or "c"), else "elf" where our
+    ELF writer serves the target and "c" (its compiler's object) elsewhere."""
+    if pack is None:
+        return "elf" if target.object_format == "elf" and target.arch in MACHINES else "c"
+    if pack not in PACKS:
+        raise ValueError(f"pack {pack!r}: allowed {', '.join(PACKS)}")
+    return pack
+
+
+def pack_devc(graph_json: str, params, kernels: list[str], target: str, devc: PathLike,
+              pack: str | None = None, cc: str | None = None) -> None:
     """Write devc.o, the object holding the packed blob (pipeline/link/blob.py).
 
     graph_json: the executor's graph JSON text; params: the param-dict bytes as
     one bytes-like object (a memory-mapped .params file) or a list of bytes-like
     chunks (runtime.params.param_chunks), streamed to the file, never joined;
     kernels: the kernel symbols in link order; target: the target string stored
-    in the blob; triple: its LLVM triple (Target.triple), which picks the ELF
-    machine. The blob ends with its sha256, which link_library reads back.
+    in the blob, which picks the object's machine and flags; pack: choose_pack's
+    choice; cc: the target's compiler, used by the "c" pack. The blob ends with
+    its sha256, which link_library reads back.
     """
-    write_devc(blob_chunks(graph_json, params, kernels, target), triple, devc)
+    resolved = parse_target(target)
+    chunks = blob_chunks(graph_json, params, kernels, target)
+    if choose_pack(resolved, pack) == "elf":
+        write_devc(chunks, resolved.triple, devc, resolved.elf_flags())
+        return
+    cc = resolve_cc(resolved, cc)
+    # x86-64: the blob in a large-data section, as the ELF writer does (see elf.py).
+    options = ["-mcmodel=medium", "-mlarge-data-threshold=0"] if resolved.arch == "x86_64" \
+        else []
+    with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(devc))) as tmp:
+        source = os.path.join(tmp, "devc.c")
+        write_devc_c(chunks, source)
+        compile_c(devc, source, cc, options)
 
 
-def link_library(lib0: PathLike | None, devc: PathLike, out: PathLike,
+def link_library(lib0: PathLike | None, devc: PathLike, out: PathLike, cc: str | None = None,
+                 options: Sequence[str] = (),
+                 fcompile: Callable[[str, list[str], list[str]], object] | None = None,
                  executor: PathLike | None = None) -> None:
-    """Link lib0.o + devc.o + the executor object into the shared library `out`
-    (.so), or pack them into a deterministic flat tar (.tar). lib0 is None for a
-    graph without kernels (every output a build-time constant); executor is
-    executor.o (None: runtime_c.executor_object() for the host compiler).
+    """Link lib0.o + devc.o + the executor object into `out`: a shared library
+    (.so), one relocatable object (.o) or a deterministic flat tar of the three
+    (.tar). lib0 is None for a graph without kernels (every output a build-time
+    constant).
 
-    The .so gets a build id made from lib0.o's and executor.o's bytes and the blob
-    checksum stored in devc.o: the linker's own (--build-id=sha1) hashes its whole
-    output, 100 MB for ResNet-50, at a third of a second, while these inputs decide
-    the output and cost nothing to hash. ValueError for another suffix; LinkError
-    if cc fails.
+    cc: the target's compiler (None: the host's); options: extra arguments for
+    it; fcompile: a callable (output, objects, options) that links .so/.o
+    outputs instead of cc, as TVM's export_library takes; executor: executor.o
+    compiled by the target's cc (None: runtime_c.executor_object(cc), cached).
+    The .so gets a build id made from lib0.o's and executor.o's bytes and the
+    blob checksum stored in devc.o: the linker's own (--build-id=sha1) hashes its
+    whole output, 100 MB for ResNet-50, at a third of a second, while these inputs
+    decide the output and cost nothing to hash. create_shared then stamps the code
+    digest of the whole .so, executor included. ValueError for another suffix;
+    LinkError if cc fails.
     """
     out = os.fspath(out)
-    if not out.endswith((".so", ".tar")):
-        raise ValueError(f"{out}: a model library is a .so or .tar file")
-    executor = executor_object() if executor is None else executor
-    objects = [devc, executor] if lib0 is None else [lib0, devc, executor]
+    if not out.endswith(LIBRARY_SUFFIXES):
+        raise ValueError(f"{out}: a model library is a {', '.join(LIBRARY_SUFFIXES)} file")
+    executor = executor_object(cc) if executor is None else executor
+    objects = [os.fspath(o) for o in ([devc, executor] if lib0 is None
+                                      else [lib0, devc, executor])]
     if out.endswith(".tar"):
         create_tar(out, objects)
-        return
-    build_id = hashlib.sha1(b"" if lib0 is None else Path(lib0).read_bytes())
-    build_id.update(Path(executor).read_bytes())
-    build_id.update(devc_checksum(devc))
-    create_shared(out, objects, [f"-Wl,--build-id=0x{build_id.hexdigest()}"])
+    elif fcompile is not None:
+        fcompile(out, objects, list(options))
+    elif out.endswith(".o"):
+        link_relocatable(out, objects, cc, options)
+    else:
+        build_id = hashlib.sha1(b"" if lib0 is None else Path(lib0).read_bytes())
+        build_id.update(Path(executor).read_bytes())
+        build_id.update(devc_checksum(devc))
+        create_shared(out, objects, [f"-Wl,--build-id=0x{build_id.hexdigest()}", *options],
+                      cc)

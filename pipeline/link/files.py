@@ -11,12 +11,15 @@ instead of hashing it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
 import threading
 from collections.abc import Iterator, Sequence
 
-__all__ = ["atomic_write", "same_bytes", "temp_output"]
+from pipeline.errors import OutputError
+
+__all__ = ["atomic_write", "remove_stale_temporaries", "same_bytes", "temp_output"]
 
 PathLike = str | os.PathLike
 
@@ -32,8 +35,12 @@ def temp_output(output: PathLike) -> Iterator[str]:
     output = os.fspath(output)
     folder = os.path.dirname(os.path.abspath(output))
     base = os.path.basename(output)
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{base}.", suffix=".tmp")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{base}.", suffix=".tmp")
+    except OSError as err:
+        _raise_for_output(output, err)
+        raise
     os.close(fd)
     os.chmod(tmp, 0o644)  # mkstemp makes 0600; artifacts are meant to be shared
     try:
@@ -42,10 +49,23 @@ def temp_output(output: PathLike) -> Iterator[str]:
             _remove(tmp)
         else:
             _replace(tmp, output)
-    except BaseException:
+    except BaseException as err:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(err, OSError):
+            _raise_for_output(output, err)
         raise
+
+
+# Errors of the disk rather than of the program: the user gets one line naming
+# the artifact (a PipelineError), and the previous artifact is still in place.
+_DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO, errno.EACCES}
+
+
+def _raise_for_output(output: str, err: OSError) -> None:
+    if err.errno in _DISK_ERRORS and not isinstance(err, OutputError):
+        raise OutputError(f"{output}: cannot write: {os.strerror(err.errno)}; the previous "
+                          "version, if any, is unchanged") from err
 
 
 def _replace(tmp: str, output: str) -> None:
@@ -100,3 +120,25 @@ def atomic_write(path: PathLike, data: bytes | Sequence) -> None:
     with temp_output(path) as tmp:
         with open(tmp, "wb") as f:
             f.writelines([data] if isinstance(data, bytes) else data)
+
+
+def remove_stale_temporaries(folder: PathLike, skip: PathLike | None = None) -> list[str]:
+    """Delete the temporary files temp_output left under folder when its process was
+    killed mid-write (".<name>.<random>.tmp", and its ".old" link); returns them.
+
+    Only safe while no other process writes there: dodo.py calls it holding
+    out/.lock. `skip` (the kernel cache, which other checkouts may share and
+    fill at the same time) is left alone.
+    """
+    skip_path = os.path.abspath(skip) if skip else None
+    removed = []
+    for root, dirs, names in os.walk(folder):
+        if skip_path and os.path.abspath(root) == skip_path:
+            dirs[:] = []
+            continue
+        for name in names:
+            if name.startswith(".") and (name.endswith(".tmp") or name.endswith(".tmp.old")):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(root, name))
+                removed.append(os.path.join(root, name))
+    return removed

@@ -1,26 +1,24 @@
 """Compile the C runtime: the executor object linked into every library, and the
 `pipeline-run` program (sources: pipeline/runtime/c/).
 
-Both are compiled once per target with that target's C compiler ($CC, else
-"cc", as pipeline/link/cc.py picks it). The API caches executor.o under a key of
-the sources' hash and the compiler's identity; the doit task `runtime:<target>`
-writes out/runtime/<target>/ instead.
+Both are compiled once per target with that target's C compiler (`cc`; None: the
+host's, $CC else "cc", as pipeline/link/cc.py picks it), so a foreign target's
+library links a foreign executor. The API caches executor.o under a key of the
+sources' hash and the compiler's identity (cc.toolchain_identity); the doit task
+`runtime:<target>` writes out/runtime/<target>/ instead.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
+import json
 import os
-import shutil
-import subprocess
 from pathlib import Path
 
-from pipeline.link.cc import _run, _tool
+from pipeline.link.cc import _run, _tool, toolchain_identity
 from pipeline.link.files import temp_output
 
-__all__ = ["C_DIR", "C_SOURCES", "build_pipeline_run", "cc_identity", "compile_executor",
-           "executor_object"]
+__all__ = ["C_DIR", "C_SOURCES", "build_pipeline_run", "compile_executor", "executor_object"]
 
 C_DIR = Path(__file__).resolve().parent.parent / "runtime" / "c"
 C_SOURCES = (C_DIR / "pipeline_runtime.h", C_DIR / "executor.c", C_DIR / "pipeline_run.c")
@@ -32,44 +30,28 @@ _CFLAGS = ("-std=c11", "-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra"
 _CACHE_ENV = "PIPELINE_KERNEL_CACHE"
 
 
-@functools.lru_cache(maxsize=8)
-def _identity(words: tuple[str, ...]) -> str:
-    exe = shutil.which(words[0])
-    try:
-        version = subprocess.run([*words, "--version"], capture_output=True, text=True,
-                                 check=False).stdout.strip()
-    except OSError:
-        version = ""
-    return f"{os.path.realpath(exe) if exe else words[0]} {' '.join(words[1:])}\n{version}"
-
-
-def cc_identity(cc: str | None = None) -> str:
-    """The C compiler's resolved path, its extra words and its `--version` text:
-    what decides the objects it makes (changes when the compiler does)."""
-    return _identity(tuple(_tool("CC", "cc", cc)))
-
-
 def compile_executor(output: str | os.PathLike, cc: str | None = None) -> None:
     """Compile executor.c into the relocatable object `output` (written atomically);
     LinkError with the command and stderr if the compiler fails."""
     with temp_output(output) as tmp:
-        _run("compile executor", [*_tool("CC", "cc", cc), *_CFLAGS, "-c",
+        _run("compile executor", [*_tool(cc), *_CFLAGS, "-c",
                                   str(C_DIR / "executor.c"), "-o", tmp])
 
 
 def build_pipeline_run(output: str | os.PathLike, cc: str | None = None) -> None:
     """Compile and link the `pipeline-run` program to `output` (executable)."""
     with temp_output(output) as tmp:
-        _run("build pipeline-run", [*_tool("CC", "cc", cc), *_CFLAGS, "-o", tmp,
+        _run("build pipeline-run", [*_tool(cc), *_CFLAGS, "-o", tmp,
                                     str(C_DIR / "pipeline_run.c"), "-ldl"])
         os.chmod(tmp, 0o755)
 
 
 def executor_object(cc: str | None = None, cache: str | os.PathLike | None = None) -> Path:
     """executor.o for `cc`, compiled once: `<cache>/runtime/<key>/executor.o`, the key
-    a hash of the C sources and cc_identity(cc). cache: default
-    $PIPELINE_KERNEL_CACHE, else $XDG_CACHE_HOME/pipeline (~/.cache/pipeline)."""
-    key = hashlib.sha256(cc_identity(cc).encode())
+    a hash of the C sources and toolchain_identity(cc) (ToolchainError if cc cannot
+    run). cache: default $PIPELINE_KERNEL_CACHE, else $XDG_CACHE_HOME/pipeline
+    (~/.cache/pipeline)."""
+    key = hashlib.sha256(json.dumps(toolchain_identity(cc), sort_keys=True).encode())
     for src in C_SOURCES[:2]:
         key.update(src.read_bytes())
     root = Path(cache or os.environ.get(_CACHE_ENV) or Path(

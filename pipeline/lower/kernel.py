@@ -3,8 +3,8 @@
 A spec holds what decides the kernel's machine code and nothing else: the
 operator chain with canonical tensor names (argument `a<i>`, temporary `t<i>`;
 graph node names are dropped), the argument types, the resolved target, the
-LLVM opt level and the code generator's version. Its content hash is the
-kernel's identity: two models (or matrix entries) that need the same kernel
+LLVM opt level and the version of the code that generates it (kernel_version).
+Its content hash is the kernel's identity: two models (or matrix entries) that need the same kernel
 get the same hash and share one object file; weights never enter it.
 """
 
@@ -13,26 +13,66 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, partial
 
 import llvmlite
 
 from pipeline.errors import GraphError
 from pipeline.ir.graph import Graph, Node, TensorType
 from pipeline.ir.target import Target
-from pipeline.lower.sources import CODEGEN_SOURCES
+from pipeline.lower.sources import CODEGEN_ROOTS, kernel_digest, kernel_sources
 from pipeline.ops import get, infer_types
 
 # Bump when the kernel ABI or object format changes in a way sources don't show.
 FORMAT_VERSION = 1
 
 
-@lru_cache(maxsize=1)
-def codegen_version() -> str:
-    """Hash of the code generator's sources, llvmlite's version and FORMAT_VERSION."""
+def _defining_modules(fn, found: set[str], seen: set[int]) -> None:
+    """Add the pipeline modules whose code `fn` runs when called: its own, and those
+    of the functions it wraps (functools.partial, closures such as nn.as_1d's, the
+    default arguments of a lambda)."""
+    if id(fn) in seen:
+        return
+    seen.add(id(fn))
+    inner = [fn.func, *fn.args, *fn.keywords.values()] if isinstance(fn, partial) else []
+    module = getattr(fn, "__module__", None) or ""
+    if module.startswith("pipeline."):
+        found.add(module)
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            inner.append(cell.cell_contents)
+        except ValueError:  # a cell not filled yet
+            pass
+    inner += getattr(fn, "__defaults__", None) or ()
+    for f in inner:
+        if callable(f):
+            _defining_modules(f, found, seen)
+
+
+def _roots(op_names: tuple[str, ...]) -> tuple[str, ...]:
+    modules: set[str] = set()
+    for name in set(op_names):
+        op = get(name)
+        for fn in (op.lower, op.scalar):
+            if fn is not None:
+                _defining_modules(fn, modules, set())
+    return tuple(sorted({*CODEGEN_ROOTS, *modules}))
+
+
+def version_sources(op_names: tuple[str, ...]) -> tuple[str, ...]:
+    """The modules whose code decides a kernel made of the operators `op_names`:
+    the code generator's and those lowering these operators (with what they import)."""
+    return kernel_sources(_roots(op_names))
+
+
+@cache
+def kernel_version(op_names: tuple[str, ...]) -> str:
+    """The version of a kernel made of the operators `op_names`: a hash of llvmlite's
+    version, FORMAT_VERSION and its version_sources (each operator module without
+    its ONNX converters, pipeline/lower/sources.py), so an edit to one family's
+    lowering recompiles that family's kernels and an ONNX converter edit none."""
     h = hashlib.sha256(f"{FORMAT_VERSION} llvmlite {llvmlite.__version__}".encode())
-    for path in CODEGEN_SOURCES:
-        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    h.update(kernel_digest(_roots(op_names)).encode())
     return h.hexdigest()[:16]
 
 
@@ -111,6 +151,7 @@ def kernel_spec(node: Node, graph: Graph, target: Target, opt_level: int) -> Ker
         names[inner.outputs[0]] = f"t{k}"
         ops.append(Node(inner.op, "", inputs, (f"t{k}",), inner.attrs))
     params = tuple(graph.types[i] for i in node.inputs) + (graph.types[node.outputs[0]],)
-    spec = KernelSpec(tuple(ops), params, target, opt_level, codegen_version())
+    spec = KernelSpec(tuple(ops), params, target, opt_level,
+                      kernel_version(tuple(n.op for n in ops)))
     spec.verify()
     return spec

@@ -85,60 +85,59 @@ def _conv_gemm(kb, node, ins, out, epilogue):
     k_n = icg * taps
     in_strides = [math.prod(in_sp[i + 1:]) for i in range(len(in_sp))]
     direct = taps == 1 and set(strides) == {1} and set(lows) == {0} and out_sp == in_sp
-    b = kb.b
 
     def patch(src, starts, tap):
         """x at input pixel starts + tap * dilations from `src`, 0 outside."""
-        ok, at = None, kb.i64(0)
+        ok, at = None, 0
         for pos0, k, dl, size, stride in zip(starts, tap, dilations, in_sp, in_strides,
                                               strict=True):
-            pos = kb.add(pos0, kb.mul(k, dl))
-            inside = b.icmp_unsigned("<", pos, kb.i64(size))
-            ok = inside if ok is None else b.and_(ok, inside)
-            at = kb.add(at, kb.mul(pos, stride))
+            pos = pos0 + k * dl
+            inside = pos.below(size)
+            ok = inside if ok is None else kb.and_(ok, inside)
+            at = at + pos * stride
         # Clamp the offset so the load stays in bounds; the select drops it.
-        v = kb.load(x, kb.add(src, b.select(ok, at, kb.i64(0))))
-        return b.select(ok, v, kb.f32(0.0))
+        v = kb.load(x, src + kb.select(ok, at, 0))
+        return kb.select(ok, v, kb.f32(0.0))
 
     def starts_of(p):
-        return [kb.add(kb.mul(o, s), -lo) for o, s, lo in
+        return [o * s - lo for o, s, lo in
                 zip(kb.unflatten(p, out_sp), strides, lows, strict=True)]
 
     with kb.loop(0, n_n, "n") as n, kb.loop(0, groups, "g") as g:
-        x_base = kb.mul(kb.add(kb.mul(n, c), kb.mul(g, icg)), in_plane)
-        w_base = kb.mul(kb.mul(g, ocg), k_n)
+        x_base = (n * c + g * icg) * in_plane
+        w_base = g * ocg * k_n
 
         def load_a(m, k):
-            return kb.load(w, kb.add(w_base, kb.add(kb.mul(m, k_n), k)))
+            return kb.load(w, w_base + (m * k_n + k))
 
         def load_b(k, p):
             if direct:
-                return kb.load(x, kb.add(x_base, kb.add(kb.mul(k, in_plane), p)))
-            ic, tap = b.udiv(k, kb.i64(taps)), b.urem(k, kb.i64(taps))
-            return patch(kb.add(x_base, kb.mul(ic, in_plane)), starts_of(p),
+                return kb.load(x, x_base + (k * in_plane + p))
+            ic, tap = k // taps, k % taps
+            return patch(x_base + ic * in_plane, starts_of(p),
                          kb.unflatten(tap, kernel))
 
         def pack(panel, k0, k_len, n0):
             # Channel outer, column inner: the inner loop reads neighbouring
             # pixels and writes a panel row, so it vectorises without gathers.
             with kb.loop(0, k_len // taps, "pc") as icl, kb.loop(0, PANEL_COLUMNS, "pj") as j:
-                starts = starts_of(kb.add(n0, j))
-                src = kb.add(x_base, kb.mul(kb.add(icl, k0 // taps), in_plane))
+                starts = starts_of(n0 + j)
+                src = x_base + (icl + k0 // taps) * in_plane
                 for t, tap in enumerate(itertools.product(*map(range, kernel))):
-                    k = kb.add(kb.mul(icl, taps), t)
-                    kb.store(panel, kb.add(kb.mul(k, PANEL_COLUMNS), j),
+                    k = icl * taps + t
+                    kb.store(panel, k * PANEL_COLUMNS + j,
                              patch(src, starts, tap))
 
-        c_base = kb.mul(kb.add(kb.mul(n, oc_n), kb.mul(g, ocg)), plane)
+        c_base = (n * oc_n + g * ocg) * plane
         tiled_gemm(kb, (ocg, plane, k_n), load_a, load_b, out, c_base, by_column=not direct,
                    pack_b=None if direct else pack, k_chunk=max(1, 512 // taps) * taps)
     if bias is None and epilogue is None:
         return
     with kb.loop(0, n_n, "n") as n, kb.loop(0, oc_n, "oc") as oc:
-        base = kb.mul(kb.add(kb.mul(n, oc_n), oc), plane)
+        base = (n * oc_n + oc) * plane
         shift = kb.load(bias, oc) if bias else None
         with kb.nest(tuple(out_sp), "e") as pixel:
-            o = kb.add(base, kb.dot(pixel, out.strides[2:]))
+            o = base + kb.dot(pixel, out.strides[2:])
             v = kb.load(out, o)
             if shift is not None:
                 v = kb.fadd(v, shift)
@@ -178,16 +177,16 @@ def _conv_direct(kb, node, ins, out, epilogue):
         borders = [((0, i0), (0, ow_n)), ((i1, oh_n), (0, ow_n)), ((i0, i1), (0, j0)),
                    ((i0, i1), (j1, ow_n))]
     with kb.loop(0, n_n, "n") as n, kb.loop(0, oc_n, "oc") as oc:
-        plane = kb.mul(kb.add(kb.mul(n, oc_n), oc), oh_n * ow_n)
+        plane = (n * oc_n + oc) * (oh_n * ow_n)
         init = kb.load(bias, oc) if bias else kb.f32(0.0)
         with kb.loop(0, oh_n * ow_n, "p") as p:
-            kb.store(out, kb.add(plane, p), init)
-        group = kb.b.udiv(oc, kb.i64(ocg))
+            kb.store(out, plane + p, init)
+        group = oc // ocg
         with kb.loop(0, icg, "icl") as icl:
-            ic = kb.add(kb.mul(group, icg), icl)
-            in_plane = kb.mul(kb.add(kb.mul(n, c), ic), h * wd)
-            w_base = kb.mul(kb.add(kb.mul(oc, icg), icl), kh_n * kw_n)
-            taps = [(kh, kw, kb.load(w, kb.add(w_base, kh * kw_n + kw)))
+            ic = group * icg + icl
+            in_plane = (n * c + ic) * (h * wd)
+            w_base = (oc * icg + icl) * (kh_n * kw_n)
+            taps = [(kh, kw, kb.load(w, w_base + (kh * kw_n + kw)))
                     for kh in range(kh_n) for kw in range(kw_n)]
             if inner is not None:
                 _conv_taps(kb, node, x, out, in_plane, plane, taps, inner)
@@ -209,14 +208,14 @@ def _conv_taps(kb, node, x, out, in_plane, plane, taps, box):
     pt, pl = node.attr("pads")[:2]
     (r0, r1), (q0, q1) = box
     with kb.loop(r0, r1, "oh") as oh:
-        out_row = kb.add(plane, kb.mul(oh, ow_n))
-        in_row = kb.add(in_plane, kb.mul(kb.add(kb.mul(oh, sh), -pt), wd))
+        out_row = plane + oh * ow_n
+        in_row = in_plane + (oh * sh - pt) * wd
         with kb.loop(q0, q1, "ow") as ow:
-            o = kb.add(out_row, ow)
-            at = kb.add(in_row, kb.add(kb.mul(ow, sw), -pl))
+            o = out_row + ow
+            at = in_row + (ow * sw - pl)
             acc = kb.load(out, o)
             for kh, kw, wv in taps:
-                v = kb.load(x, kb.add(at, kh * dh * wd + kw * dw))
+                v = kb.load(x, at + (kh * dh * wd + kw * dw))
                 acc = kb.fadd(acc, kb.fmul(wv, v))
             kb.store(out, o, acc)
 
@@ -242,7 +241,7 @@ def kernel_of(n, ctx) -> tuple[int, ...]:
     return kernel
 
 
-@onnx_op("Conv", 1)
+@onnx_op("Conv", 1, emits=("conv1d", "conv2d", "conv3d"))
 def _conv(ctx, n):
     x_shape = ctx.type(n.inputs[0]).shape
     kernel = kernel_of(n, ctx)

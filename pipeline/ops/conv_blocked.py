@@ -27,9 +27,6 @@ from pipeline.dsl.vector import (
     parallel_for,
     prefetch,
     prefetch_epilogue,
-    splat,
-    vload,
-    vstore,
     zeros,
 )
 from pipeline.errors import ModelError
@@ -140,7 +137,7 @@ class _Geo:
 
     def x_offset(self, kb, plane, ih, iw):
         """Offset of x[n, icb, ih, iw, 0] given the offset of x[n, icb, 0, 0, 0]."""
-        return kb.add(plane, kb.mul(kb.add(kb.mul(ih, self.w), iw), self.ib))
+        return plane + (ih * self.w + iw) * self.ib
 
 
 def _lower(kb, node, ins, out, epilogue):
@@ -155,7 +152,7 @@ def _lower(kb, node, ins, out, epilogue):
     if flat:  # one static plan over the whole plane: every tap's validity is known here
         pixels = [(i // ow_n, i % ow_n) for i in range(oh_n * ow_n)]
         with parallel_for(kb, n_n * ocg_n, "groups") as item:
-            n, ocg = kb.b.udiv(item, kb.i64(ocg_n)), kb.b.urem(item, kb.i64(ocg_n))
+            n, ocg = item // ocg_n, item % ocg_n
             for start in range(0, len(pixels), t):
                 _tile(kb, g, bufs, n, ocg, pixels[start:start + t], None)
         return
@@ -165,16 +162,13 @@ def _lower(kb, node, ins, out, epilogue):
     group_major = ocg_n * icb_n * h * wd * ib <= oh_n * w.type.size
     plan = row_plan(ow_n, t, -(-pl // sw), (wd - 1 + pl - (kw_n - 1)) // sw)
     with parallel_for(kb, n_n * ocg_n * oh_n, "rows") as item:
-        b = kb.b
-        n = b.udiv(item, kb.i64(ocg_n * oh_n))
-        rest = b.urem(item, kb.i64(ocg_n * oh_n))
+        n, rest = item // (ocg_n * oh_n), item % (ocg_n * oh_n)
         inner = oh_n if group_major else ocg_n
-        major, minor = b.udiv(rest, kb.i64(inner)), b.urem(rest, kb.i64(inner))
+        major, minor = rest // inner, rest % inner
         ocg, oh = (major, minor) if group_major else (minor, major)
-        ih0 = b.sub(b.mul(oh, kb.i64(sh)), kb.i64(pt))
+        ih0 = oh * sh - pt
         # the taps kh with 0 <= ih0 + kh < h
-        row = (oh, ih0, smax(kb, b.neg(ih0), kb.i64(0)),
-               smin(kb, b.sub(kb.i64(h), ih0), kb.i64(kh_n)))
+        row = (oh, ih0, kb.smax(-ih0, 0), kb.smin(h - ih0, kh_n))
         for entry in plan:
             if entry[0] == "static":
                 _, start, width = entry
@@ -182,16 +176,8 @@ def _lower(kb, node, ins, out, epilogue):
                 continue
             _, start, count = entry
             with kb.loop(0, count, "tile") as j:
-                ow0 = kb.b.add(kb.i64(start), kb.b.mul(j, kb.i64(t)))
-                _tile(kb, g, bufs, n, ocg, [(oh, kb.add(ow0, c)) for c in range(t)], row)
-
-
-def smax(kb, a, b):
-    return kb.b.select(kb.b.icmp_signed(">", a, b), a, b)
-
-
-def smin(kb, a, b):
-    return kb.b.select(kb.b.icmp_signed("<", a, b), a, b)
+                ow0 = start + j * t
+                _tile(kb, g, bufs, n, ocg, [(oh, ow0 + c) for c in range(t)], row)
 
 
 def _tile(kb, g: _Geo, bufs, n, ocg, pixels, row):
@@ -203,25 +189,25 @@ def _tile(kb, g: _Geo, bufs, n, ocg, pixels, row):
     tap kw falls into the padding be left out.
     """
     x, w, bias, out, epilogue = bufs
-    ocb0 = kb.mul(ocg, g.k)
+    ocb0 = ocg * g.k
     accs = []
     for k in range(g.k):
-        init = vload(kb, bias, kb.mul(kb.add(ocb0, k), g.ob), g.ob) if bias else zeros(g.ob)
+        init = kb.vload(bias, (ocb0 + k) * g.ob, g.ob) if bias else zeros(g.ob)
         accs.append([kb.local(init) for _ in pixels])
         for oh, ow in pixels:
-            prefetch_epilogue(kb, epilogue, out, [n, kb.add(ocb0, k), oh, ow, 0])
+            prefetch_epilogue(kb, epilogue, out, [n, ocb0 + k, oh, ow, 0])
     with kb.loop(0, g.icb, "icb") as icb:
-        plane = kb.mul(kb.add(kb.mul(n, g.icb), icb), g.h * g.w * g.ib)
-        w_icb = kb.mul(kb.add(kb.mul(ocg, g.icb), icb), g.kh * g.kw * g.ib * g.kob)
+        plane = (n * g.icb + icb) * (g.h * g.w * g.ib)
+        w_icb = (ocg * g.icb + icb) * (g.kh * g.kw * g.ib * g.kob)
         if row is None:
             _static_taps(kb, g, x, w, accs, pixels, plane, w_icb)
         else:
             _row_taps(kb, g, x, w, accs, pixels, plane, w_icb, row)
     for k in range(g.k):
         for j, (oh, ow) in enumerate(pixels):
-            index = [n, kb.add(ocb0, k), oh, ow, 0]
+            index = [n, ocb0 + k, oh, ow, 0]
             value = apply_epilogue(kb, epilogue, kb.get(accs[k][j]), index)
-            vstore(kb, out, kb.dot(index[:4], out.strides[:4]), value)
+            kb.vstore(out, kb.dot(index[:4], out.strides[:4]), value)
 
 
 def _static_taps(kb, g: _Geo, x, w, accs, pixels, plane, w_icb):
@@ -231,7 +217,7 @@ def _static_taps(kb, g: _Geo, x, w, accs, pixels, plane, w_icb):
             cols = [(j, g.x_offset(kb, plane, oh * g.sh - g.pt + kh, ow * g.sw - g.pl + kw))
                     for j, (oh, ow) in enumerate(pixels)
                     if 0 <= oh * g.sh - g.pt + kh < g.h and 0 <= ow * g.sw - g.pl + kw < g.w]
-            _taps(kb, g, x, w, accs, kb.add(w_icb, (kh * g.kw + kw) * g.ib * g.kob), cols)
+            _taps(kb, g, x, w, accs, w_icb + (kh * g.kw + kw) * g.ib * g.kob, cols)
 
 
 def _row_taps(kb, g: _Geo, x, w, accs, pixels, plane, w_icb, row):
@@ -241,20 +227,20 @@ def _row_taps(kb, g: _Geo, x, w, accs, pixels, plane, w_icb, row):
     leaving out the columns whose tap falls into the padding."""
     _, ih0, kh_lo, kh_hi = row
     with kb.loop(kh_lo, kh_hi, "kh") as kh:
-        ih = kb.add(ih0, kh)
-        w_kh = kb.add(w_icb, kb.mul(kh, g.kw * g.ib * g.kob))
+        ih = ih0 + kh
+        w_kh = w_icb + kh * (g.kw * g.ib * g.kob)
         if not any(isinstance(ow, int) for _, ow in pixels):
-            cols = [(j, g.x_offset(kb, plane, ih, kb.add(kb.mul(ow, g.sw), -g.pl)))
+            cols = [(j, g.x_offset(kb, plane, ih, ow * g.sw - g.pl))
                     for j, (_, ow) in enumerate(pixels)]
             _taps(kb, g, x, w, accs, w_kh, cols, g.kw * g.ib)
             return
         # kw outside ic: a broadcast input value then serves one tap only, so LLVM
         # keeps no values alive across taps (that would spill accumulators).
         for kw in range(g.kw):
-            cols = [(j, g.x_offset(kb, plane, ih, kb.add(kb.mul(ow, g.sw), kw - g.pl)))
+            cols = [(j, g.x_offset(kb, plane, ih, ow * g.sw + (kw - g.pl)))
                     for j, (_, ow) in enumerate(pixels)
                     if 0 <= ow * g.sw - g.pl + kw < g.w]
-            _taps(kb, g, x, w, accs, kb.add(w_kh, kw * g.ib * g.kob), cols)
+            _taps(kb, g, x, w, accs, w_kh + kw * g.ib * g.kob, cols)
 
 
 def _taps(kb, g: _Geo, x, w, accs, w_tap, cols, count=None):
@@ -264,14 +250,14 @@ def _taps(kb, g: _Geo, x, w, accs, w_tap, cols, count=None):
     if not cols:
         return
     with kb.loop(0, count or g.ib, "ic") as ic:
-        w_ic = kb.add(w_tap, kb.mul(ic, g.kob))
-        wv = [vload(kb, w, kb.add(w_ic, k * g.ob), g.ob) for k in range(g.k)]
+        w_ic = w_tap + ic * g.kob
+        wv = [kb.vload(w, w_ic + k * g.ob, g.ob) for k in range(g.k)]
         # The weights stream through once per tile, 128-256 bytes per step: the
         # hardware prefetchers fall behind when they come from L3 or memory.
         for k in range(g.k):
-            prefetch(kb, w, kb.add(w_ic, PREFETCH_BYTES // 4 + k * g.ob))
+            prefetch(kb, w, w_ic + (PREFETCH_BYTES // 4 + k * g.ob))
         for j, x_off in cols:
-            xv = splat(kb, kb.load(x, kb.add(x_off, ic)), g.ob)
+            xv = kb.splat(kb.load(x, x_off + ic), g.ob)
             for k, wk in enumerate(wv):
                 kb.set(accs[k][j], fma(kb, xv, wk, kb.get(accs[k][j])))
 

@@ -13,7 +13,7 @@ import itertools
 import math
 from contextlib import contextmanager
 
-from pipeline.dsl.vector import fma, splat, vload, vstore, zeros
+from pipeline.dsl.vector import fma, zeros
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.conv import kernel_of
@@ -76,31 +76,29 @@ def _conv_t_lower(kb, node, ins, out, epilogue):
     size = rows * wd  # one tap's row buffer
     row = kb.scratch(max(1, len(taps)) * size)
     packed = kb.scratch(icg * size)
-    b = kb.b
     with kb.loop(0, n_n, "n") as n:
         with kb.loop(0, oc_n, "oc") as oc:
             init = kb.load(bias, oc) if bias else kb.f32(0.0)
-            plane = kb.mul(kb.add(kb.mul(n, oc_n), oc), oh_n * ow_n)
+            plane = (n * oc_n + oc) * (oh_n * ow_n)
             with kb.loop(0, oh_n * ow_n, "p") as p:
-                kb.store(out, kb.add(plane, p), init)
+                kb.store(out, plane + p, init)
         with kb.loop(0, ceil_div(h, rows), "chunk") as chunk, \
                 kb.loop(0, groups, "g") as group:
-            r0 = kb.mul(chunk, rows)
-            n_rows = _smin(kb, b.sub(kb.i64(h), r0), kb.i64(rows))
-            span = kb.mul(n_rows, wd)
-            n_blocks = b.udiv(span, kb.i64(_BLOCK))
-            x_base = kb.add(kb.mul(kb.add(kb.mul(n, c), kb.mul(group, icg)), h * wd),
-                            kb.mul(r0, wd))
+            r0 = chunk * rows
+            n_rows = kb.smin(h - r0, rows)
+            span = n_rows * wd
+            n_blocks = span // _BLOCK
+            x_base = (n * c + group * icg) * (h * wd) + r0 * wd
             # packed[(qb * icg + icl) * BLOCK + j] = x[icl, chunk q = qb * BLOCK + j]
             with kb.loop(0, n_blocks, "pb") as qb, kb.loop(0, icg, "pc") as icl, \
                     kb.loop(0, _BLOCK, "pj") as j:
-                src = kb.add(x_base, kb.add(kb.mul(icl, h * wd), kb.add(kb.mul(qb, _BLOCK), j)))
-                dst = kb.add(kb.mul(kb.add(kb.mul(qb, icg), icl), _BLOCK), j)
+                src = x_base + (icl * (h * wd) + (qb * _BLOCK + j))
+                dst = (qb * icg + icl) * _BLOCK + j
                 kb.store(packed, dst, kb.load(x, src))
             with kb.loop(0, ocg, "ocl") as ocl:
-                oc = kb.add(kb.mul(group, ocg), ocl)
-                plane = kb.mul(kb.add(kb.mul(n, oc_n), oc), oh_n * ow_n)
-                w_base = kb.mul(kb.add(kb.mul(kb.mul(group, icg), ocg), ocl), kh_n * kw_n)
+                oc = group * ocg + ocl
+                plane = (n * oc_n + oc) * (oh_n * ow_n)
+                w_base = (group * icg * ocg + ocl) * (kh_n * kw_n)
                 for first in range(0, len(taps), _TAP_GROUP):
                     group_taps = list(enumerate(taps))[first:first + _TAP_GROUP]
                     _conv_t_products(kb, x, w, packed, row, group_taps, span, n_blocks, icg,
@@ -108,7 +106,7 @@ def _conv_t_lower(kb, node, ins, out, epilogue):
                 _conv_t_scatter(kb, node, out, row, taps, plane, r0, n_rows, wd, size)
         if epilogue is not None:
             with kb.loop(0, oc_n, "oc") as oc:
-                plane_epilogue(kb, out, kb.mul(kb.add(kb.mul(n, oc_n), oc), oh_n * ow_n),
+                plane_epilogue(kb, out, (n * oc_n + oc) * (oh_n * ow_n),
                                 n, oc, epilogue)
 
 
@@ -121,26 +119,26 @@ def _conv_t_products(kb, x, w, packed, row, taps, span, n_blocks, icg, x_base, w
     with kb.loop(0, n_blocks, "qb") as qb:
         accs = [[kb.local(zeros(_LANES)) for _ in range(_UNROLL)] for _ in taps]
         with kb.loop(0, icg, "icl") as icl:
-            src = kb.mul(kb.add(kb.mul(qb, icg), icl), _BLOCK)
-            xs = [vload(kb, packed, kb.add(src, u * _LANES), _LANES) for u in range(_UNROLL)]
-            w_ic = kb.add(w_base, kb.mul(icl, w_ic_stride))
+            src = (qb * icg + icl) * _BLOCK
+            xs = [kb.vload(packed, src + u * _LANES, _LANES) for u in range(_UNROLL)]
+            w_ic = w_base + icl * w_ic_stride
             for slots, (_, (kh, kw, _, _)) in zip(accs, taps, strict=True):
-                wv = splat(kb, kb.load(w, kb.add(w_ic, kh * kw_n + kw)), _LANES)
+                wv = kb.splat(kb.load(w, w_ic + (kh * kw_n + kw)), _LANES)
                 for slot, xv in zip(slots, xs, strict=True):
                     kb.set(slot, fma(kb, wv, xv, kb.get(slot)))
         for slots, (t, _) in zip(accs, taps, strict=True):
             for u, slot in enumerate(slots):
-                vstore(kb, row, kb.add(kb.mul(qb, _BLOCK), t * size + u * _LANES),
+                kb.vstore(row, qb * _BLOCK + (t * size + u * _LANES),
                        kb.get(slot))
     plane_size = x.type.shape[2] * x.type.shape[3]
-    with kb.loop(kb.mul(n_blocks, _BLOCK), span, "qt") as q:
+    with kb.loop(n_blocks * _BLOCK, span, "qt") as q:
         for t, (kh, kw, _, _) in taps:
             acc = kb.local(kb.f32(0.0))
             with kb.loop(0, icg, "icl") as icl:
-                src = kb.add(x_base, kb.add(kb.mul(icl, plane_size), q))
-                wv = kb.load(w, kb.add(kb.add(w_base, kb.mul(icl, w_ic_stride)), kh * kw_n + kw))
+                src = x_base + (icl * plane_size + q)
+                wv = kb.load(w, w_base + icl * w_ic_stride + (kh * kw_n + kw))
                 kb.set(acc, kb.fadd(kb.get(acc), kb.fmul(wv, kb.load(x, src))))
-            kb.store(row, kb.add(q, t * size), kb.get(acc))
+            kb.store(row, q + t * size, kb.get(acc))
 
 
 def _conv_t_scatter(kb, node, out, row, taps, plane, r0, n_rows, wd, size):
@@ -150,22 +148,13 @@ def _conv_t_scatter(kb, node, out, row, taps, plane, r0, n_rows, wd, size):
     pt, pl = node.attr("pads")[:2]
     ow_n = out.type.shape[3]
     for t, (kh, kw, (ih_lo, ih_hi), (iw_lo, iw_hi)) in enumerate(taps):
-        lo = _smax(kb, r0, kb.i64(ih_lo))
-        hi = _smin(kb, kb.add(r0, n_rows), kb.i64(ih_hi))
+        lo, hi = kb.smax(r0, ih_lo), kb.smin(r0 + n_rows, ih_hi)
         with kb.loop(lo, hi, "ih") as ih:
-            out_row = kb.add(plane, kb.mul(kb.add(kb.mul(ih, sh), kh * dh - pt), ow_n))
-            row_base = kb.add(kb.mul(kb.b.sub(ih, r0), wd), t * size)
+            out_row = plane + (ih * sh + (kh * dh - pt)) * ow_n
+            row_base = (ih - r0) * wd + t * size
             with kb.loop(iw_lo, iw_hi, "iw") as iw:
-                o = kb.add(out_row, kb.add(kb.mul(iw, sw), kw * dw - pl))
-                kb.store(out, o, kb.fadd(kb.load(out, o), kb.load(row, kb.add(row_base, iw))))
-
-
-def _smax(kb, a, b):
-    return kb.b.select(kb.b.icmp_signed(">", a, b), a, b)
-
-
-def _smin(kb, a, b):
-    return kb.b.select(kb.b.icmp_signed("<", a, b), a, b)
+                o = out_row + (iw * sw + (kw * dw - pl))
+                kb.store(out, o, kb.fadd(kb.load(out, o), kb.load(row, row_base + iw)))
 
 
 def _conv_t_lower_nd(kb, node, ins, out, epilogue):
@@ -182,17 +171,16 @@ def _conv_t_lower_nd(kb, node, ins, out, epilogue):
     icg, taps = c // node.attr("groups"), math.prod(kernel)
     plane, in_plane = math.prod(out_sp), math.prod(in_sp)
     in_strides, out_strides = x.strides[2:], out.strides[2:]
-    b = kb.b
     with kb.loop(0, n_n, "n") as n, kb.loop(0, oc_n, "oc") as oc:
-        base = kb.mul(kb.add(kb.mul(n, oc_n), oc), plane)
+        base = (n * oc_n + oc) * plane
         init = kb.load(bias, oc) if bias else kb.f32(0.0)
         with kb.loop(0, plane, "p") as p:
-            kb.store(out, kb.add(base, p), init)
-        group, ocl = b.udiv(oc, kb.i64(ocg)), b.urem(oc, kb.i64(ocg))
+            kb.store(out, base + p, init)
+        group, ocl = oc // ocg, oc % ocg
         with kb.loop(0, icg, "icl") as icl:
-            ic = kb.add(kb.mul(group, icg), icl)
-            src = kb.mul(kb.add(kb.mul(n, c), ic), in_plane)
-            w_base = kb.mul(kb.add(kb.mul(ic, ocg), ocl), taps)
+            ic = group * icg + icl
+            src = (n * c + ic) * in_plane
+            w_base = (ic * ocg + ocl) * taps
             for t, tap in enumerate(itertools.product(*map(range, kernel))):
                 # output o = i * stride + k * dilation - low must land in [0, out)
                 dims = list(zip(tap, dilations, strides, lows, in_sp, out_sp, strict=True))
@@ -201,18 +189,17 @@ def _conv_t_lower_nd(kb, node, ins, out, epilogue):
                           for k, dl, s, lo, size, o in dims]
                 if any(a >= z for a, z in ranges):
                     continue
-                wv = kb.load(w, kb.add(w_base, t))
+                wv = kb.load(w, w_base + t)
                 shift = sum((k * dl - lo) * st for (k, dl, _, lo, _, _), st in
                             zip(dims, out_strides, strict=True))
                 with _ranges(kb, ranges) as i:
-                    o = kb.add(base, kb.add(kb.dot(i, [s * st for s, st in
-                                                       zip(strides, out_strides, strict=True)]),
-                                            shift))
-                    v = kb.load(x, kb.add(src, kb.dot(i, in_strides)))
+                    steps = [s * st for s, st in zip(strides, out_strides, strict=True)]
+                    o = base + (kb.dot(i, steps) + shift)
+                    v = kb.load(x, src + kb.dot(i, in_strides))
                     kb.store(out, o, kb.fadd(kb.load(out, o), kb.fmul(wv, v)))
         if epilogue is not None:
             with kb.nest(tuple(out_sp), "e") as pixel:
-                o = kb.add(base, kb.dot(pixel, out_strides))
+                o = base + kb.dot(pixel, out_strides)
                 kb.store(out, o, epilogue(kb.load(out, o), [n, oc, *pixel]))
 
 
@@ -241,7 +228,8 @@ def _ints(n, key: str, default: tuple[int, ...]) -> tuple[int, ...]:
     return value
 
 
-@onnx_op("ConvTranspose", 1)
+@onnx_op("ConvTranspose", 1, emits=("conv_transpose1d", "conv_transpose2d",
+                                        "conv_transpose3d"))
 def _conv_transpose(ctx, n):
     """Resolve output_shape / auto_pad into explicit pads (ONNX ConvTranspose rules)."""
     x_shape = ctx.type(n.inputs[0]).shape

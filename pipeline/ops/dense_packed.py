@@ -10,18 +10,13 @@ Work items (row m, group of G blocks) are split over threads.
 
 from __future__ import annotations
 
-import llvmlite.ir as ir
 import numpy as np
 
-from pipeline.dsl.builder import I32
 from pipeline.dsl.vector import (
     apply_epilogue,
     fma,
     parallel_for,
     prefetch,
-    splat,
-    vload,
-    vstore,
     zeros,
 )
 from pipeline.errors import ModelError
@@ -61,37 +56,35 @@ def _lower(kb, node, ins, out, epilogue):
 
     def block(m, nb0, count, with_bias):
         """Vectors of `count` consecutive blocks from nb0 for row m."""
-        accs = [kb.local(vload(kb, bias, kb.mul(kb.add(nb0, g), vb), vb) if with_bias
+        accs = [kb.local(kb.vload(bias, (nb0 + g) * vb, vb) if with_bias
                          else zeros(vb)) for g in range(count)]
         with kb.loop(0, k_n, "k") as k:
-            av = splat(kb, kb.load(a, kb.add(kb.mul(m, k_n), k)), vb)
+            av = kb.splat(kb.load(a, m * k_n + k), vb)
             for g, acc in enumerate(accs):
-                at = kb.add(kb.mul(kb.add(nb0, g), k_n * vb), kb.mul(k, vb))
-                prefetch(kb, w, kb.add(at, PREFETCH_BYTES // 4))  # weights come from memory
-                kb.set(acc, fma(kb, av, vload(kb, w, at, vb), kb.get(acc)))
+                at = (nb0 + g) * (k_n * vb) + k * vb
+                prefetch(kb, w, at + PREFETCH_BYTES // 4)  # weights come from memory
+                kb.set(acc, fma(kb, av, kb.vload(w, at, vb), kb.get(acc)))
         return [kb.get(acc) for acc in accs]
 
     if full:
         with parallel_for(kb, m_n * (full // group), "blocks") as item:
-            b = kb.b
-            m = b.udiv(item, kb.i64(full // group))
-            nb0 = b.mul(b.urem(item, kb.i64(full // group)), kb.i64(group))
+            m, nb0 = item // (full // group), item % (full // group) * group
             for g, value in enumerate(block(m, nb0, group, bias is not None)):
-                n0 = kb.mul(kb.add(nb0, g), vb)
+                n0 = (nb0 + g) * vb
                 index = kb.unflatten(m, out.type.shape[:-1]) + [n0]
                 value = apply_epilogue(kb, epilogue, value, index)
-                vstore(kb, out, kb.add(kb.mul(m, n_n), n0), value)
+                kb.vstore(out, m * n_n + n0, value)
     if n_n % vb:  # the last, partial block: a few outputs, serially, lane by lane
         with kb.loop(0, m_n, "mt") as m:
             (value,) = block(m, full, 1, False)
             for lane in range(n_n % vb):
-                x = kb.b.extract_element(value, ir.Constant(I32, lane))
+                x = kb.lane(value, lane)
                 n = full * vb + lane
                 if bias:
                     x = kb.fadd(x, kb.load(bias, n))
                 if epilogue is not None:
-                    x = epilogue(x, kb.unflatten(m, out.type.shape[:-1]) + [kb.i64(n)])
-                kb.store(out, kb.add(kb.mul(m, n_n), n), x)
+                    x = epilogue(x, kb.unflatten(m, out.type.shape[:-1]) + [n])
+                kb.store(out, m * n_n + n, x)
 
 
 register("dense_packed", "anchor", _infer, lower=_lower)

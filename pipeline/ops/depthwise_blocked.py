@@ -15,10 +15,10 @@ out-of-range kw taps, tiles inside the row run in a loop.
 
 from __future__ import annotations
 
-from pipeline.dsl.vector import apply_epilogue, fma, parallel_for, vload, vstore, zeros
+from pipeline.dsl.vector import apply_epilogue, fma, parallel_for, zeros
 from pipeline.errors import ModelError
 from pipeline.ir.graph import TensorType
-from pipeline.ops.conv_blocked import registers, row_plan, smax, smin
+from pipeline.ops.conv_blocked import registers, row_plan
 from pipeline.ops.registry import register
 
 
@@ -51,34 +51,31 @@ def _lower(kb, node, ins, out, epilogue):
     t = -(-ow_n // -(-ow_n // widest))
     plan = row_plan(ow_n, t, -(-pl // sw), (wd - 1 + pl - (kw_n - 1)) // sw)
     with parallel_for(kb, n_n * cb_n * oh_n, "rows") as item:
-        b = kb.b
-        plane = b.udiv(item, kb.i64(oh_n))                 # n * cb_n + cb
-        oh = b.urem(item, kb.i64(oh_n))
-        cb = b.urem(plane, kb.i64(cb_n))
-        ih0 = b.sub(b.mul(oh, kb.i64(sh)), kb.i64(pt))
-        kh_lo, kh_hi = smax(kb, b.neg(ih0), kb.i64(0)), smin(kb, b.sub(kb.i64(h), ih0),
-                                                             kb.i64(kh_n))
-        init = vload(kb, bias, kb.mul(cb, vb), vb) if bias else zeros(vb)
-        x_plane = kb.mul(plane, h * wd * vb)
-        w_plane = kb.mul(cb, kh_n * kw_n * vb)
+        plane, oh = item // oh_n, item % oh_n  # plane = n * cb_n + cb
+        cb = plane % cb_n
+        ih0 = oh * sh - pt
+        kh_lo, kh_hi = kb.smax(-ih0, 0), kb.smin(h - ih0, kh_n)
+        init = kb.vload(bias, cb * vb, vb) if bias else zeros(vb)
+        x_plane = plane * (h * wd * vb)
+        w_plane = cb * (kh_n * kw_n * vb)
 
         def tile(ow0, width):
             accs = [kb.local(init) for _ in range(width)]
             with kb.loop(kh_lo, kh_hi, "kh") as kh:
-                x_row = kb.add(x_plane, kb.mul(kb.add(ih0, kh), wd * vb))
-                w_row = kb.add(w_plane, kb.mul(kh, kw_n * vb))
+                x_row = x_plane + (ih0 + kh) * (wd * vb)
+                w_row = w_plane + kh * (kw_n * vb)
                 for kw in range(kw_n):
-                    wv = vload(kb, w, kb.add(w_row, kw * vb), vb)
+                    wv = kb.vload(w, w_row + kw * vb, vb)
                     for j in range(width):
                         if isinstance(ow0, int) and not 0 <= (ow0 + j) * sw - pl + kw < wd:
                             continue
-                        iw = kb.add(kb.mul(kb.add(ow0, j), sw), kw - pl)
-                        xv = vload(kb, x, kb.add(x_row, kb.mul(iw, vb)), vb)
+                        iw = (ow0 + j) * sw + (kw - pl)
+                        xv = kb.vload(x, x_row + iw * vb, vb)
                         kb.set(accs[j], fma(kb, xv, wv, kb.get(accs[j])))
             for j in range(width):
-                index = [b.udiv(plane, kb.i64(cb_n)), cb, oh, kb.add(ow0, j), 0]
+                index = [plane // cb_n, cb, oh, ow0 + j, 0]
                 value = apply_epilogue(kb, epilogue, kb.get(accs[j]), index)
-                vstore(kb, out, kb.dot(index[:4], out.strides[:4]), value)
+                kb.vstore(out, kb.dot(index[:4], out.strides[:4]), value)
 
         for entry in plan:
             if entry[0] == "static":
@@ -86,7 +83,7 @@ def _lower(kb, node, ins, out, epilogue):
                 continue
             _, start, count = entry
             with kb.loop(0, count, "tile") as j:
-                tile(kb.b.add(kb.i64(start), kb.b.mul(j, kb.i64(t))), t)
+                tile(start + j * t, t)
 
 
 register("depthwise_conv2d_nchwc", "anchor", _infer, lower=_lower)

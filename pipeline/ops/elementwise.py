@@ -15,12 +15,11 @@ import numpy as np
 
 from pipeline.dsl.builder import FLOATS
 from pipeline.errors import ModelError
-from pipeline.ir.graph import Node, TensorType
-from pipeline.ops.registry import broadcast_shape, onnx_op, register
+from pipeline.ir.graph import ONNX_DTYPES, Node, TensorType
+from pipeline.ops.registry import Limit, broadcast_shape, onnx_op, register
 
 NUMERIC = ("float32", "float64", "int64", "int32")
 # ONNX TensorProto element types we convert to, for Cast's `to`.
-ONNX_DTYPES = {1: "float32", 11: "float64", 6: "int32", 7: "int64", 9: "bool"}
 
 
 def _check(node: Node, types: list[TensorType], allowed: tuple[str, ...],
@@ -49,6 +48,16 @@ def _binary(allowed: tuple[str, ...], result: str | None = None):
     return infer
 
 
+# Samples for tests/test_registry_ops.py, (rng, float dtype) -> (inputs, attrs): the
+# second operand broadcasts along the first's leading dim and stays away from 0.
+def _floats(rng, dtype: str, shape: tuple[int, ...], low: float = -2.0, high: float = 2.0):
+    return rng.uniform(low, high, shape).astype(dtype)
+
+
+def _binary_sample(rng, dtype, low: float = -2.0, attrs=None):
+    return [_floats(rng, dtype, (2, 3, 4), low), _floats(rng, dtype, (3, 1), 0.5)], attrs or {}
+
+
 def _div_np(a, b):
     if a.dtype.kind == "f":
         return a / b
@@ -58,13 +67,15 @@ def _div_np(a, b):
 # -- identity ----------------------------------------------------------------------------
 
 register("identity", "elementwise", lambda types, node: [types[0]], float64=True,
+         sample=lambda rng, dtype: ([_floats(rng, dtype, (2, 3))], {}),
          scalar=lambda kb, a, node: a[0], numpy=lambda xs, node: [xs[0]])
 
-onnx_op("Identity", 1)(lambda ctx, n: [Node.make("identity", n.name, n.inputs[:1],
-                                                 n.outputs[:1])])
+onnx_op("Identity", 1, emits=("identity",))(
+    lambda ctx, n: [Node.make("identity", n.name, n.inputs[:1], n.outputs[:1])])
 
 
-@onnx_op("Dropout", 1)
+@onnx_op("Dropout", 1, emits=("identity",), build_time_inputs=(1, 2),
+         limits=(Limit("the training_mode input (random masks)", lambda n: n.given(2)),))
 def _dropout(ctx, n):
     # Inference only: Dropout is the identity and its mask output is all ones
     # (bool since opset 10, the input's dtype before), a build-time constant.
@@ -85,7 +96,7 @@ _ARITH = {  # op: (ONNX op_type, numpy)
     "div": ("Div", _div_np), "max": ("Max", np.maximum), "min": ("Min", np.minimum),
 }
 for _op, (_onnx, _np) in _ARITH.items():
-    register(_op, "elementwise", _binary(NUMERIC), float64=True,
+    register(_op, "elementwise", _binary(NUMERIC), float64=True, sample=_binary_sample,
              scalar=lambda kb, a, node, op=_op: kb.arith(op, a[0], a[1]),
              numpy=lambda xs, node, f=_np: [f(xs[0], xs[1]).astype(xs[0].dtype)])
 
@@ -104,7 +115,7 @@ def _pow(kb, a, node):
         return kb.intrinsic("pow", base, kb.cast(exponent, _FLOAT_NAMES[base.type]))
     # Integer base: pow in double, truncated back, as onnxruntime's static_cast does.
     wide = [kb.cast(v, "float64") for v in (base, exponent)]
-    return kb.b.fptosi(kb.intrinsic("pow", *wide), base.type)
+    return kb.cast(kb.intrinsic("pow", *wide), base.type)
 
 
 def _pow_np(xs, node):
@@ -114,8 +125,10 @@ def _pow_np(xs, node):
     return [np.power(base.astype(np.float64), exponent.astype(np.float64)).astype(base.dtype)]
 
 
-register("pow", "elementwise", _pow_infer, scalar=_pow, numpy=_pow_np, float64=True)
-onnx_op("Pow", 7)(lambda ctx, n: [Node.make("pow", n.name, n.inputs[:2], n.outputs[:1])])
+register("pow", "elementwise", _pow_infer, scalar=_pow, numpy=_pow_np, float64=True,
+         sample=lambda rng, dtype: _binary_sample(rng, dtype, low=0.5))
+onnx_op("Pow", 7, emits=("pow",))(
+    lambda ctx, n: [Node.make("pow", n.name, n.inputs[:2], n.outputs[:1])])
 
 
 def _mod(kb, a, node):
@@ -123,22 +136,21 @@ def _mod(kb, a, node):
     takes the divisor's sign, as Python's % (floats too since opset 28: x % inf of
     the other sign is inf)."""
     x, y = a
-    b = kb.b
-    is_float = x.type in FLOATS
-    r = b.frem(x, y) if is_float else b.srem(x, y)
+    r = kb.arith("rem", x, y)
     if node.attr("fmod"):
         return r
     zero = kb.const(0, r.type)
     sign_r, sign_y = (kb.compare("<", v, zero) for v in (r, y))
-    fix = b.and_(kb.compare("!=", r, zero) if not is_float else
-                 b.fcmp_ordered("!=", r, zero), b.xor(sign_r, sign_y))
-    return b.select(fix, b.fadd(r, y) if is_float else b.add(r, y), r)
+    fix = kb.and_(kb.compare("!=", r, zero, ordered=True), kb.xor(sign_r, sign_y))
+    return kb.select(fix, kb.arith("add", r, y, fast=False), r)
 
 
 register("mod", "elementwise", _binary(NUMERIC), scalar=_mod, float64=True,
+         sample=lambda rng, dtype: _binary_sample(rng, dtype, attrs={"fmod": 1}),
          numpy=lambda xs, node: [(np.fmod if node.attr("fmod") else np.mod)(xs[0], xs[1])])
-onnx_op("Mod", 10)(lambda ctx, n: [Node.make("mod", n.name, n.inputs[:2], n.outputs[:1],
-                                             fmod=int(n.attrs.get("fmod", 0)))])
+onnx_op("Mod", 10, emits=("mod",))(
+    lambda ctx, n: [Node.make("mod", n.name, n.inputs[:2], n.outputs[:1],
+                              fmod=int(n.attrs.get("fmod", 0)))])
 
 
 def _prelu_infer(types, node):
@@ -150,14 +162,15 @@ def _prelu_infer(types, node):
     return out
 
 
-register("prelu", "elementwise", _prelu_infer, float64=True,
-         scalar=lambda kb, a, node: kb.b.select(kb.compare("<", a[0], kb.fconst(0.0, a[0])),
+register("prelu", "elementwise", _prelu_infer, float64=True, sample=_binary_sample,
+         scalar=lambda kb, a, node: kb.select(kb.compare("<", a[0], kb.fconst(0.0, a[0])),
                                                 kb.fmul(a[0], a[1]), a[0]),
          numpy=lambda xs, node: [np.where(xs[0] < 0, xs[0] * xs[1], xs[0])])
-onnx_op("PRelu", 7)(lambda ctx, n: [Node.make("prelu", n.name, n.inputs[:2], n.outputs[:1])])
+onnx_op("PRelu", 7, emits=("prelu",))(
+    lambda ctx, n: [Node.make("prelu", n.name, n.inputs[:2], n.outputs[:1])])
 
 
-@onnx_op("PRelu", 1)
+@onnx_op("PRelu", 1, emits=("reshape", "prelu"))
 def _prelu_v1(ctx, n):
     """Before opset 7 a 1-D slope of C values is per channel (axis 1), as old
     PyTorch exports use it: reshape it to [C, 1, ..] for numpy broadcasting."""
@@ -195,14 +208,14 @@ def _variadic(op: str):
     return convert
 
 
-onnx_op("Sum", 1)(_variadic("add"))
-onnx_op("Max", 1)(_variadic("max"))
-onnx_op("Min", 1)(_variadic("min"))
-onnx_op("Mean", 1)(_variadic("mean"))
+onnx_op("Sum", 1, emits=("identity", "add"))(_variadic("add"))
+onnx_op("Max", 1, emits=("identity", "max"))(_variadic("max"))
+onnx_op("Min", 1, emits=("identity", "min"))(_variadic("min"))
+onnx_op("Mean", 1, emits=("add", "div"))(_variadic("mean"))
 # Opset 7 replaced the legacy `broadcast`/`axis` attributes with numpy broadcasting.
 for _op in ("add", "sub", "mul", "div"):
-    onnx_op(_ARITH[_op][0], 7)(lambda ctx, n, op=_op: [Node.make(op, n.name, n.inputs[:2],
-                                                                 n.outputs[:1])])
+    onnx_op(_ARITH[_op][0], 7, emits=(_op,))(
+        lambda ctx, n, op=_op: [Node.make(op, n.name, n.inputs[:2], n.outputs[:1])])
 
 
 def _legacy_broadcast(op: str):
@@ -236,7 +249,7 @@ def _legacy_broadcast(op: str):
 
 for _op, _onnx in (("add", "Add"), ("sub", "Sub"), ("mul", "Mul"), ("div", "Div"),
                    ("pow", "Pow")):
-    onnx_op(_onnx, 1)(_legacy_broadcast(_op))
+    onnx_op(_onnx, 1, emits=("reshape", _op))(_legacy_broadcast(_op))
 
 # -- comparisons and logic (bool results) ---------------------------------------------------
 
@@ -249,20 +262,23 @@ _COMPARE = {  # op: (ONNX op_type, first opset, LLVM predicate, numpy)
 for _op, (_onnx, _since, _pred, _np) in _COMPARE.items():
     register(_op, "elementwise", _binary(NUMERIC + (("bool",) if _op == "equal" else ()),
                                          "bool"), float64=True,
+             sample=lambda rng, dtype: ([rng.integers(-2, 3, s).astype(dtype)  # some equal
+                                         for s in ((2, 3, 4), (3, 1))], {}),
              scalar=lambda kb, a, node, p=_pred: kb.as_bool(kb.compare(p, a[0], a[1])),
              numpy=lambda xs, node, f=_np: [f(xs[0], xs[1])])
-    onnx_op(_onnx, _since)(lambda ctx, n, op=_op: [Node.make(op, n.name, n.inputs[:2],
-                                                             n.outputs[:1])])
+    onnx_op(_onnx, _since, emits=(_op,))(
+        lambda ctx, n, op=_op: [Node.make(op, n.name, n.inputs[:2], n.outputs[:1])])
 
 _LOGIC = {"and": ("And", "and_", np.logical_and), "or": ("Or", "or_", np.logical_or),
           "xor": ("Xor", "xor", np.logical_xor)}
 for _op, (_onnx, _method, _np) in _LOGIC.items():
     # bool values are 0 or 1, so the bitwise instructions are the logical ones.
     register(_op, "elementwise", _binary(("bool",)),
-             scalar=lambda kb, a, node, m=_method: getattr(kb.b, m)(a[0], a[1]),
+             sample=lambda rng, dtype: ([rng.random((2, 3)) < 0.5, rng.random((1, 3)) < 0.5], {}),
+             scalar=lambda kb, a, node, m=_method: getattr(kb, m)(a[0], a[1]),
              numpy=lambda xs, node, f=_np: [f(xs[0], xs[1])])
-    onnx_op(_onnx, 7)(lambda ctx, n, op=_op: [Node.make(op, n.name, n.inputs[:2],
-                                                        n.outputs[:1])])
+    onnx_op(_onnx, 7, emits=(_op,))(
+        lambda ctx, n, op=_op: [Node.make(op, n.name, n.inputs[:2], n.outputs[:1])])
 
 
 def _not_infer(types, node):
@@ -271,9 +287,11 @@ def _not_infer(types, node):
 
 
 register("not", "elementwise", _not_infer,
-         scalar=lambda kb, a, node: kb.b.xor(a[0], kb.const(1, a[0].type)),
+         sample=lambda rng, dtype: ([rng.random((2, 3)) < 0.5], {}),
+         scalar=lambda kb, a, node: kb.xor(a[0], kb.const(1, a[0].type)),
          numpy=lambda xs, node: [np.logical_not(xs[0])])
-onnx_op("Not", 1)(lambda ctx, n: [Node.make("not", n.name, n.inputs[:1], n.outputs[:1])])
+onnx_op("Not", 1, emits=("not",))(
+    lambda ctx, n: [Node.make("not", n.name, n.inputs[:1], n.outputs[:1])])
 
 
 def _where_infer(types, node):
@@ -283,9 +301,12 @@ def _where_infer(types, node):
 
 
 register("where", "elementwise", _where_infer, float64=True,
-         scalar=lambda kb, a, node: kb.b.select(kb.truth(a[0]), a[1], a[2]),
+         sample=lambda rng, dtype: ([rng.random((2, 3, 4)) < 0.5, _floats(rng, dtype, (2, 3, 4)),
+                                     _floats(rng, dtype, (3, 1))], {}),
+         scalar=lambda kb, a, node: kb.select(kb.truth(a[0]), a[1], a[2]),
          numpy=lambda xs, node: [np.where(xs[0], xs[1], xs[2])])
-onnx_op("Where", 9)(lambda ctx, n: [Node.make("where", n.name, n.inputs[:3], n.outputs[:1])])
+onnx_op("Where", 9, emits=("where",))(
+    lambda ctx, n: [Node.make("where", n.name, n.inputs[:3], n.outputs[:1])])
 
 
 # -- Cast --------------------------------------------------------------------------------
@@ -303,6 +324,7 @@ def _cast_np(xs, node):
 
 
 register("cast", "elementwise", _cast_infer, float64=True,
+         sample=lambda rng, dtype: ([_floats(rng, dtype, (2, 5), -5, 5)], {"to": "int32"}),
          scalar=lambda kb, a, node: kb.cast(a[0], node.attr("to")), numpy=_cast_np)
 
 
@@ -317,13 +339,13 @@ def _cast_to(n, code: int) -> str:
     return dtype
 
 
-@onnx_op("Cast", 6)
+@onnx_op("Cast", 6, emits=("cast",))
 def _cast(ctx, n):
     return [Node.make("cast", n.name, n.inputs[:1], n.outputs[:1],
                       to=_cast_to(n, int(n.attrs["to"])))]
 
 
-@onnx_op("CastLike", 15)
+@onnx_op("CastLike", 15, emits=("cast",))
 def _cast_like(ctx, n):
     return [Node.make("cast", n.name, n.inputs[:1], n.outputs[:1],
                       to=ctx.type(n.inputs[1]).dtype)]

@@ -9,10 +9,9 @@ kernel return an error code, which the executor raises as a RuntimeError.
 
 from __future__ import annotations
 
-import llvmlite.ir as ir
 import numpy as np
 
-from pipeline.dsl.builder import I32, I64, row_major_strides
+from pipeline.dsl.builder import row_major_strides
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.movement import OUTSIDE, register_remap
@@ -32,16 +31,6 @@ def _gather_infer(types, node):
     return [TensorType(shape, data.dtype)]
 
 
-def fail_unless(kb, ok) -> None:
-    """Return error code 1 from the kernel unless `ok` (an i1) holds."""
-    fail = kb.function.append_basic_block("fail")
-    cont = kb.function.append_basic_block("ok")
-    kb.b.cbranch(ok, cont, fail)
-    with kb.b.goto_block(fail):
-        kb.b.ret(ir.Constant(I32, 1))
-    kb.b.position_at_end(cont)
-
-
 def _gather_lower(kb, node, ins, out, epilogue):
     """Per (outer, index) position: load and check the index once, then copy the
     contiguous row of trailing elements (a branch-free, vectorisable inner loop)."""
@@ -50,20 +39,15 @@ def _gather_lower(kb, node, ins, out, epilogue):
     dim = data.type.shape[axis]
     strides = data.strides
     head, tail = out.type.shape[:axis + rank], out.type.shape[axis + rank:]
-    b = kb.b
     with kb.nest(head, "o") as index:
-        k = kb.load(indices, kb.dot(index[axis:], indices.strides))
-        k = b.sext(k, I64) if k.type != I64 else k
-        k = b.select(b.icmp_signed("<", k, kb.i64(0)), b.add(k, kb.i64(dim)), k)
-        fail_unless(kb, b.and_(b.icmp_signed(">=", k, kb.i64(0)),
-                                b.icmp_signed("<", k, kb.i64(dim))))
-        src = kb.add(kb.dot(index[:axis], strides[:axis]), kb.mul(k, strides[axis]))
+        k = kb.checked_index(kb.load(indices, kb.dot(index[axis:], indices.strides)), dim)
+        src = kb.dot(index[:axis], strides[:axis]) + k * strides[axis]
         dst = kb.dot(index, out.strides[:axis + rank])
         with kb.nest(tail, "t") as rest:
-            value = kb.load(data, kb.add(src, kb.dot(rest, strides[axis + 1:])))
+            value = kb.load(data, src + kb.dot(rest, strides[axis + 1:]))
             if epilogue is not None:
                 value = epilogue(value, index + rest)
-            kb.store(out, kb.add(dst, kb.dot(rest, out.strides[axis + rank:])), value)
+            kb.store(out, dst + kb.dot(rest, out.strides[axis + rank:]), value)
 
 
 def _gather_np(xs, node):
@@ -75,10 +59,12 @@ def _gather_np(xs, node):
 
 
 register("gather", "anchor", _gather_infer, lower=_gather_lower, numpy=_gather_np,
+         sample=lambda rng, dtype: ([rng.uniform(-2, 2, (4, 3)).astype(dtype),
+                                     rng.integers(-4, 4, (2, 2))], {"axis": 0}),
          float64=True)
 
 
-@onnx_op("Gather", 1)
+@onnx_op("Gather", 1, emits=("gather",))
 def _gather(ctx, n):
     rank = len(ctx.type(n.inputs[0]).shape)
     axis = norm_axis(n, int(n.attrs.get("axis", 0)), rank)
@@ -104,7 +90,9 @@ def _slice_tables(node, x, out):
             in zip(node.attr("starts"), node.attr("steps"), out.shape, strides, strict=True)]
 
 
-register_remap("slice", _slice_infer, _slice_tables)
+register_remap("slice", _slice_infer, _slice_tables,
+               lambda rng, dtype: ([rng.uniform(-2, 2, (4, 6)).astype(dtype)], dict(slice_node(
+                   "s", "x", "y", (4, 6), [1, -1], [4, 0], [0, 1], [1, -2]).attrs)))
 
 
 def slice_node(name: str, x: str, out: str, shape, starts, ends, axes, steps) -> Node:
@@ -144,13 +132,13 @@ def _slice_args(ctx, n):
     return starts, ends, axes, steps or [1] * len(starts)
 
 
-@onnx_op("Slice", 1)
+@onnx_op("Slice", 1, emits=("slice",), build_time_inputs=(1, 2, 3, 4))
 def _slice(ctx, n):
     shape = ctx.type(n.inputs[0]).shape
     return [slice_node(n.name, n.inputs[0], n.outputs[0], shape, *_slice_args(ctx, n))]
 
 
-@onnx_op("Split", 1)
+@onnx_op("Split", 1, emits=("slice",), build_time_inputs=(1,))
 def _split(ctx, n):
     """One slice per output. Sizes: the `split` attribute (before opset 13) or
     input, else equal parts (opset 18: `num_outputs` parts, the last smaller)."""
@@ -220,12 +208,14 @@ def _pad_tables(node, x, out):
     return tables
 
 
-register_remap("pad", _pad_infer, _pad_tables)
+register_remap("pad", _pad_infer, _pad_tables,
+               lambda rng, dtype: ([rng.uniform(-2, 2, (2, 3)).astype(dtype)],
+                                   {"pads": (1, 0, 0, 2), "mode": "constant", "value": 0.5}))
 
 _PAD_MODES = ("constant", "reflect", "edge", "wrap")
 
 
-@onnx_op("Pad", 1)
+@onnx_op("Pad", 1, emits=("pad",), build_time_inputs=(1, 2, 3))
 def _pad(ctx, n):
     rank = len(ctx.type(n.inputs[0]).shape)
     mode = n.text("mode", "constant")

@@ -71,18 +71,20 @@ def _lower(kb, node, ins, out, epilogue):
     plain, blocked = (out, ins[0]) if src else (ins[0], out)
     n_n, cb_n, h, w, b = blocked.type.shape
     with parallel_for(kb, n_n * cb_n, "blocks") as item:
-        base = kb.mul(item, h * w * b)            # blocked offset of (n, cb, 0, 0, 0)
-        pbase = kb.mul(item, b * h * w)           # plain offset of (n, cb*b, 0, 0)
+        base = item * (h * w * b)            # blocked offset of (n, cb, 0, 0, 0)
+        pbase = item * (b * h * w)           # plain offset of (n, cb*b, 0, 0)
         with kb.loop(0, h * w, "p") as p, kb.loop(0, b, "c") as c:
-            bo = kb.add(base, kb.add(kb.mul(p, b), c))
-            po = kb.add(pbase, kb.add(kb.mul(c, h * w), p))
+            bo = base + (p * b + c)
+            po = pbase + (c * (h * w) + p)
             if src:
                 kb.store(out, po, kb.load(ins[0], bo))
             else:
                 kb.store(out, bo, kb.load(ins[0], po))
 
 
-register("layout_transform", "opaque", _infer, lower=_lower, numpy=_numpy)
+register("layout_transform", "opaque", _infer, lower=_lower, numpy=_numpy,
+         sample=lambda rng, dtype: ([rng.uniform(-2, 2, (2, 8, 3, 2)).astype(dtype)],
+                                    {"src_layout": "NCHW", "dst_layout": "NCHW4c"}))
 
 
 def to_blocked(value: np.ndarray, block: int) -> np.ndarray:

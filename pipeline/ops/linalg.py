@@ -40,13 +40,13 @@ def _dense_lower(kb, node, ins, out, epilogue):
     k_n = a.type.shape[-1]
     m_n = a.type.size // k_n
     n_n = w.type.shape[0]
-    tiled_gemm(kb, (m_n, n_n, k_n), lambda m, k: kb.load(a, kb.add(kb.mul(m, k_n), k)),
-               lambda k, n: kb.load(w, kb.add(kb.mul(n, k_n), k)), out, kb.i64(0),
+    tiled_gemm(kb, (m_n, n_n, k_n), lambda m, k: kb.load(a, m * k_n + k),
+               lambda k, n: kb.load(w, n * k_n + k), out, 0,
                by_column=True)
     if bias is None and epilogue is None:
         return
     with kb.loop(0, m_n, "m") as m, kb.loop(0, n_n, "j") as j:
-        o = kb.add(kb.mul(m, n_n), j)
+        o = m * n_n + j
         value = kb.load(out, o)
         if bias:
             value = kb.fadd(value, kb.load(bias, j))
@@ -58,7 +58,15 @@ def _dense_lower(kb, node, ins, out, epilogue):
         kb.store(out, o, value)
 
 
-register("dense", "anchor", _dense_infer, lower=_dense_lower, float64=True)
+def _dense_numpy(xs, node):
+    """a [..., K] @ w[N, K]^T (+ bias[N])."""
+    y = np.matmul(xs[0], xs[1].T)
+    return [(y + xs[2] if len(xs) > 2 else y).astype(xs[0].dtype)]
+
+
+register("dense", "anchor", _dense_infer, lower=_dense_lower, float64=True, numpy=_dense_numpy,
+         sample=lambda rng, dtype: ([rng.uniform(-1, 1, s).astype(dtype)
+                                     for s in ((2, 3, 5), (4, 5), (4,))], {}))
 
 
 def _matrix_shapes(a: tuple, b: tuple, node) -> tuple[tuple, tuple]:
@@ -108,17 +116,17 @@ def _matmul_lower(kb, node, ins, out, epilogue):
         c_base = kb.dot(bidx, out_strides[:-2])
 
         def load_a(m, k):
-            return kb.load(x, kb.add(a_base, kb.add(kb.mul(k, m_n), m) if trans_a
-                                     else kb.add(kb.mul(m, k_n), k)))
+            return kb.load(x, a_base + (k * m_n + m if trans_a
+                                     else m * k_n + k))
 
         def load_b(k, n):
-            return kb.load(y, kb.add(b_base, kb.add(kb.mul(n, k_n), k) if trans_b
-                                     else kb.add(kb.mul(k, n_n), n)))
+            return kb.load(y, b_base + (n * k_n + k if trans_b
+                                     else k * n_n + n))
 
         tiled_gemm(kb, (m_n, n_n, k_n), load_a, load_b, out, c_base, by_column=trans_b)
         if epilogue is not None:
             with kb.loop(0, m_n, "m") as m, kb.loop(0, n_n, "e") as n:
-                o = kb.add(c_base, kb.add(kb.mul(m, n_n), n))
+                o = c_base + (m * n_n + n)
                 index = [i for d, i in enumerate([*bidx, m, n]) if d not in squeeze]
                 kb.store(out, o, epilogue(kb.load(out, o), index))
 
@@ -152,10 +160,12 @@ def _matmul_numpy(xs, node):
 
 
 register("matmul", "anchor", _matmul_infer, lower=_matmul_lower, numpy=_matmul_numpy,
-         float64=True)
+         float64=True, sample=lambda rng, dtype: (
+             [rng.uniform(-1, 1, s).astype(dtype) for s in ((2, 3, 5), (4, 5))],
+             {"trans_a": 0, "trans_b": 1}))
 
 
-@onnx_op("Gemm", 1)
+@onnx_op("Gemm", 1, emits=("dense", "matmul", "mul", "add"))
 def _gemm(ctx, n):
     """Y = alpha * A' @ B' + beta * C, as a chain product [-> mul alpha] [-> add C].
 
@@ -211,7 +221,7 @@ def _gemm(ctx, n):
     return nodes
 
 
-@onnx_op("MatMul", 1)
+@onnx_op("MatMul", 1, emits=("dense", "matmul"))
 def _matmul(ctx, n):
     a, b = n.inputs[:2]
     w = ctx.const(b)

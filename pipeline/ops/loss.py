@@ -17,10 +17,8 @@ import math
 
 import llvmlite.ir as ir
 
-from pipeline.dsl.builder import I64
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
-from pipeline.ops.index import fail_unless
 from pipeline.ops.registry import onnx_op, register
 
 _REDUCTIONS = ("none", "sum", "mean")
@@ -49,23 +47,20 @@ def _nll_lower(kb, node, ins, out, epilogue):
     n_n, c_n = x.type.shape[:2]
     inner = math.prod(x.type.shape[2:])
     reduction, ignore = node.attr("reduction"), node.attr("ignore_index")
-    b = kb.b
     zero, one = kb.const(0.0, x.elem), kb.const(1.0, x.elem)
     total, weights = kb.local(zero), kb.local(zero)
     with kb.loop(0, n_n, "n") as n, kb.loop(0, inner, "d") as d:
-        t_at = kb.add(kb.mul(n, inner), d)
-        t = kb.load(target, t_at)
-        t = b.sext(t, I64) if t.type != I64 else t
-        skip = b.icmp_signed("==", t, kb.i64(ignore)) if ignore is not None else \
+        t_at = n * inner + d
+        t = kb.index(kb.load(target, t_at))
+        skip = kb.compare("==", t, ignore) if ignore is not None else \
             ir.Constant(ir.IntType(1), 0)
-        ok = b.and_(b.icmp_signed(">=", t, kb.i64(0)), b.icmp_signed("<", t, kb.i64(c_n)))
-        fail_unless(kb, b.or_(skip, ok))
-        safe = b.select(skip, kb.i64(0), t)  # an ignored target may lie outside [0, C)
-        value = kb.load(x, kb.add(kb.mul(kb.add(kb.mul(n, c_n), safe), inner), d))
+        kb.fail_unless(kb.or_(skip, kb.inside(t, 0, c_n)))
+        safe = kb.select(skip, 0, t)  # an ignored target may lie outside [0, C)
+        value = kb.load(x, (n * c_n + safe) * inner + d)
         w = kb.load(weight, safe) if weight is not None else one
-        w = b.select(skip, zero, w)
-        loss = b.fneg(kb.fmul(value, w))
-        loss = b.select(skip, zero, loss)  # -0.0 * ... would print as -0
+        w = kb.select(skip, zero, w)
+        loss = kb.neg(kb.fmul(value, w))
+        loss = kb.select(skip, zero, loss)  # -0.0 * ... would print as -0
         if reduction == "none":
             kb.store(out, t_at, loss)
         else:
@@ -74,7 +69,7 @@ def _nll_lower(kb, node, ins, out, epilogue):
     if reduction == "sum":
         kb.store(out, 0, kb.get(total))
     elif reduction == "mean":
-        kb.store(out, 0, b.fdiv(kb.get(total), kb.get(weights)))
+        kb.store(out, 0, kb.fdiv(kb.get(total), kb.get(weights), fast=False))
 
 
 register("nll_loss", "opaque", _nll_infer, lower=_nll_lower, float64=True)
@@ -86,13 +81,13 @@ def _attrs(n) -> dict:
     return {"reduction": reduction, "ignore_index": None if ignore is None else int(ignore)}
 
 
-@onnx_op("NegativeLogLikelihoodLoss", 12)
+@onnx_op("NegativeLogLikelihoodLoss", 12, emits=("nll_loss",))
 def _nll(ctx, n):
     inputs = [i for i in n.inputs if i]
     return [Node.make("nll_loss", n.name, inputs, n.outputs[:1], **_attrs(n))]
 
 
-@onnx_op("SoftmaxCrossEntropyLoss", 12)
+@onnx_op("SoftmaxCrossEntropyLoss", 12, emits=("log_softmax", "nll_loss"))
 def _softmax_cross_entropy(ctx, n):
     scores = n.inputs[0]
     log_prob = n.outputs[1] if len(n.outputs) > 1 and n.outputs[1] else \

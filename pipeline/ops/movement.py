@@ -35,12 +35,12 @@ def remap_lower(tables_of):
         with kb.nest(out.type.shape, "o") as index:
             offset = 0
             for i, t in zip(index, tables, strict=True):
-                offset = kb.add(offset, axis_term(kb, t, i))
-            offset = kb.idx(offset)
+                offset = offset + axis_term(kb, t, i)
             if padded:
-                inside = kb.b.icmp_signed(">=", offset, kb.i64(0))
-                value = kb.load(ins[0], kb.b.select(inside, offset, kb.i64(0)))
-                value = kb.b.select(inside, value, kb.const(node.attr("value", 0), value.type))
+                offset = kb.i64(offset) if isinstance(offset, int) else offset
+                inside = offset >= 0
+                value = kb.load(ins[0], kb.select(inside, offset, 0))
+                value = kb.select(inside, value, kb.const(node.attr("value", 0), value.type))
             else:
                 value = kb.load(ins[0], offset)
             if epilogue is not None:
@@ -55,7 +55,7 @@ def axis_term(kb, table: np.ndarray, i):
         return int(table[0]) if len(table) else 0
     step = int(table[1] - table[0])
     if (np.diff(table) == step).all():
-        return kb.add(kb.mul(i, step), int(table[0]))
+        return i * step + int(table[0])
     return kb.load_table(kb.table(table.tolist()), i)
 
 
@@ -73,10 +73,15 @@ def remap_numpy(tables_of):
     return run
 
 
-def register_remap(name: str, infer, tables_of) -> None:
+def register_remap(name: str, infer, tables_of, sample=None) -> None:
     """Register a data-movement op lowered by its index tables."""
     register(name, "anchor", infer, lower=remap_lower(tables_of),
-             numpy=remap_numpy(tables_of), float64=True)
+             numpy=remap_numpy(tables_of), float64=True, sample=sample)
+
+
+def _sample(shape: tuple[int, ...], **attrs):
+    """A sample (tests/test_registry_ops.py): one float input of `shape`, `attrs`."""
+    return lambda rng, dtype: ([rng.uniform(-2, 2, shape).astype(dtype)], attrs)
 
 
 
@@ -92,10 +97,11 @@ def _transpose_tables(node, x, out):
             for d, p in zip(out.shape, node.attr("perm"), strict=True)]
 
 
-register_remap("transpose", _transpose_infer, _transpose_tables)
+register_remap("transpose", _transpose_infer, _transpose_tables,
+               _sample((2, 3, 4), perm=(2, 0, 1)))
 
 
-@onnx_op("Transpose", 1)
+@onnx_op("Transpose", 1, emits=("transpose",))
 def _transpose(ctx, n):
     rank = len(ctx.type(n.inputs[0]).shape)
     perm = [int(p) for p in n.attrs.get("perm", range(rank - 1, -1, -1))]
@@ -117,10 +123,10 @@ def _tile_tables(node, x, out):
             for o, d, s in zip(out.shape, x.shape, strides, strict=True)]
 
 
-register_remap("tile", _tile_infer, _tile_tables)
+register_remap("tile", _tile_infer, _tile_tables, _sample((2, 1, 3), repeats=(2, 3, 1)))
 
 
-@onnx_op("Tile", 6)
+@onnx_op("Tile", 6, emits=("tile",), build_time_inputs=(1,))
 def _tile(ctx, n):
     reps = need_const(ctx, n, 1, "the repeats input").tolist()
     if len(reps) != len(ctx.type(n.inputs[0]).shape) or min(reps, default=0) < 0:
@@ -151,7 +157,8 @@ def _depth_to_space_tables(node, x, out):
             h % b * block_row + h // b * sh, w % b * block_col + w // b * sw]
 
 
-register_remap("depth_to_space", _depth_to_space_infer, _depth_to_space_tables)
+register_remap("depth_to_space", _depth_to_space_infer, _depth_to_space_tables,
+               _sample((1, 8, 2, 3), blocksize=2, mode="CRD"))
 
 
 def _space_to_depth_infer(types, node):
@@ -178,7 +185,8 @@ def _space_to_depth_tables(node, x, out):
             np.arange(out.shape[3], dtype=np.int64) * b * sw]
 
 
-register_remap("space_to_depth", _space_to_depth_infer, _space_to_depth_tables)
+register_remap("space_to_depth", _space_to_depth_infer, _space_to_depth_tables,
+               _sample((1, 2, 4, 6), blocksize=2, mode="DCR"))
 
 
 def _block_converter(op: str):
@@ -192,5 +200,5 @@ def _block_converter(op: str):
     return convert
 
 
-onnx_op("DepthToSpace", 1)(_block_converter("depth_to_space"))
-onnx_op("SpaceToDepth", 1)(_block_converter("space_to_depth"))
+onnx_op("DepthToSpace", 1, emits=("depth_to_space",))(_block_converter("depth_to_space"))
+onnx_op("SpaceToDepth", 1, emits=("space_to_depth",))(_block_converter("space_to_depth"))

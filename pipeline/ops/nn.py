@@ -125,5 +125,5 @@ def plane_epilogue(kb, out, plane, n, oc, epilogue) -> None:
         return
     _, _, oh_n, ow_n = out.type.shape
     with kb.loop(0, oh_n, "eh") as oh, kb.loop(0, ow_n, "ew") as ow:
-        o = kb.add(plane, kb.add(kb.mul(oh, ow_n), ow))
+        o = plane + (oh * ow_n + ow)
         kb.store(out, o, epilogue(kb.load(out, o), [n, oc, oh, ow]))

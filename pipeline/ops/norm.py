@@ -16,7 +16,7 @@ import numpy as np
 
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node
-from pipeline.ops.registry import axis_attr, broadcast_shape, onnx_op, register
+from pipeline.ops.registry import Limit, axis_attr, broadcast_shape, onnx_op, register
 
 # -- BatchNormalization ---------------------------------------------------------------
 
@@ -31,7 +31,7 @@ def _batch_norm_lower(kb, node, ins, out, epilogue):
         shift = kb.fsub(kb.load(bias, c), kb.fmul(kb.load(mean, c), g))
         base = kb.dot([n, c], x.strides[:2])
         with kb.nest(shape[2:], "p") as rest:
-            o = kb.add(base, kb.dot(rest, x.strides[2:]))
+            o = base + kb.dot(rest, x.strides[2:])
             y = kb.fadd(kb.fmul(kb.load(x, o), g), shift)
             if epilogue is not None:
                 y = epilogue(y, [n, c, *rest])
@@ -41,7 +41,9 @@ def _batch_norm_lower(kb, node, ins, out, epilogue):
 register("batch_norm", "anchor", lambda types, node: [types[0]], lower=_batch_norm_lower)
 
 
-@onnx_op("BatchNormalization", 1)
+@onnx_op("BatchNormalization", 1, emits=("batch_norm",), limits=(Limit(
+    "training mode",
+    lambda n: len(n.outputs) > 1 or bool(n.attrs.get("training_mode", 0))),))
 def _batch_norm(ctx, n):
     if len([o for o in n.outputs if o]) > 1 or n.attrs.get("training_mode", 0):
         raise ModelError(f"node {n.name!r} (BatchNormalization): training mode "
@@ -87,12 +89,12 @@ def _normalize_lower(kb, node, ins, out, epilogue):
         mean = kb.f32(0.0)
         if centred:
             with kb.loop(0, length, "k") as k:
-                kb.set(slot, kb.fadd(kb.get(slot), kb.load(x, kb.add(base, k))))
+                kb.set(slot, kb.fadd(kb.get(slot), kb.load(x, base + k)))
             mean = kb.fmul(kb.get(slot), kb.f32(1.0 / length))
             kb.set(slot, kb.f32(0.0))
         with kb.loop(0, length, "k") as k:
-            dev = kb.fsub(kb.load(x, kb.add(base, k)), mean) if centred else \
-                kb.load(x, kb.add(base, k))
+            dev = kb.fsub(kb.load(x, base + k), mean) if centred else \
+                kb.load(x, base + k)
             kb.set(slot, kb.fadd(kb.get(slot), kb.fmul(dev, dev)))
         var = kb.fmul(kb.get(slot), kb.f32(1.0 / length))
         rstd = kb.fdiv(kb.f32(1.0), kb.intrinsic(
@@ -100,10 +102,10 @@ def _normalize_lower(kb, node, ins, out, epilogue):
         if per_row:  # per-channel (instance) or per-group affine, hoisted out of the row
             g, beta = kb.load(scale, outer[1]), kb.load(bias, outer[1])
         with kb.nest(view[axis:], "i") as inner:
-            o = kb.add(base, kb.dot(inner, strides[axis:]))
+            o = base + kb.dot(inner, strides[axis:])
             index = [*outer, *inner]
             if node.op == "group_norm":  # back to (n, c, spatial...)
-                index = [outer[0], kb.add(kb.mul(outer[1], view[2]), inner[0]), *inner[1:]]
+                index = [outer[0], outer[1] * view[2] + inner[0], *inner[1:]]
                 if not per_row:
                     g, beta = kb.load(scale, index[1]), kb.load(bias, index[1])
             elif not per_row:
@@ -159,7 +161,8 @@ def _chain(n, tag: str, steps, out: str) -> list[Node]:
     return nodes
 
 
-@onnx_op("LayerNormalization", 17)
+@onnx_op("LayerNormalization", 17, emits=("layer_norm", "reduce_mean", "sub", "mul", "add",
+                                           "sqrt", "reciprocal"))
 def _layer_norm(ctx, n):
     """Y is one layer_norm kernel; the optional Mean and InvStdDev outputs (shape
     x.shape[:axis] + ones) are computed beside it by reduce_mean and elementwise ops."""
@@ -184,7 +187,8 @@ def _layer_norm(ctx, n):
     return nodes
 
 
-@onnx_op("MeanVarianceNormalization", 9)
+@onnx_op("MeanVarianceNormalization", 9, emits=("reduce_mean", "sub", "mul", "sqrt", "add",
+                                                  "div"))
 def _mean_variance_norm(ctx, n):
     """(x - mean) / (sqrt(mean((x - mean)^2)) + 1e-9) over `axes` (default N, H, W),
     as the ONNX function body defines it, from reductions and elementwise ops."""
@@ -196,7 +200,7 @@ def _mean_variance_norm(ctx, n):
                          f"range for rank {rank}")
     axes = tuple(sorted({a % rank for a in raw}))
     stats = {"axes": axes, "keepdims": 1}
-    eps = ctx.add_param(f"{n.name}_epsilon", np.array([1e-9], np.float32))
+    eps = ctx.add_param(f"{n.name}_epsilon", np.array([1e-9], ctx.type(x).dtype))
     centred = f"{n.outputs[0]}__centred"
     return _chain(n, "mean", [("reduce_mean", (x,), stats), ("sub", (x, "@"), {})],
                   centred) + \
@@ -205,7 +209,7 @@ def _mean_variance_norm(ctx, n):
                           ("div", (centred, "@"), {})], n.outputs[0])
 
 
-@onnx_op("LpNormalization", 1)
+@onnx_op("LpNormalization", 1, emits=("reduce_l1", "reduce_l2", "max", "div"))
 def _lp_norm(ctx, n):
     """x / ||x||_p along `axis` (p 1 or 2): a keepdims reduction, then a division.
     An all-zero slice gives 0 (onnxruntime, onnx.reference): its norm is raised to
@@ -215,19 +219,20 @@ def _lp_norm(ctx, n):
     p = int(n.attrs.get("p", 2))
     if p not in (1, 2):
         raise ModelError(f"node {n.name!r} (LpNormalization): p must be 1 or 2, got {p}")
-    tiny = ctx.add_param(f"{n.name}_tiny", np.array([np.finfo(np.float32).tiny], np.float32))
+    tiny = ctx.add_param(f"{n.name}_tiny",
+                         np.array([np.finfo(np.float32).tiny], ctx.type(x).dtype))
     return _chain(n, "norm", [(f"reduce_l{p}", (x,), {"axes": (axis,), "keepdims": 1}),
                               ("max", ("@", tiny), {}), ("div", (x, "@"), {})], n.outputs[0])
 
 
-@onnx_op("RMSNormalization", 23)
+@onnx_op("RMSNormalization", 23, emits=("rms_norm",))
 def _rms_norm(ctx, n):
     axis = axis_attr(n, len(ctx.type(n.inputs[0]).shape), -1)
     return [Node.make("rms_norm", n.name, n.inputs[:2], n.outputs[:1], axis=axis,
                       epsilon=float(n.attrs.get("epsilon", 1e-5)))]
 
 
-@onnx_op("GroupNormalization", 18)
+@onnx_op("GroupNormalization", 18, emits=("group_norm",))
 def _group_norm(ctx, n):
     """Scale and bias are per group at opset 18, per channel from 21 (the shapes say which)."""
     if "num_groups" not in n.attrs:
@@ -237,7 +242,7 @@ def _group_norm(ctx, n):
                       epsilon=float(n.attrs.get("epsilon", 1e-5)))]
 
 
-@onnx_op("InstanceNormalization", 1)
+@onnx_op("InstanceNormalization", 1, emits=("instance_norm",))
 def _instance_norm(ctx, n):
     return [Node.make("instance_norm", n.name, n.inputs[:3], n.outputs[:1],
                       epsilon=float(n.attrs.get("epsilon", 1e-5)))]
@@ -251,19 +256,17 @@ def _lrn_lower(kb, node, ins, out, epilogue):
     shape = x.type.shape
     size = node.attr("size")
     lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
-    b = kb.b
     with kb.nest(shape, "d") as index:
         c = index[1]
         o = kb.dot(index, x.strides)
         acc = kb.f32(0.0)
         for j in range(-lo, hi + 1):
-            cj = kb.add(c, j)
-            ok = b.and_(b.icmp_signed(">=", cj, kb.i64(0)),
-                        b.icmp_signed("<", cj, kb.i64(shape[1])))
+            cj = c + j
+            ok = kb.inside(cj, 0, shape[1])
             # Clamp the offset so the load stays in bounds; the select drops it.
-            safe = b.select(ok, kb.i64(j * x.strides[1]), kb.i64(0))
-            v = kb.load(x, kb.add(o, safe))
-            acc = b.select(ok, kb.fadd(acc, kb.fmul(v, v)), acc)
+            safe = kb.select(ok, j * x.strides[1], 0)
+            v = kb.load(x, o + safe)
+            acc = kb.select(ok, kb.fadd(acc, kb.fmul(v, v)), acc)
         denom = kb.fadd(kb.f32(node.attr("bias")), kb.fmul(acc, kb.f32(node.attr("alpha") / size)))
         y = kb.fdiv(kb.load(x, o), kb.intrinsic("pow", denom, kb.f32(node.attr("beta"))))
         if epilogue is not None:
@@ -274,7 +277,7 @@ def _lrn_lower(kb, node, ins, out, epilogue):
 register("lrn", "anchor", lambda types, node: [types[0]], lower=_lrn_lower)
 
 
-@onnx_op("LRN", 1)
+@onnx_op("LRN", 1, emits=("lrn",))
 def _lrn(ctx, n):
     if "size" not in n.attrs or len(ctx.type(n.inputs[0]).shape) < 3:
         raise ModelError(f"node {n.name!r} (LRN): needs the size attribute and an input "

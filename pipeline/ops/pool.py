@@ -12,10 +12,12 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
+
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.nn import as_1d, lift_1d, spatial_attrs, window_out
-from pipeline.ops.registry import onnx_op, register
+from pipeline.ops.registry import Limit, onnx_op, register
 
 
 def _pool_infer(types, node):
@@ -57,10 +59,9 @@ def _pool_lower(kb, node, ins, out, epilogue):
         node.attr("dilations")
     pads, d = node.attr("pads"), len(spatial)
     include_pad = bool(node.attr("count_include_pad", 0))
-    b = kb.b
     with kb.nest(out.type.shape, "o") as index:
         n, c, *o = index
-        base = kb.mul(kb.add(kb.mul(n, x.type.shape[1]), c), math.prod(spatial))
+        base = (n * x.type.shape[1] + c) * math.prod(spatial)
         # Per dim and kernel position: (clamped input offset, inside, inside the pads).
         taps = []
         for i in range(d):
@@ -68,28 +69,25 @@ def _pool_lower(kb, node, ins, out, epilogue):
             lo, hi = pads[i], pads[d + i]
             row = []
             for k in range(kernel[i]):
-                at = kb.add(kb.mul(o[i], strides[i]), k * dilations[i] - lo)
-                inside = b.and_(b.icmp_signed(">=", at, kb.i64(0)),
-                                b.icmp_signed("<", at, kb.i64(size)))
-                padded = b.and_(b.icmp_signed(">=", at, kb.i64(-lo)),
-                                b.icmp_signed("<", at, kb.i64(size + hi)))
-                row.append((kb.mul(_clamp(kb, at, size), stride), inside, padded))
+                at = o[i] * strides[i] + (k * dilations[i] - lo)
+                inside, padded = kb.inside(at, 0, size), kb.inside(at, -lo, size + hi)
+                row.append((kb.clamp(at, size) * stride, inside, padded))
             taps.append(row)
         acc = kb.f32(-math.inf if is_max else 0.0)
         count = kb.f32(0.0)
         for tap in itertools.product(*taps):
-            ok, padded, at = tap[0][1], tap[0][2], kb.add(base, tap[0][0])
+            ok, padded, at = tap[0][1], tap[0][2], base + tap[0][0]
             for offset, inside, in_pads in tap[1:]:
-                at = kb.add(at, offset)
-                ok, padded = b.and_(ok, inside), b.and_(padded, in_pads)
+                at = at + offset
+                ok, padded = kb.and_(ok, inside), kb.and_(padded, in_pads)
             v = kb.load(x, at)
             if is_max:
-                acc = b.select(ok, kb.fmax(acc, v), acc)
+                acc = kb.select(ok, kb.fmax(acc, v), acc)
                 continue
-            acc = b.select(ok, kb.fadd(acc, _lp_term(kb, node, v) if is_lp else v), acc)
+            acc = kb.select(ok, kb.fadd(acc, _lp_term(kb, node, v) if is_lp else v), acc)
             # With count_include_pad the padding counts, the ceil_mode overhang
             # beyond it does not.
-            count = b.select(padded if include_pad else ok, kb.fadd(count, kb.f32(1.0)), count)
+            count = kb.select(padded if include_pad else ok, kb.fadd(count, kb.f32(1.0)), count)
         if is_lp:
             acc = _lp_root(kb, node, acc)
         elif not is_max:
@@ -97,12 +95,6 @@ def _pool_lower(kb, node, ins, out, epilogue):
         if epilogue is not None:
             acc = epilogue(acc, index)
         kb.store(out, kb.dot(index, out.strides), acc)
-
-
-def _clamp(kb, v, size):
-    b = kb.b
-    low = b.select(b.icmp_signed("<", v, kb.i64(0)), kb.i64(0), v)
-    return b.select(b.icmp_signed(">=", low, kb.i64(size)), kb.i64(size - 1), low)
 
 
 _pool1d_infer, _pool1d_lower = as_1d(_pool_infer, _pool_lower)
@@ -142,9 +134,10 @@ def _lp_p(n) -> float:
     return p
 
 
-onnx_op("MaxPool", 1)(_pool_converter("max"))
-onnx_op("AveragePool", 1)(_pool_converter("avg"))
-onnx_op("LpPool", 1)(_pool_converter("lp"))
+onnx_op("MaxPool", 1, emits=("max_pool1d", "max_pool2d", "max_pool3d"),
+        limits=(Limit("the Indices output", lambda n: len(n.outputs) > 1),))(_pool_converter("max"))
+onnx_op("AveragePool", 1, emits=("avg_pool1d", "avg_pool2d", "avg_pool3d"))(_pool_converter("avg"))
+onnx_op("LpPool", 1, emits=("lp_pool1d", "lp_pool2d", "lp_pool3d"))(_pool_converter("lp"))
 
 
 # -- global pooling: one value per (n, c) plane ----------------------------------------
@@ -160,10 +153,10 @@ def _global_pool_lower(kb, node, ins, out, epilogue):
     size = math.prod(spatial)
     kind = node.op[len("global_"):-len("_pool")]
     with kb.loop(0, n_n, "n") as n, kb.loop(0, c_n, "c") as c:
-        base = kb.mul(kb.add(kb.mul(n, c_n), c), size)
+        base = (n * c_n + c) * size
         acc = kb.local(kb.f32(-math.inf if kind == "max" else 0.0))
         with kb.loop(0, size, "p") as p:
-            v = kb.load(x, kb.add(base, p))
+            v = kb.load(x, base + p)
             if kind == "max":
                 kb.set(acc, kb.fmax(kb.get(acc), v))
             else:
@@ -171,12 +164,27 @@ def _global_pool_lower(kb, node, ins, out, epilogue):
         value = {"max": lambda a: a, "avg": lambda a: kb.fmul(a, kb.f32(1.0 / size)),
                  "lp": lambda a: _lp_root(kb, node, a)}[kind](kb.get(acc))
         if epilogue is not None:
-            value = epilogue(value, [n, c] + [kb.i64(0)] * len(spatial))
-        kb.store(out, kb.add(kb.mul(n, c_n), c), value)
+            value = epilogue(value, [n, c] + [0] * len(spatial))
+        kb.store(out, n * c_n + c, value)
+
+
+def _global_numpy(xs, node):
+    x = xs[0]
+    axes = tuple(range(2, x.ndim))
+    kind = node.op[len("global_"):-len("_pool")]
+    if kind == "lp":
+        p = node.attr("p")
+        out = (np.abs(x) ** p).sum(axis=axes, keepdims=True) ** (1 / p)
+    else:
+        out = (x.max if kind == "max" else x.mean)(axis=axes, keepdims=True)
+    return [out.astype(x.dtype)]
 
 
 for _kind in ("avg", "max", "lp"):
-    register(f"global_{_kind}_pool", "anchor", _global_infer, lower=_global_pool_lower)
+    register(f"global_{_kind}_pool", "anchor", _global_infer, lower=_global_pool_lower,
+             numpy=_global_numpy,
+             sample=lambda rng, dtype, k=_kind: ([rng.uniform(-2, 2, (2, 3, 4, 5)).astype(dtype)],
+                                                 {"p": 3.0} if k == "lp" else {}))
 
 
 def _global_converter(op: str):
@@ -189,6 +197,6 @@ def _global_converter(op: str):
     return convert
 
 
-onnx_op("GlobalAveragePool", 1)(_global_converter("global_avg_pool"))
-onnx_op("GlobalMaxPool", 1)(_global_converter("global_max_pool"))
-onnx_op("GlobalLpPool", 1)(_global_converter("global_lp_pool"))
+onnx_op("GlobalAveragePool", 1, emits=("global_avg_pool",))(_global_converter("global_avg_pool"))
+onnx_op("GlobalMaxPool", 1, emits=("global_max_pool",))(_global_converter("global_max_pool"))
+onnx_op("GlobalLpPool", 1, emits=("global_lp_pool",))(_global_converter("global_lp_pool"))

@@ -78,8 +78,8 @@ def _combine(kb, how: str, acc, v):
     # logaddexp, stable: max(a, b) + log(1 + exp(-|a - b|)); -inf is the identity.
     hi, lo = kb.fmax(acc, v), kb.fmin(acc, v)
     tail = kb.intrinsic("log", kb.fadd(kb.fconst(1.0, lo), kb.exp(kb.fsub(lo, hi))))
-    empty = kb.b.fcmp_ordered("==", lo, kb.fconst(-math.inf, lo))
-    return kb.b.select(empty, hi, kb.fadd(hi, tail))
+    empty = kb.compare("==", lo, kb.fconst(-math.inf, lo))
+    return kb.select(empty, hi, kb.fadd(hi, tail))
 
 
 def _reduce_lower(kb, node, ins, out, epilogue):
@@ -115,20 +115,20 @@ def _reduce_lower(kb, node, ins, out, epilogue):
     with kb.loop(0, out.type.size, "z") as z:
         kb.store(out, z, start)
     with kb.nest(shape[:t], "d") as index:
-        base = kb.dot(index, x.strides[:t]) if index else kb.i64(0)
+        base = kb.dot(index, x.strides[:t])
         if kind == "log_sum_exp":
             peak, total = max_and_exp_sum(kb, x, base, run)
             partial = kb.fadd(peak, kb.intrinsic("log", total))
             # An all -inf run: exp(-inf - -inf) is NaN; the answer is -inf.
-            partial = kb.b.select(kb.b.fcmp_ordered("==", peak, kb.fconst(-math.inf, peak)),
+            partial = kb.select(kb.compare("==", peak, kb.fconst(-math.inf, peak)),
                                   peak, partial)
         else:
             slot = kb.local(start)
             with kb.loop(0, run, "k") as k:
-                v = mapped(kb.load(x, kb.add(base, k)))
+                v = mapped(kb.load(x, base + k))
                 kb.set(slot, _combine(kb, how, kb.get(slot), v))
             partial = kb.get(slot)
-        o = kb.dot(index, out_strides[:t]) if index else kb.i64(0)
+        o = kb.dot(index, out_strides[:t])
         kb.store(out, o, _combine(kb, how, kb.load(out, o), partial))
     count = math.prod(s for d, s in enumerate(shape) if d in axes)
     if finish is None and epilogue is None:
@@ -153,7 +153,9 @@ def _reduce_numpy(kind: str):
 
 for _kind in _KINDS:
     register(f"reduce_{_kind}", "anchor", _reduce_infer, lower=_reduce_lower,
-             numpy=_reduce_numpy(_kind), float64=True)
+             numpy=_reduce_numpy(_kind), float64=True, sample=lambda rng, dtype, k=_kind: (
+                 [rng.uniform(0.1 if k == "log_sum" else -2, 2, (2, 3, 4)).astype(dtype)],
+                 {"axes": (0, 2), "keepdims": 1}))
 
 
 def _norm_axes(n, axes, rank: int) -> tuple[int, ...]:
@@ -193,8 +195,10 @@ _ONNX_NAMES = {"sum": "ReduceSum", "mean": "ReduceMean", "max": "ReduceMax",
                "sum_square": "ReduceSumSquare", "log_sum": "ReduceLogSum",
                "log_sum_exp": "ReduceLogSumExp"}
 for _kind, _onnx in _ONNX_NAMES.items():
-    onnx_op(_onnx, 1)(_reduce_converter(_kind, axes_input=False))
-    onnx_op(_onnx, 13 if _kind == "sum" else 18)(_reduce_converter(_kind, axes_input=True))
+    onnx_op(_onnx, 1, emits=(f"reduce_{_kind}", "identity"))(
+        _reduce_converter(_kind, axes_input=False))
+    onnx_op(_onnx, 13 if _kind == "sum" else 18, emits=(f"reduce_{_kind}", "identity"),
+            build_time_inputs=(1,))(_reduce_converter(_kind, axes_input=True))
 
 
 # -- ArgMax, ArgMin ---------------------------------------------------------------------
@@ -218,20 +222,19 @@ def _arg_lower(kb, node, ins, out, epilogue):
     pred = ">" if node.op == "argmax" else "<"
     if node.attr("select_last_index"):
         pred += "="
-    b = kb.b
     if inner > 1 and x.type.dtype in _FLOAT_DTYPES:
         _arg_columns(kb, x, out, pred, math.prod(shape[:axis]), length, inner)
         return
     with kb.loop(0, math.prod(shape[:axis]), "r") as r, kb.loop(0, inner, "q") as q:
-        base = kb.add(kb.mul(r, length * inner), q)
+        base = r * (length * inner) + q
         best = kb.local(kb.load(x, base))
         where = kb.local(kb.i64(0))
         with kb.loop(1, length, "k") as k:
-            v = kb.load(x, kb.add(base, kb.mul(k, inner)))
+            v = kb.load(x, base + k * inner)
             better = kb.compare(pred, v, kb.get(best))
-            kb.set(best, b.select(better, v, kb.get(best)))
-            kb.set(where, b.select(better, k, kb.get(where)))
-        kb.store(out, kb.add(kb.mul(r, inner), q), kb.get(where))
+            kb.set(best, kb.select(better, v, kb.get(best)))
+            kb.set(where, kb.select(better, k, kb.get(where)))
+        kb.store(out, r * inner + q, kb.get(where))
 
 
 def _arg_columns(kb, x, out, pred: str, outer: int, length: int, inner: int):
@@ -239,19 +242,18 @@ def _arg_columns(kb, x, out, pred: str, outer: int, length: int, inner: int):
     every loop runs along contiguous memory: the best values in a stack buffer,
     their indices in the output itself."""
     best = kb.scratch(min(inner, COLUMNS), x.type.dtype)
-    b = kb.b
     with column_blocks(kb, outer, inner) as (r, q0, cols):
-        base = kb.add(kb.mul(r, length * inner), q0)
-        dst = kb.add(kb.mul(r, inner), q0)
+        base = r * (length * inner) + q0
+        dst = r * inner + q0
         with kb.loop(0, cols, "q") as q:
-            kb.store(best, q, kb.load(x, kb.add(base, q)))
-            kb.store(out, kb.add(dst, q), kb.i64(0))
+            kb.store(best, q, kb.load(x, base + q))
+            kb.store(out, dst + q, kb.i64(0))
         with kb.loop(1, length, "k") as k, kb.loop(0, cols, "q") as q:
-            v = kb.load(x, kb.add(kb.add(base, kb.mul(k, inner)), q))
+            v = kb.load(x, base + k * inner + q)
             better = kb.compare(pred, v, kb.load(best, q))
-            kb.store(best, q, b.select(better, v, kb.load(best, q)))
-            o = kb.add(dst, q)
-            kb.store(out, o, b.select(better, k, kb.load(out, o)))
+            kb.store(best, q, kb.select(better, v, kb.load(best, q)))
+            o = dst + q
+            kb.store(out, o, kb.select(better, k, kb.load(out, o)))
 
 
 def _arg_numpy(fn):
@@ -267,10 +269,15 @@ def _arg_numpy(fn):
     return run
 
 
+def _arg_sample(rng, dtype):  # small integers: ties, which select_last_index decides
+    return [rng.integers(0, 3, (3, 4, 2)).astype(dtype)], {"axis": 1, "keepdims": 0,
+                                                           "select_last_index": 1}
+
+
 register("argmax", "opaque", _arg_infer, lower=_arg_lower, numpy=_arg_numpy(np.argmax),
-         float64=True)
+         float64=True, sample=_arg_sample)
 register("argmin", "opaque", _arg_infer, lower=_arg_lower, numpy=_arg_numpy(np.argmin),
-         float64=True)
+         float64=True, sample=_arg_sample)
 
 
 def _arg_converter(op: str):
@@ -283,5 +290,5 @@ def _arg_converter(op: str):
     return convert
 
 
-onnx_op("ArgMax", 1)(_arg_converter("argmax"))
-onnx_op("ArgMin", 1)(_arg_converter("argmin"))
+onnx_op("ArgMax", 1, emits=("argmax",))(_arg_converter("argmax"))
+onnx_op("ArgMin", 1, emits=("argmin",))(_arg_converter("argmin"))

@@ -19,7 +19,7 @@ from pipeline.dsl.builder import F32, row_major_strides
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.movement import axis_term
-from pipeline.ops.registry import onnx_op, register
+from pipeline.ops.registry import Limit, onnx_op, register
 from pipeline.ops.shape import need_const
 
 _COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
@@ -118,7 +118,7 @@ def _resize_lower(kb, node, ins, out, epilogue):
         for combo in itertools.product(*axes):
             offset, weight = 0, None
             for term, w in combo:
-                offset = kb.add(offset, term)
+                offset = offset + term
                 if w is not None:
                     weight = w if weight is None else kb.fmul(weight, w)
             term = kb.load(ins[0], offset)
@@ -143,7 +143,11 @@ def _resize_np(xs, node):
     return [result.astype(x.dtype)]
 
 
-register("resize", "anchor", _resize_infer, lower=_resize_lower, numpy=_resize_np)
+register("resize", "anchor", _resize_infer, lower=_resize_lower, numpy=_resize_np,
+         sample=lambda rng, dtype: ([rng.uniform(-2, 2, (1, 2, 3, 4)).astype(dtype)], {
+             "mode": "linear", "coord": "half_pixel", "nearest": "round_prefer_floor",
+             "scales": (1.0, 1.0, 2.0, 1.5), "shape": (1, 2, 6, 6), "cubic_a": -0.75,
+             "exclude_outside": 0}))
 
 
 # -- ONNX converters -------------------------------------------------------------------
@@ -183,20 +187,30 @@ def _resize_node(ctx, n, scales, sizes, coord: str, nearest: str, axes=None,
                      exclude_outside=int(n.attrs.get("exclude_outside", 0)))
 
 
-@onnx_op("Upsample", 7)
+@onnx_op("Upsample", 7, emits=("resize",), build_time_inputs=(1,))
 def _upsample(ctx, n):
     scales = need_const(ctx, n, 1, "the scales input") if n.opset >= 9 else \
         np.array(n.attrs["scales"], np.float32)
     return [_resize_node(ctx, n, scales, None, "asymmetric", "simple")]
 
 
-@onnx_op("Resize", 10)
+@onnx_op("Resize", 10, emits=("resize",), build_time_inputs=(1,))
 def _resize10(ctx, n):
     scales = need_const(ctx, n, 1, "the scales input")
     return [_resize_node(ctx, n, scales, None, "asymmetric", "simple")]
 
 
-@onnx_op("Resize", 11)
+# The ONNX spec (and reference) divide align_corners by in_len * scale - 1,
+# onnxruntime by out_len - 1: they differ when in_len * scale is not an integer;
+# we follow onnxruntime. Scales fed as an input are not known to the backend's
+# check, so that limit also skips integer upsampling cases.
+@onnx_op("Resize", 11, emits=("resize",), build_time_inputs=(1, 2, 3), limits=(
+    Limit("antialias", lambda n: bool(n.attrs.get("antialias", 0))),
+    Limit("coordinate_transformation_mode tf_crop_and_resize",
+          lambda n: n.attrs.get("coordinate_transformation_mode") == b"tf_crop_and_resize"),
+    Limit("align_corners with scales (ONNX reference and onnxruntime disagree)",
+          lambda n: n.attrs.get("coordinate_transformation_mode") == b"align_corners"
+          and n.given(2) and not n.given(3))))
 def _resize11(ctx, n):
     coord = n.text("coordinate_transformation_mode", "half_pixel")
     if int(n.attrs.get("antialias", 0)):

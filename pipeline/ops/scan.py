@@ -8,8 +8,8 @@ Graph ops (all dtype-generic over float32/64 and int64/32):
   topk_indices(x; axis, k, largest)        sorted, ties to the lower index (int64)
   trilu(x; k, upper)                       x where column - row >= k (upper) or <= k
                                            (lower) in the last two dims, else 0
-CumSum's and CumProd's axis, TopK's K and Trilu's k are build-time constants (inputs listed in
-pipeline/tools/backend.py BUILD_TIME_INPUTS). TopK's two outputs are two kernels: the
+CumSum's and CumProd's axis, TopK's K and Trilu's k are build-time constants (their
+converters' build_time_inputs). TopK's two outputs are two kernels: the
 executor's kernels write one output each.
 """
 
@@ -49,12 +49,11 @@ def _cumulative_lower(kb, node, ins, out, epilogue):
     how, start, _ = _CUMULATIVE[node.op]
     outer, length, inner = _axis_split(x.type.shape, node.attr("axis"))
     reverse, exclusive = node.attr("reverse"), node.attr("exclusive")
-    b = kb.b
     with kb.loop(0, outer, "r") as r, kb.loop(0, inner, "q") as q:
         acc = kb.local(kb.const(start, x.elem))
         with kb.loop(0, length, "k") as k:
-            at = b.sub(kb.i64(length - 1), k) if reverse else k
-            o = kb.add(kb.add(kb.mul(r, length * inner), kb.mul(at, inner)), q)
+            at = (length - 1) - k if reverse else k
+            o = r * (length * inner) + at * inner + q
             total = kb.arith(how, kb.get(acc), kb.load(x, o))
             kb.store(out, o, kb.get(acc) if exclusive else total)
             kb.set(acc, total)
@@ -89,9 +88,11 @@ def _cumulative_converter(op: str):
 
 for _op in _CUMULATIVE:
     register(_op, "opaque", _numeric, lower=_cumulative_lower, numpy=_cumulative_np,
-             float64=True)
-onnx_op("CumSum", 11)(_cumulative_converter("cumsum"))
-onnx_op("CumProd", 26)(_cumulative_converter("cumprod"))
+             float64=True, sample=lambda rng, dtype: (
+                 [rng.uniform(0.5, 1.5, (2, 4, 3)).astype(dtype)],
+                 {"axis": 1, "exclusive": 1, "reverse": 1}))
+onnx_op("CumSum", 11, emits=("cumsum",), build_time_inputs=(1,))(_cumulative_converter("cumsum"))
+onnx_op("CumProd", 26, emits=("cumprod",), build_time_inputs=(1,))(_cumulative_converter("cumprod"))
 
 
 # -- TopK -----------------------------------------------------------------------------------
@@ -114,21 +115,18 @@ def _topk_lower(kb, node, ins, out, epilogue):
     outer, length, inner = _axis_split(x.type.shape, node.attr("axis"))
     k_n = node.attr("k")
     better = ">" if node.attr("largest") else "<"
-    b = kb.b
     with kb.loop(0, outer, "r") as r, kb.loop(0, inner, "q") as q:
-        base = kb.add(kb.mul(r, length * inner), q)
-        out_base = kb.add(kb.mul(r, k_n * inner), q)
+        base = r * (length * inner) + q
+        out_base = r * (k_n * inner) + q
         with kb.loop(0, length, "i") as i:
-            v = kb.load(x, kb.add(base, kb.mul(i, inner)))
+            v = kb.load(x, base + i * inner)
             rank = kb.local(kb.i64(0))
             with kb.loop(0, length, "j") as j:
-                w = kb.load(x, kb.add(base, kb.mul(j, inner)))
-                ahead = b.or_(kb.compare(better, w, v),
-                              b.and_(kb.compare("==", w, v), b.icmp_signed("<", j, i)))
-                kb.set(rank, b.add(kb.get(rank), b.zext(ahead, kb.i64(0).type)))
-            keep = b.icmp_signed("<", kb.get(rank), kb.i64(k_n))
-            with kb.b.if_then(keep):
-                o = kb.add(out_base, kb.mul(kb.get(rank), inner))
+                w = kb.load(x, base + j * inner)
+                ahead = kb.or_(kb.compare(better, w, v), kb.and_(kb.compare("==", w, v), j < i))
+                kb.set(rank, kb.index(kb.get(rank)) + kb.as_index(ahead))
+            with kb.if_(kb.index(kb.get(rank)) < k_n):
+                o = out_base + kb.index(kb.get(rank)) * inner
                 kb.store(out, o, v if node.op == "topk_values" else i)
 
 
@@ -141,10 +139,12 @@ def _topk_np(xs, node):
 
 
 for _op in ("topk_values", "topk_indices"):
-    register(_op, "opaque", _topk_infer, lower=_topk_lower, numpy=_topk_np, float64=True)
+    register(_op, "opaque", _topk_infer, lower=_topk_lower, numpy=_topk_np, float64=True,
+             sample=lambda rng, dtype: ([rng.uniform(-2, 2, (2, 5, 3)).astype(dtype)],
+                                        {"axis": 1, "k": 3, "largest": 1}))
 
 
-@onnx_op("TopK", 1)
+@onnx_op("TopK", 1, emits=("topk_values", "topk_indices"), build_time_inputs=(1,))
 def _topk(ctx, n):
     rank = len(ctx.type(n.inputs[0]).shape)
     if n.opset >= 10:
@@ -170,13 +170,12 @@ def _trilu_infer(types, node):
 
 def _trilu_lower(kb, node, ins, out, epilogue):
     x = ins[0]
-    b = kb.b
     k, upper = node.attr("k"), node.attr("upper")
     with kb.nest(out.type.shape, "o") as index:
         o = kb.dot(index, out.strides)
-        diagonal = b.sub(index[-1], index[-2])  # column - row
-        keep = b.icmp_signed(">=" if upper else "<=", diagonal, kb.i64(k))
-        kb.store(out, o, b.select(keep, kb.load(x, o), kb.const(0, x.elem)))
+        diagonal = index[-1] - index[-2]  # column - row
+        keep = kb.compare(">=" if upper else "<=", diagonal, k)
+        kb.store(out, o, kb.select(keep, kb.load(x, o), kb.const(0, x.elem)))
 
 
 def _trilu_np(xs, node):
@@ -184,10 +183,12 @@ def _trilu_np(xs, node):
     return [fn(xs[0], node.attr("k"))]
 
 
-register("trilu", "opaque", _trilu_infer, lower=_trilu_lower, numpy=_trilu_np, float64=True)
+register("trilu", "opaque", _trilu_infer, lower=_trilu_lower, numpy=_trilu_np, float64=True,
+         sample=lambda rng, dtype: ([rng.uniform(-2, 2, (2, 3, 4)).astype(dtype)],
+                                    {"k": 1, "upper": 0}))
 
 
-@onnx_op("Trilu", 14)
+@onnx_op("Trilu", 14, emits=("trilu",), build_time_inputs=(1,))
 def _trilu(ctx, n):
     k = need_const(ctx, n, 1, "the k input")
     return [Node.make("trilu", n.name, n.inputs[:1], n.outputs[:1],

@@ -19,10 +19,9 @@ import math
 
 import numpy as np
 
-from pipeline.dsl.builder import I64, LLVM_TYPES
+from pipeline.dsl.builder import LLVM_TYPES
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
-from pipeline.ops.index import fail_unless
 from pipeline.ops.registry import onnx_op, register
 from pipeline.ops.shape import norm_axis
 
@@ -36,23 +35,12 @@ def _check_indices(node: Node, indices: TensorType) -> None:
                          "not supported (int64, int32 are)")
 
 
-def _checked_index(kb, raw, dim: int):
-    """An index value as i64 in [0, dim): negative ones count from the end; anything
-    outside makes the kernel fail."""
-    b = kb.b
-    k = b.sext(raw, I64) if raw.type != I64 else raw
-    k = b.select(b.icmp_signed("<", k, kb.i64(0)), b.add(k, kb.i64(dim)), k)
-    fail_unless(kb, b.and_(b.icmp_signed(">=", k, kb.i64(0)),
-                            b.icmp_signed("<", k, kb.i64(dim))))
-    return k
-
-
 def _combine(kb, reduction: str, old, new):
     """`new` merged into `old` by the scatter's reduction (bool: and/or for mul/add)."""
     if reduction == "none":
         return new
     if old.type == LLVM_TYPES["bool"]:  # 0/1: add and max are or, mul and min are and
-        return (kb.b.or_ if reduction in ("add", "max") else kb.b.and_)(old, new)
+        return (kb.or_ if reduction in ("add", "max") else kb.and_)(old, new)
     return kb.arith(reduction, old, new)
 
 
@@ -76,8 +64,8 @@ def _gather_elements_lower(kb, node, ins, out, epilogue):
     data, indices = ins
     axis = node.attr("axis")
     with kb.nest(out.type.shape, "o") as index:
-        k = _checked_index(kb, kb.load(indices, kb.dot(index, indices.strides)),
-                           data.type.shape[axis])
+        k = kb.checked_index(kb.load(indices, kb.dot(index, indices.strides)),
+                             data.type.shape[axis])
         src = kb.dot([k if d == axis else i for d, i in enumerate(index)], data.strides)
         value = kb.load(data, src)
         if epilogue is not None:
@@ -93,10 +81,12 @@ def _gather_elements_np(xs, node):
 
 
 register("gather_elements", "anchor", _gather_elements_infer, lower=_gather_elements_lower,
-         numpy=_gather_elements_np, float64=True)
+         numpy=_gather_elements_np, float64=True,
+         sample=lambda rng, dtype: ([rng.uniform(-2, 2, (3, 4)).astype(dtype),
+                                     rng.integers(-4, 4, (3, 2))], {"axis": 1}))
 
 
-@onnx_op("GatherElements", 11)
+@onnx_op("GatherElements", 11, emits=("gather_elements",))
 def _gather_elements(ctx, n):
     rank = len(ctx.type(n.inputs[0]).shape)
     return [Node.make("gather_elements", n.name, n.inputs[:2], n.outputs[:1],
@@ -121,8 +111,8 @@ def _scatter_elements_lower(kb, node, ins, out, epilogue):
     axis, reduction = node.attr("axis"), node.attr("reduction")
     _copy(kb, data, out)
     with kb.nest(updates.type.shape, "u") as index:
-        k = _checked_index(kb, kb.load(indices, kb.dot(index, indices.strides)),
-                           data.type.shape[axis])
+        k = kb.checked_index(kb.load(indices, kb.dot(index, indices.strides)),
+                             data.type.shape[axis])
         dst = kb.dot([k if d == axis else i for d, i in enumerate(index)], out.strides)
         value = kb.load(updates, kb.dot(index, updates.strides))
         kb.store(out, dst, _combine(kb, reduction, kb.load(out, dst), value))
@@ -132,8 +122,8 @@ register("scatter_elements", "opaque", _scatter_elements_infer, lower=_scatter_e
          float64=True)
 
 
-@onnx_op("Scatter", 9)
-@onnx_op("ScatterElements", 11)
+@onnx_op("Scatter", 9, emits=("scatter_elements",))
+@onnx_op("ScatterElements", 11, emits=("scatter_elements",))
 def _scatter_elements(ctx, n):
     rank = len(ctx.type(n.inputs[0]).shape)
     return [Node.make("scatter_elements", n.name, n.inputs[:3], n.outputs[:1],
@@ -166,21 +156,21 @@ def _scatter_nd_lower(kb, node, ins, out, epilogue):
     _copy(kb, data, out)
     with kb.nest(lead, "n") as index:
         base = kb.dot(index, indices.strides[:-1])
-        dst = kb.i64(0)
+        dst = 0
         for d in range(k):
-            at = _checked_index(kb, kb.load(indices, kb.add(base, d)), data.type.shape[d])
-            dst = kb.add(dst, kb.mul(at, out.strides[d]))
+            at = kb.checked_index(kb.load(indices, base + d), data.type.shape[d])
+            dst = dst + at * out.strides[d]
         src = kb.dot(index, updates.strides[:len(lead)])
         with kb.loop(0, block, "e") as e:
-            o = kb.add(dst, e)
-            value = kb.load(updates, kb.add(src, e))
+            o = dst + e
+            value = kb.load(updates, src + e)
             kb.store(out, o, _combine(kb, node.attr("reduction"), kb.load(out, o), value))
 
 
 register("scatter_nd", "opaque", _scatter_nd_infer, lower=_scatter_nd_lower, float64=True)
 
 
-@onnx_op("ScatterND", 11)
+@onnx_op("ScatterND", 11, emits=("scatter_nd",))
 def _scatter_nd(ctx, n):
     return [Node.make("scatter_nd", n.name, n.inputs[:3], n.outputs[:1],
                       reduction=n.text("reduction", "none", _REDUCTIONS))]

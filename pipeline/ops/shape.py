@@ -13,14 +13,19 @@ import math
 
 import numpy as np
 
-from pipeline.errors import ModelError
+from pipeline.errors import GraphError, ModelError
 from pipeline.ir.graph import Node, TensorType
-from pipeline.ops.registry import broadcast_shape, onnx_op, register
+from pipeline.ops.registry import broadcast_shape, onnx_converter, onnx_op, register
 
 
 def need_const(ctx, n, pos: int, what: str) -> np.ndarray | None:
     """Input `pos` of ONNX node `n` as a build-time value (None if absent);
-    ModelError naming the node if it is present but not constant."""
+    ModelError naming the node if it is present but not constant. GraphError if the
+    converter does not declare `pos` in its onnx_op(build_time_inputs=...): the
+    backend would not freeze such an input when a model feeds it."""
+    if pos not in onnx_converter(n.op_type, n.opset).build_time_inputs:
+        raise GraphError(f"node {n.name!r} ({n.op_type}): the converter reads input {pos} at "
+                         "build time but its onnx_op(build_time_inputs=...) does not list it")
     if len(n.inputs) <= pos or not n.inputs[pos]:
         return None
     value = ctx.const(n.inputs[pos])
@@ -54,6 +59,8 @@ def _copy_lower(kb, node, ins, out, epilogue):
 
 
 register("reshape", "opaque", _reshape_infer, lower=_copy_lower, float64=True,
+         sample=lambda rng, dtype: ([rng.uniform(-2, 2, (2, 3, 4)).astype(dtype)],
+                                    {"shape": (4, 6)}),
          numpy=lambda xs, node: [xs[0].reshape(node.attr("shape"))])
 
 
@@ -78,19 +85,19 @@ def resolve_reshape(name: str, in_shape: tuple[int, ...], target, allowzero: boo
     return tuple(out)
 
 
-@onnx_op("Reshape", 1)
+@onnx_op("Reshape", 1, emits=("reshape",))
 def _reshape_v1(ctx, n):
     return reshape(n, resolve_reshape(n.name, ctx.type(n.inputs[0]).shape, n.attrs["shape"]))
 
 
-@onnx_op("Reshape", 5)
+@onnx_op("Reshape", 5, emits=("reshape",), build_time_inputs=(1,))
 def _reshape_v5(ctx, n):
     target = need_const(ctx, n, 1, "the shape input")
     return reshape(n, resolve_reshape(n.name, ctx.type(n.inputs[0]).shape, target.tolist(),
                                       bool(n.attrs.get("allowzero", 0))))
 
 
-@onnx_op("Flatten", 1)
+@onnx_op("Flatten", 1, emits=("reshape",))
 def _flatten(ctx, n):
     in_shape = ctx.type(n.inputs[0]).shape
     axis = int(n.attrs.get("axis", 1))
@@ -106,7 +113,7 @@ def _axes(ctx, n, since_input: int):
     return None if value is None else value.tolist()
 
 
-@onnx_op("Squeeze", 1)
+@onnx_op("Squeeze", 1, emits=("reshape",), build_time_inputs=(1,))
 def _squeeze(ctx, n):
     shape = ctx.type(n.inputs[0]).shape
     axes = _axes(ctx, n, 13)
@@ -119,7 +126,7 @@ def _squeeze(ctx, n):
     return reshape(n, [d for k, d in enumerate(shape) if k not in axes])
 
 
-@onnx_op("Unsqueeze", 1)
+@onnx_op("Unsqueeze", 1, emits=("reshape",), build_time_inputs=(1,))
 def _unsqueeze(ctx, n):
     shape = list(ctx.type(n.inputs[0]).shape)
     axes = _axes(ctx, n, 13)
@@ -154,17 +161,19 @@ def _concat_lower(kb, node, ins, out, epilogue):
     for x in ins:
         width = x.type.shape[axis] * inner
         with kb.loop(0, outer, "o") as o, kb.loop(0, width, "j") as j:
-            src = kb.add(kb.mul(o, width), j)
-            dst = kb.add(kb.mul(o, shape[axis] * inner), kb.add(j, offset))
+            src = o * width + j
+            dst = o * (shape[axis] * inner) + (j + offset)
             kb.store(out, dst, kb.load(x, src))
         offset += width
 
 
 register("concat", "opaque", _concat_infer, lower=_concat_lower, float64=True,
+         sample=lambda rng, dtype: ([rng.uniform(-2, 2, s).astype(dtype)
+                                     for s in ((2, 3), (2, 1), (2, 4))], {"axis": 1}),
          numpy=lambda xs, node: [np.concatenate(xs, axis=node.attr("axis"))])
 
 
-@onnx_op("Concat", 1)
+@onnx_op("Concat", 1, emits=("concat",))
 def _concat(ctx, n):
     inputs = [i for i in n.inputs if i]
     rank = len(ctx.type(inputs[0]).shape)
@@ -181,10 +190,12 @@ register("expand", "elementwise",
          scalar=lambda kb, a, node: a[0],
          numpy=lambda xs, node: [np.broadcast_to(
              xs[0], np.broadcast_shapes(xs[0].shape, tuple(node.attr("shape")))).copy()],
-         float64=True)
+         float64=True,
+         sample=lambda rng, dtype: ([rng.uniform(-2, 2, (3, 1)).astype(dtype)],
+                                    {"shape": (2, 3, 4)}))
 
 
-@onnx_op("Expand", 8)
+@onnx_op("Expand", 8, emits=("expand",), build_time_inputs=(1,))
 def _expand(ctx, n):
     shape = need_const(ctx, n, 1, "the shape input")
     return [Node.make("expand", n.name, n.inputs[:1], n.outputs[:1],
@@ -193,7 +204,7 @@ def _expand(ctx, n):
 
 # -- values known at build time: become constants, no node -------------------------------
 
-@onnx_op("Shape", 1)
+@onnx_op("Shape", 1, emits=())
 def _shape(ctx, n):
     shape = ctx.type(n.inputs[0]).shape
     rank = len(shape)
@@ -203,13 +214,13 @@ def _shape(ctx, n):
     return []
 
 
-@onnx_op("Size", 1)
+@onnx_op("Size", 1, emits=())
 def _size(ctx, n):
     ctx.set_const(n.outputs[0], np.array(ctx.type(n.inputs[0]).size, np.int64))
     return []
 
 
-@onnx_op("ConstantOfShape", 9)
+@onnx_op("ConstantOfShape", 9, emits=(), build_time_inputs=(0,))
 def _constant_of_shape(ctx, n):
     from onnx import numpy_helper  # converters run at import, where onnx is loaded
 
@@ -221,7 +232,7 @@ def _constant_of_shape(ctx, n):
     return []
 
 
-@onnx_op("Range", 11)
+@onnx_op("Range", 11, emits=(), build_time_inputs=(0, 1, 2))
 def _range(ctx, n):
     start, limit, delta = (need_const(ctx, n, k, what) for k, what in
                            enumerate(("start", "limit", "delta")))

@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 
+import numpy as np
+
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node
 from pipeline.ops.registry import axis_attr, onnx_op, register
@@ -28,11 +30,9 @@ def column_blocks(kb, outer: int, inner: int):
     along contiguous memory. Yields (r, q0, cols): the block's first column and
     its width (a runtime value, as the last block may be narrower)."""
     width = min(inner, COLUMNS)
-    b = kb.b
     with kb.loop(0, outer, "r") as r, kb.loop(0, -(-inner // width), "qb") as qb:
-        q0 = kb.mul(qb, width)
-        left = b.sub(kb.i64(inner), q0)
-        yield r, q0, b.select(b.icmp_signed("<", left, kb.i64(width)), left, kb.i64(width))
+        q0 = qb * width
+        yield r, q0, kb.smin(inner - q0, width)
 
 
 def max_and_exp_sum(kb, x, base, length, store=None):
@@ -40,13 +40,13 @@ def max_and_exp_sum(kb, x, base, length, store=None):
     `store`, each exp(x - max) is also written there at the same offset."""
     slot = kb.local(kb.const(-math.inf, x.elem))
     with kb.loop(0, length, "k") as k:
-        kb.set(slot, kb.fmax(kb.get(slot), kb.load(x, kb.add(base, k))))
+        kb.set(slot, kb.fmax(kb.get(slot), kb.load(x, base + k)))
     peak = kb.get(slot)
     kb.set(slot, kb.const(0.0, x.elem))
     with kb.loop(0, length, "k") as k:
-        e = kb.exp(kb.fsub(kb.load(x, kb.add(base, k)), peak))
+        e = kb.exp(kb.fsub(kb.load(x, base + k), peak))
         if store is not None:
-            kb.store(store, kb.add(base, k), e)
+            kb.store(store, base + k, e)
         kb.set(slot, kb.fadd(kb.get(slot), e))
     return peak, kb.get(slot)
 
@@ -76,7 +76,7 @@ def _softmax_lower(kb, node, ins, out, epilogue):
         return
     x = ins[0]
     with kb.loop(0, outer, "r") as r:
-        base = kb.mul(r, length)
+        base = r * length
         store = out if node.op == "softmax" else None
         peak, total = max_and_exp_sum(kb, x, base, length, store)
         if node.op == "log_softmax":
@@ -84,7 +84,7 @@ def _softmax_lower(kb, node, ins, out, epilogue):
         else:
             scale = kb.fdiv(kb.fconst(1.0, total), total)
         with kb.loop(0, length, "k") as k:
-            o = kb.add(base, k)
+            o = base + k
             y = kb.fsub(kb.load(x, o), shift) if node.op == "log_softmax" else \
                 kb.fmul(kb.load(out, o), scale)
             kb.store(out, o, y)
@@ -96,15 +96,15 @@ def _softmax_columns(kb, node, x, out, outer, length, inner):
     peak, total = kb.scratch(width, x.type.dtype), kb.scratch(width, x.type.dtype)
     one, zero, low = (kb.const(v, x.elem) for v in (1.0, 0.0, -math.inf))
     with column_blocks(kb, outer, inner) as (r, q0, cols):
-        base = kb.add(kb.mul(r, length * inner), q0)
+        base = r * (length * inner) + q0
         with kb.loop(0, cols, "q") as q:
             kb.store(peak, q, low)
             kb.store(total, q, zero)
         with kb.loop(0, length, "k") as k, kb.loop(0, cols, "q") as q:
-            v = kb.load(x, kb.add(kb.add(base, kb.mul(k, inner)), q))
+            v = kb.load(x, base + k * inner + q)
             kb.store(peak, q, kb.fmax(kb.load(peak, q), v))
         with kb.loop(0, length, "k") as k, kb.loop(0, cols, "q") as q:
-            o = kb.add(kb.add(base, kb.mul(k, inner)), q)
+            o = base + k * inner + q
             e = kb.exp(kb.fsub(kb.load(x, o), kb.load(peak, q)))
             if node.op == "softmax":
                 kb.store(out, o, e)
@@ -116,14 +116,43 @@ def _softmax_columns(kb, node, x, out, outer, length, inner):
             else:
                 kb.store(total, q, kb.fdiv(one, kb.load(total, q)))
         with kb.loop(0, length, "k") as k, kb.loop(0, cols, "q") as q:
-            o = kb.add(kb.add(base, kb.mul(k, inner)), q)
+            o = base + k * inner + q
             y = kb.fsub(kb.load(x, o), kb.load(peak, q)) if node.op == "log_softmax" else \
                 kb.fmul(kb.load(out, o), kb.load(total, q))
             kb.store(out, o, y)
 
 
-register("softmax", "opaque", _float_infer, lower=_softmax_lower, float64=True)
-register("log_softmax", "opaque", _float_infer, lower=_softmax_lower, float64=True)
+def _rows(x, node):
+    """x as [outer, length, inner] rows along `axis` (flatten: everything from `axis` on)."""
+    axis = node.attr("axis")
+    outer = math.prod(x.shape[:axis])
+    if node.attr("flatten"):
+        return x.reshape(outer, -1, 1)
+    return x.reshape(outer, x.shape[axis], -1)
+
+
+def _softmax_numpy(xs, node):
+    rows = _rows(xs[0], node)
+    shifted = rows - rows.max(axis=1, keepdims=True)
+    total = np.exp(shifted).sum(axis=1, keepdims=True)
+    out = shifted - np.log(total) if node.op == "log_softmax" else np.exp(shifted) / total
+    return [out.reshape(xs[0].shape).astype(xs[0].dtype)]
+
+
+def _hardmax_numpy(xs, node):
+    rows = _rows(xs[0], node)
+    hit = np.arange(rows.shape[1])[None, :, None] == rows.argmax(axis=1)[:, None, :]
+    return [hit.reshape(xs[0].shape).astype(xs[0].dtype)]
+
+
+def _sample(rng, dtype):  # tests/test_registry_ops.py
+    return [rng.uniform(-3, 3, (2, 3, 4)).astype(dtype)], {"axis": 1, "flatten": 0}
+
+
+register("softmax", "opaque", _float_infer, lower=_softmax_lower, float64=True,
+         numpy=_softmax_numpy, sample=_sample)
+register("log_softmax", "opaque", _float_infer, lower=_softmax_lower, float64=True,
+         numpy=_softmax_numpy, sample=_sample)
 
 
 def _hardmax_lower(kb, node, ins, out, epilogue):
@@ -135,22 +164,24 @@ def _hardmax_lower(kb, node, ins, out, epilogue):
         length, inner = math.prod(shape[axis:]), 1
     else:
         length, inner = shape[axis], math.prod(shape[axis + 1:])
-    b = kb.b
     with kb.loop(0, math.prod(shape[:axis]), "r") as r, kb.loop(0, inner, "q") as q:
-        base = kb.add(kb.mul(r, length * inner), q)
+        base = r * (length * inner) + q
         best, where = kb.local(kb.load(x, base)), kb.local(kb.i64(0))
         with kb.loop(1, length, "k") as k:
-            v = kb.load(x, kb.add(base, kb.mul(k, inner)))
+            v = kb.load(x, base + k * inner)
             better = kb.compare(">", v, kb.get(best))
-            kb.set(best, b.select(better, v, kb.get(best)))
-            kb.set(where, b.select(better, k, kb.get(where)))
+            kb.set(best, kb.select(better, v, kb.get(best)))
+            kb.set(where, kb.select(better, k, kb.get(where)))
         with kb.loop(0, length, "k") as k:
-            hit = b.icmp_signed("==", k, kb.get(where))
-            kb.store(out, kb.add(base, kb.mul(k, inner)),
-                     b.select(hit, kb.const(1.0, out.elem), kb.const(0.0, out.elem)))
+            hit = kb.compare("==", k, kb.get(where))
+            kb.store(out, base + k * inner,
+                     kb.select(hit, kb.const(1.0, out.elem), kb.const(0.0, out.elem)))
 
 
-register("hardmax", "opaque", _float_infer, lower=_hardmax_lower, float64=True)
+register("hardmax", "opaque", _float_infer, lower=_hardmax_lower, float64=True,
+         numpy=_hardmax_numpy,
+         sample=lambda rng, dtype: ([rng.uniform(-3, 3, (2, 3, 4)).astype(dtype)],
+                                    {"axis": 1, "flatten": 1}))
 
 
 def _softmax_converter(op: str, flatten: bool, default_axis: int):
@@ -164,5 +195,5 @@ def _softmax_converter(op: str, flatten: bool, default_axis: int):
 # Before opset 13 (Log)Softmax and Hardmax flattened the input to 2-D at `axis` (default 1).
 for _onnx, _op in (("Softmax", "softmax"), ("LogSoftmax", "log_softmax"),
                    ("Hardmax", "hardmax")):
-    onnx_op(_onnx, 1)(_softmax_converter(_op, flatten=True, default_axis=1))
-    onnx_op(_onnx, 13)(_softmax_converter(_op, flatten=False, default_axis=-1))
+    onnx_op(_onnx, 1, emits=(_op,))(_softmax_converter(_op, flatten=True, default_axis=1))
+    onnx_op(_onnx, 13, emits=(_op,))(_softmax_converter(_op, flatten=False, default_axis=-1))

@@ -41,7 +41,7 @@ def _f(kb, value: float, like):
 
 def _select_negative(kb, x, negative, positive):
     """`negative` where x < 0, else `positive`."""
-    return kb.b.select(kb.compare("<", x, kb.const(0, x.type)), negative, positive)
+    return kb.select(kb.compare("<", x, kb.const(0, x.type)), negative, positive)
 
 
 def _hard_sigmoid(kb, x, alpha, beta):
@@ -64,12 +64,12 @@ def _gelu(kb, x, node):
 def _gelu_np(x, node):
     if node.attr("approximate") == "tanh":
         return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
-    return 0.5 * x * (1 + _erf(x / np.float32(math.sqrt(2))))
+    return 0.5 * x * (1 + _erf(x / math.sqrt(2)))
 
 
 def _softplus(kb, x):
     # max(x, 0) + log1p(exp(-|x|)): no overflow for large |x|.
-    neg_abs = kb.b.fneg(kb.intrinsic("fabs", x))
+    neg_abs = kb.neg(kb.intrinsic("fabs", x))
     return kb.fadd(kb.fmax(x, _f(kb, 0.0, x)),
                    kb.extern("log1pf", kb.intrinsic("exp", neg_abs)))
 
@@ -86,7 +86,7 @@ def _clip_np(x, node):
 def _selu(kb, x, node):
     alpha, gamma = node.attr("alpha"), node.attr("gamma")
     neg = kb.fsub(kb.fmul(_f(kb, alpha, x), kb.intrinsic("exp", x)), _f(kb, alpha, x))
-    return kb.fmul(_f(kb, gamma, x), kb.b.select(kb.compare("<=", x, _f(kb, 0.0, x)), neg, x))
+    return kb.fmul(_f(kb, gamma, x), kb.select(kb.compare("<=", x, _f(kb, 0.0, x)), neg, x))
 
 
 def _selu_np(x, node):
@@ -97,7 +97,7 @@ def _selu_np(x, node):
 def _abs(kb, x):
     if x.type in FLOATS:
         return kb.intrinsic("fabs", x)
-    return _select_negative(kb, x, kb.b.neg(x), x)
+    return _select_negative(kb, x, kb.neg(x), x)
 
 
 # name: (scalar(kb, x, node), numpy(x, node)), evaluated in the input's dtype.
@@ -113,7 +113,7 @@ UNARY = {
         x), lambda x, n: np.where(x < 0, n.attr("alpha") * (np.exp(x) - 1), x)),
     "selu": (_selu, _selu_np),
     "sigmoid": (lambda kb, x, n: kb.fdiv(
-        _f(kb, 1.0, x), kb.fadd(_f(kb, 1.0, x), kb.intrinsic("exp", kb.b.fneg(x)))),
+        _f(kb, 1.0, x), kb.fadd(_f(kb, 1.0, x), kb.intrinsic("exp", kb.neg(x)))),
         lambda x, n: 1 / (1 + np.exp(-x))),
     "hard_sigmoid": (lambda kb, x, n: _hard_sigmoid(kb, x, n.attr("alpha"), n.attr("beta")),
                      lambda x, n: np.clip(n.attr("alpha") * x + n.attr("beta"), 0, 1)),
@@ -124,7 +124,7 @@ UNARY = {
     "log": (lambda kb, x, n: kb.intrinsic("log", x), lambda x, n: np.log(x)),
     "sqrt": (lambda kb, x, n: kb.intrinsic("sqrt", x), lambda x, n: np.sqrt(x)),
     "reciprocal": (lambda kb, x, n: kb.fdiv(_f(kb, 1.0, x), x), lambda x, n: 1 / x),
-    "neg": (lambda kb, x, n: kb.b.fneg(x) if x.type in FLOATS else kb.b.neg(x),
+    "neg": (lambda kb, x, n: kb.neg(x),
             lambda x, n: -x),
     "abs": (lambda kb, x, n: _abs(kb, x), lambda x, n: np.abs(x)),
     "erf": (lambda kb, x, n: kb.extern("erff", x), lambda x, n: _erf(x)),
@@ -140,16 +140,16 @@ UNARY = {
 def _sign(kb, x):
     one, zero = kb.const(1, x.type), kb.const(0, x.type)
     minus = kb.const(-1, x.type)
-    return kb.b.select(kb.compare(">", x, zero), one,
-                       kb.b.select(kb.compare("<", x, zero), minus, x))  # keeps 0 and NaN
+    return kb.select(kb.compare(">", x, zero), one,
+                       kb.select(kb.compare("<", x, zero), minus, x))  # keeps 0 and NaN
 
 
 def _shrink(kb, x, node):
     lambd, bias = _f(kb, node.attr("lambd"), x), _f(kb, node.attr("bias"), x)
-    low = kb.compare("<", x, kb.b.fneg(lambd))
+    low = kb.compare("<", x, kb.neg(lambd))
     high = kb.compare(">", x, lambd)
-    return kb.b.select(low, kb.fadd(x, bias),
-                       kb.b.select(high, kb.fsub(x, bias), _f(kb, 0.0, x)))
+    return kb.select(low, kb.fadd(x, bias),
+                       kb.select(high, kb.fsub(x, bias), _f(kb, 0.0, x)))
 
 
 def _shrink_np(x, node):
@@ -167,7 +167,7 @@ UNARY.update({
     "sign": (lambda kb, x, n: _sign(kb, x), lambda x, n: np.sign(x)),
     "softsign": (lambda kb, x, n: kb.fdiv(x, kb.fadd(_f(kb, 1.0, x), kb.intrinsic("fabs", x))),
                  lambda x, n: x / (1 + np.abs(x))),
-    "thresholded_relu": (lambda kb, x, n: kb.b.select(
+    "thresholded_relu": (lambda kb, x, n: kb.select(
         kb.compare(">", x, _f(kb, n.attr("alpha"), x)), x, _f(kb, 0.0, x)),
         lambda x, n: np.where(x > n.attr("alpha"), x, 0)),
     "shrink": (_shrink, _shrink_np),
@@ -190,8 +190,21 @@ TRIG = {"sin": ("Sin", 7, np.sin), "cos": ("Cos", 7, np.cos), "tan": ("Tan", 7, 
 for _name, (_onnx, _since, _np) in TRIG.items():
     UNARY[_name] = (lambda kb, x, n, f=f"{_name}f": kb.extern(f, x), lambda x, n, f=_np: f(x))
 
+# Sample input ranges (the function's domain; default [-2, 2]) for tests/test_registry_ops.py.
+_DOMAIN = {"log": (0.1, 3), "sqrt": (0.1, 3), "reciprocal": (0.5, 2), "acosh": (1.1, 3),
+           "asin": (-0.9, 0.9), "acos": (-0.9, 0.9), "atanh": (-0.9, 0.9), "tan": (-1.2, 1.2)}
+
+
+def _sample(op: str):
+    """Inputs and attributes (the ONNX defaults the converter copies) to test `op` on."""
+    def sample(rng, dtype):
+        attrs = {"min": -0.5, "max": 0.7} if op == "clip" else _ATTRS.get(op, {})
+        return [rng.uniform(*_DOMAIN.get(op, (-2, 2)), (2, 3, 5)).astype(dtype)], attrs
+    return sample
+
+
 for _name, (_scalar, _numpy) in UNARY.items():
-    register(_name, "elementwise", _unary_infer, float64=True,
+    register(_name, "elementwise", _unary_infer, float64=True, sample=_sample(_name),
              scalar=lambda kb, a, node, f=_scalar: f(kb, a[0], node),
              numpy=lambda xs, node, f=_numpy: [np.asarray(f(xs[0], node)).astype(xs[0].dtype)])
 
@@ -229,18 +242,19 @@ _ONNX = [
     ("celu", "Celu", 12, {"alpha": 1.0}), ("swish", "Swish", 24, {"alpha": 1.0}),
 ]
 _ONNX += [(_op, _onnx, _since, {}) for _op, (_onnx, _since, _) in TRIG.items()]
+_ATTRS = {_op: _defaults for _op, _, _, _defaults in _ONNX}
 for _op, _onnx, _since, _defaults in _ONNX:
-    onnx_op(_onnx, _since)(_converter(_op, _defaults))
+    onnx_op(_onnx, _since, emits=(_op,))(_converter(_op, _defaults))
 
 
-@onnx_op("Clip", 6)
+@onnx_op("Clip", 6, emits=("clip",))
 def _clip_v6(ctx, n):
     return [Node.make("clip", n.name, n.inputs[:1], n.outputs[:1],
                       min=float(n.attrs.get("min", -3.4028234663852886e38)),
                       max=float(n.attrs.get("max", 3.4028234663852886e38)))]
 
 
-@onnx_op("Clip", 11)
+@onnx_op("Clip", 11, emits=("clip",), build_time_inputs=(1, 2))
 def _clip_v11(ctx, n):
     # min and max became optional inputs; we need them as build-time constants.
     dtype = np.dtype(ctx.type(n.inputs[0]).dtype)
@@ -270,14 +284,13 @@ def _predicate_infer(types, node):
 
 
 def _isinf(kb, x, node):
-    b = kb.b
-    pos = b.fcmp_ordered("==", x, _f(kb, math.inf, x))
-    neg = b.fcmp_ordered("==", x, _f(kb, -math.inf, x))
+    pos = kb.compare("==", x, _f(kb, math.inf, x))
+    neg = kb.compare("==", x, _f(kb, -math.inf, x))
     flag = kb.const(0, pos.type)
     if node.attr("detect_positive"):
-        flag = b.or_(flag, pos)
+        flag = kb.or_(flag, pos)
     if node.attr("detect_negative"):
-        flag = b.or_(flag, neg)
+        flag = kb.or_(flag, neg)
     return kb.as_bool(flag)
 
 
@@ -287,10 +300,18 @@ def _isinf_np(xs, node):
             | (np.isneginf(x) & bool(node.attr("detect_negative")))]
 
 
+def _special_values(rng, dtype):
+    return [np.array([[0.5, np.inf, -np.inf], [np.nan, -1.0, 3.0]], dtype)]
+
+
 register("isnan", "elementwise", _predicate_infer, float64=True,
-         scalar=lambda kb, a, node: kb.as_bool(kb.b.fcmp_unordered("uno", a[0], a[0])),
-         numpy=lambda xs, node: [np.isnan(xs[0])])
+         scalar=lambda kb, a, node: kb.as_bool(kb.isnan(a[0])),
+         numpy=lambda xs, node: [np.isnan(xs[0])],
+         sample=lambda rng, dtype: (_special_values(rng, dtype), {}))
 register("isinf", "elementwise", _predicate_infer, float64=True,
-         scalar=lambda kb, a, node: _isinf(kb, a[0], node), numpy=_isinf_np)
-onnx_op("IsNaN", 9)(_converter("isnan", {}))
-onnx_op("IsInf", 10)(_converter("isinf", {"detect_negative": 1, "detect_positive": 1}))
+         scalar=lambda kb, a, node: _isinf(kb, a[0], node), numpy=_isinf_np,
+         sample=lambda rng, dtype: (_special_values(rng, dtype),
+                                    {"detect_negative": 0, "detect_positive": 1}))
+onnx_op("IsNaN", 9, emits=("isnan",))(_converter("isnan", {}))
+onnx_op("IsInf", 10, emits=("isinf",))(
+    _converter("isinf", {"detect_negative": 1, "detect_positive": 1}))

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.link.blob import (
+    BLOB_CODE_DIGEST_SIZE,
     BLOB_DIGEST_SIZE,
     BLOB_FIXED,
     BLOB_PREFIX_SIZE,
@@ -30,6 +31,7 @@ class Blob:
     kernels: tuple[str, ...]
     target: str
     import_tree: dict[str, Any]
+    code_digest: bytes = bytes(BLOB_CODE_DIGEST_SIZE)  # zeros until the link stamps it
 
 
 def unpack_blob(data: bytes, source: str) -> Blob:
@@ -45,7 +47,9 @@ def unpack_blob(data: bytes, source: str) -> Blob:
         raise BlobError(f"{source}: blob length mismatch: expected {total} bytes, found "
                         f"{len(data)}")
     view = memoryview(data)
-    if hashlib.sha256(view[:-BLOB_DIGEST_SIZE]).digest() != bytes(view[-BLOB_DIGEST_SIZE:]):
+    end = total - BLOB_CODE_DIGEST_SIZE  # the checksummed part ends with its checksum
+    if hashlib.sha256(view[:end - BLOB_DIGEST_SIZE]).digest() != bytes(
+            view[end - BLOB_DIGEST_SIZE:end]):
         raise BlobError(f"{source}: checksum mismatch: the library is corrupted; rebuild it")
     # From here on the bytes are exactly what pack_blob wrote (or a deliberate
     # forgery, which we do not defend against), so errors below mean a bug.
@@ -56,11 +60,13 @@ def unpack_blob(data: bytes, source: str) -> Blob:
         sections = {}
         for entry in header["sections"]:
             start, size = entry["offset"], entry["size"]
-            if start < head + header_len or start + size > total - BLOB_DIGEST_SIZE:
+            if (not isinstance(start, int) or not isinstance(size, int) or size < 0
+                    or start < head + header_len
+                    or start + size > end - BLOB_DIGEST_SIZE):
                 raise ValueError(f"section {entry['name']!r} out of bounds")
             sections[entry["name"]] = bytes(view[start:start + size])
         return Blob(graph_json=sections["graph"].decode("utf-8"), params=sections["params"],
                     kernels=tuple(header["kernels"]), target=header["target"],
-                    import_tree=header["import_tree"])
-    except (ValueError, KeyError, TypeError) as err:
+                    import_tree=header["import_tree"], code_digest=bytes(view[end:]))
+    except (ValueError, KeyError, TypeError, RecursionError) as err:
         raise BlobError(f"{source}: malformed blob header: {err}") from None

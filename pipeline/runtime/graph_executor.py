@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.errors import FormatError
 from pipeline.runtime.params import load_params as _parse_params
 from pipeline.runtime.threads import check_num_threads, default_num_threads
 
@@ -74,7 +75,8 @@ class GraphExecutor:
     api: the library's typed C API (bind_api); graph_json: its TVM graph JSON,
     read only for node shapes (profiling); owner: the object to keep alive with
     the executor (the loaded library). Each executor has its own storage and copy
-    of the params. ValueError with the C reader's message if the blob is refused.
+    of the params. FormatError (a ValueError) with the C reader's message if the
+    blob is refused.
     """
 
     def __init__(self, api: dict[str, Any], graph_json: str, owner: Any = None):
@@ -82,7 +84,8 @@ class GraphExecutor:
         err = ctypes.create_string_buffer(512)
         self._h = api["pl_create"](err, len(err))
         if not self._h:
-            raise ValueError(err.value.decode(errors="replace"))
+            raise FormatError(f"{getattr(owner, 'path', 'library')}: "
+                              f"{err.value.decode(errors='replace')}")
         n_in, n_params = api["pl_num_inputs"](self._h), api["pl_num_params"](self._h)
         self._slots = _tensors(api, self._h, "input", n_in + n_params)
         self._slot_index = {name: i for i, (name, _, _) in enumerate(self._slots)}

@@ -1,9 +1,11 @@
-"""Load an exported library (.so, or .tar of objects) and hand out its graph executor.
+"""Load an exported library (.so, one relocatable .o, or a .tar of objects) and
+hand out its graph executor.
 
 The library carries everything in itself: kernels as exported functions, the
 graph JSON, executor plan and params in the blob symbol (format:
 pipeline/link/blob.py) and the C graph executor that runs them (its pl_* API).
-The blob is verified (magic, version, length, sha256) before anything in it is used.
+The blob is verified (magic, version, length, sha256) before anything in it is
+used, and the library's code against the digest the blob records before dlopen.
 """
 
 from __future__ import annotations
@@ -18,16 +20,19 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.errors import FormatError
 from pipeline.link.blob import BLOB_PREFIX_SIZE, BLOB_SYMBOL
 from pipeline.link.cc import create_shared
+from pipeline.link.integrity import verify_code_digest
 from pipeline.runtime.blob import Blob, BlobError, read_blob_header_length, unpack_blob
 from pipeline.runtime.graph_executor import GraphExecutor, bind_api
+from pipeline.runtime.machine import check_machine
 from pipeline.runtime.params import load_params
 from pipeline.runtime.threads import limit_idle_spin
 
 __all__ = ["Module", "load_module"]
 
-SUFFIXES = (".so", ".tar")
+SUFFIXES = (".so", ".tar", ".o")
 
 # glibc's dlopen returns the already-loaded library when the *path* matches,
 # even if the file was rebuilt since. Remember what each path was when we
@@ -114,13 +119,19 @@ def _check_device(device: Any) -> None:
     raise ValueError(f"unsupported device {device!r}: only the CPU is supported")
 
 
-def load_module(path: str | os.PathLike, link_options: Sequence[str] | None = None) -> Module:
-    """Load a library exported as `.so` or as a `.tar` of object files.
+def load_module(path: str | os.PathLike, link_options: Sequence[str] | None = None,
+                verify: bool = True) -> Module:
+    """Load a library exported as `.so`, as one relocatable `.o`, or as a `.tar`
+    of object files.
 
-    A `.tar` is extracted to a private temporary folder and linked there with
-    create_shared (link_options are passed on, e.g. ["-lgomp"]). Raises
-    FileNotFoundError, ValueError for other suffixes, BlobError when the blob
-    is missing or corrupted.
+    A `.o` or `.tar` is linked (a `.tar` extracted first) in a private temporary
+    folder with the host's cc through create_shared (link_options are passed
+    on, e.g. ["-lgomp"]). With `verify`, the library's code sections are hashed
+    and compared with the digest its blob records before it is loaded
+    (pipeline/link/integrity.py; a few ms per MB of code). Raises
+    FileNotFoundError, ValueError for other suffixes, ForeignLibraryError for a
+    library built for another architecture (saying how to run it), BlobError
+    when the blob is missing or corrupted or the code does not match its digest.
     """
     path = os.path.abspath(os.fspath(path))
     if not path.endswith(SUFFIXES):
@@ -129,13 +140,16 @@ def load_module(path: str | os.PathLike, link_options: Sequence[str] | None = No
     if not os.path.isfile(path):
         raise FileNotFoundError(f"library not found: {path}")
     if path.endswith(".so"):
-        return _load_so(path, path)
+        check_machine(path, path)
+        return _load_so(path, path, verify=verify)
     tmp = tempfile.TemporaryDirectory(prefix="pipeline-lib-")
     try:
-        objects = _extract_objects(path, tmp.name)
+        objects = [path] if path.endswith(".o") else _extract_objects(path, tmp.name)
+        for obj in objects:
+            check_machine(obj, path)
         so_path = os.path.join(tmp.name, "lib.so")
         create_shared(so_path, objects, options=link_options)
-        return _load_so(so_path, path, keep=[tmp])
+        return _load_so(so_path, path, keep=[tmp], verify=verify)
     except BaseException:
         tmp.cleanup()
         raise
@@ -144,14 +158,18 @@ def load_module(path: str | os.PathLike, link_options: Sequence[str] | None = No
 def _extract_objects(tar_path: str, dest: str) -> list[str]:
     """Extract a flat tar's regular files into dest; return the .o paths, sorted."""
     objects = []
-    with tarfile.open(tar_path) as tar:
+    try:
+        tar = tarfile.open(tar_path)
+    except tarfile.TarError as err:
+        raise FormatError(f"{tar_path}: not a readable tar archive ({err})") from None
+    with tar:
         for member in tar.getmembers():
             name = member.name
             # Our tars are flat; refuse anything that could land outside dest.
             if (not member.isfile() or os.path.isabs(name) or os.path.dirname(name)
                     or name in ("", ".", "..")):
-                raise ValueError(f"{tar_path}: refusing tar member {name!r} (expected plain "
-                                 "files without folders)")
+                raise FormatError(f"{tar_path}: refusing tar member {name!r} (expected plain "
+                                  "files without folders)")
             src = tar.extractfile(member)
             out = os.path.join(dest, name)
             with src, open(out, "wb") as f:
@@ -160,11 +178,15 @@ def _extract_objects(tar_path: str, dest: str) -> list[str]:
             if name.endswith(".o"):
                 objects.append(out)
     if not objects:
-        raise ValueError(f"{tar_path}: no .o files in the archive")
+        raise FormatError(f"{tar_path}: no .o files in the archive")
     return sorted(objects)
 
 
-def _load_so(so_path: str, source: str, keep: Sequence[Any] = ()) -> Module:
+def _load_so(so_path: str, source: str, keep: Sequence[Any] = (),
+             verify: bool = True) -> Module:
+    _check_segments(so_path, source)  # a cut file: say so, before reading its sections
+    if verify:  # before dlopen: no byte of damaged code (constructors included) runs
+        verify_code_digest(so_path, source)
     keep = list(keep)
     open_path = so_path
     file_id = _file_id(so_path)
@@ -173,7 +195,6 @@ def _load_so(so_path: str, source: str, keep: Sequence[Any] = ()) -> Module:
         keep.append(alias_dir)
         open_path = os.path.join(alias_dir.name, os.path.basename(so_path))
         os.symlink(so_path, open_path)
-    _check_segments(so_path, source)
     limit_idle_spin()  # before the library pulls in libgomp (see runtime/threads.py)
     try:
         lib = ctypes.CDLL(open_path, mode=os.RTLD_LOCAL | os.RTLD_NOW)

@@ -25,6 +25,8 @@ import struct
 
 import numpy as np
 
+from pipeline.errors import FormatError, check_elements
+
 __all__ = ["load_params", "param_chunks", "save_params"]
 
 LIST_MAGIC = 0xF7E58D4F05049CB7
@@ -88,7 +90,7 @@ class _Reader:
 
     def take(self, n: int, what: str) -> memoryview:
         if n < 0 or self.pos + n > len(self.view):
-            raise ValueError(f"param dict truncated: expected {n} bytes for {what} at "
+            raise FormatError(f"param dict truncated: expected {n} bytes for {what} at "
                              f"offset {self.pos}, only {len(self.view) - self.pos} left")
         chunk = self.view[self.pos:self.pos + n]
         self.pos += n
@@ -101,26 +103,30 @@ class _Reader:
 def load_params(data: bytes) -> dict[str, np.ndarray]:
     """Parse TVM param-dict bytes into {name: writable numpy array}.
 
-    Raises ValueError naming what was expected on a bad magic number,
-    truncation, unsupported dtype, size mismatch or trailing bytes.
+    Raises FormatError (a ValueError) naming what was expected on a bad magic
+    number, truncation, unsupported dtype, size mismatch or trailing bytes, and
+    LimitError for a shape over pipeline.errors.check_elements' limit.
     """
     r = _Reader(data)
     magic, _reserved = r.unpack("<QQ", "list header")
     if magic != LIST_MAGIC:
-        raise ValueError(f"not a param dict: expected magic {LIST_MAGIC:#x}, found {magic:#x}")
+        raise FormatError(f"not a param dict: expected magic {LIST_MAGIC:#x}, found {magic:#x}")
     (count,) = r.unpack("<Q", "name count")
     names = []
     for i in range(count):
         (size,) = r.unpack("<Q", f"length of name {i}")
-        names.append(str(r.take(size, f"name {i}"), "utf-8"))
+        try:
+            names.append(str(r.take(size, f"name {i}"), "utf-8"))
+        except UnicodeDecodeError:
+            raise FormatError(f"param dict: name {i} is not UTF-8") from None
     (n_arrays,) = r.unpack("<Q", "array count")
     if n_arrays != count:
-        raise ValueError(f"param dict has {count} names but {n_arrays} arrays")
+        raise FormatError(f"param dict has {count} names but {n_arrays} arrays")
     out = {}
     for name in names:
         out[name] = _read_array(r, name)
     if r.pos != len(r.view):
-        raise ValueError(f"param dict has {len(r.view) - r.pos} unexpected trailing bytes")
+        raise FormatError(f"param dict has {len(r.view) - r.pos} unexpected trailing bytes")
     return out
 
 
@@ -128,18 +134,20 @@ def _read_array(r: _Reader, name: str) -> np.ndarray:
     magic, _res, _dev_type, _dev_id, ndim, code, bits, lanes = r.unpack(
         "<QQiiiBBH", f"header of array {name!r}")
     if magic != ARRAY_MAGIC:
-        raise ValueError(f"array {name!r}: expected magic {ARRAY_MAGIC:#x}, found {magic:#x}")
+        raise FormatError(f"array {name!r}: expected magic {ARRAY_MAGIC:#x}, found {magic:#x}")
     dtype = _FROM_DL.get((code, bits))
     if dtype is None or lanes != 1:
-        raise ValueError(f"array {name!r}: unsupported type code {code} bits {bits} "
+        raise FormatError(f"array {name!r}: unsupported type code {code} bits {bits} "
                          f"lanes {lanes}")
     if ndim < 0:
-        raise ValueError(f"array {name!r}: negative ndim {ndim}")
+        raise FormatError(f"array {name!r}: negative ndim {ndim}")
     shape = r.unpack(f"<{ndim}q", f"shape of array {name!r}")
     (size,) = r.unpack("<q", f"data size of array {name!r}")
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if any(d < 0 for d in shape) or size != expected:
-        raise ValueError(f"array {name!r}: shape {list(shape)} of {dtype} needs {expected} "
+    if any(d < 0 for d in shape):
+        raise FormatError(f"array {name!r}: negative dimension in shape {list(shape)}")
+    expected = check_elements(shape, f"param dict: array {name!r}") * dtype.itemsize
+    if size != expected:
+        raise FormatError(f"array {name!r}: shape {list(shape)} of {dtype} needs {expected} "
                          f"bytes, header says {size}")
     raw = r.take(size, f"data of array {name!r}")
     arr = np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(shape)

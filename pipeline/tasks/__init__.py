@@ -1,6 +1,7 @@
 """Layer 8, the build system on doit: these task creators, `stages` (the work),
-`checker`, `reporter`, `explain`, `cache` (kernel cache) and `config`. Imports
-every package below; tools' validate/bench/conformance run only by name (run_stage).
+`checker`, `reporter`, `explain`, `cache` (kernel cache), `config` and `deps`
+(the sources each task runs). Imports every package below; tools'
+validate/bench/conformance run only by name (run_stage).
 
 The task creators only describe tasks; the work is in pipeline.tasks.stages.
 
@@ -10,18 +11,21 @@ Task names (model m, target entry t):
   optimize:m@t   passes + lowering -> graph JSON, params, kernels.json, kernel specs
   kernel:<hash>  one kernel spec -> <cache>/<hash>.ll, .o, .sha256 (created after optimize;
                  the cache is shared by all entries, see pipeline/tasks/cache.py)
-  lib0:m@t       the entry's kernel objects -> lib0.o (ld -r)
+  lib0:m@t       the entry's kernel objects -> lib0.o (the target's cc -r)
   devc:m@t       graph JSON + params -> devc.o (the packed blob)
-  runtime:t      the C executor and pipeline-run for target t -> out/runtime/t/executor.o,
-                 pipeline-run (compiled once per target, sources pipeline/runtime/c/)
-  export:m@t     lib0.o + devc.o + executor.o -> m.so
+  runtime:t      the C executor and pipeline-run for target t, by its cc ->
+                 out/runtime/t/executor.o, pipeline-run (sources pipeline/runtime/c/)
+  export:m@t     lib0.o + devc.o + executor.o -> m.so (linked by the target's cc)
   validate:m@t   run m.so against the reference -> validation.json
   explain        print why each task of the last build ran (out/build-report.json)
   gc             remove cache entries no entry of the matrix uses
 Every task declares its inputs, including the compiler sources it runs (doit
-does not see code edits otherwise); option dicts go into one options_changed
-(a config_changed that keeps the options, so pipeline.tasks.explain can say which
-one changed).
+does not see code edits otherwise; derived from the stage's code by `code_of`);
+option dicts go into one options_changed (a config_changed that keeps the
+options, so pipeline.tasks.explain can say which one changed). A task that runs
+the target's compiler also hashes its identity (path and --version;
+TargetEntry.toolchain), so changing a target's cc rebuilds that target's lib0.o
+and .so, and no other target's.
 """
 
 from __future__ import annotations
@@ -29,16 +33,20 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import signal
 import threading
+import traceback
 from pathlib import Path
 
 from doit import create_after
 from doit.exceptions import TaskFailed
 
 from pipeline.errors import PipelineError
-from pipeline.lower.sources import CODEGEN_SOURCES
+from pipeline.link.runtime_c import C_SOURCES
+from pipeline.lower.sources import CODEGEN_ROOTS
 from pipeline.tasks import cache
 from pipeline.tasks.config import BuildConfig, ModelEntry, TargetEntry
+from pipeline.tasks.deps import sources
 from pipeline.tasks.explain import options_changed
 
 OUT = "out"
@@ -63,25 +71,62 @@ def path(*parts: str) -> str:
     return os.path.normpath(os.path.join(*parts))
 
 
-def _sources(*globs: str) -> list[str]:
-    files = sorted({p for g in globs for p in _PKG.glob(g)})
-    return [os.path.relpath(p) for p in files]
+def code_of(*roots: str, stop: tuple[str, ...] = ()) -> list[str]:
+    """The source files the code of `roots` runs ("module:function" in pipeline, as
+    run_stage takes them, or a module), derived from the code: pipeline.tasks.deps."""
+    found = sources(*(f"pipeline.{r}" for r in roots), stop=tuple(f"pipeline.{s}" for s in stop))
+    return [os.path.relpath(p) for p in found]
 
 
-def run_stage(fn: str, *args):
-    """Run the stage `fn` ("module:function" in pipeline); a user-caused error
-    becomes one TaskFailed line, not a traceback. Stages are imported only when
-    a task runs, so a no-op build never loads the compiler.
+def run_stage(fn: str, *args, task):
+    """Run the stage `fn` ("module:function" in pipeline) for the doit `task` (doit
+    passes it by name); returns what doit expects of a python action.
+
+    A user-caused error (PipelineError) becomes one TaskFailed line. Any other
+    exception is a compiler bug, but the user still gets one line: the task, the
+    exception, and the log under out/logs/ holding the full traceback. Stages are
+    imported only when a task runs, so a no-op build never loads the compiler.
 
     A dict the stage returns becomes the task's doit values (the reporter reads
     a kernel task's {"compiled": bool} to count cache hits).
     """
     module, _, name = fn.partition(":")
+    _test_kill(task.name, "before")
     try:
         result = getattr(importlib.import_module(f"pipeline.{module}"), name)(*args)
     except PipelineError as err:
         return TaskFailed(str(err))
+    except Exception as err:  # noqa: BLE001 - a bug: log it, keep the user's line short
+        log = _write_traceback(task.name)
+        return TaskFailed(f"{task.name}: internal error {type(err).__name__}: "
+                          f"{str(err).splitlines()[0] if str(err) else ''} "
+                          f"(full traceback in {log})")
+    _test_kill(task.name, "after")
     return result if isinstance(result, dict) else None
+
+
+def _write_traceback(task_name: str) -> str:
+    """Write the current exception's traceback to out/logs/<task>.log; returns the path."""
+    log = path(OUT, "logs", task_name.replace(":", "_").replace("/", "_") + ".log")
+    os.makedirs(os.path.dirname(log), exist_ok=True)
+    with open(log, "w") as f:
+        traceback.print_exc(file=f)
+    return log
+
+
+# Fault injection for tests/test_reliability.py: PIPELINE_TEST_KILL_AT=<task-name
+# prefix>[:before] makes the process running that task SIGKILL itself after the
+# stage wrote its outputs (or before it starts), the way a power cut or the OOM
+# killer would end a build: no cleanup, no doit database written.
+KILL_ENV = "PIPELINE_TEST_KILL_AT"
+
+
+def _test_kill(task_name: str, when: str) -> None:
+    prefix, _, at = os.environ.get(KILL_ENV, "").rpartition(":")
+    if at not in ("before", "after"):
+        prefix, at = os.environ.get(KILL_ENV, ""), "after"
+    if prefix and at == when and task_name.startswith(prefix):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def onnx_path(entry: ModelEntry) -> str:
@@ -118,10 +163,15 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
     """
     cache_root = cache.cache_dir(kernel_cache)
     entries = [(m, t) for m in models for t in targets]
-    front_src = _sources("frontend/*.py", "ops/*.py", "ir/__init__.py", "ir/graph.py",
-                         "tasks/stages.py")
-    opt_src = _sources("transform/*.py", "lower/*.py", "plan/*.py", "driver/*.py",
-                       "tasks/stages.py") + [os.path.relpath(p) for p in CODEGEN_SOURCES]
+    # Asked once per target (ConfigError, caught by dodo.py, if a cc is missing).
+    toolchain = {t.name: t.toolchain() for t in targets} if models else {}
+    packing = {t.name: t.packing() for t in targets} if models else {}
+    # Each task's file_dep lists the code its stage runs (code_of). The kernel
+    # versions optimize writes into the specs hash the code generator's files
+    # without importing them: listed as roots of their own.
+    front_src = code_of("tasks.stages:import_model")
+    opt_src = code_of("tasks.stages:optimize_model",
+                      *(r.removeprefix("pipeline.") for r in CODEGEN_ROOTS))
 
     def task_model():
         """Generate the ONNX files of models built by models/ generators."""
@@ -178,6 +228,10 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
                        "actions": [(run_stage, ["tasks.cache:compile_entry", cache_root,
                                                 k["hash"]])]}
 
+    # A corrupted cache entry is recompiled while linking (cache.compile_entry),
+    # but what that compiles is named by the kernel's hash in kernels.json.
+    lib0_src = code_of("tasks.stages:link_lib0", stop=("tasks.cache:compile_entry",))
+
     def task_lib0():
         """Combine an entry's kernel objects into lib0.o."""
         for m, t in entries:
@@ -186,9 +240,10 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             # the manifest decides lib0.o; "kernel" orders us after compilation.
             yield {"name": f"{m.name}@{t.name}", "targets": [a["lib0"]], "clean": True,
                    "task_dep": ["kernel"],
-                   "file_dep": [a["kernels"], *_sources("link/cc.py", "link/files.py")],
+                   "file_dep": [a["kernels"], *lib0_src],
+                   "uptodate": [options_changed(toolchain[t.name], "toolchain")],
                    "actions": [(run_stage, ["tasks.stages:link_lib0", a["kernels"], cache_root,
-                                            a["lib0"]])]}
+                                            a["lib0"], t.cc])]}
 
     def task_devc():
         """Pack graph JSON, params and the kernel list into devc.o."""
@@ -196,23 +251,28 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             a = artifacts(m, t)
             yield {"name": f"{m.name}@{t.name}", "targets": [a["devc"]], "clean": True,
                    "file_dep": [a["graph_json"], a["params"], a["kernels"],
-                                *_sources("link/blob.py", "link/plan.py", "link/elf.py",
-                                          "link/export.py", "link/files.py")],
+                                *code_of("tasks.stages:pack_devc")],
+                   "uptodate": [options_changed(packing[t.name], "packing")],
                    "actions": [(run_stage, ["tasks.stages:pack_devc", a["graph_json"],
-                                            a["params"], a["kernels"], a["devc"]])]}
+                                            a["params"], a["kernels"], a["devc"],
+                                            packing[t.name]["pack"], t.cc])]}
+
+    # The C sources are no Python for code_of to follow: listed by hand.
+    runtime_src = [*(os.path.relpath(p) for p in C_SOURCES),
+                   *code_of("tasks.stages:build_runtime")]
 
     def task_runtime():
-        """Compile the C executor (linked into every library) and pipeline-run, per target."""
-        from pipeline.link.runtime_c import C_SOURCES, cc_identity
-
+        """Compile the C executor (linked into every library) and pipeline-run, per
+        target, with the target's cc."""
         for t in targets:
+            if t.name not in toolchain:  # no model selected: nothing links an executor
+                continue
             r = runtime_artifacts(t)
             yield {"name": t.name, "targets": [r["executor"], r["run"]], "clean": True,
-                   "file_dep": [*(os.path.relpath(p) for p in C_SOURCES),
-                                *_sources("link/runtime_c.py", "link/cc.py", "link/files.py")],
-                   "uptodate": [options_changed({"cc": cc_identity()}, "toolchain")],
+                   "file_dep": runtime_src,
+                   "uptodate": [options_changed(toolchain[t.name], "toolchain")],
                    "actions": [(run_stage, ["tasks.stages:build_runtime", r["executor"],
-                                            r["run"]])]}
+                                            r["run"], t.cc])]}
 
     def task_export():
         """Link lib0.o, devc.o and the target's executor.o into the model's shared library."""
@@ -220,10 +280,10 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             a, r = artifacts(m, t), runtime_artifacts(t)
             yield {"name": f"{m.name}@{t.name}", "targets": [a["so"]], "clean": True,
                    "file_dep": [a["lib0"], a["devc"], r["executor"],
-                                *_sources("link/cc.py", "link/files.py", "link/export.py",
-                                          "link/blob.py")],
+                                *code_of("tasks.stages:export_library")],
+                   "uptodate": [options_changed(toolchain[t.name], "toolchain")],
                    "actions": [(run_stage, ["tasks.stages:export_library", a["lib0"],
-                                            a["devc"], r["executor"], a["so"]])]}
+                                            a["devc"], r["executor"], a["so"], t.cc])]}
 
     def task_build():
         """Build every selected model x target (model=, target=, config= narrow it)."""
@@ -238,7 +298,7 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             shapes = {k: list(v) for k, v in m.inputs.items()}
             yield {"name": f"{m.name}@{t.name}", "targets": [a["validation"]],
                    "file_dep": [a["so"], onnx_path(m),
-                                *_sources("tools/validate.py", "runtime/*.py", "link/blob.py")],
+                                *code_of("tools.validate:validate_library")],
                    "uptodate": [options_changed({"validate": opts, "inputs": shapes},
                                                 "validation")],
                    "actions": [(run_stage, ["tools.validate:validate_library", a["so"],
@@ -248,7 +308,8 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
     def task_conformance():
         """Run ONNX's backend test suites (not part of build): out/conformance.json, .md."""
         report = [path(OUT, "conformance.json"), path(OUT, "conformance.md")]
-        return {"targets": report, "file_dep": _sources("**/*.py"), "verbosity": 2,
+        every = sorted(os.path.relpath(p) for p in _PKG.glob("**/*.py"))  # tests it all
+        return {"targets": report, "file_dep": every, "verbosity": 2,
                 "actions": [(run_stage, ["tools.conformance:write_report", OUT])]}
 
     def task_bench():

@@ -6,10 +6,13 @@ is shared, e.g. in CI):
     <hash>.json    the spec (written by optimize)
     <hash>.ll      LLVM IR, for reading
     <hash>.o       the object
-    <hash>.sha256  the object's checksum, written last: it commits the entry
+    <hash>.sha256  the checksum of the entry's hash and its object, written last: it
+                   commits the entry
 Every file is written atomically (temp file + rename), so a reader never sees
 half a file; an object is linked only if its checksum matches, so a corrupted
-entry is rebuilt from its spec instead of linked. The location is
+or truncated entry, or a foreign one (another kernel's object and checksum
+copied under this hash: the hash is in the checksum), is rebuilt from its spec
+instead of linked. The location is
 `cache=DIR` on the doit command line, else $PIPELINE_KERNEL_CACHE, else
 out/kernels.
 """
@@ -22,6 +25,7 @@ import time
 import warnings
 from pathlib import Path
 
+from pipeline.errors import PipelineError
 from pipeline.link.files import atomic_write
 
 DEFAULT = os.path.join("out", "kernels")
@@ -38,16 +42,23 @@ def entry_path(root: str, kernel_hash: str, suffix: str) -> str:
     return os.path.join(root, kernel_hash + suffix)
 
 
-def _sha256(path: str) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+class CacheError(PipelineError):
+    """A kernel-cache entry that cannot be rebuilt (its spec is missing or unreadable)."""
+
+
+def checksum(kernel_hash: str, obj: bytes) -> str:
+    """What <hash>.sha256 holds: sha256 over the entry's hash and its object bytes,
+    so an entry copied under another hash does not validate."""
+    return hashlib.sha256(kernel_hash.encode() + b"\n" + obj).hexdigest()
 
 
 def is_valid(root: str, kernel_hash: str) -> bool:
     """True if the entry's object exists and matches its committed checksum."""
     obj, check = (entry_path(root, kernel_hash, s) for s in (".o", ".sha256"))
     try:
-        return Path(check).read_text().strip() == _sha256(obj)
-    except FileNotFoundError:
+        return Path(check).read_text().strip() == checksum(kernel_hash,
+                                                            Path(obj).read_bytes())
+    except (FileNotFoundError, UnicodeDecodeError):
         return False
 
 
@@ -65,26 +76,36 @@ def compile_entry(root: str, kernel_hash: str) -> dict:
 
     if is_valid(root, kernel_hash):
         return {"compiled": False}
-    spec = KernelSpec.from_json(Path(entry_path(root, kernel_hash, ".json")).read_text())
+    spec_path = entry_path(root, kernel_hash, ".json")
+    try:
+        spec = KernelSpec.from_json(Path(spec_path).read_text())
+    except FileNotFoundError:
+        raise CacheError(f"{spec_path}: kernel spec missing from the cache (removed while "
+                         "in use?); rerun the build to write it again") from None
+    except (ValueError, KeyError, TypeError) as err:
+        raise CacheError(f"{spec_path}: kernel spec unreadable ({type(err).__name__}: "
+                         f"{err}); delete it and rerun the build") from None
+    if spec.hash != kernel_hash:
+        raise CacheError(f"{spec_path}: holds the spec of kernel {spec.hash}, not "
+                         f"{kernel_hash}; delete it and rerun the build")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", CompileWarning)
         text, obj = compile_kernel(spec)
     atomic_write(entry_path(root, kernel_hash, ".ll"), text.encode())
     atomic_write(entry_path(root, kernel_hash, ".o"), obj)
-    atomic_write(entry_path(root, kernel_hash, ".sha256"),
-                 hashlib.sha256(obj).hexdigest().encode())
+    atomic_write(entry_path(root, kernel_hash, ".sha256"), checksum(kernel_hash, obj).encode())
     notes = [str(w.message) for w in caught if issubclass(w.category, CompileWarning)]
     return {"compiled": True, **({"note": "; ".join(notes)} if notes else {})}
 
 
-def object_for_link(root: str, kernel_hash: str) -> str:
-    """The path of a valid object for `kernel_hash`, recompiling a corrupted or
-    missing one; its time stamp is refreshed so garbage collection sees the use."""
-    if not is_valid(root, kernel_hash):
-        compile_entry(root, kernel_hash)
+def object_for_link(root: str, kernel_hash: str) -> tuple[str, bool]:
+    """(path of a valid object for `kernel_hash`, whether it had to be compiled now):
+    a corrupted, truncated, foreign or missing entry is recompiled. Its time stamp
+    is refreshed so garbage collection sees the use."""
+    compiled = not is_valid(root, kernel_hash) and compile_entry(root, kernel_hash)["compiled"]
     path = entry_path(root, kernel_hash, ".o")
     os.utime(path)
-    return path
+    return path, compiled
 
 
 def collect_garbage(root: str, keep: set[str], max_age_days: float = 0.0) -> list[str]:

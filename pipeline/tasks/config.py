@@ -9,6 +9,11 @@
     targets:
       llvm: {target: "llvm -mcpu=native", opt_level: 3,
              disabled_pass: [], required_pass: [], config: {FuseOps.max_depth: 256}}
+      arm64:
+        target: "llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a76"
+        cc: aarch64-linux-gnu-gcc          # compiler + linker driver; required off-host
+        run: "qemu-aarch64 -L /usr/aarch64-linux-gnu"   # runs target programs
+        pack: elf                          # devc.o by our ELF writer, or c (compiled)
     validate: {reference: onnx, rtol: 1.0e-4, atol: 1.0e-4, seed: 0}
 
 Every mistake stops the load with one ConfigError naming the file, the key
@@ -24,6 +29,8 @@ import yaml
 
 from pipeline.errors import ConfigError
 from pipeline.ir.target import TargetError, parse_target
+from pipeline.link.cc import ToolchainError, cc_package, toolchain_identity
+from pipeline.link.export import PACKS, choose_pack, resolve_cc
 from pipeline.transform import PassContext
 
 REFERENCES = ("onnx", "onnxruntime")
@@ -58,6 +65,10 @@ class TargetEntry:
     required_pass: tuple[str, ...] = ()
     disabled_pass: tuple[str, ...] = ()
     config: dict = field(default_factory=dict)
+    cc: str | None = None      # the target's compiler; None: the host's ($CC or cc)
+    run: str | None = None     # command prefix that runs the target's programs
+    pack: str | None = None    # how devc.o is written (export.choose_pack); None: by target
+    path: Path | None = None   # the config file, for errors
 
     def pass_context(self) -> PassContext:
         return PassContext(self.opt_level, self.required_pass, self.disabled_pass,
@@ -67,6 +78,23 @@ class TargetEntry:
         """Everything that decides this entry's build; what doit hashes."""
         return {"target": self.target, "resolved": parse_target(self.target).key(),
                 **self.pass_context().pass_config.to_dict()}
+
+    def toolchain(self) -> dict:
+        """The compiler's identity (link.cc.toolchain_identity): an input of every
+        task that runs it. ConfigError naming the key and the Debian package when
+        the compiler cannot be found."""
+        try:
+            return toolchain_identity(self.cc)
+        except ToolchainError as err:
+            arch = parse_target(self.target).arch
+            hint = "" if self.cc is None else f"; install the Debian package {cc_package(arch)}"
+            raise ConfigError(f"{self.path}: targets.{self.name}.cc: {err}{hint}") from None
+
+    def packing(self) -> dict:
+        """What decides devc.o besides its inputs: the pack, and the compiler when
+        the pack is "c"."""
+        pack = choose_pack(parse_target(self.target), self.pack)
+        return {"pack": pack, **(self.toolchain() if pack == "c" else {})}
 
 
 @dataclass(frozen=True)
@@ -100,9 +128,13 @@ def load_config(path: str | Path) -> BuildConfig:
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
     try:
-        doc = yaml.safe_load(path.read_text())
+        text = path.read_text()
+        _check_expanded_size(yaml.compose(text, Loader=yaml.SafeLoader), path)
+        doc = yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not valid YAML: not UTF-8 text") from None
     where = _Where(path)
     doc = where.mapping(doc, "", {"models", "targets", "validate"}, required={"models",
                                                                             "targets"})
@@ -115,6 +147,39 @@ def load_config(path: str | Path) -> BuildConfig:
     if not models or not targets:
         raise ConfigError(f"{path}: 'models' and 'targets' must each list at least one entry")
     return BuildConfig(path, models, targets, validate)
+
+
+# Aliases are fine (a target reusing another's settings), but every alias is a
+# copy once the config is walked: "billion laughs" (nine aliases of nine aliases
+# ...) is a few hundred bytes that expands to 10**9 values. Configs have tens.
+MAX_CONFIG_VALUES = 100_000
+
+
+def _check_expanded_size(root: yaml.Node | None, path: Path) -> None:
+    """ConfigError if the YAML node graph, aliases expanded, has more than
+    MAX_CONFIG_VALUES nodes or refers to itself. Counts each node once, with memo."""
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        if id(node) in active:
+            raise ConfigError(f"{path}: a YAML alias refers to the value that contains it")
+        active.add(id(node))
+        children = (node.value if isinstance(node, yaml.SequenceNode) else
+                    [n for pair in node.value for n in pair]
+                    if isinstance(node, yaml.MappingNode) else [])
+        total = 1 + sum(size(child) for child in children)
+        active.discard(id(node))
+        if total > MAX_CONFIG_VALUES:
+            raise ConfigError(f"{path}: the YAML expands to more than {MAX_CONFIG_VALUES} "
+                              "values through its aliases (an alias bomb?)")
+        sizes[id(node)] = total
+        return total
+
+    if root is not None:
+        size(root)
 
 
 class _Where:
@@ -192,13 +257,22 @@ def _model(where: _Where, name: str, spec, validate: ValidateOptions) -> ModelEn
 
 def _target(where: _Where, name: str, spec) -> TargetEntry:
     key = f"targets.{name}"
-    spec = where.mapping(spec, key, {"target", "opt_level", "required_pass",
-                                     "disabled_pass", "config"}, required={"target"})
+    spec = where.mapping(spec, key, {"target", "opt_level", "required_pass", "disabled_pass",
+                                     "config", "cc", "run", "pack"}, required={"target"})
     text = where.typed(spec["target"], f"{key}.target", str, "a target string")
     try:
-        parse_target(text)
+        resolved = parse_target(text)
     except TargetError as err:
         where.fail(f"{key}.target", str(err))
+    tools = {k: where.typed(spec[k], f"{key}.{k}", str, "a command")
+             for k in ("cc", "run") if k in spec}
+    try:
+        resolve_cc(resolved, tools.get("cc"), f"{key}.cc")
+    except ToolchainError as err:
+        where.fail("", str(err))
+    pack = spec.get("pack")
+    if pack is not None and pack not in PACKS:
+        where.fail(f"{key}.pack", f"{pack!r} is not a pack; allowed: {', '.join(PACKS)}")
     entry = TargetEntry(
         name, text,
         opt_level=where.typed(spec.get("opt_level", 3), f"{key}.opt_level", int, "0..3"),
@@ -206,7 +280,8 @@ def _target(where: _Where, name: str, spec) -> TargetEntry:
                                         f"{key}.required_pass", list, "a list of passes")),
         disabled_pass=tuple(where.typed(spec.get("disabled_pass", []),
                                         f"{key}.disabled_pass", list, "a list of passes")),
-        config=dict(where.mapping(spec.get("config") or {}, f"{key}.config")))
+        config=dict(where.mapping(spec.get("config") or {}, f"{key}.config")),
+        cc=tools.get("cc"), run=tools.get("run"), pack=pack, path=where.path)
     # Check each list and option on its own, so the error names its exact key.
     checks = [(f"{key}.{f}", {f: getattr(entry, f)}) for f in ("required_pass", "disabled_pass")]
     checks += [(f"{key}.config.{opt}", {"config": {opt: v}}) for opt, v in entry.config.items()]

@@ -52,6 +52,7 @@ class BuildReporter(ConsoleReporter):
         self.failed: list[str] = []
         self.record = True
         self.optimize_tasks: list[str] = []
+        self.recompiled: dict[str, list[str]] = {}  # lib0 task -> cache entries it rebuilt
         self.t0 = time.monotonic()
 
     # -- doit's reporter interface --
@@ -77,6 +78,8 @@ class BuildReporter(ConsoleReporter):
     def add_success(self, task):
         if task.name not in self.started:
             return
+        if task.values.get("recompiled"):
+            self.recompiled[task.name] = task.values["recompiled"]
         # A kernel task whose object another process put in the shared cache.
         self._finish(task, "reused" if task.values.get("compiled") is False else "ok")
 
@@ -173,9 +176,12 @@ class BuildReporter(ConsoleReporter):
             if manifest is None or not os.path.exists(manifest):
                 continue
             hashes = [k["hash"] for k in json.loads(open(manifest).read())["kernels"]]
-            compiled = [h for h in hashes if f"kernel:{h}" in seconds]
+            # Kernels are compiled by their own tasks, or by lib0 when it finds a
+            # damaged cache entry (it reports those in its values).
+            again = set(self.recompiled.get(f"lib0:{entry}", ()))
+            compiled = [h for h in hashes if f"kernel:{h}" in seconds or h in again]
             own = sum(s for n, s in seconds.items() if _entry(n) == entry)
-            kernel_s = sum(seconds[f"kernel:{h}"] for h in compiled)
+            kernel_s = sum(seconds.get(f"kernel:{h}", 0.0) for h in compiled)
             entries[entry] = {"kernels": len(hashes), "compiled": len(compiled),
                               "reused": len(hashes) - len(compiled),
                               "seconds": round(own + kernel_s, 3)}

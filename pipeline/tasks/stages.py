@@ -8,6 +8,7 @@ which keeps them picklable for `doit -n`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import mmap
 from pathlib import Path
@@ -17,7 +18,8 @@ from pipeline.driver.factory import unique_specs
 from pipeline.frontend import from_onnx
 from pipeline.ir.graph import Graph
 from pipeline.ir.target import parse_target
-from pipeline.link import cc, export, runtime_c
+from pipeline.link import export, runtime_c
+from pipeline.link.cc import link_relocatable
 from pipeline.link.files import atomic_write
 from pipeline.runtime.params import load_params, param_chunks
 from pipeline.tasks.cache import object_for_link
@@ -70,37 +72,52 @@ def optimize_model(graph_path: str, weights_path: str, target: dict, kernel_dir:
     atomic_write(params_path, param_chunks(lowered.params))
 
 
-def link_lib0(kernels_path: str, cache: str, lib0_path: str) -> None:
-    """All of a model's kernel objects -> one relocatable lib0.o (ld -r), in the
-    manifest's order (symbol order, as export_library links them).
+def link_lib0(kernels_path: str, cache: str, lib0_path: str, cc: str | None = None) -> dict:
+    """All of a model's kernel objects -> one relocatable lib0.o (`cc -r`, cc the
+    target's compiler, None for the host's), in the manifest's order (symbol
+    order, as export_library links them).
 
     Objects come from the kernel cache, checked against their checksums; a
     corrupted or missing entry is recompiled from its spec, never linked.
+    Returns {"recompiled": [hash, ...]}, which the build report counts as compiled.
     """
     manifest = json.loads(Path(kernels_path).read_text())
-    cc.link_relocatable(lib0_path, [object_for_link(cache, k["hash"])
-                                    for k in manifest["kernels"]])
+    found = [object_for_link(cache, k["hash"]) for k in manifest["kernels"]]
+    link_relocatable(lib0_path, [obj for obj, _ in found], cc)
+    return {"recompiled": [k["hash"] for k, (_, compiled) in zip(manifest["kernels"], found,
+                                                                   strict=True) if compiled]}
 
 
 def pack_devc(graph_json_path: str, params_path: str, kernels_path: str,
-              devc_path: str) -> None:
-    """Graph JSON + params + kernel list -> devc.o holding the packed blob."""
+              devc_path: str, pack: str | None = None, cc: str | None = None) -> None:
+    """Graph JSON + params + kernel list -> devc.o holding the packed blob
+    (pack "elf" or "c", None to choose by target; cc for the "c" pack)."""
     manifest = json.loads(Path(kernels_path).read_text())
     target = manifest["target"]
     # Mapped, not read: the params go from the page cache to devc.o in one copy.
-    with open(params_path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        export.pack_devc(Path(graph_json_path).read_text(), m,
-                         [k["symbol"] for k in manifest["kernels"]], target,
-                         parse_target(target).triple, devc_path)
+    with open(params_path, "rb") as f:
+        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            export.pack_devc(Path(graph_json_path).read_text(), m,
+                             [k["symbol"] for k in manifest["kernels"]], target, devc_path,
+                             pack, cc)
+        finally:
+            # After a failed write (a full disk) the error's traceback still holds
+            # views of the mapping: closing would raise BufferError over the real
+            # error, so the mapping is left to go with the traceback.
+            with contextlib.suppress(BufferError):
+                m.close()
 
 
-def build_runtime(executor_path: str, run_path: str) -> None:
-    """The target's C runtime: executor.o (linked into every library) and the
-    pipeline-run program."""
-    runtime_c.compile_executor(executor_path)
-    runtime_c.build_pipeline_run(run_path)
+def build_runtime(executor_path: str, run_path: str, cc: str | None = None) -> None:
+    """The target's C runtime, compiled by cc (the target's compiler; None for the
+    host's): executor.o (linked into every library) and the pipeline-run program."""
+    runtime_c.compile_executor(executor_path, cc)
+    runtime_c.build_pipeline_run(run_path, cc)
 
 
-def export_library(lib0_path: str, devc_path: str, executor_path: str, out_path: str) -> None:
-    """lib0.o + devc.o + executor.o -> the deliverable shared library (or .tar)."""
-    export.link_library(lib0_path, devc_path, out_path, executor=executor_path)
+def export_library(lib0_path: str, devc_path: str, executor_path: str, out_path: str,
+                   cc: str | None = None) -> None:
+    """lib0.o + devc.o + executor.o -> the deliverable shared library (or .tar),
+    linked by cc (the target's compiler; None for the host's)."""
+    export.link_library(lib0_path, devc_path, out_path, cc, executor=executor_path)

@@ -11,15 +11,17 @@ runner can drive it (tests/test_onnx_backend.py).
 
 Our compiler is static-shape: an input with a symbolic dimension, or an input
 that an operator needs at build time (a Reshape's shape, Slice's starts, Pad's
-pads... see BUILD_TIME_INPUTS), is resolved at `run`: the model is compiled
-for the concrete shapes and those inputs' values, and the result is cached
-per distinct (shapes, values).
+pads...: its converter's `build_time_inputs`), is resolved at `run`: the model
+is compiled for the concrete shapes and those inputs' values, and the result is
+cached per distinct (shapes, values).
 
-What we do not support is declared here, in one place: operators without a
-converter in the registry (automatically), dtypes the IR lacks, float64 on
-operators outside FLOAT64_OPS, and the operator features listed in LIMITS.
-`unsupported(model)` names every reason a model cannot be compiled; the
-conformance suite skips exactly those models.
+What we do not support follows from the operator registry (pipeline/ops/,
+declared once per converter with `onnx_op`): operators without a converter at
+the model's opset, dtypes the IR lacks (pipeline/ir/graph.py ONNX_DTYPES),
+float64 on a converter that emits a graph op without a float64 lowering, and
+the features a converter declares in `limits`. `unsupported(model)` names every
+reason a model cannot be compiled; the conformance suite skips exactly those
+models.
 """
 
 from __future__ import annotations
@@ -28,8 +30,7 @@ import atexit
 import itertools
 import os
 import tempfile
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -37,111 +38,20 @@ import onnx
 from onnx import TensorProto, helper
 from onnx.backend.base import Backend, BackendRep
 
+from pipeline.frontend.onnx import default_opset
+from pipeline.ir.graph import ONNX_DTYPES
+from pipeline.ops import onnx_converter
+from pipeline.ops.registry import NodeView
+
 TARGET = "llvm -mcpu=native"
-# ONNX element types the graph IR has (pipeline/ir/graph.py DTYPES).
-SUPPORTED_DTYPES = {TensorProto.FLOAT: "float32", TensorProto.DOUBLE: "float64",
-                    TensorProto.INT64: "int64", TensorProto.INT32: "int32",
-                    TensorProto.BOOL: "bool"}
-
-# ONNX operators whose converters produce only graph ops with float64 lowerings
-# (registry `float64=True`); a DOUBLE input or output of any other operator is
-# unsupported (convolutions, pools and normalisations are float32 only).
-FLOAT64_OPS = frozenset((
-    # unary (ops/unary.py)
-    "Relu", "LeakyRelu", "Elu", "Selu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Exp",
-    "Log", "Sqrt", "Reciprocal", "Neg", "Abs", "Erf", "Gelu", "Softplus", "Floor", "Ceil",
-    "Round", "Clip", "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh",
-    "Acosh", "Atanh", "Sign", "Softsign", "ThresholdedRelu", "Shrink", "Mish", "Celu", "Swish",
-    "IsNaN", "IsInf",
-    # elementwise (ops/elementwise.py)
-    "Identity", "Dropout", "Add", "Sub", "Mul", "Div", "Pow", "Mod", "PRelu", "Sum", "Max",
-    "Min", "Mean", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Where", "Cast",
-    "CastLike",
-    # data movement and shapes (ops/shape.py, movement.py, index.py)
-    "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Concat", "Split", "Slice", "Gather", "Pad",
-    "Expand", "Tile", "Transpose", "DepthToSpace", "SpaceToDepth", "Shape", "Size",
-    "ConstantOfShape", "Range",
-    # linalg, reductions, softmax
-    "MatMul", "Gemm", "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd",
-    "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp", "ArgMax",
-    "ArgMin", "Softmax", "LogSoftmax", "Hardmax",
-    # added with float64 support from the start
-    "GatherElements", "ScatterElements", "Scatter", "ScatterND", "NegativeLogLikelihoodLoss",
-    "SoftmaxCrossEntropyLoss", "CumSum", "CumProd", "TopK", "Trilu",
-))
-
-# Operator inputs a static-shape compiler needs as build-time constants: they
-# decide output shapes or loop bounds. When a model feeds them as graph
-# inputs, the rep compiles on first run with their values frozen.
-BUILD_TIME_INPUTS: dict[str, tuple[int, ...]] = {
-    "Reshape": (1,), "Expand": (1,), "Tile": (1,), "Slice": (1, 2, 3, 4), "Pad": (1, 2, 3),
-    "Squeeze": (1,), "Unsqueeze": (1,), "Split": (1,), "Clip": (1, 2), "TopK": (1,),
-    "ConstantOfShape": (0,), "Range": (0, 1, 2), "OneHot": (1,), "CumSum": (1,),
-    "CumProd": (1,),
-    "Resize": (1, 2, 3), "Upsample": (1,), "Trilu": (1,), "Dropout": (1, 2),
-    **{op: (1,) for op in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd",
-                           "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp",
-                           "ReduceSumSquare")},
-}
-
-
-@dataclass(frozen=True)
-class NodeView:
-    """What a LIMITS rule sees of one node: attributes, input and output types."""
-
-    op_type: str
-    opset: int
-    attrs: dict
-    names: tuple[str, ...]                         # input names, "" if absent
-    inputs: tuple[tuple[int, tuple] | None, ...]   # (elem_type, dims), None if unknown
-    outputs: tuple[tuple[int, tuple] | None, ...]
-
-
-@dataclass(frozen=True)
-class Limit:
-    """An operator feature we do not support: `applies(node)` says whether a node uses it."""
-
-    op_type: str
-    reason: str
-    applies: Callable[[NodeView], bool]
-
-
-def _rank(t) -> int | None:
-    return None if t is None else len(t[1])
-
-
-def _given(n: NodeView, pos: int) -> bool:
-    """Whether optional input `pos` is present."""
-    return pos < len(n.names) and bool(n.names[pos])
-
-
-# Operator features that have a converter but are not (yet) implemented.
-LIMITS: tuple[Limit, ...] = (
-    Limit("MaxPool", "the Indices output", lambda n: len(n.outputs) > 1),
-    Limit("BatchNormalization", "training mode",
-          lambda n: len(n.outputs) > 1 or bool(n.attrs.get("training_mode", 0))),
-    Limit("Dropout", "the training_mode input (random masks)", lambda n: _given(n, 2)),
-    Limit("Resize", "antialias", lambda n: bool(n.attrs.get("antialias", 0))),
-    Limit("Resize", "coordinate_transformation_mode tf_crop_and_resize",
-          lambda n: n.attrs.get("coordinate_transformation_mode") == b"tf_crop_and_resize"),
-    # The ONNX spec (and reference) divide by in_len * scale - 1, onnxruntime by
-    # out_len - 1: they differ when in_len * scale is not an integer; we follow
-    # onnxruntime. Scales fed as an input are not known here, so this also skips
-    # integer upsampling cases.
-    Limit("Resize", "align_corners with scales (ONNX reference and onnxruntime disagree)",
-          lambda n: n.attrs.get("coordinate_transformation_mode") == b"align_corners"
-          and _given(n, 2) and not _given(n, 3)),
-)
 
 
 def unsupported(model: onnx.ModelProto, limits: bool = True) -> list[str]:
-    """Every reason `model` cannot be compiled, from the declarations above and the
-    operator registry; [] if it is supported. limits=False leaves out LIMITS (the
+    """Every reason `model` cannot be compiled, from the operator registry; [] if it is
+    supported. limits=False leaves out the converters' declared limits (the
     conformance audit runs such models to check that no limit hides a pass)."""
-    from pipeline.ops import onnx_converter
-
     g = model.graph
-    opset = _default_opset(model)
+    opset = default_opset(model)
     reasons: list[str] = []
     try:
         inferred = onnx.shape_inference.infer_shapes(model).graph
@@ -157,7 +67,7 @@ def unsupported(model: onnx.ModelProto, limits: bool = True) -> list[str]:
             continue
         if kind != "tensor_type":
             reasons.append(f"{kind.removesuffix('_type')} values")
-        elif tp.tensor_type.elem_type not in SUPPORTED_DTYPES:
+        elif tp.tensor_type.elem_type not in ONNX_DTYPES:
             reasons.append("dtype " + TensorProto.DataType.Name(tp.tensor_type.elem_type))
     for node in g.node:
         if node.domain not in ("", "ai.onnx"):
@@ -165,20 +75,23 @@ def unsupported(model: onnx.ModelProto, limits: bool = True) -> list[str]:
             continue
         if node.op_type == "Constant":
             continue
-        if onnx_converter(node.op_type, opset) is None:
+        converter = onnx_converter(node.op_type, opset)
+        if converter is None:
             reasons.append(f"{node.op_type} (opset {opset}): no converter")
             continue
-        if node.op_type not in FLOAT64_OPS and any(
+        if not converter.float64 and any(
                 _elem_type(types.get(name)) == TensorProto.DOUBLE
                 for name in (*node.input, *node.output) if name):
             reasons.append(f"{node.op_type}: dtype DOUBLE")
+        if not limits or not converter.limits:
+            continue
         view = NodeView(node.op_type, opset,
                         {a.name: helper.get_attribute_value(a) for a in node.attribute},
                         tuple(node.input),
                         tuple(_tensor(types.get(i)) if i else None for i in node.input),
                         tuple(_tensor(types.get(o)) for o in node.output if o))
-        reasons += [f"{lim.op_type}: {lim.reason}" for lim in LIMITS
-                    if limits and lim.op_type == node.op_type and lim.applies(view)]
+        reasons += [f"{node.op_type}: {lim.reason}" for lim in converter.limits
+                    if lim.applies(view)]
     return sorted(set(reasons))
 
 
@@ -195,13 +108,6 @@ def _tensor(tp) -> tuple[int, tuple] | None:
     dims = tuple(d.dim_value if d.HasField("dim_value") else None
                  for d in tp.tensor_type.shape.dim)
     return tp.tensor_type.elem_type, dims
-
-
-def _default_opset(model: onnx.ModelProto) -> int:
-    for imp in model.opset_import:
-        if imp.domain in ("", "ai.onnx"):
-            return imp.version
-    return 1
 
 
 # -- compile and run ------------------------------------------------------------
@@ -252,7 +158,8 @@ class PipelineRep(BackendRep):
         inits = {i.name for i in model.graph.initializer}
         self.inputs = [vi for vi in model.graph.input if vi.name not in inits]
         self.input_names = [vi.name for vi in self.inputs]
-        self.frozen = _build_time_inputs(model.graph, set(self.input_names))
+        self.frozen = _build_time_inputs(model.graph, set(self.input_names),
+                                         default_opset(model))
         self.static = not self.frozen and all(
             d.HasField("dim_value") for vi in self.inputs
             for d in vi.type.tensor_type.shape.dim)
@@ -294,11 +201,13 @@ class PipelineRep(BackendRep):
         return [gmod.get_output(k) for k in range(gmod.get_num_outputs())]
 
 
-def _build_time_inputs(graph: onnx.GraphProto, input_names: set[str]) -> set[str]:
-    """Graph inputs whose values a BUILD_TIME_INPUTS position depends on (directly, or
-    through the nodes computing it; Shape and Size read only their input's shape)."""
-    needed = {node.input[pos] for node in graph.node
-              for pos in BUILD_TIME_INPUTS.get(node.op_type, ())
+def _build_time_inputs(graph: onnx.GraphProto, input_names: set[str],
+                       opset: int) -> set[str]:
+    """Graph inputs whose values a converter's build_time_inputs depend on (directly,
+    or through the nodes computing them; Shape and Size read only their input's shape)."""
+    converters = {node.op_type: onnx_converter(node.op_type, opset) for node in graph.node}
+    needed = {node.input[pos] for node in graph.node if converters[node.op_type] is not None
+              for pos in converters[node.op_type].build_time_inputs
               if pos < len(node.input) and node.input[pos]}
     producer = {out: node for node in graph.node for out in node.output}
     todo = list(needed)

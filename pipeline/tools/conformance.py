@@ -145,7 +145,7 @@ def _run_levels(suites, opt_levels, results: dict) -> None:
 
 
 def audit_limits(opt_level: int = 3) -> dict[str, dict[str, list[str]]]:
-    """Run the tests (node and model suites) that only LIMITS skip, anyway:
+    """Run the tests (node and model suites) that only converter limits skip, anyway:
     {limit: {"passed": [test names], "failed": [...]}}. A limit whose tests all
     pass is stale and hides passing tests."""
     from onnx.backend.test.runner import Runner
@@ -201,7 +201,7 @@ def supported_operators() -> dict[str, list[int]]:
     """ONNX op_type -> the opsets its converters start at (Constant: the frontend's own)."""
     from pipeline.ops import ONNX_CONVERTERS
 
-    ops = {op: sorted({since for since, _ in conv}) for op, conv in ONNX_CONVERTERS.items()}
+    ops = {op: sorted({c.since for c in conv}) for op, conv in ONNX_CONVERTERS.items()}
     ops["Constant"] = [1]
     return dict(sorted(ops.items()))
 

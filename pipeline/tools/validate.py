@@ -113,7 +113,7 @@ def validate_library(lib_path: str, onnx_path: str, shapes: dict, options: dict,
     onnx_model = load_model(onnx_path)
     feeds = random_inputs(onnx_model, {k: tuple(v) for k, v in shapes.items()},
                           options["seed"])
-    gm = GraphModule(load_module(lib_path)["default"]())
+    gm = GraphModule(load_module(lib_path, verify=True)["default"]())
     start = time.perf_counter()
     gm.run(**feeds)
     run_s = time.perf_counter() - start

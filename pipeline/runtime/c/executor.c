@@ -9,9 +9,10 @@
  * truncated or corrupted blob gives an error message, never a crash
  * (tests/fuzz_blob.c fuzzes exactly this reader).
  *
- * The blob's sha256 is checked by the Python loader, not here: the structure
- * is validated field by field instead, which is what keeps a bad blob from
- * crashing us (corrupted weights would run, with wrong numbers).
+ * The blob's sha256 and the library's code digest (the blob's trailer) are
+ * checked by the Python loader, not here: the structure is validated field by
+ * field instead, which is what keeps a bad blob from crashing us (corrupted
+ * weights would run, with wrong numbers).
  */
 #define _GNU_SOURCE
 #include "pipeline_runtime.h"
@@ -26,9 +27,9 @@
 
 #define API __attribute__((visibility("default")))
 #define BLOB_SYMBOL "__pipeline_dev_mblob"
-#define BLOB_VERSION 2u
+#define BLOB_VERSION 3u
 #define BLOB_FIXED 80u   /* magic, version, reserved, total, header length, 3 sections */
-#define DIGEST 32u
+#define TRAILER 64u      /* the blob's sha256, then the code digest the link stamps */
 #define MAX_NDIM 32u
 #define ALIGN 64u
 #ifndef PL_MAX_STORAGE /* the fuzzer lowers it: a fuzzed shape must not allocate GBs */
@@ -358,20 +359,20 @@ static int bind_params(pl_executor *h, struct reader *r) {
 /* Blob prefix and section table, then the plan, storage and params. */
 static int open_blob(pl_executor *h, const uint8_t *blob, size_t size, resolve_fn resolve,
                      void *ctx) {
-    if (size < BLOB_FIXED + DIGEST || memcmp(blob, "PLMBLOB\0", 8) != 0)
+    if (size < BLOB_FIXED + TRAILER || memcmp(blob, "PLMBLOB\0", 8) != 0)
         return fail(h, "not a pipeline blob (bad magic or too short)");
     uint64_t version = le(blob + 8, 4), total = le(blob + 16, 8), header = le(blob + 24, 8);
     if (version != BLOB_VERSION)
         return fail(h, "blob from format version %llu, this runtime reads version %u; "
                     "rebuild the library", (unsigned long long)version, BLOB_VERSION);
-    if (total != size || header > total - BLOB_FIXED - DIGEST)
+    if (total != size || header > total - BLOB_FIXED - TRAILER)
         return fail(h, "blob truncated or corrupted: length %llu, %zu bytes available",
                     (unsigned long long)total, size);
     struct reader section[3]; /* graph JSON (unused here), params, plan */
     static const char *names[3] = {"graph", "params", "plan"};
     for (int s = 0; s < 3; s++) {
         uint64_t off = le(blob + 32 + 16 * s, 8), len = le(blob + 40 + 16 * s, 8);
-        if (off < BLOB_FIXED + header || off > total - DIGEST || len > total - DIGEST - off)
+        if (off < BLOB_FIXED + header || off > total - TRAILER || len > total - TRAILER - off)
             return fail(h, "blob corrupted: section %s out of bounds", names[s]);
         section[s] = (struct reader){blob + off, blob + off + len, names[s]};
     }
