@@ -18,6 +18,7 @@ import json
 import shutil
 import struct
 import subprocess
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -143,7 +144,9 @@ def test_devc_objects_match_the_target_compiler_and_link(tmp_path: Path, arch: s
                     str(tmp_path / "x.c")], check=True)
     gcc_header = elf_header(tmp_path / "x.o")
     assert gcc_header[0] == ARCHES[arch][1]
-    graph = '{"nodes": [], "arg_nodes": [], "heads": [], "node_row_ptr": [0]}'
+    graph = ('{"nodes": [], "arg_nodes": [], "heads": [], "node_row_ptr": [0], "attrs": '
+             '{"shape": ["list_shape", []], "dltype": ["list_str", []], '
+             '"storage_id": ["list_int", []]}}')  # empty, but whole: the plan reads it
     for pack in ("elf", "c"):
         devc = tmp_path / f"devc_{pack}.o"
         pack_devc(graph, b"params", [], entry["target"], devc, pack, entry["cc"])
@@ -194,7 +197,7 @@ def test_export_library_so_tar_o_with_options_and_fcompile(tmp_path: Path, tiny_
         create_shared(output, objects, options)
 
     lib = factory.export_library(tmp_path / "f.so", options=["-Wl,-z,now"], fcompile=fcompile)
-    assert calls == [(str(lib), ["lib0.o", "devc.o"], ["-Wl,-z,now"])]
+    assert calls == [(str(lib), ["lib0.o", "devc.o", "executor.o"], ["-Wl,-z,now"])]
     dynamic = subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True,
                              check=True).stdout
     assert "NOW" in dynamic  # the option reached the linker
@@ -222,6 +225,12 @@ def test_foreign_library_says_its_architecture_and_how_to_run_it(tmp_path: Path,
         with pytest.raises(ForeignLibraryError, match=r"built for aarch64, this machine is "
                                                       rf"{here}: .*qemu-aarch64 -L"):
             load_module(lib)
+    # Every object is the target's, the C executor's included (compiled by its cc).
+    with tarfile.open(tmp_path / "arm.tar") as tar:
+        assert sorted(tar.getnames()) == ["devc.o", "executor.o", "lib0.o"]
+        tar.extractall(tmp_path / "arm", filter="data")
+    for name in ("devc.o", "executor.o", "lib0.o"):
+        assert elf_header(tmp_path / "arm" / name)[0] == ARCHES["aarch64"][1], name
 
 
 # -- doit: the cross matrix ---------------------------------------------------
@@ -240,10 +249,26 @@ def test_doit_builds_cross_libraries_and_tracks_each_targets_compiler(tmp_path: 
     assert code == 0, out[-3000:]
     for target, machine in (("native", host_machine()), ("arm64", 183), ("rv64", 243)):
         assert elf_header(tmp_path / "out" / "tiny" / target / "tiny.so")[0] == machine
+        for name in ("executor.o", "pipeline-run"):  # the C runtime: the target's too
+            assert elf_header(tmp_path / "out" / "runtime" / target / name)[0] == machine
     assert elf_header(tmp_path / "out" / "tiny" / "rv64" / "tiny.so")[1] == 0x5  # RVC, lp64d
 
+    # The arm64 library runs in its own executor under qemu, as the host's does here.
+    x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    outs = []
+    for target in ("native", "arm64"):
+        run = [*(CROSS[target].get("run") or "").split(),
+               str(tmp_path / "out" / "runtime" / target / "pipeline-run")]
+        (tmp_path / target).mkdir()
+        subprocess.run([*run, str(tmp_path / "out" / "tiny" / target / "tiny.so"),
+                        "--input", f"x={tmp_path / 'x.npy'}", "--output-dir",
+                        str(tmp_path / target)], check=True, capture_output=True)
+        outs.append(np.load(tmp_path / target / "output_0.npy"))
+    np.testing.assert_allclose(outs[1], outs[0], rtol=1e-4, atol=1e-5)
+
     # Another compiler for arm64 (same gcc behind a wrapper: another path):
-    # arm64's lib0.o and .so are relinked, nothing else runs.
+    # arm64's lib0.o, runtime and .so are rebuilt, nothing else runs.
     wrapper = tmp_path / "bin" / "arm-cc"
     wrapper.parent.mkdir()
     wrapper.write_text(f'#!/bin/sh\nexec {shutil.which(CROSS["arm64"]["cc"])} "$@"\n')
@@ -251,7 +276,7 @@ def test_doit_builds_cross_libraries_and_tracks_each_targets_compiler(tmp_path: 
     _cross_matrix(tmp_path, arm_cc=str(wrapper))
     code, executed, out = doit(tmp_path, "build", "config=matrix.yaml")
     assert code == 0, out[-3000:]
-    assert executed == {"lib0:tiny@arm64", "export:tiny@arm64"}, executed
+    assert executed == {"lib0:tiny@arm64", "runtime:arm64", "export:tiny@arm64"}, executed
     why = json.loads((tmp_path / "out" / "build-report.json").read_text())["executed"]
     assert all(any(w.startswith("toolchain cc: ") for w in i["why"]) for i in why), why
     code, executed, out = doit(tmp_path, "build", "config=matrix.yaml")

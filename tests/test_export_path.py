@@ -3,7 +3,8 @@
 model gives the same lib0.o, devc.o, params and .so bytes both ways.
 
 The doit side runs doit's own runner in a subprocess (as tests/test_doit_flow.py);
-the API side exports a .so and a .tar, whose members are its lib0.o and devc.o.
+the API side exports a .so and a .tar, whose members are its lib0.o, devc.o and
+executor.o (the C executor, which doit compiles in its runtime task).
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ def test_api_and_doit_export_identical_bytes(tmp_path: Path, model: str):
     built = tmp_path / "out" / model / "llvm"
 
     so, members, params = _api_export(onnx_path, tmp_path / "api")
-    assert sorted(members) == ["devc.o", "lib0.o"]
+    assert sorted(members) == ["devc.o", "executor.o", "lib0.o"]
+    assert members["executor.o"] == (tmp_path / "out/runtime/llvm/executor.o").read_bytes()
     assert members["lib0.o"] == (built / "lib0.o").read_bytes()
     assert members["devc.o"] == (built / "devc.o").read_bytes()
     assert params == (built / f"{model}.params").read_bytes()
@@ -71,7 +73,7 @@ def test_api_and_doit_export_identical_bytes(tmp_path: Path, model: str):
 
 def test_export_without_kernels(tmp_path: Path):
     """A graph with no node (its output is its input) has no kernel: the library
-    is devc.o alone, and still loads and runs."""
+    is devc.o and the executor, and still loads and runs."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
     model = helper.make_model(helper.make_graph([], "passthrough", [x], [x]),
                               opset_imports=[helper.make_opsetid("", 13)])
@@ -88,7 +90,7 @@ def test_export_without_kernels(tmp_path: Path):
         m.run()
         np.testing.assert_array_equal(m.get_output(0), value)
     with tarfile.open(tmp_path / "p.tar") as tar:
-        assert tar.getnames() == ["devc.o"]
+        assert tar.getnames() == ["devc.o", "executor.o"]
 
 
 @pytest.mark.parametrize("name", ["model.dylib", "model"])

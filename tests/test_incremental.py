@@ -117,7 +117,7 @@ def test_5_added_target_compiles_only_its_kernels(tiny: Path):
     matrix(tiny, "tiny: {path: nets/tiny.onnx}\n",
            f"llvm: {TARGET}\n" 'hsw: {target: "llvm -mcpu=haswell", opt_level: 3}\n')
     executed = build(tiny)
-    assert executed and all(n.endswith("@hsw") or n.startswith("kernel:")
+    assert executed and all(n.endswith("@hsw") or n.startswith("kernel:") or n == "runtime:hsw"
                             for n in executed), executed
     assert kernel_tasks(executed) == hashes(tiny, "tiny", "hsw")
     assert artifact_bytes(tiny) == before
@@ -264,9 +264,10 @@ def test_link_code_edit_relinks_without_compiling(tiny: Path, repo_copy: Path):
     with open(repo_copy / "pipeline" / "link" / "cc.py", "a") as f:
         f.write("\n_EDITED = True  # an edit to the linker driver\n")
     executed = build(tiny, repo=repo_copy)
-    # devc runs link/export.py, which imports cc.py: it may rerun too.
-    assert {"lib0:tiny@llvm", "export:tiny@llvm"} <= executed
-    assert executed <= {"lib0:tiny@llvm", "devc:tiny@llvm", "export:tiny@llvm"}
+    # devc runs link/export.py, which imports cc.py: it may rerun too; runtime
+    # compiles the C executor through cc.py: it reruns.
+    assert {"lib0:tiny@llvm", "runtime:llvm", "export:tiny@llvm"} <= executed
+    assert executed <= {"lib0:tiny@llvm", "devc:tiny@llvm", "runtime:llvm", "export:tiny@llvm"}
 
     # The stages module holds every stage (export's build id among them): all rerun,
     # but the kernels, whose code is elsewhere, stay.
@@ -275,6 +276,16 @@ def test_link_code_edit_relinks_without_compiling(tiny: Path, repo_copy: Path):
     executed = build(tiny, repo=repo_copy)
     assert {"lib0:tiny@llvm", "devc:tiny@llvm", "export:tiny@llvm"} <= executed
     assert not kernel_tasks(executed)
+
+    # The C executor's source (no Python: listed by hand) recompiles the runtime;
+    # a comment leaves executor.o's bytes (and so the library) as they were, code
+    # relinks the library; nothing else runs.
+    with open(repo_copy / "pipeline" / "runtime" / "c" / "executor.c", "a") as f:
+        f.write("\n/* a comment */\n")
+    assert build(tiny, repo=repo_copy) == {"runtime:llvm"}
+    with open(repo_copy / "pipeline" / "runtime" / "c" / "executor.c", "a") as f:
+        f.write("\nAPI int pl_edited(void) { return 1; }\n")
+    assert build(tiny, repo=repo_copy) == {"runtime:llvm", "export:tiny@llvm"}
 
 
 # -- the file checker ------------------------------------------------------------

@@ -300,8 +300,24 @@ def test_damaged_code_is_refused_at_load(tiny_lib, tmp_path: Path):
     with pytest.raises(BlobError, match=rf"^{bad}: code digest mismatch: the library's code "
                                         "was changed after the build; rebuild it$"):
         load_module(bad)
+    # The C executor's code (pl_run) is the library's code too: covered by the digest.
+    from pipeline.link.integrity import _sections
+
+    nm = subprocess.run(["nm", "-D", "--defined-only", str(tiny_lib[1])], capture_output=True,
+                        text=True, check=True).stdout
+    addr = next(int(line.split()[0], 16) for line in nm.splitlines()
+                if line.endswith(" pl_run"))
+    _, _, _, text_addr, text_off, _, _ = next(s for s in _sections(so, "x") if s[0] == ".text")
+    damaged = bytearray(so)
+    damaged[addr - text_addr + text_off + 4] ^= 0xFF
+    bad.write_bytes(bytes(damaged))
+    with pytest.raises(BlobError, match="code digest mismatch"):
+        load_module(bad)
     unstamped = bytearray(so)
-    slot = so.index(pipeline.link.blob.BLOB_MAGIC)  # the blob; its last 32 bytes: the digest
+    # The blob (magic and version: the executor's code holds the bare magic too);
+    # its last 32 bytes: the digest.
+    slot = so.index(pipeline.link.blob.BLOB_MAGIC
+                    + pipeline.link.blob.BLOB_VERSION.to_bytes(4, "little"))
     total = pipeline.link.blob.read_blob_header_length(so[slot:slot + 24])
     unstamped[slot + total - 32:slot + total] = bytes(32)
     bad.write_bytes(bytes(unstamped))
@@ -379,7 +395,7 @@ def test_oversized_constant_is_refused_before_allocation():
 
 
 def test_oversized_shapes_in_the_runtime_readers(monkeypatch):
-    from pipeline.runtime.graph_executor import GraphExecutor
+    from pipeline.link.plan import encode_plan  # the graph JSON reader (executor plan)
     from pipeline.runtime.params import load_params, save_params
 
     data = bytearray(save_params({"w": np.zeros(2, np.float32)}))
@@ -393,7 +409,7 @@ def test_oversized_shapes_in_the_runtime_readers(monkeypatch):
                        "dltype": ["list_str", ["float32"]],
                        "storage_id": ["list_int", [0]]}}
     with pytest.raises(LimitError, match=r"graph JSON: entry 0: shape \[8589934592, 8589934592\]"):
-        GraphExecutor(json.dumps(graph), lambda name: None)
+        encode_plan(json.dumps(graph))
 
 
 @pytest.mark.parametrize("nodes, message", [

@@ -30,6 +30,7 @@ from pipeline.link.blob import (
     write_devc,
 )
 from pipeline.link.cc import LinkError, create_shared, create_tar, link_relocatable
+from pipeline.link.export import link_library
 from pipeline.link.files import atomic_write
 from pipeline.runtime import GraphModule, load_module, load_params, save_params
 from pipeline.runtime.blob import BlobError, unpack_blob
@@ -109,7 +110,7 @@ def test_params_errors():
 
 
 def _blob() -> bytes:
-    return pack_blob('{"nodes": []}', b"\x01\x02params", ["k_a", "k_b"], TARGET)
+    return pack_blob(GRAPH, b"\x01\x02params", ["k_a", "k_b"], TARGET)
 
 
 def test_blob_round_trip():
@@ -117,7 +118,7 @@ def test_blob_round_trip():
     assert blob.startswith(BLOB_MAGIC)
     assert read_blob_header_length(blob[:24]) == len(blob)
     got = unpack_blob(blob, "test.so")
-    assert got.graph_json == '{"nodes": []}' and got.params == b"\x01\x02params"
+    assert got.graph_json == GRAPH and got.params == b"\x01\x02params"
     assert got.kernels == ("k_a", "k_b") and got.target == TARGET
     assert got.import_tree["modules"][1] == {"type_key": "GraphExecutorFactory",
                                              "module_name": "default"}
@@ -131,8 +132,11 @@ def test_blob_round_trip():
     (lambda b: b[:60] + bytes([b[60] ^ 0xFF]) + b[61:],
      r"^test\.so: checksum mismatch: the library is corrupted; rebuild it$"),
     (lambda b: b"XXXXXXX\0" + b[8:], r"^test\.so: not a pipeline blob: expected magic"),
-    (lambda b: b[:8] + struct.pack("<I", 1) + b[12:],
-     r"^test\.so: blob from format version 1, this runtime reads version 2; "
+    (lambda b: b[:8] + struct.pack("<I", 2) + b[12:],  # either branch's version 2
+     r"^test\.so: blob from format version 2, this runtime reads version 3; "
+     r"rebuild the library$"),
+    (lambda b: b[:8] + struct.pack("<I", 4) + b[12:],
+     r"^test\.so: blob from format version 4, this runtime reads version 3; "
      r"rebuild the library$"),
 ])
 def test_blob_corruption(mutate, message):
@@ -235,7 +239,7 @@ def objs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def so_path(objs):
     path = objs / "model.so"
-    create_shared(path, [objs / "lib0.o", objs / "devc.o"])
+    link_library(objs / "lib0.o", objs / "devc.o", path)
     return path
 
 
@@ -243,6 +247,8 @@ def test_shared_library_exports(so_path):
     syms = subprocess.run(["nm", "-D", "--defined-only", str(so_path)], capture_output=True,
                           text=True, check=True).stdout.split()
     assert BLOB_SYMBOL in syms and all(k in syms for k in KERNELS)
+    # The executor's C API is exported, its helpers are not (-fvisibility=hidden).
+    assert {"pl_create", "pl_run", "pl_destroy"} <= set(syms) and "open_blob" not in syms
 
 
 def _run(lib) -> list[np.ndarray]:
@@ -259,9 +265,8 @@ def test_load_and_run_so(so_path):
     gmod = GraphModule(lib["default"]("cpu"))
     assert gmod.get_input_names() == ["data"] and gmod.get_num_inputs() == 1
     assert gmod.get_input_info() == ({"data": (N,)}, {"data": "float32"})
-    ex = gmod.module
-    assert np.shares_memory(ex._entries[2], ex._entries[4])  # the planned reuse
-    assert ex._entries[2].ctypes.data % 64 == 0
+    # 4 storage ids of 32 bytes, each padded to 64: add1 reuses add0's storage.
+    assert gmod.module.storage_bytes() == 4 * 64
     gmod.run(data=DATA)
     for got, want in zip(_run(lib), _expected(), strict=True):
         np.testing.assert_allclose(got, want, rtol=0, atol=0)
@@ -298,6 +303,9 @@ def test_tar_export_loads(objs, tmp_path):
     assert tar.read_bytes() == first  # deterministic
     with tarfile.open(tar) as t:
         assert [(m.name, m.mtime, m.uid) for m in t] == [("devc.o", 0, 0), ("lib0.o", 0, 0)]
+    link_library(objs / "lib0.o", objs / "devc.o", tar)  # the export: with the executor
+    with tarfile.open(tar) as t:
+        assert t.getnames() == ["devc.o", "executor.o", "lib0.o"]
     for got, want in zip(_run(load_module(tar)), _expected(), strict=True):
         np.testing.assert_array_equal(got, want)
     with pytest.raises(ValueError, match="duplicate file name lib0.o"):
@@ -329,12 +337,12 @@ def test_fresh_process_imports_only_runtime(so_path):
 
 def test_rebuilt_library_at_same_path_is_reloaded(objs, tmp_path):
     path = tmp_path / "m.so"
-    create_shared(path, [objs / "lib0.o", objs / "devc.o"])
+    link_library(objs / "lib0.o", objs / "devc.o", path)
     np.testing.assert_array_equal(_run(load_module(path))[0], _expected()[0])
     w2 = np.full(N, 3.0, np.float32)
     devc2 = tmp_path / "devc.o"
     write_devc(pack_blob(GRAPH, save_params({"w": w2}), KERNELS, TARGET), _triple(), devc2)
-    create_shared(path, [objs / "lib0.o", devc2])
+    link_library(objs / "lib0.o", devc2, path)
     np.testing.assert_array_equal(_run(load_module(path))[0], _expected(w=w2)[0])
 
 
@@ -342,7 +350,7 @@ def test_kernel_failure_names_node_and_function(objs, tmp_path):
     graph = _graph([("boom", "pl_fail", [0, 1], 2)], heads=[2])
     devc = tmp_path / "devc.o"
     write_devc(pack_blob(graph, save_params({"w": W}), KERNELS, TARGET), _triple(), devc)
-    create_shared(tmp_path / "f.so", [objs / "lib0.o", devc])
+    link_library(objs / "lib0.o", devc, tmp_path / "f.so")
     gmod = GraphModule(load_module(tmp_path / "f.so")["default"]())
     with pytest.raises(RuntimeError, match="node 'boom' \\(function 'pl_fail'\\)"):
         gmod.run()
@@ -352,7 +360,7 @@ def test_storage_shared_with_input_is_rejected(objs, tmp_path):
     graph = _graph([("add0", "pl_add", [0, 1], 0)], heads=[2])  # writes data's storage
     devc = tmp_path / "devc.o"
     write_devc(pack_blob(graph, save_params({"w": W}), KERNELS, TARGET), _triple(), devc)
-    create_shared(tmp_path / "s.so", [objs / "lib0.o", devc])
+    link_library(objs / "lib0.o", devc, tmp_path / "s.so")
     with pytest.raises(ValueError, match="node 'add0' writes storage 0, which holds 'data'"):
         load_module(tmp_path / "s.so")["default"]()
 
@@ -366,6 +374,13 @@ def test_library_without_blob_or_kernels(objs, tmp_path):
     create_shared(tmp_path / "nok.so", [objs / "lib0.o", devc])
     with pytest.raises(BlobError, match=r"missing from the library: \['pl_gone'\]"):
         load_module(tmp_path / "nok.so")
+
+
+def test_truncated_library_is_an_error_not_a_crash(so_path, tmp_path):
+    cut = tmp_path / "cut.so"
+    cut.write_bytes(so_path.read_bytes()[:5000])  # headers intact, segments missing
+    with pytest.raises(OSError, match=r"cut\.so: truncated \(5000 bytes, a segment ends at"):
+        load_module(cut)
 
 
 def test_load_module_path_errors(tmp_path):
@@ -416,7 +431,7 @@ def test_large_blob_packs_links_and_loads(objs, tmp_path):
     devc = tmp_path / "devc.o"
     write_devc(pack_blob(graph, params, KERNELS, TARGET), _triple(), devc)
     pack_s = time.perf_counter() - start
-    create_shared(tmp_path / "big.so", [objs / "lib0.o", devc])
+    link_library(objs / "lib0.o", devc, tmp_path / "big.so")
     link_s = time.perf_counter() - pack_s - start
     print(f"100 MB blob: pack+devc.o {pack_s:.2f}s, link {link_s:.2f}s")
     lib = load_module(tmp_path / "big.so")
@@ -431,7 +446,7 @@ def test_devc_in_folder_with_awkward_name(objs, tmp_path):
     write_devc(pack_blob(GRAPH, save_params({"w": W}), KERNELS, TARGET), _triple(),
                folder / "devc.o")
     assert sorted(p.name for p in folder.iterdir()) == ["devc.o"]  # staging file removed
-    create_shared(folder / "m.so", [objs / "lib0.o", folder / "devc.o"])
+    link_library(objs / "lib0.o", folder / "devc.o", folder / "m.so")
     np.testing.assert_array_equal(_run(load_module(folder / "m.so"))[0], _expected()[0])
 
 

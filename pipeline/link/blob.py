@@ -1,20 +1,30 @@
-"""The packed blob stored in devc.o (graph JSON, params and metadata in one symbol):
-its format and its writer. The reader, which the runtime loads, is pipeline/runtime/blob.py.
+"""The packed blob stored in devc.o (graph JSON, executor plan, params and metadata
+in one symbol): its format and its writer. Readers: pipeline/runtime/blob.py
+(Python) and pipeline/runtime/c/executor.c (the executor linked into every library).
 
 Layout (integers little endian):
 
     magic "PLMBLOB\\0" (8) | u32 format version | u32 reserved 0 |
-    u64 total blob length, including the checksum |
-    u64 header length H | H bytes of UTF-8 JSON header (sorted keys, compact) |
+    u64 total blob length, including the checksum and code digest |
+    u64 header length H |
+    u64 offset, u64 size of each section: graph, params, plan (48) |
+    H bytes of UTF-8 JSON header (sorted keys, compact) |
     section bytes, concatenated | sha256 of everything before it (32) |
     code digest (32)
 
 The first 24 bytes are stable across format versions so that a reader can
 learn the length (and reject a newer version) before touching the rest.
-The JSON header holds the import tree, the section table (offsets from the
-blob start), the kernel symbol names and the target string.
+Offsets count from the blob start. The binary section table is what the C
+executor reads (it parses no JSON); the JSON header repeats it for tools, with
+the import tree, the kernel symbol names and the target string. The sections:
+the TVM graph JSON, the param dict (pipeline/runtime/params.py) and the
+executor plan (pipeline/link/plan.py).
 
-The code digest (version 2) is the sha256 of the library's code sections as
+Version 3 has both the section table with the plan and the code digest
+(two version-2 formats existed on separate branches: one with the table, one
+with the digest; version 1 had neither).
+
+The code digest is the sha256 of the library's code sections as
 linked (pipeline/link/integrity.py): devc.o carries zeros there, and the link
 (pipeline/link/cc.py create_shared) fills it in, so it sits outside the blob's
 own checksum. The loader recomputes it to refuse a library whose code bytes
@@ -37,19 +47,22 @@ from typing import Any
 from pipeline.errors import PipelineError
 from pipeline.link.elf import DATA_OFFSET, data_object
 from pipeline.link.files import atomic_write
+from pipeline.link.plan import encode_plan
 
 __all__ = [
     "BLOB_CODE_DIGEST_SIZE", "BLOB_DIGEST_SIZE", "BLOB_FIXED", "BLOB_MAGIC",
-    "BLOB_PREFIX_SIZE", "BLOB_SYMBOL", "BLOB_VERSION", "BlobError", "blob_chunks",
-    "devc_checksum", "emit_blob_object", "pack_blob", "read_blob_header_length",
-    "write_devc", "write_devc_c",
+    "BLOB_PREFIX_SIZE", "BLOB_SECTIONS", "BLOB_SYMBOL", "BLOB_TABLE", "BLOB_VERSION",
+    "BlobError", "blob_chunks", "devc_checksum", "emit_blob_object", "pack_blob",
+    "read_blob_header_length", "write_devc", "write_devc_c",
 ]
 
 BLOB_SYMBOL = "__pipeline_dev_mblob"
 BLOB_MAGIC = b"PLMBLOB\0"
-BLOB_VERSION = 2
+BLOB_VERSION = 3
 BLOB_PREFIX_SIZE = 24  # magic + version + reserved + total length
 BLOB_FIXED = struct.Struct("<8sIIQQ")  # the prefix plus the header length
+BLOB_SECTIONS = ("graph", "params", "plan")  # the order of the section table
+BLOB_TABLE = struct.Struct("<6Q")  # (offset, size) per section, after BLOB_FIXED
 BLOB_DIGEST_SIZE = 32
 BLOB_CODE_DIGEST_SIZE = 32  # the trailer the link stamps
 
@@ -86,12 +99,13 @@ def blob_chunks(graph_json: str, params, kernels: list[str], target: str) -> lis
     object (e.g. a memory-mapped .params file) or a list of bytes-like chunks
     (runtime.params.param_chunks' list, over the arrays' own memory)."""
     sections = [("graph", _byte_views(graph_json.encode("utf-8"))),
+                ("plan", _byte_views(encode_plan(graph_json))),
                 ("params", _byte_views(params))]
     # Section offsets live in the header, whose length depends on the offsets'
     # digits: iterate until the header length stops changing (2-3 rounds).
     header_len = 0
     while True:
-        offset = BLOB_FIXED.size + header_len
+        offset = BLOB_FIXED.size + BLOB_TABLE.size + header_len
         table = []
         for name, views in sections:
             size = sum(v.nbytes for v in views)
@@ -103,7 +117,9 @@ def blob_chunks(graph_json: str, params, kernels: list[str], target: str) -> lis
             break
         header_len = len(header)
     total = offset + BLOB_DIGEST_SIZE + BLOB_CODE_DIGEST_SIZE
-    parts = [BLOB_FIXED.pack(BLOB_MAGIC, BLOB_VERSION, 0, total, header_len), header,
+    where = {entry["name"]: (entry["offset"], entry["size"]) for entry in table}
+    parts = [BLOB_FIXED.pack(BLOB_MAGIC, BLOB_VERSION, 0, total, header_len),
+             BLOB_TABLE.pack(*(v for name in BLOB_SECTIONS for v in where[name])), header,
              *(view for _, views in sections for view in views)]
     digest = hashlib.sha256()
     for part in parts:
@@ -126,7 +142,8 @@ def read_blob_header_length(first_bytes: bytes, source: str = "blob") -> int:
     if version != BLOB_VERSION:
         raise BlobError(f"{source}: blob from format version {version}, this runtime reads "
                         f"version {BLOB_VERSION}; rebuild the library")
-    if total < BLOB_FIXED.size + BLOB_DIGEST_SIZE + BLOB_CODE_DIGEST_SIZE:
+    if total < (BLOB_FIXED.size + BLOB_TABLE.size + BLOB_DIGEST_SIZE
+                + BLOB_CODE_DIGEST_SIZE):
         raise BlobError(f"{source}: blob header is corrupted: total length {total} is too "
                         "small; rebuild the library")
     return total

@@ -6,7 +6,9 @@ so the Python API and `doit build` give the same bytes for the same model:
 
   1. kernel objects -> lib0.o   cc.link_relocatable (cc -r, objects in symbol order)
   2. graph JSON + params + kernel symbols + target -> devc.o   pack_devc
-  3. lib0.o + devc.o -> .so (deterministic build id), .tar or one .o   link_library
+  3. lib0.o + devc.o + executor.o -> .so (deterministic build id), .tar or one .o
+     link_library (executor.o: the C graph executor, pipeline/runtime/c/, compiled
+     once per target compiler by pipeline/link/runtime_c.py)
 
 Every step runs the target's compiler `cc` (None: the host's, allowed only for a
 target this machine runs; resolve_cc). Every output is written atomically and
@@ -33,6 +35,7 @@ from pipeline.link.cc import (
     link_relocatable,
 )
 from pipeline.link.elf import MACHINES
+from pipeline.link.runtime_c import executor_object
 
 __all__ = ["LIBRARY_SUFFIXES", "PACKS", "choose_pack", "link_library", "pack_devc",
            "resolve_cc"]
@@ -93,23 +96,30 @@ def pack_devc(graph_json: str, params, kernels: list[str], target: str, devc: Pa
 
 def link_library(lib0: PathLike | None, devc: PathLike, out: PathLike, cc: str | None = None,
                  options: Sequence[str] = (),
-                 fcompile: Callable[[str, list[str], list[str]], object] | None = None) -> None:
-    """Link lib0.o + devc.o into `out`: a shared library (.so), one relocatable
-    object (.o) or a deterministic flat tar of both (.tar). lib0 is None for a
-    graph without kernels (every output a build-time constant).
+                 fcompile: Callable[[str, list[str], list[str]], object] | None = None,
+                 executor: PathLike | None = None) -> None:
+    """Link lib0.o + devc.o + the executor object into `out`: a shared library
+    (.so), one relocatable object (.o) or a deterministic flat tar of the three
+    (.tar). lib0 is None for a graph without kernels (every output a build-time
+    constant).
 
     cc: the target's compiler (None: the host's); options: extra arguments for
     it; fcompile: a callable (output, objects, options) that links .so/.o
-    outputs instead of cc, as TVM's export_library takes.
-    The .so gets a build id made from lib0.o's bytes and the blob checksum stored
-    in devc.o: the linker's own (--build-id=sha1) hashes its whole output, 100 MB
-    for ResNet-50, at a third of a second, while these inputs decide the output
-    and cost nothing to hash. ValueError for another suffix; LinkError if cc fails.
+    outputs instead of cc, as TVM's export_library takes; executor: executor.o
+    compiled by the target's cc (None: runtime_c.executor_object(cc), cached).
+    The .so gets a build id made from lib0.o's and executor.o's bytes and the
+    blob checksum stored in devc.o: the linker's own (--build-id=sha1) hashes its
+    whole output, 100 MB for ResNet-50, at a third of a second, while these inputs
+    decide the output and cost nothing to hash. create_shared then stamps the code
+    digest of the whole .so, executor included. ValueError for another suffix;
+    LinkError if cc fails.
     """
     out = os.fspath(out)
-    objects = [os.fspath(o) for o in ([devc] if lib0 is None else [lib0, devc])]
     if not out.endswith(LIBRARY_SUFFIXES):
         raise ValueError(f"{out}: a model library is a {', '.join(LIBRARY_SUFFIXES)} file")
+    executor = executor_object(cc) if executor is None else executor
+    objects = [os.fspath(o) for o in ([devc, executor] if lib0 is None
+                                      else [lib0, devc, executor])]
     if out.endswith(".tar"):
         create_tar(out, objects)
     elif fcompile is not None:
@@ -118,6 +128,7 @@ def link_library(lib0: PathLike | None, devc: PathLike, out: PathLike, cc: str |
         link_relocatable(out, objects, cc, options)
     else:
         build_id = hashlib.sha1(b"" if lib0 is None else Path(lib0).read_bytes())
+        build_id.update(Path(executor).read_bytes())
         build_id.update(devc_checksum(devc))
         create_shared(out, objects, [f"-Wl,--build-id=0x{build_id.hexdigest()}", *options],
                       cc)

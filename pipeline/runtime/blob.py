@@ -14,6 +14,7 @@ from pipeline.link.blob import (
     BLOB_DIGEST_SIZE,
     BLOB_FIXED,
     BLOB_PREFIX_SIZE,
+    BLOB_TABLE,
     BlobError,
     read_blob_header_length,
 )
@@ -53,13 +54,14 @@ def unpack_blob(data: bytes, source: str) -> Blob:
     # From here on the bytes are exactly what pack_blob wrote (or a deliberate
     # forgery, which we do not defend against), so errors below mean a bug.
     header_len = BLOB_FIXED.unpack_from(view)[4]
+    head = BLOB_FIXED.size + BLOB_TABLE.size
     try:
-        header = json.loads(bytes(view[BLOB_FIXED.size:BLOB_FIXED.size + header_len]))
+        header = json.loads(bytes(view[head:head + header_len]))
         sections = {}
         for entry in header["sections"]:
             start, size = entry["offset"], entry["size"]
             if (not isinstance(start, int) or not isinstance(size, int) or size < 0
-                    or start < BLOB_FIXED.size + header_len
+                    or start < head + header_len
                     or start + size > end - BLOB_DIGEST_SIZE):
                 raise ValueError(f"section {entry['name']!r} out of bounds")
             sections[entry["name"]] = bytes(view[start:start + size])

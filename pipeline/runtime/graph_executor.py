@@ -1,9 +1,10 @@
-"""Run a compiled graph: TVM's executor-config JSON + kernels from a library.
+"""Run a compiled graph through the C executor linked into its library.
 
-Every kernel has the signature `int32_t func(void **args)`: args holds the
-node's input buffers in order, then its output buffers; 0 means success.
-Setup allocates storage and prepares each call's argument array once, so
-`run()` is just a loop of ctypes calls.
+The executor (pipeline/runtime/c/executor.c, API pipeline_runtime.h) reads the
+blob's binary plan, allocates storage, binds the params and runs the kernels;
+this module is a thin ctypes layer over it with TVM's graph executor interface.
+Shapes, dtypes and names are read once at creation, so set_input checks its
+arguments in Python (ValueError naming the input) before C copies them.
 """
 
 from __future__ import annotations
@@ -15,201 +16,90 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.errors import FormatError, PipelineError, check_elements
+from pipeline.errors import FormatError
 from pipeline.runtime.params import load_params as _parse_params
-from pipeline.runtime.threads import check_num_threads, default_num_threads, thread_setter
+from pipeline.runtime.threads import check_num_threads, default_num_threads
 
 __all__ = ["GraphExecutor", "GraphModule"]
 
-_ALIGN = 64
-_DTYPES = {"float16", "float32", "float64", "int8", "int16", "int32", "int64",
-           "uint8", "uint16", "uint32", "uint64", "bool"}
-# Pseudo-kernels TVM's graph JSON may name: reshape-like ops whose output
-# aliases the input's storage, and plain copies.
-_NOP, _COPY = "__nop", "__copy"
+
+class _TensorInfo(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("dtype", ctypes.c_char_p),
+                ("ndim", ctypes.c_int32), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("nbytes", ctypes.c_size_t)]
 
 
-def _aligned_bytes(nbytes: int) -> np.ndarray:
-    """A zeroed uint8 buffer of nbytes whose data pointer is 64-byte aligned."""
-    raw = np.zeros(nbytes + _ALIGN, dtype=np.uint8)
-    start = -raw.ctypes.data % _ALIGN
-    return raw[start:start + nbytes]
+_P, _I, _S = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
+# name -> (restype, argtypes) of the C API functions used here.
+_API = {
+    "pl_create": (_P, [ctypes.c_char_p, _S]),
+    "pl_destroy": (None, [_P]),
+    "pl_last_error": (ctypes.c_char_p, [_P]),
+    "pl_num_inputs": (_I, [_P]), "pl_num_params": (_I, [_P]), "pl_num_outputs": (_I, [_P]),
+    "pl_input_info": (_I, [_P, _I, ctypes.POINTER(_TensorInfo)]),
+    "pl_output_info": (_I, [_P, _I, ctypes.POINTER(_TensorInfo)]),
+    "pl_set_input": (_I, [_P, _I, _P, _S]), "pl_get_input": (_I, [_P, _I, _P, _S]),
+    "pl_get_output": (_I, [_P, _I, _P, _S]),
+    "pl_set_num_threads": (_I, [_P, _I]), "pl_run": (_I, [_P]),
+    "pl_num_nodes": (_I, [_P]), "pl_node_name": (ctypes.c_char_p, [_P, _I]),
+    "pl_node_func": (ctypes.c_char_p, [_P, _I]),
+    "pl_run_timed": (_I, [_P, ctypes.POINTER(ctypes.c_double)]),
+    "pl_storage_bytes": (_S, [_P]),
+}
 
 
-def _attr_list(attrs: dict, key: str) -> list:
-    try:
-        return attrs[key][1]
-    except (KeyError, IndexError, TypeError):
-        raise FormatError(f"graph JSON: attrs[{key!r}] missing or malformed") from None
+def bind_api(lib: ctypes.CDLL) -> dict[str, Any]:
+    """The C API functions of a loaded library, typed; AttributeError if it has none."""
+    api = {}
+    for name, (restype, argtypes) in _API.items():
+        fn = lib[name]
+        fn.restype, fn.argtypes = restype, argtypes
+        api[name] = fn
+    return api
+
+
+def _tensors(api: dict, handle: int, kind: str, count: int) -> list[tuple[str, tuple, np.dtype]]:
+    """(name, shape, dtype) of inputs ("input") or outputs ("output") 0..count-1."""
+    out = []
+    info = _TensorInfo()
+    for i in range(count):
+        api[f"pl_{kind}_info"](handle, i, ctypes.byref(info))
+        out.append((info.name.decode(), tuple(info.shape[k] for k in range(info.ndim)),
+                    np.dtype(info.dtype.decode())))
+    return out
 
 
 class GraphExecutor:
     """Executes one graph. Built by `Module["default"](device)`.
 
-    graph_json: TVM graph JSON text (or the parsed dict); lookup: symbol ->
-    ctypes function; params: {name: array} for the param "null" nodes;
-    owner: any object to keep alive with the executor (the loaded library).
+    api: the library's typed C API (bind_api); graph_json: its TVM graph JSON,
+    read only for node shapes (profiling); owner: the object to keep alive with
+    the executor (the loaded library). Each executor has its own storage and copy
+    of the params. FormatError (a ValueError) with the C reader's message if the
+    blob is refused.
     """
 
-    def __init__(self, graph_json: str | dict, lookup: Callable[[str], Any],
-                 params: dict[str, np.ndarray] | None = None, owner: Any = None):
-        self._owner = owner
-        params = params or {}
-        try:
-            self._read_graph(graph_json, params)
-        except PipelineError:
-            raise
-        except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError,
-                OverflowError) as err:
-            # Whatever shape of JSON a hand-made or damaged graph has, the user
-            # gets one line, not a traceback from deep inside the setup.
-            raise FormatError(f"graph JSON: malformed ({type(err).__name__}: {err})") from None
-        for name, value in params.items():
-            try:
-                self._copy_in(name, self._param_eids[name], value)
-            except ValueError as err:
-                raise FormatError(f"graph JSON and params disagree: {err}") from None
-        self._setup_op_execs(lookup)
-        self._set_threads = thread_setter(lookup)
-        self.num_threads = default_num_threads()
+    def __init__(self, api: dict[str, Any], graph_json: str, owner: Any = None):
+        self._api, self._graph_json, self._owner = api, graph_json, owner
+        err = ctypes.create_string_buffer(512)
+        self._h = api["pl_create"](err, len(err))
+        if not self._h:
+            raise FormatError(f"{getattr(owner, 'path', 'library')}: "
+                              f"{err.value.decode(errors='replace')}")
+        n_in, n_params = api["pl_num_inputs"](self._h), api["pl_num_params"](self._h)
+        self._slots = _tensors(api, self._h, "input", n_in + n_params)
+        self._slot_index = {name: i for i, (name, _, _) in enumerate(self._slots)}
+        self._input_names = [name for name, _, _ in self._slots[:n_in]]
+        self._outputs = _tensors(api, self._h, "output", api["pl_num_outputs"](self._h))
+        self.set_num_threads(default_num_threads())
 
-    def _read_graph(self, graph_json: str | dict, params: dict[str, np.ndarray]) -> None:
-        """Parse and check the graph JSON, allocate storage, plan the op calls."""
-        graph = json.loads(graph_json) if isinstance(graph_json, str) else graph_json
-        if not isinstance(graph, dict):
-            raise FormatError(f"graph JSON: expected an object, found {type(graph).__name__}")
-        self._nodes = graph["nodes"]
-        if not isinstance(self._nodes, list) or not all(
-                isinstance(n, dict) and isinstance(n.get("name"), str) and "op" in n
-                for n in self._nodes):
-            raise FormatError("graph JSON: nodes must be a list of objects with name and op")
-        row_ptr = graph["node_row_ptr"]
-        if (not isinstance(row_ptr, list) or len(row_ptr) != len(self._nodes) + 1
-                or not all(type(r) is int for r in row_ptr) or row_ptr[0] != 0
-                or any(b < a for a, b in zip(row_ptr, row_ptr[1:], strict=False))):
-            raise FormatError("graph JSON: node_row_ptr must be len(nodes) + 1 ascending "
-                              "integers from 0")
-        self._row_ptr = row_ptr
-        self._setup_storage(graph["attrs"])
-        unknown = set(params) - {n["name"] for n in self._nodes if n["op"] == "null"}
-        if unknown:
-            raise FormatError(f"params not used by the graph: {sorted(unknown)}")
-        self._input_index: dict[str, int] = {}  # graph inputs, in arg_nodes order
-        self._input_eids: list[int] = []
-        self._param_eids: dict[str, int] = {}
-        for nid in graph["arg_nodes"]:
-            name = self._nodes[self._index(nid, len(self._nodes), "arg_nodes")]["name"]
-            if name in params:
-                self._param_eids[name] = row_ptr[nid]
-            else:
-                self._input_index[name] = len(self._input_index)
-                self._input_eids.append(row_ptr[nid])
-        if set(params) - set(self._param_eids):
-            raise FormatError(f"graph JSON: params {sorted(set(params) - set(self._param_eids))} "
-                              "are not among the graph's arg_nodes")
-        self._output_eids = [self._entry(nid, idx, "heads") for nid, idx, *_ in graph["heads"]]
-        self._check_arg_storage(graph["arg_nodes"])
-        self._plan_ops()
+    def __del__(self):
+        if getattr(self, "_h", None):
+            self._api["pl_destroy"](self._h)
+            self._h = None
 
-    def _index(self, value: Any, size: int, what: str) -> int:
-        if type(value) is not int or not 0 <= value < size:
-            raise FormatError(f"graph JSON: {what}: index {value!r} out of range 0..{size - 1}")
-        return value
-
-    def _entry(self, nid: Any, idx: Any, what: str) -> int:
-        """The entry id of output `idx` of node `nid`, both checked."""
-        nid = self._index(nid, len(self._nodes), what)
-        count = self._row_ptr[nid + 1] - self._row_ptr[nid]
-        return self._row_ptr[nid] + self._index(idx, count, f"{what}: output of node {nid}")
-
-    def _check_arg_storage(self, arg_nodes: list[int]) -> None:
-        """Reject plans where a kernel writes into an input's or param's storage.
-
-        Inputs and params must keep their values across runs, so sharing
-        their storage is a memory-planning bug; catching it here turns silent
-        wrong answers into an error. (__nop outputs alias without writing.)
-        """
-        owner: dict[int, str] = {}
-        for nid in arg_nodes:
-            sid, name = self._sids[self._row_ptr[nid]], self._nodes[nid]["name"]
-            if sid in owner:
-                raise FormatError(f"graph JSON: inputs {owner[sid]!r} and {name!r} share "
-                                 f"storage {sid}")
-            owner[sid] = name
-        for nid, node in enumerate(self._nodes):
-            if node["op"] == "null" or node.get("attrs", {}).get("func_name") == _NOP:
-                continue
-            for eid in range(self._row_ptr[nid], self._row_ptr[nid + 1]):
-                if self._sids[eid] in owner:
-                    raise FormatError(f"graph JSON: node {node['name']!r} writes storage "
-                                     f"{self._sids[eid]}, which holds {owner[self._sids[eid]]!r}")
-
-    def _setup_storage(self, attrs: dict) -> None:
-        """One aligned buffer per storage id, sized for its largest entry; views per entry."""
-        shapes = _attr_list(attrs, "shape")
-        dtypes = _attr_list(attrs, "dltype")
-        sids = _attr_list(attrs, "storage_id")
-        n_entries = self._row_ptr[-1]
-        if not len(shapes) == len(dtypes) == len(sids) == n_entries:
-            raise FormatError(f"graph JSON: shape/dltype/storage_id must have {n_entries} "
-                             "entries (one per node output)")
-        for dt in dtypes:
-            if not isinstance(dt, str) or dt not in _DTYPES:
-                raise FormatError(f"graph JSON: unsupported dltype {dt!r}")
-        if not all(type(sid) is int and sid >= 0 for sid in sids):
-            raise FormatError("graph JSON: storage_id must be integers >= 0")
-        self._sids = sids
-        types = [np.dtype(dt) for dt in dtypes]
-        # Checked before anything is allocated: no shape may exceed the element limit.
-        sizes = [check_elements(s if isinstance(s, list) else [s], f"graph JSON: entry {e}")
-                 * t.itemsize for e, (s, t) in enumerate(zip(shapes, types, strict=True))]
-        check_elements([sum(sizes)], "graph JSON: all storage (bytes)")
-        need: dict[int, int] = {}
-        for sid, size in zip(sids, sizes, strict=True):
-            need[sid] = max(need.get(sid, 0), size)
-        self._storage = {sid: _aligned_bytes(size) for sid, size in need.items()}
-        self._entries = [self._storage[sid][:size].view(t).reshape(shape)
-                         for sid, size, t, shape in zip(sids, sizes, types, shapes, strict=True)]
-
-    def _plan_ops(self) -> None:
-        """(node id, function name, input entries, output entries) per op node, checked."""
-        self._ops: list[tuple[int, str, list[int], list[int]]] = []
-        for nid, node in enumerate(self._nodes):
-            if node["op"] == "null":
-                continue
-            attrs = node.get("attrs", {})
-            func_name = attrs.get("func_name")
-            if not isinstance(func_name, str):
-                raise FormatError(f"graph JSON: node {node['name']!r} has no func_name")
-            in_eids = [self._entry(i, idx, f"node {node['name']!r} inputs")
-                       for i, idx, *_ in node["inputs"]]
-            out_eids = list(range(self._row_ptr[nid], self._row_ptr[nid + 1]))
-            if int(attrs.get("num_inputs", len(in_eids))) != len(in_eids) or \
-                    int(attrs.get("num_outputs", len(out_eids))) != len(out_eids):
-                raise FormatError(f"graph JSON: node {node['name']!r} has {len(in_eids)} "
-                                  f"inputs and {len(out_eids)} outputs, attrs say otherwise")
-            if func_name == _COPY and (len(in_eids) != 1 or len(out_eids) != 1 or
-                                       self._entries[in_eids[0]].shape !=
-                                       self._entries[out_eids[0]].shape):
-                raise FormatError(f"graph JSON: copy node {node['name']!r} needs one input "
-                                  "and one output of one shape")
-            self._ops.append((nid, func_name, in_eids, out_eids))
-
-    def _setup_op_execs(self, lookup: Callable[[str], Any]) -> None:
-        """Resolve every op node's kernel and fill its argument array once."""
-        self._execs: list[tuple[Any, Any, int]] = []
-        for nid, func_name, in_eids, out_eids in self._ops:
-            if func_name == _NOP:
-                continue
-            if func_name == _COPY:
-                src, dst = self._entries[in_eids[0]], self._entries[out_eids[0]]
-                self._execs.append((lambda _a, s=src, d=dst: np.copyto(d, s) or 0, None, nid))
-                continue
-            func = lookup(func_name)
-            func.restype = ctypes.c_int32
-            eids = in_eids + out_eids
-            args = (ctypes.c_void_p * len(eids))(*(self._entries[e].ctypes.data for e in eids))
-            self._execs.append((func, args, nid))
+    def _error(self) -> str:
+        return self._api["pl_last_error"](self._h).decode(errors="replace")
 
     # -- the TVM graph executor interface -------------------------------------
 
@@ -217,102 +107,107 @@ class GraphExecutor:
         """Threads the parallel kernels use in this executor's runs (default: see
         pipeline.runtime.threads); ValueError unless n is an integer >= 1."""
         self.num_threads = check_num_threads(n, "set_num_threads")
+        self._api["pl_set_num_threads"](self._h, self.num_threads)
 
-    def node_calls(self) -> list[tuple[str, str, Callable[[], int]]]:
-        """(node name, function name, call) per executed node, in run order: what a
-        profiler times (pipeline.runtime.profile). Each call runs just that node and
-        keeps this executor (whose buffers its arguments point into) alive."""
-        return [(self._nodes[nid]["name"], self._nodes[nid]["attrs"].get("func_name", ""),
-                 lambda f=func, a=args, _keep=self: f(a)) for func, args, nid in self._execs]
+    def node_names(self) -> list[tuple[str, str]]:
+        """(node name, function name) per executed node, in run order."""
+        api = self._api
+        return [(api["pl_node_name"](self._h, k).decode(), api["pl_node_func"](self._h, k).decode())
+                for k in range(api["pl_num_nodes"](self._h))]
+
+    def run_timed(self) -> list[float]:
+        """Run once, node by node; each node's wall time in seconds, in run order."""
+        times = (ctypes.c_double * self._api["pl_num_nodes"](self._h))()
+        if self._api["pl_run_timed"](self._h, times):
+            raise RuntimeError(self._error())
+        return list(times)
 
     def node_shapes(self, name: str) -> tuple[list[tuple], list[tuple]]:
-        """(input shapes, output shapes) of the op node `name`."""
-        nid = next(k for k, n in enumerate(self._nodes) if n["name"] == name)
-        ins = [self._entries[self._row_ptr[i] + idx].shape for i, idx, *_ in
-               self._nodes[nid]["inputs"]]
-        outs = [self._entries[e].shape for e in range(self._row_ptr[nid],
-                                                       self._row_ptr[nid + 1])]
-        return ins, outs
+        """(input shapes, output shapes) of the op node `name` (from the graph JSON)."""
+        graph = json.loads(self._graph_json)
+        row_ptr, shapes = graph["node_row_ptr"], graph["attrs"]["shape"][1]
+        nid = next(k for k, n in enumerate(graph["nodes"]) if n["name"] == name)
+        ins = [tuple(shapes[row_ptr[i] + idx]) for i, idx, *_ in graph["nodes"][nid]["inputs"]]
+        return ins, [tuple(shapes[e]) for e in range(row_ptr[nid], row_ptr[nid + 1])]
+
+    def storage_bytes(self) -> int:
+        """Bytes of planned storage this executor holds (inputs, params, intermediates)."""
+        return self._api["pl_storage_bytes"](self._h)
 
     def run(self) -> None:
         """Execute every op node once, in graph order."""
-        if self._set_threads is not None:
-            self._set_threads(self.num_threads)
-        for func, args, nid in self._execs:
-            if func(args):
-                node = self._nodes[nid]
-                raise RuntimeError(f"node {node['name']!r} (function "
-                                   f"{node['attrs'].get('func_name')!r}) returned an error")
+        if self._api["pl_run"](self._h):
+            raise RuntimeError(self._error())
 
-    def _resolve(self, key: int | str) -> tuple[str, int]:
-        """(name, entry id) for an input name, param name or graph-input index."""
+    def _resolve(self, key: int | str) -> int:
+        """The slot of an input name, param name or graph-input index."""
         if isinstance(key, (int, np.integer)):
-            names = list(self._input_index)
-            if not 0 <= key < len(names):
+            if not 0 <= key < len(self._input_names):
                 raise IndexError(f"input index {key} out of range: the graph has "
-                                 f"{len(names)} inputs {names}")
-            return names[key], self._input_eids[key]
-        if key in self._input_index:
-            return key, self._input_eids[self._input_index[key]]
-        if key in self._param_eids:
-            return key, self._param_eids[key]
-        raise KeyError(f"no input named {key!r}; inputs: {list(self._input_index)}")
-
-    def _copy_in(self, name: str, eid: int, value: Any) -> None:
-        dst = self._entries[eid]
-        value = np.asarray(value)
-        if value.shape != dst.shape or value.dtype != dst.dtype:
-            raise ValueError(f"input {name!r}: expected shape {list(dst.shape)} {dst.dtype}, "
-                             f"given shape {list(value.shape)} {value.dtype}")
-        np.copyto(dst, value)
+                                 f"{len(self._input_names)} inputs {self._input_names}")
+            return int(key)
+        if key in self._slot_index:
+            return self._slot_index[key]
+        raise KeyError(f"no input named {key!r}; inputs: {self._input_names}")
 
     def set_input(self, key: int | str, value: Any) -> None:
         """Copy value into the input (or param) named key, or the key-th graph input.
 
         Raises ValueError naming the input if shape or dtype differ.
         """
-        name, eid = self._resolve(key)
-        self._copy_in(name, eid, value)
+        slot = self._resolve(key)
+        name, shape, dtype = self._slots[slot]
+        value = np.asarray(value)
+        if value.shape != shape or value.dtype != dtype:
+            raise ValueError(f"input {name!r}: expected shape {list(shape)} {dtype}, "
+                             f"given shape {list(value.shape)} {value.dtype}")
+        value = np.ascontiguousarray(value)
+        self._api["pl_set_input"](self._h, slot, value.ctypes.data, value.nbytes)
 
     def get_input(self, key: int | str) -> np.ndarray:
         """A copy of the current value of an input or param."""
-        return self._entries[self._resolve(key)[1]].copy()
+        slot = self._resolve(key)
+        _, shape, dtype = self._slots[slot]
+        out = np.empty(shape, dtype)
+        self._api["pl_get_input"](self._h, slot, out.ctypes.data, out.nbytes)
+        return out
 
     def get_output(self, index: int, out: np.ndarray | None = None) -> np.ndarray:
         """A copy of output `index` (or copy it into `out` and return that)."""
-        if not 0 <= index < len(self._output_eids):
+        if not 0 <= index < len(self._outputs):
             raise IndexError(f"output index {index} out of range: the graph has "
-                             f"{len(self._output_eids)} outputs")
-        src = self._entries[self._output_eids[index]]
-        if out is None:
-            return src.copy()
-        np.copyto(out, src)
+                             f"{len(self._outputs)} outputs")
+        _, shape, dtype = self._outputs[index]
+        direct = out is not None and out.shape == shape and out.dtype == dtype and \
+            out.flags.c_contiguous and out.flags.writeable
+        dst = out if direct else np.empty(shape, dtype)
+        self._api["pl_get_output"](self._h, index, dst.ctypes.data, dst.nbytes)
+        if out is None or direct:
+            return dst
+        np.copyto(out, dst)
         return out
 
     def get_num_outputs(self) -> int:
         """Number of graph outputs (heads)."""
-        return len(self._output_eids)
+        return len(self._outputs)
 
     def get_num_inputs(self) -> int:
         """Number of graph inputs (params not counted, unlike TVM)."""
-        return len(self._input_index)
+        return len(self._input_names)
 
     def get_input_names(self) -> list[str]:
         """Graph input names in arg_nodes order (params excluded)."""
-        return list(self._input_index)
+        return list(self._input_names)
 
     def get_input_info(self) -> tuple[dict[str, tuple[int, ...]], dict[str, str]]:
         """({name: shape}, {name: dtype}) for the graph inputs, as TVM returns it."""
-        views = {n: self._entries[e] for n, e in
-                 zip(self._input_index, self._input_eids, strict=True)}
-        return ({n: v.shape for n, v in views.items()},
-                {n: str(v.dtype) for n, v in views.items()})
+        inputs = self._slots[:len(self._input_names)]
+        return ({n: s for n, s, _ in inputs}, {n: str(d) for n, _, d in inputs})
 
     def load_params(self, params_bytes: bytes) -> None:
         """Set params (or inputs) from TVM param-dict bytes; unknown names raise KeyError."""
         params = _parse_params(params_bytes)
-        known = set(self._param_eids) | set(self._input_index)
-        unknown = sorted(set(params) - known)
+        unknown = sorted(set(params) - set(self._slot_index))
         if unknown:
             raise KeyError(f"params not in the graph: {unknown}")
         for name, value in params.items():

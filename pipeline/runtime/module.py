@@ -1,15 +1,18 @@
 """Load an exported library (.so, one relocatable .o, or a .tar of objects) and
 hand out its graph executor.
 
-The library carries everything in itself: kernels as exported functions and
-the graph JSON + params in the blob symbol (format: pipeline/link/blob.py). The blob is
-verified (magic, version, length, sha256) before anything in it is used.
+The library carries everything in itself: kernels as exported functions, the
+graph JSON, executor plan and params in the blob symbol (format:
+pipeline/link/blob.py) and the C graph executor that runs them (its pl_* API).
+The blob is verified (magic, version, length, sha256) before anything in it is
+used, and the library's code against the digest the blob records before dlopen.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import struct
 import tarfile
 import tempfile
 from collections.abc import Callable, Sequence
@@ -22,7 +25,7 @@ from pipeline.link.blob import BLOB_PREFIX_SIZE, BLOB_SYMBOL
 from pipeline.link.cc import create_shared
 from pipeline.link.integrity import verify_code_digest
 from pipeline.runtime.blob import Blob, BlobError, read_blob_header_length, unpack_blob
-from pipeline.runtime.graph_executor import GraphExecutor
+from pipeline.runtime.graph_executor import GraphExecutor, bind_api
 from pipeline.runtime.machine import check_machine
 from pipeline.runtime.params import load_params
 from pipeline.runtime.threads import limit_idle_spin
@@ -49,6 +52,11 @@ class Module:
         self.path = path
         self.lib = lib
         self.blob = blob
+        try:
+            self._api = bind_api(lib)
+        except AttributeError:
+            raise BlobError(f"{path}: the library carries no graph executor (pl_create); "
+                            "export it again with this version of pipeline") from None
         self._keep = list(keep)  # temp dirs that must outlive the dlopen'ed file
         self._params: dict[str, np.ndarray] | None = None
 
@@ -93,9 +101,10 @@ class Module:
 
     def _factory(self, device: Any = None) -> GraphExecutor:
         _check_device(device)
-        # Each executor gets its own copy of the params, so two executors
-        # from one library never see each other's load_params/set_input.
-        return GraphExecutor(self.graph_json, self.get_function, self.params, owner=self)
+        # Each executor gets its own copy of the params (the C executor copies
+        # them from the blob), so two executors from one library never see each
+        # other's load_params/set_input.
+        return GraphExecutor(self._api, self.graph_json, owner=self)
 
     def __repr__(self) -> str:
         return f"Module({self.path!r}, {len(self.kernels)} kernels, target={self.target!r})"
@@ -175,6 +184,7 @@ def _extract_objects(tar_path: str, dest: str) -> list[str]:
 
 def _load_so(so_path: str, source: str, keep: Sequence[Any] = (),
              verify: bool = True) -> Module:
+    _check_segments(so_path, source)  # a cut file: say so, before reading its sections
     if verify:  # before dlopen: no byte of damaged code (constructors included) runs
         verify_code_digest(so_path, source)
     keep = list(keep)
@@ -191,12 +201,35 @@ def _load_so(so_path: str, source: str, keep: Sequence[Any] = (),
     except OSError as err:
         raise OSError(f"cannot load {source}: {err}") from None
     blob = unpack_blob(_read_blob(lib, so_path, source), source)
-    module = Module(source, lib, blob, keep)
     missing = [k for k in blob.kernels if not _has_symbol(lib, k)]
     if missing:
         raise BlobError(f"{source}: kernel symbols listed in the blob are missing from the "
                         f"library: {missing[:5]}")
-    return module
+    return Module(source, lib, blob, keep)
+
+
+def _check_segments(so_path: str, source: str) -> None:
+    """OSError if a 64-bit little-endian ELF file is shorter than its loadable
+    segments: dlopen would map it past its end, and the first touch of a missing
+    page kills the process (SIGBUS). Other files are left to dlopen's own checks."""
+    with open(so_path, "rb") as f:
+        head = f.read(64)
+        if len(head) < 64 or head[:6] != b"\x7fELF\x02\x01":
+            return
+        phoff, = struct.unpack_from("<Q", head, 32)
+        phentsize, phnum = struct.unpack_from("<HH", head, 54)
+        f.seek(phoff)
+        table = f.read(phentsize * phnum)
+    size = os.path.getsize(so_path)
+    if len(table) < phentsize * phnum:
+        raise OSError(f"cannot load {source}: truncated (program headers missing)")
+    for k in range(phnum):
+        p_type, = struct.unpack_from("<I", table, k * phentsize)
+        offset, = struct.unpack_from("<Q", table, k * phentsize + 8)
+        filesz, = struct.unpack_from("<Q", table, k * phentsize + 32)
+        if p_type == 1 and offset + filesz > size:  # PT_LOAD
+            raise OSError(f"cannot load {source}: truncated ({size} bytes, a segment ends at "
+                          f"{offset + filesz}); copy or export it again")
 
 
 def _has_symbol(lib: ctypes.CDLL, name: str) -> bool:

@@ -1,9 +1,8 @@
 """Thread count of the parallel kernels (they run their outer loop with libgomp).
 
-A library whose kernels call GOMP_parallel is linked against libgomp, so its
-handle also resolves `omp_set_num_threads`; the executor calls it before every
-run with its own count. The default is $PIPELINE_NUM_THREADS, else every core
-this process may run on.
+A library whose kernels call GOMP_parallel is linked against libgomp; its C
+executor calls `omp_set_num_threads` before every run with the executor's count.
+The default is $PIPELINE_NUM_THREADS, else every core this process may run on.
 
 Between parallel kernels libgomp's idle threads spin before they sleep; by default
 for ~300000 pause instructions (tens of milliseconds), which on a machine shared
@@ -15,9 +14,7 @@ two kernels of a graph but ends soon after a run.
 
 from __future__ import annotations
 
-import ctypes
 import os
-from collections.abc import Callable
 from typing import Any
 
 ENV_VAR = "PIPELINE_NUM_THREADS"
@@ -42,17 +39,6 @@ def default_num_threads() -> int:
         return check_num_threads(text if not text.isdigit() else int(text), ENV_VAR)
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
         (os.cpu_count() or 1)
-
-
-def thread_setter(lookup: Callable[[str], Any]) -> Callable[[int], None] | None:
-    """The library's `omp_set_num_threads`, or None when it has no parallel kernels."""
-    try:
-        fn = lookup("omp_set_num_threads")
-    except (AttributeError, KeyError):
-        return None
-    fn.argtypes = [ctypes.c_int]
-    fn.restype = None
-    return fn
 
 
 def limit_idle_spin() -> None:

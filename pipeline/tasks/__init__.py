@@ -13,7 +13,9 @@ Task names (model m, target entry t):
                  the cache is shared by all entries, see pipeline/tasks/cache.py)
   lib0:m@t       the entry's kernel objects -> lib0.o (the target's cc -r)
   devc:m@t       graph JSON + params -> devc.o (the packed blob)
-  export:m@t     lib0.o + devc.o -> m.so (linked by the target's cc)
+  runtime:t      the C executor and pipeline-run for target t, by its cc ->
+                 out/runtime/t/executor.o, pipeline-run (sources pipeline/runtime/c/)
+  export:m@t     lib0.o + devc.o + executor.o -> m.so (linked by the target's cc)
   validate:m@t   run m.so against the reference -> validation.json
   explain        print why each task of the last build ran (out/build-report.json)
   gc             remove cache entries no entry of the matrix uses
@@ -40,6 +42,7 @@ from doit import create_after
 from doit.exceptions import TaskFailed
 
 from pipeline.errors import PipelineError
+from pipeline.link.runtime_c import C_SOURCES
 from pipeline.lower.sources import CODEGEN_ROOTS
 from pipeline.tasks import cache, tiered
 from pipeline.tasks.config import BuildConfig, ModelEntry, TargetEntry
@@ -160,6 +163,12 @@ def imported(m: ModelEntry) -> tuple[str, str]:
     """The import stage's outputs: graph IR JSON and weights."""
     return (path(OUT, m.name, f"{m.name}.ir.json"),
             path(OUT, m.name, f"{m.name}.weights.params"))
+
+
+def runtime_artifacts(t: TargetEntry) -> dict[str, str]:
+    """The runtime task's outputs for target t."""
+    d = path(OUT, "runtime", t.name)
+    return {"executor": path(d, "executor.o"), "run": path(d, "pipeline-run")}
 
 
 def artifacts(m: ModelEntry, t: TargetEntry) -> dict[str, str]:
@@ -309,17 +318,36 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
                                        packing[t.name]["pack"], t.cc],
                                       deps, [a["devc"]], packing[t.name])]}
 
+    # The C sources are no Python for code_of to follow: listed by hand.
+    runtime_src = [*(os.path.relpath(p) for p in C_SOURCES),
+                   *code_of("tasks.stages:build_runtime")]
+
+    def task_runtime():
+        """Compile the C executor (linked into every library) and pipeline-run, per
+        target, with the target's cc."""
+        for t in targets:
+            if t.name not in toolchain:  # no model selected: nothing links an executor
+                continue
+            r = runtime_artifacts(t)
+            yield {"name": t.name, "targets": [r["executor"], r["run"]], "clean": True,
+                   "file_dep": runtime_src,
+                   "uptodate": [options_changed(toolchain[t.name], "toolchain")],
+                   "actions": [cached("tasks.stages:build_runtime",
+                                      [r["executor"], r["run"], t.cc], runtime_src,
+                                      [r["executor"], r["run"]], toolchain[t.name])]}
+
     def task_export():
-        """Link lib0.o and devc.o into the model's shared library."""
+        """Link lib0.o, devc.o and the target's executor.o into the model's shared library."""
         for m, t in entries:
-            a = artifacts(m, t)
-            deps = [a["lib0"], a["devc"], *code_of("tasks.stages:export_library")]
+            a, r = artifacts(m, t), runtime_artifacts(t)
+            deps = [a["lib0"], a["devc"], r["executor"],
+                    *code_of("tasks.stages:export_library")]
             yield {"name": f"{m.name}@{t.name}", "targets": [a["so"]], "clean": True,
                    "file_dep": deps,
                    "uptodate": [options_changed(toolchain[t.name], "toolchain")],
                    "actions": [cached("tasks.stages:export_library",
-                                      [a["lib0"], a["devc"], a["so"], t.cc], deps, [a["so"]],
-                                      toolchain[t.name])]}
+                                      [a["lib0"], a["devc"], r["executor"], a["so"], t.cc],
+                                      deps, [a["so"]], toolchain[t.name])]}
 
     def task_build():
         """Build every selected model x target (model=, target=, config= narrow it)."""

@@ -127,7 +127,9 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 def manifest_of(outputs: dict[str, str]) -> dict:
     """The manifest for outputs (name -> path) as they are now on disk."""
-    return {"outputs": {name: {"sha256": file_digest(p), "size": os.path.getsize(p)}
+    return {"outputs": {name: {"sha256": file_digest(p), "size": os.path.getsize(p),
+                               # pipeline-run must come back runnable
+                               **({"executable": True} if os.access(p, os.X_OK) else {})}
                         for name, p in sorted(outputs.items())}}
 
 
@@ -148,8 +150,11 @@ def restore(store: LocalStore, manifest: dict, outputs: dict[str, str]) -> bool:
             return False
         blobs[name] = blob
     for name, blob in blobs.items():
-        _link_or_copy(blob, outputs.get(name, name))
-        remember(outputs.get(name, name), manifest["outputs"][name]["sha256"])
+        path = outputs.get(name, name)
+        _link_or_copy(blob, path)
+        if manifest["outputs"][name].get("executable"):
+            os.chmod(path, 0o755)
+        remember(path, manifest["outputs"][name]["sha256"])
     return True
 
 

@@ -76,6 +76,8 @@ def classify(path: str) -> str:
         if "pipeline" in parts:
             return "compiler source"
         return "model generator source" if "models" in parts else "source"
+    if name.endswith((".c", ".h")) and "pipeline" in parts:
+        return "C runtime source"
     if name == "kernels.json":
         return "kernel list"
     if name.endswith(".json") and "kernels" in parts:

@@ -18,7 +18,7 @@ from pipeline.driver.factory import unique_specs
 from pipeline.frontend import from_onnx
 from pipeline.ir.graph import Graph
 from pipeline.ir.target import parse_target
-from pipeline.link import export
+from pipeline.link import export, runtime_c
 from pipeline.link.cc import link_relocatable
 from pipeline.link.files import atomic_write
 from pipeline.runtime.params import load_params, param_chunks
@@ -111,8 +111,15 @@ def pack_devc(graph_json_path: str, params_path: str, kernels_path: str,
                 m.close()
 
 
-def export_library(lib0_path: str, devc_path: str, out_path: str,
+def build_runtime(executor_path: str, run_path: str, cc: str | None = None) -> None:
+    """The target's C runtime, compiled by cc (the target's compiler; None for the
+    host's): executor.o (linked into every library) and the pipeline-run program."""
+    runtime_c.compile_executor(executor_path, cc)
+    runtime_c.build_pipeline_run(run_path, cc)
+
+
+def export_library(lib0_path: str, devc_path: str, executor_path: str, out_path: str,
                    cc: str | None = None) -> None:
-    """lib0.o + devc.o -> the deliverable shared library (or .tar), linked by cc
-    (the target's compiler; None for the host's)."""
-    export.link_library(lib0_path, devc_path, out_path, cc)
+    """lib0.o + devc.o + executor.o -> the deliverable shared library (or .tar),
+    linked by cc (the target's compiler; None for the host's)."""
+    export.link_library(lib0_path, devc_path, out_path, cc, executor=executor_path)

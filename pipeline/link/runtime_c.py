@@ -1,0 +1,62 @@
+"""Compile the C runtime: the executor object linked into every library, and the
+`pipeline-run` program (sources: pipeline/runtime/c/).
+
+Both are compiled once per target with that target's C compiler (`cc`; None: the
+host's, $CC else "cc", as pipeline/link/cc.py picks it), so a foreign target's
+library links a foreign executor. The API caches executor.o under a key of the
+sources' hash and the compiler's identity (cc.toolchain_identity); the doit task
+`runtime:<target>` writes out/runtime/<target>/ instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from pipeline.link.cc import _run, _tool, toolchain_identity
+from pipeline.link.files import temp_output
+
+__all__ = ["C_DIR", "C_SOURCES", "build_pipeline_run", "compile_executor", "executor_object"]
+
+C_DIR = Path(__file__).resolve().parent.parent / "runtime" / "c"
+C_SOURCES = (C_DIR / "pipeline_runtime.h", C_DIR / "executor.c", C_DIR / "pipeline_run.c")
+# -fvisibility=hidden: only the pl_* API (marked default) is exported from the
+# library; the executor's helpers stay out of its dynamic symbol table.
+_CFLAGS = ("-std=c11", "-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra")
+# The kernel cache's variable (pipeline/tasks/cache.py): when set, the API keeps
+# executor.o there; else in the user's cache folder (never in the working directory).
+_CACHE_ENV = "PIPELINE_KERNEL_CACHE"
+
+
+def compile_executor(output: str | os.PathLike, cc: str | None = None) -> None:
+    """Compile executor.c into the relocatable object `output` (written atomically);
+    LinkError with the command and stderr if the compiler fails."""
+    with temp_output(output) as tmp:
+        _run("compile executor", [*_tool(cc), *_CFLAGS, "-c",
+                                  str(C_DIR / "executor.c"), "-o", tmp])
+
+
+def build_pipeline_run(output: str | os.PathLike, cc: str | None = None) -> None:
+    """Compile and link the `pipeline-run` program to `output` (executable)."""
+    with temp_output(output) as tmp:
+        _run("build pipeline-run", [*_tool(cc), *_CFLAGS, "-o", tmp,
+                                    str(C_DIR / "pipeline_run.c"), "-ldl"])
+        os.chmod(tmp, 0o755)
+
+
+def executor_object(cc: str | None = None, cache: str | os.PathLike | None = None) -> Path:
+    """executor.o for `cc`, compiled once: `<cache>/runtime/<key>/executor.o`, the key
+    a hash of the C sources and toolchain_identity(cc) (ToolchainError if cc cannot
+    run). cache: default $PIPELINE_KERNEL_CACHE, else $XDG_CACHE_HOME/pipeline
+    (~/.cache/pipeline)."""
+    key = hashlib.sha256(json.dumps(toolchain_identity(cc), sort_keys=True).encode())
+    for src in C_SOURCES[:2]:
+        key.update(src.read_bytes())
+    root = Path(cache or os.environ.get(_CACHE_ENV) or Path(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "pipeline"))
+    obj = root / "runtime" / key.hexdigest()[:20] / "executor.o"
+    if not obj.exists():
+        compile_executor(obj, cc)
+    return obj

@@ -1,0 +1,288 @@
+/* pipeline-run: run a model library exported by pipeline, without Python.
+ *
+ *   pipeline-run LIB.so --input NAME=FILE.npy [--input ...] --output-dir DIR
+ *                [--threads T] [--repeat N]
+ *
+ * Loads the library, sets each input from a .npy file (C order, little endian;
+ * float32/float64/int64/int32/bool and the library's other dtypes), runs it,
+ * writes output i to DIR/output_<i>.npy and with --repeat N > 1 prints the
+ * median milliseconds per run of N more runs. Any error: one line on stderr,
+ * exit status 1.
+ */
+#define _GNU_SOURCE
+#include "pipeline_runtime.h"
+
+#include <dlfcn.h>
+#include <link.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static void die(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("pipeline-run: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(1);
+}
+
+/* The C API, resolved from the library (it is linked into every exported .so). */
+static struct {
+    pl_create_fn create;
+    const char *(*last_error)(const pl_executor *);
+    int (*num_inputs)(const pl_executor *), (*num_outputs)(const pl_executor *);
+    int (*get_input_index)(const pl_executor *, const char *);
+    int (*input_info)(const pl_executor *, int, pl_tensor_info *);
+    int (*output_info)(const pl_executor *, int, pl_tensor_info *);
+    int (*set_input)(pl_executor *, int, const void *, size_t);
+    int (*get_output)(pl_executor *, int, void *, size_t);
+    int (*set_num_threads)(pl_executor *, int);
+    int (*run)(pl_executor *);
+} api;
+
+static void *sym(void *lib, const char *path, const char *name) {
+    void *p = dlsym(lib, name);
+    if (!p) die("%s: no %s: not a library exported by pipeline", path, name);
+    return p;
+}
+
+#if defined(__x86_64__)
+#define MACHINE EM_X86_64
+#elif defined(__aarch64__)
+#define MACHINE EM_AARCH64
+#elif defined(__riscv)
+#define MACHINE EM_RISCV
+#endif
+
+/* dlopen trusts the file: a truncated library is mapped past its end and the
+ * first touch of a missing page kills us with SIGBUS. So check first that it is
+ * an ELF file of our class and machine whose loadable segments are all there. */
+static void check_elf(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) die("cannot load %s: cannot open it", path);
+    ElfW(Ehdr) eh;
+    if (fread(&eh, sizeof eh, 1, f) != 1 || memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0)
+        die("cannot load %s: not an ELF shared library", path);
+#ifdef MACHINE
+    if (eh.e_ident[EI_CLASS] != ELFCLASS64 - (sizeof(void *) == 4) || eh.e_machine != MACHINE)
+        die("cannot load %s: built for ELF machine %d, this program runs on machine %d",
+            path, (int)eh.e_machine, MACHINE);
+#endif
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    for (unsigned i = 0; i < eh.e_phnum; i++) {
+        ElfW(Phdr) ph;
+        if (fseek(f, (long)(eh.e_phoff + (uint64_t)i * sizeof ph), SEEK_SET) ||
+            fread(&ph, sizeof ph, 1, f) != 1)
+            die("cannot load %s: truncated (program headers missing)", path);
+        if (ph.p_type == PT_LOAD && ph.p_offset + ph.p_filesz > (uint64_t)size)
+            die("cannot load %s: truncated (%ld bytes, a segment ends at %llu)", path, size,
+                (unsigned long long)(ph.p_offset + ph.p_filesz));
+    }
+    fclose(f);
+}
+
+static void load_api(const char *path) {
+    check_elf(path);
+    /* Let libgomp's idle threads sleep soon after a run, as the Python loader
+     * does (pipeline/runtime/threads.py); read when libgomp loads. */
+    setenv("GOMP_SPINCOUNT", "10000", 0);
+    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) die("cannot load %s: %s", path, dlerror());
+    *(void **)&api.create = sym(lib, path, "pl_create");
+    *(void **)&api.last_error = sym(lib, path, "pl_last_error");
+    *(void **)&api.num_inputs = sym(lib, path, "pl_num_inputs");
+    *(void **)&api.num_outputs = sym(lib, path, "pl_num_outputs");
+    *(void **)&api.get_input_index = sym(lib, path, "pl_get_input_index");
+    *(void **)&api.input_info = sym(lib, path, "pl_input_info");
+    *(void **)&api.output_info = sym(lib, path, "pl_output_info");
+    *(void **)&api.set_input = sym(lib, path, "pl_set_input");
+    *(void **)&api.get_output = sym(lib, path, "pl_get_output");
+    *(void **)&api.set_num_threads = sym(lib, path, "pl_set_num_threads");
+    *(void **)&api.run = sym(lib, path, "pl_run");
+}
+
+/* numpy's dtype names <-> .npy descr strings (little endian, '|' for bytes). */
+static const char *const DESCR[][2] = {
+    {"float32", "<f4"}, {"float64", "<f8"}, {"int32", "<i4"}, {"int64", "<i8"},
+    {"bool", "|b1"},    {"float16", "<f2"}, {"int8", "|i1"},  {"int16", "<i2"},
+    {"uint8", "|u1"},   {"uint16", "<u2"},  {"uint32", "<u4"}, {"uint64", "<u8"},
+};
+
+static const char *descr_of(const char *dtype) {
+    for (size_t i = 0; i < sizeof DESCR / sizeof DESCR[0]; i++)
+        if (strcmp(DESCR[i][0], dtype) == 0) return DESCR[i][1];
+    return "?";
+}
+
+static void shape_text(const pl_tensor_info *t, char *out, size_t n) {
+    size_t used = (size_t)snprintf(out, n, "(");
+    for (int d = 0; d < t->ndim && used < n; d++)
+        used += (size_t)snprintf(out + used, n - used, "%lld%s", (long long)t->shape[d],
+                                 t->ndim == 1 ? "," : d + 1 < t->ndim ? ", " : "");
+    if (used < n) snprintf(out + used, n - used, ")");
+}
+
+/* The value of 'key': in a .npy header dict, or NULL. */
+static const char *field(const char *header, const char *key) {
+    const char *p = strstr(header, key);
+    if (!p) return NULL;
+    p += strlen(key);
+    while (*p == ' ') p++;
+    return p;
+}
+
+/* How many characters of p to print: up to and including `end` (at most 40). */
+static int until(const char *p, int from, char end) {
+    const char *e = p ? strchr(p + from, end) : NULL;
+    return e && e - p < 40 ? (int)(e - p) + 1 : 40;
+}
+
+/* Read FILE.npy into input `index`: the header must give exactly its dtype, C
+ * order and shape (compared as numpy writes them, spaces ignored). */
+static void read_npy(pl_executor *h, int index, const char *name, const char *path) {
+    pl_tensor_info t;
+    api.input_info(h, index, &t);
+    FILE *f = fopen(path, "rb");
+    if (!f) die("input '%s': cannot open %s", name, path);
+    unsigned char pre[12];
+    if (fread(pre, 1, 10, f) != 10 || memcmp(pre, "\x93NUMPY", 6) != 0)
+        die("input '%s': %s is not a .npy file", name, path);
+    size_t hlen = pre[8] | (size_t)pre[9] << 8;
+    if (pre[6] >= 2) { /* versions 2 and 3: a 4-byte header length */
+        if (fread(pre + 10, 1, 2, f) != 2) die("input '%s': %s is truncated", name, path);
+        hlen = pre[8] | (size_t)pre[9] << 8 | (size_t)pre[10] << 16 | (size_t)pre[11] << 24;
+    }
+    char *header = calloc(hlen + 1, 1), *squeezed = calloc(hlen + 1, 1);
+    if (!header || !squeezed || fread(header, 1, hlen, f) != hlen)
+        die("input '%s': %s is truncated", name, path);
+    size_t k = 0;
+    for (size_t i = 0; i < hlen; i++)
+        if (header[i] != ' ' && header[i] != '\n') squeezed[k++] = header[i];
+    char want[512], shape[400];
+    shape_text(&t, shape, sizeof shape);
+    const char *descr = field(squeezed, "'descr':"), *order = field(squeezed, "'fortran_order':");
+    const char *dims = field(squeezed, "'shape':");
+    char shape_squeezed[400];
+    k = 0;
+    for (const char *c = shape; *c; c++)
+        if (*c != ' ') shape_squeezed[k++] = *c;
+    shape_squeezed[k] = 0;
+    snprintf(want, sizeof want, "'%s'", descr_of(t.dtype));
+    if (!descr || strncmp(descr, want, strlen(want)) != 0)
+        die("input '%s': %s has dtype %.*s, expected %s %s", name, path,
+            until(descr, 1, '\''), descr ? descr : "?", t.dtype, want);
+    if (!order || strncmp(order, "False", 5) != 0)
+        die("input '%s': %s is in Fortran order; save it in C order", name, path);
+    if (!dims || strncmp(dims, shape_squeezed, strlen(shape_squeezed)) != 0)
+        die("input '%s': %s has shape %.*s, expected %s", name, path, until(dims, 0, ')'),
+            dims ? dims : "?", shape);
+    void *data = malloc(t.nbytes ? t.nbytes : 1);
+    if (!data || fread(data, 1, t.nbytes, f) != t.nbytes || fgetc(f) != EOF)
+        die("input '%s': %s does not hold exactly %zu bytes of data", name, path, t.nbytes);
+    if (api.set_input(h, index, data, t.nbytes)) die("input '%s': %s", name, api.last_error(h));
+    fclose(f);
+    free(data), free(header), free(squeezed);
+}
+
+static void write_npy(pl_executor *h, int index, const char *dir) {
+    pl_tensor_info t;
+    char path[4096], header[512], shape[400];
+    api.output_info(h, index, &t);
+    shape_text(&t, shape, sizeof shape);
+    int n = snprintf(header, sizeof header, "{'descr': '%s', 'fortran_order': False, "
+                     "'shape': %s, }", descr_of(t.dtype), shape);
+    /* Pad with spaces so the data starts 64-byte aligned; the header ends in '\n'. */
+    int total = (10 + n + 1 + 63) / 64 * 64;
+    memset(header + n, ' ', (size_t)(total - 10 - n - 1));
+    header[total - 10 - 1] = '\n';
+    void *data = malloc(t.nbytes ? t.nbytes : 1);
+    if (!data || api.get_output(h, index, data, t.nbytes))
+        die("output %d: %s", index, data ? api.last_error(h) : "out of memory");
+    snprintf(path, sizeof path, "%s/output_%d.npy", dir, index);
+    FILE *f = fopen(path, "wb");
+    unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(total - 10),
+                             (unsigned char)((total - 10) >> 8)};
+    if (!f || fwrite(pre, 1, 10, f) != 10 || fwrite(header, 1, (size_t)(total - 10), f) !=
+        (size_t)(total - 10) || fwrite(data, 1, t.nbytes, f) != t.nbytes || fclose(f))
+        die("cannot write %s", path);
+    free(data);
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
+}
+
+static long number(const char *flag, const char *text, long min) {
+    char *end;
+    long v = strtol(text, &end, 10);
+    if (!*text || *end || v < min) die("%s needs an integer >= %ld, got '%s'", flag, min, text);
+    return v;
+}
+
+int main(int argc, char **argv) {
+    const char *lib = NULL, *out_dir = NULL, *inputs[256];
+    int n_inputs = 0;
+    long threads = 0, repeat = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int has_value = i + 1 < argc;
+        if (strcmp(a, "--input") == 0 && has_value && n_inputs < 256) inputs[n_inputs++] = argv[++i];
+        else if (strcmp(a, "--output-dir") == 0 && has_value) out_dir = argv[++i];
+        else if (strcmp(a, "--threads") == 0 && has_value) threads = number(a, argv[++i], 1);
+        else if (strcmp(a, "--repeat") == 0 && has_value) repeat = number(a, argv[++i], 1);
+        else if (a[0] != '-' && !lib) lib = a;
+        else die("bad argument '%s'; usage: pipeline-run LIB.so --input NAME=FILE.npy "
+                 "[--input ...] --output-dir DIR [--threads T] [--repeat N]", a);
+    }
+    if (!lib || !out_dir) die("usage: pipeline-run LIB.so --input NAME=FILE.npy [--input ...] "
+                              "--output-dir DIR [--threads T] [--repeat N]");
+    load_api(lib);
+    char err[512];
+    pl_executor *h = api.create(err, sizeof err);
+    if (!h) die("%s: %s", lib, err);
+    if (threads) api.set_num_threads(h, (int)threads);
+    char *given = calloc((size_t)api.num_inputs(h) + 1, 1);
+    for (int i = 0; i < n_inputs; i++) {
+        char name[1024];
+        const char *eq = strchr(inputs[i], '=');
+        if (!eq || (size_t)(eq - inputs[i]) >= sizeof name)
+            die("--input needs NAME=FILE.npy, got '%s'", inputs[i]);
+        memcpy(name, inputs[i], (size_t)(eq - inputs[i]));
+        name[eq - inputs[i]] = 0;
+        int index = api.get_input_index(h, name);
+        if (index < 0) die("the library has no input named '%s'", name);
+        read_npy(h, index, name, eq + 1);
+        if (index < api.num_inputs(h)) given[index] = 1;
+    }
+    for (int i = 0; i < api.num_inputs(h); i++) {
+        pl_tensor_info t;
+        api.input_info(h, i, &t);
+        if (!given[i]) die("input '%s' not given (--input %s=FILE.npy)", t.name, t.name);
+    }
+    if (api.run(h)) die("run failed: %s", api.last_error(h));
+    for (int o = 0; o < api.num_outputs(h); o++) write_npy(h, o, out_dir);
+    if (repeat > 0) {
+        double *ms = malloc((size_t)repeat * sizeof *ms);
+        for (long r = 0; r < repeat; r++) {
+            double start = now_ms();
+            if (api.run(h)) die("run failed: %s", api.last_error(h));
+            ms[r] = now_ms() - start;
+        }
+        qsort(ms, (size_t)repeat, sizeof *ms, cmp_double);
+        double median = repeat % 2 ? ms[repeat / 2] : (ms[repeat / 2 - 1] + ms[repeat / 2]) / 2;
+        printf("median %.4f ms per run over %ld runs\n", median, repeat);
+    }
+    return 0;
+}

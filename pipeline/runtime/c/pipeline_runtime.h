@@ -1,0 +1,83 @@
+/* The C API of a model library exported by pipeline.
+ *
+ * Every exported .so carries its graph (the blob: executor plan, params, graph
+ * JSON) and this executor, so running a model needs only the library:
+ *
+ *     char err[256];
+ *     void *lib = dlopen("model.so", RTLD_NOW | RTLD_LOCAL);
+ *     pl_create_fn create = (pl_create_fn)dlsym(lib, "pl_create");
+ *     pl_executor *h = create(err, sizeof err);        // NULL: err says why
+ *     pl_set_input(h, pl_get_input_index(h, "data"), x, sizeof x);
+ *     if (pl_run(h) != 0) puts(pl_last_error(h));
+ *     pl_get_output(h, 0, y, sizeof y);
+ *     pl_destroy(h);
+ *
+ * (Link against the .so instead of dlopen'ing it and call pl_create directly.)
+ * Functions returning int give 0 on success and -1 on error, the message then
+ * in pl_last_error. One executor must not be used by two threads at once;
+ * several executors of one library are independent (each has its own storage
+ * and copy of the params).
+ */
+#ifndef PIPELINE_RUNTIME_H
+#define PIPELINE_RUNTIME_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PL_API_VERSION 1
+
+typedef struct pl_executor pl_executor;
+
+/* What an input, param or output is. Pointers stay valid until pl_destroy. */
+typedef struct {
+    const char *name;    /* the graph's name (for an output: its producing node's) */
+    const char *dtype;   /* numpy's name: "float32", "float64", "int64", "int32", "bool", ... */
+    int32_t ndim;
+    const int64_t *shape;
+    size_t nbytes;       /* C-contiguous size of the data */
+} pl_tensor_info;
+
+/* An executor over the blob of the library this code is linked into: verifies
+ * the blob, allocates storage from the memory plan, copies the params in and
+ * resolves every kernel. NULL on failure with a one-line message in err. */
+pl_executor *pl_create(char *err, size_t err_size);
+typedef pl_executor *(*pl_create_fn)(char *err, size_t err_size);
+void pl_destroy(pl_executor *h);
+const char *pl_last_error(const pl_executor *h);
+
+/* Slots 0 .. num_inputs-1 are the graph inputs, then num_params params (which
+ * pl_set_input may overwrite too); outputs are numbered on their own. */
+int pl_num_inputs(const pl_executor *h);
+int pl_num_params(const pl_executor *h);
+int pl_num_outputs(const pl_executor *h);
+int pl_get_input_index(const pl_executor *h, const char *name); /* -1: no such input */
+int pl_input_info(const pl_executor *h, int index, pl_tensor_info *info);
+int pl_output_info(const pl_executor *h, int index, pl_tensor_info *info);
+
+/* Copy C-contiguous data in or out; nbytes must equal the tensor's nbytes. */
+int pl_set_input(pl_executor *h, int index, const void *data, size_t nbytes);
+int pl_get_input(pl_executor *h, int index, void *data, size_t nbytes);
+int pl_get_output(pl_executor *h, int index, void *data, size_t nbytes);
+
+/* Threads of the parallel kernels in this executor's runs; 0 (the default)
+ * leaves libgomp's own choice ($OMP_NUM_THREADS, else every core). */
+int pl_set_num_threads(pl_executor *h, int num_threads);
+int pl_run(pl_executor *h);
+
+/* Profiling: the executed nodes in run order, and one run that stores each
+ * node's wall time in seconds[k] (an array of pl_num_nodes doubles). */
+int pl_num_nodes(const pl_executor *h);
+const char *pl_node_name(const pl_executor *h, int k);
+const char *pl_node_func(const pl_executor *h, int k);
+int pl_run_timed(pl_executor *h, double *seconds);
+/* Bytes of planned storage (inputs, params and intermediates) this executor holds. */
+size_t pl_storage_bytes(const pl_executor *h);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
