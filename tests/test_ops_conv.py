@@ -78,6 +78,8 @@ def conv_bn(op_type, x_shape, w_shape, **attrs):
 
 CONV = {
     "conv1d_pads": lambda: conv("Conv", (2, 3, 10), (4, 3, 3), pads=[1, 2]),
+    # a 1-wide input: the implicit GEMM's patch positions fold to Python ints
+    "conv1d_size1_pad1": lambda: conv("Conv", (1, 3, 1), (4, 3, 3), pads=[1, 1]),
     "conv1d_s2_d2_groups": lambda: conv("Conv", (1, 4, 13), (6, 2, 3), group=2,
                                         strides=[2], dilations=[2]),
     "conv1d_same_upper": lambda: conv("Conv", (1, 3, 9), (5, 3, 4), auto_pad="SAME_UPPER",

@@ -130,6 +130,10 @@ class KernelBuilder:
         low = self.select(v < 0, 0, v)
         return self.select(self.index(low) >= size, size - 1, low)
 
+    def below(self, v: Index | int, n) -> ir.Value:
+        """i1: 0 <= v < n as one unsigned compare; `v` may have folded to a Python int."""
+        return (v if isinstance(v, Index) else self.i64(v)).below(n)
+
     def inside(self, v: Index, lo: int, hi: int) -> ir.Value:
         """i1: lo <= v < hi."""
         return self.and_(v >= lo, v < hi)

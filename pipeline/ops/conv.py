@@ -92,7 +92,7 @@ def _conv_gemm(kb, node, ins, out, epilogue):
         for pos0, k, dl, size, stride in zip(starts, tap, dilations, in_sp, in_strides,
                                               strict=True):
             pos = pos0 + k * dl
-            inside = pos.below(size)
+            inside = kb.below(pos, size)  # pos is an int when the output is 1 wide
             ok = inside if ok is None else kb.and_(ok, inside)
             at = at + pos * stride
         # Clamp the offset so the load stays in bounds; the select drops it.
