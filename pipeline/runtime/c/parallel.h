@@ -13,6 +13,11 @@
  * workers that have already joined the job; a worker that wakes late finds the job
  * closed and goes back to sleep.
  *
+ * A worker the OS preempts in the middle of its chunk still holds the caller up, and
+ * while the other core is busy that happens often: when the caller waited for the
+ * workers longer than it worked itself (the team cost more than it gave), the next
+ * TEAM_BACKOFF calls run alone, then the team is tried again.
+ *
  * One word holds the job's state: generation (bits 63..32), closed (bit 31) and the
  * number of workers inside fn (bits 15..0). A worker reads fn/data/want, then enters
  * with a compare-and-swap on the word it read: that succeeds only if the job is still
@@ -25,14 +30,18 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #define TEAM_MAX 64
 #define TEAM_CLOSED ((uint64_t)1 << 31)
 #define TEAM_ACTIVE 0xffffu
-/* Polls of an idle worker before it sleeps: spans the gap between two kernels of a
- * run, ends soon after it (as GOMP_SPINCOUNT does for libgomp, runtime/threads.py). */
-#define TEAM_SPIN 20000
+/* How long an idle worker polls before it sleeps: spans the gap between two parallel
+ * kernels of a run and ends soon after it (as GOMP_SPINCOUNT does for libgomp,
+ * runtime/threads.py): on a shared machine a spinning worker takes a core's share
+ * from the caller's own thread. */
+#define TEAM_SPIN_SECONDS 100e-6
+#define TEAM_BACKOFF 256
 
 static struct {
     pthread_mutex_t lock; /* one caller at a time; another runs its loop alone */
@@ -42,6 +51,7 @@ static struct {
     _Atomic(void *) data;
     _Atomic int want; /* workers the job may take */
     int workers;      /* started so far; guarded by lock */
+    int backoff;      /* calls left to run alone; guarded by lock */
 } team = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static void team_pause(void) {
@@ -52,18 +62,25 @@ static void team_pause(void) {
 #endif
 }
 
+static double team_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 static void *team_worker(void *unused) {
     (void)unused;
     uint32_t seen = atomic_load(&team.seq);
     for (;;) {
-        int spins = 0;
-        while (atomic_load_explicit(&team.seq, memory_order_acquire) == seen) {
-            if (++spins < TEAM_SPIN) {
+        double until = team_now() + TEAM_SPIN_SECONDS;
+        for (unsigned spins = 1; atomic_load_explicit(&team.seq, memory_order_acquire) == seen;
+             spins++) {
+            if (spins % 64 || team_now() < until) {
                 team_pause();
                 continue;
             }
             syscall(SYS_futex, &team.seq, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
-            spins = 0;
+            until = team_now() + TEAM_SPIN_SECONDS;
         }
         uint64_t w = atomic_load_explicit(&team.word, memory_order_acquire);
         seen = (uint32_t)(w >> 32);
@@ -90,6 +107,12 @@ API void pl_parallel(void (*fn)(void *), void *data, int n) {
         fn(data);
         return;
     }
+    if (team.backoff > 0) {
+        team.backoff--;
+        pthread_mutex_unlock(&team.lock);
+        fn(data);
+        return;
+    }
     while (team.workers < n - 1) {
         pthread_t t;
         pthread_attr_t attr;
@@ -107,8 +130,13 @@ API void pl_parallel(void (*fn)(void *), void *data, int n) {
     atomic_store_explicit(&team.word, (uint64_t)gen << 32, memory_order_release);
     atomic_store_explicit(&team.seq, gen, memory_order_release);
     syscall(SYS_futex, &team.seq, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+    double start = team_now();
     fn(data);
-    atomic_fetch_or(&team.word, TEAM_CLOSED);
-    while (atomic_load_explicit(&team.word, memory_order_acquire) & TEAM_ACTIVE) team_pause();
+    double worked = team_now();
+    if (atomic_fetch_or(&team.word, TEAM_CLOSED) & TEAM_ACTIVE) {
+        while (atomic_load_explicit(&team.word, memory_order_acquire) & TEAM_ACTIVE)
+            team_pause();
+        if (team_now() - worked > worked - start) team.backoff = TEAM_BACKOFF;
+    }
     pthread_mutex_unlock(&team.lock);
 }
