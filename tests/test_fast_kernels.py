@@ -192,6 +192,30 @@ def test_thread_counts_match_onnxruntime(threads):
     check(model, feeds, NATIVE, must_use={"conv2d_nchwc"}, threads=(threads,))
 
 
+def test_small_kernels_run_inline_large_ones_on_the_team():
+    """The conv (4M multiply-adds) may split over up to 3 threads through the library's
+    own team (pl_parallel, else libgomp); the max pool after it is too small to be
+    worth a second thread and has no parallel call at all. 2 threads, many runs in a
+    row (workers joining late or not at all), same result as onnxruntime every time."""
+    from pipeline.codegen.render import render
+    from pipeline.dsl.vector import MIN_WORK_PER_THREAD, thread_cap
+
+    assert thread_cap(100, None) == 100 and thread_cap(100, 10) == 1
+    assert thread_cap(2, 50 * MIN_WORK_PER_THREAD) == 2
+    assert thread_cap(100, 3 * MIN_WORK_PER_THREAD + 1) == 3
+    model, feeds = conv_net(32, 64, 15, after=[RELU, ("MaxPool", {"kernel_shape": [2, 2],
+                                                                  "strides": [2, 2]})])
+    gm, factory = check(model, feeds, NATIVE, must_use={"conv2d_nchwc"}, threads=(2,))
+    calls = {s.ops[0].op: ("pl_parallel" in (ir := render(s)), "GOMP_parallel" in ir)
+             for s in factory.kernels}
+    assert calls["conv2d_nchwc"] == (True, True), calls
+    assert calls["max_pool2d_nchwc"] == (False, False), calls
+    want = gm.get_output(0).copy()
+    for _ in range(200):
+        gm.run(**feeds)
+        np.testing.assert_array_equal(gm.get_output(0), want)
+
+
 def test_thread_count_from_environment_and_errors(tmp_path):
     """PIPELINE_NUM_THREADS sets the default in a fresh process that imports only the
     runtime (the library dlopens with its libgomp); bad counts are refused."""

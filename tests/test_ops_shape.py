@@ -299,3 +299,41 @@ def test_data_movement_takes_epilogues_of_its_dtype_only():
     model = model_of(nodes, feeds, inits={"i": i64(3, 0), "k": i64(2, 3, 4)})
     assert fused_bodies(model) == [("gather", "mul"), ("cast",)]
     check(model, feeds, 3)
+
+
+def test_reshapes_of_intermediates_are_aliases_not_copies():
+    """Flatten / Reshape / Squeeze of an intermediate share its storage and run nothing
+    (`__nop`, no kernel), also chained and while the source is still read afterwards;
+    a reshape of a graph input or into a graph output stays a copy. Every output
+    matches onnxruntime."""
+    import json
+
+    from conftest import build_and_load, make_model, run_ort
+
+    node = helper.make_node
+    nodes = [node("Relu", ["x"], ["a"]),
+             node("Flatten", ["a"], ["f"], axis=1),                 # alias of a
+             node("Reshape", ["f", "s"], ["r"]),                      # alias of an alias
+             node("Neg", ["r"], ["n"]),
+             node("Add", ["a", "a"], ["later"]),                      # a read after its alias
+             node("Reshape", ["later", "s"], ["out2"]),               # into a graph output
+             node("Reshape", ["x", "s"], ["xr"]),                     # of a graph input
+             node("Mul", ["n", "xr"], ["m"]),
+             node("Squeeze", ["m", "ax"], ["sq"]),                    # alias, then read
+             node("Sigmoid", ["sq"], ["out1"])]
+    model = make_model(nodes, [("x", (1, 2, 3, 4))], [("out1", None), ("out2", None)],
+                       {"s": np.array([1, 24], np.int64), "ax": np.array([0], np.int64)})
+    feeds = {"x": rand(1, 2, 3, 4, seed=4, low=-2, high=2)}
+    graph, params = from_onnx(model)
+    gm, factory = build_and_load(graph, params)
+    for got, want in zip([gm.run(**feeds) or gm.get_output(k) for k in range(2)],
+                         run_ort(model, feeds), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    doc = json.loads(factory.lowered.graph_json)
+    funcs = [n["attrs"]["func_name"] for n in doc["nodes"] if n["op"] == "tvm_op"]
+    assert funcs.count("__nop") == 3, funcs
+    sids = doc["attrs"]["storage_id"][1]
+    for k, n in enumerate(doc["nodes"]):
+        if n.get("attrs", {}).get("func_name") == "__nop":
+            assert sids[k] == sids[n["inputs"][0][0]]
+    assert sum(f.startswith("reshape_") for f in funcs) == 2, funcs  # the copies

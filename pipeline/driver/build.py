@@ -25,9 +25,11 @@ from pipeline.transform import PassContext, optimize
 def lower_graph(graph: Graph, params: dict, target: Target, opt_level: int) -> LoweredGraph:
     """Optimise under the current PassContext and describe every kernel."""
     graph, params = optimize(graph, params, target=target)
-    specs = {node.name: kernel_spec(node, graph, target, opt_level) for node in graph.nodes}
     plan = plan_memory(graph)
-    text = graph_json(graph, {name: s.symbol for name, s in specs.items()}, plan)
+    specs = {node.name: kernel_spec(node, graph, target, opt_level) for node in graph.nodes
+             if node.name not in plan.aliases}
+    symbols = {name: s.symbol for name, s in specs.items()}
+    text = graph_json(graph, {**symbols, **dict.fromkeys(plan.aliases, "__nop")}, plan)
     return LoweredGraph(graph, params, specs, text, plan)
 
 

@@ -9,7 +9,8 @@
 - `parallel_for`: the kernel's outer loop outlined into a function that libgomp
   runs on every thread (`GOMP_parallel`), each thread taking a contiguous chunk.
   The thread count is libgomp's current default, which the runtime sets per run
-  with `omp_set_num_threads` (pipeline.runtime.graph_executor).
+  with `omp_set_num_threads` (pipeline.runtime.graph_executor), capped by the
+  kernel's estimated work: a small kernel runs inline on the calling thread.
 """
 
 from __future__ import annotations
@@ -139,6 +140,20 @@ def _declare(module: ir.Module, name: str, ret: ir.Type, args: list) -> ir.Funct
     return fn if fn is not None else ir.Function(module, ir.FunctionType(ret, args), name=name)
 
 
+# Estimated work (multiply-adds or elements moved) below which a thread is not worth
+# waking: a fork/join costs microseconds on an idle machine, and on a loaded one the
+# join waits for a thread the OS has not run yet (a timeslice, milliseconds), which
+# only a long enough share of work per thread amortises.
+MIN_WORK_PER_THREAD = 1 << 20
+
+
+def thread_cap(n_items: int, work: int | None) -> int:
+    """How many threads a loop of `n_items` items and `work` total is worth: at most
+    one per item and one per MIN_WORK_PER_THREAD of work (no estimate: per item)."""
+    by_work = n_items if work is None else work // MIN_WORK_PER_THREAD
+    return max(1, min(n_items, by_work))
+
+
 # Work items per grab: small enough that a thread the OS preempts holds up little
 # work (the others take the rest), large enough that the shared counter stays cold.
 def _chunk(n_items: int) -> int:
@@ -146,8 +161,13 @@ def _chunk(n_items: int) -> int:
 
 
 @contextmanager
-def parallel_for(kb: KernelBuilder, n_items: int, name: str = "task"):
+def parallel_for(kb: KernelBuilder, n_items: int, name: str = "task",
+                 work: int | None = None):
     """`for i in range(n_items)`, split over libgomp's threads; yields the i64 `i`.
+
+    `work` estimates the whole loop's cost (multiply-adds, or elements touched):
+    the team is min(libgomp's thread count, thread_cap(n_items, work)) threads, and
+    with one thread the loop function is called directly (no fork/join at all).
 
     The body is generated into an internal function `<kernel>.<name>(ptr data)`
     that GOMP_parallel runs on every thread of the team. `data` holds the kernel's
@@ -165,20 +185,20 @@ def parallel_for(kb: KernelBuilder, n_items: int, name: str = "task"):
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     saved = [buf.ptr for buf in kb.buffers]
     kb.function, kb.b = fn, b
-    chunk = _chunk(n_items)
+    chunk, cap = _chunk(n_items), thread_cap(n_items, work)
     try:
         args = b.load(b.gep(fn.args[0], [raw(0)], source_etype=PTR), typ=PTR)
         counter = b.gep(fn.args[0], [raw(1)], source_etype=PTR)
         for i, buf in enumerate(kb.buffers):
             slot = b.gep(args, [raw(i)], source_etype=PTR, inbounds=True)
             buf.ptr = b.load(slot, typ=PTR, name=f"buf{i}")
-        grab, work, done = (fn.append_basic_block(f"{name}.{s}")
+        grab, take, done = (fn.append_basic_block(f"{name}.{s}")
                             for s in ("grab", "work", "done"))
         b.branch(grab)
         b.position_at_end(grab)
         start = b.atomic_rmw("add", counter, raw(chunk), "monotonic")
-        b.cbranch(b.icmp_signed("<", start, raw(n_items)), work, done)
-        b.position_at_end(work)
+        b.cbranch(b.icmp_signed("<", start, raw(n_items)), take, done)
+        b.position_at_end(take)
         end = b.add(start, raw(chunk))
         end = b.select(b.icmp_signed("<", end, raw(n_items)), end, raw(n_items))
         with kb.loop(start, end, name) as i:
@@ -195,5 +215,32 @@ def parallel_for(kb: KernelBuilder, n_items: int, name: str = "task"):
         data = outer_b.bitcast(outer_b.alloca(PTR, size=2), PTR)
     outer_b.store(outer_fn.args[0], outer_b.gep(data, [raw(0)], source_etype=PTR))
     outer_b.store(raw(0), outer_b.gep(data, [raw(1)], source_etype=PTR))
+    if cap == 1:
+        outer_b.call(fn, [data])
+        return
+    ob = outer_b
+    threads = ob.call(_declare(module, "omp_get_max_threads", I32, []), [])
+    threads = ob.select(ob.icmp_signed("<", threads, ir.Constant(I32, cap)), threads,
+                        ir.Constant(I32, cap))
+    team, alone = (outer_fn.append_basic_block(f"{name}.{s}") for s in ("team", "alone"))
+    joined = outer_fn.append_basic_block(f"{name}.joined")
+    ob.cbranch(ob.icmp_signed(">", threads, ir.Constant(I32, 1)), team, alone)
+    ob.position_at_end(team)
+    # The library's own team when the executor is linked in (runtime/c/parallel.h says
+    # why); a weak reference, null in a library of kernels alone: then libgomp's.
+    own = _declare(module, "pl_parallel", VOID, [PTR, PTR, I32])
+    own.linkage = "extern_weak"
+    gomp_block, own_block = (outer_fn.append_basic_block(f"{name}.{s}")
+                             for s in ("gomp", "own"))
+    ob.cbranch(ob.icmp_unsigned("!=", own, ir.Constant(PTR, None)), own_block, gomp_block)
+    ob.position_at_end(own_block)
+    ob.call(own, [fn, data, threads])
+    ob.branch(joined)
+    ob.position_at_end(gomp_block)
     gomp = _declare(module, "GOMP_parallel", VOID, [PTR, PTR, I32, I32])
-    outer_b.call(gomp, [fn, data, ir.Constant(I32, 0), ir.Constant(I32, 0)])
+    ob.call(gomp, [fn, data, threads, ir.Constant(I32, 0)])
+    ob.branch(joined)
+    ob.position_at_end(alone)
+    ob.call(fn, [data])
+    ob.branch(joined)
+    ob.position_at_end(joined)

@@ -148,10 +148,11 @@ def _lower(kb, node, ins, out, epilogue):
     (sh, sw), (pt, pl, _, _) = node.attr("strides"), node.attr("pads")
     g = _Geo(n_n, icb_n, h, wd, ib, ocg_n, kh_n, kw_n, kob, ob, oh_n, ow_n, sh, sw, pt, pl)
     bufs = (x, w, ins[2] if len(ins) > 2 else None, out, epilogue)
+    work = out.type.size * (w.type.size // (ocg_n * kob))  # multiply-adds
     _, t, flat = tiling(oh_n, ow_n, ocb_n, ob)
     if flat:  # one static plan over the whole plane: every tap's validity is known here
         pixels = [(i // ow_n, i % ow_n) for i in range(oh_n * ow_n)]
-        with parallel_for(kb, n_n * ocg_n, "groups") as item:
+        with parallel_for(kb, n_n * ocg_n, "groups", work=work) as item:
             n, ocg = item // ocg_n, item % ocg_n
             for start in range(0, len(pixels), t):
                 _tile(kb, g, bufs, n, ocg, pixels[start:start + t], None)
@@ -161,7 +162,7 @@ def _lower(kb, node, ins, out, epilogue):
     # input for every channel group.
     group_major = ocg_n * icb_n * h * wd * ib <= oh_n * w.type.size
     plan = row_plan(ow_n, t, -(-pl // sw), (wd - 1 + pl - (kw_n - 1)) // sw)
-    with parallel_for(kb, n_n * ocg_n * oh_n, "rows") as item:
+    with parallel_for(kb, n_n * ocg_n * oh_n, "rows", work=work) as item:
         n, rest = item // (ocg_n * oh_n), item % (ocg_n * oh_n)
         inner = oh_n if group_major else ocg_n
         major, minor = rest // inner, rest % inner

@@ -67,7 +67,7 @@ def _lower(kb, node, ins, out, epilogue):
         return [kb.get(acc) for acc in accs]
 
     if full:
-        with parallel_for(kb, m_n * (full // group), "blocks") as item:
+        with parallel_for(kb, m_n * (full // group), "blocks", work=m_n * n_n * k_n) as item:
             m, nb0 = item // (full // group), item % (full // group) * group
             for g, value in enumerate(block(m, nb0, group, bias is not None)):
                 n0 = (nb0 + g) * vb

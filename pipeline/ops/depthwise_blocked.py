@@ -50,7 +50,7 @@ def _lower(kb, node, ins, out, epilogue):
     widest = registers(vb) - 4  # accumulators; the rest: input, weight, spare
     t = -(-ow_n // -(-ow_n // widest))
     plan = row_plan(ow_n, t, -(-pl // sw), (wd - 1 + pl - (kw_n - 1)) // sw)
-    with parallel_for(kb, n_n * cb_n * oh_n, "rows") as item:
+    with parallel_for(kb, n_n * cb_n * oh_n, "rows", work=out.type.size * kh_n * kw_n) as item:
         plane, oh = item // oh_n, item % oh_n  # plane = n * cb_n + cb
         cb = plane % cb_n
         ih0 = oh * sh - pt

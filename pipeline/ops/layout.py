@@ -70,7 +70,7 @@ def _lower(kb, node, ins, out, epilogue):
     src, dst = _blocks(node)
     plain, blocked = (out, ins[0]) if src else (ins[0], out)
     n_n, cb_n, h, w, b = blocked.type.shape
-    with parallel_for(kb, n_n * cb_n, "blocks") as item:
+    with parallel_for(kb, n_n * cb_n, "blocks", work=blocked.type.size) as item:
         base = item * (h * w * b)            # blocked offset of (n, cb, 0, 0, 0)
         pbase = item * (b * h * w)           # plain offset of (n, cb*b, 0, 0)
         with kb.loop(0, h * w, "p") as p, kb.loop(0, b, "c") as c:

@@ -1,7 +1,9 @@
-"""Thread count of the parallel kernels (they run their outer loop with libgomp).
+"""Thread count of the parallel kernels.
 
-A library whose kernels call GOMP_parallel is linked against libgomp; its C
-executor calls `omp_set_num_threads` before every run with the executor's count.
+Their outer loop runs on the library's own team (runtime/c/parallel.h), or on
+libgomp's in a library of kernels without the executor; either way the count is
+libgomp's: the C executor calls `omp_set_num_threads` before every run with the
+executor's count, and each kernel caps it by its estimated work (dsl/vector.py).
 The default is $PIPELINE_NUM_THREADS, else every core this process may run on.
 
 Between parallel kernels libgomp's idle threads spin before they sleep; by default

@@ -50,6 +50,8 @@ static const struct { const char *name; uint8_t size, dl_code, dl_bits; } DTYPES
 };
 #define N_DTYPES (sizeof DTYPES / sizeof DTYPES[0])
 
+#include "parallel.h" /* pl_parallel: the parallel kernels' thread team */
+
 struct entry {
     uint32_t sid;
     uint8_t dtype, ndim;
