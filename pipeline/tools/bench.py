@@ -299,9 +299,12 @@ def summarize(report_paths: list[str], peak_path: str, md_path: str, json_path: 
                 f"{100 * r['ours_gflops'] / best[t]:.0f}% | "
                 f"{r['ours_peak_rss_bytes'] / MIB:.0f} / "
                 f"{r['onnxruntime_peak_rss_bytes'] / MIB:.0f} |")
-    lines.append("\nPeak: " + ", ".join(f"{g:.0f} GFLOP/s at {t} thread{'s' * (t != '1')}"
-                                        for t, g in sorted(best.items()))
-                 + " (the best FMA-loop rate measured on this CPU so far)")
+    if not reports:  # emulated entries only: no native table, no peak
+        lines = []
+    else:
+        lines.append("\nPeak: " + ", ".join(f"{g:.0f} GFLOP/s at {t} thread{'s' * (t != '1')}"
+                                            for t, g in sorted(best.items()))
+                     + " (the best FMA-loop rate measured on this CPU so far)")
     summary = {}
     for (target, t), ratios in sorted(groups.items()):
         geo = math.exp(statistics.fmean(math.log(r) for r, _ in ratios))
@@ -313,7 +316,8 @@ def summarize(report_paths: list[str], peak_path: str, md_path: str, json_path: 
                      f"(ours / onnxruntime) {geo:.2f} over {len(ratios)} models; worst "
                      f"{worst[1]} {worst[0]:.2f}")
     if emulated:
-        lines += ["", "Emulated (the target's `run` prefix on this machine: not device times, "
+        lines += [""] * bool(lines) + [
+                  "Emulated (the target's `run` prefix on this machine: not device times, "
                   "no onnxruntime ratio):", "", "| model | target | threads | emulated ms |",
                   "|---|---|---|---|"]
         lines += [f"| {rep['model']} | {rep['target']} | {t} | {r['emulated_ms']:.2f} |"
