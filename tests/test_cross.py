@@ -382,6 +382,16 @@ def test_validate_and_bench_run_on_the_target_and_need_its_run_prefix(tmp_path: 
     summary = (tmp_path / "out/bench-summary.md").read_text()
     assert "| tiny | arm64 | 1 |" in summary and "Emulated" in summary, summary
 
+    # A weight byte flipped in the arm64 library: the executor refuses it on the target.
+    so = tmp_path / "out/tiny/arm64/tiny.so"
+    raw = bytearray(so.read_bytes())
+    start = raw.index(b"PLMBLOB\0\x03\0\0\0")
+    offset, size = struct.unpack_from("<QQ", raw, start + 48)  # the params section
+    raw[start + offset + size - 1] ^= 1
+    so.write_bytes(bytes(raw))
+    code, _, out = doit(tmp_path, "validate", "config=matrix.yaml", "target=arm64")
+    assert code != 0 and "checksum mismatch: the blob's sha256 differs" in out, out[-3000:]
+
 
 @pytest.mark.slow
 def test_mobilenet_and_bert_validate_on_arm64_and_rv64_under_qemu(tmp_path: Path):

@@ -20,6 +20,7 @@ from onnx.reference.op_run import OpRun
 from pipeline.errors import PipelineError
 from pipeline.frontend.onnx import load_model
 from pipeline.link.files import atomic_write
+from pipeline.link.integrity import verify_code_digest
 from pipeline.runtime import GraphModule, load_module
 from pipeline.tools.on_target import require_run, run_on_target
 
@@ -117,12 +118,12 @@ def validate_library(lib_path: str, onnx_path: str, shapes: dict, options: dict,
     prefix or None, "pipeline_run": the target's pipeline-run, "config": the config
     file, "arch": the target's architecture}: the library then runs there
     (pipeline.tools.on_target) and the reference on this machine. Without it the
-    library is loaded here, its integrity checked (load_module verify=True)."""
+    library is loaded here. Either way its code digest and blob sha256 are checked."""
     onnx_model = load_model(onnx_path)
     feeds = random_inputs(onnx_model, {k: tuple(v) for k, v in shapes.items()},
                           options["seed"])
     names = [o.name for o in onnx_model.graph.output]
-    where = {}
+    where = {"ran_on": "host"}
     if on_target is None:
         gm = GraphModule(load_module(lib_path, verify=True)["default"]())
         start = time.perf_counter()
@@ -131,6 +132,9 @@ def validate_library(lib_path: str, onnx_path: str, shapes: dict, options: dict,
         ours = [gm.get_output(i) for i in range(gm.get_num_outputs())]
     else:
         prefix = require_run(on_target["run"], on_target["config"], target, on_target["arch"])
+        # The code digest is checked here, on the file (any ELF64); the blob's sha256 by
+        # the executor on the target (pl_create).
+        verify_code_digest(lib_path, lib_path)
         # One timed run after the checked one: the emulated time of a run alone.
         ours, ms, run_s = run_on_target(prefix, on_target["pipeline_run"], lib_path, feeds,
                                         len(names), repeat=1)
