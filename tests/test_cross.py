@@ -350,3 +350,64 @@ def test_cross_library_kernels_match_the_reference_under_qemu(tmp_path: Path, ti
     got = _run_on_target(_runner(tmp_path, entry), lib, factory.get_graph_json(),
                          factory.get_params(), feed, tmp_path)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
+# -- doit validate / bench on the target (pipeline-run under qemu) ------------
+
+def test_validate_and_bench_run_on_the_target_and_need_its_run_prefix(tmp_path: Path):
+    """validate: the arm64 library runs in arm64's pipeline-run under qemu and is
+    compared with the host's reference; a foreign target without `run` fails with one
+    line naming the key. bench: the emulated median, labelled so, no onnxruntime ratio."""
+    require_tools(CROSS["arm64"]["cc"], CROSS["arm64"]["run"].split()[0])
+    tiny_convnet(tmp_path / "nets" / "tiny.onnx")
+    bare = {k: v for k, v in CROSS["arm64"].items() if k != "run"}
+    (tmp_path / "matrix.yaml").write_text(yaml.safe_dump(
+        {"models": {"tiny": {"path": "nets/tiny.onnx"}},
+         "targets": {"arm64": CROSS["arm64"], "bare": bare}}))
+    code, executed, out = doit(tmp_path, "--continue", "validate", "config=matrix.yaml")
+    assert code != 0 and "validate:tiny@arm64" in executed, out[-3000:]
+    assert "matrix.yaml: targets.bare.run is not set: a library for aarch64 cannot run" \
+        in out, out[-3000:]
+    report = json.loads((tmp_path / "out/tiny/arm64/validation.json").read_text())
+    assert report["passed"] and report["ran_on"] == "target", report
+    assert report["run"] == CROSS["arm64"]["run"] and report["emulated_ms"] > 0, report
+    assert 0 < report["outputs"][0]["max_abs_err"] < 1e-4, report
+
+    code, _, out = doit(tmp_path, "bench", "config=matrix.yaml", "target=arm64",
+                        "threads=1", "rounds=2", "runs=3")
+    assert code == 0, out[-3000:]
+    bench = json.loads((tmp_path / "out/tiny/arm64/bench.json").read_text())
+    assert bench["emulated"] and bench["threads"]["1"]["emulated_ms"] > 0, bench
+    assert "ratio" not in bench["threads"]["1"] and "EMULATED" in out, out[-3000:]
+    summary = (tmp_path / "out/bench-summary.md").read_text()
+    assert "| tiny | arm64 | 1 |" in summary and "Emulated" in summary, summary
+
+    # A weight byte flipped in the arm64 library: the executor refuses it on the target.
+    so = tmp_path / "out/tiny/arm64/tiny.so"
+    raw = bytearray(so.read_bytes())
+    start = raw.index(b"PLMBLOB\0\x03\0\0\0")
+    offset, size = struct.unpack_from("<QQ", raw, start + 48)  # the params section
+    raw[start + offset + size - 1] ^= 1
+    so.write_bytes(bytes(raw))
+    code, _, out = doit(tmp_path, "validate", "config=matrix.yaml", "target=arm64")
+    assert code != 0 and "checksum mismatch: the blob's sha256 differs" in out, out[-3000:]
+
+
+@pytest.mark.slow
+def test_mobilenet_and_bert_validate_on_arm64_and_rv64_under_qemu(tmp_path: Path):
+    """Issue 12's CI check: doit build + validate of mobilenet_v2 and the BERT-style
+    encoder for both boards of configs/cross.yaml, each library run by its target's
+    pipeline-run under qemu and compared with the host's reference (30 s cold on 2 cores)."""
+    require_tools(*(CROSS[t][k].split()[0] for t in ("arm64", "rv64") for k in ("cc", "run")))
+    config = yaml.safe_load((REPO / "configs" / "cross.yaml").read_text())
+    config["models"] = {m: config["models"][m] for m in ("mobilenet_v2", "bert_encoder")}
+    config["targets"] = {t: config["targets"][t] for t in ("arm64", "rv64")}
+    (tmp_path / "cross.yaml").write_text(yaml.safe_dump(config))
+    code, executed, out = doit(tmp_path, "-n", "2", "validate", "config=cross.yaml")
+    assert code == 0, out[-3000:]
+    for model in config["models"]:
+        for target in config["targets"]:
+            report = json.loads((tmp_path / "out" / model / target / "validation.json")
+                                .read_text())
+            assert report["passed"] and report["ran_on"] == "target", report
+            assert report["emulated_ms"] > 0, report

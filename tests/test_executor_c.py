@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 from pathlib import Path
 
@@ -162,6 +163,7 @@ def test_pipeline_run_errors_are_one_line(tools, tmp_path, case, message):
         so = _corrupt(so, tmp_path, 8, b"\x09")
     elif case == "plan":  # the plan's offset (section table entry 3) far past the end
         so = _corrupt(so, tmp_path, 64, (1 << 40).to_bytes(8, "little"))
+        cmd = [run, so, *args, *out, "--no-check"]  # past the sha256: the reader's own check
     elif case == "truncated-file":
         so = tmp_path / "bad.so"
         so.write_bytes(tools[1].read_bytes()[:5000])
@@ -170,6 +172,25 @@ def test_pipeline_run_errors_are_one_line(tools, tmp_path, case, message):
     assert len(proc.stderr.splitlines()) == 1, proc.stderr
     assert proc.stderr.startswith("pipeline-run: ")
     assert re.search(message, proc.stderr), proc.stderr
+
+
+def test_pipeline_run_refuses_a_flipped_weight_byte(tools, tmp_path):
+    """The blob's sha256 is checked in C (pl_create), as the Python loader does: one
+    weight byte changed is refused; --no-check (pl_create_unchecked) runs it anyway."""
+    run, so, _ = tools
+    raw = so.read_bytes()
+    start = raw.index(BLOB_MAGIC + BLOB_VERSION.to_bytes(4, "little"))
+    offset, size = struct.unpack_from("<QQ", raw, start + 48)  # section table: params
+    assert size > 0
+    bad = _corrupt(so, tmp_path, offset + size - 1, bytes([raw[start + offset + size - 1] ^ 1]))
+    args, out = _inputs(tmp_path), ["--output-dir", tmp_path]
+    proc = _run([run, bad, *args, *out])
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"pipeline-run: {bad}: checksum mismatch: the blob's "
+                                  "sha256 differs"), proc.stderr
+    assert _run([run, bad, *args, *out, "--no-check"]).returncode == 0
+    with pytest.raises(pipeline.errors.PipelineError, match="checksum mismatch"):
+        pipeline.runtime.load_module(bad)
 
 
 # ---------------------------------------------------------------- fuzzing

@@ -21,8 +21,9 @@ from pipeline.link.files import temp_output
 __all__ = ["C_DIR", "C_SOURCES", "build_pipeline_run", "compile_executor", "executor_object"]
 
 C_DIR = Path(__file__).resolve().parent.parent / "runtime" / "c"
-# The first three make up executor.o (parallel.h is included by executor.c).
-C_SOURCES = (C_DIR / "pipeline_runtime.h", C_DIR / "executor.c", C_DIR / "parallel.h",
+# All but pipeline_run.c make up executor.o (executor.c includes the headers).
+C_SOURCES = (C_DIR / "pipeline_runtime.h", C_DIR / "sha256.h", C_DIR / "parallel.h",
+             C_DIR / "executor.c",
              C_DIR / "pipeline_run.c")
 # -fvisibility=hidden: only the pl_* API (marked default) is exported from the
 # library; the executor's helpers stay out of its dynamic symbol table.
@@ -54,7 +55,9 @@ def executor_object(cc: str | None = None, cache: str | os.PathLike | None = Non
     run). cache: default $PIPELINE_KERNEL_CACHE, else $XDG_CACHE_HOME/pipeline
     (~/.cache/pipeline)."""
     key = hashlib.sha256(json.dumps(toolchain_identity(cc), sort_keys=True).encode())
-    for src in C_SOURCES[:3]:
+    for src in C_SOURCES:
+        if src.name == "pipeline_run.c":  # not part of executor.o
+            continue
         key.update(src.read_bytes())
     root = Path(cache or os.environ.get(_CACHE_ENV) or Path(
         os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "pipeline"))

@@ -32,7 +32,8 @@ class _TensorInfo(ctypes.Structure):
 _P, _I, _S = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
 # name -> (restype, argtypes) of the C API functions used here.
 _API = {
-    "pl_create": (_P, [ctypes.c_char_p, _S]),
+    # Not pl_create: the loader checked the blob's sha256 (runtime/blob.py unpack_blob).
+    "pl_create_unchecked": (_P, [ctypes.c_char_p, _S]),
     "pl_destroy": (None, [_P]),
     "pl_last_error": (ctypes.c_char_p, [_P]),
     "pl_num_inputs": (_I, [_P]), "pl_num_params": (_I, [_P]), "pl_num_outputs": (_I, [_P]),
@@ -82,7 +83,7 @@ class GraphExecutor:
     def __init__(self, api: dict[str, Any], graph_json: str, owner: Any = None):
         self._api, self._graph_json, self._owner = api, graph_json, owner
         err = ctypes.create_string_buffer(512)
-        self._h = api["pl_create"](err, len(err))
+        self._h = api["pl_create_unchecked"](err, len(err))
         if not self._h:
             raise FormatError(f"{getattr(owner, 'path', 'library')}: "
                               f"{err.value.decode(errors='replace')}")

@@ -42,6 +42,7 @@ from doit import create_after
 from doit.exceptions import TaskFailed
 
 from pipeline.errors import PipelineError
+from pipeline.ir.target import parse_target
 from pipeline.link.runtime_c import C_SOURCES
 from pipeline.lower.sources import CODEGEN_ROOTS
 from pipeline.tasks import cache, tiered
@@ -360,14 +361,22 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             a = artifacts(m, t)
             opts = m.validate.to_dict()
             shapes = {k: list(v) for k, v in m.inputs.items()}
+            deps = [a["so"], onnx_path(m), *code_of("tools.validate:validate_library")]
+            # A library for another machine runs there, in the target's pipeline-run
+            # through its run prefix (tools.on_target); the host's loads in process.
+            target = parse_target(t.target)
+            on_target = None if target.is_host else {
+                "run": t.run, "pipeline_run": runtime_artifacts(t)["run"],
+                "config": str(t.path), "arch": target.arch}
+            if on_target and t.run:
+                deps.append(on_target["pipeline_run"])
             yield {"name": f"{m.name}@{t.name}", "targets": [a["validation"]],
-                   "file_dep": [a["so"], onnx_path(m),
-                                *code_of("tools.validate:validate_library")],
-                   "uptodate": [options_changed({"validate": opts, "inputs": shapes},
-                                                "validation")],
+                   "file_dep": deps,
+                   "uptodate": [options_changed({"validate": opts, "inputs": shapes,
+                                                 "run": t.run}, "validation")],
                    "actions": [(run_stage, ["tools.validate:validate_library", a["so"],
                                             onnx_path(m), shapes, opts, m.name, t.name,
-                                            a["validation"]])]}
+                                            a["validation"], on_target])]}
 
     def task_conformance():
         """Run ONNX's backend test suites (not part of build): out/conformance.json, .md."""
@@ -389,12 +398,17 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
         for m, t in entries:
             a = artifacts(m, t)
             reports.append(path(OUT, m.name, t.name, "bench.json"))
+            # A target with a run prefix is timed there, emulated (tools.bench_emulated).
+            on_target = t.run and {"run": t.run, "pipeline_run": runtime_artifacts(t)["run"],
+                                   "config": str(t.path), "arch": parse_target(t.target).arch}
             yield {"name": f"{m.name}@{t.name}", "verbosity": 2, "uptodate": [False],
                    "targets": [reports[-1]],
-                   "file_dep": [a["so"], onnx_path(m)],
+                   "file_dep": [a["so"], onnx_path(m),
+                                *([on_target["pipeline_run"]] if on_target else [])],
                    "actions": [(run_stage, ["tools.bench:bench_library", a["so"], onnx_path(m),
                                             {k: list(v) for k, v in m.inputs.items()},
-                                            m.name, t.name, reports[-1], peak, *opts])]}
+                                            m.name, t.name, reports[-1], peak, *opts,
+                                            on_target or None])]}
         # After every entry's bench ("summary" has no "@", so no entry is called so).
         yield {"name": "summary", "verbosity": 2, "uptodate": [False],
                "task_dep": [f"bench:{m.name}@{t.name}" for m, t in entries],

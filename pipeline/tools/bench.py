@@ -41,6 +41,7 @@ from pipeline.link.files import atomic_write
 from pipeline.runtime import GraphModule, load_module
 from pipeline.runtime.profile import format_profile, profile_nodes
 from pipeline.tools.bench_runner import SIDES
+from pipeline.tools.on_target import require_run, run_on_target
 from pipeline.tools.peak import best_peak_gflops
 from pipeline.tools.validate import random_inputs
 
@@ -157,18 +158,23 @@ def _row(rounds: list[dict], flops: int, peak_gflops: float) -> dict:
 
 def bench_library(lib_path: str, onnx_path: str, shapes: dict, model: str, target: str,
                   report_path: str, peak_path: str, threads="1,2", rounds="3", runs="10",
-                  warmup="3", profile="0") -> dict:
+                  warmup="3", profile="0", on_target: dict | None = None) -> dict:
     """Time `lib_path` against onnxruntime on `onnx_path`; write and return the report.
 
     shapes: input-name -> shape overrides (as the config's `inputs`). peak_path: the
     file keeping the best FMA peak measured on this CPU (pipeline.tools.peak). threads,
     rounds, runs, warmup and profile may be given as the strings of doit's command line
-    (threads=1,2 rounds=3 runs=10 warmup=3 profile=1).
+    (threads=1,2 rounds=3 runs=10 warmup=3 profile=1). on_target: for a target with a
+    `run` prefix, {"run", "pipeline_run", "config", "arch"}: the emulated time instead
+    (bench_emulated).
     """
     threads = _counts(threads, "threads", 1)
     (rounds,), (runs,) = _counts(rounds, "rounds", 1)[:1], _counts(runs, "runs", 1)[:1]
     (warmup,) = _counts(warmup, "warmup", 0)[:1]
     profile = str(profile).lower() in ("1", "true", "yes")
+    if on_target is not None:
+        return bench_emulated(lib_path, onnx_path, shapes, model, target, report_path,
+                              threads, rounds, runs, on_target)
     _require_onnxruntime()
     onnx_model = load_model(onnx_path)
     feeds = random_inputs(onnx_model, {k: tuple(v) for k, v in shapes.items()}, seed=0)
@@ -205,6 +211,32 @@ def bench_library(lib_path: str, onnx_path: str, shapes: dict, model: str, targe
     return report
 
 
+def bench_emulated(lib_path: str, onnx_path: str, shapes: dict, model: str, target: str,
+                   report_path: str, threads: list[int], rounds: int, runs: int,
+                   on_target: dict) -> dict:
+    """The time of `lib_path` run by the target's pipeline-run through its `run` prefix
+    (an emulator, so labelled emulated, and never set against onnxruntime, which runs
+    natively here): per thread count, `rounds` processes each printing the median of
+    `runs` runs after one untimed one; the report's figure is the median of those."""
+    prefix = require_run(on_target["run"], on_target["config"], target, on_target["arch"])
+    onnx_model = load_model(onnx_path)
+    feeds = random_inputs(onnx_model, {k: tuple(v) for k, v in shapes.items()}, seed=0)
+    n_outputs = len(onnx_model.graph.output)
+    rows = {}
+    for t in threads:
+        ms = [run_on_target(prefix, on_target["pipeline_run"], lib_path, feeds, n_outputs,
+                            threads=t, repeat=runs)[1] for _ in range(rounds)]
+        rows[str(t)] = {"emulated_ms": round(statistics.median(ms), 4),
+                        "emulated_min_ms": round(min(ms), 4),
+                        "emulated_max_ms": round(max(ms), 4)}
+    report = {"model": model, "target": target, "emulated": True, "run": on_target["run"],
+              "gflop": round(model_flops(onnx_model) / 1e9, 4), "rounds": rounds,
+              "runs": runs, "threads": rows}
+    atomic_write(report_path, json.dumps(report, indent=1).encode())
+    print(format_report(report))
+    return report
+
+
 MIB = 2**20
 
 
@@ -215,6 +247,13 @@ def _spread(row: dict, side: str) -> float:
 
 def format_report(report: dict) -> str:
     """The bench table of one model: one line per thread count, then its memory."""
+    if report.get("emulated"):
+        return "\n".join(
+            [f"{report['model']} @ {report['target']}: EMULATED under {report['run']!r} "
+             f"(median of {report['rounds']} rounds of {report['runs']} runs; not a device "
+             "time, no onnxruntime ratio)", f"{'threads':>7} {'emulated ms':>12} {'range':>19}"]
+            + [f"{t:>7} {r['emulated_ms']:12.2f} {r['emulated_min_ms']:9.2f}-"
+               f"{r['emulated_max_ms']:<9.2f}" for t, r in report["threads"].items()])
     lines = [f"{report['model']} @ {report['target']} ({report['gflop']} GFLOP; median of "
              f"{report['rounds']} rounds of {report['runs']} runs, each side in its own "
              "process)",
@@ -241,7 +280,10 @@ def summarize(report_paths: list[str], peak_path: str, md_path: str, json_path: 
     "% of peak" is against the best peak in `peak_path` now, the same for every row
     (a report measured earlier may have known a lower one)."""
     reports = [json.loads(Path(p).read_text()) for p in report_paths]
-    best = json.loads(Path(peak_path).read_text())["gflops"]
+    emulated = [r for r in reports if r.get("emulated")]
+    reports = [r for r in reports if not r.get("emulated")]
+    # No native report measured the peak when every entry was emulated.
+    best = json.loads(Path(peak_path).read_text())["gflops"] if reports else {}
     head = ("| model | target | threads | ours ms | onnxruntime ms | ratio | ratio range | "
             "spread ours / ort | ours GFLOP/s | % of peak | peak RSS ours / ort MiB |")
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
@@ -257,9 +299,12 @@ def summarize(report_paths: list[str], peak_path: str, md_path: str, json_path: 
                 f"{100 * r['ours_gflops'] / best[t]:.0f}% | "
                 f"{r['ours_peak_rss_bytes'] / MIB:.0f} / "
                 f"{r['onnxruntime_peak_rss_bytes'] / MIB:.0f} |")
-    lines.append("\nPeak: " + ", ".join(f"{g:.0f} GFLOP/s at {t} thread{'s' * (t != '1')}"
-                                        for t, g in sorted(best.items()))
-                 + " (the best FMA-loop rate measured on this CPU so far)")
+    if not reports:  # emulated entries only: no native table, no peak
+        lines = []
+    else:
+        lines.append("\nPeak: " + ", ".join(f"{g:.0f} GFLOP/s at {t} thread{'s' * (t != '1')}"
+                                            for t, g in sorted(best.items()))
+                     + " (the best FMA-loop rate measured on this CPU so far)")
     summary = {}
     for (target, t), ratios in sorted(groups.items()):
         geo = math.exp(statistics.fmean(math.log(r) for r, _ in ratios))
@@ -270,9 +315,17 @@ def summarize(report_paths: list[str], peak_path: str, md_path: str, json_path: 
         lines.append(f"{target}, {t} thread{'s' * (t != '1')}: geometric-mean ratio "
                      f"(ours / onnxruntime) {geo:.2f} over {len(ratios)} models; worst "
                      f"{worst[1]} {worst[0]:.2f}")
+    if emulated:
+        lines += [""] * bool(lines) + [
+                  "Emulated (the target's `run` prefix on this machine: not device times, "
+                  "no onnxruntime ratio):", "", "| model | target | threads | emulated ms |",
+                  "|---|---|---|---|"]
+        lines += [f"| {rep['model']} | {rep['target']} | {t} | {r['emulated_ms']:.2f} |"
+                  for rep in emulated for t, r in rep["threads"].items()]
     text = "\n".join(lines) + "\n"
     atomic_write(md_path, text.encode())
     atomic_write(json_path, json.dumps({"summary": summary, "peak_gflops": best,
-                                        "reports": reports}, indent=1).encode())
+                                        "reports": reports, "emulated": emulated},
+                                       indent=1).encode())
     print(text, end="")
     return summary

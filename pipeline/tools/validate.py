@@ -20,7 +20,9 @@ from onnx.reference.op_run import OpRun
 from pipeline.errors import PipelineError
 from pipeline.frontend.onnx import load_model
 from pipeline.link.files import atomic_write
+from pipeline.link.integrity import verify_code_digest
 from pipeline.runtime import GraphModule, load_module
+from pipeline.tools.on_target import require_run, run_on_target
 
 
 class ValidationError(PipelineError):
@@ -107,25 +109,43 @@ def compare(names: list[str], ours: list, refs: list, rtol: float, atol: float) 
 
 
 def validate_library(lib_path: str, onnx_path: str, shapes: dict, options: dict,
-                     model: str, target: str, report_path: str) -> None:
+                     model: str, target: str, report_path: str,
+                     on_target: dict | None = None) -> None:
     """Run the library on seeded inputs, compare with the reference, write the
-    report (always), and raise ValidationError naming model and output on a mismatch."""
+    report (always), and raise ValidationError naming model and output on a mismatch.
+
+    on_target: for a library this machine cannot load, {"run": the target's run
+    prefix or None, "pipeline_run": the target's pipeline-run, "config": the config
+    file, "arch": the target's architecture}: the library then runs there
+    (pipeline.tools.on_target) and the reference on this machine. Without it the
+    library is loaded here. Either way its code digest and blob sha256 are checked."""
     onnx_model = load_model(onnx_path)
     feeds = random_inputs(onnx_model, {k: tuple(v) for k, v in shapes.items()},
                           options["seed"])
-    gm = GraphModule(load_module(lib_path, verify=True)["default"]())
-    start = time.perf_counter()
-    gm.run(**feeds)
-    run_s = time.perf_counter() - start
-    ours = [gm.get_output(i) for i in range(gm.get_num_outputs())]
+    names = [o.name for o in onnx_model.graph.output]
+    where = {"ran_on": "host"}
+    if on_target is None:
+        gm = GraphModule(load_module(lib_path, verify=True)["default"]())
+        start = time.perf_counter()
+        gm.run(**feeds)
+        run_s = time.perf_counter() - start
+        ours = [gm.get_output(i) for i in range(gm.get_num_outputs())]
+    else:
+        prefix = require_run(on_target["run"], on_target["config"], target, on_target["arch"])
+        # The code digest is checked here, on the file (any ELF64); the blob's sha256 by
+        # the executor on the target (pl_create).
+        verify_code_digest(lib_path, lib_path)
+        # One timed run after the checked one: the emulated time of a run alone.
+        ours, ms, run_s = run_on_target(prefix, on_target["pipeline_run"], lib_path, feeds,
+                                        len(names), repeat=1)
+        where = {"ran_on": "target", "run": on_target["run"], "emulated_ms": ms}
     start = time.perf_counter()
     refs = reference_outputs(onnx_model, feeds, options["reference"])
     ref_s = time.perf_counter() - start
-    names = [o.name for o in onnx_model.graph.output]
     rows = compare(names, ours, refs, options["rtol"], options["atol"])
     report = {"model": model, "target": target, **options, "outputs": rows,
               "passed": all(r["passed"] for r in rows),
-              "run_seconds": round(run_s, 4), "reference_seconds": round(ref_s, 4),
+              "run_seconds": round(run_s, 4), **where, "reference_seconds": round(ref_s, 4),
               "onnx_opset": onnx_model.opset_import[0].version, "onnx": onnx.__version__}
     atomic_write(report_path, json.dumps(report, indent=1).encode())
     bad = [r for r in rows if not r["passed"]]

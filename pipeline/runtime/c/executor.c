@@ -25,6 +25,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "sha256.h"
+
 #define API __attribute__((visibility("default")))
 #define BLOB_SYMBOL "__pipeline_dev_mblob"
 #define BLOB_VERSION 3u
@@ -408,7 +410,23 @@ static void *resolve_dl(void *handle, const char *symbol) { return dlsym(handle,
 
 static const char self_marker; /* static, so its address is ours even if pl_* are interposed */
 
-API pl_executor *pl_create(char *err, size_t err_size) {
+/* Whether the blob's bytes match the sha256 stored after them (a blob too short,
+ * of another version or with a wrong length passes here: open_blob names that). The blob is
+ * read-only data of this library, so one check per load is enough. */
+static _Atomic int blob_checked;
+
+static int blob_intact(const uint8_t *blob, size_t size) {
+    if (blob_checked || size < BLOB_FIXED + TRAILER || le(blob + 8, 4) != BLOB_VERSION ||
+        le(blob + 16, 8) != size)
+        return 1;
+    uint8_t digest[32];
+    sha256(blob, size - TRAILER, digest);
+    if (memcmp(digest, blob + size - TRAILER, 32) != 0) return 0;
+    blob_checked = 1;
+    return 1;
+}
+
+static pl_executor *create(char *err, size_t err_size, int check) {
     Dl_info info;
     const ElfW(Sym) *sym = NULL;
     void *handle = NULL, *blob;
@@ -423,10 +441,23 @@ API pl_executor *pl_create(char *err, size_t err_size) {
         if (handle) dlclose(handle);
         return NULL;
     }
+    if (check && !blob_intact(blob, sym->st_size)) {
+        if (err_size)
+            snprintf(err, err_size, "checksum mismatch: the blob's sha256 differs from the one "
+                     "stored in it; the library is corrupted, rebuild it");
+        dlclose(handle);
+        return NULL;
+    }
     pl_executor *h = create_from_blob(blob, sym->st_size, resolve_dl, handle, err, err_size);
     if (h) h->dl_handle = handle;
     else dlclose(handle);
     return h;
+}
+
+API pl_executor *pl_create(char *err, size_t err_size) { return create(err, err_size, 1); }
+
+API pl_executor *pl_create_unchecked(char *err, size_t err_size) {
+    return create(err, err_size, 0);
 }
 
 API void pl_destroy(pl_executor *h) {

@@ -42,10 +42,14 @@ typedef struct {
 } pl_tensor_info;
 
 /* An executor over the blob of the library this code is linked into: verifies
- * the blob, allocates storage from the memory plan, copies the params in and
+ * the blob (its sha256, once per load of the library, then every count and
+ * offset), allocates storage from the memory plan, copies the params in and
  * resolves every kernel. NULL on failure with a one-line message in err. */
 pl_executor *pl_create(char *err, size_t err_size);
 typedef pl_executor *(*pl_create_fn)(char *err, size_t err_size);
+/* pl_create without the sha256 check, for a caller that checked the blob's bytes
+ * itself (pipeline's Python loader does, with hashlib). */
+pl_executor *pl_create_unchecked(char *err, size_t err_size);
 void pl_destroy(pl_executor *h);
 const char *pl_last_error(const pl_executor *h);
 
