@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from test_doit_flow import REPO, doit, tiny_convnet
+from toolchains import require_tools
 
 import pipeline
 from pipeline.errors import ConfigError
@@ -37,8 +39,6 @@ from pipeline.runtime import GraphModule, load_module
 from pipeline.runtime.machine import ForeignLibraryError, host_machine
 from pipeline.tasks.config import load_config
 from pipeline.transform import PassContext
-from tests.test_doit_flow import REPO, doit, tiny_convnet
-from tests.toolchains import require_tools
 
 CROSS = yaml.safe_load((REPO / "configs" / "cross.yaml").read_text())["targets"]
 # arch -> (its entry in configs/cross.yaml, e_machine)

@@ -17,12 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
+from test_doit_flow import doit, tiny_convnet, write_config
 
 import pipeline
 from pipeline.frontend import from_onnx
 from pipeline.runtime.params import save_params
 from pipeline.transform import PassContext
-from tests.test_doit_flow import doit, tiny_convnet, write_config
 
 TARGET = "llvm -mcpu=native"  # the target write_config's matrix builds
 

@@ -175,15 +175,22 @@ def _send(stream, data: bytes) -> None:
     stream.flush()
 
 
-def _receive(stream) -> tuple[bytes, bytes]:
-    head = stream.read(9)
-    if len(head) < 9:
+def _read_message(stream) -> bytes:
+    """One length-prefixed message (_send's); EOFError if the stream ends first."""
+    head = stream.read(8)
+    if len(head) < 8:
         raise EOFError
-    status, size = head[:1], struct.unpack("<Q", head[1:])[0]
+    size = struct.unpack("<Q", head)[0]
     payload = stream.read(size)
     if len(payload) < size:
         raise EOFError
-    return status, payload
+    return payload
+
+
+def _receive(stream) -> tuple[bytes, bytes]:
+    """A worker's answer: (status byte, payload)."""
+    message = _read_message(stream)
+    return message[:1], message[1:]
 
 
 _IDLE: list[_Worker] = []   # workers not compiling right now (this process's or a parent's)
@@ -212,17 +219,15 @@ def serve() -> None:
     answer b"O" + object bytes, or b"E" + message when LLVM rejects the IR."""
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     while True:
-        head = stdin.read(8)
-        if len(head) < 8:
+        try:
+            text, target, opt_level, loop_vectorize = pickle.loads(_read_message(stdin))
+        except EOFError:
             return
-        text, target, opt_level, loop_vectorize = pickle.loads(
-            stdin.read(struct.unpack("<Q", head)[0]))
         try:
             status, payload = b"O", emit_object(text, target, opt_level, loop_vectorize)
         except RuntimeError as err:  # parse or verify errors: the IR is at fault
             status, payload = b"E", f"LLVM rejected the IR: {err}".encode()
-        stdout.write(status + struct.pack("<Q", len(payload)) + payload)
-        stdout.flush()
+        _send(stdout, status + payload)
 
 
 if __name__ == "__main__":

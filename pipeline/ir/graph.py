@@ -167,13 +167,20 @@ class Graph:
         )
 
 
+def fresh_name(hint: str, *tables: dict) -> str:
+    """`hint`, or `hint.<k>` for the first k that no table has as a key (a new
+    tensor must not collide with one the model already has)."""
+    name, k = hint, 0
+    while any(name in t for t in tables):
+        k += 1
+        name = f"{hint}.{k}"
+    return name
+
+
 def add_param(types: dict, params: dict, hint: str, value) -> str:
     """Register constant `value` under a fresh name derived from `hint`, in both
     the type table and the params dict (the frontend and passes create params)."""
-    name, k = hint, 0
-    while name in params or name in types:
-        k += 1
-        name = f"{hint}.{k}"
+    name = fresh_name(hint, params, types)
     params[name] = value
     types[name] = TensorType(value.shape, str(value.dtype))
     return name

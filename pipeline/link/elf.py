@@ -21,9 +21,10 @@ MACHINES = {"x86_64": 62, "aarch64": 183, "riscv64": 243}  # EM_X86_64, EM_AARCH
 _NAMES = {**{v: k for k, v in MACHINES.items()}, 3: "i386", 8: "mips", 20: "ppc",
           21: "ppc64", 22: "s390x", 40: "arm", 258: "loongarch64"}
 _SHF_ALLOC, _SHF_X86_64_LARGE = 0x2, 0x10000000
-_SHT_PROGBITS, _SHT_SYMTAB, _SHT_STRTAB = 1, 2, 3
-_SECTION_HEADER = struct.Struct("<IIQQQQIIQQ")
-_SYMBOL = struct.Struct("<IBBHQQ")
+_SHT_PROGBITS, SHT_SYMTAB, _SHT_STRTAB = 1, 2, 3
+# name type flags addr offset size link info align entsize
+SECTION_HEADER = struct.Struct("<IIQQQQIIQQ")
+SYMBOL = struct.Struct("<IBBHQQ")  # name info other shndx value size
 
 
 def read_machine(header: bytes) -> int | None:
@@ -61,29 +62,29 @@ def data_object(symbol: str, chunks: list, triple: str, flags: int = 0) -> list:
             for n in (data_name, b".note.GNU-stack", b".symtab", b".strtab", b".shstrtab")}
     strtab = b"\0" + symbol.encode() + b"\0"
     # Symbol 0 is the null symbol; 1 is ours: global (1 << 4) object (1), in section 1.
-    symtab = bytes(_SYMBOL.size) + _SYMBOL.pack(1, 0x11, 0, 1, 0, size)
+    symtab = bytes(SYMBOL.size) + SYMBOL.pack(1, 0x11, 0, 1, 0, size)
     symtab_at = DATA_OFFSET + size + (-size) % 8
     strtab_at = symtab_at + len(symtab)
     shstrtab_at = strtab_at + len(strtab)
     headers_at = shstrtab_at + len(shstrtab) + (-(shstrtab_at + len(shstrtab))) % 8
     data_flags = _SHF_ALLOC | (_SHF_X86_64_LARGE if large else 0)
     sections = [
-        bytes(_SECTION_HEADER.size),
-        _SECTION_HEADER.pack(name[data_name], _SHT_PROGBITS, data_flags, 0, DATA_OFFSET, size,
+        bytes(SECTION_HEADER.size),
+        SECTION_HEADER.pack(name[data_name], _SHT_PROGBITS, data_flags, 0, DATA_OFFSET, size,
                              0, 0, 64, 0),
-        _SECTION_HEADER.pack(name[b".note.GNU-stack"], _SHT_PROGBITS, 0, 0, symtab_at, 0,
+        SECTION_HEADER.pack(name[b".note.GNU-stack"], _SHT_PROGBITS, 0, 0, symtab_at, 0,
                              0, 0, 1, 0),
         # link: the string table's index; info: the first global symbol.
-        _SECTION_HEADER.pack(name[b".symtab"], _SHT_SYMTAB, 0, 0, symtab_at, len(symtab),
-                             4, 1, 8, _SYMBOL.size),
-        _SECTION_HEADER.pack(name[b".strtab"], _SHT_STRTAB, 0, 0, strtab_at, len(strtab),
+        SECTION_HEADER.pack(name[b".symtab"], SHT_SYMTAB, 0, 0, symtab_at, len(symtab),
+                             4, 1, 8, SYMBOL.size),
+        SECTION_HEADER.pack(name[b".strtab"], _SHT_STRTAB, 0, 0, strtab_at, len(strtab),
                              0, 0, 1, 0),
-        _SECTION_HEADER.pack(name[b".shstrtab"], _SHT_STRTAB, 0, 0, shstrtab_at,
+        SECTION_HEADER.pack(name[b".shstrtab"], _SHT_STRTAB, 0, 0, shstrtab_at,
                              len(shstrtab), 0, 0, 1, 0),
     ]
     # ELF64, little endian, version 1, System V ABI; a relocatable (1) object.
     header = struct.pack("<4sBBBB8sHHIQQQIHHHHHH", b"\x7fELF", 2, 1, 1, 0, bytes(8), 1,
                          MACHINES[arch], 1, 0, 0, headers_at, flags, 64, 0, 0,
-                         _SECTION_HEADER.size, len(sections), len(sections) - 1)
+                         SECTION_HEADER.size, len(sections), len(sections) - 1)
     return [header, *chunks, bytes((-size) % 8), symtab, strtab, shstrtab,
             bytes(headers_at - shstrtab_at - len(shstrtab)), *sections]

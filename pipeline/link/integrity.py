@@ -31,12 +31,11 @@ from pipeline.link.blob import (
     BlobError,
     read_blob_header_length,
 )
+from pipeline.link.elf import SECTION_HEADER, SHT_SYMTAB, SYMBOL
 
 __all__ = ["code_digest", "stamp_code_digest", "verify_code_digest"]
 
-_SECTION = struct.Struct("<IIQQQQIIQQ")  # name type flags addr offset size link info align entsize
-_SYMBOL = struct.Struct("<IBBHQQ")  # name info other shndx value size
-_SHT_SYMTAB, _SHT_NOBITS, _SHT_DYNSYM = 2, 8, 11
+_SHT_NOBITS, _SHT_DYNSYM = 8, 11
 _SHF_ALLOC, _SHF_EXECINSTR = 0x2, 0x4
 
 
@@ -47,9 +46,9 @@ def _sections(data, source: str) -> list[tuple]:
         raise BlobError(f"{source}: not an ELF64 little-endian library")
     shoff, = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
-    if shentsize != _SECTION.size or not shnum or shoff + shnum * shentsize > len(data):
+    if shentsize != SECTION_HEADER.size or not shnum or shoff + shnum * shentsize > len(data):
         raise BlobError(f"{source}: the library's section headers are missing or damaged")
-    raw = [_SECTION.unpack_from(data, shoff + i * shentsize) for i in range(shnum)]
+    raw = [SECTION_HEADER.unpack_from(data, shoff + i * shentsize) for i in range(shnum)]
     if shstrndx >= shnum:
         raise BlobError(f"{source}: the library's section headers are missing or damaged")
     names_at = raw[shstrndx][4]
@@ -61,10 +60,11 @@ def _sections(data, source: str) -> list[tuple]:
     return [(name(r[0]), r[1], r[2], r[3], r[4], r[5], r[6]) for r in raw]
 
 
-def code_digest(data, source: str) -> bytes:
-    """sha256 over the executable sections of the ELF library bytes `data`."""
+def code_digest(data, source: str, sections: list[tuple] | None = None) -> bytes:
+    """sha256 over the executable sections of the ELF library bytes `data`
+    (`sections`: _sections(data) if the caller has them already)."""
     digest = hashlib.sha256()
-    code = [s for s in _sections(data, source)
+    code = [s for s in sections or _sections(data, source)
             if s[2] & (_SHF_ALLOC | _SHF_EXECINSTR) == _SHF_ALLOC | _SHF_EXECINSTR
             and s[1] != _SHT_NOBITS]
     if not code:
@@ -75,17 +75,16 @@ def code_digest(data, source: str) -> bytes:
     return digest.digest()
 
 
-def _blob_offset(data, source: str) -> int | None:
+def _blob_offset(data, sections: list[tuple]) -> int | None:
     """The file offset of BLOB_SYMBOL's bytes, from the dynamic or static symbol
     table; None if the library has no blob."""
-    sections = _sections(data, source)
     want = BLOB_SYMBOL.encode()
     for _, kind, _, _, offset, size, link in sections:
-        if kind not in (_SHT_SYMTAB, _SHT_DYNSYM) or link >= len(sections):
+        if kind not in (SHT_SYMTAB, _SHT_DYNSYM) or link >= len(sections):
             continue
         strings = sections[link][4]
-        for at in range(offset, offset + size - _SYMBOL.size + 1, _SYMBOL.size):
-            st_name, _, _, shndx, value, _ = _SYMBOL.unpack_from(data, at)
+        for at in range(offset, offset + size - SYMBOL.size + 1, SYMBOL.size):
+            st_name, _, _, shndx, value, _ = SYMBOL.unpack_from(data, at)
             start = strings + st_name
             if bytes(data[start:start + len(want) + 1]) != want + b"\0":
                 continue
@@ -96,9 +95,9 @@ def _blob_offset(data, source: str) -> int | None:
     return None
 
 
-def _digest_slot(data, source: str) -> int | None:
+def _digest_slot(data, sections: list[tuple], source: str) -> int | None:
     """The file offset of the blob's code-digest trailer (None: no blob)."""
-    start = _blob_offset(data, source)
+    start = _blob_offset(data, sections)
     if start is None:
         return None
     total = read_blob_header_length(bytes(data[start:start + BLOB_PREFIX_SIZE]), source)
@@ -112,10 +111,11 @@ def stamp_code_digest(path: str | os.PathLike) -> bool:
     """Write the code digest into the blob of the freshly linked library at path;
     False (file untouched) if the library has no blob."""
     with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as data:
-        slot = _digest_slot(data, os.fspath(path))
+        sections = _sections(data, os.fspath(path))
+        slot = _digest_slot(data, sections, os.fspath(path))
         if slot is None:
             return False
-        data[slot:slot + BLOB_CODE_DIGEST_SIZE] = code_digest(data, os.fspath(path))
+        data[slot:slot + BLOB_CODE_DIGEST_SIZE] = code_digest(data, os.fspath(path), sections)
         data.flush()
     return True
 
@@ -126,7 +126,8 @@ def verify_code_digest(path: str | os.PathLike, source: str) -> None:
     if os.path.getsize(path) < 64:
         raise BlobError(f"{source}: not an ELF64 little-endian library")
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        slot = _digest_slot(data, source)
+        sections = _sections(data, source)
+        slot = _digest_slot(data, sections, source)
         if slot is None:
             raise BlobError(f"{source}: no {BLOB_SYMBOL} symbol; not a library exported by "
                             "pipeline, or devc.o was not linked in")
@@ -134,6 +135,6 @@ def verify_code_digest(path: str | os.PathLike, source: str) -> None:
         if recorded == bytes(BLOB_CODE_DIGEST_SIZE):
             raise BlobError(f"{source}: the library records no code digest (not linked by "
                             "pipeline.link.cc.create_shared); load it with verify=False")
-        if code_digest(data, source) != recorded:
+        if code_digest(data, source, sections) != recorded:
             raise BlobError(f"{source}: code digest mismatch: the library's code was changed "
                             "after the build; rebuild it")

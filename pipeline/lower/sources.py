@@ -102,17 +102,12 @@ def _header_end(stmt: ast.stmt) -> int:
 
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_names_cache: dict[int, tuple[ast.stmt, frozenset[str]]] = {}
-
-
+@cache  # statements hash by identity
 def names(module: str, stmt: ast.stmt) -> frozenset[str]:
     """The identifiers in a statement of `module`'s source: a superset of the names
     it uses (also attributes and words in strings), read from the text because
     walking the syntax tree costs ten times more. A compound statement whose body
     was rebuilt (`_without_converter_calls`) is read header plus kept body."""
-    hit = _names_cache.get(id(stmt))
-    if hit is not None and hit[0] is stmt:
-        return hit[1]
     lines = _lines(module_file(module))
     inner = substatements(stmt) if isinstance(stmt, _COMPOUND) else []
     if inner:
@@ -122,7 +117,6 @@ def names(module: str, stmt: ast.stmt) -> frozenset[str]:
     else:
         found = frozenset(_IDENTIFIER.findall(
             "\n".join(lines[_first_line(stmt) - 1:stmt.end_lineno])))
-    _names_cache[id(stmt)] = (stmt, found)
     return found
 
 

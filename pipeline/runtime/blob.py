@@ -27,11 +27,10 @@ class Blob:
     """The verified contents of a blob."""
 
     graph_json: str
-    params: bytes
+    params: memoryview  # a view of the blob's bytes: 100 MB of weights are not copied
     kernels: tuple[str, ...]
     target: str
     import_tree: dict[str, Any]
-    code_digest: bytes = bytes(BLOB_CODE_DIGEST_SIZE)  # zeros until the link stamps it
 
 
 def unpack_blob(data: bytes, source: str) -> Blob:
@@ -64,9 +63,9 @@ def unpack_blob(data: bytes, source: str) -> Blob:
                     or start < head + header_len
                     or start + size > end - BLOB_DIGEST_SIZE):
                 raise ValueError(f"section {entry['name']!r} out of bounds")
-            sections[entry["name"]] = bytes(view[start:start + size])
-        return Blob(graph_json=sections["graph"].decode("utf-8"), params=sections["params"],
+            sections[entry["name"]] = view[start:start + size]
+        return Blob(graph_json=str(sections["graph"], "utf-8"), params=sections["params"],
                     kernels=tuple(header["kernels"]), target=header["target"],
-                    import_tree=header["import_tree"], code_digest=bytes(view[end:]))
+                    import_tree=header["import_tree"])
     except (ValueError, KeyError, TypeError, RecursionError) as err:
         raise BlobError(f"{source}: malformed blob header: {err}") from None

@@ -82,6 +82,7 @@ class GraphExecutor:
 
     def __init__(self, api: dict[str, Any], graph_json: str, owner: Any = None):
         self._api, self._graph_json, self._owner = api, graph_json, owner
+        self._node_shapes: dict | None = None  # node_shapes parses the JSON once
         err = ctypes.create_string_buffer(512)
         self._h = api["pl_create_unchecked"](err, len(err))
         if not self._h:
@@ -125,11 +126,16 @@ class GraphExecutor:
 
     def node_shapes(self, name: str) -> tuple[list[tuple], list[tuple]]:
         """(input shapes, output shapes) of the op node `name` (from the graph JSON)."""
+        if self._node_shapes is None:  # parsed once: profiling asks for every node
+            self._node_shapes = self._shapes_by_node()
+        return self._node_shapes[name]
+
+    def _shapes_by_node(self) -> dict[str, tuple[list[tuple], list[tuple]]]:
         graph = json.loads(self._graph_json)
         row_ptr, shapes = graph["node_row_ptr"], graph["attrs"]["shape"][1]
-        nid = next(k for k, n in enumerate(graph["nodes"]) if n["name"] == name)
-        ins = [tuple(shapes[row_ptr[i] + idx]) for i, idx, *_ in graph["nodes"][nid]["inputs"]]
-        return ins, [tuple(shapes[e]) for e in range(row_ptr[nid], row_ptr[nid + 1])]
+        return {node["name"]: ([tuple(shapes[row_ptr[i] + idx]) for i, idx, *_ in node["inputs"]],
+                               [tuple(shapes[e]) for e in range(row_ptr[k], row_ptr[k + 1])])
+                for k, node in enumerate(graph["nodes"])}
 
     def storage_bytes(self) -> int:
         """Bytes of planned storage this executor holds (inputs, params, intermediates)."""

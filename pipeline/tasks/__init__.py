@@ -198,7 +198,9 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
                extra: dict | None = None, specs_of: str | None = None) -> tuple:
         """The doit action running stage `fn` through the action cache."""
         named = outputs if isinstance(outputs, dict) else {p: p for p in outputs}
-        key_args = ["<cache>" if a == cache_root else a for a in args]
+        # Where the work happens (the cache folder, the Dask scheduler) decides no output.
+        key_args = ["<cache>" if a == cache_root else
+                    None if settings.dask and a == settings.dask else a for a in args]
         action = Action(fn, key_args, list(inputs), named, extra or {}, specs_of, SPECS)
         return (run_stage, [fn, *args], {"cached": (action, settings)})
     entries = shard_entries([(m, t) for m in models for t in targets], shard)

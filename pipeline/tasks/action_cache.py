@@ -133,12 +133,6 @@ def manifest_of(outputs: dict[str, str]) -> dict:
                         for name, p in sorted(outputs.items())}}
 
 
-def missing_blobs(store: LocalStore, manifest: dict) -> list[str]:
-    """The digests of `manifest` that the store lacks or holds damaged."""
-    return [o["sha256"] for o in manifest["outputs"].values()
-            if store.verified_blob(o["sha256"]) is None]
-
-
 def restore(store: LocalStore, manifest: dict, outputs: dict[str, str]) -> bool:
     """Write every output of `manifest` from verified blobs; False (nothing written)
     if any blob is missing or damaged. Names without a path in `outputs` are

@@ -12,8 +12,10 @@ a peak measured while other work held a core would inflate every "% of peak".
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import platform
+import shlex
 import subprocess
 import tempfile
 import threading
@@ -47,42 +49,45 @@ float fma_loop(long iters, float a, float b) {{
 """
 
 
-def _load_loop(folder: Path) -> ctypes.CDLL:
+@functools.cache  # compiled once per process: bench measures per model and thread count
+def _load_loop() -> ctypes.CDLL:
+    tmp = tempfile.TemporaryDirectory(prefix="pipeline-peak-")  # removed at exit
+    folder = Path(tmp.name)
     src, lib = folder / "fma.c", folder / "fma.so"
     src.write_text(_SOURCE)
-    subprocess.run([*host_cc().split(), "-O3", "-march=native", "-ffp-contract=fast",
+    subprocess.run([*shlex.split(host_cc()), "-O3", "-march=native", "-ffp-contract=fast",
                     "-shared", "-fPIC", "-o", str(lib), str(src)],
                    check=True, capture_output=True)
     dll = ctypes.CDLL(str(lib))
     dll.fma_loop.argtypes = [ctypes.c_long, ctypes.c_float, ctypes.c_float]
     dll.fma_loop.restype = ctypes.c_float
+    dll.folder = tmp  # the folder lives as long as the loaded library
     return dll
 
 
 def measure_peak_gflops(threads: int, seconds: float = 0.1, repeats: int = 5) -> float:
     """GFLOP/s of `threads` threads running the FMA loop together (best of `repeats`,
     each about `seconds` long). Raises subprocess.CalledProcessError if cc fails."""
-    with tempfile.TemporaryDirectory() as tmp:
-        dll = _load_loop(Path(tmp))
-        flops_per_iter = 2 * CHAINS * dll.fma_width()
-        iters = 1 << 16
-        while True:  # calibrate on one thread to about `seconds`
-            start = time.perf_counter()
-            dll.fma_loop(iters, 0.999, 0.001)
-            if time.perf_counter() - start >= seconds / 4:
-                break
-            iters *= 2
-        iters = int(iters * seconds / max(time.perf_counter() - start, 1e-6))
-        best = 0.0
-        for _ in range(repeats):
-            workers = [threading.Thread(target=dll.fma_loop, args=(iters, 0.999, 0.001))
-                       for _ in range(threads)]
-            start = time.perf_counter()
-            for w in workers:
-                w.start()
-            for w in workers:
-                w.join()
-            best = max(best, threads * iters * flops_per_iter / (time.perf_counter() - start))
+    dll = _load_loop()
+    flops_per_iter = 2 * CHAINS * dll.fma_width()
+    iters = 1 << 16
+    while True:  # calibrate on one thread to about `seconds`
+        start = time.perf_counter()
+        dll.fma_loop(iters, 0.999, 0.001)
+        if time.perf_counter() - start >= seconds / 4:
+            break
+        iters *= 2
+    iters = int(iters * seconds / max(time.perf_counter() - start, 1e-6))
+    best = 0.0
+    for _ in range(repeats):
+        workers = [threading.Thread(target=dll.fma_loop, args=(iters, 0.999, 0.001))
+                   for _ in range(threads)]
+        start = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        best = max(best, threads * iters * flops_per_iter / (time.perf_counter() - start))
     return best / 1e9
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.ir.graph import Graph, Node, add_param
+from pipeline.ir.graph import Graph, Node, add_param, fresh_name
 from pipeline.ir.target import Target
 from pipeline.ops import get, infer_types
 from pipeline.ops.conv_blocked import pack_weight, tiling
@@ -30,7 +30,7 @@ from pipeline.ops.dense_packed import pack_dense_weight
 from pipeline.ops.depthwise_blocked import pack_depthwise_weight
 from pipeline.ops.layout import layout_name, to_blocked
 from pipeline.transform.context import PassConfig
-from pipeline.transform.util import fresh_name, prune
+from pipeline.transform.util import prune
 
 _POOLS = {"max_pool2d": "max_pool2d_nchwc", "avg_pool2d": "avg_pool2d_nchwc",
           "global_avg_pool": "global_avg_pool_nchwc", "global_max_pool": "global_max_pool_nchwc"}
@@ -63,7 +63,7 @@ class _Rewriter:
 
     def need_blocked(self, name: str, block: int) -> str:
         if (name, block) not in self.blocked:
-            out = fresh_name(self.types, f"{name}.nchw{block}c")
+            out = fresh_name(f"{name}.nchw{block}c", self.types)
             self.emit(Node.make("layout_transform", f"{name}.to_nchw{block}c",
                                 (self.need_plain(name),), (out,), src_layout="NCHW",
                                 dst_layout=layout_name(block)))
@@ -80,7 +80,7 @@ class _Rewriter:
 
     def blocked_output(self, node: Node, op: str, inputs: list[str], **extra) -> None:
         out = node.outputs[0]
-        name = fresh_name(self.types, f"{out}.nchw{self.vw}c")
+        name = fresh_name(f"{out}.nchw{self.vw}c", self.types)
         attrs = dict(node.attrs) | extra
         self.emit(Node.make(op, node.name, inputs, (name,), **attrs))
         self.blocked[(out, self.vw)] = name

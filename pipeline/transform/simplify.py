@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.ir.graph import Graph, Node, add_param
+from pipeline.ir.graph import Graph, Node, add_param, fresh_name
 from pipeline.transform.context import PassConfig
-from pipeline.transform.util import fresh_name, prune, rename_inputs
+from pipeline.transform.util import prune, rename_inputs
 
 
 def simplify_inference(graph: Graph, params: dict, cfg: PassConfig):
@@ -44,7 +44,7 @@ def _batch_norm_as_scale_shift(node: Node, types: dict, params: dict) -> list[No
                            scale.astype(np.float32).reshape(per_channel))
     shift_name = add_param(types, params, f"{node.name}.shift",
                            shift.astype(np.float32).reshape(per_channel))
-    mid = fresh_name(types, f"{node.outputs[0]}.scaled")
+    mid = fresh_name(f"{node.outputs[0]}.scaled", types)
     types[mid] = types[node.outputs[0]]
     return [Node.make("mul", f"{node.name}.scale", (x, scale_name), (mid,)),
             Node.make("add", f"{node.name}.shift", (mid, shift_name), node.outputs)]

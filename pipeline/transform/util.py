@@ -22,13 +22,3 @@ def rename_inputs(node: Node, mapping: dict[str, str]) -> Node:
         return node
     return Node(node.op, node.name, tuple(mapping.get(i, i) for i in node.inputs),
                 node.outputs, node.attrs)
-
-
-def fresh_name(types: dict, hint: str) -> str:
-    """`hint`, or `hint.<k>` for the first k that names no tensor of `types` yet
-    (a pass's new tensor must not collide with one the model already has)."""
-    name, k = hint, 0
-    while name in types:
-        k += 1
-        name = f"{hint}.{k}"
-    return name
