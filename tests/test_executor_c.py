@@ -30,7 +30,8 @@ FUZZ_SECONDS = int(os.environ.get("PIPELINE_FUZZ_SECONDS", "20"))
 
 def _mixed_model():
     """Inputs of every dtype pipeline-run reads, outputs of several: bool, float64,
-    int64, int32 in; float64, int64, bool, float32 out; plus a float32 weight."""
+    int64, int32, float16, uint8 in; float64, int64, bool, float32, float16, int8,
+    uint8 out; plus a float32 weight."""
     t = helper.make_tensor_value_info
     nodes = [
         helper.make_node("Neg", ["x"], ["nx"]),
@@ -40,15 +41,21 @@ def _mixed_model():
         helper.make_node("Greater", ["x", "zero"], ["pos"]),
         helper.make_node("Cast", ["x"], ["x32"], to=TensorProto.FLOAT),
         helper.make_node("Mul", ["x32", "w"], ["scaled"]),
+        helper.make_node("Mul", ["h", "h"], ["hh"]),
+        helper.make_node("Cast", ["j"], ["j8"], to=TensorProto.INT8),
+        helper.make_node("Add", ["b", "b"], ["bb"]),
     ]
     inits = [helper.make_tensor("zero", TensorProto.DOUBLE, [], [0.0]),
              helper.make_tensor("w", TensorProto.FLOAT, [3], [0.5, -2.0, 3.0])]
     graph = helper.make_graph(
         nodes, "mixed",
         [t("c", TensorProto.BOOL, [2, 3]), t("x", TensorProto.DOUBLE, [2, 3]),
-         t("i", TensorProto.INT64, [3]), t("j", TensorProto.INT32, [3])],
+         t("i", TensorProto.INT64, [3]), t("j", TensorProto.INT32, [3]),
+         t("h", TensorProto.FLOAT16, [3]), t("b", TensorProto.UINT8, [3])],
         [t("sel", TensorProto.DOUBLE, [2, 3]), t("sum", TensorProto.INT64, [3]),
-         t("pos", TensorProto.BOOL, [2, 3]), t("scaled", TensorProto.FLOAT, [2, 3])], inits)
+         t("pos", TensorProto.BOOL, [2, 3]), t("scaled", TensorProto.FLOAT, [2, 3]),
+         t("hh", TensorProto.FLOAT16, [3]), t("j8", TensorProto.INT8, [3]),
+         t("bb", TensorProto.UINT8, [3])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
@@ -59,6 +66,8 @@ INPUTS = {
     "x": np.linspace(-1.5, 2.5, 6).reshape(2, 3),
     "i": np.array([2**40, -3, 7], dtype=np.int64),
     "j": np.array([5, -6, 2**30], dtype=np.int32),
+    "h": np.array([0.1, -2.5, 300.0], dtype=np.float16),
+    "b": np.array([1, 200, 255], dtype=np.uint8),
 }
 
 
