@@ -319,9 +319,12 @@ def _cast_infer(types, node):
 
 def _cast_np(xs, node):
     x, to = xs[0], node.attr("to")
-    if to in ("bool", "float32", "float64") or x.dtype.kind != "f":
+    if np.dtype(to).kind in "bf" or x.dtype.kind != "f":
         return [x.astype(to)]
-    return [np.trunc(x).astype(to)]  # float -> int truncates toward zero
+    # float -> int truncates toward zero; int8/uint8 keep the low bits, as the kernel
+    # does (through int64: numpy's direct float -> int8 cast is platform-defined)
+    whole = np.trunc(x)
+    return [whole.astype(np.int64).astype(to) if to in ("int8", "uint8") else whole.astype(to)]
 
 
 register("cast", "elementwise", _cast_infer, float64=True,

@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 
+from pipeline.dsl.builder import FLOATS
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.nn import as_1d, lift_1d, spatial_attrs, window_out
@@ -73,7 +74,10 @@ def _pool_lower(kb, node, ins, out, epilogue):
                 inside, padded = kb.inside(at, 0, size), kb.inside(at, -lo, size + hi)
                 row.append((kb.clamp(at, size) * stride, inside, padded))
             taps.append(row)
-        acc = kb.f32(-math.inf if is_max else 0.0)
+        if x.elem in FLOATS or not is_max:
+            acc = kb.f32(-math.inf if is_max else 0.0)
+        else:  # max pooling of integers (int8, uint8: ONNX allows them)
+            acc = kb.const(-(2 ** (x.elem.width - 1)), x.elem)
         count = kb.f32(0.0)
         for tap in itertools.product(*taps):
             ok, padded, at = tap[0][1], tap[0][2], base + tap[0][0]
@@ -82,7 +86,7 @@ def _pool_lower(kb, node, ins, out, epilogue):
                 ok, padded = kb.and_(ok, inside), kb.and_(padded, in_pads)
             v = kb.load(x, at)
             if is_max:
-                acc = kb.select(ok, kb.fmax(acc, v), acc)
+                acc = kb.select(ok, kb.arith("max", acc, v), acc)
                 continue
             acc = kb.select(ok, kb.fadd(acc, _lp_term(kb, node, v) if is_lp else v), acc)
             # With count_include_pad the padding counts, the ceil_mode overhang

@@ -37,14 +37,17 @@ def column_blocks(kb, outer: int, inner: int):
 
 def max_and_exp_sum(kb, x, base, length, store=None):
     """(max, sum of exp(x - max)) over the contiguous run x[base:base+length]; with
-    `store`, each exp(x - max) is also written there at the same offset."""
+    `store`, each exp(x - max) is also written there at the same offset. For float16
+    x - max and exp are rounded to half, as ONNX's op-by-op definition has them; the
+    sum stays float32."""
+    half = x.type.dtype
     slot = kb.local(kb.const(-math.inf, x.elem))
     with kb.loop(0, length, "k") as k:
         kb.set(slot, kb.fmax(kb.get(slot), kb.load(x, base + k)))
     peak = kb.get(slot)
     kb.set(slot, kb.const(0.0, x.elem))
     with kb.loop(0, length, "k") as k:
-        e = kb.exp(kb.fsub(kb.load(x, base + k), peak))
+        e = kb.narrow(kb.exp(kb.narrow(kb.fsub(kb.load(x, base + k), peak), half)), half)
         if store is not None:
             kb.store(store, base + k, e)
         kb.set(slot, kb.fadd(kb.get(slot), e))
@@ -79,21 +82,26 @@ def _softmax_lower(kb, node, ins, out, epilogue):
         base = r * length
         store = out if node.op == "softmax" else None
         peak, total = max_and_exp_sum(kb, x, base, length, store)
+        half = x.type.dtype == "float16"  # divide by the half sum, as op by op
         if node.op == "log_softmax":
             shift = kb.fadd(peak, kb.intrinsic("log", total))
+        elif half:
+            total = kb.narrow(total, "float16")
         else:
             scale = kb.fdiv(kb.fconst(1.0, total), total)
         with kb.loop(0, length, "k") as k:
             o = base + k
             y = kb.fsub(kb.load(x, o), shift) if node.op == "log_softmax" else \
-                kb.fmul(kb.load(out, o), scale)
+                kb.fdiv(kb.load(out, o), total) if half else kb.fmul(kb.load(out, o), scale)
             kb.store(out, o, y)
 
 
 def _softmax_columns(kb, node, x, out, outer, length, inner):
     """Softmax over k of x[r, k, q] for blocks of columns q (see _softmax_lower)."""
     width = min(inner, COLUMNS)
-    peak, total = kb.scratch(width, x.type.dtype), kb.scratch(width, x.type.dtype)
+    half = x.type.dtype == "float16"  # statistics in float32, rounded as op by op
+    stats = "float32" if half else x.type.dtype
+    peak, total = kb.scratch(width, stats), kb.scratch(width, stats)
     one, zero, low = (kb.const(v, x.elem) for v in (1.0, 0.0, -math.inf))
     with column_blocks(kb, outer, inner) as (r, q0, cols):
         base = r * (length * inner) + q0
@@ -105,7 +113,8 @@ def _softmax_columns(kb, node, x, out, outer, length, inner):
             kb.store(peak, q, kb.fmax(kb.load(peak, q), v))
         with kb.loop(0, length, "k") as k, kb.loop(0, cols, "q") as q:
             o = base + k * inner + q
-            e = kb.exp(kb.fsub(kb.load(x, o), kb.load(peak, q)))
+            e = kb.narrow(kb.exp(kb.narrow(kb.fsub(kb.load(x, o), kb.load(peak, q)),
+                                           x.type.dtype)), x.type.dtype)
             if node.op == "softmax":
                 kb.store(out, o, e)
             kb.store(total, q, kb.fadd(kb.load(total, q), e))
@@ -113,11 +122,14 @@ def _softmax_columns(kb, node, x, out, outer, length, inner):
             if node.op == "log_softmax":  # peak becomes the shift max + log(sum)
                 kb.store(peak, q, kb.fadd(kb.load(peak, q),
                                           kb.intrinsic("log", kb.load(total, q))))
+            elif half:
+                kb.store(total, q, kb.narrow(kb.load(total, q), "float16"))
             else:
                 kb.store(total, q, kb.fdiv(one, kb.load(total, q)))
         with kb.loop(0, length, "k") as k, kb.loop(0, cols, "q") as q:
             o = base + k * inner + q
             y = kb.fsub(kb.load(x, o), kb.load(peak, q)) if node.op == "log_softmax" else \
+                kb.fdiv(kb.load(out, o), kb.load(total, q)) if half else \
                 kb.fmul(kb.load(out, o), kb.load(total, q))
             kb.store(out, o, y)
 

@@ -1,7 +1,7 @@
 """AlterOpLayout: move convolutions and what follows them to channel-blocked layouts.
 
 With b the target's vector width (16 floats on AVX-512, 8 on AVX2):
-  - conv2d (groups 1, no dilation, constant float weights, OC a multiple of b, C a
+  - conv2d (groups 1, no dilation, constant float32/float16 weights, OC a multiple of b, C a
     multiple of b or at most b) becomes conv2d_nchwc on NCHW{ib}c input with
     ib = b (or ib = C for a narrow first layer) and NCHW{b}c output; its weights
     are repacked here as a new param (ops/conv_blocked.py pack_weight), so a
@@ -32,6 +32,8 @@ from pipeline.ops.layout import layout_name, to_blocked
 from pipeline.transform.context import PassConfig
 from pipeline.transform.util import prune
 
+# The float types the blocked kernels take (float16 loads and stores convert: dsl/builder.py).
+_FLOATS = ("float32", "float16")
 _POOLS = {"max_pool2d": "max_pool2d_nchwc", "avg_pool2d": "avg_pool2d_nchwc",
           "global_avg_pool": "global_avg_pool_nchwc", "global_max_pool": "global_max_pool_nchwc"}
 
@@ -95,7 +97,7 @@ class _Rewriter:
     def conv(self, node: Node) -> bool:
         x, w = node.inputs[0], node.inputs[1]
         weight = self.params.get(w)
-        if (weight is None or weight.dtype != np.float32 or weight.ndim != 4
+        if (weight is None or weight.dtype not in _FLOATS or weight.ndim != 4
                 or tuple(node.attr("dilations")) != (1, 1)):
             return False
         if node.attr("groups") != 1:
@@ -131,7 +133,7 @@ class _Rewriter:
     def elementwise(self, node: Node) -> bool:
         out_type = self.types[node.outputs[0]]
         acts = [i for i in node.inputs if i not in self.params]
-        if (len(out_type.shape) != 4 or out_type.dtype != "float32"
+        if (len(out_type.shape) != 4 or out_type.dtype not in _FLOATS
                 or out_type.shape[1] % self.vw
                 or not any(self.has_blocked(i) for i in acts)
                 or any(self.types[i] != out_type for i in acts)
@@ -152,7 +154,7 @@ class _Rewriter:
 
     def dense(self, node: Node) -> bool:
         weight = self.params.get(node.inputs[1])
-        if (weight is None or weight.dtype != np.float32 or weight.ndim != 2
+        if (weight is None or weight.dtype not in _FLOATS or weight.ndim != 2
                 or any(self.types[i].shape != weight.shape[:1] for i in node.inputs[2:])):
             return False  # the packed kernel takes a bias of shape [N] only
         w = node.inputs[1]

@@ -40,10 +40,11 @@ def _batch_norm_as_scale_shift(node: Node, types: dict, params: dict) -> list[No
     shift = beta - mean * scale
     rank = len(types[x].shape)
     per_channel = (-1,) + (1,) * (rank - 2)
+    dtype = types[x].dtype  # computed in float64, stored in the input's float type
     scale_name = add_param(types, params, f"{node.name}.scale",
-                           scale.astype(np.float32).reshape(per_channel))
+                           scale.astype(dtype).reshape(per_channel))
     shift_name = add_param(types, params, f"{node.name}.shift",
-                           shift.astype(np.float32).reshape(per_channel))
+                           shift.astype(dtype).reshape(per_channel))
     mid = fresh_name(f"{node.outputs[0]}.scaled", types)
     types[mid] = types[node.outputs[0]]
     return [Node.make("mul", f"{node.name}.scale", (x, scale_name), (mid,)),
@@ -81,9 +82,9 @@ def fold_batch_norm(graph: Graph, params: dict, cfg: PassConfig):
         if add is not None:
             bias = bias + params[_other(add, mul.outputs[0])].reshape(-1)
             last = add
-        w_name = add_param(types, params, f"{conv.name}.weight_folded",
-                           weight.astype(np.float32))
-        b_name = add_param(types, params, f"{conv.name}.bias_folded", bias.astype(np.float32))
+        dtype = params[conv.inputs[1]].dtype  # the conv's own float type
+        w_name = add_param(types, params, f"{conv.name}.weight_folded", weight.astype(dtype))
+        b_name = add_param(types, params, f"{conv.name}.bias_folded", bias.astype(dtype))
         nodes[k] = Node(conv.op, conv.name, (conv.inputs[0], w_name, b_name),
                         last.outputs, conv.attrs)
         removed |= {id(mul), id(add)}
