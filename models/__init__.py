@@ -28,6 +28,7 @@ GENERATORS: dict[str, str] = {
     "mlp": "models.mlp:mlp",
     "resnet18": "models.resnet:resnet18",
     "resnet50": "models.resnet:resnet50",
+    "resnet18_fp16": "models.resnet:resnet18_fp16",
     "mobilenet_v2": "models.mobilenet:mobilenet_v2",
     "bert_encoder": "models.bert:bert_encoder",
     "unet": "models.unet:unet",

@@ -144,3 +144,49 @@ def small_bias(rng: np.random.Generator, n: int, fan_in: int) -> np.ndarray:
     """float32 bias of length n, uniform in +-1/sqrt(fan_in) (PyTorch's Linear default)."""
     bound = 1.0 / math.sqrt(fan_in)
     return rng.uniform(-bound, bound, size=n).astype(np.float32)
+
+
+def as_float16(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of the float32 `model` that computes in float16 with float32 I/O.
+
+    Every float32 initializer becomes float16 (round to nearest even); each float32
+    graph input is cast to float16 by a Cast node named "<input>.to_fp16" and each
+    float32 graph output is computed as "<output>.fp16" and cast back to float32
+    by "<output>.to_fp32". The graph's nodes are otherwise unchanged (they must have
+    no float32 attribute tensors), so weights and compute are half precision: what
+    onnxconverter-common's float16 conversion with keep_io_types=True makes.
+    """
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    for init in g.initializer:
+        if init.data_type == TensorProto.FLOAT:
+            init.CopyFrom(numpy_helper.from_array(
+                numpy_helper.to_array(init).astype(np.float16), init.name))
+    renamed: dict[str, str] = {}
+    casts_in = []
+    for vi in g.input:
+        if vi.type.tensor_type.elem_type == TensorProto.FLOAT:
+            renamed[vi.name] = f"{vi.name}.fp16"
+            casts_in.append(helper.make_node("Cast", [vi.name], [renamed[vi.name]],
+                                             name=f"{vi.name}.to_fp16",
+                                             to=TensorProto.FLOAT16))
+    casts_out = []
+    for vi in g.output:
+        if vi.type.tensor_type.elem_type == TensorProto.FLOAT:
+            renamed[vi.name] = f"{vi.name}.fp16"
+            casts_out.append(helper.make_node("Cast", [renamed[vi.name]], [vi.name],
+                                              name=f"{vi.name}.to_fp32",
+                                              to=TensorProto.FLOAT))
+    inputs = {vi.name for vi in g.input}
+    for node in g.node:
+        for i, name in enumerate(node.input):
+            if name in inputs and name in renamed:
+                node.input[i] = renamed[name]
+        for i, name in enumerate(node.output):
+            if name in renamed:
+                node.output[i] = renamed[name]
+    nodes = [*casts_in, *g.node, *casts_out]
+    del g.node[:]
+    g.node.extend(nodes)
+    return out

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from models._onnx import GraphBuilder, he_normal, small_bias
+from models._onnx import GraphBuilder, as_float16, he_normal, small_bias
 
 INPUT_SHAPE = (1, 3, 224, 224)
 NUM_CLASSES = 1000
@@ -163,3 +163,11 @@ def resnet18() -> onnx.ModelProto:
 def resnet50() -> onnx.ModelProto:
     """ResNet-50 (Bottleneck x4, [3, 4, 6, 3]); data [1,3,224,224] -> output [1,1000]."""
     return _resnet("resnet50", "bottleneck", (3, 4, 6, 3), seed=50)
+
+
+def resnet18_fp16() -> onnx.ModelProto:
+    """resnet18 with float16 weights and compute, float32 I/O (a Cast at each end);
+    data [1,3,224,224] float32 -> output [1,1000] float32."""
+    model = as_float16(resnet18())
+    model.graph.name = "resnet18_fp16"
+    return model
