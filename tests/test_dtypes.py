@@ -5,10 +5,12 @@ IEEE half result; integers wrap)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
-from conftest import make_model, run_ours
+from conftest import TARGET, _lib_path, make_model, run_ours
 from onnx import TensorProto as T
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
@@ -68,3 +70,34 @@ def test_params_keep_narrow_dtypes_with_tvm_type_codes():
     headers = [raw[k + 28:k + 32] for k in range(len(raw) - 8)
                if raw[k:k + 8] == (0xDD5E40F096B4A13F).to_bytes(8, "little")]
     assert headers == [bytes([2, 16, 1, 0]), bytes([0, 8, 1, 0]), bytes([1, 8, 1, 0])]
+
+
+@pytest.mark.slow
+def test_resnet18_fp16_matches_onnxruntime_within_its_config_tolerance():
+    """The deploy config's float16 ResNet-18, built as `doit build` builds it: every
+    convolution a float16 kernel (weights and activations), the output within the
+    tolerance configs/deploy.yaml states of onnxruntime running the same file."""
+    pytest.importorskip("onnxruntime")
+    import models
+    import pipeline
+    from pipeline.runtime import GraphModule, load_module
+    from pipeline.tasks.config import load_config
+    from pipeline.tools.validate import compare, random_inputs, reference_outputs
+
+    entry = load_config(Path(__file__).parents[1] / "configs" / "deploy.yaml") \
+        .models["resnet18_fp16"]
+    model = models.build(entry.generator)
+    graph, params = pipeline.frontend.from_onnx(model)
+    with pipeline.transform.PassContext(opt_level=3):
+        factory = pipeline.build(graph, target=TARGET, params=params)
+    convs = [spec for spec in factory.kernels if spec.ops[0].op.startswith("conv2d")]
+    assert len(convs) >= 10
+    assert all(t.dtype == "float16" for spec in convs for t in spec.params)
+    gmod = GraphModule(load_module(factory.export_library(_lib_path()))["default"]())
+    feeds = random_inputs(model, {}, entry.validate.seed)
+    gmod.run(**feeds)
+    ours = [gmod.get_output(0)]
+    refs = reference_outputs(model, feeds, entry.validate.reference)
+    assert entry.validate.reference == "onnxruntime" and ours[0].dtype == np.float32
+    (row,) = compare(["output"], ours, refs, entry.validate.rtol, entry.validate.atol)
+    assert row["passed"], row

@@ -30,6 +30,9 @@ EXPECTED = {
                  "bn": 20, "conv": 20},
     "resnet50": {"input": IMAGE, "output": [1, 1000], "opset": 13, "params": 25_557_032,
                  "bn": 53, "conv": 53},
+    # resnet18's graph and weights in float16, float32 I/O through two Casts
+    "resnet18_fp16": {"input": IMAGE, "output": [1, 1000], "opset": 13,
+                      "params": 11_689_512, "weights": TensorProto.FLOAT16},
     "mobilenet_v2": {"input": IMAGE, "output": [1, 1000], "opset": 13, "params": 3_504_872,
                      "bn": 52, "conv": 52},
     # Embeddings 1000x128 + 64x128 and their LayerNorm; per layer 4 (128x128 + 128),
@@ -123,7 +126,8 @@ def test_inputs_and_outputs(name: str) -> None:
 def test_parameters(name: str) -> None:
     graph = built(name).graph
     trainable = [t for t in graph.initializer if t.name.endswith((".weight", ".bias"))]
-    assert all(t.data_type == TensorProto.FLOAT for t in trainable)
+    assert all(t.data_type == EXPECTED[name].get("weights", TensorProto.FLOAT)
+               for t in trainable)
     assert sum(int(np.prod(t.dims)) for t in trainable) == EXPECTED[name]["params"]
     # Everything else is a BN running statistic or a small constant (a Clip bound, a
     # shape, the position ids, Resize scales).
@@ -266,6 +270,23 @@ def test_runs_in_onnxruntime(name: str) -> None:
     check_output(run_ort(built(name), seeded_feeds(name)), name)
 
 
+def test_resnet18_fp16_is_resnet18_in_half_precision() -> None:
+    """Same nodes between the two Casts, every float32 weight rounded to float16, and
+    in onnxruntime outputs as close to resnet18's as float16 compute allows."""
+    half, full = built("resnet18_fp16"), built("resnet18")
+    ops = [n.op_type for n in half.graph.node]
+    assert ops == ["Cast", *(n.op_type for n in full.graph.node), "Cast"]
+    weights = {t.name: onnx.numpy_helper.to_array(t) for t in full.graph.initializer}
+    for t in half.graph.initializer:
+        assert t.data_type == TensorProto.FLOAT16
+        np.testing.assert_array_equal(onnx.numpy_helper.to_array(t),
+                                      weights[t.name].astype(np.float16))
+    x = seeded_input()
+    y16, y32 = run_ort(half, x), run_ort(full, x)
+    assert y16.dtype == np.float32
+    np.testing.assert_allclose(y16, y32, rtol=1e-2, atol=2e-2)
+
+
 def test_initializers_as_inputs() -> None:
     model = built("resnet18")
     before = model.SerializeToString()
@@ -363,7 +384,8 @@ def test_generate_rejects_invalid_model(tmp_path: Path, monkeypatch: pytest.Monk
 
 
 def test_unknown_name() -> None:
-    allowed = "bert_encoder, mlp, mobilenet_v2, resnet18, resnet50, unet"
+    allowed = ", ".join(sorted(GENERATORS))
+    assert "resnet18, resnet18_fp16, resnet50" in allowed
     with pytest.raises(ValueError, match=allowed):
         generate("vgg16", "unused.onnx")
     with pytest.raises(ValueError, match="allowed"):
