@@ -101,3 +101,84 @@ def test_resnet18_fp16_matches_onnxruntime_within_its_config_tolerance():
     assert entry.validate.reference == "onnxruntime" and ours[0].dtype == np.float32
     (row,) = compare(["output"], ours, refs, entry.validate.rtol, entry.validate.atol)
     assert row["passed"], row
+
+
+# -- what stays out: one line naming the tensor or node, a non-zero exit from doit --
+
+def _graph_model(nodes, inputs, outputs, inits=(), opset=17) -> onnx.ModelProto:
+    model = helper.make_model(helper.make_graph(nodes, "out_of_scope", inputs, outputs,
+                                                list(inits)),
+                              opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 9
+    return model
+
+
+def _out_of_scope_models() -> dict[str, tuple[onnx.ModelProto, str]]:
+    """name -> (model, the error line's distinctive part)."""
+    t = helper.make_tensor_value_info
+    body = helper.make_graph([helper.make_node("Identity", ["x"], ["z"])], "body", [],
+                             [t("z", T.FLOAT, [2])])
+    return {
+        "bf16": (_graph_model([helper.make_node("Cast", ["x"], ["y"], to=T.FLOAT, name="up")],
+                              [t("x", T.BFLOAT16, [2])], [t("y", T.FLOAT, [2])]),
+                 "input 'x' (used by node 'up' (Cast)) has unsupported element type BFLOAT16"),
+        "int4": (_graph_model(
+            [helper.make_node("Cast", ["k"], ["k32"], to=T.FLOAT, name="widen"),
+             helper.make_node("Add", ["x", "k32"], ["y"], name="add")],
+            [t("x", T.FLOAT, [2])], [t("y", T.FLOAT, [2])],
+            [helper.make_tensor("k", T.INT4, [2], [1, -2])]),
+            "initializer 'k' (used by node 'widen' (Cast)) has unsupported element type INT4"),
+        "fp8": (_graph_model([helper.make_node("Cast", ["x"], ["y"], to=T.FLOAT8E4M3FN,
+                                               name="to_fp8")],
+                             [t("x", T.FLOAT, [2])], [t("y", T.FLOAT8E4M3FN, [2])]),
+                "node 'to_fp8' (Cast): cast to FLOAT8E4M3FN is not supported"),
+        "cond": (_graph_model([helper.make_node("If", ["c"], ["y"], name="branch",
+                                                then_branch=body, else_branch=body)],
+                              [t("c", T.BOOL, []), t("x", T.FLOAT, [2])],
+                              [t("y", T.FLOAT, [2])]),
+                 "If (control flow: subgraphs are not compiled) at node(s) branch"),
+    }
+
+
+@pytest.mark.parametrize("op", ["Loop", "Scan"])
+def test_loop_and_scan_are_named_as_control_flow(op):
+    import pipeline
+    from pipeline.errors import UnsupportedOperatorError
+
+    t = helper.make_tensor_value_info
+    body = helper.make_graph([helper.make_node("Identity", ["s"], ["s2"])], "body",
+                             [t("s", T.FLOAT, [2])], [t("s2", T.FLOAT, [2])])
+    inputs = ["", "", "x"] if op == "Loop" else ["x"]
+    attrs = {"num_scan_inputs": 0} if op == "Scan" else {}
+    model = _graph_model([helper.make_node(op, inputs, ["y"], name="again", body=body,
+                                           **attrs)],
+                         [t("x", T.FLOAT, [2])], [t("y", T.FLOAT, [2])])
+    with pytest.raises(UnsupportedOperatorError,
+                       match=rf"{op} \(control flow: subgraphs are not compiled\) at node\(s\) "
+                             r"again\."):
+        pipeline.frontend.from_onnx(model)
+
+
+def test_out_of_scope_types_and_control_flow_fail_doit_with_one_line_each(tmp_path):
+    """bfloat16, int4, float8 and If, each its own model of one config: `doit -c build`
+    exits non-zero, with one error line per model naming the tensor or node."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    cases = _out_of_scope_models()
+    lines = ["models:"]
+    for name, (model, _) in cases.items():
+        onnx.save(model, str(tmp_path / f"{name}.onnx"))
+        lines.append(f"  {name}: {{path: {name}.onnx}}")
+    lines.append('targets:\n  llvm: {target: "llvm -mcpu=native", opt_level: 0}')
+    (tmp_path / "matrix.yaml").write_text("\n".join(lines) + "\n")
+    proc = subprocess.run([sys.executable, "-m", "doit", "-f", str(repo / "dodo.py"),
+                           "-d", str(tmp_path), "-c", "build", "config=matrix.yaml"],
+                          capture_output=True, text=True, timeout=600,
+                          env={**__import__("os").environ, "PYTHONPATH": str(repo)})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in out, out
+    for name, (_, message) in cases.items():
+        hits = [line for line in out.splitlines() if message in line]
+        assert len(hits) == 1 and f"{name}.onnx" in hits[0], (name, out)

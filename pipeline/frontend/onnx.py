@@ -192,8 +192,10 @@ def _import(model: onnx.ModelProto, shape: dict[str, tuple[int, ...]] | None,
                     types[name] = t
                 ctx.track(node)
                 nodes.append(node)
-        except PipelineError:
-            raise
+        except PipelineError as err:
+            if str(err).startswith(source):
+                raise
+            raise type(err)(f"{source}: {err}") from None  # which file, too
         except Exception as err:
             # A node the converter's checks did not anticipate (an attribute of the
             # wrong type, a missing input): still one line naming the node.
