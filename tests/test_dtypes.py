@@ -1,7 +1,7 @@
-"""float16, int8 and uint8 tensors end to end: ONNX import, params, kernels (narrow
-storage, wider compute: pipeline/dsl/builder.py), the C executor; against
-onnx.reference, exactly (a float16 op computed in float32 and rounded once is the
-IEEE half result; integers wrap)."""
+"""float16 and the narrow integers (int8, uint8, int16, uint16, uint32) end to end:
+ONNX import, params, kernels (narrow storage, wider compute: pipeline/dsl/builder.py),
+the C executor; against onnx.reference, exactly (a float16 op computed in float32
+and rounded once is the IEEE half result; integers wrap). Then what stays out."""
 
 from __future__ import annotations
 
@@ -35,12 +35,24 @@ def _mixed_dtypes_model() -> onnx.ModelProto:
         helper.make_node("Add", ["u8", "u8"], ["u8s"]),
         helper.make_node("Div", ["u8s", "d8"], ["u8d"]),
         helper.make_node("Max", ["u8d", "u8"], ["u8m"]),
+        # int16 / uint16 compute in i32 and uint32 in i64: products wrap, uint16 0 - x
+        # wraps to 65536 - x, uint32 products above 2**31 stay positive.
+        helper.make_node("Cast", ["x"], ["i16"], to=T.INT16),
+        helper.make_node("Mul", ["i16", "i16"], ["i16sq"]),
+        helper.make_node("Mul", ["i16sq", "i16"], ["i16cube"]),
+        helper.make_node("Cast", ["u8"], ["u16"], to=T.UINT16),
+        helper.make_node("Sub", ["zero16", "u16"], ["u16neg"]),
+        helper.make_node("Cast", ["u16neg"], ["u32"], to=T.UINT32),
+        helper.make_node("Mul", ["u32", "u32"], ["u32sq"]),
+        helper.make_node("Less", ["u32sq", "u32"], ["u32lt"]),
     ]
     rng = np.random.default_rng(0)
     inits = {"w16": rng.standard_normal(33).astype(np.float16),
-             "d8": np.array([3, 7, 200], np.uint8).repeat(11)}
+             "d8": np.array([3, 7, 200], np.uint8).repeat(11),
+             "zero16": np.zeros(1, np.uint16)}
     outs = [("y", T.FLOAT), ("m", T.FLOAT16), ("i8s", T.INT8), ("fi", T.FLOAT),
-            ("u8s", T.UINT8), ("u8m", T.UINT8)]
+            ("u8s", T.UINT8), ("u8m", T.UINT8), ("i16cube", T.INT16),
+            ("u32sq", T.UINT32), ("u32lt", T.BOOL)]
     return make_model(nodes, [t("x", T.FLOAT, [4, 33])], [t(n, e, None) for n, e in outs],
                       inits, opset=17)
 
@@ -52,7 +64,8 @@ def test_narrow_dtypes_match_reference_exactly(opt_level):
     x = np.random.default_rng(1).uniform(-127, 127, (4, 33)).astype(np.float32)
     want = ReferenceEvaluator(model).run(None, {"x": x})
     got = run_ours(model, {"x": x}, opt_level=opt_level)
-    for name, g, w in zip(("y", "m", "i8s", "fi", "u8s", "u8m"), got, want, strict=True):
+    names = [o.name for o in model.graph.output]
+    for name, g, w in zip(names, got, want, strict=True):
         assert g.dtype == w.dtype and g.shape == w.shape, name
         np.testing.assert_array_equal(g, w, err_msg=name)
 

@@ -41,14 +41,18 @@ HALF = ir.HalfType()
 # What a kernel computes each dtype in (the type of loaded values, constants and
 # temporaries). The narrow dtypes compute wider: float16 in float32 (x86 and RISC-V
 # have no half arithmetic worth using here; F16C / aarch64 convert in one
-# instruction), int8 and uint8 in i32 (sign- or zero-extended, so signed compares,
-# division and sitofp are right for both). Loads widen, stores narrow (round to
-# nearest even, integers wrap), and `narrow` rounds a computed value to its dtype.
+# instruction), int8/uint8/int16/uint16 in i32 and uint32 in i64 (sign- or
+# zero-extended, so signed compares, division and sitofp are right for all). Loads
+# widen, stores narrow (round to nearest even, integers wrap), and `narrow` rounds a
+# computed value to its dtype. (No uint64: it would need unsigned instructions.)
 LLVM_TYPES = {"float32": F32, "float64": F64, "int64": I64, "int32": I32, "bool": I8,
-              "float16": F32, "int8": I32, "uint8": I32}
+              "float16": F32, "int8": I32, "uint8": I32, "int16": I32, "uint16": I32,
+              "uint32": I64}
 # How each dtype is stored in a buffer.
-STORAGE_TYPES = {**LLVM_TYPES, "float16": HALF, "int8": I8, "uint8": I8}
-NARROW = ("float16", "int8", "uint8")
+STORAGE_TYPES = {**LLVM_TYPES, "float16": HALF, "int8": I8, "uint8": I8,
+                 "int16": ir.IntType(16), "uint16": ir.IntType(16), "uint32": I32}
+NARROW = ("float16", "int8", "uint8", "int16", "uint16", "uint32")
+_SIGNED = ("int8", "int16")  # the narrow integers loads sign-extend (others: zero)
 
 
 def _align(typ: ir.Type) -> int:
@@ -251,7 +255,7 @@ class KernelBuilder:
 
     def widen(self, v: ir.Value, dtype: str) -> ir.Value:
         """A value (scalar or vector) of `dtype`'s storage type in its compute type:
-        half -> float (exact), int8 sign- and uint8 zero-extended to i32."""
+        half -> float (exact), int8/int16 sign- and unsigned ones zero-extended."""
         if dtype not in NARROW:
             return v
         to = LLVM_TYPES[dtype]
@@ -259,7 +263,7 @@ class KernelBuilder:
             to = ir.VectorType(to, v.type.count)
         if dtype == "float16":
             return self.b.fpext(v, to)
-        return (self.b.sext if dtype == "int8" else self.b.zext)(v, to)
+        return (self.b.sext if dtype in _SIGNED else self.b.zext)(v, to)
 
     def _to_storage(self, v: ir.Value, to: ir.Type) -> ir.Value:
         """A compute-type value converted to the storage type `to` (fptrunc rounds to
@@ -272,7 +276,7 @@ class KernelBuilder:
 
     def narrow(self, v, dtype: str) -> ir.Value:
         """A computed value (scalar or vector) rounded to what `dtype` can hold, still
-        in the compute type: float16 rounds to nearest even, int8/uint8 wrap. Other
+        in the compute type: float16 rounds to nearest even, integers wrap. Other
         dtypes are returned as they are. Applied after each fused op of a narrow
         dtype, so a chain gives what the ops one by one would (for float16 add, sub,
         mul, div and sqrt, float32 then rounding to half is the exact half result)."""
@@ -490,8 +494,8 @@ class KernelBuilder:
     def cast(self, v, dtype: str | ir.Type) -> ir.Value:
         """Convert `v` (a value in its compute type) to `dtype` (a dtype name or an
         LLVM compute type; i8 is bool) with ONNX Cast semantics (float -> int
-        truncates toward zero; to float16 rounds to nearest even, to int8/uint8
-        keeps the low 8 bits), as a value of `dtype`'s compute type."""
+        truncates toward zero; to float16 rounds to nearest even, to a narrow
+        integer keeps the low bits), as a value of `dtype`'s compute type."""
         if isinstance(dtype, ir.Type):
             dtype = next(k for k, t in LLVM_TYPES.items() if t == dtype)
         v = raw(v)
@@ -504,7 +508,7 @@ class KernelBuilder:
             else:
                 half = (self.b.uitofp if v.type == I8 else self.b.sitofp)(v, HALF)
             return self.widen(half, dtype)
-        if dtype in NARROW:  # int8, uint8: through i64 (a float beyond i32 is no poison)
+        if dtype in NARROW:  # narrow ints: through i64 (a float beyond i32 is no poison)
             wide = self.cast(v, "int64") if v.type != I32 else v
             return self.narrow(wide, dtype)
         if v.type == to:

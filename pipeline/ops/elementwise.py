@@ -5,7 +5,8 @@ logic, Where and Cast; plus Identity and Dropout.
 Each is lowered as a scalar function of LLVM values; the builder's
 dtype-aware helpers (arith, compare, cast) pick float or integer instructions
 from the values' types, so one definition serves float32, float64, int64 and int32
-(float16, int8 and uint8 compute in float32 / int32: pipeline/dsl/builder.py).
+(float16 and the narrow integers compute in float32 / int32 / int64:
+pipeline/dsl/builder.py).
 Comparisons and logic produce bool, stored as one byte holding 0 or 1.
 Unary math and activations are in pipeline/ops/unary.py.
 """
@@ -19,7 +20,8 @@ from pipeline.errors import ModelError
 from pipeline.ir.graph import ONNX_DTYPES, Node, TensorType
 from pipeline.ops.registry import Limit, broadcast_shape, onnx_op, register
 
-NUMERIC = ("float32", "float64", "int64", "int32", "float16", "int8", "uint8")
+NUMERIC = ("float32", "float64", "int64", "int32", "float16", "int8", "uint8", "int16",
+           "uint16", "uint32")
 # ONNX TensorProto element types we convert to, for Cast's `to`.
 
 
@@ -321,10 +323,11 @@ def _cast_np(xs, node):
     x, to = xs[0], node.attr("to")
     if np.dtype(to).kind in "bf" or x.dtype.kind != "f":
         return [x.astype(to)]
-    # float -> int truncates toward zero; int8/uint8 keep the low bits, as the kernel
+    # float -> int truncates toward zero; narrow ints keep the low bits, as the kernel
     # does (through int64: numpy's direct float -> int8 cast is platform-defined)
     whole = np.trunc(x)
-    return [whole.astype(np.int64).astype(to) if to in ("int8", "uint8") else whole.astype(to)]
+    return [whole.astype(np.int64).astype(to) if to not in ("int32", "int64")
+            else whole.astype(to)]
 
 
 register("cast", "elementwise", _cast_infer, float64=True,
