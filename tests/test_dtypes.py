@@ -85,6 +85,44 @@ def test_params_keep_narrow_dtypes_with_tvm_type_codes():
     assert headers == [bytes([2, 16, 1, 0]), bytes([0, 8, 1, 0]), bytes([1, 8, 1, 0])]
 
 
+def _float16_ops_model() -> onnx.ModelProto:
+    """Operators whose kernels are not plain elementwise loops, on one float16 input:
+    softmax across columns, resize, reductions, normalisation, scans, indexing."""
+    t = helper.make_tensor_value_info
+    rng = np.random.default_rng(2)
+    inits = {"g": rng.uniform(0.5, 1.5, 8).astype(np.float16),
+             "b": rng.uniform(-0.2, 0.2, 8).astype(np.float16),
+             "idx": np.array([2, 0, 5], np.int64), "axis": np.array(1, np.int64),
+             "scales": np.array([1, 1, 2, 2], np.float32), "k": np.array([2], np.int64)}
+    nodes = [helper.make_node("Softmax", ["x"], ["softmax"], axis=1),
+             helper.make_node("Resize", ["x", "", "scales"], ["resize"], mode="linear"),
+             helper.make_node("ReduceMean", ["x"], ["mean"], axes=[2, 3]),
+             helper.make_node("ReduceMax", ["x"], ["max"], axes=[1]),
+             helper.make_node("InstanceNormalization", ["x", "g", "b"], ["norm"]),
+             helper.make_node("CumSum", ["x", "axis"], ["cumsum"]),
+             helper.make_node("TopK", ["x", "k"], ["topk", "topk_i"]),
+             helper.make_node("Gather", ["x", "idx"], ["gather"], axis=3),
+             helper.make_node("Transpose", ["x"], ["transpose"], perm=[0, 2, 3, 1]),
+             helper.make_node("Erf", ["x"], ["erf"])]
+    outs = [o for n in nodes for o in n.output]
+    return make_model(nodes, [t("x", T.FLOAT16, [2, 8, 6, 6])],
+                      [helper.make_empty_tensor_value_info(o) for o in outs], inits,
+                      opset=17)
+
+
+def test_float16_operators_match_reference_to_half_precision():
+    """Kernels compute in float32 and round once where ONNX's float16 reference rounds
+    at every step: within 2e-3 relative (two half ulps) plus 1e-3 absolute."""
+    model = _float16_ops_model()
+    x = np.random.default_rng(3).standard_normal((2, 8, 6, 6)).astype(np.float16)
+    want = ReferenceEvaluator(model).run(None, {"x": x})
+    got = run_ours(model, {"x": x}, opt_level=3)
+    for out, g, w in zip(model.graph.output, got, want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape, out.name
+        np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=2e-3,
+                                   atol=1e-3, err_msg=out.name)
+
+
 @pytest.mark.slow
 def test_resnet18_fp16_matches_onnxruntime_within_its_config_tolerance():
     """The deploy config's float16 ResNet-18, built as `doit build` builds it: every

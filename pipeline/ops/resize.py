@@ -101,9 +101,9 @@ def _taps(node, x: TensorType, out: TensorType):
 
 def _resize_infer(types, node):
     x = types[0]
-    if node.attr("mode") != "nearest" and x.dtype != "float32":
+    if node.attr("mode") != "nearest" and x.dtype not in ("float32", "float16"):
         raise ModelError(f"node {node.name!r} (resize): {node.attr('mode')} mode needs "
-                         f"float32, not {x.dtype}")
+                         f"float32 or float16, not {x.dtype}")
     return [TensorType(tuple(node.attr("shape")), x.dtype)]
 
 

@@ -55,7 +55,9 @@ def _cumulative_lower(kb, node, ins, out, epilogue):
         with kb.loop(0, length, "k") as k:
             at = (length - 1) - k if reverse else k
             o = r * (length * inner) + at * inner + q
-            total = kb.arith(how, kb.get(acc), kb.load(x, o))
+            # each running total rounded (float16) or wrapped (narrow ints) like the
+            # output element it is, as an op-by-op definition has it
+            total = kb.narrow(kb.arith(how, kb.get(acc), kb.load(x, o)), x.type.dtype)
             kb.store(out, o, kb.get(acc) if exclusive else total)
             kb.set(acc, total)
 
