@@ -70,6 +70,38 @@ def test_narrow_dtypes_match_reference_exactly(opt_level):
         np.testing.assert_array_equal(g, w, err_msg=name)
 
 
+_CAST_TO = [T.FLOAT16, T.DOUBLE, T.INT8, T.UINT8, T.INT16, T.UINT16, T.INT32, T.UINT32,
+            T.INT64, T.BOOL]
+
+
+def test_cast_to_and_from_every_dtype_matches_reference_exactly():
+    """float32 values (fractions truncate toward zero, float16 rounds to nearest even,
+    integers beyond a narrow type keep their low bits, as numpy's casts through a
+    wider integer do) cast to each dtype, and each of those back to float32 and, with
+    CastLike, to float16."""
+    t = helper.make_tensor_value_info
+    nodes, outs = [], []
+    for to in _CAST_TO:
+        name = T.DataType.Name(to).lower()
+        nodes += [helper.make_node("Cast", ["x"], [name], to=to),
+                  helper.make_node("Cast", [name], [f"{name}_f32"], to=T.FLOAT),
+                  helper.make_node("CastLike", [name, "like16"], [f"{name}_f16"])]
+        outs += [t(name, to, None), t(f"{name}_f32", T.FLOAT, None),
+                 t(f"{name}_f16", T.FLOAT16, None)]
+    model = make_model(nodes, [t("x", T.FLOAT, [3, 24])], outs,
+                       {"like16": np.zeros(1, np.float16)}, opset=19)
+    x = np.concatenate([np.linspace(0, 127.9, 24), np.linspace(-0.9, -126.5, 24),
+                        np.array([0.1, 1 / 3, 2049, 2051, 100.5, 127.99, 0.0, -0.0, 1e-8,
+                                  65519, 3e-5, -6e-8] * 2)]).astype(np.float32).reshape(3, 24)
+    x[1] = np.where(np.arange(24) % 2, x[1], -x[1])  # sign-alternating row
+    want = ReferenceEvaluator(model).run(None, {"x": x})
+    for level in (0, 3):
+        got = run_ours(model, {"x": x}, opt_level=level)
+        for out, g, w in zip(outs, got, want, strict=True):
+            assert g.dtype == w.dtype, out.name
+            np.testing.assert_array_equal(g, w, err_msg=f"{out.name} at opt_level {level}")
+
+
 def test_params_keep_narrow_dtypes_with_tvm_type_codes():
     """float16 is DLPack (float=2, 16 bits), int8 (int=0, 8), uint8 (uint=1, 8)."""
     arrays = {"h": np.array([1.5, -65504, np.inf], np.float16),
