@@ -1,6 +1,7 @@
 """Elementwise operators of several inputs, with numpy broadcasting: arithmetic
 (Add, Sub, Mul, Div, Pow, Mod, Max, Min, PRelu, variadic Sum/Mean), comparisons,
-logic, Where and Cast; plus Identity and Dropout.
+logic, bitwise (BitwiseAnd/Or/Xor/Not, BitShift), Where and Cast; plus Identity and
+Dropout.
 
 Each is lowered as a scalar function of LLVM values; the builder's
 dtype-aware helpers (arith, compare, cast) pick float or integer instructions
@@ -295,6 +296,79 @@ register("not", "elementwise", _not_infer,
          numpy=lambda xs, node: [np.logical_not(xs[0])])
 onnx_op("Not", 1, emits=("not",))(
     lambda ctx, n: [Node.make("not", n.name, n.inputs[:1], n.outputs[:1])])
+
+
+# -- bitwise (integers, in their compute type: the store keeps the dtype's bits) ------------
+
+_INTS = ("int64", "int32", "int16", "int8", "uint32", "uint16", "uint8")
+
+
+def _int_sample(rng, dtype):
+    return [rng.integers(0, 256, s).astype(np.uint8) for s in ((2, 3, 4), (3, 1))], {}
+
+
+_BITWISE = {"bitwise_and": ("BitwiseAnd", "and_", np.bitwise_and),
+            "bitwise_or": ("BitwiseOr", "or_", np.bitwise_or),
+            "bitwise_xor": ("BitwiseXor", "xor", np.bitwise_xor)}
+for _op, (_onnx, _method, _np) in _BITWISE.items():
+    register(_op, "elementwise", _binary(_INTS), sample=_int_sample,
+             scalar=lambda kb, a, node, m=_method: getattr(kb, m)(a[0], a[1]),
+             numpy=lambda xs, node, f=_np: [f(xs[0], xs[1])])
+    onnx_op(_onnx, 18, emits=(_op,))(
+        lambda ctx, n, op=_op: [Node.make(op, n.name, n.inputs[:2], n.outputs[:1])])
+
+
+def _bitwise_not_infer(types, node):
+    _check(node, types, _INTS)
+    return [types[0]]
+
+
+register("bitwise_not", "elementwise", _bitwise_not_infer,
+         sample=lambda rng, dtype: (_int_sample(rng, dtype)[0][:1], {}),
+         scalar=lambda kb, a, node: kb.xor(a[0], kb.const(-1, a[0].type)),
+         numpy=lambda xs, node: [np.bitwise_not(xs[0])])
+onnx_op("BitwiseNot", 18, emits=("bitwise_not",))(
+    lambda ctx, n: [Node.make("bitwise_not", n.name, n.inputs[:1], n.outputs[:1])])
+
+
+def _bit_shift(kb, a, node):
+    """x << s or x >> s (arithmetic for signed dtypes, `node.attr("signed")`). A shift s
+    < 0 or at least the compute type's width gives what the sign fill alone gives
+    (-1 for a right shift of a negative x, else 0), as BitShift-28 defines for s
+    outside [0, bits of T); shifts between T's bits and the compute width come out
+    the same way by themselves (bits past T are dropped when the result is narrowed)."""
+    x, s = a
+    signed, left = node.attr("signed"), node.attr("direction") == "LEFT"
+    shifted = kb.b.shl(x, s) if left else (kb.b.ashr if signed else kb.b.lshr)(x, s)
+    zero = kb.const(0, x.type)
+    fill = kb.select(kb.compare("<", x, zero), kb.const(-1, x.type), zero) \
+        if signed and not left else zero
+    outside = kb.or_(kb.compare("<", s, kb.const(0, s.type)),
+                     kb.compare(">=", s, kb.const(x.type.width, s.type)))
+    return kb.select(outside, fill, shifted)
+
+
+def _bit_shift_np(xs, node):
+    x, s = xs
+    bits = x.dtype.itemsize * 8
+    inside = (s >= 0) & (s < bits)
+    safe = np.where(inside, s, 0).astype(x.dtype)
+    out = np.left_shift(x, safe) if node.attr("direction") == "LEFT" else np.right_shift(x, safe)
+    fill = np.where((x < 0) & (node.attr("direction") == "RIGHT"), -1, 0).astype(x.dtype)
+    return [np.where(inside, out, fill).astype(x.dtype)]
+
+
+register("bit_shift", "elementwise", _binary(_INTS), scalar=_bit_shift, numpy=_bit_shift_np,
+         sample=lambda rng, dtype: ([rng.integers(0, 256, (2, 3, 4)).astype(np.uint8),
+                                     rng.integers(0, 10, (3, 1)).astype(np.uint8)],
+                                    {"direction": "LEFT", "signed": 0}))
+
+
+@onnx_op("BitShift", 11, emits=("bit_shift",))
+def _bit_shift_convert(ctx, n):
+    signed = int(ctx.type(n.inputs[0]).dtype.startswith("int"))
+    return [Node.make("bit_shift", n.name, n.inputs[:2], n.outputs[:1], signed=signed,
+                      direction=n.text("direction", "", ("LEFT", "RIGHT")))]
 
 
 def _where_infer(types, node):
