@@ -16,6 +16,8 @@ from pipeline.ops import (  # noqa: F401  (registration)
     norm,
     pool,
     pool_blocked,
+    quant,
+    quant_conv,
     reduce,
     resize,
     scan,
