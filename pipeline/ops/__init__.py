@@ -18,6 +18,7 @@ from pipeline.ops import (  # noqa: F401  (registration)
     pool_blocked,
     quant,
     quant_conv,
+    quant_ms,
     reduce,
     resize,
     scan,
