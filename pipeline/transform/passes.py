@@ -14,6 +14,7 @@ from pipeline.ops import infer_types
 from pipeline.transform.context import PASS_NAMES, PassConfig, PassContext
 from pipeline.transform.fuse import fold_constant, fuse_ops
 from pipeline.transform.layout import alter_op_layout
+from pipeline.transform.qdq import fuse_qdq
 from pipeline.transform.simplify import fold_batch_norm, simplify_inference
 
 
@@ -27,6 +28,7 @@ class Pass:
 
 PIPELINE = (
     Pass("SimplifyInference", simplify_inference, 0),
+    Pass("FuseQDQ", fuse_qdq, 1),
     Pass("FoldConstant", fold_constant, 2),
     Pass("FoldBatchNorm", fold_batch_norm, 1),
     Pass("AlterOpLayout", alter_op_layout, 3, needs_target=True),
