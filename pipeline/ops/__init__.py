@@ -16,6 +16,7 @@ from pipeline.ops import (  # noqa: F401  (registration)
     norm,
     pool,
     pool_blocked,
+    qconv_blocked,
     quant,
     quant_conv,
     quant_ms,

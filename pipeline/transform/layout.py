@@ -29,6 +29,15 @@ from pipeline.ops.conv_blocked import pack_weight, tiling
 from pipeline.ops.dense_packed import pack_dense_weight
 from pipeline.ops.depthwise_blocked import pack_depthwise_weight
 from pipeline.ops.layout import layout_name, to_blocked
+from pipeline.ops.qconv_blocked import (
+    corrected_bias,
+    dot_kind,
+    input_block,
+    offset_of,
+    pack_qweight,
+    tile,
+)
+from pipeline.ops.quant import QTYPES
 from pipeline.transform.context import PassConfig
 from pipeline.transform.util import prune
 
@@ -39,8 +48,8 @@ _POOLS = {"max_pool2d": "max_pool2d_nchwc", "avg_pool2d": "avg_pool2d_nchwc",
 class _Rewriter:
     """Rebuilds the node list, tracking which layouts of each tensor exist."""
 
-    def __init__(self, graph: Graph, params: dict, vw: int):
-        self.graph, self.vw = graph, vw
+    def __init__(self, graph: Graph, params: dict, vw: int, dot: str = "portable"):
+        self.graph, self.vw, self.dot = graph, vw, dot
         self.types, self.params = dict(graph.types), dict(params)
         self.nodes: list[Node] = []
         self.plain = {*graph.inputs, *graph.params}       # plain tensors defined so far
@@ -128,13 +137,55 @@ class _Rewriter:
         self.blocked[(out, self.vw)] = f"{out}.nchw{self.vw}c"
         return True
 
+    def qconv(self, node: Node) -> bool:
+        """A requantizing conv2d_integer with constant symmetric weights ->
+        qpad_nchwc + qconv2d_nchwc (ops/qconv_blocked.py) with the target's dot product."""
+        if len(node.inputs) != 7 or node.attr("out") not in QTYPES \
+                or not all(i in self.params for i in node.inputs[1:]) \
+                or node.attr("groups") != 1 or tuple(node.attr("dilations")) != (1, 1):
+            return False
+        x, w_name, xzp, wzp, bias, mult, yzp = node.inputs
+        weight = self.params[w_name]
+        oc, c = weight.shape[:2]
+        if oc % self.vw or np.any(self.params[wzp] != 0) or self.params[xzp].size != 1 \
+                or weight.dtype != np.int8:
+            return False
+        zx = int(self.params[xzp].reshape(()))
+        offset = offset_of(self.dot, self.types[x].dtype)
+        ib = input_block(c, self.vw)
+        ow = self.types[node.outputs[0]].shape[3]
+        k = tile(ow, oc // self.vw, self.vw)[0]
+        packed = self.param(("qconv", w_name, ib, k), f"{w_name}.packed",
+                            lambda: pack_qweight(weight, ib, self.vw, k))
+        bias_c = self.param(("qbias", bias, w_name, zx, offset), f"{bias}.corrected",
+                            lambda: corrected_bias(weight, self.params[bias], zx, offset))
+        mults = self.param(("qmult", mult, oc), f"{mult}.per_channel",
+                           lambda: np.ascontiguousarray(np.broadcast_to(
+                               self.params[mult].reshape(-1), (oc,)), np.float32))
+        pads = tuple(node.attr("pads"))
+        src = self.blocked[(x, self.vw)] if self.has_blocked(x) else self.need_plain(x)
+        if not (any(pads) or c % ib or len(self.types[src].shape) != 5
+                or self.types[src].shape[4] != ib):
+            padded = src
+        else:
+            padded = fresh_name(f"{x}.padded", self.types)
+            self.emit(Node.make("qpad_nchwc", f"{node.name}.pad", (src,), (padded,),
+                                block=ib, pads=pads, channels=c, fill=zx))
+        self.blocked_output(Node.make("qconv2d_nchwc", node.name, (), node.outputs),
+                            "qconv2d_nchwc", [padded, packed, bias_c, mults, yzp],
+                            strides=tuple(node.attr("strides")), oc_block=self.vw,
+                            dot=self.dot, offset=offset, out=node.attr("out"))
+        return True
+
     def elementwise(self, node: Node) -> bool:
         out_type = self.types[node.outputs[0]]
         acts = [i for i in node.inputs if i not in self.params]
-        if (len(out_type.shape) != 4 or out_type.dtype != "float32"
+        # Any dtype: the int8 chains of a quantized model (dequantize -> add -> quantize)
+        # stay blocked between its blocked convolutions.
+        if (len(out_type.shape) != 4
                 or out_type.shape[1] % self.vw
                 or not any(self.has_blocked(i) for i in acts)
-                or any(self.types[i] != out_type for i in acts)
+                or any(self.types[i].shape != out_type.shape for i in acts)
                 or any(self.params[i].ndim > 4 for i in node.inputs if i in self.params)):
             return False
         inputs = [self.param(("bcast", i, self.vw), f"{i}.nchw{self.vw}c",
@@ -169,6 +220,8 @@ class _Rewriter:
         for node in self.graph.nodes:
             if node.op == "conv2d":
                 done = self.conv(node)
+            elif node.op == "conv2d_integer":
+                done = self.qconv(node)
             elif node.op in _POOLS:
                 done = self.pool(node)
             elif node.op == "dense":
@@ -190,4 +243,4 @@ def alter_op_layout(graph: Graph, params: dict, cfg: PassConfig, target: Target 
     without a target (graph-only optimisation) the graph is returned unchanged."""
     if target is None or target.vector_width < 8:
         return graph, params
-    return _Rewriter(graph, params, target.vector_width).run()
+    return _Rewriter(graph, params, target.vector_width, dot_kind(target)).run()
