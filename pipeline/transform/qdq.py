@@ -4,7 +4,8 @@ A QDQ model (onnxruntime's quantizer, QuantFormat.QDQ) computes in float between
 dequantize_linear and quantize_linear nodes. This pass rewrites
 
     x_q -> dequantize_linear(sx, zx) --+
-    w_q -> dequantize_linear(sw, 0)  --+-> conv2d / dense / matmul [+ bias] -> quantize_linear(sy, zy)
+    w_q -> dequantize_linear(sw, 0)  --+-> conv2d / dense / matmul [+ bias]
+                                           -> quantize_linear(sy, zy)
 
 into conv2d_integer / matmul_integer(x_q, w_q, zx, 0, bias_q, multiplier, zy): uint8 or
 int8 operands, int32 accumulation, then saturate(roundeven((acc + bias_q) *
@@ -30,7 +31,7 @@ from pipeline.ops.quant import dequantize_np
 from pipeline.transform.context import PassConfig
 from pipeline.transform.util import prune
 
-_ANCHORS = ("conv2d", "dense", "matmul")
+_ANCHORS = ("conv2d", "dense", "matmul")  # and max_pool2d, on the bytes
 
 
 class _Fuser:
@@ -63,8 +64,23 @@ class _Fuser:
             return dequantize_np(*(self.params[i] for i in node.inputs))
         return None
 
+    def max_pool(self, q_node: Node, pool: Node) -> Node | None:
+        """dequantize -> max_pool2d -> quantize with one scale and zero point: the
+        max of the bytes (dequantization is monotonic)."""
+        x = self.dequantized(pool.inputs[0])
+        _, sy, zy = q_node.inputs
+        if x is None or sy not in self.params or zy not in self.params or \
+                np.size(x[1]) != 1 or not np.array_equal(x[1], self.params[sy]) or \
+                not np.array_equal(x[2], self.params[zy]):
+            return None
+        return Node(pool.op, pool.name, (x[0],), q_node.outputs, pool.attrs)
+
     def rewrite(self, q_node: Node) -> Node | None:
         anchor = self.producer.get(q_node.inputs[0])
+        if anchor is not None and anchor.op == "max_pool2d" and \
+                len(self.users[q_node.inputs[0]]) == 1 and \
+                q_node.inputs[0] not in self.graph.outputs:
+            return self.max_pool(q_node, anchor)
         if anchor is None or anchor.op not in _ANCHORS or \
                 len(self.users[q_node.inputs[0]]) != 1 or q_node.inputs[0] in self.graph.outputs:
             return None
