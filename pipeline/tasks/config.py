@@ -15,7 +15,7 @@
         cc: aarch64-linux-gnu-gcc          # compiler + linker driver; required off-host
         run: "qemu-aarch64 -L /usr/aarch64-linux-gnu"   # runs target programs
         pack: elf                          # devc.o by our ELF writer, or c (compiled)
-    validate: {reference: onnx, rtol: 1.0e-4, atol: 1.0e-4, seed: 0}
+    validate: {reference: onnx, rtol: 1.0e-4, atol: 1.0e-4, seed: 0}   # quant_steps: 1
     cache: {url: "http://cache:8080/pipeline", upload: true, timeout: 10}   # remote tier
 
 Every mistake stops the load with one ConfigError naming the file, the key
@@ -47,10 +47,14 @@ class ValidateOptions:
     rtol: float = 1e-4
     atol: float = 1e-4
     seed: int = 0
+    # Quantized models: an output computed by a DequantizeLinear may differ by this
+    # many steps of its scale (atol = quant_steps * scale for that output).
+    quant_steps: float | None = None
 
     def to_dict(self) -> dict:
+        extra = {} if self.quant_steps is None else {"quant_steps": self.quant_steps}
         return {"reference": self.reference, "rtol": self.rtol, "atol": self.atol,
-                "seed": self.seed}
+                "seed": self.seed, **extra}
 
 
 @dataclass(frozen=True)
@@ -230,7 +234,7 @@ class _Where:
 
 
 def _validate_options(where: _Where, doc, key: str, base: ValidateOptions) -> ValidateOptions:
-    doc = where.mapping(doc, key, {"reference", "rtol", "atol", "seed"})
+    doc = where.mapping(doc, key, {"reference", "rtol", "atol", "seed", "quant_steps"})
     ref = doc.get("reference", base.reference)
     if ref not in REFERENCES:
         where.fail(f"{key}.reference", f"{ref!r} is not a reference; allowed: "
@@ -240,7 +244,10 @@ def _validate_options(where: _Where, doc, key: str, base: ValidateOptions) -> Va
         reference=ref,
         rtol=float(where.typed(doc.get("rtol", base.rtol), f"{key}.rtol", num, "a number")),
         atol=float(where.typed(doc.get("atol", base.atol), f"{key}.atol", num, "a number")),
-        seed=where.typed(doc.get("seed", base.seed), f"{key}.seed", int, "an integer"))
+        seed=where.typed(doc.get("seed", base.seed), f"{key}.seed", int, "an integer"),
+        quant_steps=None if doc.get("quant_steps", base.quant_steps) is None else float(
+            where.typed(doc.get("quant_steps", base.quant_steps), f"{key}.quant_steps", num,
+                        "a number")))
 
 
 def _model(where: _Where, name: str, spec, validate: ValidateOptions) -> ModelEntry:
