@@ -137,11 +137,19 @@ def _dyn_zero_np(xs, node):
     return [np.rint(zp).astype(np.uint8)]
 
 
+def _range_sample(rng, dtype):
+    """(min, max) pairs around zero, one-sided and empty ranges included."""
+    lo = np.array([-3.0, 0.5, -0.25, 0.0, -1.0], np.float32)
+    return [lo, np.array([2.0, 4.0, -0.1, 0.0, 7.5], np.float32)], {}
+
+
 register("dynamic_qscale", "elementwise", _scalar_float, scalar=_dyn_scale,
-         numpy=_dyn_scale_np)
+         numpy=_dyn_scale_np, sample=_range_sample)
 register("dynamic_qzero", "elementwise",
          lambda types, node: [TensorType(_scalar_float(types, node)[0].shape, "uint8")],
-         scalar=_dyn_zero, numpy=_dyn_zero_np)
+         scalar=_dyn_zero, numpy=_dyn_zero_np,
+         sample=lambda rng, dtype: ([np.array([-3.0, 0.5, -0.25, -1.0], np.float32),
+                                     np.array([0.02, 0.1, 0.003, 0.004], np.float32)], {}))
 
 
 # -- converters --------------------------------------------------------------------------
