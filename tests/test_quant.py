@@ -179,3 +179,31 @@ def test_dynamic_quantization_matches_onnxruntime():
     feeds = {"a": rand(2, 5, 20, seed=3), "x": rand(1, 3, 6, 6, seed=4)}
     for g, w in zip(run_ours(q, feeds), run_ort(q, feeds), strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_aarch64_sdot_kernel_under_qemu(tmp_path):
+    """AArch64 with +dotprod: the blocked int8 convolution on sdot (uint8 activations
+    shifted to int8), run under qemu-user by the target's pipeline-run."""
+    from toolchains import require_tools
+
+    require_tools("qemu-aarch64", "aarch64-linux-gnu-gcc")
+    import pipeline
+    from pipeline.ir.target import parse_target
+    from pipeline.link.runtime_c import build_pipeline_run
+    from pipeline.tools.on_target import run_on_target
+
+    model = quantized("QDQ", "uint8")
+    target = "llvm -mtriple=aarch64-linux-gnu -mattr=+dotprod"
+    graph, params = from_onnx(model)
+    with PassContext(opt_level=3):
+        optimized, _ = optimize(graph, params, target=parse_target(target))
+        factory = pipeline.build(graph, target=target, params=params)
+    assert {b.attr("dot") for n in optimized.nodes for b in (n.attr("body") or (n,))
+            if b.op == "qconv2d_nchwc"} == {"sdot"}
+    cc = "aarch64-linux-gnu-gcc"
+    build_pipeline_run(tmp_path / "pipeline-run", cc=cc)
+    lib = factory.export_library(tmp_path / "q.so", cc=cc)
+    (got,), _, _ = run_on_target(["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"],
+                                 str(tmp_path / "pipeline-run"), str(lib), FEEDS, 1)
+    (want,) = ort_optimized(model, FEEDS)
+    assert np.max(np.abs(got - want)) <= output_scales(model)["y"] * (1 + 1e-4)

@@ -45,13 +45,21 @@ I8 = ir.IntType(8)
 DOTS = ("vnni", "sdot", "portable")
 
 
+# AArch64 cores with the dot-product extension (Armv8.2 DotProd), for targets that
+# name a cpu without -mattr=+dotprod.
+_DOTPROD_CPUS = {"cortex-a55", "cortex-a65", "cortex-a75", "cortex-a76", "cortex-a77",
+                 "cortex-a78", "cortex-a710", "cortex-x1", "cortex-x2", "neoverse-n1",
+                 "neoverse-n2", "neoverse-v1", "neoverse-v2", "apple-m1", "apple-m2"}
+
+
 def dot_kind(target) -> str:
     """The dot product a target has: "vnni" (x86 with AVX-512 VNNI at 16 lanes),
-    "sdot" (AArch64 with +dotprod), else "portable"."""
+    "sdot" (AArch64 with +dotprod, given or implied by its cpu), else "portable"."""
     feats = set(target.features.split(","))
     if target.vector_width == 16 and "+avx512vnni" in feats:
         return "vnni"
-    if target.arch == "aarch64" and "+dotprod" in feats:
+    if target.arch == "aarch64" and "-dotprod" not in feats and (
+            "+dotprod" in feats or target.cpu in _DOTPROD_CPUS):
         return "sdot"
     return "portable"
 

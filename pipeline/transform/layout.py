@@ -1,5 +1,8 @@
 """AlterOpLayout: move convolutions and what follows them to channel-blocked layouts.
 
+(Targets narrower than 8 floats keep plain layouts, except for the int8 convolutions of
+an AArch64 target with +dotprod, which run blocked on sdot; see qconv below.)
+
 With b the target's vector width (16 floats on AVX-512, 8 on AVX2):
   - conv2d (groups 1, no dilation, constant float weights, OC a multiple of b, C a
     multiple of b or at most b) becomes conv2d_nchwc on NCHW{ib}c input with
@@ -48,8 +51,9 @@ _POOLS = {"max_pool2d": "max_pool2d_nchwc", "avg_pool2d": "avg_pool2d_nchwc",
 class _Rewriter:
     """Rebuilds the node list, tracking which layouts of each tensor exist."""
 
-    def __init__(self, graph: Graph, params: dict, vw: int, dot: str = "portable"):
-        self.graph, self.vw, self.dot = graph, vw, dot
+    def __init__(self, graph: Graph, params: dict, vw: int, dot: str = "portable",
+                 int8_only: bool = False):
+        self.graph, self.vw, self.dot, self.int8_only = graph, vw, dot, int8_only
         self.types, self.params = dict(graph.types), dict(params)
         self.nodes: list[Node] = []
         self.plain = {*graph.inputs, *graph.params}       # plain tensors defined so far
@@ -218,10 +222,14 @@ class _Rewriter:
 
     def run(self) -> tuple[Graph, dict]:
         for node in self.graph.nodes:
-            if node.op == "conv2d":
-                done = self.conv(node)
-            elif node.op == "conv2d_integer":
+            if node.op == "conv2d_integer":
                 done = self.qconv(node)
+            elif self.int8_only and node.op != "fused" and get(node.op).kind == "elementwise":
+                done = self.elementwise(node)
+            elif self.int8_only:
+                done = False
+            elif node.op == "conv2d":
+                done = self.conv(node)
             elif node.op in _POOLS:
                 done = self.pool(node)
             elif node.op == "dense":
@@ -241,6 +249,10 @@ class _Rewriter:
 def alter_op_layout(graph: Graph, params: dict, cfg: PassConfig, target: Target | None = None):
     """Rewrite `graph` to blocked layouts for `target` (see the module docstring);
     without a target (graph-only optimisation) the graph is returned unchanged."""
-    if target is None or target.vector_width < 8:
+    if target is None:
         return graph, params
+    if target.vector_width < 8:  # only the int8 convolutions, on a dot-product target
+        if dot_kind(target) != "sdot":
+            return graph, params
+        return _Rewriter(graph, params, target.vector_width, "sdot", int8_only=True).run()
     return _Rewriter(graph, params, target.vector_width, dot_kind(target)).run()
