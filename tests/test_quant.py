@@ -31,16 +31,18 @@ X = (1, 8, 10, 10)
 
 
 def small_cnn() -> onnx.ModelProto:
-    """conv (3x3, 8 -> 16) -> relu -> conv (3x3, stride 2) + conv (1x1, stride 2) -> add
-    -> max pool, avg pool -> concat -> global avg pool -> flatten -> gemm: every
-    operator the quantizers rewrite in a CNN."""
+    """conv (3x3, 8 -> 16) -> relu -> depthwise 3x3 -> conv (3x3, stride 2, 24 channels:
+    no multiple of 16) + conv (1x1, stride 2) -> add -> max pool, avg pool -> concat ->
+    global avg pool -> flatten -> gemm: every operator the quantizers rewrite in a CNN."""
     inits = {"w1": rand(16, 8, 3, 3, seed=1, low=-0.3, high=0.3), "b1": rand(16, seed=2),
-             "w2": rand(16, 16, 3, 3, seed=3, low=-0.2, high=0.2), "b2": rand(16, seed=4),
-             "w3": rand(16, 16, 1, 1, seed=5, low=-0.5, high=0.5),
-             "wf": rand(64, 32, seed=6, low=-0.3, high=0.3), "bf": rand(64, seed=7)}
+             "wd": rand(16, 1, 3, 3, seed=8, low=-0.5, high=0.5), "bd": rand(16, seed=9),
+             "w2": rand(24, 16, 3, 3, seed=3, low=-0.2, high=0.2), "b2": rand(24, seed=4),
+             "w3": rand(24, 16, 1, 1, seed=5, low=-0.5, high=0.5),
+             "wf": rand(64, 48, seed=6, low=-0.3, high=0.3), "bf": rand(64, seed=7)}
     nodes = [node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
              node("Relu", ["c1"], ["r1"]),
-             node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             node("Conv", ["r1", "wd", "bd"], ["d1"], pads=[1, 1, 1, 1], group=16),
+             node("Conv", ["d1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]),
              node("Conv", ["r1", "w3"], ["c3"], strides=[2, 2]),
              node("Add", ["c2", "c3"], ["a"]),
              node("MaxPool", ["a"], ["mp"], kernel_shape=[2, 2], strides=[1, 1]),
@@ -127,11 +129,11 @@ def test_fuse_qdq_rewrites_anchor_patterns_and_keeps_the_rest():
     the Add, the average pools and the Concat keep their (de)quantize nodes."""
     graph, params = from_onnx(quantized("QDQ", "uint8"))
     before = [n.op for n in graph.nodes]
-    assert before.count("conv2d") == 3 and before.count("dense") == 1
+    assert before.count("conv2d") == 4 and before.count("dense") == 1
     with PassContext(opt_level=1, disabled_pass=["FuseOps"]):
         after, after_params = optimize(graph, params)
     ops = [n.op for n in after.nodes]
-    assert ops.count("conv2d_integer") == 3 and ops.count("matmul_integer") == 1
+    assert ops.count("conv2d_integer") == 4 and ops.count("matmul_integer") == 1
     assert "conv2d" not in ops and "dense" not in ops
     pool = next(n for n in after.nodes if n.op == "max_pool2d")
     assert after.types[pool.inputs[0]].dtype == "uint8"
@@ -143,6 +145,21 @@ def test_fuse_qdq_rewrites_anchor_patterns_and_keeps_the_rest():
             assert after_params[n.inputs[1]].dtype == np.int8
             assert after.types[n.inputs[0]].dtype == "uint8"
             assert after.types[n.outputs[0]].dtype == "uint8"
+
+
+def test_blocked_int8_kernels_cover_the_cnn():
+    """At opt_level 3 on this host every convolution of the small CNN is blocked:
+    qconv2d_nchwc (16 and 8 output lanes) and qdepthwise_conv2d_nchwc."""
+    from pipeline.ir.target import parse_target
+
+    graph, params = from_onnx(quantized("QDQ", "uint8"))
+    with PassContext(opt_level=3):
+        optimized, _ = optimize(graph, params, target=parse_target("llvm -mcpu=znver4"))
+    body = [b for n in optimized.nodes for b in (n.attr("body") or (n,))]
+    ops = [b.op for b in body]
+    assert "conv2d_integer" not in ops and ops.count("qdepthwise_conv2d_nchwc") == 1
+    assert sorted(b.attr("oc_block") for b in body if b.op == "qconv2d_nchwc") == [8, 8, 16]
+    assert {b.attr("dot") for b in body if b.op == "qconv2d_nchwc"} == {"vnni"}
 
 
 def test_fuse_qdq_leaves_a_nonzero_weight_zero_point():
@@ -159,7 +176,7 @@ def test_fuse_qdq_leaves_a_nonzero_weight_zero_point():
     with PassContext(opt_level=1, disabled_pass=["FuseOps"]):
         after, _ = optimize(graph, params)
     ops = [n.op for n in after.nodes]
-    assert "conv2d_integer" not in ops and ops.count("conv2d") == 3
+    assert "conv2d_integer" not in ops and ops.count("conv2d") == 4
 
 
 def test_dynamic_quantization_matches_onnxruntime():

@@ -45,6 +45,9 @@ I8 = ir.IntType(8)
 DOTS = ("vnni", "sdot", "portable")
 
 
+# x86 CPUs with AVX-512 VNNI, for targets that name one without -mattr.
+_VNNI_CPUS = {"cascadelake", "cooperlake", "icelake-server", "icelake-client", "tigerlake",
+              "sapphirerapids", "emeraldrapids", "graniterapids", "znver4", "znver5"}
 # AArch64 cores with the dot-product extension (Armv8.2 DotProd), for targets that
 # name a cpu without -mattr=+dotprod.
 _DOTPROD_CPUS = {"cortex-a55", "cortex-a65", "cortex-a75", "cortex-a76", "cortex-a77",
@@ -56,7 +59,8 @@ def dot_kind(target) -> str:
     """The dot product a target has: "vnni" (x86 with AVX-512 VNNI at 16 lanes),
     "sdot" (AArch64 with +dotprod, given or implied by its cpu), else "portable"."""
     feats = set(target.features.split(","))
-    if target.vector_width == 16 and "+avx512vnni" in feats:
+    if target.vector_width == 16 and "-avx512vnni" not in feats and (
+            "+avx512vnni" in feats or target.cpu in _VNNI_CPUS):
         return "vnni"
     if target.arch == "aarch64" and "-dotprod" not in feats and (
             "+dotprod" in feats or target.cpu in _DOTPROD_CPUS):
@@ -180,8 +184,9 @@ def _dot(kb, dot: str, acc, xv, wv):
     """acc[l] + sum over j < 4 of x[4l + j] * w[4l + j], both <4L x i8>."""
     lanes = acc.type.count
     v8 = ir.VectorType(I8, 4 * lanes)
-    if dot == "vnni":
-        fn = _declare(kb.module, "llvm.x86.avx512.vpdpbusd.512", acc.type, [acc.type, v8, v8])
+    if dot == "vnni":  # 512 bits, or 256 (AVX512VL) for a half-width channel block
+        fn = _declare(kb.module, f"llvm.x86.avx512.vpdpbusd.{32 * lanes}", acc.type,
+                      [acc.type, v8, v8])
         return kb.b.call(fn, [acc, xv, wv])
     if dot == "sdot":
         fn = _declare(kb.module, f"llvm.aarch64.neon.sdot.v{lanes}i32.v{4 * lanes}i8",
@@ -244,23 +249,103 @@ def _tile(kb, node, bufs, where, width, k_n, dot, flip, acc_t, v8):
                 xv = kb.b.bitcast(kb.splat(word, ob), v8)
                 for k in range(k_n):
                     kb.set(accs[k][j], _dot(kb, dot, kb.get(accs[k][j]), xv, wv[k]))
-    lo, hi = QTYPES[node.attr("out")]
-    f_t = ir.VectorType(F32, ob)
-    zero = kb.splat(kb.b.sitofp(kb.b.sext(kb.load(yzp, 0), I32) if node.attr("out") == "int8"
-                                else kb.b.zext(kb.load(yzp, 0), I32), F32), ob)
+    store = _Requantize(kb, node, bias, mult, yzp, ob)
     for k in range(k_n):
         oc0 = (ocg * k_n + k) * ob
-        b_v = kb.b.load(kb.gep(bias, oc0), typ=acc_t, align=4)
-        m_v = kb.b.load(kb.gep(mult, oc0), typ=f_t, align=4)
         for j in range(width):
-            f = kb.fmul(kb.b.sitofp(kb.b.add(kb.get(accs[k][j]), b_v), f_t), m_v, fast=False)
-            r = kb.fadd(kb.intrinsic("roundeven", f), zero, fast=False)
-            r = kb.intrinsic("maxnum", r, ir.Constant(f_t, [float(lo)] * ob))
-            r = kb.intrinsic("minnum", r, ir.Constant(f_t, [float(hi)] * ob))
-            q = kb.b.trunc(kb.b.fptosi(r, acc_t), ir.VectorType(I8, ob))
             at = (((n * out.type.shape[1] + ocg * k_n + k) * out.type.shape[2] + oh)
                   * out.type.shape[3] + ow0 + j) * ob
-            kb.b.store(q, kb.gep(out, at), align=1)
+            store(kb.get(accs[k][j]), oc0, out, at)
+
+
+class _Requantize:
+    """saturate(roundeven((acc + bias) * multiplier) + y_zp) of an int32 vector of
+    output channels oc0.., stored as bytes."""
+
+    def __init__(self, kb, node, bias, mult, yzp, ob: int):
+        self.kb, self.bias, self.mult, self.ob = kb, bias, mult, ob
+        self.acc_t, self.f_t = ir.VectorType(I32, ob), ir.VectorType(F32, ob)
+        out = node.attr("out")
+        zp = kb.load(yzp, 0)
+        zp = kb.b.sext(zp, I32) if out == "int8" else kb.b.zext(zp, I32)
+        self.zero = kb.splat(kb.b.sitofp(zp, F32), ob)
+        lo, hi = QTYPES[out]
+        self.lo = ir.Constant(self.f_t, [float(lo)] * ob)
+        self.hi = ir.Constant(self.f_t, [float(hi)] * ob)
+
+    def __call__(self, acc, oc0, out, at) -> None:
+        kb, ob = self.kb, self.ob
+        b_v = kb.b.load(kb.gep(self.bias, oc0), typ=self.acc_t, align=4)
+        m_v = kb.b.load(kb.gep(self.mult, oc0), typ=self.f_t, align=4)
+        f = kb.fmul(kb.b.sitofp(kb.b.add(acc, b_v), self.f_t), m_v, fast=False)
+        r = kb.fadd(kb.intrinsic("roundeven", f), self.zero, fast=False)
+        r = kb.intrinsic("minnum", kb.intrinsic("maxnum", r, self.lo), self.hi)
+        q = kb.b.trunc(kb.b.fptosi(r, self.acc_t), ir.VectorType(I8, ob))
+        kb.b.store(q, kb.gep(out, at), align=1)
 
 
 register("qconv2d_nchwc", "opaque", _infer, lower=_lower)
+
+
+# -- qdepthwise_conv2d_nchwc ---------------------------------------------------------------
+
+def pack_qdepthwise(w: np.ndarray, vw: int) -> np.ndarray:
+    """int8 [C, 1, KH, KW] -> [C/vw, KH, KW, vw]."""
+    c, _, kh, kw = w.shape
+    return np.ascontiguousarray(w.reshape(c // vw, vw, kh, kw).transpose(0, 2, 3, 1))
+
+
+def _dw_infer(types, node):
+    x, w = types[0], types[1]
+    n, cb, hp, wp, b = x.shape
+    wcb, kh, kw, wb = w.shape
+    if (wcb, wb) != (cb, b) or x.dtype not in QTYPES:
+        raise ModelError(f"node {node.name!r} (qdepthwise_conv2d_nchwc): weights "
+                         f"{list(w.shape)} do not match input {list(x.shape)} {x.dtype}")
+    sh, sw = node.attr("strides")
+    return [TensorType((n, cb, (hp - kh) // sh + 1, (wp - kw) // sw + 1, b), node.attr("out"))]
+
+
+def _dw_lower(kb, node, ins, out, epilogue):
+    """One filter per channel: per output row, tiles of T columns, each tap a widening
+    multiply-add of b channels (no dot product: nothing to sum across lanes)."""
+    x, w, bias, mult, yzp = ins
+    n_n, cb_n, hp, wp, ob = x.type.shape
+    _, kh_n, kw_n, _ = w.type.shape
+    _, _, oh_n, ow_n, _ = out.type.shape
+    sh, sw = node.attr("strides")
+    t = max(1, min(ow_n, registers(ob) - 4))
+    acc_t = ir.VectorType(I32, ob)
+    v8 = ir.VectorType(I8, ob)
+    signed = x.type.dtype == "int8"
+    with parallel_for(kb, n_n * cb_n * oh_n, "rows", work=out.type.size * kh_n * kw_n) as item:
+        plane, oh = item // oh_n, item % oh_n
+        cb = plane % cb_n
+        store = _Requantize(kb, node, bias, mult, yzp, ob)
+        taps = [kb.b.sext(kb.b.load(kb.gep(w, ((cb * kh_n + kh) * kw_n + kw) * ob), typ=v8,
+                                    align=1), acc_t)
+                for kh in range(kh_n) for kw in range(kw_n)]
+
+        def tile(ow0, width):
+            accs = [ir.Constant(acc_t, [0] * ob)] * width
+            for kh in range(kh_n):
+                row = (plane * hp + oh * sh + kh) * wp
+                for kw in range(kw_n):
+                    wv = taps[kh * kw_n + kw]
+                    for j in range(width):
+                        at = (row + (ow0 + j) * sw + kw) * ob
+                        xv = kb.b.load(kb.gep(x, at), typ=v8, align=1)
+                        xv = kb.b.sext(xv, acc_t) if signed else kb.b.zext(xv, acc_t)
+                        accs[j] = kb.b.add(accs[j], kb.b.mul(xv, wv))
+            for j in range(width):
+                store(accs[j], cb * ob, out, ((plane * oh_n + oh) * ow_n + ow0 + j) * ob)
+
+        full = ow_n // t
+        if full:
+            with kb.loop(0, full, "tile") as j:
+                tile(j * t, t)
+        if ow_n % t:
+            tile(full * t, ow_n % t)
+
+
+register("qdepthwise_conv2d_nchwc", "opaque", _dw_infer, lower=_dw_lower)

@@ -37,6 +37,7 @@ from pipeline.ops.qconv_blocked import (
     dot_kind,
     input_block,
     offset_of,
+    pack_qdepthwise,
     pack_qweight,
     tile,
 )
@@ -146,21 +147,30 @@ class _Rewriter:
         qpad_nchwc + qconv2d_nchwc (ops/qconv_blocked.py) with the target's dot product."""
         if len(node.inputs) != 7 or node.attr("out") not in QTYPES \
                 or not all(i in self.params for i in node.inputs[1:]) \
-                or node.attr("groups") != 1 or tuple(node.attr("dilations")) != (1, 1):
+                or tuple(node.attr("dilations")) != (1, 1):
             return False
         x, w_name, xzp, wzp, bias, mult, yzp = node.inputs
         weight = self.params[w_name]
         oc, c = weight.shape[:2]
-        if oc % self.vw or np.any(self.params[wzp] != 0) or self.params[xzp].size != 1 \
-                or weight.dtype != np.int8:
+        depthwise = node.attr("groups") == oc == self.types[x].shape[1] and c == 1
+        # Output channels per vector: the target's width, or half of it for a layer
+        # whose channels are no multiple of it (24 in MobileNetV2), which then hands
+        # its consumers a plain tensor.
+        ob = self.vw if oc % self.vw == 0 else self.vw // 2
+        if oc % ob or ob < 4 or (depthwise and ob != self.vw) \
+                or np.any(self.params[wzp] != 0) or self.params[xzp].size != 1 \
+                or weight.dtype != np.int8 or (node.attr("groups") != 1 and not depthwise):
             return False
         zx = int(self.params[xzp].reshape(()))
-        offset = offset_of(self.dot, self.types[x].dtype)
-        ib = input_block(c, self.vw)
+        offset = 0 if depthwise else offset_of(self.dot, self.types[x].dtype)
+        if depthwise:
+            c = oc
+        ib = self.vw if depthwise else input_block(c, self.vw)
         ow = self.types[node.outputs[0]].shape[3]
-        k = tile(ow, oc // self.vw, self.vw)[0]
-        packed = self.param(("qconv", w_name, ib, k), f"{w_name}.packed",
-                            lambda: pack_qweight(weight, ib, self.vw, k))
+        k = tile(ow, oc // ob, ob)[0]
+        packed = self.param(("qconv", w_name, ib, ob, k, depthwise), f"{w_name}.packed",
+                            lambda: pack_qdepthwise(weight, self.vw) if depthwise
+                            else pack_qweight(weight, ib, ob, k))
         bias_c = self.param(("qbias", bias, w_name, zx, offset), f"{bias}.corrected",
                             lambda: corrected_bias(weight, self.params[bias], zx, offset))
         mults = self.param(("qmult", mult, oc), f"{mult}.per_channel",
@@ -175,10 +185,21 @@ class _Rewriter:
             padded = fresh_name(f"{x}.padded", self.types)
             self.emit(Node.make("qpad_nchwc", f"{node.name}.pad", (src,), (padded,),
                                 block=ib, pads=pads, channels=c, fill=zx))
-        self.blocked_output(Node.make("qconv2d_nchwc", node.name, (), node.outputs),
-                            "qconv2d_nchwc", [padded, packed, bias_c, mults, yzp],
-                            strides=tuple(node.attr("strides")), oc_block=self.vw,
-                            dot=self.dot, offset=offset, out=node.attr("out"))
+        inputs = [padded, packed, bias_c, mults, yzp]
+        plain = Node.make("conv2d_integer", node.name, (), node.outputs)
+        if depthwise:
+            self.blocked_output(plain, "qdepthwise_conv2d_nchwc", inputs,
+                                strides=tuple(node.attr("strides")), out=node.attr("out"))
+        elif ob == self.vw:
+            self.blocked_output(plain, "qconv2d_nchwc", inputs,
+                                strides=tuple(node.attr("strides")), oc_block=ob,
+                                dot=self.dot, offset=offset, out=node.attr("out"))
+        else:  # blocked by ob: its consumers read it plain (need_plain)
+            out = fresh_name(f"{node.outputs[0]}.nchw{ob}c", self.types)
+            self.emit(Node.make("qconv2d_nchwc", node.name, inputs, (out,),
+                                strides=tuple(node.attr("strides")), oc_block=ob,
+                                dot=self.dot, offset=offset, out=node.attr("out")))
+            self.blocked[(node.outputs[0], ob)] = out
         return True
 
     def elementwise(self, node: Node) -> bool:
