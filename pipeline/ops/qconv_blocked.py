@@ -266,8 +266,7 @@ class _Requantize:
         self.kb, self.bias, self.mult, self.ob = kb, bias, mult, ob
         self.acc_t, self.f_t = ir.VectorType(I32, ob), ir.VectorType(F32, ob)
         out = node.attr("out")
-        zp = kb.load(yzp, 0)
-        zp = kb.b.sext(zp, I32) if out == "int8" else kb.b.zext(zp, I32)
+        zp = kb.load(yzp, 0)  # widened to i32 by its sign
         self.zero = kb.splat(kb.b.sitofp(zp, F32), ob)
         lo, hi = QTYPES[out]
         self.lo = ir.Constant(self.f_t, [float(lo)] * ob)

@@ -18,7 +18,6 @@ range before it is narrowed.
 
 from __future__ import annotations
 
-import llvmlite.ir as ir
 import numpy as np
 
 from pipeline.dsl.builder import F32, I32
@@ -32,17 +31,20 @@ _ONNX_QTYPES = {2: "uint8", 3: "int8"}
 
 
 def to_i32(kb, v, dtype: str):
-    """An integer value of `dtype` (int8, uint8, int32) widened to i32 by its sign."""
+    """An integer value of `dtype` (int8, uint8, int32) as i32. Kernels load int8 and
+    uint8 already widened (sign- or zero-extended: dsl/builder.py), so this only
+    extends a raw byte."""
     if v.type == I32:
         return v
     return kb.b.zext(v, I32) if dtype == "uint8" else kb.b.sext(v, I32)
 
 
 def saturate_to(kb, r, dtype: str):
-    """The float r (already rounded) clamped to `dtype`'s range and narrowed to it."""
+    """The float r (already rounded) clamped to `dtype`'s range, as the i32 the
+    kernels compute int8/uint8 in (stores narrow it)."""
     lo, hi = QTYPES[dtype]
     r = kb.fmin(kb.fmax(r, kb.fconst(lo, r)), kb.fconst(hi, r))
-    return kb.b.trunc(kb.b.fptosi(r, I32), ir.IntType(8))
+    return kb.b.fptosi(r, I32)
 
 
 def quantize_np(x: np.ndarray, scale, zp, dtype: str) -> np.ndarray:
