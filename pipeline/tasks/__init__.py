@@ -95,7 +95,8 @@ def run_stage(fn: str, *args, task, cached: tuple[Action, CacheSettings] | None 
     imported only when a task runs, so a no-op build never loads the compiler.
 
     A dict the stage returns becomes the task's doit values (the reporter reads
-    a kernel task's {"compiled": bool} to count cache hits).
+    a kernel task's {"compiled": bool} to count cache hits), with "worker": the
+    pid that ran it.
     """
     module, _, name = fn.partition(":")
     _test_kill(task.name, "before")
@@ -106,7 +107,7 @@ def run_stage(fn: str, *args, task, cached: tuple[Action, CacheSettings] | None 
             key = action.key()
             tier = tiered.lookup(settings, key, action.outputs)
             if tier is not None:
-                return {"cache": tier, **_warnings(settings)}
+                return {"cache": tier, "worker": os.getpid(), **_warnings(settings)}
         result = getattr(importlib.import_module(f"pipeline.{module}"), name)(*args)
         if key is not None:
             tiered.save(settings, key, action.all_outputs())
@@ -119,9 +120,10 @@ def run_stage(fn: str, *args, task, cached: tuple[Action, CacheSettings] | None 
                           f"(full traceback in {log})")
     _test_kill(task.name, "after")
     values = result if isinstance(result, dict) else {}
+    values["worker"] = os.getpid()  # which process ran it: the report's timeline rows
     if cached is not None:
         values.update(_warnings(cached[1]))
-    return values or None
+    return values
 
 
 def _warnings(settings: CacheSettings) -> dict:

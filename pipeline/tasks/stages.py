@@ -23,7 +23,7 @@ from pipeline.link.cc import link_relocatable
 from pipeline.link.files import atomic_write
 from pipeline.runtime.params import load_params, param_chunks
 from pipeline.tasks.cache import object_for_link
-from pipeline.transform import PassContext
+from pipeline.transform import PassContext, PassTimingInstrument
 
 
 def generate_model(name: str, path: str) -> None:
@@ -46,12 +46,14 @@ def optimize_model(graph_path: str, weights_path: str, target: dict, spec_dir: s
 
     target: TargetEntry.to_dict() (target string, opt_level, passes, config).
     kernels.json lists, per kernel, its hash and symbol: the manifest the
-    per-kernel tasks are created from.
+    per-kernel tasks are created from. Returns {"passes": [{"pass", "seconds"}]}, the
+    time of each pass (the build report keeps it).
     """
     graph = Graph.from_json(Path(graph_path).read_text())
     params = load_params(Path(weights_path).read_bytes())
+    timing = PassTimingInstrument()
     ctx = PassContext(target["opt_level"], target["required_pass"], target["disabled_pass"],
-                      target["config"])
+                      target["config"], instruments=[timing])
     with ctx:
         lowered = lower_graph(graph, params, parse_target(target["target"]),
                               target["opt_level"])
@@ -70,6 +72,7 @@ def optimize_model(graph_path: str, weights_path: str, target: dict, spec_dir: s
     atomic_write(kernels_path, json.dumps(manifest, indent=1).encode())
     atomic_write(graph_json_path, lowered.graph_json.encode())
     atomic_write(params_path, param_chunks(lowered.params))
+    return {"passes": timing.timings}
 
 
 def link_lib0(kernels_path: str, cache: str, lib0_path: str, cc: str | None = None,
