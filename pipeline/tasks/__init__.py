@@ -18,6 +18,7 @@ Task names (model m, target entry t):
   export:m@t     lib0.o + devc.o + executor.o -> m.so (linked by the target's cc)
   validate:m@t   run m.so against the reference -> validation.json
   explain        print why each task of the last build ran (out/build-report.json)
+  report         out/report.html from what the other tasks left (pipeline.tools.report)
   gc             remove cache entries no entry of the matrix uses
 Every task declares its inputs, including the compiler sources it runs (doit
 does not see code edits otherwise; derived from the stage's code by `code_of`);
@@ -420,6 +421,14 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
                "actions": [(run_stage, ["tools.bench:summarize", reports,
                                         peak, path(OUT, "bench-summary.md"),
                                         path(OUT, "bench-summary.json")])]}
+
+    def task_report():
+        """Write out/report.html: the matrix, the last build's timeline, the slowest
+        nodes (from doit bench profile=1) and the memory plans (needs .[report])."""
+        return {"actions": [(run_stage, ["tools.report:write_report", OUT,
+                                         [(m.name, t.name) for m, t in entries],
+                                         path(OUT, "report.html")])],
+                "targets": [path(OUT, "report.html")], "uptodate": [False], "verbosity": 2}
 
     def task_explain():
         """Print why each task of the last build ran, and what it compiled or reused."""

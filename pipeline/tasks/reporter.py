@@ -18,7 +18,8 @@ process, so this one object sees the whole build. It
   - ends with one line per model@target: kernels compiled and reused, time, and
     one line counting the tasks by how they got their outputs;
   - writes all of it to out/build-report.json, which `doit explain` prints and
-    tests read to know exactly which tasks executed.
+    tests read to know exactly which tasks executed (and, for a run that built
+    something, to out/last-build.json, the timeline of `doit report`).
 Failures are reported exactly as doit's console reporter does.
 """
 
@@ -36,8 +37,12 @@ from pipeline.link.files import atomic_write
 from pipeline.tasks.explain import reasons
 
 REPORT = os.path.join("out", "build-report.json")
+# The same record, of the last run that ran a build stage: `doit report` draws its
+# timeline after validate and bench have replaced build-report.json.
+LAST_BUILD = os.path.join("out", "last-build.json")
+BUILD_STAGES = {"model", "import", "optimize", "kernel", "lib0", "devc", "runtime", "export"}
 # Runs of only these tasks leave the previous report alone (it is what they show).
-READ_ONLY_TASKS = {"explain"}
+READ_ONLY_TASKS = {"explain", "report"}
 
 
 def _entry(name: str) -> str | None:
@@ -133,10 +138,13 @@ class BuildReporter(ConsoleReporter):
         for line in summary["lines"]:
             self.write(line + "\n")
         if self.record:
-            atomic_write(REPORT, json.dumps(
+            record = json.dumps(
                 {"executed": self.ran, "failed": self.failed, "entries": summary["entries"],
                  "how": summary["how"], "warnings": self.warned,
-                 "wall_s": round(time.monotonic() - self.t0, 3)}, indent=1).encode())
+                 "wall_s": round(time.monotonic() - self.t0, 3)}, indent=1).encode()
+            atomic_write(REPORT, record)
+            if any(i["task"].partition(":")[0] in BUILD_STAGES for i in self.ran):
+                atomic_write(LAST_BUILD, record)
         super().complete_run()
 
     # -- helpers --
