@@ -124,7 +124,7 @@ def _timeline(report: dict) -> str:
     if not runs:
         return "<p>The last build ran no task (everything was up to date).</p>"
     workers = list(dict.fromkeys(str(r.get("worker", "?")) for r in runs))
-    fig = _figure(11, 0.5 + 0.45 * len(workers))
+    fig = _figure(11, 0.9 + 0.45 * len(workers))
     ax = fig.add_subplot()
     from matplotlib.patches import Patch
 
@@ -144,7 +144,8 @@ def _timeline(report: dict) -> str:
     if any(r.get("how", "").startswith("restored") for r in runs):
         handles.append(Patch(facecolor="white", edgecolor="black", hatch="////",
                              label="restored from cache"))
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.0, 1.0), fontsize=8,
+              ncol=min(len(handles), 10), frameon=False)
     how = ", ".join(f"{n} {what}" for what, n in report.get("how", {}).items())
     return (f"<p>{len(runs)} tasks on {len(workers)} worker(s), wall time "
             f"{report.get('wall_s', 0):.1f} s; {html.escape(how)}.</p>" + _svg(fig))
@@ -155,7 +156,7 @@ def _pass_times(report: dict) -> str:
     if not runs:
         return "<p>No optimize task ran in the last build.</p>"
     names = list(dict.fromkeys(p["pass"] for r in runs for p in r["passes"]))
-    fig = _figure(11, 0.6 + 0.3 * len(runs))
+    fig = _figure(11, 0.9 + 0.3 * len(runs))
     ax = fig.add_subplot()
     colours = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948"]
     labels = [r["task"].partition(":")[2] for r in runs]
@@ -167,7 +168,8 @@ def _pass_times(report: dict) -> str:
         left = [a + b for a, b in zip(left, ms, strict=True)]
     ax.invert_yaxis()
     ax.set_xlabel("ms per pass (PassTimingInstrument)")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), fontsize=8, ncol=len(names),
+              frameon=False)
     return _svg(fig)
 
 
