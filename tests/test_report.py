@@ -152,6 +152,11 @@ def test_report_page_content(built):
     for pid in {str(i["worker"]) for i in built["plain_executed"]}:
         assert f"(pid {pid})" in text
     assert "restored from cache" in text
+    # The kernels table: mlp's total FLOPs from kernels.json (tests/test_kernel_metadata.py
+    # checks those against the ONNX model).
+    kernels = json.loads((page.parent / "mlp" / "llvm" / "kernels.json").read_text())["kernels"]
+    gflop = sum(k["flops"] * k["calls"] for k in kernels) / 1e9
+    assert f"<b>mlp@llvm</b>: {len(kernels)} kernels, {gflop:.3f} GFLOP per run" in text
     # Deterministic: drawn again from the same files, the same bytes.
     from pipeline.tools.report import write_report
 

@@ -427,7 +427,7 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
         nodes (from doit bench profile=1) and the memory plans (needs .[report])."""
         return {"actions": [(run_stage, ["tools.report:write_report", OUT,
                                          [(m.name, t.name) for m, t in entries],
-                                         path(OUT, "report.html")])],
+                                         path(OUT, "report.html"), cache_root])],
                 "targets": [path(OUT, "report.html")], "uptodate": [False], "verbosity": 2}
 
     def task_explain():

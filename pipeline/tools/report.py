@@ -12,7 +12,9 @@ It reads what the other tasks left in out/ and needs none of them to have run:
   - per entry, the slowest nodes of the profile `doit bench profile=1` wrote
     into bench.json (else a note saying how to get one);
   - the memory plan (kernels.json): planned activation bytes against the sum of
-    all intermediate tensors.
+    all intermediate tensors;
+  - per entry, its kernels with the most FLOPs: calls, FLOPs, bytes moved, stack
+    scratch (from the kernel cache's IR) and constant bytes (kernels.json).
 Charts are drawn with matplotlib (the optional extra `report`) as SVG and
 inlined: the page loads nothing (no scripts, no network). The SVG ids are
 seeded (svg.hashsalt) and carry no date, so the same inputs give the same page.
@@ -215,10 +217,41 @@ def _memory(out: str, entries: list[tuple[str, str]]) -> str:
     return _svg(fig)
 
 
+def _kernels(out: str, entries: list[tuple[str, str]], cache: str | None) -> str:
+    """Per entry, its kernels by FLOPs (kernels.json), stack scratch from the kernel
+    cache's IR when it is at hand."""
+    from pipeline.lower.cost import stack_bytes
+
+    parts = []
+    for m, t in entries:
+        manifest = _entry_files(out, m, t)["kernels"]
+        if not manifest or manifest["kernels"][0].get("flops") is None:
+            continue
+        rows = sorted(manifest["kernels"], key=lambda k: -(k["flops"] * k["calls"]))
+        total = sum(k["flops"] * k["calls"] for k in rows) or 1
+        body = []
+        for k in rows[:8]:
+            ll = os.path.join(cache or os.path.join(out, "kernels"), k["hash"] + ".ll")
+            stack = str(stack_bytes(open(ll).read())) if os.path.exists(ll) else "?"
+            body.append(f"<tr><td>{html.escape(k['symbol'])}</td><td>{k['calls']}</td>"
+                        f"<td>{k['flops'] * k['calls'] / 1e6:.1f}</td>"
+                        f"<td>{100 * k['flops'] * k['calls'] / total:.0f}%</td>"
+                        f"<td>{k['bytes_moved'] / MIB:.2f}</td><td>{stack}</td>"
+                        f"<td>{k['constant_bytes'] / MIB:.2f}</td></tr>")
+        parts.append(f"<p><b>{html.escape(m)}@{html.escape(t)}</b>: {len(rows)} kernels, "
+                     f"{total / 1e9:.3f} GFLOP per run</p><table class=\"kernels\"><tr>"
+                     "<th>kernel</th><th>calls</th><th>MFLOP</th><th>share</th>"
+                     "<th>MiB moved / call</th><th>stack bytes</th><th>constants MiB</th></tr>"
+                     + "".join(body) + "</table>")
+    return "".join(parts) or "<p>No kernel metadata yet: run <code>doit build</code>.</p>"
+
+
 STYLE = """
 body { font-family: sans-serif; margin: 1.5em; color: #222; }
 h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 1.6em; }
 table.matrix { border-collapse: collapse; }
+table.kernels { border-collapse: collapse; font-size: 0.8em; }
+table.kernels th, table.kernels td { border: 1px solid #ccc; padding: 2px 6px; }
 table.matrix th, table.matrix td { border: 1px solid #999; padding: 4px 8px;
   font-size: 0.85em; vertical-align: top; }
 .pass { background: #c8f0c8; } .built { background: #fff3b0; }
@@ -228,9 +261,11 @@ svg { max-width: 100%; height: auto; display: block; }
 """
 
 
-def write_report(out: str, entries: list[tuple[str, str]], path: str) -> str:
-    """Write the page for the (model, target) `entries` from what is in `out`; returns
-    `path`. Whatever is missing (no validation, no bench, no profile) is said so."""
+def write_report(out: str, entries: list[tuple[str, str]], path: str,
+                 cache: str | None = None) -> str:
+    """Write the page for the (model, target) `entries` from what is in `out` (and
+    the kernel IR in `cache`, default out/kernels); returns `path`. Whatever is
+    missing (no validation, no bench, no profile) is said so."""
     entries = [tuple(e) for e in entries]
     build = (_read_json(os.path.join(out, "last-build.json"))
              or _read_json(os.path.join(out, "build-report.json")) or {})
@@ -242,7 +277,8 @@ def write_report(out: str, entries: list[tuple[str, str]], path: str) -> str:
             f"{_timeline(build) if build else '<p>No build report yet.</p>'}"
             f"<h2>Time per pass</h2>{_pass_times(build)}"
             f"<h2>Slowest nodes</h2>{profiles}"
-            f"<h2>Memory plan</h2>{_memory(out, entries)}")
+            f"<h2>Memory plan</h2>{_memory(out, entries)}"
+            f"<h2>Kernels (the most arithmetic first)</h2>{_kernels(out, entries, cache)}")
     page = ('<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
             "<title>pipeline build report</title>"
             f"<style>{STYLE}</style></head><body>{body}</body></html>\n")
