@@ -239,7 +239,7 @@ def _kernels(out: str, entries: list[tuple[str, str]], cache: str | None) -> str
                         f"<td>{k['bytes_moved'] / MIB:.2f}</td><td>{stack}</td>"
                         f"<td>{k['constant_bytes'] / MIB:.2f}</td></tr>")
         parts.append(f"<p><b>{html.escape(m)}@{html.escape(t)}</b>: {len(rows)} kernels, "
-                     f"{total / 1e9:.3f} GFLOP per run</p><table class=\"kernels\"><tr>"
+                     f"{total / 1e6:,.1f} MFLOP per run</p><table class=\"kernels\"><tr>"
                      "<th>kernel</th><th>calls</th><th>MFLOP</th><th>share</th>"
                      "<th>MiB moved / call</th><th>stack bytes</th><th>constants MiB</th></tr>"
                      + "".join(body) + "</table>")
