@@ -18,7 +18,8 @@ from pathlib import Path
 from pipeline.link.cc import _run, _tool, toolchain_identity
 from pipeline.link.files import temp_output
 
-__all__ = ["C_DIR", "C_SOURCES", "EXECUTOR_C", "build_pipeline_run", "compile_executor", "executor_object"]
+__all__ = ["C_DIR", "C_SOURCES", "EXECUTOR_C", "build_pipeline_run", "compile_executor",
+           "executor_object"]
 
 C_DIR = Path(__file__).resolve().parent.parent / "runtime" / "c"
 # The .c files compiled into executor.o (one relocatable object, cc -r).
