@@ -30,7 +30,14 @@ from pipeline.frontend import from_onnx
 from pipeline.ir.target import parse_target
 from pipeline.link.blob import pack_blob, write_devc
 from pipeline.link.export import link_library
-from pipeline.runtime import BenchmarkResult, GraphModule, empty_aligned, load_module, save_params
+from pipeline.runtime import (
+    BenchmarkResult,
+    GraphModule,
+    empty_aligned,
+    load_module,
+    load_params,
+    save_params,
+)
 from pipeline.runtime.debug_executor import GraphModuleDebug, create
 from pipeline.runtime.timing import time_evaluator
 
@@ -315,14 +322,14 @@ def _entry_sid(graph: dict, name: str) -> int:
     return graph["attrs"]["storage_id"][1][graph["node_row_ptr"][nid]]
 
 
-def test_debug_executor_records_every_node(lib):
+def test_debug_executor_records_every_node(lib, tmp_path):
     # TVM debug executor: run() executes node by node, keeping every node's output and
-    # time; debug_get_output(node) takes "The node index or name".
+    # time (dumped under dump_root); debug_get_output(node) takes "The node index or name".
     graph = json.loads(lib.graph_json)
     # The plan reuses storage (Relu writes MatMul's): a recording taken at the end of
     # the run would be wrong, one taken right after each node is right.
     assert _entry_sid(graph, "mm1") == _entry_sid(graph, "relu1")
-    gmod = create(lib.graph_json, lib, "cpu", timing_runs=2)
+    gmod = create(lib.graph_json, lib, "cpu", tmp_path / "dump", timing_runs=2)
     gmod.run(x=X)
     h, h2, r, s, t, y, z = _ref(names=["h", "h2", "r", "s", "t", "y", "z"])
     for node, want in {"mm1": h, "add1": h2, "relu1": r, "reshape1": s, "mm2": t, "sig": y,
@@ -336,6 +343,12 @@ def test_debug_executor_records_every_node(lib):
     table = gmod.format_node_times()
     assert "total of 6 nodes" in table and all(name.split("_")[0] in table
                                                for name in ("dense", "relu", "sigmoid"))
+    dumped = load_params((tmp_path / "dump" / "output_tensors.params").read_bytes())
+    assert set(dumped) == {f"{name}:0" for name in gmod.node_outputs}
+    np.testing.assert_array_equal(dumped["relu1:0"], gmod.node_outputs["relu1"][0])
+    trace = json.loads((tmp_path / "dump" / "execution_trace.json").read_text())["traceEvents"]
+    assert [e["name"] for e in trace] == ["mm1", "add1", "relu1", "mm2", "sig", "neg"]
+    assert all(a["ts"] + a["dur"] <= b["ts"] + 1e-3 for a, b in zip(trace, trace[1:], strict=False))
 
 
 def test_debug_get_output_runs_up_to_the_node(lib):

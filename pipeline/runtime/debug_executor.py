@@ -15,32 +15,41 @@ copied right after their node runs (pl_run_node, pl_get_node_output: debug.c).
 A reshape the plan aliases runs nothing (`__nop`): its output is its input's
 bytes in its own shape. Times come from pipeline.runtime.profile.profile_nodes
 (separate whole passes, so copying outputs does not disturb them).
+
+With dump_root, each run() also writes there (unlike TVM, nothing without it):
+output_tensors.params, every node output as a TVM param dict keyed
+"<node>:<output index>", and execution_trace.json, the nodes' median times in run
+order as a Chrome trace (chrome://tracing, Perfetto).
 """
 
 from __future__ import annotations
 
 import ctypes
 import json
+import os
 from typing import Any
 
 import numpy as np
 
+from pipeline.link.files import atomic_write
 from pipeline.runtime.graph_executor import GraphExecutor, GraphModule, _TensorInfo, check_device
+from pipeline.runtime.params import save_params
 from pipeline.runtime.profile import NodeTime, format_profile, profile_nodes
 
 __all__ = ["GraphModuleDebug", "create"]
 
 
 def create(graph_json_str: str | None, libmod: Any, device: Any = None,
-           timing_runs: int = 10) -> GraphModuleDebug:
+           dump_root: str | os.PathLike | None = None, timing_runs: int = 10,
+           ) -> GraphModuleDebug:
     """A GraphModuleDebug over a new executor of the loaded library `libmod`
-    (pipeline.runtime.Module). The library runs its own graph: graph_json_str
-    (TVM's first argument) may be None, else it must be that graph (ValueError)."""
+    (pipeline.runtime.Module), TVM's arguments. The library runs its own graph:
+    graph_json_str may be None, else it must be that graph (ValueError)."""
     check_device(device)
     if graph_json_str is not None and json.loads(graph_json_str) != json.loads(libmod.graph_json):
         raise ValueError(f"debug_executor.create: graph_json_str is not the graph of "
                          f"{libmod.path}; a library runs the graph it was built with")
-    return GraphModuleDebug(libmod["default"](device), device, timing_runs=timing_runs)
+    return GraphModuleDebug(libmod["default"](device), device, dump_root, timing_runs)
 
 
 class GraphModuleDebug(GraphModule):
@@ -51,13 +60,15 @@ class GraphModuleDebug(GraphModule):
     passes).
     """
 
-    def __init__(self, module: GraphExecutor, device: Any = None, timing_runs: int = 10,
+    def __init__(self, module: GraphExecutor, device: Any = None,
+                 dump_root: str | os.PathLike | None = None, timing_runs: int = 10,
                  num_threads: int | None = None):
         super().__init__(module, num_threads)
         check_device(device)
-        if timing_runs < 1:
-            raise ValueError(f"GraphModuleDebug: timing_runs must be >= 1, got {timing_runs}")
-        self.timing_runs = timing_runs
+        if isinstance(timing_runs, bool) or not isinstance(timing_runs, int) or timing_runs < 1:
+            raise ValueError(f"GraphModuleDebug: timing_runs must be an integer >= 1, got "
+                             f"{timing_runs!r}")
+        self.timing_runs, self.dump_root = timing_runs, dump_root
         graph = json.loads(module.graph_json)
         self._nodes, self._row_ptr = graph["nodes"], graph["node_row_ptr"]
         self._shapes = graph["attrs"]["shape"][1]
@@ -124,8 +135,26 @@ class GraphModuleDebug(GraphModule):
                 value = (self.module.get_input(self._nodes[src]["name"])
                          if self._nodes[src]["op"] == "null"
                          else by_step[self._step[self._nodes[src]["name"]]][src_index])
+                if src != nid:  # an alias: its own array, not a view of its source's
+                    value = value.copy()
                 outs.append(value.reshape(self._shapes[self._row_ptr[nid] + index]))
             self.node_outputs[node["name"]] = outs
+        if self.dump_root is not None:
+            self._dump(self.dump_root)
+
+    def _dump(self, root: str | os.PathLike) -> None:
+        os.makedirs(root, exist_ok=True)
+        tensors = {f"{name}:{j}": value for name, outs in self.node_outputs.items()
+                   for j, value in enumerate(outs)}
+        atomic_write(os.path.join(root, "output_tensors.params"), save_params(tensors))
+        events, start = [], 0.0
+        for name in self._step:  # run order
+            row = self.node_times[name]
+            events.append({"name": name, "cat": row.kernel, "ph": "X", "pid": 1, "tid": 1,
+                           "ts": round(start * 1e3, 3), "dur": round(row.ms * 1e3, 3)})
+            start += row.ms
+        atomic_write(os.path.join(root, "execution_trace.json"),
+                     json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}).encode())
 
     def _all_outputs(self, k: int) -> list[np.ndarray]:
         outs = []
