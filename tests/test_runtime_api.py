@@ -18,6 +18,7 @@ import json
 import shutil
 import statistics
 import tarfile
+import threading
 import time
 
 import numpy as np
@@ -152,6 +153,30 @@ def test_share_params_shares_storage_without_copy(lib):
     second.run(x=X2)
     for got, want in zip(_outputs(second), _ref(x=X2, b1=new_b1), strict=True):
         np.testing.assert_allclose(got, want, **TOL)
+
+
+def test_executors_sharing_params_run_in_threads_at_once(lib):
+    # The use TVM's share_params serves: one copy of the weights, an executor per thread.
+    first = _gmod(lib)
+    others = [_gmod(lib) for _ in range(2)]
+    for other in others:
+        other.share_params(first, save_params(lib.params))
+    inputs = [RNG.standard_normal((2, 8)).astype(np.float32) for _ in others]
+    results: dict[int, list] = {}
+
+    def work(k):
+        for _ in range(30):
+            others[k].run(x=inputs[k])
+        results[k] = _outputs(others[k])
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(len(others))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k, x in enumerate(inputs):
+        for got, want in zip(results[k], _ref(x=x), strict=True):
+            np.testing.assert_allclose(got, want, **TOL)
 
 
 def test_share_params_needs_the_same_library(lib, built, tmp_path):

@@ -26,8 +26,8 @@ API int pl_set_input_zero_copy(pl_executor *h, int i, void *data, size_t nbytes)
     if (!t) return -1;
     const char *name = h->arg_name[h->slots[i]];
     if (nbytes != t->nbytes)
-        return fail(h, "input '%s' holds %zu bytes, the zero-copy buffer %zu", name, t->nbytes,
-                    nbytes);
+        return fail(h, "input '%s' holds %zu bytes, the zero-copy buffer has %zu", name,
+                    t->nbytes, nbytes);
     if (!data || (uintptr_t)data % ALIGN)
         return fail(h, "input '%s': the zero-copy buffer at %p is not %u-byte aligned", name,
                     data, ALIGN);

@@ -289,6 +289,7 @@ out:
     return rc;
 }
 
+/* Storage swaps (binding.c) and the arenas' reference counts: executor_internal.h. */
 void point_storage(pl_executor *h, uint32_t sid, void *data) {
     for (uint32_t e = 0; e < h->n_entries; e++)
         if (h->entries[e].sid == sid) h->entries[e].data = data;
