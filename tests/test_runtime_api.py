@@ -207,6 +207,14 @@ def test_set_input_zero_copy_reads_the_callers_buffer(lib):
     gmod.run()
     for got, want in zip(_outputs(gmod), _ref(x=X2), strict=True):
         np.testing.assert_allclose(got, want, **TOL)
+    other = empty_aligned((2, 8), np.float32)  # by keyword, as set_input takes them
+    other[...] = X
+    gmod.set_input_zero_copy(x=other)
+    assert gmod.module.input_data_address(0) == other.ctypes.data
+    other[...] = X2
+    gmod.run()
+    for got, want in zip(_outputs(gmod), _ref(x=X2), strict=True):
+        np.testing.assert_allclose(got, want, **TOL)
     # set_input copies into the executor's own storage again: the buffer is let go.
     gmod.set_input("x", X)
     buffer[...] = 0

@@ -11,7 +11,8 @@ node by node, recording each node's output and time.
 
 Node indices are the graph JSON's (inputs and params included), as TVM's are.
 The memory plan hands a node's output storage to later nodes, so outputs are
-copied right after their node runs (pl_run_node, pl_get_node_output: debug.c).
+copied right after their node runs (GraphExecutor.run_node, node_outputs; C:
+pl_run_node, pl_get_node_output in debug.c).
 A reshape the plan aliases runs nothing (`__nop`): its output is its input's
 bytes in its own shape. Times come from pipeline.runtime.profile.profile_nodes
 (separate whole passes, so copying outputs does not disturb them).
@@ -24,7 +25,6 @@ order as a Chrome trace (chrome://tracing, Perfetto).
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 from typing import Any
@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.link.files import atomic_write
-from pipeline.runtime.graph_executor import GraphExecutor, GraphModule, _TensorInfo, check_device
+from pipeline.runtime.graph_executor import GraphExecutor, GraphModule, check_device
 from pipeline.runtime.params import save_params
 from pipeline.runtime.profile import NodeTime, format_profile, profile_nodes
 
@@ -76,23 +76,6 @@ class GraphModuleDebug(GraphModule):
         self.node_outputs: dict[str, list[np.ndarray]] = {}
         self.node_times: dict[str, NodeTime] = {}
 
-    # -- single steps (C: pl_run_node, pl_node_output_info, pl_get_node_output) --
-
-    def _run_step(self, k: int) -> None:
-        ex = self.module
-        if ex._api["pl_run_node"](ex._h, k, None):
-            raise RuntimeError(ex._error())
-
-    def _step_output(self, k: int, index: int) -> np.ndarray | None:
-        """A copy of output `index` of executed node k, None past its last."""
-        ex, info = self.module, _TensorInfo()
-        if ex._api["pl_node_output_info"](ex._h, k, index, ctypes.byref(info)):
-            return None
-        out = np.empty(tuple(info.shape[d] for d in range(info.ndim)), info.dtype.decode())
-        if ex._api["pl_get_node_output"](ex._h, k, index, out.ctypes.data, out.nbytes):
-            raise RuntimeError(ex._error())
-        return out
-
     def _node_index(self, node: int | str) -> int:
         if isinstance(node, str):
             for nid, graph_node in enumerate(self._nodes):
@@ -123,8 +106,8 @@ class GraphModuleDebug(GraphModule):
         self.node_times = {row.node: row for row in profile_nodes(self.module, self.timing_runs)}
         by_step = []  # per executed node: copies of its outputs, taken right after it ran
         for k in range(len(self._step)):
-            self._run_step(k)
-            by_step.append(self._all_outputs(k))
+            self.module.run_node(k)
+            by_step.append(self.module.node_outputs(k))
         self.node_outputs = {}
         for nid, node in enumerate(self._nodes):
             if node["op"] == "null":
@@ -156,12 +139,6 @@ class GraphModuleDebug(GraphModule):
         atomic_write(os.path.join(root, "execution_trace.json"),
                      json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}).encode())
 
-    def _all_outputs(self, k: int) -> list[np.ndarray]:
-        outs = []
-        while (out := self._step_output(k, len(outs))) is not None:
-            outs.append(out)
-        return outs
-
     def debug_get_output(self, node: int | str, out: np.ndarray | None = None) -> np.ndarray:
         """Run the graph up to `node` (a graph node index or name) with the current
         inputs and return a copy of its first output (also copied into `out`), as
@@ -172,8 +149,8 @@ class GraphModuleDebug(GraphModule):
         else:
             k = self._step[self._nodes[nid]["name"]]
             for step in range(k + 1):
-                self._run_step(step)
-            value = self._step_output(k, index)
+                self.module.run_node(step)
+            value = self.module.node_outputs(k)[index]
         nid = self._node_index(node)
         value = value.reshape(self._shapes[self._row_ptr[nid]])
         if out is not None:

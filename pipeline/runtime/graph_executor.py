@@ -162,6 +162,24 @@ class GraphExecutor:
             raise RuntimeError(self._error())
         return list(times)
 
+    def run_node(self, k: int) -> float:
+        """Run executed node k alone (the nodes before it must have run); its wall
+        time in seconds."""
+        seconds = ctypes.c_double()
+        if self._api["pl_run_node"](self._h, k, ctypes.byref(seconds)):
+            raise RuntimeError(self._error())
+        return seconds.value
+
+    def node_outputs(self, k: int) -> list[np.ndarray]:
+        """Copies of executed node k's outputs as they are now."""
+        outs, info = [], _TensorInfo()
+        while not self._api["pl_node_output_info"](self._h, k, len(outs), ctypes.byref(info)):
+            out = np.empty(tuple(info.shape[d] for d in range(info.ndim)), info.dtype.decode())
+            if self._api["pl_get_node_output"](self._h, k, len(outs), out.ctypes.data, out.nbytes):
+                raise RuntimeError(self._error())
+            outs.append(out)
+        return outs
+
     def node_shapes(self, name: str) -> tuple[list[tuple], list[tuple]]:
         """(input shapes, output shapes) of the op node `name` (from the graph JSON)."""
         if self._node_shapes is None:  # parsed once: profiling asks for every node
@@ -406,9 +424,14 @@ class GraphModule:
         """({name: shape}, {name: dtype}) for the graph outputs."""
         return self.module.get_output_info()
 
-    def set_input_zero_copy(self, key: int | str, value: np.ndarray) -> None:
-        """Use a 64-byte aligned C-contiguous array as an input without copying it."""
-        self.module.set_input_zero_copy(key, value)
+    def set_input_zero_copy(self, key: int | str | None = None, value: np.ndarray | None = None,
+                            **params: np.ndarray) -> None:
+        """Use 64-byte aligned C-contiguous arrays as inputs without copying them: one
+        by name or index, and/or several by keyword (as set_input)."""
+        if key is not None:
+            self.module.set_input_zero_copy(key, value)
+        for name, array in params.items():
+            self.module.set_input_zero_copy(name, array)
 
     def share_params(self, other: GraphModule | GraphExecutor, params_bytes: bytes) -> None:
         """Share the params named in params_bytes with `other` (same library), no copy."""
