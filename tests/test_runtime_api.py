@@ -14,7 +14,9 @@ Reshape is an alias that runs nothing (`__nop`).
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
 import shutil
 import statistics
 import tarfile
@@ -177,6 +179,49 @@ def test_executors_sharing_params_run_in_threads_at_once(lib):
     for k, x in enumerate(inputs):
         for got, want in zip(results[k], _ref(x=x), strict=True):
             np.testing.assert_allclose(got, want, **TOL)
+
+
+def _resident_pages(address: int, nbytes: int) -> int:
+    """How many of the whole pages in [address, address + nbytes) are in RAM (mincore)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    lo, hi = -(-address // page) * page, (address + nbytes) // page * page
+    vec = (ctypes.c_ubyte * max(1, (hi - lo) // page))()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    assert libc.mincore(lo, hi - lo, vec) == 0, os.strerror(ctypes.get_errno())
+    return sum(v & 1 for v in vec[:(hi - lo) // page])
+
+
+def test_share_params_gives_the_copys_pages_back(tmp_path):
+    """Every executor starts with its own copy of the params; sharing them returns
+    that copy's pages to the OS (TVM's second executor never fills its own)."""
+    from pipeline import build
+    from pipeline.transform import PassContext
+
+    w = RNG.standard_normal((1024, 1024)).astype(np.float32)  # a 4 MiB param
+    model = make_model([helper.make_node("MatMul", ["x", "W"], ["y"])],
+                       [value_info("x", [1, 1024])], [value_info("y", None)],
+                       [numpy_helper.from_array(w, "W")])
+    graph, params = from_onnx(model)
+    with PassContext(opt_level=0):
+        build(graph, target=TARGET, params=params).export_library(str(tmp_path / "w.so"))
+    big = load_module(tmp_path / "w.so")
+    (name,) = big.params
+    first, second = _gmod(big), _gmod(big)
+    own = second.module.input_data_address(name)
+    assert _resident_pages(own, w.nbytes) >= w.nbytes // os.sysconf("SC_PAGE_SIZE") - 1
+    second.share_params(first, save_params(big.params))
+    assert _resident_pages(own, w.nbytes) == 0
+    x = RNG.standard_normal((1, 1024)).astype(np.float32)
+    want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    second.run(x=x)
+    np.testing.assert_allclose(second.get_output(0), want, rtol=1e-4, atol=1e-3)
+    # An executor another one reads from keeps its copy, even once it shares itself.
+    source, reader = _gmod(big), _gmod(big)
+    reader.share_params(source, save_params(big.params))
+    source.share_params(first, save_params(big.params))
+    reader.run(x=x)
+    np.testing.assert_allclose(reader.get_output(0), want, rtol=1e-4, atol=1e-3)
 
 
 def test_share_params_needs_the_same_library(lib, built, tmp_path):

@@ -21,6 +21,7 @@ import numpy as np
 
 from pipeline.errors import FormatError
 from pipeline.runtime.params import load_params as _parse_params
+from pipeline.runtime.params import param_names
 from pipeline.runtime.threads import check_num_threads, default_num_threads
 from pipeline.runtime.timing import BenchmarkResult, time_evaluator
 
@@ -330,7 +331,7 @@ class GraphExecutor:
         if not isinstance(other, GraphExecutor):
             raise TypeError(f"share_params: expected a GraphExecutor or GraphModule, got "
                             f"{type(other).__name__}")
-        for name in _parse_params(params_bytes):
+        for name in param_names(params_bytes):
             index = self.get_input_index(name)
             if index >= 0 and self._api["pl_share_input"](self._h, other._h, index):
                 raise ValueError(self._error())

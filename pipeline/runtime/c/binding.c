@@ -6,8 +6,12 @@
  * plan never lets a node write such a storage (checked in setup_storage), so the
  * caller's buffer, or the other executor's params, are only ever read.
  */
+#define _GNU_SOURCE /* madvise */
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "executor_internal.h"
 
@@ -35,6 +39,20 @@ API int pl_set_input_zero_copy(pl_executor *h, int i, void *data, size_t nbytes)
     return 0;
 }
 
+/* After pl_share_input nothing reads this executor's own copy of storage sid any
+ * more: give its whole pages back to the OS (the copy pl_create made is what a
+ * shared param would otherwise cost), unless another executor shares from this
+ * one's arena and may read it. */
+static void drop_own_copy(pl_executor *h, uint32_t sid, void *start) {
+    if (atomic_load(&h->arena->refs) != 1) return;
+    size_t size = 0;
+    for (uint32_t e = 0; e < h->n_entries; e++)
+        if (h->entries[e].sid == sid && h->entries[e].nbytes > size) size = h->entries[e].nbytes;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), at = (uintptr_t)start;
+    uintptr_t lo = (at + page - 1) / page * page, hi = (at + size) / page * page;
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
 API int pl_share_input(pl_executor *h, pl_executor *other, int i) {
     struct entry *t = slot_entry(h, i, "share_input");
     if (!t) return -1;
@@ -47,6 +65,7 @@ API int pl_share_input(pl_executor *h, pl_executor *other, int i) {
     if (from != h->home_arena[sid]) { /* keep the other's storage alive while we use it */
         arena_retain(from);
         if (h->home_arena[sid] != h->arena) arena_release(h->home_arena[sid]);
+        else drop_own_copy(h, sid, h->home[sid]);
         h->home_arena[sid] = from;
     }
     h->home[sid] = other->home[sid];
