@@ -81,8 +81,9 @@ int pl_set_input_zero_copy(pl_executor *h, int index, void *data, size_t nbytes)
  * either executor (pl_set_input) is seen by both. other must be an executor of
  * the same library; its storage stays allocated until both are destroyed. (What
  * is shared is other's own storage for that input, not a zero-copy buffer bound
- * to it.) Runs only read params, so executors sharing them may run in different
- * threads at once. */
+ * to it.) h's own copy (pl_create made one) goes back to the OS (madvise) unless
+ * another executor shares from h. Runs only read params, so executors sharing
+ * them may run in different threads at once. */
 int pl_share_input(pl_executor *h, pl_executor *other, int index);
 /* Where input (or param) `index` lives now: the executor's storage, a zero-copy
  * buffer or another executor's storage; NULL if index is out of range. */
