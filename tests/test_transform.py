@@ -148,7 +148,7 @@ def test_instruments_see_each_pass_in_order_and_can_skip_one():
                                                Recorder(log, "b"), timing]):
         out, _ = optimize(graph, params)
     assert "fused" not in ops(out)  # one instrument said no: FuseOps did not run
-    ran = ["SimplifyInference", "FoldBatchNorm"]  # opt_level 1 without FuseOps
+    ran = ["SimplifyInference", "FuseQDQ", "FoldBatchNorm"]  # opt_level 1 without FuseOps
     assert [e[2] for e in log if e[:2] == ("b", "before")] == ran
     assert [e[2] for e in log if e[:2] == ("b", "should_run")] == [*ran, "FuseOps"]
     assert log[0] == ("a", "enter") and log[1] == ("b", "enter")
