@@ -224,3 +224,29 @@ def test_aarch64_sdot_kernel_under_qemu(tmp_path):
                                  str(tmp_path / "pipeline-run"), str(lib), FEEDS, 1)
     (want,) = ort_optimized(model, FEEDS)
     assert np.max(np.abs(got - want)) <= output_scales(model)["y"] * (1 + 1e-4)
+
+
+def test_quant_steps_in_the_config_and_the_tolerance(tmp_path):
+    """validate.quant_steps: per model, inherited, typed; the atol of a dequantized
+    output is atol + steps * its scale, other outputs keep atol."""
+    from pipeline.errors import ConfigError
+    from pipeline.tasks.config import load_config
+    from pipeline.tools.validate import output_atols
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("models:\n  a: {generator: resnet18_qdq, validate: {quant_steps: 2}}\n"
+                   "  b: {generator: resnet18}\n"
+                   "targets:\n  llvm: {target: llvm}\nvalidate: {reference: onnxruntime}\n")
+    models = load_config(cfg).models
+    assert models["a"].validate.to_dict()["quant_steps"] == 2.0
+    assert "quant_steps" not in models["b"].validate.to_dict()
+    cfg.write_text("models:\n  a: {generator: mlp, validate: {quant_steps: one}}\n"
+                   "targets:\n  llvm: {target: llvm}\n")
+    with pytest.raises(ConfigError, match=r"models\.a\.validate\.quant_steps"):
+        load_config(cfg)
+
+    model = quantized("QDQ", "uint8")
+    step = output_scales(model)["y"]
+    assert 0 < step < 1
+    assert output_atols(model, {"atol": 1e-4, "quant_steps": 2}) == {"y": 1e-4 + 2 * step}
+    assert output_atols(model, {"atol": 1e-4}) == {"y": 1e-4}

@@ -48,7 +48,7 @@ class ValidateOptions:
     atol: float = 1e-4
     seed: int = 0
     # Quantized models: an output computed by a DequantizeLinear may differ by this
-    # many steps of its scale (atol = quant_steps * scale for that output).
+    # many steps of its scale (atol + quant_steps * scale for that output).
     quant_steps: float | None = None
 
     def to_dict(self) -> dict:

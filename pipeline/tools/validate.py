@@ -109,11 +109,12 @@ def output_scales(model: onnx.ModelProto) -> dict[str, float]:
 
 
 def output_atols(model: onnx.ModelProto, options: dict) -> dict[str, float]:
-    """atol per graph output: quant_steps * its scale for a dequantized output when
-    the options set quant_steps, else the options' atol."""
+    """atol per graph output: the options' atol, plus quant_steps times its scale for
+    a dequantized output when the options set quant_steps (the atol then absorbs the
+    float rounding of two dequantized values a step apart)."""
     steps = options.get("quant_steps")
     scales = output_scales(model) if steps is not None else {}
-    return {o.name: steps * scales[o.name] if o.name in scales else options["atol"]
+    return {o.name: options["atol"] + (steps * scales[o.name] if o.name in scales else 0.0)
             for o in model.graph.output}
 
 
