@@ -160,6 +160,7 @@ def test_blocked_int8_kernels_cover_the_cnn():
     assert "conv2d_integer" not in ops and ops.count("qdepthwise_conv2d_nchwc") == 1
     assert sorted(b.attr("oc_block") for b in body if b.op == "qconv2d_nchwc") == [8, 8, 16]
     assert {b.attr("dot") for b in body if b.op == "qconv2d_nchwc"} == {"vnni"}
+    assert ops.count("qdense_packed") == 1 and "matmul_integer" not in ops
 
 
 def test_fuse_qdq_leaves_a_nonzero_weight_zero_point():
@@ -181,11 +182,11 @@ def test_fuse_qdq_leaves_a_nonzero_weight_zero_point():
 
 def test_dynamic_quantization_matches_onnxruntime():
     """quantize_dynamic: DynamicQuantizeLinear + MatMulInteger and ConvInteger."""
-    inits = {"wm": rand(20, 12, seed=1), "wc": rand(4, 3, 3, 3, seed=2)}
+    inits = {"wm": rand(20, 32, seed=1), "wc": rand(4, 3, 3, 3, seed=2)}
     nodes = [node("MatMul", ["a", "wm"], ["m"]),
              node("Conv", ["x", "wc"], ["c"], pads=[1, 1, 1, 1])]
-    model = make_model(nodes, [("a", (2, 5, 20)), ("x", (1, 3, 6, 6))],
-                       [("m", (2, 5, 12)), ("c", (1, 4, 6, 6))], inits)
+    model = make_model(nodes, [("a", (2, 6, 20)), ("x", (1, 3, 6, 6))],
+                       [("m", (2, 6, 32)), ("c", (1, 4, 6, 6))], inits)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "q.onnx"
         quantization.quantize_dynamic(model, out, weight_type=quantization.QuantType.QInt8,
@@ -193,9 +194,11 @@ def test_dynamic_quantization_matches_onnxruntime():
         q = onnx.load(str(out))
     ops = {n.op_type for n in q.graph.node}
     assert {"DynamicQuantizeLinear", "MatMulInteger", "ConvInteger"} <= ops
-    feeds = {"a": rand(2, 5, 20, seed=3), "x": rand(1, 3, 6, 6, seed=4)}
-    for g, w in zip(run_ours(q, feeds), run_ort(q, feeds), strict=True):
-        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    feeds = {"a": rand(2, 6, 20, seed=3), "x": rand(1, 3, 6, 6, seed=4)}
+    for opt_level in (3, 0):  # MatMulInteger packed for VNNI (12 rows: tiles of 4), plain
+        for g, w in zip(run_ours(q, feeds, opt_level=opt_level), run_ort(q, feeds),
+                        strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
 
 
 def test_aarch64_sdot_kernel_under_qemu(tmp_path):

@@ -42,7 +42,8 @@ NO_NUMPY = {
     **dict.fromkeys(("conv2d_integer", "matmul_integer"),
                     "int8 products: checked through ConvInteger, MatMulInteger, QLinearConv, "
                     "QLinearMatMul and QGemm (node suite, test_quant.py)"),
-    **dict.fromkeys(("qconv2d_nchwc", "qdepthwise_conv2d_nchwc", "qpad_nchwc"),
+    **dict.fromkeys(("qconv2d_nchwc", "qdepthwise_conv2d_nchwc", "qpad_nchwc",
+                     "qdense_packed"),
                     "blocked int8 layout variant"),
 }
 TOLERANCE = {"float32": (2e-5, 2e-6), "float64": (1e-12, 1e-13)}

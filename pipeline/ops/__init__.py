@@ -17,6 +17,7 @@ from pipeline.ops import (  # noqa: F401  (registration)
     pool,
     pool_blocked,
     qconv_blocked,
+    qdense_packed,
     quant,
     quant_conv,
     quant_ms,

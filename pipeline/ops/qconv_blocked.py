@@ -180,15 +180,15 @@ def _declare(module, name, ret, args):
     return fn if fn is not None else ir.Function(module, ir.FunctionType(ret, args), name=name)
 
 
-def _dot(kb, dot: str, acc, xv, wv):
+def dot(kb, kind: str, acc, xv, wv):
     """acc[l] + sum over j < 4 of x[4l + j] * w[4l + j], both <4L x i8>."""
     lanes = acc.type.count
     v8 = ir.VectorType(I8, 4 * lanes)
-    if dot == "vnni":  # 512 bits, or 256 (AVX512VL) for a half-width channel block
+    if kind == "vnni":  # 512 bits, or 256 (AVX512VL) for a half-width channel block
         fn = _declare(kb.module, f"llvm.x86.avx512.vpdpbusd.{32 * lanes}", acc.type,
                       [acc.type, v8, v8])
         return kb.b.call(fn, [acc, xv, wv])
-    if dot == "sdot":
+    if kind == "sdot":
         fn = _declare(kb.module, f"llvm.aarch64.neon.sdot.v{lanes}i32.v{4 * lanes}i8",
                       acc.type, [acc.type, v8, v8])
         return kb.b.call(fn, [acc, xv, wv])
@@ -207,7 +207,7 @@ def _lower(kb, node, ins, out, epilogue):
     ocg_n, _, kh_n, kw_n, _, kob, _ = w.type.shape
     _, ocb_n, oh_n, ow_n, ob = out.type.shape
     sh, sw = node.attr("strides")
-    dot, k_n = node.attr("dot"), kob // ob
+    kind, k_n = node.attr("dot"), kob // ob
     _, t = tile(ow_n, ocb_n, ob)
     flip = node.attr("offset") != 0
     acc_t, v8 = ir.VectorType(I32, ob), ir.VectorType(I8, 4 * ob)
@@ -219,13 +219,13 @@ def _lower(kb, node, ins, out, epilogue):
         if full:
             with kb.loop(0, full, "tile") as j:
                 _tile(kb, node, (x, w, bias, mult, yzp, out), (n, ocg, oh, j * t), t, k_n,
-                      dot, flip, acc_t, v8)
+                      kind, flip, acc_t, v8)
         if ow_n % t:
             _tile(kb, node, (x, w, bias, mult, yzp, out), (n, ocg, oh, full * t), ow_n % t,
-                  k_n, dot, flip, acc_t, v8)
+                  k_n, kind, flip, acc_t, v8)
 
 
-def _tile(kb, node, bufs, where, width, k_n, dot, flip, acc_t, v8):
+def _tile(kb, node, bufs, where, width, k_n, kind, flip, acc_t, v8):
     x, w, bias, mult, yzp, out = bufs
     n, ocg, oh, ow0 = where
     _, cb_n, hp, wp, ib = x.type.shape
@@ -248,8 +248,8 @@ def _tile(kb, node, bufs, where, width, k_n, dot, flip, acc_t, v8):
                     word = kb.b.xor(word, ir.Constant(I32, 0x80808080 - (1 << 32)))
                 xv = kb.b.bitcast(kb.splat(word, ob), v8)
                 for k in range(k_n):
-                    kb.set(accs[k][j], _dot(kb, dot, kb.get(accs[k][j]), xv, wv[k]))
-    store = _Requantize(kb, node, bias, mult, yzp, ob)
+                    kb.set(accs[k][j], dot(kb, kind, kb.get(accs[k][j]), xv, wv[k]))
+    store = Requantize(kb, node, bias, mult, yzp, ob)
     for k in range(k_n):
         oc0 = (ocg * k_n + k) * ob
         for j in range(width):
@@ -258,7 +258,7 @@ def _tile(kb, node, bufs, where, width, k_n, dot, flip, acc_t, v8):
             store(kb.get(accs[k][j]), oc0, out, at)
 
 
-class _Requantize:
+class Requantize:
     """saturate(roundeven((acc + bias) * multiplier) + y_zp) of an int32 vector of
     output channels oc0.., stored as bytes."""
 
@@ -320,7 +320,7 @@ def _dw_lower(kb, node, ins, out, epilogue):
     with parallel_for(kb, n_n * cb_n * oh_n, "rows", work=out.type.size * kh_n * kw_n) as item:
         plane, oh = item // oh_n, item % oh_n
         cb = plane % cb_n
-        store = _Requantize(kb, node, bias, mult, yzp, ob)
+        store = Requantize(kb, node, bias, mult, yzp, ob)
         taps = [kb.b.sext(kb.b.load(kb.gep(w, ((cb * kh_n + kh) * kw_n + kw) * ob), typ=v8,
                                     align=1), acc_t)
                 for kh in range(kh_n) for kw in range(kw_n)]

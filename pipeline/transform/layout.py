@@ -41,6 +41,7 @@ from pipeline.ops.qconv_blocked import (
     pack_qweight,
     tile,
 )
+from pipeline.ops.qdense_packed import pack_qdense
 from pipeline.ops.quant import QTYPES
 from pipeline.transform.context import PassConfig
 from pipeline.transform.util import prune
@@ -202,6 +203,39 @@ class _Rewriter:
             self.blocked[(node.outputs[0], ob)] = out
         return True
 
+    def qdense(self, node: Node) -> bool:
+        """matmul_integer by a constant symmetric int8 [K, N] -> qdense_packed."""
+        a, b, azp, bzp = node.inputs[:4]
+        weight = self.params.get(b)
+        lanes = self.vw
+        if (weight is None or weight.dtype != np.int8 or weight.ndim != 2
+                or bzp not in self.params or np.any(self.params[bzp] != 0)
+                or weight.shape[0] % 4 or weight.shape[1] % lanes
+                or node.attr("out") not in ("int32", *QTYPES)
+                or not all(i in self.params for i in node.inputs[4:])):
+            return False
+        packed = self.param(("qdense", b, lanes), f"{b}.packed",
+                            lambda: pack_qdense(weight, lanes)[0])
+        colsum = self.param(("qcolsum", b), f"{b}.colsum",
+                            lambda: pack_qdense(weight, lanes)[1])
+        extra = list(node.inputs[4:])
+        if extra:  # per-column multiplier, as the kernel loads vectors of it
+            n = weight.shape[1]
+            extra[1] = self.param(("qmult", extra[1], n), f"{extra[1]}.per_column",
+                                  lambda: np.ascontiguousarray(np.broadcast_to(
+                                      self.params[node.inputs[5]].reshape(-1), (n,)),
+                                      np.float32))
+            extra[0] = self.param(("qbias", extra[0], n), f"{extra[0]}.per_column",
+                                  lambda: np.ascontiguousarray(np.broadcast_to(
+                                      self.params[node.inputs[4]].reshape(-1), (n,)),
+                                      np.int32))
+        self.emit(Node.make("qdense_packed", node.name,
+                            [self.need_plain(a), packed, colsum, self.need_plain(azp), *extra],
+                            node.outputs, out=node.attr("out"), dot=self.dot,
+                            offset=offset_of(self.dot, self.types[a].dtype)))
+        self.plain.update(node.outputs)
+        return True
+
     def elementwise(self, node: Node) -> bool:
         out_type = self.types[node.outputs[0]]
         acts = [i for i in node.inputs if i not in self.params]
@@ -245,6 +279,8 @@ class _Rewriter:
         for node in self.graph.nodes:
             if node.op == "conv2d_integer":
                 done = self.qconv(node)
+            elif node.op == "matmul_integer":
+                done = self.qdense(node)
             elif self.int8_only and node.op != "fused" and get(node.op).kind == "elementwise":
                 done = self.elementwise(node)
             elif self.int8_only:
