@@ -253,3 +253,16 @@ def test_quant_steps_in_the_config_and_the_tolerance(tmp_path):
     assert 0 < step < 1
     assert output_atols(model, {"atol": 1e-4, "quant_steps": 2}) == {"y": 1e-4 + 2 * step}
     assert output_atols(model, {"atol": 1e-4}) == {"y": 1e-4}
+
+
+def test_backend_supports_the_com_microsoft_operators_it_converts():
+    """The ONNX backend runs a QOperator model (QLinearAdd, QGemm, ...) and still names
+    a com.microsoft operator it has no converter for."""
+    from pipeline.tools import backend
+
+    model = quantized("QOperator", "uint8")
+    assert backend.unsupported(model) == []
+    other = onnx.ModelProto()
+    other.CopyFrom(model)
+    next(n for n in other.graph.node if n.domain == "com.microsoft").op_type = "QLinearSoftmax"
+    assert any("com.microsoft (QLinearSoftmax)" in r for r in backend.unsupported(other))
