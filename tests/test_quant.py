@@ -97,11 +97,12 @@ def assert_within_steps(model: onnx.ModelProto, feeds: dict, steps: float = 1.0,
 FEEDS = {"x": rand(*X, seed=99, low=-2, high=2)}
 
 
-@pytest.mark.parametrize("fmt,activations,opt_level", [
-    ("QDQ", "uint8", 3), ("QDQ", "uint8", 0), ("QDQ", "int8", 3),
-    ("QOperator", "uint8", 3), ("QOperator", "uint8", 0)])
-def test_quantized_cnn_matches_onnxruntime(fmt, activations, opt_level):
-    model = quantized(fmt, activations)
+@pytest.mark.parametrize("fmt,activations,per_channel,opt_level", [
+    ("QDQ", "uint8", True, 3), ("QDQ", "uint8", True, 0), ("QDQ", "int8", True, 3),
+    ("QDQ", "uint8", False, 3), ("QOperator", "uint8", True, 3),
+    ("QOperator", "uint8", False, 0)])
+def test_quantized_cnn_matches_onnxruntime(fmt, activations, per_channel, opt_level):
+    model = quantized(fmt, activations, per_channel)
     if fmt == "QOperator":
         domains = {n.domain for n in model.graph.node}
         assert "com.microsoft" in domains  # QLinearAdd, QLinearConcat, QGemm...
