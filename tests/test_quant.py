@@ -109,20 +109,23 @@ def test_quantized_cnn_matches_onnxruntime(fmt, activations, per_channel, opt_le
     assert_within_steps(model, FEEDS, opt_level=opt_level)
 
 
-def test_portable_dot_product_kernel():
-    """A target without AVX-512 VNNI (AVX2: 8 lanes) runs the same blocked int8
-    convolution with widening multiplies instead of vpdpbusd."""
-    model = quantized("QDQ", "uint8")
-    graph, params = from_onnx(model)
+@pytest.mark.parametrize("target,dot", [("llvm -mcpu=haswell", "portable"),
+                                        ("llvm -mcpu=x86-64-v3 -mattr=+avxvnni", "vnni")])
+def test_8_lane_dot_product_kernels(target, dot):
+    """AVX2 targets (8 lanes) run the same blocked int8 convolution and product: with
+    widening multiplies (haswell), or AVX-VNNI's 256-bit vpdpbusd."""
     from pipeline.ir.target import parse_target
 
-    target = parse_target("llvm -mcpu=haswell")
+    model = quantized("QDQ", "int8")
+    graph, params = from_onnx(model)
     with PassContext(opt_level=3):
-        optimized, _ = optimize(graph, params, target=target)
-    convs = [b for n in optimized.nodes for b in (n.attr("body") or (n,))
-             if b.op == "qconv2d_nchwc"]
-    assert convs and {c.attr("dot") for c in convs} == {"portable"}
-    assert_within_steps(model, FEEDS, target="llvm -mcpu=haswell")
+        optimized, _ = optimize(graph, params, target=parse_target(target))
+    kernels = [b for n in optimized.nodes for b in (n.attr("body") or (n,))
+               if b.op in ("qconv2d_nchwc", "qdense_packed")]
+    assert len(kernels) == 4 and {k.attr("dot") for k in kernels} == {dot}
+    if dot == "vnni" and "avx_vnni" not in open("/proc/cpuinfo").read():
+        pytest.skip("this CPU has no AVX-VNNI to run it")
+    assert_within_steps(model, FEEDS, target=target)
 
 
 def test_fuse_qdq_rewrites_anchor_patterns_and_keeps_the_rest():

@@ -11,7 +11,7 @@ Layouts (b = the target's vector width in floats, ib = input block, a multiple o
 One step of the micro-kernel takes four input channels of a pixel (one 32-bit
 broadcast) against four weights of each of b output channels (a 4b-byte vector):
 per output lane, the sum of four u8 x s8 products, added to an int32 accumulator
--- AVX-512 VNNI's vpdpbusd (attr dot="vnni"), AArch64's sdot with +dotprod
+-- AVX-512 VNNI's or AVX-VNNI's vpdpbusd (attr dot="vnni"), AArch64's sdot with +dotprod
 (dot="sdot", s8 x s8), else the same sum written with widening multiplies and
 shuffles (dot="portable", which any target legalises). A tile keeps T output
 columns x K channel blocks of accumulators in registers, like conv2d_nchwc.
@@ -48,6 +48,9 @@ DOTS = ("vnni", "sdot", "portable")
 # x86 CPUs with AVX-512 VNNI, for targets that name one without -mattr.
 _VNNI_CPUS = {"cascadelake", "cooperlake", "icelake-server", "icelake-client", "tigerlake",
               "sapphirerapids", "emeraldrapids", "graniterapids", "znver4", "znver5"}
+# x86 CPUs with AVX-VNNI (256-bit, VEX) but no AVX-512.
+_AVX_VNNI_CPUS = {"alderlake", "raptorlake", "meteorlake", "arrowlake", "arrowlake-s",
+                  "lunarlake", "gracemont", "sierraforest", "grandridge", "clearwaterforest"}
 # AArch64 cores with the dot-product extension (Armv8.2 DotProd), for targets that
 # name a cpu without -mattr=+dotprod.
 _DOTPROD_CPUS = {"cortex-a55", "cortex-a65", "cortex-a75", "cortex-a76", "cortex-a77",
@@ -56,11 +59,15 @@ _DOTPROD_CPUS = {"cortex-a55", "cortex-a65", "cortex-a75", "cortex-a76", "cortex
 
 
 def dot_kind(target) -> str:
-    """The dot product a target has: "vnni" (x86 with AVX-512 VNNI at 16 lanes),
-    "sdot" (AArch64 with +dotprod, given or implied by its cpu), else "portable"."""
+    """The dot product a target has: "vnni" (x86 with AVX-512 VNNI at 16 lanes, or
+    AVX-VNNI's VEX form at 8), "sdot" (AArch64 with +dotprod, given or implied by its
+    cpu), else "portable"."""
     feats = set(target.features.split(","))
     if target.vector_width == 16 and "-avx512vnni" not in feats and (
             "+avx512vnni" in feats or target.cpu in _VNNI_CPUS):
+        return "vnni"
+    if target.vector_width == 8 and "-avxvnni" not in feats and (
+            "+avxvnni" in feats or target.cpu in _AVX_VNNI_CPUS):
         return "vnni"
     if target.arch == "aarch64" and "-dotprod" not in feats and (
             "+dotprod" in feats or target.cpu in _DOTPROD_CPUS):
@@ -184,7 +191,7 @@ def dot(kb, kind: str, acc, xv, wv):
     """acc[l] + sum over j < 4 of x[4l + j] * w[4l + j], both <4L x i8>."""
     lanes = acc.type.count
     v8 = ir.VectorType(I8, 4 * lanes)
-    if kind == "vnni":  # 512 bits, or 256 (AVX512VL) for a half-width channel block
+    if kind == "vnni":  # 512, 256 or 128 bits (AVX512VL or AVX-VNNI's VEX encoding)
         fn = _declare(kb.module, f"llvm.x86.avx512.vpdpbusd.{32 * lanes}", acc.type,
                       [acc.type, v8, v8])
         return kb.b.call(fn, [acc, xv, wv])
