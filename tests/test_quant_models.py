@@ -1,7 +1,9 @@
-"""The three int8 models of configs/deploy.yaml (models/quantized.py: onnxruntime's
-quantizer applied to our generators), built and compared with onnxruntime on the
-same file within the config's tolerance (one step of the output's scale for the
-statically quantized ones). Model-sized, so `slow`."""
+"""The int8 models of configs/deploy.yaml (models/quantized.py: onnxruntime's quantizer
+applied to our generators), built and compared with onnxruntime on the same file
+within the config's tolerance (one step of the output's scale for the statically
+quantized ones). Model-sized, so `slow`; the QOperator MobileNetV2 (10 s more) is left
+to `doit validate config=configs/deploy.yaml`: its operators are covered on a small
+CNN in test_quant.py."""
 
 from __future__ import annotations
 
@@ -21,12 +23,10 @@ pytestmark = pytest.mark.slow
 
 OPTIONS = {  # as configs/deploy.yaml says
     "resnet18_qdq": {"quant_steps": 1, "atol": 1e-4, "rtol": 1e-4},
-    "mobilenet_v2_qop": {"quant_steps": 1, "atol": 1e-4, "rtol": 1e-4},
     "bert_encoder_dyn": {"atol": 1e-3, "rtol": 1e-3},
 }
 OPS = {  # operators each format must contain
     "resnet18_qdq": {"QuantizeLinear", "DequantizeLinear", "Conv", "Add", "MaxPool", "Gemm"},
-    "mobilenet_v2_qop": {"QLinearConv", "QLinearAdd", "QLinearGlobalAveragePool", "QGemm"},
     "bert_encoder_dyn": {"DynamicQuantizeLinear", "MatMulInteger"},
 }
 
