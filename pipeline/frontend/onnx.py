@@ -144,6 +144,7 @@ def _import(model: onnx.ModelProto, shape: dict[str, tuple[int, ...]] | None,
         model = _freeze_inputs(model, freeze, source)
     opset = default_opset(model)
     _check_supported(model, opset, source)
+    _check_element_types(model.graph, source)
 
     g = model.graph
     params = _initializers(g, source)
@@ -278,6 +279,8 @@ def _check_supported(model: onnx.ModelProto, opset: int, source: str) -> None:
             continue
         if node.domain not in ("", "ai.onnx"):
             key = f"{node.domain}.{node.op_type}"
+        elif node.op_type in CONTROL_FLOW:
+            key = f"{node.op_type} (control flow: subgraphs are not compiled)"
         elif onnx_converter(node.op_type, opset) is None:
             key = f"{node.op_type} (opset {opset})"
         else:
@@ -290,6 +293,32 @@ def _check_supported(model: onnx.ModelProto, opset: int, source: str) -> None:
         raise UnsupportedOperatorError(
             f"{source}: unsupported operator(s): {listing}. Supported operators are "
             "registered in pipeline/ops/ (see pipeline.ops.ONNX_CONVERTERS)")
+
+
+# Operators that run subgraphs: a static graph of kernels has no place for them.
+CONTROL_FLOW = ("If", "Loop", "Scan")
+
+
+def _check_element_types(g: onnx.GraphProto, source: str) -> None:
+    """ModelError naming the tensor and the first node using it if a graph input, an
+    initializer or a Constant has an element type the IR lacks (bfloat16, float8,
+    int4, string...)."""
+    users: dict[str, str] = {}
+    for k, node in enumerate(g.node):
+        for name in node.input:
+            users.setdefault(name, f"node {node.name or f'#{k}'!r} ({node.op_type})")
+    tensors = [("input", vi.name, vi.type.tensor_type.elem_type) for vi in g.input
+               if vi.type.HasField("tensor_type")]
+    tensors += [("initializer", init.name, init.data_type) for init in g.initializer]
+    tensors += [("Constant", node.output[0], a.t.data_type) for node in g.node
+                if node.op_type == "Constant" and node.output
+                for a in node.attribute if a.name == "value"]
+    for kind, name, elem in tensors:
+        if elem not in ONNX_DTYPES:
+            used = users.get(name, "no node")
+            raise ModelError(f"{source}: {kind} {name!r} (used by {used}) has unsupported "
+                             f"element type {onnx.TensorProto.DataType.Name(elem)} "
+                             f"({', '.join(DTYPES)} are)")
 
 
 def _dtype_name(dtype, name: str) -> str:
