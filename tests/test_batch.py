@@ -6,7 +6,11 @@ none is; a library built for one batch says so when given another."""
 from __future__ import annotations
 
 import ctypes
+import os
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -137,7 +141,8 @@ def test_generator_args_are_checked_with_the_key(tmp_path):
 
 @pytest.mark.slow
 def test_generator_with_a_batch_through_doit(tmp_path):
-    """mlp at batch 2 through doit build + validate (the reference at batch 2)."""
+    """mlp at batch 2 through doit build + validate (the reference at batch 2); then
+    `pipeline compile` of its ONNX file reuses doit's kernels."""
     (tmp_path / "pipeline.yaml").write_text(textwrap.dedent("""\
         models:
           mlp_b2: {generator: mlp, args: {batch: 2}}
@@ -151,3 +156,14 @@ def test_generator_with_a_batch_through_doit(tmp_path):
     assert '"passed": true' in report
     graph = onnx.load(str(tmp_path / "out" / "models" / "mlp_b2.onnx")).graph
     assert graph.output[0].type.tensor_type.shape.dim[0].dim_value == 2
+    # `pipeline compile` of the same model finds every kernel in doit's cache.
+    proc = subprocess.run([sys.executable, "-m", "pipeline.tools.cli", "compile",
+                           "out/models/mlp_b2.onnx", "-o", "mlp_b2.so"], cwd=tmp_path,
+                          capture_output=True, text=True, env=_env_without_cache())
+    assert proc.returncode == 0, proc.stderr
+    assert "(0 compiled, " in proc.stdout and "reused from out/kernels)" in proc.stdout
+
+
+def _env_without_cache() -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "PIPELINE_KERNEL_CACHE"}
+    return {**env, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}

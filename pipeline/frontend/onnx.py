@@ -349,7 +349,7 @@ def with_input_shapes(model: onnx.ModelProto,
 
 
 def _set_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> None:
-    """In place: inputs in `shapes` get those dims; every output's and value_info's
+    """In place: inputs in `shapes` take those dims; every output's and value_info's
     declared shape is cleared (its element type stays) for inference to redo."""
     for vi in model.graph.input:
         if vi.name in shapes:
