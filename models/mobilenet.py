@@ -1,4 +1,4 @@
-"""MobileNetV2 (torchvision layout, width 1.0, batch 1, 224x224) as an ONNX model.
+"""MobileNetV2 (torchvision layout, width 1.0, batch 1 unless asked, 224x224) as an ONNX model.
 
 The graph follows torchvision's `mobilenet_v2` written the way the PyTorch exporter
 writes an eval-mode model without optimisation: bias-free Conv, then its own

@@ -1,4 +1,4 @@
-"""ResNet-18 and ResNet-50 (torchvision layout, batch 1, 224x224) as ONNX models.
+"""ResNet-18 and ResNet-50 (torchvision layout, batch 1 unless asked, 224x224) as ONNX models.
 
 The graphs follow torchvision's `resnet18` / `resnet50` (v1.5: a bottleneck's stride
 sits on its 3x3 conv), written the way the PyTorch exporter writes an eval-mode
