@@ -142,12 +142,14 @@ def _load(library: str):
         return lib, GraphModule(lib["default"]())
     except FileNotFoundError:
         raise CommandError(f"{library}: no such file") from None
-    except ForeignLibraryError as err:
+    except ForeignLibraryError:
+        from pipeline.ir.target import parse_target
         from pipeline.tools.library_info import read_blob
 
-        arch = str(err).split("built for ", 1)[-1].split(",", 1)[0]
+        target = read_blob(library)[0].target
+        arch = parse_target(target).arch
         raise CommandError(
-            f"{library}: built for {arch} (target {read_blob(library)[0].target!r}), which "
+            f"{library}: built for {arch} (target {target!r}), which "
             "this machine cannot run: use the target's pipeline-run under its run prefix, "
             f"e.g. qemu-{arch} -L /usr/{arch}-linux-gnu out/runtime/<target>/pipeline-run "
             f"{library} --input NAME=FILE.npy --output-dir DIR (doit build writes "
