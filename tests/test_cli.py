@@ -99,9 +99,17 @@ def test_validate_passes_and_info_describes_the_library(compiled):
     assert len(info["build_id"]) == 40 and info["params"]["bytes"] > 0
     from pipeline.runtime import load_module
 
-    assert [k["symbol"] for k in info["kernels"]] == list(load_module(tmp / "cnn.so").kernels)
+    lib = load_module(tmp / "cnn.so")
+    assert [k["symbol"] for k in info["kernels"]] == list(lib.kernels)
+    # Per-kernel metadata recorded by the build (pipeline.runtime.metadata) is shown.
+    calls = {k["symbol"]: k["calls"] for k in info["kernels"]}
+    assert sum(calls.values()) == sum(
+        1 for n in json.loads(lib.graph_json)["nodes"]
+        if n["op"] == "tvm_op" and n["attrs"]["func_name"] != "__nop")
+    assert all(k["flops"] is not None and k["bytes_moved"] > 0 for k in info["kernels"])
     text = pipeline("info", "cnn.tar", cwd=tmp).stdout
     assert "target    llvm -mcpu=native" in text and "input     x  [2, 3, 32, 32]" in text
+    assert "FLOPs/call" in text
 
 
 def test_bench_times_against_onnxruntime(compiled):

@@ -26,6 +26,7 @@ from pipeline.errors import FormatError
 from pipeline.link.blob import BLOB_CODE_DIGEST_SIZE, BLOB_DIGEST_SIZE, BLOB_PREFIX_SIZE
 from pipeline.link.integrity import blob_offset, elf_sections
 from pipeline.runtime.blob import Blob, BlobError, read_blob_header_length, unpack_blob
+from pipeline.runtime.metadata import kernel_metadata
 from pipeline.runtime.params import load_params
 from pipeline.tools.bench import memory_plan
 
@@ -107,15 +108,12 @@ def graph_tensors(graph_json: str, param_names: set[str]
 
 
 def kernel_rows(blob: Blob) -> list[dict[str, Any]]:
-    """One row per kernel of the library, in link order: {"symbol", "nodes" (how many
-    graph nodes call it)}. Per-kernel metadata the build records (FLOPs, bytes moved,
-    ...) joins these rows here."""
-    calls: dict[str, int] = {}
-    for node in json.loads(blob.graph_json)["nodes"]:
-        func = node.get("attrs", {}).get("func_name")
-        if func:
-            calls[func] = calls.get(func, 0) + 1
-    return [{"symbol": symbol, "nodes": calls.get(symbol, 0)} for symbol in blob.kernels]
+    """One row per kernel of the library, in link order: {"symbol", "calls" (graph
+    nodes calling it), "flops" and "bytes_moved" per call, "constant_bytes" of all
+    calls} (pipeline.runtime.metadata; None where the library records none)."""
+    found = {k["symbol"]: k for k in kernel_metadata(blob.graph_json)}
+    empty = {"calls": 0, "flops": None, "bytes_moved": None, "constant_bytes": None}
+    return [{**empty, **found.get(symbol, {}), "symbol": symbol} for symbol in blob.kernels]
 
 
 def describe_library(path: str) -> dict[str, Any]:
@@ -155,7 +153,14 @@ def format_info(info: dict[str, Any]) -> str:
               f"memory    {m['planned_activation_bytes']:,} bytes planned for "
               f"{m['intermediate_bytes']:,} bytes of intermediates",
               f"kernels   {len(info['kernels'])}"]
-    width = max((len(k["symbol"]) for k in info["kernels"]), default=0)
-    lines += [f"  {k['symbol']:<{width}}  {k['nodes']} node{'s' * (k['nodes'] != 1)}"
+    width = max((len(k["symbol"]) for k in info["kernels"]), default=6)
+    lines.append(f"  {'symbol':<{width}}  calls  {'FLOPs/call':>14}  {'bytes moved/call':>16}  "
+                 f"{'constant bytes':>14}")
+    lines += [f"  {k['symbol']:<{width}}  {k['calls']:>5}  {_count(k['flops']):>14}  "
+              f"{_count(k['bytes_moved']):>16}  {_count(k['constant_bytes']):>14}"
               for k in info["kernels"]]
     return "\n".join(lines)
+
+
+def _count(value: int | None) -> str:
+    return "-" if value is None else f"{value:,}"
