@@ -12,6 +12,7 @@ import importlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +44,18 @@ def test_the_console_script_is_this_module():
     module, _, function = re.search(r'^pipeline = "([^"]+)"', section, re.M)[1].partition(":")
     assert getattr(importlib.import_module(module), function) is cli.main
     assert module == "pipeline.tools.cli"  # what the tests run with python -m
+
+
+def test_the_installed_console_script_runs():
+    """`pip install -e .` (the README's install line, .ci/run) puts `pipeline` on PATH."""
+    exe = shutil.which("pipeline")
+    if exe is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("CI=true but no `pipeline` on PATH: pip install -e . installs it")
+        pytest.skip("the console script is not installed (pip install -e .)")
+    proc = subprocess.run([exe, "info", "--help"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0 and "usage: pipeline info" in proc.stdout, proc.stderr
 
 
 @pytest.fixture(scope="module")
