@@ -228,8 +228,10 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
                 deps = [os.path.relpath(p) for p in source_files(m.generator)]
                 yield {"name": m.name, "targets": [onnx_path(m)], "clean": True,
                        "actions": [cached("tasks.stages:generate_model",
-                                          [m.generator, onnx_path(m)], deps, [onnx_path(m)])],
-                       "file_dep": deps}
+                                          [m.generator, onnx_path(m), dict(m.args)], deps,
+                                          [onnx_path(m)])],
+                       "file_dep": deps,
+                       "uptodate": [options_changed({"args": dict(m.args)}, "generator")]}
 
     def task_import():
         """Import each ONNX model into the graph IR."""

@@ -27,11 +27,11 @@ from pipeline.tasks.cache import object_for_link
 from pipeline.transform import PassContext, PassTimingInstrument
 
 
-def generate_model(name: str, path: str) -> None:
-    """models/ generator `name` -> ONNX file."""
+def generate_model(name: str, path: str, args: dict | None = None) -> None:
+    """models/ generator `name`, called with keyword arguments `args` -> ONNX file."""
     from models import generate
 
-    generate(name, path)
+    generate(name, path, args)
 
 
 def import_model(onnx_path: str, shapes: dict, graph_path: str, weights_path: str) -> None:
