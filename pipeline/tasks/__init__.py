@@ -45,7 +45,7 @@ from pipeline.errors import PipelineError
 from pipeline.ir.target import parse_target
 from pipeline.link.runtime_c import C_SOURCES
 from pipeline.lower.sources import CODEGEN_ROOTS
-from pipeline.tasks import cache, tiered
+from pipeline.tasks import cache, lazy, tiered
 from pipeline.tasks.config import BuildConfig, ModelEntry, TargetEntry
 from pipeline.tasks.deps import sources
 from pipeline.tasks.explain import options_changed
@@ -97,19 +97,24 @@ def run_stage(fn: str, *args, task, cached: tuple[Action, CacheSettings] | None 
     A dict the stage returns becomes the task's doit values (the reporter reads
     a kernel task's {"compiled": bool} to count cache hits).
     """
-    module, _, name = fn.partition(":")
     _test_kill(task.name, "before")
     key = None
     try:
         if cached is not None and cached[1].actions:
             action, settings = cached
             key = action.key()
-            tier = tiered.lookup(settings, key, action.outputs)
+            tier = tiered.lookup(settings, action, key, (fn, list(args)))
             if tier is not None:
                 return {"cache": tier, **_warnings(settings)}
-        result = getattr(importlib.import_module(f"pipeline.{module}"), name)(*args)
+        # Inputs a cache hit left in the cache come down (or are remade) now.
+        for dep in sorted(task.file_dep):
+            if not os.path.exists(dep):
+                tiered.materialize(dep)
+        result = tiered.run_body(fn, args)
         if key is not None:
             tiered.save(settings, key, action.all_outputs())
+        if cached is not None:
+            lazy.drop(cached[0].all_outputs().values())
     except PipelineError as err:
         return TaskFailed(str(err))
     except Exception as err:  # noqa: BLE001 - a bug: log it, keep the user's line short
@@ -195,14 +200,18 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
     cache_root = settings.root
 
     def cached(fn: str, args: list, inputs: list[str], outputs: list[str] | dict,
-               extra: dict | None = None, specs_of: str | None = None) -> tuple:
-        """The doit action running stage `fn` through the action cache."""
+               extra: dict | None = None, specs_of: str | None = None,
+               fetch: tuple = ()) -> tuple:
+        """The doit action running stage `fn` through the action cache; `fetch`: the
+        outputs a hit always brings to disk (pipeline.tasks.lazy)."""
         named = outputs if isinstance(outputs, dict) else {p: p for p in outputs}
         # Where the work happens (the cache folder, the Dask scheduler) decides no output.
         key_args = ["<cache>" if a == cache_root else
                     None if settings.dask and a == settings.dask else a for a in args]
-        action = Action(fn, key_args, list(inputs), named, extra or {}, specs_of, SPECS)
+        action = Action(fn, key_args, list(inputs), named, extra or {}, specs_of, SPECS,
+                        tuple(fetch))
         return (run_stage, [fn, *args], {"cached": (action, settings)})
+    fetched = lazy.Fetched(settings.downloads)
     entries = shard_entries([(m, t) for m in models for t in targets], shard)
     models = [m for m in models if any(e[0] is m for e in entries)]
     targets = [t for t in targets if any(e[1] is t for e in entries)]
@@ -223,10 +232,10 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
         for m in models:
             if m.generator:
                 deps = [os.path.relpath(p) for p in source_files(m.generator)]
-                yield {"name": m.name, "targets": [onnx_path(m)], "clean": True,
+                yield {"name": m.name, "targets": [onnx_path(m)], "clean": [lazy.clean],
                        "actions": [cached("tasks.stages:generate_model",
                                           [m.generator, onnx_path(m)], deps, [onnx_path(m)])],
-                       "file_dep": deps}
+                       "file_dep": deps, "uptodate": [fetched]}
 
     def task_import():
         """Import each ONNX model into the graph IR."""
@@ -234,12 +243,13 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             ir, weights = imported(m)
             deps = [onnx_path(m), *front_src]
             shapes = {k: list(v) for k, v in m.inputs.items()}
-            yield {"name": m.name, "targets": [ir, weights], "clean": True,
+            yield {"name": m.name, "targets": [ir, weights], "clean": [lazy.clean],
                    "actions": [cached("tasks.stages:import_model",
                                       [onnx_path(m), shapes, ir, weights], deps, [ir, weights])],
                    "file_dep": deps,
                    "uptodate": [options_changed({"inputs": {k: list(v) for k, v in
-                                                             m.inputs.items()}}, "input")]}
+                                                             m.inputs.items()}}, "input"),
+                                fetched]}
 
     def task_optimize():
         """Run the passes for each model x target and list the kernels it needs."""
@@ -248,15 +258,18 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             opts = t.to_dict()
             deps = [*imported(m), *opt_src]
             outs = [a["graph_json"], a["params"], a["kernels"]]
-            yield {"name": f"{m.name}@{t.name}", "clean": True,
+            yield {"name": f"{m.name}@{t.name}", "clean": [lazy.clean],
                    "targets": outs,
                    "actions": [cached("tasks.stages:optimize_model",
                                       [*imported(m), opts, SPECS, *outs], deps, outs,
-                                      specs_of=a["kernels"])],
+                                      specs_of=a["kernels"],
+                                      # read to create the kernel tasks; graph JSON
+                                      # is a deliverable
+                                      fetch=(a["kernels"], a["graph_json"]))],
                    "file_dep": deps,
                    # The specs it wrote are outputs too (shared by entries, so not
                    # doit targets): a missing one reruns it.
-                   "uptodate": [options_changed(opts), SpecsPresent(a["kernels"])]}
+                   "uptodate": [options_changed(opts), SpecsPresent(a["kernels"]), fetched]}
 
     @create_after(executed="optimize", target_regex=r".*\.o$")
     def task_kernel():
@@ -276,14 +289,14 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
                 # folder, which may have moved or been emptied since optimize ran.
                 tasks.append({"name": k["hash"], "doc": k["symbol"],
                        "targets": sorted(entry.values()),
-                       "file_dep": [spec],
+                       "file_dep": [spec], "uptodate": [fetched],
                        "actions": [cached("tasks.cache:compile_entry",
                                           [cache_root, k["hash"], spec, settings.dask],
                                           [spec], entry)]})
         if settings.dask:  # the cluster starts on every kernel not cached yet
             from pipeline.tasks.cluster import prefetch
 
-            prefetch(settings.dask, [Path(t["file_dep"][0]).read_text() for t in tasks
+            prefetch(settings.dask, [_read_spec(t["file_dep"][0]) for t in tasks
                                      if not cache.is_valid(cache_root, t["name"])
                                      and not _in_action_cache(t["actions"][0])])
         yield from tasks
@@ -299,10 +312,10 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             deps = [a["kernels"], *lib0_src]
             # Objects are content-addressed by the hashes kernels.json lists, so
             # the manifest decides lib0.o; "kernel" orders us after compilation.
-            yield {"name": f"{m.name}@{t.name}", "targets": [a["lib0"]], "clean": True,
+            yield {"name": f"{m.name}@{t.name}", "targets": [a["lib0"]], "clean": [lazy.clean],
                    "task_dep": ["kernel"],
                    "file_dep": deps,
-                   "uptodate": [options_changed(toolchain[t.name], "toolchain")],
+                   "uptodate": [options_changed(toolchain[t.name], "toolchain"), fetched],
                    "actions": [cached("tasks.stages:link_lib0",
                                       [a["kernels"], cache_root, a["lib0"], t.cc, SPECS],
                                       deps, [a["lib0"]], toolchain[t.name])]}
@@ -313,9 +326,9 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             a = artifacts(m, t)
             deps = [a["graph_json"], a["params"], a["kernels"],
                     *code_of("tasks.stages:pack_devc")]
-            yield {"name": f"{m.name}@{t.name}", "targets": [a["devc"]], "clean": True,
+            yield {"name": f"{m.name}@{t.name}", "targets": [a["devc"]], "clean": [lazy.clean],
                    "file_dep": deps,
-                   "uptodate": [options_changed(packing[t.name], "packing")],
+                   "uptodate": [options_changed(packing[t.name], "packing"), fetched],
                    "actions": [cached("tasks.stages:pack_devc",
                                       [a["graph_json"], a["params"], a["kernels"], a["devc"],
                                        packing[t.name]["pack"], t.cc],
@@ -332,9 +345,9 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             if t.name not in toolchain:  # no model selected: nothing links an executor
                 continue
             r = runtime_artifacts(t)
-            yield {"name": t.name, "targets": [r["executor"], r["run"]], "clean": True,
+            yield {"name": t.name, "targets": [r["executor"], r["run"]], "clean": [lazy.clean],
                    "file_dep": runtime_src,
-                   "uptodate": [options_changed(toolchain[t.name], "toolchain")],
+                   "uptodate": [options_changed(toolchain[t.name], "toolchain"), fetched],
                    "actions": [cached("tasks.stages:build_runtime",
                                       [r["executor"], r["run"], t.cc], runtime_src,
                                       [r["executor"], r["run"]], toolchain[t.name])]}
@@ -345,12 +358,13 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             a, r = artifacts(m, t), runtime_artifacts(t)
             deps = [a["lib0"], a["devc"], r["executor"],
                     *code_of("tasks.stages:export_library")]
-            yield {"name": f"{m.name}@{t.name}", "targets": [a["so"]], "clean": True,
+            yield {"name": f"{m.name}@{t.name}", "targets": [a["so"]], "clean": [lazy.clean],
                    "file_dep": deps,
-                   "uptodate": [options_changed(toolchain[t.name], "toolchain")],
+                   "uptodate": [options_changed(toolchain[t.name], "toolchain"), fetched],
                    "actions": [cached("tasks.stages:export_library",
                                       [a["lib0"], a["devc"], r["executor"], a["so"], t.cc],
-                                      deps, [a["so"]], toolchain[t.name])]}
+                                      deps, [a["so"]], toolchain[t.name],
+                                      fetch=(a["so"],))]}
 
     def task_build():
         """Build every selected model x target (model=, target=, config= narrow it)."""
@@ -436,6 +450,11 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
     return {name: fn for name, fn in locals().items() if name.startswith("task_")}
 
 
+def _read_spec(spec: str) -> str:
+    tiered.materialize(spec)  # a cache hit may have left it in the cache
+    return Path(spec).read_text()
+
+
 def _in_action_cache(action: tuple) -> bool:
     """Whether the local tier holds the outputs of a cached() action."""
     what, settings = action[2]["cached"]
@@ -454,7 +473,7 @@ class SpecsPresent:
         except (FileNotFoundError, ValueError, KeyError):
             return []  # no manifest: the missing target reruns the task anyway
         return [p for p in (path(SPECS, k["hash"] + ".json") for k in listed)
-                if not os.path.exists(p)]
+                if not lazy.exists(p)]
 
     def __call__(self, task, values) -> bool:
         return not self.missing()

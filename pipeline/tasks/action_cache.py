@@ -26,6 +26,7 @@ import shutil
 from pathlib import Path
 
 from pipeline.link.files import atomic_write, temp_output
+from pipeline.tasks import lazy
 
 _DIGESTS: dict[tuple[str, int, int, int], str] = {}
 
@@ -43,8 +44,15 @@ def remember(path: str, digest: str) -> None:
 
 
 def file_digest(path: str) -> str:
-    """sha256 of a file, memoised per (path, inode, mtime, size) for this process."""
-    memo = _memo(path)
+    """sha256 of a file, memoised per (path, inode, mtime, size) for this process;
+    for an output left in the cache (pipeline.tasks.lazy), the digest it stands for."""
+    try:
+        memo = _memo(path)
+    except FileNotFoundError:
+        marked = lazy.digest(path)
+        if marked is None:
+            raise
+        return marked
     if memo not in _DIGESTS:
         h = hashlib.sha256()
         with open(path, "rb") as f:
@@ -133,23 +141,12 @@ def manifest_of(outputs: dict[str, str]) -> dict:
                         for name, p in sorted(outputs.items())}}
 
 
-def restore(store: LocalStore, manifest: dict, outputs: dict[str, str]) -> bool:
-    """Write every output of `manifest` from verified blobs; False (nothing written)
-    if any blob is missing or damaged. Names without a path in `outputs` are
-    paths themselves (outputs a stage reports, e.g. kernel specs)."""
-    blobs = {}
-    for name, o in manifest["outputs"].items():
-        blob = store.verified_blob(o["sha256"])
-        if blob is None:
-            return False
-        blobs[name] = blob
-    for name, blob in blobs.items():
-        path = outputs.get(name, name)
-        _link_or_copy(blob, path)
-        if manifest["outputs"][name].get("executable"):
-            os.chmod(path, 0o755)
-        remember(path, manifest["outputs"][name]["sha256"])
-    return True
+def place(blob: str, path: str, output: dict) -> None:
+    """Put the verified blob's bytes at `path` (output: its manifest entry)."""
+    _link_or_copy(blob, path)
+    if output.get("executable"):
+        os.chmod(path, 0o755)
+    remember(path, output["sha256"])
 
 
 def store(local: LocalStore, key: str, outputs: dict[str, str]) -> dict:
