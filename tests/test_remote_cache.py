@@ -9,6 +9,7 @@ used no cache at all.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -18,6 +19,9 @@ import pytest
 from servers import nginx, silent_server
 from test_doit_flow import REPO, doit, tiny_convnet
 from test_incremental import artifact_bytes, matrix
+
+SO = "out/tiny/llvm/tiny.so"
+INTERMEDIATES = ("lib0.o", "devc.o", "tiny.params")
 
 
 def checkout(folder: Path, cache_url: str | None = None) -> Path:
@@ -54,18 +58,44 @@ def test_fresh_clone_with_remote_cache_runs_no_stage(tmp_path: Path, reference):
         assert (served / "ac").is_dir() and (served / "cas").is_dir()  # uploaded
         clone = checkout(tmp_path / "two", url)
         second, out = run(clone, command="validate")
-    ran = how(second)
-    assert {t for t, h in ran.items() if h != "restored from cache (remote)"} == \
-        {"validate:tiny@llvm"}, ran
-    assert any(t.startswith("kernel:") for t in ran)
-    assert artifact_bytes(clone) == reference
-    assert json.loads((clone / "out/tiny/llvm/validation.json").read_text())["passed"]
-    assert "restored from cache (remote)" in out
-    # The remote hit filled the local tier: a third build in a fresh out/ is local.
+        ran = how(second)
+        assert {t for t, h in ran.items() if h != "restored from cache (remote)"} == \
+            {"validate:tiny@llvm"}, ran
+        assert any(t.startswith("kernel:") for t in ran)
+        assert "restored from cache (remote)" in out
+        assert json.loads((clone / "out/tiny/llvm/validation.json").read_text())["passed"]
+        # Without the bytes: the library came down, the intermediates stayed on the
+        # server (downloads=minimal, the default).
+        assert (clone / SO).read_bytes() == reference["tiny.so"]
+        assert not any((clone / "out/tiny/llvm" / n).exists() for n in INTERMEDIATES)
+        assert run(clone)[0]["executed"] == []  # and doit knows they exist
+        # downloads=all brings them down: the same bytes as a build without a cache.
+        fetched, _ = run(clone, "downloads=all")
+        assert "computed" not in how(fetched).values() and how(fetched), how(fetched)
+        assert artifact_bytes(clone) == reference
+    # The remote hits filled the local tier: a third build in a fresh out/ is local.
     (clone / "out" / "tiny").rename(clone / "old")
     (clone / "out" / ".doit.db").unlink()
     third, _ = run(clone)  # nginx is gone now
     assert set(how(third).values()) == {"restored from cache (local)"}
+
+
+def test_intermediates_gone_from_every_tier_are_recomputed(tmp_path: Path, reference):
+    """A stage that must run needs inputs a hit left on the server: fetched, or,
+    with the server gone and the local tier emptied, recomputed from their
+    producers (import, optimize, kernels, lib0, devc), never a failure."""
+    with nginx(tmp_path / "nginx") as (url, _):
+        run(checkout(tmp_path / "one", url))
+        clone = checkout(tmp_path / "two", url)
+        run(clone)
+    assert not (clone / "out/tiny/llvm/lib0.o").exists()
+    shutil.rmtree(clone / "out" / "kernels")
+    (clone / SO).unlink()
+    report, out = run(clone)
+    assert how(report) == {"export:tiny@llvm": "computed"}, how(report)
+    assert "warning: remote cache" in out
+    assert (clone / SO).read_bytes() == reference["tiny.so"]
+    assert artifact_bytes(clone) == reference  # remade on the way
 
 
 def test_server_down_is_one_warning_and_a_local_build(tmp_path: Path, reference):
@@ -100,7 +130,7 @@ def test_corrupted_remote_blob_is_a_reported_miss(tmp_path: Path, reference):
         blob = served / "cas" / hashlib.sha256(so).hexdigest()
         blob.write_bytes(so[: len(so) // 2])  # truncated on the server
         clone = checkout(tmp_path / "two")
-        report, out = run(clone, f"cache_url={url}")
+        report, out = run(clone, f"cache_url={url}", "downloads=all")
     assert "is corrupted" in out, out
     assert how(report)["export:tiny@llvm"] == "computed"  # recomputed, never linked
     assert artifact_bytes(clone) == reference
@@ -125,14 +155,14 @@ def test_two_runners_write_the_same_keys_at_once(tmp_path: Path, reference):
         folders = [checkout(tmp_path / n) for n in ("one", "two")]
         procs = [subprocess.Popen(
             [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(d),
-             "build", "config=matrix.yaml", f"cache_url={url}"],
+             "build", "config=matrix.yaml", f"cache_url={url}", "downloads=all"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**__import__("os").environ, "PYTHONPATH": str(REPO)}) for d in folders]
         for p in procs:
             out = p.communicate(timeout=600)[0]
             assert p.returncode == 0 and "warning" not in out, out[-3000:]
         clone = checkout(tmp_path / "three")
-        report, _ = run(clone, f"cache_url={url}")
+        report, _ = run(clone, f"cache_url={url}", "downloads=all")
     for d in (*folders, clone):
         assert artifact_bytes(d) == reference
     assert set(how(report).values()) == {"restored from cache (remote)"}
