@@ -405,7 +405,21 @@ def test_gc_removes_only_unused_entries(tiny: Path):
     assert code == 0 and f"removed {len(stale)} unused kernels" in out, out
     left = {p.stem for p in (tiny / "out" / "kernels").iterdir() if p.is_file()}
     assert left == hashes(tiny, "tiny", "llvm")
+    assert {p.stem for p in (tiny / "out" / "specs").iterdir()} == left
+    # The action cache keeps one entry per task of the current build, and only the
+    # blobs they name: the first build's library is gone, the second's is there.
+    cache = tiny / "out" / "kernels"
+    manifests = [json.loads(p.read_text()) for p in (cache / "ac").iterdir()]
+    # import, optimize, lib0, devc, runtime, export and one per kernel
+    assert len(manifests) == 6 + len(left)
+    named = {o["sha256"] for m in manifests for o in m["outputs"].values()}
+    assert {p.name for p in (cache / "cas").iterdir()} == named
     assert build(tiny) == set()
+    # What gc kept is complete: a fresh out/ restores everything from it.
+    shutil.rmtree(tiny / "out" / "tiny")
+    (tiny / "out" / ".doit.db").unlink()
+    code, _, out = doit(tiny, "build", "config=matrix.yaml")
+    assert code == 0 and "computed" not in report(tiny)["how"], out[-3000:]
 
 
 # -- explanations and progress -------------------------------------------------

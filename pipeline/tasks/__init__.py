@@ -440,8 +440,14 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
         return {"actions": [print_report], "uptodate": [False], "verbosity": 2}
 
     def task_gc():
-        """Remove kernel-cache entries that no model x target of this config uses."""
-        return {"actions": [(collect_unused, [config, cache_root])], "uptodate": [False],
+        """Remove kernels, specs and action-cache entries no model x target of this
+        config uses (pipeline.tasks.gc)."""
+        from pipeline.tasks.gc import collect_unused
+
+        manifests = [artifacts(m, t)["kernels"] for m in config.models.values()
+                     for t in config.targets.values()]
+        return {"actions": [(collect_unused, [config, settings, SPECS, manifests])],
+                "uptodate": [False],
                 "params": [{"name": "max_age_days", "long": "max-age-days", "type": float,
                             "default": 0.0, "help": "keep entries used this recently "
                             "(for a cache shared with other checkouts)"}],
@@ -481,15 +487,3 @@ class SpecsPresent:
     def describe(self) -> list[str]:
         gone = self.missing()
         return [f"missing output {gone[0]}" + (f" (+{len(gone) - 1} more)" if gone[1:] else "")]
-
-
-def collect_unused(config: BuildConfig, cache_root: str, max_age_days: float) -> None:
-    """`doit gc`: drop cache entries absent from every kernels.json of the whole matrix."""
-    keep = set()
-    for m in config.models.values():
-        for t in config.targets.values():
-            manifest = Path(artifacts(m, t)["kernels"])
-            if manifest.exists():
-                keep |= {k["hash"] for k in json.loads(manifest.read_text())["kernels"]}
-    removed = cache.collect_garbage(cache_root, keep, max_age_days)
-    print(f"{cache_root}: removed {len(removed)} unused kernels, {len(keep)} in use")

@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 from pipeline.link.files import atomic_write, temp_output
@@ -156,3 +157,28 @@ def store(local: LocalStore, key: str, outputs: dict[str, str]) -> dict:
         local.put_blob_file(o["sha256"], outputs[name])
     local.put_manifest(key, manifest)
     return manifest
+
+
+def prune(root: str, keys: set[str], blobs: set[str], max_age_days: float) -> tuple[int, int]:
+    """Remove the manifests under ac/ whose key is not in `keys` and that were not
+    used (written or hit) within `max_age_days`, then the blobs under cas/ that
+    no remaining manifest names and that are not in `blobs`. Returns the counts.
+    Only names are unlinked: bytes another hard link holds stay with it."""
+    store, cutoff = LocalStore(root), time.time() - max_age_days * 86400
+    ac_dir, cas_dir = os.path.join(root, "ac"), os.path.join(root, "cas")
+    kept, entries, removed = set(blobs), 0, 0
+    for key in sorted(os.listdir(ac_dir)) if os.path.isdir(ac_dir) else ():
+        path = store.manifest_path(key)
+        manifest = store.get_manifest(key)
+        if key in keys or (manifest and os.path.getmtime(path) > cutoff):
+            kept |= {o["sha256"] for o in (manifest or {"outputs": {}})["outputs"].values()}
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+            entries += 1
+    for digest in sorted(os.listdir(cas_dir)) if os.path.isdir(cas_dir) else ():
+        if digest not in kept:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(store.blob_path(digest))
+                removed += 1
+    return entries, removed

@@ -83,6 +83,23 @@ def read(path: str) -> dict | None:
         return None
 
 
+def markers() -> list[dict]:
+    """Every marker of this checkout."""
+    found = []
+    for p in Path(ROOT).glob("*.json") if os.path.isdir(ROOT) else ():
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            found.append(json.loads(p.read_text()))
+    return found
+
+
+def prune_producers(used: set[str]) -> None:
+    """Remove the producer records no marker names (doit gc)."""
+    for p in Path(PRODUCERS).glob("*.json") if os.path.isdir(PRODUCERS) else ():
+        if p.stem not in used:
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+
+
 def drop(paths) -> None:
     """Forget the markers of `paths` (their files were written, or removed)."""
     for p in paths:

@@ -124,7 +124,9 @@ def lookup(settings: CacheSettings, action: Action, key: str, call: tuple[str, l
     call: the stage and its arguments, recorded to fetch or remake it later."""
     local, remote = ac.LocalStore(settings.root), remote_of(settings)
     tier, manifest = "local", local.get_manifest(key)
-    if manifest is None:
+    if manifest is not None:  # a use: doit gc --max-age-days keeps it
+        os.utime(local.manifest_path(key))
+    else:
         manifest, tier = _remote_manifest(remote, key), "remote"
         if manifest is None:
             return None
