@@ -31,7 +31,6 @@ and .so, and no other target's.
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import signal
 import threading
@@ -276,15 +275,15 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
         """Compile each distinct kernel once, shared by every model and target."""
         seen, tasks = set(), []
         for m, t in entries:
-            manifest = Path(artifacts(m, t)["kernels"])
-            if not manifest.exists():
+            manifest = artifacts(m, t)["kernels"]
+            if not os.path.exists(manifest):
                 continue
-            for k in json.loads(manifest.read_text())["kernels"]:
+            for k in cache.listed_kernels(manifest):
                 if k["hash"] in seen:
                     continue
                 seen.add(k["hash"])
                 entry = {s[1:]: path(cache_root, k["hash"] + s) for s in cache.SUFFIXES}
-                spec = path(SPECS, f"{k['hash']}.json")
+                spec = cache.spec_path(SPECS, k["hash"])
                 # The spec is read from out/specs (declared), never from the cache
                 # folder, which may have moved or been emptied since optimize ran.
                 tasks.append({"name": k["hash"], "doc": k["symbol"],
@@ -475,10 +474,10 @@ class SpecsPresent:
 
     def missing(self) -> list[str]:
         try:
-            listed = json.loads(Path(self.kernels_json).read_text())["kernels"]
+            listed = cache.listed_kernels(self.kernels_json)
         except (FileNotFoundError, ValueError, KeyError):
             return []  # no manifest: the missing target reruns the task anyway
-        return [p for p in (path(SPECS, k["hash"] + ".json") for k in listed)
+        return [p for p in (cache.spec_path(SPECS, k["hash"]) for k in listed)
                 if not lazy.exists(p)]
 
     def __call__(self, task, values) -> bool:

@@ -22,6 +22,7 @@ in the same folder.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import time
 import warnings
@@ -43,6 +44,16 @@ def cache_dir(override: str | None = None) -> str:
 
 def entry_path(root: str, kernel_hash: str, suffix: str) -> str:
     return os.path.join(root, kernel_hash + suffix)
+
+
+def listed_kernels(kernels_json: str) -> list[dict]:
+    """The kernels an entry's kernels.json lists: [{"hash", "symbol"}, ...] in link order."""
+    return json.loads(Path(kernels_json).read_text())["kernels"]
+
+
+def spec_path(specs_dir: str, kernel_hash: str) -> str:
+    """Where optimize writes a kernel's spec (out/specs): the kernel task's input."""
+    return os.path.normpath(os.path.join(specs_dir, kernel_hash + ".json"))
 
 
 class CacheError(PipelineError):

@@ -17,7 +17,6 @@ its blob went, and a kept entry's blob is never removed.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from pathlib import Path
 
@@ -55,7 +54,7 @@ def collect_unused(config: BuildConfig, settings: CacheSettings, specs_dir: str,
     keep = set()
     for manifest in manifests:
         if os.path.exists(manifest):
-            keep |= {k["hash"] for k in json.loads(Path(manifest).read_text())["kernels"]}
+            keep |= {k["hash"] for k in cache.listed_kernels(manifest)}
     removed = cache.collect_garbage(settings.root, keep, max_age_days)
     print(f"{settings.root}: removed {len(removed)} unused kernels, {len(keep)} in use")
     specs = [p for p in (Path(specs_dir).iterdir() if os.path.isdir(specs_dir) else ())

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from pipeline.tasks import action_cache as ac
 from pipeline.tasks import lazy
+from pipeline.tasks.cache import listed_kernels, spec_path
 from pipeline.tasks.remote import HttpCache
 
 
@@ -58,8 +59,8 @@ class Action:
         """outputs, plus the kernel specs listed by specs_of (named by their paths)."""
         out = dict(self.outputs)
         if self.specs_of:
-            for k in json.loads(open(self.specs_of).read())["kernels"]:
-                p = os.path.join(self.specs_dir, k["hash"] + ".json")
+            for k in listed_kernels(self.specs_of):
+                p = spec_path(self.specs_dir, k["hash"])
                 out[p] = p
         return out
 
