@@ -18,22 +18,12 @@ import pty
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import onnx
 import pytest
+from checkouts import TARGET, matrix, tiny_checkout
 from test_doit_flow import REPO, doit, tiny_convnet
-
-TARGET = '{target: "llvm -mcpu=native", opt_level: 3}'
-
-
-def matrix(tmp: Path, models: str, targets: str = f"llvm: {TARGET}\n") -> None:
-    """Write tmp/matrix.yaml with the given `models:` and `targets:` sections (YAML)."""
-    (tmp / "matrix.yaml").write_text(
-        "models:\n" + textwrap.indent(textwrap.dedent(models), "  ")
-        + "targets:\n" + textwrap.indent(textwrap.dedent(targets), "  ")
-        + "validate: {reference: onnx, rtol: 1.0e-4, atol: 1.0e-4}\n")
 
 
 def hashes(tmp: Path, model: str, target: str) -> set[str]:
@@ -54,9 +44,7 @@ def build(tmp: Path, *args: str, jobs: int = 1, repo: Path = REPO) -> set[str]:
 
 @pytest.fixture
 def tiny(tmp_path: Path) -> Path:
-    tiny_convnet(tmp_path / "nets" / "tiny.onnx")
-    matrix(tmp_path, "tiny: {path: nets/tiny.onnx}\n")
-    return tmp_path
+    return tiny_checkout(tmp_path)
 
 
 ARTIFACTS = ("tiny.so", "lib0.o", "devc.o", "tiny.params")

@@ -10,37 +10,30 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from checkouts import build_report, how, tiny_checkout
 from servers import nginx, silent_server
-from test_doit_flow import REPO, doit, tiny_convnet
-from test_incremental import artifact_bytes, matrix
+from test_doit_flow import doit
+from test_incremental import artifact_bytes
 
 SO = "out/tiny/llvm/tiny.so"
 INTERMEDIATES = ("lib0.o", "devc.o", "tiny.params")
 
 
 def checkout(folder: Path, cache_url: str | None = None) -> Path:
-    tiny_convnet(folder / "nets" / "tiny.onnx")
-    matrix(folder, "tiny: {path: nets/tiny.onnx}\n")
-    if cache_url:  # the remote tier from the config rather than the command line
-        with open(folder / "matrix.yaml", "a") as f:
-            f.write(f"cache: {{url: \"{cache_url}\", timeout: 5}}\n")
-    return folder
+    # the remote tier from the config rather than the command line
+    return tiny_checkout(folder, extra=f"cache: {{url: \"{cache_url}\", timeout: 5}}\n"
+                         if cache_url else "")
 
 
 def run(folder: Path, *args: str, command: str = "build") -> tuple[dict, str]:
     code, _, out = doit(folder, command, "config=matrix.yaml", *args)
     assert code == 0 and "Traceback" not in out, out[-3000:]
-    return json.loads((folder / "out" / "build-report.json").read_text()), out
-
-
-def how(report: dict) -> dict[str, str]:
-    return {i["task"]: i["how"] for i in report["executed"]}
+    return build_report(folder), out
 
 
 @pytest.fixture(scope="module")
@@ -153,14 +146,12 @@ def test_read_only_and_refusing_servers_upload_nothing(tmp_path: Path, reference
 def test_two_runners_write_the_same_keys_at_once(tmp_path: Path, reference):
     with nginx(tmp_path / "nginx") as (url, served):
         folders = [checkout(tmp_path / n) for n in ("one", "two")]
-        procs = [subprocess.Popen(
-            [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(d),
-             "build", "config=matrix.yaml", f"cache_url={url}", "downloads=all"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={**__import__("os").environ, "PYTHONPATH": str(REPO)}) for d in folders]
-        for p in procs:
-            out = p.communicate(timeout=600)[0]
-            assert p.returncode == 0 and "warning" not in out, out[-3000:]
+        with ThreadPoolExecutor(2) as pool:  # two doit processes at once
+            results = list(pool.map(lambda d: doit(d, "build", "config=matrix.yaml",
+                                                   f"cache_url={url}", "downloads=all"),
+                                    folders))
+        for code, _, out in results:
+            assert code == 0 and "warning" not in out, out[-3000:]
         clone = checkout(tmp_path / "three")
         report, _ = run(clone, f"cache_url={url}", "downloads=all")
     for d in (*folders, clone):

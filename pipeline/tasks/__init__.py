@@ -86,7 +86,9 @@ def run_stage(fn: str, *args, task, cached: tuple[Action, CacheSettings] | None 
 
     cached: (what decides the outputs, the cache settings): the outputs are looked
     up in the action cache's tiers first and restored on a hit (values
-    {"cache": "local" | "remote"}), else computed and stored (pipeline.tasks.tiered).
+    {"cache": "local" | "remote"}; intermediates may stay in the cache:
+    pipeline.tasks.lazy), else computed and stored (pipeline.tasks.tiered).
+    Inputs a hit left in the cache are fetched, or remade, before the stage runs.
 
     A user-caused error (PipelineError) becomes one TaskFailed line. Any other
     exception is a compiler bug, but the user still gets one line: the task, the
@@ -301,8 +303,10 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
         yield from tasks
 
     # A corrupted cache entry is recompiled while linking (cache.compile_entry),
-    # but what that compiles is named by the kernel's hash in kernels.json.
-    lib0_src = code_of("tasks.stages:link_lib0", stop=("tasks.cache:compile_entry",))
+    # but what that compiles is named by the kernel's hash in kernels.json; an
+    # object a cache hit left in the cache comes down verified by its digest.
+    lib0_src = code_of("tasks.stages:link_lib0", stop=("tasks.cache:compile_entry",
+                                                       "tasks.tiered:materialize"))
 
     def task_lib0():
         """Combine an entry's kernel objects into lib0.o."""
