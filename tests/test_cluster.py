@@ -18,14 +18,20 @@ def test_cluster_build_is_byte_identical_to_local(tmp_path: Path):
     local = tiny_checkout(tmp_path / "local")
     code, _, out = doit(local, "build", "config=matrix.yaml")
     assert code == 0, out[-3000:]
-    remote = tiny_checkout(tmp_path / "remote")
+    remote, parallel = tiny_checkout(tmp_path / "remote"), tiny_checkout(tmp_path / "n2")
     with dask_cluster(tmp_path, REPO) as (address, _):
         code, executed, out = doit(remote, "build", "config=matrix.yaml", f"dask={address}")
-    assert code == 0, out[-3000:]
-    kernels = {t: h for t, h in how(build_report(remote)).items() if t.startswith("kernel:")}
-    assert kernels and set(kernels.values()) == {"computed on the cluster"}, kernels
+        assert code == 0, out[-3000:]
+        # doit -n 2: each forked worker talks to the scheduler through its own client.
+        code2, _, out2 = doit(parallel, "-n", "2", "build", "config=matrix.yaml",
+                              f"dask={address}")
+        assert code2 == 0, out2[-3000:]
+    for folder in (remote, parallel):
+        kernels = {t: h for t, h in how(build_report(folder)).items()
+                   if t.startswith("kernel:")}
+        assert kernels and set(kernels.values()) == {"computed on the cluster"}, kernels
+        assert artifact_bytes(folder) == artifact_bytes(local)
     assert "computed on the cluster" in out
-    assert artifact_bytes(remote) == artifact_bytes(local)
     code, _, out = doit(remote, "validate", "config=matrix.yaml")
     assert code == 0, out[-3000:]
 
