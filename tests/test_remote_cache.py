@@ -62,6 +62,11 @@ def test_fresh_clone_with_remote_cache_runs_no_stage(tmp_path: Path, reference):
         assert (clone / SO).read_bytes() == reference["tiny.so"]
         assert not any((clone / "out/tiny/llvm" / n).exists() for n in INTERMEDIATES)
         assert run(clone)[0]["executed"] == []  # and doit knows they exist
+        # A passed validation is cached too: the next clone validates nothing.
+        other = checkout(tmp_path / "three", url)
+        validated, _ = run(other, command="validate")
+        assert set(how(validated).values()) == {"restored from cache (remote)"}
+        assert json.loads((other / "out/tiny/llvm/validation.json").read_text())["passed"]
         # downloads=all brings them down: the same bytes as a build without a cache.
         fetched, _ = run(clone, "downloads=all")
         assert "computed" not in how(fetched).values() and how(fetched), how(fetched)

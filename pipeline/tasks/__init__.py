@@ -31,7 +31,9 @@ and .so, and no other target's.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import os
+import platform
 import signal
 import threading
 import traceback
@@ -376,6 +378,7 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
 
     def task_validate():
         """Run each built library and compare its outputs with the reference."""
+        reference = reference_identity()
         for m, t in entries:
             a = artifacts(m, t)
             opts = m.validate.to_dict()
@@ -393,9 +396,12 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
                    "file_dep": deps,
                    "uptodate": [options_changed({"validate": opts, "inputs": shapes,
                                                  "run": t.run}, "validation")],
-                   "actions": [(run_stage, ["tools.validate:validate_library", a["so"],
-                                            onnx_path(m), shapes, opts, m.name, t.name,
-                                            a["validation"], on_target])]}
+                   # Cached like a stage (as Bazel caches a passed test): a failed
+                   # validation is never stored, so it reruns until it passes.
+                   "actions": [cached("tools.validate:validate_library",
+                                      [a["so"], onnx_path(m), shapes, opts, m.name, t.name,
+                                       a["validation"], on_target], deps, [a["validation"]],
+                                      reference, fetch=(a["validation"],))]}
 
     def task_conformance():
         """Run ONNX's backend test suites (not part of build): out/conformance.json, .md."""
@@ -457,6 +463,19 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
                 "verbosity": 2}
 
     return {name: fn for name, fn in locals().items() if name.startswith("task_")}
+
+
+def reference_identity() -> dict:
+    """What decides a validation besides its files and options: the versions of
+    the reference implementations and this machine's architecture (read from the
+    installed metadata: nothing is imported)."""
+    versions = {}
+    for dist in ("onnx", "onnxruntime", "numpy"):
+        try:
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            versions[dist] = None
+    return {"reference": versions, "machine": platform.machine()}
 
 
 def _read_spec(spec: str) -> str:
