@@ -108,8 +108,8 @@ def drop(paths) -> None:
 
 
 def exists(path: str) -> bool:
-    """A real file or a marked one."""
-    return os.path.exists(path) or os.path.exists(marker_path(path))
+    """A real file or a marked one (with a readable marker)."""
+    return os.path.exists(path) or read(path) is not None
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ travel with the task's action into `doit -n` workers.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import json
@@ -126,7 +127,8 @@ def lookup(settings: CacheSettings, action: Action, key: str, call: tuple[str, l
     local, remote = ac.LocalStore(settings.root), remote_of(settings)
     tier, manifest = "local", local.get_manifest(key)
     if manifest is not None:  # a use: doit gc --max-age-days keeps it
-        os.utime(local.manifest_path(key))
+        with contextlib.suppress(OSError):  # a read-only shared cache
+            os.utime(local.manifest_path(key))
     else:
         manifest, tier = _remote_manifest(remote, key), "remote"
         if manifest is None:
