@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from checkouts import build_report, how, tiny_checkout
 from servers import nginx, silent_server
-from test_doit_flow import doit
+from test_doit_flow import doit, tiny_convnet
 from test_incremental import artifact_bytes
 
 SO = "out/tiny/llvm/tiny.so"
@@ -76,6 +76,22 @@ def test_fresh_clone_with_remote_cache_runs_no_stage(tmp_path: Path, reference):
     (clone / "out" / ".doit.db").unlink()
     third, _ = run(clone)  # nginx is gone now
     assert set(how(third).values()) == {"restored from cache (local)"}
+
+
+def test_a_stage_that_must_run_fetches_the_inputs_hits_left_on_the_server(tmp_path: Path):
+    with nginx(tmp_path / "nginx") as (url, _):
+        run(checkout(tmp_path / "one", url))
+        clone = checkout(tmp_path / "two", url)
+        run(clone)
+        tiny_convnet(clone / "nets" / "tiny.onnx", seed=1)  # new weights, same layers
+        report, _ = run(clone, command="validate")
+    assert {t for t, h in how(report).items() if h == "computed"} == {
+        "import:tiny", "optimize:tiny@llvm", "devc:tiny@llvm", "export:tiny@llvm",
+        "validate:tiny@llvm"}, how(report)
+    # export linked lib0.o and executor.o, which the first build left on the server
+    assert (clone / "out/tiny/llvm/lib0.o").exists()
+    assert (clone / "out/runtime/llvm/executor.o").exists()
+    assert json.loads((clone / "out/tiny/llvm/validation.json").read_text())["passed"]
 
 
 def test_intermediates_gone_from_every_tier_are_recomputed(tmp_path: Path, reference):
