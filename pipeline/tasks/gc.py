@@ -34,10 +34,9 @@ def current_keys(config: BuildConfig, settings: CacheSettings) -> set[str]:
     creators = make_tasks(config, list(config.models.values()), list(config.targets.values()),
                           dataclasses.replace(settings, dask=None))
     keys = set()
-    for name, creator in creators.items():
-        if name in ("task_gc", "task_explain", "task_bench", "task_conformance"):
-            continue
-        made = creator()
+    for stage in ("model", "import", "optimize", "kernel", "lib0", "devc", "runtime", "export",
+                  "validate"):
+        made = creators[f"task_{stage}"]()
         for task in [made] if isinstance(made, dict) else made:
             for action in task.get("actions") or ():
                 cached = action[2].get("cached") if isinstance(action, tuple) and \
