@@ -140,9 +140,13 @@ def load_config(path: str | Path) -> BuildConfig:
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
     try:
-        text = path.read_text()
-        _check_expanded_size(yaml.compose(text, Loader=yaml.SafeLoader), path)
-        doc = yaml.safe_load(text)
+        loader = yaml.SafeLoader(path.read_text())
+        try:  # yaml.safe_load's steps, the node graph checked before it is built
+            node = loader.get_single_node()
+            _check_expanded_size(node, path)
+            doc = loader.construct_document(node) if node is not None else None
+        finally:
+            loader.dispose()
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
     except UnicodeDecodeError:
@@ -162,8 +166,11 @@ def load_config(path: str | Path) -> BuildConfig:
 
 
 def _cache(where: _Where, doc) -> dict:
-    """The `cache:` section: {url: str, upload: bool, timeout: seconds}."""
-    doc = where.mapping(doc, "cache", {"url", "upload", "timeout"})
+    """The `cache:` section: {url: str, upload: bool, timeout: seconds,
+    downloads: minimal | all}."""
+    doc = where.mapping(doc, "cache", {"url", "upload", "timeout", "downloads"})
+    if doc.get("downloads", "minimal") not in ("minimal", "all"):
+        where.fail("cache.downloads", f"must be minimal or all, got {doc['downloads']!r}")
     if "url" in doc and not str(where.typed(doc["url"], "cache.url", str, "a string")
                                 ).startswith(("http://", "https://")):
         where.fail("cache.url", f"must be an http:// or https:// URL, got {doc['url']!r}")
