@@ -2,6 +2,7 @@
 importing this package registers them all. Imports only dsl, ir and errors."""
 
 from pipeline.ops import (  # noqa: F401  (registration)
+    attention,
     conv,
     conv_blocked,
     conv_transpose,
