@@ -39,6 +39,7 @@ NO_NUMPY = {
                      "lrn"), "normalisation: float32 only, checked against onnxruntime"),
     **dict.fromkeys(("nll_loss", "scatter_elements", "scatter_nd"),
                     "reductions over duplicate indices: not cheap"),
+    "rnn_sequence": "a whole recurrent layer: checked against onnxruntime (test_ops_recurrent.py)",
 }
 TOLERANCE = {"float32": (2e-5, 2e-6), "float64": (1e-12, 1e-13)}
 

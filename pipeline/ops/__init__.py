@@ -16,6 +16,7 @@ from pipeline.ops import (  # noqa: F401  (registration)
     norm,
     pool,
     pool_blocked,
+    recurrent,
     reduce,
     resize,
     scan,
