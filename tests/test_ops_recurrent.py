@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import make_model, rand
+from conftest import make_model, rand, run_ort, run_ours
 from nn_cases import check, check_error, unchecked
 from onnx import TensorProto, helper
 
@@ -18,7 +18,7 @@ GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 OUTPUTS = {"LSTM": ("y", "y_h", "y_c"), "GRU": ("y", "y_h"), "RNN": ("y", "y_h")}
 
 
-def recurrent(op, seq=5, batch=3, size=6, hidden=5, direction="forward", layout=0,
+def recurrent(op: str, seq=5, batch=3, size=6, hidden=5, direction="forward", layout=0,
               outputs=None, seq_lens=None, initial=False, peepholes=False, opset=14,
               **attrs):
     """One `op` node: X, and the optional sequence_lens / initial_h / initial_c as graph
@@ -65,8 +65,6 @@ CASES = {
                                                    peepholes=True),
     "lstm_bidirectional_lens": lambda: recurrent("LSTM", direction="bidirectional",
                                                  seq_lens=[5, 2, 4], initial=True),
-    "lstm_batch_major_clip": lambda: recurrent("LSTM", layout=1, clip=0.5,
-                                               direction="bidirectional", batch=6),
     "lstm_input_forget_acts": lambda: recurrent("LSTM", input_forget=1, peepholes=True,
                                                 activations=["Sigmoid", "Relu", "Softplus"]),
     "lstm_bidirectional_acts": lambda: recurrent("LSTM", direction="bidirectional", **ACTS),
@@ -76,15 +74,21 @@ CASES = {
     "gru_linear_before_reset": lambda: recurrent("GRU", linear_before_reset=1, initial=True,
                                                  direction="bidirectional",
                                                  seq_lens=[1, 5, 3]),
-    "gru_batch_major_reverse": lambda: recurrent("GRU", layout=1, direction="reverse",
-                                                 batch=5, hidden=17, clip=1.0),
     "gru_acts": lambda: recurrent("GRU", activations=["ThresholdedRelu", "Tanh"],
                                   activation_alpha=[0.1], outputs=("", "y_h")),
     "rnn_defaults": lambda: recurrent("RNN"),
     "rnn_bidirectional_lens_relu": lambda: recurrent(
         "RNN", direction="bidirectional", seq_lens=[3, 0, 5], initial=True,
         activations=["Relu", "Sigmoid"]),
-    "rnn_batch_major": lambda: recurrent("RNN", layout=1, outputs=("", "y_h"), batch=9),
+}
+
+
+BATCH_MAJOR = {
+    "lstm_batch_major_clip": dict(op="LSTM", clip=0.5, direction="bidirectional", batch=6,
+                                  initial=True),
+    "gru_batch_major_reverse": dict(op="GRU", direction="reverse", batch=5, hidden=17,
+                                    clip=1.0),
+    "rnn_batch_major": dict(op="RNN", outputs=("", "y_h"), batch=9),
 }
 
 
@@ -92,6 +96,21 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_recurrent_matches_onnxruntime(case, opt_level):
     check(*CASES[case](), opt_level)
+
+
+@pytest.mark.parametrize("opt_level", [0, 3])
+@pytest.mark.parametrize("case", sorted(BATCH_MAJOR))
+def test_batch_major_layout_matches_onnxruntime(case, opt_level):
+    """layout 1 (onnxruntime refuses it): onnxruntime runs the same layer at layout 0
+    on the transposed inputs, its results transposed back."""
+    m, feeds = recurrent(layout=1, **BATCH_MAJOR[case])
+    m0, _ = recurrent(layout=0, **BATCH_MAJOR[case])
+    seq_major = {k: v.transpose(1, 0, 2) for k, v in feeds.items()}  # x, h0, c0
+    want = run_ort(m0, seq_major)
+    got = run_ours(m, feeds, opt_level=opt_level)
+    for g, w in zip(got, want, strict=True):
+        w = w.transpose(2, 0, 1, 3) if w.ndim == 4 else w.transpose(1, 0, 2)
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
 
 
 def test_weights_known_only_at_run_time_are_one_clear_line():

@@ -182,11 +182,14 @@ def _tile(kb, node, xw, packed, opt, out, d, b0, rows, seq, batch, per_dir):
                 for state, value in zip((h, c), new_h, strict=False):
                     old = kb.load(state, r * hdim + j)
                     kb.store(state, r * hdim + j, kb.select(active[r], value, old))
-    if result in ("y_h", "y_c"):
+    if result in ("y_h", "y_c"):  # zeros for an empty sequence, as onnxruntime
         state = h if result == "y_h" else c
         with kb.loop(0, hdim, "fin") as j:
             for r in range(rows):
-                kb.store(out, state_offset(b0 + r) + j, kb.load(state, r * hdim + j))
+                value = kb.load(state, r * hdim + j)
+                if "seq_lens" in opt:
+                    value = kb.select(kb.index(lens[r]) > 0, value, kb.f32(0.0))
+                kb.store(out, state_offset(b0 + r) + j, value)
 
 
 def _reverse_flag(directions, d):
