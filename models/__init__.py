@@ -31,6 +31,7 @@ GENERATORS: dict[str, str] = {
     "mobilenet_v2": "models.mobilenet:mobilenet_v2",
     "bert_encoder": "models.bert:bert_encoder",
     "unet": "models.unet:unet",
+    "lstm_gru_seq": "models.seq:lstm_gru_seq",
 }
 
 
