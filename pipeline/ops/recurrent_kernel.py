@@ -201,20 +201,33 @@ def _reverse_flag(directions, d):
 
 def _product(kb, packed, base, src, rows, hdim, width, gates, col0, stride):
     """gates[r, col0 + n] = sum_k src[r, k] * Rᵀ[k, n] for n < width (a multiple of
-    BLOCK), Rᵀ's blocks read from packed[base + (blk * hdim + k) * BLOCK + ...]."""
-    with kb.loop(0, width // BLOCK, "blk") as blk:
-        panel = base + blk * (hdim * BLOCK)
-        accs = [[kb.local(zeros(LANES)) for _ in range(2)] for _ in range(rows)]
-        with kb.loop(0, hdim, "k") as k:
-            ws = [kb.vload(packed, panel + k * BLOCK + u * LANES, LANES) for u in range(2)]
-            for r in range(rows):
-                x = kb.splat(kb.load(src, r * hdim + k), LANES)
-                for u in range(2):
-                    kb.set(accs[r][u], fma(kb, x, ws[u], kb.get(accs[r][u])))
+    BLOCK), Rᵀ's blocks read from packed[base + (blk * hdim + k) * BLOCK + ...].
+    Fewer rows take more blocks at once: eight accumulators hide the FMA latency
+    (one row, one block would wait on two dependent chains)."""
+    blocks = width // BLOCK
+    span = max(1, min(4 // rows, blocks))
+    with kb.loop(0, blocks // span, "blk") as blk:
+        _product_blocks(kb, packed, base, src, rows, hdim, blk * span, span, gates, col0,
+                        stride)
+    for first in range(blocks - blocks % span, blocks):
+        _product_blocks(kb, packed, base, src, rows, hdim, first, 1, gates, col0, stride)
+
+
+def _product_blocks(kb, packed, base, src, rows, hdim, first, span, gates, col0, stride):
+    """_product's blocks first .. first + span, in registers over the whole k."""
+    units = 2 * span
+    accs = [[kb.local(zeros(LANES)) for _ in range(units)] for _ in range(rows)]
+    with kb.loop(0, hdim, "k") as k:
+        ws = [kb.vload(packed, base + (first + u // 2) * (hdim * BLOCK) + k * BLOCK
+                       + (u % 2) * LANES, LANES) for u in range(units)]
         for r in range(rows):
-            for u in range(2):
-                kb.vstore(gates, r * stride + col0 + blk * BLOCK + u * LANES,
-                          kb.get(accs[r][u]))
+            x = kb.splat(kb.load(src, r * hdim + k), LANES)
+            for u in range(units):
+                kb.set(accs[r][u], fma(kb, x, ws[u], kb.get(accs[r][u])))
+    for r in range(rows):
+        for u in range(units):
+            kb.vstore(gates, r * stride + col0 + first * BLOCK + u * LANES,
+                      kb.get(accs[r][u]))
 
 
 def _pick(kb, d, per_dir, fn):
