@@ -170,8 +170,12 @@ def _tile(kb, node, xw, packed, opt, out, d, b0, rows, seq, batch, per_dir):
                      padded(widths[1]), gates, padded(widths[0]), stride)
         with kb.loop(0, hdim, "j") as j:
             for r in range(rows):
-                g = (lambda k, r=r: kb.load(gates, r * stride + k))
-                x = (lambda k, r=r: kb.load(xw, xw_at[r] + k))
+                def g(k, r=r):
+                    return kb.load(gates, r * stride + k)
+
+                def x(k, r=r):
+                    return kb.load(xw, xw_at[r] + k)
+
                 new_h = _cell_update(kb, node, opt, d, x, g, h, c, r * hdim + j, j)
                 if result == "y":
                     b = b0 + r
