@@ -8,8 +8,8 @@ Each ONNX node becomes
                               directions in one kernel (pipeline/ops/recurrent_kernel.py)
 W, R and B are build-time constants (packed here: R' is Rᵀ in the kernel's panel layout);
 sequence_lens, initial_h, initial_c and P are read at run time. The executor's kernels
-write one output each, so a node asked for Y and Y_h (or Y_c) runs its recurrence once
-per output.
+write one output each: Y_h next to Y is read off Y (rnn_last), but Y_c runs the
+recurrence again.
 
 Graph op
   rnn_sequence(xw, r_packed, [seq_lens], [init_h], [init_c], [peep], [rbias];
@@ -17,6 +17,7 @@ Graph op
                input_forget, linear_before_reset, optional)
     result "y": [seq, dirs, batch, H] (layout 0) / [batch, seq, dirs, H] (layout 1);
     "y_h", "y_c": [dirs, batch, H] / [batch, dirs, H]. float32.
+  rnn_last(y, [seq_lens]; layout, directions)  Y_h from Y: each row's last valid step
 """
 
 from __future__ import annotations
@@ -57,6 +58,54 @@ def _infer(types, node):
 
 
 register("rnn_sequence", "opaque", _infer, lower=rnn_sequence_lower)
+
+
+# -- rnn_last: Y_h from Y, when both are asked for (no second recurrence) --------------------
+
+def _last_infer(types, node):
+    y = types[0]
+    shape = y.shape[1:] if node.attr("layout") == 0 else (y.shape[0],) + y.shape[2:]
+    return [TensorType(shape, y.dtype)]
+
+
+def _last_lower(kb, node, ins, out, epilogue):
+    """Y_h[d, b] = Y[last step of row b in direction d]: t = len - 1 forward, 0 in
+    reverse; zeros for an empty row. Y is [seq, dirs, batch, H] or [batch, seq, dirs, H]."""
+    y, layout = ins[0], node.attr("layout")
+    seq = y.type.shape[0 if layout == 0 else 1]
+    reverse = [name == "reverse" for name in node.attr("directions")]
+    with kb.nest(out.type.shape, "o") as index:
+        d, b = (index[0], index[1]) if layout == 0 else (index[1], index[0])
+        n = seq if len(ins) == 1 else kb.smin(kb.smax(kb.index(kb.load(ins[1], b)), 0), seq)
+        last = n - 1
+        if any(reverse):
+            last = 0 if all(reverse) else kb.select(d > 0, 0, last)
+        t = max(last, 0) if isinstance(last, int) else kb.smax(last, 0)
+        at = [t, d, b, index[2]] if layout == 0 else [b, t, d, index[2]]
+        value = kb.load(y, kb.dot(at, y.strides))
+        if len(ins) > 1:
+            value = kb.select(kb.index(n) > 0, value, kb.f32(0.0))
+        kb.store(out, kb.dot(index, out.strides), value)
+
+
+def _last_np(xs, node):
+    y, layout = xs[0], node.attr("layout")
+    if layout == 1:  # as layout 0
+        y = y.transpose(1, 2, 0, 3)
+    seq, dirs, batch, _ = y.shape
+    lens = np.clip(xs[1], 0, seq) if len(xs) > 1 else np.full(batch, seq)
+    out = np.zeros(y.shape[1:], y.dtype)
+    for d, name in enumerate(node.attr("directions")):
+        for b in range(batch):
+            if lens[b]:
+                out[d, b] = y[0 if name == "reverse" else lens[b] - 1, d, b]
+    return [out if layout == 0 else out.transpose(1, 0, 2)]
+
+
+register("rnn_last", "opaque", _last_infer, lower=_last_lower, numpy=_last_np,
+         sample=lambda rng, dtype: ([rng.uniform(-1, 1, (5, 2, 3, 4)).astype(dtype),
+                                     np.array([5, 0, 2], np.int32)],
+                                    {"layout": 0, "directions": ("forward", "reverse")}))
 
 
 def pack_recurrence(r: np.ndarray, cell: str, hidden: int) -> np.ndarray:
@@ -153,24 +202,31 @@ def _convert(cell: str, ctx, n) -> list[Node]:
              "clip": float(n.attrs.get("clip", 0.0)),
              "input_forget": int(n.attrs.get("input_forget", 0)) if cell == "lstm" else 0,
              "linear_before_reset": lbr, "optional": tuple(optional)}
-    for out, result in zip(n.outputs, ("y", "y_h", "y_c"), strict=False):
-        if out:
-            name = n.name if result == "y" else f"{n.name}__{result}"
-            nodes.append(Node.make("rnn_sequence", name, (xw, packed, *extra), (out,),
-                                   result=result, **attrs))
+    outs = dict(zip(("y", "y_h", "y_c"), n.outputs, strict=False))
+    for result, out in outs.items():
+        if not out:
+            continue
+        name = n.name if result == "y" else f"{n.name}__{result}"
+        if result == "y_h" and outs["y"]:  # read off Y: no second recurrence
+            lens = extra[optional.index("seq_lens")] if "seq_lens" in optional else None
+            nodes.append(Node.make("rnn_last", name, (outs["y"], *([lens] if lens else [])),
+                                   (out,), layout=attrs["layout"], directions=directions))
+            continue
+        nodes.append(Node.make("rnn_sequence", name, (xw, packed, *extra), (out,),
+                               result=result, **attrs))
     return nodes
 
 
-@onnx_op("LSTM", 7, emits=("dense", "rnn_sequence"), build_time_inputs=(1, 2, 3))
+@onnx_op("LSTM", 7, emits=("dense", "rnn_sequence", "rnn_last"), build_time_inputs=(1, 2, 3))
 def _lstm(ctx, n):
     return _convert("lstm", ctx, n)
 
 
-@onnx_op("GRU", 7, emits=("dense", "rnn_sequence"), build_time_inputs=(1, 2, 3))
+@onnx_op("GRU", 7, emits=("dense", "rnn_sequence", "rnn_last"), build_time_inputs=(1, 2, 3))
 def _gru(ctx, n):
     return _convert("gru", ctx, n)
 
 
-@onnx_op("RNN", 7, emits=("dense", "rnn_sequence"), build_time_inputs=(1, 2, 3))
+@onnx_op("RNN", 7, emits=("dense", "rnn_sequence", "rnn_last"), build_time_inputs=(1, 2, 3))
 def _rnn(ctx, n):
     return _convert("rnn", ctx, n)
