@@ -172,7 +172,10 @@ def _convert(cell: str, ctx, n) -> list[Node]:
                          f"{list(r.shape)} do not match {dirs} direction(s), hidden_size "
                          f"{n.attrs.get('hidden_size', hidden)}, input size {size}")
     gh = gates * hidden
-    b = np.zeros((dirs, 2 * gh), np.float32) if b is None else b.reshape(dirs, 2 * gh)
+    if b is not None and b.shape != (dirs, 2 * gh):
+        raise ModelError(f"node {n.name!r} ({n.op_type}): B {list(b.shape)} is not "
+                         f"[{dirs}, {2 * gh}]")
+    b = np.zeros((dirs, 2 * gh), np.float32) if b is None else b
     bias = b[:, :gh] + b[:, gh:]
     lbr = int(n.attrs.get("linear_before_reset", 0)) if cell == "gru" else 0
     optional, extra = [], []
