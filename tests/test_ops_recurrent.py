@@ -73,7 +73,7 @@ CASES = {
                                                  direction="bidirectional",
                                                  seq_lens=[1, 5, 3]),
     "gru_acts": lambda: recurrent("GRU", activations=["ThresholdedRelu", "Tanh"],
-                                  activation_alpha=[0.1], outputs=("", "y_h")),
+                                  activation_alpha=[0.1], outputs=("", "y_h"), opset=22),
     "rnn_bidirectional_lens_relu": lambda: recurrent(
         "RNN", direction="bidirectional", seq_lens=[3, 0, 5], initial=True,
         activations=["Relu", "Sigmoid"]),
