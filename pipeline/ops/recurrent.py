@@ -26,7 +26,7 @@ import numpy as np
 
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
-from pipeline.ops.recurrent_kernel import BLOCK, group_widths, padded, rnn_sequence_lower
+from pipeline.ops.recurrent_kernel import BLOCK, group_widths, padded
 from pipeline.ops.registry import onnx_op, register
 from pipeline.ops.shape import need_const
 
@@ -40,24 +40,6 @@ ACTIVATION_PARAMS = {
     "affine": (1.0, 0.0), "leakyrelu": (0.01, None), "thresholdedrelu": (1.0, None),
     "scaledtanh": (1.0, 1.0), "hardsigmoid": (0.2, 0.5), "elu": (1.0, None),
 }
-
-
-def _infer(types, node):
-    xw = types[0]
-    if xw.dtype != "float32":
-        raise ModelError(f"node {node.name!r} (rnn_sequence): dtype {xw.dtype} is not "
-                         "supported (float32 is)")
-    seq, batch = xw.shape[:2] if node.attr("layout") == 0 else xw.shape[1::-1]
-    dirs, hidden = len(node.attr("directions")), node.attr("hidden")
-    if node.attr("result") == "y":
-        shape = (seq, dirs, batch, hidden) if node.attr("layout") == 0 else \
-            (batch, seq, dirs, hidden)
-    else:
-        shape = (dirs, batch, hidden) if node.attr("layout") == 0 else (batch, dirs, hidden)
-    return [TensorType(shape, "float32")]
-
-
-register("rnn_sequence", "opaque", _infer, lower=rnn_sequence_lower)
 
 
 # -- rnn_last: Y_h from Y, when both are asked for (no second recurrence) --------------------

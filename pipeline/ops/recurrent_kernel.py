@@ -1,5 +1,5 @@
-"""The kernel of `rnn_sequence` (pipeline/ops/recurrent.py): the whole time loop of one
-LSTM, GRU or RNN layer, all directions, in one function.
+"""The graph op `rnn_sequence` (its converters: pipeline/ops/recurrent.py): the whole
+time loop of one LSTM, GRU or RNN layer, all directions, in one kernel.
 
 Inputs (in this order, the optional ones as the node's `optional` attribute lists them):
   xw       X·Wᵀ + biases for every time step, computed before by one `dense`:
@@ -24,6 +24,9 @@ from __future__ import annotations
 import llvmlite.ir as ir
 
 from pipeline.dsl.vector import fma, parallel_for, zeros
+from pipeline.errors import ModelError
+from pipeline.ir.graph import TensorType
+from pipeline.ops.registry import register
 
 LANES = 8
 BLOCK = 2 * LANES  # columns of one packed block (two vectors)
@@ -315,3 +318,20 @@ def _cell_update(kb, node, opt, d, x, g, h, c, at, j):
                                                 activation(kb, acts[2], c_new)])
     return [kb.fmul(o, hc), c_new]
 
+
+def _infer(types, node):
+    xw = types[0]
+    if xw.dtype != "float32":
+        raise ModelError(f"node {node.name!r} (rnn_sequence): dtype {xw.dtype} is not "
+                         "supported (float32 is)")
+    seq, batch = xw.shape[:2] if node.attr("layout") == 0 else xw.shape[1::-1]
+    dirs, hidden = len(node.attr("directions")), node.attr("hidden")
+    if node.attr("result") == "y":
+        shape = (seq, dirs, batch, hidden) if node.attr("layout") == 0 else \
+            (batch, seq, dirs, hidden)
+    else:
+        shape = (dirs, batch, hidden) if node.attr("layout") == 0 else (batch, dirs, hidden)
+    return [TensorType(shape, "float32")]
+
+
+register("rnn_sequence", "opaque", _infer, lower=rnn_sequence_lower)
