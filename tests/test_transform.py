@@ -15,7 +15,15 @@ from pipeline.frontend import from_onnx
 from pipeline.ir.graph import Graph, Node, TensorType
 from pipeline.ir.target import parse_target
 from pipeline.ops import infer_types
-from pipeline.transform import PASS_NAMES, PIPELINE, PassConfig, PassContext, optimize
+from pipeline.transform import (
+    PASS_NAMES,
+    PIPELINE,
+    PassConfig,
+    PassContext,
+    PassInstrument,
+    PassTimingInstrument,
+    optimize,
+)
 
 node = helper.make_node
 X = (1, 4, 6, 6)
@@ -107,6 +115,61 @@ def test_every_pass_keeps_the_graph_valid():
         again, _ = optimize(*from_onnx(model))
     again.verify(infer_types)
     assert again == graph
+
+
+class Recorder(PassInstrument):
+    """Logs every hook call; skips the passes named in `skip`."""
+
+    def __init__(self, log: list, tag: str, skip=()):
+        self.log, self.tag, self.skip = log, tag, set(skip)
+
+    def enter_pass_ctx(self):
+        self.log.append((self.tag, "enter"))
+
+    def exit_pass_ctx(self):
+        self.log.append((self.tag, "exit"))
+
+    def should_run(self, graph, info):
+        self.log.append((self.tag, "should_run", info.name))
+        return info.name not in self.skip
+
+    def run_before_pass(self, graph, info):
+        self.log.append((self.tag, "before", info.name, len(graph.nodes)))
+
+    def run_after_pass(self, graph, info):
+        self.log.append((self.tag, "after", info.name, len(graph.nodes)))
+
+
+def test_instruments_see_each_pass_in_order_and_can_skip_one():
+    graph, params = from_onnx(residual())
+    log: list = []
+    timing = PassTimingInstrument()
+    with PassContext(opt_level=1, instruments=[Recorder(log, "a", skip=["FuseOps"]),
+                                               Recorder(log, "b"), timing]):
+        out, _ = optimize(graph, params)
+    assert "fused" not in ops(out)  # one instrument said no: FuseOps did not run
+    ran = ["SimplifyInference", "FoldBatchNorm"]  # opt_level 1 without FuseOps
+    assert [e[2] for e in log if e[:2] == ("b", "before")] == ran
+    assert [e[2] for e in log if e[:2] == ("b", "should_run")] == [*ran, "FuseOps"]
+    assert log[0] == ("a", "enter") and log[1] == ("b", "enter")
+    assert log[-2:] == [("a", "exit"), ("b", "exit")]
+    first = log.index(("a", "before", "SimplifyInference", 3))
+    assert log[first + 1] == ("b", "before", "SimplifyInference", 3)  # in the order given
+    assert [t["pass"] for t in timing.timings] == ran
+    assert all(t["seconds"] >= 0 for t in timing.timings)
+    assert "FoldBatchNorm" in timing.render() and "total" in timing.render()
+
+
+def test_exit_pass_ctx_runs_when_a_pass_fails():
+    log: list = []
+
+    class Boom(Recorder):
+        def run_before_pass(self, graph, info):
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError), PassContext(instruments=[Boom(log, "x")]):
+        optimize(*from_onnx(residual()))
+    assert log[-1] == ("x", "exit")
 
 
 def test_fold_constant_folds_mul_of_constants():

@@ -35,7 +35,28 @@ PTR = ir.PointerType()
 # not allow nnan/ninf: models may legitimately carry inf through max/relu.
 FAST = ("reassoc", "contract", "nsz")
 
-LLVM_TYPES = {"float32": F32, "float64": F64, "int64": I64, "int32": I32, "bool": ir.IntType(8)}
+I8 = ir.IntType(8)
+HALF = ir.HalfType()
+
+# What a kernel computes each dtype in (the type of loaded values, constants and
+# temporaries). The narrow dtypes compute wider: float16 in float32 (x86 and RISC-V
+# have no half arithmetic worth using here; F16C / aarch64 convert in one
+# instruction), int8 and uint8 in i32 (sign- or zero-extended, so signed compares,
+# division and sitofp are right for both). Loads widen, stores narrow (round to
+# nearest even, integers wrap), and `narrow` rounds a computed value to its dtype.
+LLVM_TYPES = {"float32": F32, "float64": F64, "int64": I64, "int32": I32, "bool": I8,
+              "float16": F32, "int8": I32, "uint8": I32}
+# How each dtype is stored in a buffer.
+STORAGE_TYPES = {**LLVM_TYPES, "float16": HALF, "int8": I8, "uint8": I8}
+NARROW = ("float16", "int8", "uint8")
+
+
+def _align(typ: ir.Type) -> int:
+    """The alignment vector loads and stores of storage type `typ` promise: one
+    element, at most 4 bytes (the base pointers' alignment is not assumed)."""
+    if typ == HALF:
+        return 2
+    return min(4, max(1, typ.width // 8)) if isinstance(typ, ir.IntType) else 4
 
 
 def row_major_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -55,7 +76,13 @@ class Buffer:
 
     @property
     def elem(self) -> ir.Type:
+        """The type values of this buffer are computed in (loads give it)."""
         return LLVM_TYPES[self.type.dtype]
+
+    @property
+    def storage(self) -> ir.Type:
+        """The element type in memory (half, i8 for the narrow dtypes)."""
+        return STORAGE_TYPES[self.type.dtype]
 
     @property
     def strides(self) -> tuple[int, ...]:
@@ -196,21 +223,66 @@ class KernelBuilder:
     # -- memory --
 
     def gep(self, buf: Buffer, offset, inbounds: bool = True) -> ir.Value:
-        return self.b.gep(buf.ptr, [raw(offset)], source_etype=buf.elem, inbounds=inbounds)
+        return self.b.gep(buf.ptr, [raw(offset)], source_etype=buf.storage, inbounds=inbounds)
 
     def load(self, buf: Buffer, offset) -> ir.Value:
-        return self.b.load(self.gep(buf, offset), typ=buf.elem)
+        """buf[offset], in the buffer's compute type (`Buffer.elem`)."""
+        return self.widen(self.b.load(self.gep(buf, offset), typ=buf.storage),
+                          buf.type.dtype)
 
     def store(self, buf: Buffer, offset, value) -> None:
-        self.b.store(raw(value), self.gep(buf, offset))
+        """buf[offset] = value (a value of the compute type, narrowed to storage)."""
+        value = raw(value)
+        if buf.type.dtype in NARROW:
+            value = self._to_storage(value, buf.storage)
+        self.b.store(value, self.gep(buf, offset))
 
     def vload(self, buf: Buffer, offset, n: int) -> ir.Value:
-        """`n` consecutive elements of `buf` from `offset` as a vector (alignment of
-        one float32)."""
-        return self.b.load(self.gep(buf, offset), typ=ir.VectorType(buf.elem, n), align=4)
+        """`n` consecutive elements of `buf` from `offset` as a vector of the compute
+        type (aligned to one element)."""
+        typ = ir.VectorType(buf.storage, n)
+        return self.widen(self.b.load(self.gep(buf, offset), typ=typ,
+                                      align=_align(buf.storage)), buf.type.dtype)
 
     def vstore(self, buf: Buffer, offset, value: ir.Value) -> None:
-        self.b.store(value, self.gep(buf, offset), align=4)
+        if buf.type.dtype in NARROW:
+            value = self._to_storage(value, ir.VectorType(buf.storage, value.type.count))
+        self.b.store(value, self.gep(buf, offset), align=_align(buf.storage))
+
+    def widen(self, v: ir.Value, dtype: str) -> ir.Value:
+        """A value (scalar or vector) of `dtype`'s storage type in its compute type:
+        half -> float (exact), int8 sign- and uint8 zero-extended to i32."""
+        if dtype not in NARROW:
+            return v
+        to = LLVM_TYPES[dtype]
+        if isinstance(v.type, ir.VectorType):
+            to = ir.VectorType(to, v.type.count)
+        if dtype == "float16":
+            return self.b.fpext(v, to)
+        return (self.b.sext if dtype == "int8" else self.b.zext)(v, to)
+
+    def _to_storage(self, v: ir.Value, to: ir.Type) -> ir.Value:
+        """A compute-type value converted to the storage type `to` (fptrunc rounds to
+        nearest even; integers keep their low bits, i.e. wrap)."""
+        if v.type == to:
+            return v
+        elem = v.type.element if isinstance(v.type, ir.VectorType) else v.type
+        return self.b.fptrunc(v, to) if isinstance(elem, ir.FloatType | ir.DoubleType) \
+            else self.b.trunc(v, to)
+
+    def narrow(self, v, dtype: str) -> ir.Value:
+        """A computed value (scalar or vector) rounded to what `dtype` can hold, still
+        in the compute type: float16 rounds to nearest even, int8/uint8 wrap. Other
+        dtypes are returned as they are. Applied after each fused op of a narrow
+        dtype, so a chain gives what the ops one by one would (for float16 add, sub,
+        mul, div and sqrt, float32 then rounding to half is the exact half result)."""
+        v = raw(v)
+        if dtype not in NARROW:
+            return v
+        store = STORAGE_TYPES[dtype]
+        if isinstance(v.type, ir.VectorType):
+            store = ir.VectorType(store, v.type.count)
+        return self.widen(self._to_storage(v, store), dtype)
 
     def splat(self, scalar: ir.Value, n: int) -> ir.Value:
         """The vector with every lane `scalar` (LLVM folds this into a broadcast load)."""
@@ -253,7 +325,7 @@ class KernelBuilder:
     def scratch(self, size: int, dtype: str = "float32") -> Buffer:
         """An array of `size` elements of `dtype` on the stack (allocated once, in
         the entry block), for a kernel's temporaries."""
-        return Buffer(self._alloca(LLVM_TYPES[dtype], raw(size)),
+        return Buffer(self._alloca(STORAGE_TYPES[dtype], raw(size)),
                       TensorType((size,), dtype))
 
     def _alloca(self, typ: ir.Type, count=None) -> ir.Value:
@@ -416,14 +488,25 @@ class KernelBuilder:
         return Index(self, self.b.zext(flag, I64))
 
     def cast(self, v, dtype: str | ir.Type) -> ir.Value:
-        """Convert `v` to `dtype` (a dtype name or its LLVM type; i8 is bool) with
-        ONNX Cast semantics (float -> int truncates)."""
+        """Convert `v` (a value in its compute type) to `dtype` (a dtype name or an
+        LLVM compute type; i8 is bool) with ONNX Cast semantics (float -> int
+        truncates toward zero; to float16 rounds to nearest even, to int8/uint8
+        keeps the low 8 bits), as a value of `dtype`'s compute type."""
         if isinstance(dtype, ir.Type):
             dtype = next(k for k, t in LLVM_TYPES.items() if t == dtype)
         v = raw(v)
         to = LLVM_TYPES[dtype]
         if dtype == "bool":
             return self.as_bool(self.truth(v))
+        if dtype == "float16":  # one rounding, from whatever precision v has
+            if v.type in FLOATS:
+                half = self.b.fptrunc(v, HALF)
+            else:
+                half = (self.b.uitofp if v.type == I8 else self.b.sitofp)(v, HALF)
+            return self.widen(half, dtype)
+        if dtype in NARROW:  # int8, uint8: through i64 (a float beyond i32 is no poison)
+            wide = self.cast(v, "int64") if v.type != I32 else v
+            return self.narrow(wide, dtype)
         if v.type == to:
             return v
         if v.type in FLOATS:

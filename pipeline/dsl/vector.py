@@ -97,7 +97,7 @@ def prefetch_epilogue(kb: KernelBuilder, epilogue, out: Buffer, index: list) -> 
     prefetch(kb, out, kb.dot(index, out.strides), write=True)
     if epilogue is None:
         return
-    _, chain, args, _ = epilogue.parts
+    _, chain, args, *_ = epilogue.parts
     for node in chain:
         for name in node.inputs:
             buf = args.get(name)
@@ -111,23 +111,26 @@ def apply_epilogue(kb: KernelBuilder, epilogue, value: ir.Value, index: list) ->
 
     `epilogue` is the closure render.py passes to `lower`; it carries the chain
     as `epilogue.parts = (anchor output name, chain nodes, argument buffers,
-    scalar_of)`, scalar_of(op name) being the op's scalar lowering (the DSL
-    does not import the operator registry).
+    scalar_of, dtypes)`, scalar_of(op name) being the op's scalar lowering (the DSL
+    does not import the operator registry) and dtypes each tensor's dtype (a
+    float16 result is rounded to half before the next op, kb.narrow).
     """
     if epilogue is None:
         return value
-    source, chain, args, scalar_of = epilogue.parts
+    source, chain, args, scalar_of, dtypes = epilogue.parts
     n = value.type.count
-    env = {source: value}
+    env = {source: kb.narrow(value, dtypes[source])}
     for node in chain:
         operands = [env[i] if i in env else kb.load_broadcast(args[i], index, n)
                     for i in node.inputs]
         if node.op in VECTOR_OPS and all(v.type == vec(n) for v in operands):
-            env[node.outputs[0]] = VECTOR_OPS[node.op](kb, operands, node)
+            env[node.outputs[0]] = kb.narrow(VECTOR_OPS[node.op](kb, operands, node),
+                                             dtypes[node.outputs[0]])
             continue
         # Lane by lane with the op's own scalar lowering: exact for any op, slower.
         scalar = scalar_of(node.op)
-        lanes = [scalar(kb, [kb.lane(v, k) for v in operands], node) for k in range(n)]
+        lanes = [kb.narrow(scalar(kb, [kb.lane(v, k) for v in operands], node),
+                           dtypes[node.outputs[0]]) for k in range(n)]
         out = ir.Constant(vec(n, lanes[0].type), None)
         for k, lane in enumerate(lanes):
             out = kb.with_lane(out, k, lane)

@@ -52,10 +52,10 @@ def max_and_exp_sum(kb, x, base, length, store=None):
 
 
 def _float_infer(types, node):
-    """The input's type; a float32 or float64 input (else a ModelError naming the node)."""
-    if types[0].dtype not in ("float32", "float64"):
+    """The input's type; a float input (else a ModelError naming the node)."""
+    if types[0].dtype not in ("float32", "float64", "float16"):
         raise ModelError(f"node {node.name!r} ({node.op}): input dtype {types[0].dtype} is "
-                         "not supported (float32, float64 are)")
+                         "not supported (float32, float64, float16 are)")
     return [types[0]]
 
 

@@ -29,7 +29,8 @@ _erf_np = np.vectorize(math.erf, otypes=[np.float64])
 
 def _unary_infer(types: list[TensorType], node: Node) -> list[TensorType]:
     dtype = types[0].dtype
-    allowed = ("float32", "float64") + (("int64", "int32") if node.op in _INT_TOO else ())
+    allowed = ("float32", "float64", "float16") + (
+        ("int64", "int32", "int8", "uint8") if node.op in _INT_TOO else ())
     if dtype not in allowed:
         raise ModelError(f"node {node.name!r} ({node.op}): input dtype {dtype} is not "
                          f"supported ({', '.join(allowed)} are)")
@@ -332,9 +333,9 @@ def _clip_v11(ctx, n):
 # -- IsNaN, IsInf: float in, bool out ---------------------------------------------------
 
 def _predicate_infer(types, node):
-    if types[0].dtype not in ("float32", "float64"):
+    if types[0].dtype not in ("float32", "float64", "float16"):
         raise ModelError(f"node {node.name!r} ({node.op}): input dtype {types[0].dtype} is "
-                         "not supported (float32, float64 are)")
+                         "not supported (float32, float64, float16 are)")
     return [TensorType(types[0].shape, "bool")]
 
 

@@ -18,6 +18,7 @@ Task names (model m, target entry t):
   export:m@t     lib0.o + devc.o + executor.o -> m.so (linked by the target's cc)
   validate:m@t   run m.so against the reference -> validation.json
   explain        print why each task of the last build ran (out/build-report.json)
+  report         out/report.html from what the other tasks left (pipeline.tools.report)
   gc             remove cache entries no entry of the matrix uses
 Every task declares its inputs, including the compiler sources it runs (doit
 does not see code edits otherwise; derived from the stage's code by `code_of`);
@@ -95,7 +96,8 @@ def run_stage(fn: str, *args, task, cached: tuple[Action, CacheSettings] | None 
     imported only when a task runs, so a no-op build never loads the compiler.
 
     A dict the stage returns becomes the task's doit values (the reporter reads
-    a kernel task's {"compiled": bool} to count cache hits).
+    a kernel task's {"compiled": bool} to count cache hits), with "worker": the
+    pid that ran it.
     """
     module, _, name = fn.partition(":")
     _test_kill(task.name, "before")
@@ -106,7 +108,7 @@ def run_stage(fn: str, *args, task, cached: tuple[Action, CacheSettings] | None 
             key = action.key()
             tier = tiered.lookup(settings, key, action.outputs)
             if tier is not None:
-                return {"cache": tier, **_warnings(settings)}
+                return {"cache": tier, "worker": os.getpid(), **_warnings(settings)}
         result = getattr(importlib.import_module(f"pipeline.{module}"), name)(*args)
         if key is not None:
             tiered.save(settings, key, action.all_outputs())
@@ -119,9 +121,10 @@ def run_stage(fn: str, *args, task, cached: tuple[Action, CacheSettings] | None 
                           f"(full traceback in {log})")
     _test_kill(task.name, "after")
     values = result if isinstance(result, dict) else {}
+    values["worker"] = os.getpid()  # which process ran it: the report's timeline rows
     if cached is not None:
         values.update(_warnings(cached[1]))
-    return values or None
+    return values
 
 
 def _warnings(settings: CacheSettings) -> dict:
@@ -225,8 +228,10 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
                 deps = [os.path.relpath(p) for p in source_files(m.generator)]
                 yield {"name": m.name, "targets": [onnx_path(m)], "clean": True,
                        "actions": [cached("tasks.stages:generate_model",
-                                          [m.generator, onnx_path(m)], deps, [onnx_path(m)])],
-                       "file_dep": deps}
+                                          [m.generator, onnx_path(m), dict(m.args)], deps,
+                                          [onnx_path(m)])],
+                       "file_dep": deps,
+                       "uptodate": [options_changed({"args": dict(m.args)}, "generator")]}
 
     def task_import():
         """Import each ONNX model into the graph IR."""
@@ -418,6 +423,14 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
                "actions": [(run_stage, ["tools.bench:summarize", reports,
                                         peak, path(OUT, "bench-summary.md"),
                                         path(OUT, "bench-summary.json")])]}
+
+    def task_report():
+        """Write out/report.html: the matrix, the last build's timeline, the slowest
+        nodes (from doit bench profile=1) and the memory plans (needs .[report])."""
+        return {"actions": [(run_stage, ["tools.report:write_report", OUT,
+                                         [(m.name, t.name) for m, t in entries],
+                                         path(OUT, "report.html"), cache_root])],
+                "targets": [path(OUT, "report.html")], "uptodate": [False], "verbosity": 2}
 
     def task_explain():
         """Print why each task of the last build ran, and what it compiled or reused."""

@@ -2,6 +2,7 @@
 
     models:
       resnet18: {generator: resnet18}                   # built by models/
+      resnet18_b8: {generator: resnet18, args: {batch: 8}}   # with arguments
       mynet:
         path: nets/mynet.onnx                           # relative to this file
       squeezenet: {path: "onnx-light:squeezenet"}       # the onnx wheel's light zoo
@@ -58,6 +59,7 @@ class ModelEntry:
     name: str
     path: Path | None             # an ONNX file the user keeps
     generator: str | None         # or a generator in models/
+    args: dict = field(default_factory=dict)     # the generator's keyword arguments
     inputs: dict = field(default_factory=dict)   # input name -> shape override
     validate: ValidateOptions = ValidateOptions()
 
@@ -247,11 +249,13 @@ def _model(where: _Where, name: str, spec, validate: ValidateOptions) -> ModelEn
     from models import GENERATORS  # only needed when the config is read
 
     key = f"models.{name}"
-    spec = where.mapping(spec, key, {"path", "generator", "inputs", "validate"})
+    spec = where.mapping(spec, key, {"path", "generator", "args", "inputs", "validate"})
     if ("path" in spec) == ("generator" in spec):
         where.fail(key, "give exactly one of 'path' (an ONNX file) or 'generator' "
                    f"(one of {', '.join(GENERATORS)})")
     path = generator = None
+    if "args" in spec and "generator" not in spec:
+        where.fail(f"{key}.args", "only a model built by a generator takes args")
     if "path" in spec:
         text = where.typed(spec["path"], f"{key}.path", str, "a file path")
         if text.startswith(ONNX_LIGHT):
@@ -266,6 +270,7 @@ def _model(where: _Where, name: str, spec, validate: ValidateOptions) -> ModelEn
         if generator not in GENERATORS:
             where.fail(f"{key}.generator", f"unknown generator {generator!r}; allowed: "
                        f"{', '.join(GENERATORS)}")
+    args = _generator_args(where, spec.get("args") or {}, f"{key}.args")
     inputs = {}
     for inp, shape in where.mapping(spec.get("inputs") or {}, f"{key}.inputs").items():
         if not isinstance(shape, list) or not all(
@@ -273,9 +278,22 @@ def _model(where: _Where, name: str, spec, validate: ValidateOptions) -> ModelEn
             where.fail(f"{key}.inputs.{inp}", f"must be a list of positive integers, "
                        f"got {shape!r}")
         inputs[inp] = tuple(shape)
-    return ModelEntry(name, path, generator, inputs,
+    return ModelEntry(name, path, generator, args, inputs,
                       _validate_options(where, spec.get("validate") or {},
                                         f"{key}.validate", validate))
+
+
+def _generator_args(where: _Where, doc, key: str) -> dict:
+    """A generator's `args:` (models.ARGUMENTS): each known, each a positive integer."""
+    from models import ARGUMENTS
+
+    for arg, value in where.mapping(doc, key).items():
+        if arg not in ARGUMENTS:
+            where.fail(f"{key}.{arg}", f"unknown argument; generators take: "
+                       f"{', '.join(f'{k} ({v})' for k, v in ARGUMENTS.items())}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            where.fail(f"{key}.{arg}", f"must be {ARGUMENTS[arg]}, got {value!r}")
+    return dict(doc)
 
 
 def _onnx_light(where: _Where, name: str, key: str) -> Path:

@@ -36,7 +36,7 @@ import numpy as np
 import onnx
 
 from pipeline.errors import PipelineError
-from pipeline.frontend.onnx import load_model
+from pipeline.frontend.onnx import load_model, with_input_shapes
 from pipeline.link.files import atomic_write
 from pipeline.runtime import GraphModule, load_module
 from pipeline.runtime.profile import format_profile, profile_nodes
@@ -182,15 +182,20 @@ def bench_library(lib_path: str, onnx_path: str, shapes: dict, model: str, targe
         return bench_emulated(lib_path, onnx_path, shapes, model, target, report_path,
                               threads, rounds, runs, on_target)
     _require_onnxruntime()
-    onnx_model = load_model(onnx_path)
-    feeds = random_inputs(onnx_model, {k: tuple(v) for k, v in shapes.items()}, seed=0)
+    shapes = {k: tuple(v) for k, v in shapes.items()}
+    original = load_model(onnx_path)
+    onnx_model = with_input_shapes(original, shapes)  # at the library's input shapes
+    feeds = random_inputs(onnx_model, shapes, seed=0)
     flops = model_flops(onnx_model)
-    del onnx_model
     rows = {}
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         inputs = os.path.join(tmp, "inputs.npz")
         np.savez(inputs, **feeds)
         paths = {"ours": os.path.abspath(lib_path), "onnxruntime": os.path.abspath(onnx_path)}
+        if onnx_model is not original:  # onnxruntime holds inputs to the declared shapes
+            paths["onnxruntime"] = os.path.join(tmp, "model.onnx")
+            onnx.save(onnx_model, paths["onnxruntime"])
+        del onnx_model, original
         for t in threads:
             peak = best_peak_gflops(t, peak_path)  # nothing of ours is running now
             done = [{side: _run_side(side, paths[side], inputs, t, runs, warmup, model)

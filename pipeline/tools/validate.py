@@ -18,7 +18,7 @@ from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
 from pipeline.errors import PipelineError
-from pipeline.frontend.onnx import load_model
+from pipeline.frontend.onnx import load_model, with_input_shapes
 from pipeline.link.files import atomic_write
 from pipeline.link.integrity import verify_code_digest
 from pipeline.runtime import GraphModule, load_module
@@ -119,9 +119,10 @@ def validate_library(lib_path: str, onnx_path: str, shapes: dict, options: dict,
     file, "arch": the target's architecture}: the library then runs there
     (pipeline.tools.on_target) and the reference on this machine. Without it the
     library is loaded here. Either way its code digest and blob sha256 are checked."""
-    onnx_model = load_model(onnx_path)
-    feeds = random_inputs(onnx_model, {k: tuple(v) for k, v in shapes.items()},
-                          options["seed"])
+    shapes = {k: tuple(v) for k, v in shapes.items()}
+    # The reference runs the model at the shapes the library was built for.
+    onnx_model = with_input_shapes(load_model(onnx_path), shapes)
+    feeds = random_inputs(onnx_model, shapes, options["seed"])
     names = [o.name for o in onnx_model.graph.output]
     where = {"ran_on": "host"}
     if on_target is None:
