@@ -32,6 +32,7 @@ GENERATORS: dict[str, str] = {
     "mobilenet_v2": "models.mobilenet:mobilenet_v2",
     "bert_encoder": "models.bert:bert_encoder",
     "unet": "models.unet:unet",
+    "lstm_gru_seq": "models.seq:lstm_gru_seq",
     # int8 models made by onnxruntime's quantizer (needs the ort extra)
     "resnet18_qdq": "models.quantized:resnet18_qdq",
     "mobilenet_v2_qop": "models.quantized:mobilenet_v2_qop",

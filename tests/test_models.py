@@ -46,6 +46,11 @@ EXPECTED = {
                             + 64 * 32 + 32 * 32 + 48 * 16 + 16 * 16)
              + 2 * (16 + 16 + 32 + 32 + 64 + 64 + 32 + 32 + 16 + 16)
              + 64 * 32 * 4 + 32 + 16 * 2 + 2},
+    # Bidirectional LSTM 64->128 (W, R, both biases), GRU 256->128, head 128->20.
+    "lstm_gru_seq": {"input": ("features", [1, 32, 64], TensorProto.FLOAT),
+                     "output": [1, 32, 20], "opset": 13,
+                     "params": 2 * (512 * 64 + 512 * 128 + 1024)
+                     + 384 * 256 + 384 * 128 + 768 + 128 * 20 + 20},
 }
 RESNETS = ["resnet18", "resnet50"]
 

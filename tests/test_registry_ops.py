@@ -45,6 +45,7 @@ NO_NUMPY = {
     **dict.fromkeys(("qconv2d_nchwc", "qdepthwise_conv2d_nchwc", "qpad_nchwc",
                      "qdense_packed"),
                     "blocked int8 layout variant"),
+    "rnn_sequence": "a whole recurrent layer: checked against onnxruntime (test_ops_recurrent.py)",
 }
 TOLERANCE = {"float32": (2e-5, 2e-6), "float64": (1e-12, 1e-13)}
 

@@ -22,6 +22,7 @@ from pipeline.ops import (  # noqa: F401  (registration)
     quant,
     quant_conv,
     quant_ms,
+    recurrent,
     reduce,
     resize,
     scan,

@@ -53,9 +53,10 @@ class BenchError(PipelineError):
 
 
 def model_flops(model: onnx.ModelProto) -> int:
-    """2 x multiply-adds of the model's Conv, ConvTranspose, Gemm and MatMul nodes and
-    of their int8 forms (ConvInteger, QLinearConv, MatMulInteger, QLinearMatMul, QGemm;
-    shapes from ONNX shape inference; elementwise work is not counted)."""
+    """2 x multiply-adds of the model's Conv, ConvTranspose, Gemm, MatMul, LSTM, GRU and
+    RNN nodes and of their int8 forms (ConvInteger, QLinearConv, MatMulInteger,
+    QLinearMatMul, QGemm; shapes from ONNX shape inference; elementwise work is not
+    counted)."""
     inferred = onnx.shape_inference.infer_shapes(model)
     shapes = {}
     for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
@@ -82,6 +83,12 @@ def model_flops(model: onnx.ModelProto) -> int:
             trans_a = any(at.name == "transA" and at.i for at in node.attribute)
             k = a[-2] if trans_a else a[-1]
             total += 2 * math.prod(y) * k
+        elif node.op_type in ("LSTM", "GRU", "RNN"):
+            x, w, r = (shapes.get(node.input[i]) for i in range(3))
+            if not (x and w and r):
+                continue
+            # every step and direction: the gate columns times the input and hidden sizes
+            total += 2 * x[0] * x[1] * w[0] * w[1] * (w[2] + r[2])
     return total
 
 
