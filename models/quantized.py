@@ -109,23 +109,24 @@ def _static(model: onnx.ModelProto, fmt: str, per_channel: bool) -> onnx.ModelPr
         return onnx.load(str(out))
 
 
-def resnet18_qdq() -> onnx.ModelProto:
-    """QDQ ResNet-18 (per-channel weights); data [1,3,224,224] -> [1,1000] float32."""
+def resnet18_qdq(batch: int = 1) -> onnx.ModelProto:
+    """QDQ ResNet-18 (per-channel weights); data [batch,3,224,224] -> [batch,1000] float32
+    (calibrated on inputs of that batch)."""
     from models.resnet import resnet18
-    return _static(resnet18(), "QDQ", per_channel=True)
+    return _static(resnet18(batch), "QDQ", per_channel=True)
 
 
-def mobilenet_v2_qop() -> onnx.ModelProto:
-    """QOperator MobileNetV2 (per-tensor weights); data [1,3,224,224] -> [1,1000]."""
+def mobilenet_v2_qop(batch: int = 1) -> onnx.ModelProto:
+    """QOperator MobileNetV2 (per-tensor weights); data [batch,3,224,224] -> [batch,1000]."""
     from models.mobilenet import mobilenet_v2
-    return _static(mobilenet_v2(), "QOperator", per_channel=False)
+    return _static(mobilenet_v2(batch), "QOperator", per_channel=False)
 
 
-def bert_encoder_dyn() -> onnx.ModelProto:
-    """The dynamically quantized encoder; input_ids int64 [1,32] -> [1,32,128]."""
+def bert_encoder_dyn(batch: int = 1) -> onnx.ModelProto:
+    """The dynamically quantized encoder; input_ids int64 [batch,32] -> [batch,32,128]."""
     from models.bert import bert_encoder
     q = _quantization()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "q.onnx"
-        q.quantize_dynamic(bert_encoder(), out, weight_type=q.QuantType.QInt8)
+        q.quantize_dynamic(bert_encoder(batch), out, weight_type=q.QuantType.QInt8)
         return onnx.load(str(out))
