@@ -126,6 +126,35 @@ def test_blocked_depthwise_conv(target, hw, stride, pads, k):
 
 
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("c, oc, groups, hw, hw2, after", [
+    (12, 20, 2, 9, 9, "residual"),   # channel tiles and pixel blocks both overlap at the end
+    (32, 20, 1, 5, 5, "relu"),       # filters not a multiple of the block; 25 pixels
+    (8, 12, 4, 3, 3, "row"),         # fewer pixels than lanes; a per-column (W) operand
+    (24, 28, 4, 7, 10, "row"),       # pixel vectors across rows: the epilogue in a 2nd pass
+    (16, 8, 2, 1, 1, None),          # one pixel
+], ids=lambda v: str(v))
+def test_pointwise_conv_matches_onnxruntime(target, c, oc, groups, hw, hw2, after):
+    """1x1 convs that do not block (groups, odd filter counts) run conv2d_pointwise with
+    their epilogue: a residual Add + Relu, Relu, or an Add of a [W] constant."""
+    shape = (2, c, hw, hw2)
+    inits = {"w": rand(oc, c // groups, 1, 1, seed=1) * np.float32(0.3), "b": rand(oc, seed=2),
+             "k": rand(hw2, seed=5)}
+    nodes = [node("Conv", ["x", "w", "b"], ["t"], group=groups)]
+    if after == "residual":
+        inits["r"] = rand(2, oc, hw, hw2, seed=6)
+        nodes += [node("Add", ["t", "r"], ["u"]), node("Relu", ["u"], ["y"])]
+    elif after == "relu":
+        nodes.append(node("Relu", ["t"], ["y"]))
+    elif after == "row":
+        nodes.append(node("Add", ["t", "k"], ["y"]))
+    else:
+        nodes[0].output[0] = "y"
+    model = make_model(nodes, [("x", shape)], [("y", None)], inits)
+    check(model, {"x": rand(*shape, seed=3)}, target, must_use={"conv2d_pointwise"},
+          threads=(1, 2))
+
+
+@pytest.mark.parametrize("target", TARGETS)
 def test_blocked_pools(target):
     """conv -> relu -> maxpool (ceil) and avgpool (with pad) and the global pools,
     all on blocked tensors, summed so one output covers every path."""
@@ -173,8 +202,8 @@ def test_blocked_and_plain_consumers_mix():
 
 
 def test_ineligible_convs_keep_the_generic_kernel():
-    """Grouped (not depthwise), dilated and channel counts that do not block stay
-    plain conv2d."""
+    """Grouped (not depthwise, not 1x1), dilated and channel counts that do not block
+    stay plain conv2d."""
     inits = {"w1": rand(16, 8, 3, 3, seed=1), "w2": rand(20, 16, 3, 3, seed=2)}
     nodes = [node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1], group=2),
              node("Conv", ["a", "w2"], ["y"], pads=[2, 2, 2, 2], dilations=[2, 2])]

@@ -4,6 +4,7 @@ importing this package registers them all. Imports only dsl, ir and errors."""
 from pipeline.ops import (  # noqa: F401  (registration)
     conv,
     conv_blocked,
+    conv_pointwise,
     conv_transpose,
     dense_packed,
     depthwise_blocked,

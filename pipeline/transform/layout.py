@@ -7,6 +7,8 @@ With b the target's vector width (16 floats on AVX-512, 8 on AVX2):
     are repacked here as a new param (ops/conv_blocked.py pack_weight), so a
     weight change still changes only params, never a kernel; a depthwise conv2d
     (groups = channels = filters, a multiple of b) becomes depthwise_conv2d_nchwc;
+    a 1x1 stride-1 unpadded conv that does not block (other groups, channel counts
+    not a multiple of b) becomes conv2d_pointwise on the plain tensors;
   - elementwise ops whose activation inputs all have the output's 4-D shape and
     one of which is blocked run blocked too; their constant operands (bias,
     per-channel scale) are repacked to broadcast in the blocked layout;
@@ -99,11 +101,11 @@ class _Rewriter:
                 or tuple(node.attr("dilations")) != (1, 1)):
             return False
         if node.attr("groups") != 1:
-            return self.depthwise(node, weight)
+            return self.depthwise(node, weight) or self.pointwise(node, weight)
         oc, c = weight.shape[:2]
         ib = self.vw if c % self.vw == 0 else c if c <= self.vw else 0
         if oc % self.vw or not ib:
-            return False
+            return self.pointwise(node, weight)
         oh, ow = self.types[node.outputs[0]].shape[2:]
         k = tiling(oh, ow, oc // self.vw, self.vw)[0]
         packed = self.param(("conv", w, ib, k), f"{w}.packed",
@@ -126,6 +128,18 @@ class _Rewriter:
         self.emit(Node.make("depthwise_conv2d_nchwc", node.name, inputs,
                             (f"{out}.nchw{self.vw}c",), **attrs))
         self.blocked[(out, self.vw)] = f"{out}.nchw{self.vw}c"
+        return True
+
+    def pointwise(self, node: Node, weight: np.ndarray) -> bool:
+        """A 1x1, stride-1, unpadded conv that does not block: conv2d_pointwise on
+        the plain tensors (any groups and channel counts)."""
+        if (weight.shape[2:] != (1, 1) or tuple(node.attr("strides")) != (1, 1)
+                or any(node.attr("pads"))):
+            return False
+        inputs = tuple(self.need_plain(i) for i in node.inputs)
+        self.emit(Node.make("conv2d_pointwise", node.name, inputs, node.outputs,
+                            groups=node.attr("groups"), lanes=self.vw))
+        self.plain.update(node.outputs)
         return True
 
     def elementwise(self, node: Node) -> bool:
