@@ -155,6 +155,28 @@ def test_pointwise_conv_matches_onnxruntime(target, c, oc, groups, hw, hw2, afte
 
 
 @pytest.mark.parametrize("target", TARGETS)
+def test_blocked_concat(target):
+    """A fire module (squeezenet): 1x1 and 3x3 expand convs concatenated along channels,
+    max-pooled and squeezed again, all blocked, with the plain input concatenated too."""
+    c = 16
+    inits = {"s": rand(c, c, 1, 1, seed=1) * np.float32(0.3),
+             "e1": rand(2 * c, c, 1, 1, seed=2) * np.float32(0.3),
+             "e3": rand(c, c, 3, 3, seed=3) * np.float32(0.1),
+             "q": rand(c, 4 * c, 1, 1, seed=4) * np.float32(0.2)}
+    nodes = [node("Conv", ["x", "s"], ["a"]), node("Relu", ["a"], ["r"]),
+             node("Conv", ["r", "e1"], ["b1"]), node("Conv", ["r", "e3"], ["b3"], pads=[1] * 4),
+             node("Concat", ["b1", "b3", "x"], ["cat"], axis=1),
+             node("MaxPool", ["cat"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             node("Conv", ["p", "q"], ["y"])]
+    model = make_model(nodes, [("x", (2, c, 10, 10))], [("y", None)], inits)
+    _, factory = check(model, {"x": rand(2, c, 10, 10, seed=5)}, target,
+                       must_use={"concat", "max_pool2d_nchwc"})
+    ops = [b.op for n in factory.lowered.graph.nodes
+           for b in (n.attr("body") if n.op == "fused" else (n,))]
+    assert ops.count("layout_transform") == 2, ops  # x in (for conv and concat), y out
+
+
+@pytest.mark.parametrize("target", TARGETS)
 def test_blocked_pools(target):
     """conv -> relu -> maxpool (ceil) and avgpool (with pad) and the global pools,
     all on blocked tensors, summed so one output covers every path."""

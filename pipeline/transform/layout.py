@@ -12,6 +12,7 @@ With b the target's vector width (16 floats on AVX-512, 8 on AVX2):
   - elementwise ops whose activation inputs all have the output's 4-D shape and
     one of which is blocked run blocked too; their constant operands (bias,
     per-channel scale) are repacked to broadcast in the blocked layout;
+  - a concat along channels of blocked tensors concatenates the blocked tensors;
   - max/avg pools and global average pooling of a blocked tensor use their blocked
     variants (ops/pool_blocked.py);
   - dense with a constant weight uses the packed-weight kernel (ops/dense_packed.py);
@@ -164,6 +165,20 @@ class _Rewriter:
         self.blocked_output(node, _POOLS[node.op], [self.blocked[(node.inputs[0], self.vw)]])
         return True
 
+    def concat(self, node: Node) -> bool:
+        """Along the channels of 4-D tensors that block (each a multiple of b
+        channels), one of them already blocked: the same concat of the blocked
+        tensors along their channel-block axis (1), so a fire module's or dense
+        block's convs read and write blocked tensors without transforms."""
+        types = [self.types[i] for i in node.inputs]
+        if (node.attr("axis") != 1 or any(len(t.shape) != 4 or t.shape[1] % self.vw
+                                           or t.dtype != "float32" for t in types)
+                or not any(self.has_blocked(i) for i in node.inputs)):
+            return False
+        self.blocked_output(node, "concat", [self.need_blocked(i, self.vw)
+                                             for i in node.inputs])
+        return True
+
     def dense(self, node: Node) -> bool:
         weight = self.params.get(node.inputs[1])
         if (weight is None or weight.dtype != np.float32 or weight.ndim != 2
@@ -187,6 +202,8 @@ class _Rewriter:
                 done = self.pool(node)
             elif node.op == "dense":
                 done = self.dense(node)
+            elif node.op == "concat":
+                done = self.concat(node)
             elif node.op != "fused" and get(node.op).kind == "elementwise":
                 done = self.elementwise(node)
             else:
