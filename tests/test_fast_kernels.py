@@ -155,6 +155,27 @@ def test_pointwise_conv_matches_onnxruntime(target, c, oc, groups, hw, hw2, afte
 
 
 @pytest.mark.parametrize("target", TARGETS)
+def test_padded_filters(target):
+    """Filter counts that are not a multiple of the block are padded with zero filters:
+    a 3x3 conv of 20 (stem) -> Relu -> Mul by a per-channel constant -> MaxPool (blocked,
+    padded) -> a plain Softmax; a
+    16 -> 16 conv and then a 1x1 of 20 on its blocked output -> global average pool."""
+    inits = {"w": rand(20, 3, 3, 3, seed=1), "b": rand(20, seed=2),
+             "w2": rand(16, 3, 3, 3, seed=3), "w3": rand(20, 16, 1, 1, seed=4)}
+    inits["s"] = rand(20, 1, 1, seed=6)
+    nodes = [node("Conv", ["x", "w", "b"], ["a"], pads=[1] * 4), node("Relu", ["a"], ["q"]),
+             node("Mul", ["q", "s"], ["r"]),
+             node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             node("Softmax", ["p"], ["y"], axis=1),
+             node("Conv", ["x", "w2"], ["c"], pads=[1] * 4),
+             node("Conv", ["c", "w3"], ["d"]), node("GlobalAveragePool", ["d"], ["z"])]
+    model = make_model(nodes, [("x", (2, 3, 12, 11))], [("y", None), ("z", None)], inits)
+    _, factory = check(model, {"x": rand(2, 3, 12, 11, seed=5)}, target,
+                       must_use={"conv2d_nchwc", "max_pool2d_nchwc", "global_avg_pool_nchwc"})
+    assert "conv2d" not in ops_used(factory) and "conv2d_pointwise" not in ops_used(factory)
+
+
+@pytest.mark.parametrize("target", TARGETS)
 def test_blocked_concat(target):
     """A fire module (squeezenet): 1x1 and 3x3 expand convs concatenated along channels,
     max-pooled and squeezed again, all blocked, with the plain input concatenated too."""
@@ -166,11 +187,13 @@ def test_blocked_concat(target):
     nodes = [node("Conv", ["x", "s"], ["a"]), node("Relu", ["a"], ["r"]),
              node("Conv", ["r", "e1"], ["b1"]), node("Conv", ["r", "e3"], ["b3"], pads=[1] * 4),
              node("Concat", ["b1", "b3", "x"], ["cat"], axis=1),
-             node("MaxPool", ["cat"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             node("MaxPool", ["cat"], ["p0"], kernel_shape=[2, 2], strides=[2, 2]),
+             # a 1-high output: the blocked pool's row index folds to a Python int
+             node("AveragePool", ["p0"], ["p"], kernel_shape=[5, 1], pads=[0, 0, 0, 0]),
              node("Conv", ["p", "q"], ["y"])]
     model = make_model(nodes, [("x", (2, c, 10, 10))], [("y", None)], inits)
     _, factory = check(model, {"x": rand(2, c, 10, 10, seed=5)}, target,
-                       must_use={"concat", "max_pool2d_nchwc"})
+                       must_use={"concat", "max_pool2d_nchwc", "avg_pool2d_nchwc"})
     ops = [b.op for n in factory.lowered.graph.nodes
            for b in (n.attr("body") if n.op == "fused" else (n,))]
     assert ops.count("layout_transform") == 2, ops  # x in (for conv and concat), y out

@@ -2,7 +2,10 @@
 
 A blocked tensor [N, C/b, H, W, b] keeps b consecutive channels of one pixel
 together, so one vector register holds them (transform/layout.py decides where
-tensors are blocked). The transform is a pure permutation: no arithmetic.
+tensors are blocked). The transform is a pure permutation: no arithmetic. A blocked
+tensor may carry padding channels past the plain tensor's C (a convolution whose
+filters are not a multiple of b, padded with zero filters): going to NCHW, the
+attribute `channels` (the plain C) drops them.
 """
 
 from __future__ import annotations
@@ -48,7 +51,11 @@ def _infer(types, node):
                          f"{node.attr('src_layout')} {list(shape)} to {node.attr('dst_layout')}")
     if src:
         n, cb, h, w, b = shape
-        return [TensorType((n, cb * b, h, w), types[0].dtype)]
+        channels = node.attr("channels", cb * b)
+        if not cb * b - b < channels <= cb * b:
+            raise GraphError(f"node {node.name!r} (layout_transform): {channels} channels "
+                             f"do not fit {list(shape)}")
+        return [TensorType((n, channels, h, w), types[0].dtype)]
     if shape[1] % dst:
         raise GraphError(f"node {node.name!r} (layout_transform): {shape[1]} channels are "
                          f"not a multiple of the block {dst}")
@@ -60,7 +67,8 @@ def _numpy(xs, node):
     x = xs[0]
     if src:
         n, cb, h, w, b = x.shape
-        return [x.transpose(0, 1, 4, 2, 3).reshape(n, cb * b, h, w)]
+        plain = x.transpose(0, 1, 4, 2, 3).reshape(n, cb * b, h, w)
+        return [plain[:, :node.attr("channels", cb * b)].copy()]
     n, c, h, w = x.shape
     return [x.reshape(n, c // dst, dst, h, w).transpose(0, 1, 3, 4, 2).copy()]
 
@@ -70,10 +78,15 @@ def _lower(kb, node, ins, out, epilogue):
     src, dst = _blocks(node)
     plain, blocked = (out, ins[0]) if src else (ins[0], out)
     n_n, cb_n, h, w, b = blocked.type.shape
+    channels = plain.type.shape[1]
     with parallel_for(kb, n_n * cb_n, "blocks", work=blocked.type.size) as item:
         base = item * (h * w * b)            # blocked offset of (n, cb, 0, 0, 0)
-        pbase = item * (b * h * w)           # plain offset of (n, cb*b, 0, 0)
-        with kb.loop(0, h * w, "p") as p, kb.loop(0, b, "c") as c:
+        n, cb = item // cb_n, item % cb_n
+        pbase = (n * channels + cb * b) * (h * w)  # plain offset of (n, cb*b, 0, 0)
+        # the padding channels of the last block (channels < cb_n * b) are dropped
+        width = b if channels == cb_n * b else \
+            min(channels - cb * b, b) if isinstance(cb, int) else kb.smin(channels - cb * b, b)
+        with kb.loop(0, h * w, "p") as p, kb.loop(0, width, "c") as c:
             bo = base + (p * b + c)
             po = pbase + (c * (h * w) + p)
             if src:

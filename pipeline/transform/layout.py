@@ -1,8 +1,9 @@
 """AlterOpLayout: move convolutions and what follows them to channel-blocked layouts.
 
 With b the target's vector width (16 floats on AVX-512, 8 on AVX2):
-  - conv2d (groups 1, no dilation, constant float weights, OC a multiple of b, C a
-    multiple of b or at most b) becomes conv2d_nchwc on NCHW{ib}c input with
+  - conv2d (groups 1, no dilation, constant float weights, C a multiple of b or at
+    most b; OC padded with zero filters to a multiple of b) becomes conv2d_nchwc
+    on NCHW{ib}c input with
     ib = b (or ib = C for a narrow first layer) and NCHW{b}c output; its weights
     are repacked here as a new param (ops/conv_blocked.py pack_weight), so a
     weight change still changes only params, never a kernel; a depthwise conv2d
@@ -58,9 +59,11 @@ class _Rewriter:
     def need_plain(self, name: str) -> str:
         if name not in self.plain:
             src = next(v for (k, _), v in self.blocked.items() if k == name)
-            block = self.types[src].shape[-1]
+            _, cb, _, _, block = self.types[src].shape
+            channels = self.types[name].shape[1]
+            crop = {"channels": channels} if channels != cb * block else {}
             self.emit(Node.make("layout_transform", f"{name}.to_nchw", (src,), (name,),
-                                src_layout=layout_name(block), dst_layout="NCHW"))
+                                src_layout=layout_name(block), dst_layout="NCHW", **crop))
             self.plain.add(name)
         return name
 
@@ -105,14 +108,24 @@ class _Rewriter:
             return self.depthwise(node, weight) or self.pointwise(node, weight)
         oc, c = weight.shape[:2]
         ib = self.vw if c % self.vw == 0 else c if c <= self.vw else 0
-        if oc % self.vw or not ib:
+        if not ib:
             return self.pointwise(node, weight)
+        # Filters not a multiple of b: padded with zero filters (their channels are
+        # dropped where the tensor goes plain; blocked consumers need whole blocks, so
+        # none takes it), unless the input is plain and a 1x1 conv can run plain.
+        if oc % self.vw and (oc < self.vw or node.inputs[2:] and node.inputs[2] not in
+                             self.params or not self.has_blocked(x) and weight.shape[2:] == (1, 1)):
+            return self.pointwise(node, weight)
+        pad = -oc % self.vw
         oh, ow = self.types[node.outputs[0]].shape[2:]
-        k = tiling(oh, ow, oc // self.vw, self.vw)[0]
+        k = tiling(oh, ow, (oc + pad) // self.vw, self.vw)[0]
         packed = self.param(("conv", w, ib, k), f"{w}.packed",
-                            lambda: pack_weight(weight, ib, self.vw, k))
-        inputs = [self.need_blocked(x, ib), packed, *node.inputs[2:]]
-        self.blocked_output(node, "conv2d_nchwc", inputs, oc_block=self.vw)
+                            lambda: pack_weight(_pad_filters(weight, pad), ib, self.vw, k))
+        bias = [self.param(("pad", b, pad), f"{b}.padded",
+                           lambda b=b: _pad_filters(self.params[b], pad)) if pad else b
+                for b in node.inputs[2:]]
+        self.blocked_output(node, "conv2d_nchwc", [self.need_blocked(x, ib), packed, *bias],
+                            oc_block=self.vw)
         return True
 
     def depthwise(self, node: Node, weight: np.ndarray) -> bool:
@@ -147,13 +160,19 @@ class _Rewriter:
         out_type = self.types[node.outputs[0]]
         acts = [i for i in node.inputs if i not in self.params]
         if (len(out_type.shape) != 4 or out_type.dtype != "float32"
-                or out_type.shape[1] % self.vw
                 or not any(self.has_blocked(i) for i in acts)
                 or any(self.types[i] != out_type for i in acts)
                 or any(self.params[i].ndim > 4 for i in node.inputs if i in self.params)):
             return False
+        # Channels not a multiple of b: only on tensors blocked with padding channels
+        # (padded filters); the constants are padded to match.
+        pad = -out_type.shape[1] % self.vw
+        if pad and not all(self.has_blocked(i) for i in acts):
+            return False
         inputs = [self.param(("bcast", i, self.vw), f"{i}.nchw{self.vw}c",
-                             lambda i=i: to_blocked(self.params[i], self.vw))
+                             lambda i=i: to_blocked(_pad_channels(self.params[i],
+                                                                  out_type.shape[1], pad),
+                                                    self.vw))
                   if i in self.params else self.need_blocked(i, self.vw)
                   for i in node.inputs]
         self.blocked_output(node, node.op, inputs)
@@ -214,6 +233,19 @@ class _Rewriter:
             self.need_plain(name)
         graph = self.graph.replace(nodes=tuple(self.nodes), types=self.types)
         return prune(graph, self.params)
+
+
+def _pad_filters(value: np.ndarray, pad: int) -> np.ndarray:
+    """`value` (weights [OC, ...] or bias [OC]) with `pad` zero filters appended."""
+    return np.pad(value, [(0, pad)] + [(0, 0)] * (value.ndim - 1)) if pad else value
+
+
+def _pad_channels(value: np.ndarray, channels: int, pad: int) -> np.ndarray:
+    """A constant broadcast against [N, channels, H, W]: with a channel dim of its own,
+    `pad` zero channels appended (as numpy broadcasting aligns it, rank up to 4)."""
+    v = value.reshape((1,) * (4 - value.ndim) + value.shape)
+    return _pad_filters(v.swapaxes(0, 1), pad).swapaxes(0, 1) if pad and v.shape[1] == \
+        channels else value
 
 
 def alter_op_layout(graph: Graph, params: dict, cfg: PassConfig, target: Target | None = None):
