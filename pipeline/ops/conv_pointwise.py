@@ -15,8 +15,9 @@ channel it loads S input vectors and broadcasts R weights, R*S multiply-adds.
 Work items are (image, group, tile of R channels), split over threads; a tile
 loops over the plane's pixel blocks with its R weight rows staying in L1. Shapes
 are static, so the remainders are handled without branches: the last channel tile
-of a group and the last pixel block (or vector) start early enough to end at the
-edge, recomputing a few outputs to the same value.
+of a group starts early enough to end at the edge (recomputing a few channels to the
+same values), and the pixels after the last whole block form a tile of their own
+whose last vector is as narrow as the pixels left.
 """
 
 from __future__ import annotations
@@ -82,32 +83,38 @@ def _lower(kb, node, ins, out, epilogue):
         x_base = (n * c + g * icg) * p_n
         o_base = (n * oc_n + oc0) * p_n
 
-        def block(offsets):
-            accs = [[kb.local(kb.splat(kb.load(bias, oc0 + i), lanes) if bias
-                              else zeros(lanes)) for _ in offsets] for i in range(r)]
+        def block(segments):
+            """The tile's R channels x the pixels of `segments` [(offset, lanes)]."""
+            accs = [[kb.local(kb.splat(kb.load(bias, oc0 + i), m) if bias else zeros(m))
+                     for _, m in segments] for i in range(r)]
             with kb.loop(0, icg, "ic") as ic:
                 row = x_base + ic * p_n
-                xs = [kb.vload(x, row + off, lanes) for off in offsets]
+                xs = [kb.vload(x, row + off, m) for off, m in segments]
                 for i in range(r):
-                    wv = kb.splat(kb.load(w, (oc0 + i) * icg + ic), lanes)
-                    for k, xv in enumerate(xs):
-                        kb.set(accs[i][k], fma(kb, xv, wv, kb.get(accs[i][k])))
+                    weight = kb.load(w, (oc0 + i) * icg + ic)
+                    for k, (xv, (_, m)) in enumerate(zip(xs, segments, strict=True)):
+                        kb.set(accs[i][k], fma(kb, xv, kb.splat(weight, m),
+                                               kb.get(accs[i][k])))
             for i in range(r):
-                for k, off in enumerate(offsets):
+                for k, (off, _) in enumerate(segments):
                     value = kb.get(accs[i][k])
                     if fused:
                         value = apply_epilogue(kb, epilogue, value,
                                                [n, oc0 + i, off // wd, off % wd])
                     kb.vstore(out, o_base + i * p_n + off, value)
 
-        vectors = ceil_div(p_n, lanes)
-        if vectors <= s:  # the whole plane in one tile; the last vector ends at the edge
-            block([min(k * lanes, p_n - lanes) for k in range(vectors)])
-        else:
-            width = s * lanes
-            with kb.loop(0, ceil_div(p_n, width), "block") as j:
-                start = kb.smin(j * width, p_n - width)
-                block([start + k * lanes for k in range(s)])
+        # Whole blocks of S vectors in a loop, then the rest: whole vectors and one
+        # narrower vector for the last pixels (no lanes computed twice).
+        width = s * lanes
+        full = p_n // width
+        if full == 1:
+            block([(k * lanes, lanes) for k in range(s)])
+        elif full:
+            with kb.loop(0, full, "block") as j:
+                block([(j * width + k * lanes, lanes) for k in range(s)])
+        rest = range(full * width, p_n, lanes)
+        if rest:
+            block([(start, min(lanes, p_n - start)) for start in rest])
     if not fused:
         with kb.loop(0, n_n, "n") as n, kb.loop(0, oc_n, "oc") as oc:
             plane_epilogue(kb, out, (n * oc_n + oc) * p_n, n, oc, epilogue)
