@@ -222,10 +222,11 @@ def test_blocked_pools(target):
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("n_out, m", [(1000, 1), (48, 3), (5, 2)])
+@pytest.mark.parametrize("n_out, m", [(1000, 1), (48, 3), (5, 2), (100, 7), (64, 24)])
 def test_packed_dense(target, n_out, m):
-    """Gemm (with bias, transB) and relu: full blocks, a partial last block, and a
-    layer narrower than one block."""
+    """Gemm (with bias, transB) and relu: full blocks, a partial last block, a
+    layer narrower than one block, a tail tile of rows with a last group of
+    fewer blocks, and whole register tiles (with AVX-512)."""
     k = 40
     inits = {"w": rand(n_out, k, seed=5), "b": rand(n_out, seed=6)}
     nodes = [node("Gemm", ["a", "w", "b"], ["g"], transB=1), node("Relu", ["g"], ["y"])]

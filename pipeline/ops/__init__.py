@@ -2,6 +2,7 @@
 importing this package registers them all. Imports only dsl, ir and errors."""
 
 from pipeline.ops import (  # noqa: F401  (registration)
+    attention,
     conv,
     conv_blocked,
     conv_pointwise,
@@ -17,6 +18,11 @@ from pipeline.ops import (  # noqa: F401  (registration)
     norm,
     pool,
     pool_blocked,
+    qconv_blocked,
+    qdense_packed,
+    quant,
+    quant_conv,
+    quant_ms,
     reduce,
     resize,
     scan,

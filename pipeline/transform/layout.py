@@ -1,5 +1,8 @@
 """AlterOpLayout: move convolutions and what follows them to channel-blocked layouts.
 
+(Targets narrower than 8 floats keep plain layouts, except for the int8 convolutions of
+an AArch64 target with +dotprod, which run blocked on sdot; see qconv below.)
+
 With b the target's vector width (16 floats on AVX-512, 8 on AVX2):
   - conv2d (groups 1, no dilation, constant float weights, C a multiple of b or at
     most b; OC padded with zero filters to a multiple of b) becomes conv2d_nchwc
@@ -33,6 +36,17 @@ from pipeline.ops.conv_blocked import pack_weight, tiling
 from pipeline.ops.dense_packed import pack_dense_weight
 from pipeline.ops.depthwise_blocked import pack_depthwise_weight
 from pipeline.ops.layout import layout_name, to_blocked
+from pipeline.ops.qconv_blocked import (
+    corrected_bias,
+    dot_kind,
+    input_block,
+    offset_of,
+    pack_qdepthwise,
+    pack_qweight,
+    tile,
+)
+from pipeline.ops.qdense_packed import pack_qdense
+from pipeline.ops.quant import QTYPES
 from pipeline.transform.context import PassConfig
 from pipeline.transform.util import prune
 
@@ -43,8 +57,9 @@ _POOLS = {"max_pool2d": "max_pool2d_nchwc", "avg_pool2d": "avg_pool2d_nchwc",
 class _Rewriter:
     """Rebuilds the node list, tracking which layouts of each tensor exist."""
 
-    def __init__(self, graph: Graph, params: dict, vw: int):
-        self.graph, self.vw = graph, vw
+    def __init__(self, graph: Graph, params: dict, vw: int, dot: str = "portable",
+                 int8_only: bool = False):
+        self.graph, self.vw, self.dot, self.int8_only = graph, vw, dot, int8_only
         self.types, self.params = dict(graph.types), dict(params)
         self.nodes: list[Node] = []
         self.plain = {*graph.inputs, *graph.params}       # plain tensors defined so far
@@ -78,6 +93,10 @@ class _Rewriter:
 
     def has_blocked(self, name: str) -> bool:
         return (name, self.vw) in self.blocked
+
+    def padded(self, name: str) -> bool:
+        """Whether the blocked `name` carries padding channels (padded filters)."""
+        return self.types[name].shape[1] % self.vw != 0
 
     def param(self, key: tuple, hint: str, make) -> str:
         if key not in self.packed:
@@ -156,12 +175,108 @@ class _Rewriter:
         self.plain.update(node.outputs)
         return True
 
+    def qconv(self, node: Node) -> bool:
+        """A requantizing conv2d_integer with constant symmetric weights ->
+        qpad_nchwc + qconv2d_nchwc (ops/qconv_blocked.py) with the target's dot product."""
+        if len(node.inputs) != 7 or node.attr("out") not in QTYPES \
+                or not all(i in self.params for i in node.inputs[1:]) \
+                or tuple(node.attr("dilations")) != (1, 1):
+            return False
+        x, w_name, xzp, wzp, bias, mult, yzp = node.inputs
+        weight = self.params[w_name]
+        oc, c = weight.shape[:2]
+        depthwise = node.attr("groups") == oc == self.types[x].shape[1] and c == 1
+        # Output channels per vector: the target's width, or half of it for a layer
+        # whose channels are no multiple of it (24 in MobileNetV2), which then hands
+        # its consumers a plain tensor.
+        ob = self.vw if oc % self.vw == 0 else self.vw // 2
+        if oc % ob or ob < 4 or (depthwise and ob != self.vw) \
+                or np.any(self.params[wzp] != 0) or self.params[xzp].size != 1 \
+                or weight.dtype != np.int8 or (node.attr("groups") != 1 and not depthwise):
+            return False
+        zx = int(self.params[xzp].reshape(()))
+        offset = 0 if depthwise else offset_of(self.dot, self.types[x].dtype)
+        if depthwise:
+            c = oc
+        ib = self.vw if depthwise else input_block(c, self.vw)
+        ow = self.types[node.outputs[0]].shape[3]
+        k = tile(ow, oc // ob, ob)[0]
+        packed = self.param(("qconv", w_name, ib, ob, k, depthwise), f"{w_name}.packed",
+                            lambda: pack_qdepthwise(weight, self.vw) if depthwise
+                            else pack_qweight(weight, ib, ob, k))
+        bias_c = self.param(("qbias", bias, w_name, zx, offset), f"{bias}.corrected",
+                            lambda: corrected_bias(weight, self.params[bias], zx, offset))
+        mults = self.param(("qmult", mult, oc), f"{mult}.per_channel",
+                           lambda: np.ascontiguousarray(np.broadcast_to(
+                               self.params[mult].reshape(-1), (oc,)), np.float32))
+        pads = tuple(node.attr("pads"))
+        src = self.blocked[(x, self.vw)] if self.has_blocked(x) and not self.padded(x) \
+            else self.need_plain(x)
+        if not (any(pads) or c % ib or len(self.types[src].shape) != 5
+                or self.types[src].shape[4] != ib):
+            padded = src
+        else:
+            padded = fresh_name(f"{x}.padded", self.types)
+            self.emit(Node.make("qpad_nchwc", f"{node.name}.pad", (src,), (padded,),
+                                block=ib, pads=pads, channels=c, fill=zx))
+        inputs = [padded, packed, bias_c, mults, yzp]
+        plain = Node.make("conv2d_integer", node.name, (), node.outputs)
+        if depthwise:
+            self.blocked_output(plain, "qdepthwise_conv2d_nchwc", inputs,
+                                strides=tuple(node.attr("strides")), out=node.attr("out"))
+        elif ob == self.vw:
+            self.blocked_output(plain, "qconv2d_nchwc", inputs,
+                                strides=tuple(node.attr("strides")), oc_block=ob,
+                                dot=self.dot, offset=offset, out=node.attr("out"))
+        else:  # blocked by ob: its consumers read it plain (need_plain)
+            out = fresh_name(f"{node.outputs[0]}.nchw{ob}c", self.types)
+            self.emit(Node.make("qconv2d_nchwc", node.name, inputs, (out,),
+                                strides=tuple(node.attr("strides")), oc_block=ob,
+                                dot=self.dot, offset=offset, out=node.attr("out")))
+            self.blocked[(node.outputs[0], ob)] = out
+        return True
+
+    def qdense(self, node: Node) -> bool:
+        """matmul_integer by a constant symmetric int8 [K, N] -> qdense_packed."""
+        a, b, azp, bzp = node.inputs[:4]
+        weight = self.params.get(b)
+        lanes = self.vw
+        if (weight is None or weight.dtype != np.int8 or weight.ndim != 2
+                or bzp not in self.params or np.any(self.params[bzp] != 0)
+                or weight.shape[0] % 4 or weight.shape[1] % lanes
+                or node.attr("out") not in ("int32", *QTYPES)
+                or not all(i in self.params for i in node.inputs[4:])):
+            return False
+        packed = self.param(("qdense", b, lanes), f"{b}.packed",
+                            lambda: pack_qdense(weight, lanes)[0])
+        colsum = self.param(("qcolsum", b), f"{b}.colsum",
+                            lambda: pack_qdense(weight, lanes)[1])
+        extra = list(node.inputs[4:])
+        if extra:  # per-column multiplier, as the kernel loads vectors of it
+            n = weight.shape[1]
+            extra[1] = self.param(("qmult", extra[1], n), f"{extra[1]}.per_column",
+                                  lambda: np.ascontiguousarray(np.broadcast_to(
+                                      self.params[node.inputs[5]].reshape(-1), (n,)),
+                                      np.float32))
+            extra[0] = self.param(("qbias", extra[0], n), f"{extra[0]}.per_column",
+                                  lambda: np.ascontiguousarray(np.broadcast_to(
+                                      self.params[node.inputs[4]].reshape(-1), (n,)),
+                                      np.int32))
+        self.emit(Node.make("qdense_packed", node.name,
+                            [self.need_plain(a), packed, colsum, self.need_plain(azp), *extra],
+                            node.outputs, out=node.attr("out"), dot=self.dot,
+                            offset=offset_of(self.dot, self.types[a].dtype)))
+        self.plain.update(node.outputs)
+        return True
+
     def elementwise(self, node: Node) -> bool:
         out_type = self.types[node.outputs[0]]
         acts = [i for i in node.inputs if i not in self.params]
-        if (len(out_type.shape) != 4 or out_type.dtype != "float32"
+        # Any dtype: the int8 chains of a quantized model (dequantize -> add -> quantize)
+        # stay blocked between its blocked convolutions.
+        if (len(out_type.shape) != 4
                 or not any(self.has_blocked(i) for i in acts)
-                or any(self.types[i] != out_type for i in acts)
+                or any(self.types[i].shape != out_type.shape for i in acts)
                 or any(self.params[i].ndim > 4 for i in node.inputs if i in self.params)):
             return False
         # Channels not a multiple of b: only on tensors blocked with padding channels
@@ -215,7 +330,15 @@ class _Rewriter:
 
     def run(self) -> tuple[Graph, dict]:
         for node in self.graph.nodes:
-            if node.op == "conv2d":
+            if node.op == "conv2d_integer":
+                done = self.qconv(node)
+            elif node.op == "matmul_integer":
+                done = self.qdense(node)
+            elif self.int8_only and node.op != "fused" and get(node.op).kind == "elementwise":
+                done = self.elementwise(node)
+            elif self.int8_only:
+                done = False
+            elif node.op == "conv2d":
                 done = self.conv(node)
             elif node.op in _POOLS:
                 done = self.pool(node)
@@ -251,6 +374,10 @@ def _pad_channels(value: np.ndarray, channels: int, pad: int) -> np.ndarray:
 def alter_op_layout(graph: Graph, params: dict, cfg: PassConfig, target: Target | None = None):
     """Rewrite `graph` to blocked layouts for `target` (see the module docstring);
     without a target (graph-only optimisation) the graph is returned unchanged."""
-    if target is None or target.vector_width < 8:
+    if target is None:
         return graph, params
-    return _Rewriter(graph, params, target.vector_width).run()
+    if target.vector_width < 8:  # only the int8 convolutions, on a dot-product target
+        if dot_kind(target) != "sdot":
+            return graph, params
+        return _Rewriter(graph, params, target.vector_width, "sdot", int8_only=True).run()
+    return _Rewriter(graph, params, target.vector_width, dot_kind(target)).run()
