@@ -152,8 +152,10 @@ class KernelBuilder:
     def smin(self, a, b) -> Index:
         return self.index(self.select(self.index(a) < b, a, b))
 
-    def clamp(self, v: Index, size: int) -> Index:
-        """`v` clamped into [0, size)."""
+    def clamp(self, v: Index | int, size: int) -> Index | int:
+        """`v` clamped into [0, size); `v` may have folded to a Python int."""
+        if isinstance(v, int):
+            return min(max(v, 0), size - 1)
         low = self.select(v < 0, 0, v)
         return self.select(self.index(low) >= size, size - 1, low)
 
@@ -161,8 +163,9 @@ class KernelBuilder:
         """i1: 0 <= v < n as one unsigned compare; `v` may have folded to a Python int."""
         return (v if isinstance(v, Index) else self.i64(v)).below(n)
 
-    def inside(self, v: Index, lo: int, hi: int) -> ir.Value:
-        """i1: lo <= v < hi."""
+    def inside(self, v: Index | int, lo: int, hi: int) -> ir.Value:
+        """i1: lo <= v < hi; `v` may have folded to a Python int (a 1-high output)."""
+        v = v if isinstance(v, Index) else self.i64(v)
         return self.and_(v >= lo, v < hi)
 
     def checked_index(self, k, dim: int) -> Index:

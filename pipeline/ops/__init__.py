@@ -5,6 +5,7 @@ from pipeline.ops import (  # noqa: F401  (registration)
     attention,
     conv,
     conv_blocked,
+    conv_pointwise,
     conv_transpose,
     dense_packed,
     depthwise_blocked,

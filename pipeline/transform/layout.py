@@ -4,15 +4,19 @@
 an AArch64 target with +dotprod, which run blocked on sdot; see qconv below.)
 
 With b the target's vector width (16 floats on AVX-512, 8 on AVX2):
-  - conv2d (groups 1, no dilation, constant float weights, OC a multiple of b, C a
-    multiple of b or at most b) becomes conv2d_nchwc on NCHW{ib}c input with
+  - conv2d (groups 1, no dilation, constant float weights, C a multiple of b or at
+    most b; OC padded with zero filters to a multiple of b) becomes conv2d_nchwc
+    on NCHW{ib}c input with
     ib = b (or ib = C for a narrow first layer) and NCHW{b}c output; its weights
     are repacked here as a new param (ops/conv_blocked.py pack_weight), so a
     weight change still changes only params, never a kernel; a depthwise conv2d
     (groups = channels = filters, a multiple of b) becomes depthwise_conv2d_nchwc;
+    a 1x1 stride-1 unpadded conv that does not block (other groups, channel counts
+    not a multiple of b) becomes conv2d_pointwise on the plain tensors;
   - elementwise ops whose activation inputs all have the output's 4-D shape and
     one of which is blocked run blocked too; their constant operands (bias,
     per-channel scale) are repacked to broadcast in the blocked layout;
+  - a concat along channels of blocked tensors concatenates the blocked tensors;
   - max/avg pools and global average pooling of a blocked tensor use their blocked
     variants (ops/pool_blocked.py);
   - dense with a constant weight uses the packed-weight kernel (ops/dense_packed.py);
@@ -70,9 +74,11 @@ class _Rewriter:
     def need_plain(self, name: str) -> str:
         if name not in self.plain:
             src = next(v for (k, _), v in self.blocked.items() if k == name)
-            block = self.types[src].shape[-1]
+            _, cb, _, _, block = self.types[src].shape
+            channels = self.types[name].shape[1]
+            crop = {"channels": channels} if channels != cb * block else {}
             self.emit(Node.make("layout_transform", f"{name}.to_nchw", (src,), (name,),
-                                src_layout=layout_name(block), dst_layout="NCHW"))
+                                src_layout=layout_name(block), dst_layout="NCHW", **crop))
             self.plain.add(name)
         return name
 
@@ -87,6 +93,10 @@ class _Rewriter:
 
     def has_blocked(self, name: str) -> bool:
         return (name, self.vw) in self.blocked
+
+    def padded(self, name: str) -> bool:
+        """Whether the blocked `name` carries padding channels (padded filters)."""
+        return self.types[name].shape[1] % self.vw != 0
 
     def param(self, key: tuple, hint: str, make) -> str:
         if key not in self.packed:
@@ -114,17 +124,27 @@ class _Rewriter:
                 or tuple(node.attr("dilations")) != (1, 1)):
             return False
         if node.attr("groups") != 1:
-            return self.depthwise(node, weight)
+            return self.depthwise(node, weight) or self.pointwise(node, weight)
         oc, c = weight.shape[:2]
         ib = self.vw if c % self.vw == 0 else c if c <= self.vw else 0
-        if oc % self.vw or not ib:
-            return False
+        if not ib:
+            return self.pointwise(node, weight)
+        # Filters not a multiple of b: padded with zero filters (their channels are
+        # dropped where the tensor goes plain; blocked consumers need whole blocks, so
+        # none takes it), unless the input is plain and a 1x1 conv can run plain.
+        if oc % self.vw and (oc < self.vw or node.inputs[2:] and node.inputs[2] not in
+                             self.params or not self.has_blocked(x) and weight.shape[2:] == (1, 1)):
+            return self.pointwise(node, weight)
+        pad = -oc % self.vw
         oh, ow = self.types[node.outputs[0]].shape[2:]
-        k = tiling(oh, ow, oc // self.vw, self.vw)[0]
+        k = tiling(oh, ow, (oc + pad) // self.vw, self.vw)[0]
         packed = self.param(("conv", w, ib, k), f"{w}.packed",
-                            lambda: pack_weight(weight, ib, self.vw, k))
-        inputs = [self.need_blocked(x, ib), packed, *node.inputs[2:]]
-        self.blocked_output(node, "conv2d_nchwc", inputs, oc_block=self.vw)
+                            lambda: pack_weight(_pad_filters(weight, pad), ib, self.vw, k))
+        bias = [self.param(("pad", b, pad), f"{b}.padded",
+                           lambda b=b: _pad_filters(self.params[b], pad)) if pad else b
+                for b in node.inputs[2:]]
+        self.blocked_output(node, "conv2d_nchwc", [self.need_blocked(x, ib), packed, *bias],
+                            oc_block=self.vw)
         return True
 
     def depthwise(self, node: Node, weight: np.ndarray) -> bool:
@@ -141,6 +161,18 @@ class _Rewriter:
         self.emit(Node.make("depthwise_conv2d_nchwc", node.name, inputs,
                             (f"{out}.nchw{self.vw}c",), **attrs))
         self.blocked[(out, self.vw)] = f"{out}.nchw{self.vw}c"
+        return True
+
+    def pointwise(self, node: Node, weight: np.ndarray) -> bool:
+        """A 1x1, stride-1, unpadded conv that does not block: conv2d_pointwise on
+        the plain tensors (any groups and channel counts)."""
+        if (weight.shape[2:] != (1, 1) or tuple(node.attr("strides")) != (1, 1)
+                or any(node.attr("pads"))):
+            return False
+        inputs = tuple(self.need_plain(i) for i in node.inputs)
+        self.emit(Node.make("conv2d_pointwise", node.name, inputs, node.outputs,
+                            groups=node.attr("groups"), lanes=self.vw))
+        self.plain.update(node.outputs)
         return True
 
     def qconv(self, node: Node) -> bool:
@@ -178,7 +210,8 @@ class _Rewriter:
                            lambda: np.ascontiguousarray(np.broadcast_to(
                                self.params[mult].reshape(-1), (oc,)), np.float32))
         pads = tuple(node.attr("pads"))
-        src = self.blocked[(x, self.vw)] if self.has_blocked(x) else self.need_plain(x)
+        src = self.blocked[(x, self.vw)] if self.has_blocked(x) and not self.padded(x) \
+            else self.need_plain(x)
         if not (any(pads) or c % ib or len(self.types[src].shape) != 5
                 or self.types[src].shape[4] != ib):
             padded = src
@@ -242,13 +275,19 @@ class _Rewriter:
         # Any dtype: the int8 chains of a quantized model (dequantize -> add -> quantize)
         # stay blocked between its blocked convolutions.
         if (len(out_type.shape) != 4
-                or out_type.shape[1] % self.vw
                 or not any(self.has_blocked(i) for i in acts)
                 or any(self.types[i].shape != out_type.shape for i in acts)
                 or any(self.params[i].ndim > 4 for i in node.inputs if i in self.params)):
             return False
+        # Channels not a multiple of b: only on tensors blocked with padding channels
+        # (padded filters); the constants are padded to match.
+        pad = -out_type.shape[1] % self.vw
+        if pad and not all(self.has_blocked(i) for i in acts):
+            return False
         inputs = [self.param(("bcast", i, self.vw), f"{i}.nchw{self.vw}c",
-                             lambda i=i: to_blocked(self.params[i], self.vw))
+                             lambda i=i: to_blocked(_pad_channels(self.params[i],
+                                                                  out_type.shape[1], pad),
+                                                    self.vw))
                   if i in self.params else self.need_blocked(i, self.vw)
                   for i in node.inputs]
         self.blocked_output(node, node.op, inputs)
@@ -258,6 +297,20 @@ class _Rewriter:
         if not self.has_blocked(node.inputs[0]):
             return False
         self.blocked_output(node, _POOLS[node.op], [self.blocked[(node.inputs[0], self.vw)]])
+        return True
+
+    def concat(self, node: Node) -> bool:
+        """Along the channels of 4-D tensors that block (each a multiple of b
+        channels), one of them already blocked: the same concat of the blocked
+        tensors along their channel-block axis (1), so a fire module's or dense
+        block's convs read and write blocked tensors without transforms."""
+        types = [self.types[i] for i in node.inputs]
+        if (node.attr("axis") != 1 or any(len(t.shape) != 4 or t.shape[1] % self.vw
+                                           or t.dtype != "float32" for t in types)
+                or not any(self.has_blocked(i) for i in node.inputs)):
+            return False
+        self.blocked_output(node, "concat", [self.need_blocked(i, self.vw)
+                                             for i in node.inputs])
         return True
 
     def dense(self, node: Node) -> bool:
@@ -291,6 +344,8 @@ class _Rewriter:
                 done = self.pool(node)
             elif node.op == "dense":
                 done = self.dense(node)
+            elif node.op == "concat":
+                done = self.concat(node)
             elif node.op != "fused" and get(node.op).kind == "elementwise":
                 done = self.elementwise(node)
             else:
@@ -301,6 +356,19 @@ class _Rewriter:
             self.need_plain(name)
         graph = self.graph.replace(nodes=tuple(self.nodes), types=self.types)
         return prune(graph, self.params)
+
+
+def _pad_filters(value: np.ndarray, pad: int) -> np.ndarray:
+    """`value` (weights [OC, ...] or bias [OC]) with `pad` zero filters appended."""
+    return np.pad(value, [(0, pad)] + [(0, 0)] * (value.ndim - 1)) if pad else value
+
+
+def _pad_channels(value: np.ndarray, channels: int, pad: int) -> np.ndarray:
+    """A constant broadcast against [N, channels, H, W]: with a channel dim of its own,
+    `pad` zero channels appended (as numpy broadcasting aligns it, rank up to 4)."""
+    v = value.reshape((1,) * (4 - value.ndim) + value.shape)
+    return _pad_filters(v.swapaxes(0, 1), pad).swapaxes(0, 1) if pad and v.shape[1] == \
+        channels else value
 
 
 def alter_op_layout(graph: Graph, params: dict, cfg: PassConfig, target: Target | None = None):
