@@ -17,6 +17,7 @@ PACKAGES = {
     "clang": "clang",
     "readelf": "binutils",
     "nginx": "nginx",
+    "chromium": "chromium",
 }
 
 

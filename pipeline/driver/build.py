@@ -12,11 +12,14 @@ a time (pipeline/tasks/stages.py).
 
 from __future__ import annotations
 
+import numpy as np
+
 from pipeline.codegen.compile import compile_ir
 from pipeline.codegen.render import render
 from pipeline.driver.factory import GraphExecutorFactory, LoweredGraph, unique_specs
 from pipeline.ir.graph import Graph
 from pipeline.ir.target import Target, parse_target
+from pipeline.lower.cost import bytes_moved, kernel_flops
 from pipeline.lower.kernel import KernelSpec, kernel_spec
 from pipeline.plan import graph_json, plan_memory
 from pipeline.transform import PassContext, optimize
@@ -29,8 +32,21 @@ def lower_graph(graph: Graph, params: dict, target: Target, opt_level: int) -> L
     specs = {node.name: kernel_spec(node, graph, target, opt_level) for node in graph.nodes
              if node.name not in plan.aliases}
     symbols = {name: s.symbol for name, s in specs.items()}
-    text = graph_json(graph, {**symbols, **dict.fromkeys(plan.aliases, "__nop")}, plan)
+    text = graph_json(graph, {**symbols, **dict.fromkeys(plan.aliases, "__nop")}, plan,
+                      _metadata(graph, params, specs))
     return LoweredGraph(graph, params, specs, text, plan)
+
+
+def _metadata(graph: Graph, params: dict, specs: dict[str, KernelSpec]) -> dict[str, dict]:
+    """Node name -> its call's flops, bytes_moved (pipeline/lower/cost.py) and
+    constant_bytes (the parameters it reads). Its stack needs the kernel's IR, which
+    only the kernel's compile renders (rendering here would double the optimize
+    stage's time): lower.cost.stack_bytes reads it from the kernel cache's .ll."""
+    nodes = {n.name: n for n in graph.nodes}
+    return {name: {"flops": kernel_flops(s), "bytes_moved": bytes_moved(s),
+                   "constant_bytes": sum(np.asarray(params[i]).nbytes
+                                         for i in set(nodes[name].inputs) if i in params)}
+            for name, s in specs.items()}
 
 
 def compile_kernel(spec: KernelSpec) -> tuple[str, bytes]:

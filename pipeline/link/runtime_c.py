@@ -18,12 +18,15 @@ from pathlib import Path
 from pipeline.link.cc import _run, _tool, toolchain_identity
 from pipeline.link.files import temp_output
 
-__all__ = ["C_DIR", "C_SOURCES", "build_pipeline_run", "compile_executor", "executor_object"]
+__all__ = ["C_DIR", "C_SOURCES", "EXECUTOR_C", "build_pipeline_run", "compile_executor",
+           "executor_object"]
 
 C_DIR = Path(__file__).resolve().parent.parent / "runtime" / "c"
-# All but pipeline_run.c make up executor.o (executor.c includes the headers).
-C_SOURCES = (C_DIR / "pipeline_runtime.h", C_DIR / "sha256.h", C_DIR / "parallel.h",
-             C_DIR / "executor.c",
+# The .c files compiled into executor.o (one relocatable object, cc -r).
+EXECUTOR_C = (C_DIR / "executor.c", C_DIR / "binding.c", C_DIR / "debug.c")
+# All but pipeline_run.c make up executor.o (the .c files include the headers).
+C_SOURCES = (C_DIR / "pipeline_runtime.h", C_DIR / "executor_internal.h", C_DIR / "sha256.h",
+             C_DIR / "parallel.h", *EXECUTOR_C,
              C_DIR / "pipeline_run.c")
 # -fvisibility=hidden: only the pl_* API (marked default) is exported from the
 # library; the executor's helpers stay out of its dynamic symbol table.
@@ -34,11 +37,13 @@ _CACHE_ENV = "PIPELINE_KERNEL_CACHE"
 
 
 def compile_executor(output: str | os.PathLike, cc: str | None = None) -> None:
-    """Compile executor.c into the relocatable object `output` (written atomically);
-    LinkError with the command and stderr if the compiler fails."""
+    """Compile the executor's .c files (EXECUTOR_C) into the relocatable object
+    `output` (written atomically; `cc -r -nostdlib` compiles them and links them
+    with the target's `ld -r`); LinkError with the command and stderr if the
+    compiler fails."""
     with temp_output(output) as tmp:
-        _run("compile executor", [*_tool(cc), *_CFLAGS, "-c",
-                                  str(C_DIR / "executor.c"), "-o", tmp])
+        _run("compile executor", [*_tool(cc), *_CFLAGS, "-r", "-nostdlib",
+                                  *map(str, EXECUTOR_C), "-o", tmp])
 
 
 def build_pipeline_run(output: str | os.PathLike, cc: str | None = None) -> None:

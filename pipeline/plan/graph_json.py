@@ -13,10 +13,13 @@ from pipeline.ir.graph import Graph
 from pipeline.plan.plan_memory import MemoryPlan
 
 
-def graph_json(graph: Graph, symbols: dict[str, str], plan: MemoryPlan) -> str:
+def graph_json(graph: Graph, symbols: dict[str, str], plan: MemoryPlan,
+               metadata: dict[str, dict[str, int]] | None = None) -> str:
     """Serialise `graph` (after fusion) for the executor.
 
-    symbols: node name -> kernel symbol the node calls.
+    symbols: node name -> kernel symbol the node calls; metadata: node name ->
+    {"flops", "bytes_moved", "constant_bytes"} of its call, kept in the node's
+    attrs as strings (TVM's attrs are strings; its readers skip unknown ones).
     """
     nodes, entry_of = [], {}
     for name in (*graph.inputs, *graph.params):
@@ -28,7 +31,8 @@ def graph_json(graph: Graph, symbols: dict[str, str], plan: MemoryPlan) -> str:
         nodes.append({
             "op": "tvm_op", "name": node.name,
             "attrs": {"func_name": symbols[node.name], "num_inputs": str(len(node.inputs)),
-                      "num_outputs": "1", "flatten_data": "0"},
+                      "num_outputs": "1", "flatten_data": "0",
+                      **{k: str(v) for k, v in (metadata or {}).get(node.name, {}).items()}},
             "inputs": [[entry_of[i], 0, 0] for i in node.inputs],
         })
     names = [*graph.inputs, *graph.params, *(n.outputs[0] for n in graph.nodes)]
@@ -44,3 +48,4 @@ def graph_json(graph: Graph, symbols: dict[str, str], plan: MemoryPlan) -> str:
         },
     }
     return json.dumps(doc, indent=1, sort_keys=True)
+

@@ -2,15 +2,18 @@
 and `link` (the blob format, the linker for a .tar): no llvmlite, onnx or compiler."""
 
 from pipeline.runtime.blob import BlobError
-from pipeline.runtime.graph_executor import GraphExecutor, GraphModule
+from pipeline.runtime.graph_executor import GraphExecutor, GraphModule, empty_aligned
 from pipeline.runtime.module import Module, load_module
 from pipeline.runtime.params import load_params, save_params
+from pipeline.runtime.timing import BenchmarkResult
 
 __all__ = [
+    "BenchmarkResult",
     "BlobError",
     "GraphExecutor",
     "GraphModule",
     "Module",
+    "empty_aligned",
     "load_module",
     "load_params",
     "save_params",

@@ -5,6 +5,9 @@ blob's binary plan, allocates storage, binds the params and runs the kernels;
 this module is a thin ctypes layer over it with TVM's graph executor interface.
 Shapes, dtypes and names are read once at creation, so set_input checks its
 arguments in Python (ValueError naming the input) before C copies them.
+Beyond running: zero-copy inputs, params shared between executors, timing
+(benchmark, time_evaluator: pipeline/runtime/timing.py); the debug executor is
+pipeline/runtime/debug_executor.py.
 """
 
 from __future__ import annotations
@@ -18,9 +21,14 @@ import numpy as np
 
 from pipeline.errors import FormatError
 from pipeline.runtime.params import load_params as _parse_params
+from pipeline.runtime.params import param_names
 from pipeline.runtime.threads import check_num_threads, default_num_threads
+from pipeline.runtime.timing import BenchmarkResult, time_evaluator
 
-__all__ = ["GraphExecutor", "GraphModule"]
+__all__ = ["ALIGNMENT", "GraphExecutor", "GraphModule", "check_device", "empty_aligned"]
+
+# What a zero-copy input must be aligned to: TVM's kAllocAlignment, the executor's ALIGN.
+ALIGNMENT = 64
 
 
 class _TensorInfo(ctypes.Structure):
@@ -46,7 +54,32 @@ _API = {
     "pl_node_func": (ctypes.c_char_p, [_P, _I]),
     "pl_run_timed": (_I, [_P, ctypes.POINTER(ctypes.c_double)]),
     "pl_storage_bytes": (_S, [_P]),
+    "pl_get_input_index": (_I, [_P, ctypes.c_char_p]),
+    "pl_set_input_zero_copy": (_I, [_P, _I, _P, _S]), "pl_share_input": (_I, [_P, _P, _I]),
+    "pl_input_data": (_P, [_P, _I]),
+    "pl_run_node": (_I, [_P, _I, ctypes.POINTER(ctypes.c_double)]),
+    "pl_node_output_info": (_I, [_P, _I, _I, ctypes.POINTER(_TensorInfo)]),
+    "pl_get_node_output": (_I, [_P, _I, _I, _P, _S]),
 }
+
+
+def check_device(device: Any) -> None:
+    """Accept None, "cpu"/"llvm" or a TVM-like device with device_type 1 (CPU)."""
+    if device is None or (isinstance(device, str) and device.lower() in ("cpu", "llvm")):
+        return
+    if getattr(device, "device_type", None) == 1:
+        return
+    raise ValueError(f"unsupported device {device!r}: only the CPU is supported")
+
+
+def empty_aligned(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """An uninitialised C-contiguous array whose data is ALIGNMENT-byte aligned, as
+    set_input_zero_copy needs (numpy itself guarantees only 16)."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + ALIGNMENT, np.uint8)
+    start = -raw.ctypes.data % ALIGNMENT
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
 def bind_api(lib: ctypes.CDLL) -> dict[str, Any]:
@@ -83,6 +116,7 @@ class GraphExecutor:
     def __init__(self, api: dict[str, Any], graph_json: str, owner: Any = None):
         self._api, self._graph_json, self._owner = api, graph_json, owner
         self._node_shapes: dict | None = None  # node_shapes parses the JSON once
+        self._zero_copy: dict[int, np.ndarray] = {}  # arrays the executor reads in place
         err = ctypes.create_string_buffer(512)
         self._h = api["pl_create_unchecked"](err, len(err))
         if not self._h:
@@ -111,6 +145,11 @@ class GraphExecutor:
         self.num_threads = check_num_threads(n, "set_num_threads")
         self._api["pl_set_num_threads"](self._h, self.num_threads)
 
+    @property
+    def graph_json(self) -> str:
+        """The graph JSON (TVM's format) this executor runs."""
+        return self._graph_json
+
     def node_names(self) -> list[tuple[str, str]]:
         """(node name, function name) per executed node, in run order."""
         api = self._api
@@ -123,6 +162,24 @@ class GraphExecutor:
         if self._api["pl_run_timed"](self._h, times):
             raise RuntimeError(self._error())
         return list(times)
+
+    def run_node(self, k: int) -> float:
+        """Run executed node k alone (the nodes before it must have run); its wall
+        time in seconds."""
+        seconds = ctypes.c_double()
+        if self._api["pl_run_node"](self._h, k, ctypes.byref(seconds)):
+            raise RuntimeError(self._error())
+        return seconds.value
+
+    def node_outputs(self, k: int) -> list[np.ndarray]:
+        """Copies of executed node k's outputs as they are now."""
+        outs, info = [], _TensorInfo()
+        while not self._api["pl_node_output_info"](self._h, k, len(outs), ctypes.byref(info)):
+            out = np.empty(tuple(info.shape[d] for d in range(info.ndim)), info.dtype.decode())
+            if self._api["pl_get_node_output"](self._h, k, len(outs), out.ctypes.data, out.nbytes):
+                raise RuntimeError(self._error())
+            outs.append(out)
+        return outs
 
     def node_shapes(self, name: str) -> tuple[list[tuple], list[tuple]]:
         """(input shapes, output shapes) of the op node `name` (from the graph JSON)."""
@@ -147,11 +204,13 @@ class GraphExecutor:
             raise RuntimeError(self._error())
 
     def _resolve(self, key: int | str) -> int:
-        """The slot of an input name, param name or graph-input index."""
+        """The slot of an input name, param name or index (graph inputs, then params,
+        as TVM numbers them: get_input_index)."""
         if isinstance(key, (int, np.integer)):
-            if not 0 <= key < len(self._input_names):
+            if not 0 <= key < len(self._slots):
                 raise IndexError(f"input index {key} out of range: the graph has "
-                                 f"{len(self._input_names)} inputs {self._input_names}")
+                                 f"{len(self._input_names)} inputs {self._input_names} and "
+                                 f"{len(self._slots) - len(self._input_names)} params")
             return int(key)
         if key in self._slot_index:
             return self._slot_index[key]
@@ -160,14 +219,15 @@ class GraphExecutor:
     def set_input(self, key: int | str, value: Any) -> None:
         """Copy value into the input (or param) named key, or the key-th graph input.
 
-        Raises ValueError naming the input if shape or dtype differ.
+        Raises ValueError naming the input and the shape the library was built for
+        (a library is built for one batch size) if shape or dtype differ.
         """
         slot = self._resolve(key)
         name, shape, dtype = self._slots[slot]
         value = np.asarray(value)
         if value.shape != shape or value.dtype != dtype:
-            raise ValueError(f"input {name!r}: expected shape {list(shape)} {dtype}, "
-                             f"given shape {list(value.shape)} {value.dtype}")
+            raise ValueError(f"input {name!r}: the library was built for shape {list(shape)} "
+                             f"{dtype}, given shape {list(value.shape)} {value.dtype}")
         value = np.ascontiguousarray(value)
         self._api["pl_set_input"](self._h, slot, value.ctypes.data, value.nbytes)
 
@@ -219,6 +279,90 @@ class GraphExecutor:
             raise KeyError(f"params not in the graph: {unknown}")
         for name, value in params.items():
             self.set_input(name, value)
+
+    # -- the rest of TVM's runtime API ----------------------------------------
+
+    def get_input_index(self, name: str) -> int:
+        """The index of an input or param (set_input, get_input take it); -1 if the
+        graph has none of that name, as TVM returns."""
+        if not isinstance(name, str):
+            raise TypeError(f"get_input_index: the input key must be a string, got {name!r}")
+        return self._api["pl_get_input_index"](self._h, name.encode())
+
+    def get_output_info(self) -> tuple[dict[str, tuple[int, ...]], dict[str, str]]:
+        """({name: shape}, {name: dtype}) for the graph outputs, keyed by the name of
+        the node producing each, as TVM returns it (two outputs of one node: one key)."""
+        return ({n: s for n, s, _ in self._outputs}, {n: str(d) for n, _, d in self._outputs})
+
+    def set_input_zero_copy(self, key: int | str, value: np.ndarray) -> None:
+        """Make `value`'s buffer the input (or param) named key, or the key-th graph
+        input, without copying it: every run reads the array as it is then, until
+        the next set_input_zero_copy or set_input of that input (which copies into
+        the executor's own storage again). The array is kept alive meanwhile; the
+        executor never writes it.
+
+        It must have the input's shape and dtype, be C-contiguous and ALIGNMENT
+        (64) bytes aligned (empty_aligned makes one): TypeError or ValueError
+        naming the input otherwise."""
+        slot = self._resolve(key)
+        name, shape, dtype = self._slots[slot]
+        if not isinstance(value, np.ndarray):
+            raise TypeError(f"input {name!r}: set_input_zero_copy needs a numpy array, got "
+                            f"{type(value).__name__}")
+        if value.shape != shape or value.dtype != dtype:
+            raise ValueError(f"input {name!r}: expected shape {list(shape)} {dtype}, given "
+                             f"shape {list(value.shape)} {value.dtype} (zero-copy cannot convert)")
+        if not value.flags.c_contiguous:
+            raise ValueError(f"input {name!r}: a zero-copy array must be C-contiguous")
+        if value.ctypes.data % ALIGNMENT:
+            raise ValueError(f"input {name!r}: a zero-copy array must be {ALIGNMENT}-byte aligned "
+                             f"(its data is at {value.ctypes.data:#x}); allocate it with "
+                             "pipeline.runtime.empty_aligned")
+        if self._api["pl_set_input_zero_copy"](self._h, slot, value.ctypes.data, value.nbytes):
+            raise ValueError(self._error())
+        self._zero_copy[slot] = value  # the executor reads it from now on
+
+    def share_params(self, other: GraphExecutor | GraphModule, params_bytes: bytes) -> None:
+        """Use `other`'s storage for the params (or inputs) named in `params_bytes` (a
+        TVM param dict; only its names are used), without copying, as TVM's
+        share_params: a param set through one executor is seen by both. Names the
+        graph does not have are skipped, as TVM does. `other` must come from the same
+        library (ValueError otherwise); its storage outlives it as long as needed."""
+        other = other.module if isinstance(other, GraphModule) else other
+        if not isinstance(other, GraphExecutor):
+            raise TypeError(f"share_params: expected a GraphExecutor or GraphModule, got "
+                            f"{type(other).__name__}")
+        for name in param_names(params_bytes):
+            index = self.get_input_index(name)
+            if index >= 0 and self._api["pl_share_input"](self._h, other._h, index):
+                raise ValueError(self._error())
+
+    def input_data_address(self, key: int | str) -> int:
+        """The address the input or param lives at now (its storage, a zero-copy
+        array, or another executor's storage after share_params)."""
+        return self._api["pl_input_data"](self._h, self._resolve(key)) or 0
+
+    def run_from_inputs(self, **inputs: Any) -> list[np.ndarray]:
+        """Set the given inputs, run, and return copies of every output (what TVM's
+        benchmark times with end_to_end=True)."""
+        for name, value in inputs.items():
+            self.set_input(name, value)
+        self.run()
+        return [self.get_output(k) for k in range(len(self._outputs))]
+
+    def time_evaluator(self, func_name: str, dev: Any = None, number: int = 10, repeat: int = 1,
+                       min_repeat_ms: float = 0, limit_zero_time_iterations: int = 100,
+                       ) -> Callable[..., BenchmarkResult]:
+        """TVM's Module.time_evaluator for "run" or "run_from_inputs": a function taking
+        that function's arguments and returning a BenchmarkResult (semantics:
+        pipeline.runtime.timing.time_evaluator)."""
+        check_device(dev)
+        funcs = {"run": self.run, "run_from_inputs": self.run_from_inputs}
+        if func_name not in funcs:
+            raise ValueError(f"time_evaluator: no function {func_name!r}; available: "
+                             f"{sorted(funcs)}")
+        return time_evaluator(funcs[func_name], number, repeat, min_repeat_ms,
+                              limit_zero_time_iterations)
 
 
 class GraphModule:
@@ -273,6 +417,46 @@ class GraphModule:
     def load_params(self, params_bytes: bytes) -> None:
         """Load TVM param-dict bytes (see pipeline.runtime.params)."""
         self.module.load_params(params_bytes)
+
+    def get_input_index(self, name: str) -> int:
+        """The index of an input or param name, -1 if there is none (TVM)."""
+        return self.module.get_input_index(name)
+
+    def get_output_info(self) -> tuple[dict[str, tuple[int, ...]], dict[str, str]]:
+        """({name: shape}, {name: dtype}) for the graph outputs."""
+        return self.module.get_output_info()
+
+    def set_input_zero_copy(self, key: int | str | None = None, value: np.ndarray | None = None,
+                            **params: np.ndarray) -> None:
+        """Use 64-byte aligned C-contiguous arrays as inputs without copying them: one
+        by name or index, and/or several by keyword (as set_input)."""
+        if key is not None:
+            self.module.set_input_zero_copy(key, value)
+        for name, array in params.items():
+            self.module.set_input_zero_copy(name, array)
+
+    def share_params(self, other: GraphModule | GraphExecutor, params_bytes: bytes) -> None:
+        """Share the params named in params_bytes with `other` (same library), no copy."""
+        self.module.share_params(other, params_bytes)
+
+    def debug_get_output(self, node: int | str, out: np.ndarray | None = None) -> np.ndarray:
+        raise NotImplementedError("debug_get_output needs the debug executor: "
+                                  "pipeline.runtime.debug_executor.create(...)")
+
+    def benchmark(self, device: Any = None, func_name: str = "run", repeat: int = 5,
+                  number: int = 5, min_repeat_ms: float | None = None, end_to_end: bool = False,
+                  **kwargs: Any) -> BenchmarkResult:
+        """Time func_name (TVM's GraphModule.benchmark): `repeat` results, each the mean
+        of `number` calls, `number` raised until a repeat takes min_repeat_ms. kwargs
+        are inputs, set once before timing; with end_to_end, setting them and copying
+        every output out is timed too (func_name is then ignored)."""
+        min_repeat_ms = 0 if min_repeat_ms is None else min_repeat_ms
+        if end_to_end:
+            return self.module.time_evaluator("run_from_inputs", device, number, repeat,
+                                              min_repeat_ms)(**kwargs)
+        if kwargs:
+            self.set_input(**kwargs)
+        return self.module.time_evaluator(func_name, device, number, repeat, min_repeat_ms)()
 
     def __getitem__(self, name: str) -> Callable[..., Any]:
         # TVM style: gmod["run"](), gmod["set_input"](...).

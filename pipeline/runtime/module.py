@@ -25,7 +25,7 @@ from pipeline.link.blob import BLOB_PREFIX_SIZE, BLOB_SYMBOL
 from pipeline.link.cc import create_shared
 from pipeline.link.integrity import verify_code_digest
 from pipeline.runtime.blob import Blob, BlobError, read_blob_header_length, unpack_blob
-from pipeline.runtime.graph_executor import GraphExecutor, bind_api
+from pipeline.runtime.graph_executor import GraphExecutor, bind_api, check_device
 from pipeline.runtime.machine import check_machine
 from pipeline.runtime.params import load_params
 from pipeline.runtime.threads import limit_idle_spin
@@ -100,7 +100,7 @@ class Module:
         return self._factory
 
     def _factory(self, device: Any = None) -> GraphExecutor:
-        _check_device(device)
+        check_device(device)
         # Each executor gets its own copy of the params (the C executor copies
         # them from the blob), so two executors from one library never see each
         # other's load_params/set_input.
@@ -108,15 +108,6 @@ class Module:
 
     def __repr__(self) -> str:
         return f"Module({self.path!r}, {len(self.kernels)} kernels, target={self.target!r})"
-
-
-def _check_device(device: Any) -> None:
-    """Accept None, "cpu"/"llvm" or a TVM-like device with device_type 1 (CPU)."""
-    if device is None or (isinstance(device, str) and device.lower() in ("cpu", "llvm")):
-        return
-    if getattr(device, "device_type", None) == 1:
-        return
-    raise ValueError(f"unsupported device {device!r}: only the CPU is supported")
 
 
 def load_module(path: str | os.PathLike, link_options: Sequence[str] | None = None,

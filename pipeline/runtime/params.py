@@ -27,7 +27,7 @@ import numpy as np
 
 from pipeline.errors import FormatError, check_elements
 
-__all__ = ["load_params", "param_chunks", "save_params"]
+__all__ = ["load_params", "param_chunks", "param_names", "save_params"]
 
 LIST_MAGIC = 0xF7E58D4F05049CB7
 ARRAY_MAGIC = 0xDD5E40F096B4A13F
@@ -108,6 +108,23 @@ def load_params(data: bytes) -> dict[str, np.ndarray]:
     LimitError for a shape over pipeline.errors.check_elements' limit.
     """
     r = _Reader(data)
+    names = _read_names(r)
+    out = {}
+    for name in names:
+        out[name] = _read_array(r, name)
+    if r.pos != len(r.view):
+        raise FormatError(f"param dict has {len(r.view) - r.pos} unexpected trailing bytes")
+    return out
+
+
+def param_names(data: bytes) -> list[str]:
+    """The names of TVM param-dict bytes, arrays left unread (what TVM's share_params
+    reads of them); FormatError as load_params for a bad header or name."""
+    return _read_names(_Reader(data))
+
+
+def _read_names(r: _Reader) -> list[str]:
+    """Header and names, up to and including the array count (checked against them)."""
     magic, _reserved = r.unpack("<QQ", "list header")
     if magic != LIST_MAGIC:
         raise FormatError(f"not a param dict: expected magic {LIST_MAGIC:#x}, found {magic:#x}")
@@ -122,12 +139,7 @@ def load_params(data: bytes) -> dict[str, np.ndarray]:
     (n_arrays,) = r.unpack("<Q", "array count")
     if n_arrays != count:
         raise FormatError(f"param dict has {count} names but {n_arrays} arrays")
-    out = {}
-    for name in names:
-        out[name] = _read_array(r, name)
-    if r.pos != len(r.view):
-        raise FormatError(f"param dict has {len(r.view) - r.pos} unexpected trailing bytes")
-    return out
+    return names
 
 
 def _read_array(r: _Reader, name: str) -> np.ndarray:

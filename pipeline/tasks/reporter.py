@@ -4,18 +4,22 @@ doit calls its reporter for every task it checks (get_status), skips
 (skip_uptodate) and runs (execute_task, then add_success or add_failure);
 under `doit -n`, the worker processes send those calls back to the main
 process, so this one object sees the whole build. It
-  - prints progress: `[done/total] stage model@target` with the total growing
-    as the per-kernel tasks appear; on a terminal a live line rewritten in
-    place, otherwise (CI, pipes) one quiet line per task run;
+  - prints progress: `[done/total]` with the total growing as the per-kernel
+    tasks appear; on a terminal one live line rewritten in place (every second
+    too) naming the tasks running now (several under -n) and an ETA, otherwise
+    (CI=true, pipes) one quiet line per task run;
   - records, per task run, why it ran (pipeline.tasks.explain), when it started
-    (seconds into the build) and how long it took;
+    and ended (seconds into the build), how long it took, the process that ran
+    it (`worker`, a pid: the stage's values carry it, pipeline.tasks.run_stage)
+    and, for optimize, the time of each pass (`passes`);
   - records how each task got its outputs: "computed", "computed on the cluster"
     or "restored from cache (local|remote)" (the action cache), and prints each
     distinct cache warning once (a remote tier that is down);
   - ends with one line per model@target: kernels compiled and reused, time, and
     one line counting the tasks by how they got their outputs;
   - writes all of it to out/build-report.json, which `doit explain` prints and
-    tests read to know exactly which tasks executed.
+    tests read to know exactly which tasks executed (and, for a run that built
+    something, to out/last-build.json, the timeline of `doit report`).
 Failures are reported exactly as doit's console reporter does.
 """
 
@@ -24,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 
 from doit.reporter import ConsoleReporter
@@ -32,8 +37,12 @@ from pipeline.link.files import atomic_write
 from pipeline.tasks.explain import reasons
 
 REPORT = os.path.join("out", "build-report.json")
+# The same record, of the last run that ran a build stage: `doit report` draws its
+# timeline after validate and bench have replaced build-report.json.
+LAST_BUILD = os.path.join("out", "last-build.json")
+BUILD_STAGES = {"model", "import", "optimize", "kernel", "lib0", "devc", "runtime", "export"}
 # Runs of only these tasks leave the previous report alone (it is what they show).
-READ_ONLY_TASKS = {"explain"}
+READ_ONLY_TASKS = {"explain", "report"}
 
 
 def _entry(name: str) -> str | None:
@@ -47,7 +56,7 @@ class BuildReporter(ConsoleReporter):
 
     def __init__(self, outstream, options):
         super().__init__(outstream, options)
-        self.live = outstream.isatty() and not os.environ.get("CI")
+        self.live = outstream.isatty() and os.environ.get("CI", "").lower() not in ("true", "1")
         self.tasks = {}
         self.pending: set[str] = set()   # work tasks not yet run or skipped
         self.done = 0
@@ -59,6 +68,11 @@ class BuildReporter(ConsoleReporter):
         self.recompiled: dict[str, list[str]] = {}  # lib0 task -> cache entries it rebuilt
         self.warned: list[str] = []
         self.t0 = time.monotonic()
+        self.running: dict[str, float] = {}  # task -> start, for the live line
+        self.first_start: float | None = None
+        self.finished = 0  # tasks run to an end, for the ETA
+        self.lock = threading.Lock()  # the live line is also redrawn by a ticker thread
+        self.stop = threading.Event()
 
     # -- doit's reporter interface --
 
@@ -67,6 +81,8 @@ class BuildReporter(ConsoleReporter):
         self.record = bool(set(selected_tasks or ()) - READ_ONLY_TASKS)
         self.pending = self._reachable(selected_tasks or ())
         self.optimize_tasks = sorted(n for n in self.pending if n.startswith("optimize:"))
+        if self.live:
+            threading.Thread(target=self._tick, daemon=True).start()
 
     def get_status(self, task):
         if task.actions and task.name not in self.pending:
@@ -75,10 +91,12 @@ class BuildReporter(ConsoleReporter):
     def execute_task(self, task):
         if not task.actions or task.name in self.started:
             return
-        self.started[task.name] = time.monotonic()
+        now = time.monotonic()
+        self.started[task.name] = self.running[task.name] = now
+        self.first_start = self.first_start or now
         self.ran.append({"task": task.name, "why": reasons(task)})
         if self.live:
-            self._live(f"{self._progress()} {self._title(task)} ...")
+            self._live(self._status())
 
     def add_success(self, task):
         if task.name not in self.started:
@@ -113,16 +131,20 @@ class BuildReporter(ConsoleReporter):
         self._count(task)
 
     def complete_run(self):
+        self.stop.set()
         if self.live:
             self._live("")
         summary = self._summary()
         for line in summary["lines"]:
             self.write(line + "\n")
         if self.record:
-            atomic_write(REPORT, json.dumps(
+            record = json.dumps(
                 {"executed": self.ran, "failed": self.failed, "entries": summary["entries"],
                  "how": summary["how"], "warnings": self.warned,
-                 "wall_s": round(time.monotonic() - self.t0, 3)}, indent=1).encode())
+                 "wall_s": round(time.monotonic() - self.t0, 3)}, indent=1).encode()
+            atomic_write(REPORT, record)
+            if any(i["task"].partition(":")[0] in BUILD_STAGES for i in self.ran):
+                atomic_write(LAST_BUILD, record)
         super().complete_run()
 
     # -- helpers --
@@ -146,18 +168,25 @@ class BuildReporter(ConsoleReporter):
             self.done += 1
 
     def _finish(self, task, status: str, how: str = "computed"):
-        seconds = time.monotonic() - self.started[task.name]
+        end = time.monotonic()
+        seconds = end - self.started[task.name]
+        self.running.pop(task.name, None)
+        self.finished += 1
         self._count(task)
         for item in reversed(self.ran):
             if item["task"] == task.name:
                 item.update(status=status, how=how, seconds=round(seconds, 3),
-                            start=round(self.started[task.name] - self.t0, 3))
+                            start=round(self.started[task.name] - self.t0, 3),
+                            end=round(end - self.t0, 3),
+                            worker=task.values.get("worker", os.getpid()))
                 why = "; ".join(item["why"][:2]) + (" ..." if len(item["why"]) > 2 else "")
                 if task.values.get("note"):  # e.g. a kernel compiled by a fallback
                     item["note"] = task.values["note"]
+                if task.values.get("passes"):
+                    item["passes"] = task.values["passes"]
                 break
         if self.live:
-            self._live(f"{self._progress()} {self._title(task)} {seconds:.1f} s")
+            self._live(self._status())
         else:
             shown = status if how == "computed" else how
             self.write(f"{self._progress()} {self._title(task)} {shown} {seconds:.2f} s"
@@ -170,6 +199,30 @@ class BuildReporter(ConsoleReporter):
         width = len(str(total))
         return f"[{self.done:>{width}}/{total}]"
 
+    def _eta(self) -> str:
+        """Remaining tasks at the rate tasks have finished so far (so it counts the
+        workers of -n): shown once a few tasks have finished."""
+        if self.finished < 3 or self.first_start is None:
+            return ""
+        rate = self.finished / max(time.monotonic() - self.first_start, 1e-3)
+        left = round(len(self.pending) / rate)
+        return f" ETA {left // 60}:{left % 60:02d}"
+
+    def _status(self) -> str:
+        """The live line: progress, ETA, the tasks running now and for how long."""
+        now = time.monotonic()
+        running = sorted(self.running.items(), key=lambda kv: kv[1])
+        shown = ", ".join(" ".join(self._title(self.tasks[n]).split()) + f" {now - t:.0f}s"
+                          for n, t in running[:3])
+        more = f" (+{len(running) - 3})" if len(running) > 3 else ""
+        return f"{self._progress()}{self._eta()} | {shown or 'checking'}{more}"
+
+    def _tick(self) -> None:
+        """Redraw the live line every second: the ETA and running times move even
+        while one long task (a big kernel) holds the build."""
+        while not self.stop.wait(1.0):
+            self._live(self._status())
+
     @staticmethod
     def _title(task) -> str:
         stage, _, sub = task.name.partition(":")
@@ -177,9 +230,16 @@ class BuildReporter(ConsoleReporter):
             sub = task.doc  # the kernel's symbol reads better than its bare hash
         return f"{stage:<8} {sub}"
 
+    def write(self, text: str):
+        with self.lock:  # a whole line, over the live line if there is one
+            self.outstream.write(("\r\x1b[2K" if self.live else "") + text)
+
     def _live(self, text: str):
-        self.outstream.write("\r\x1b[2K" + text[:150])
-        self.outstream.flush()
+        with self.lock:
+            if self.stop.is_set() and text:
+                return
+            self.outstream.write("\r\x1b[2K" + text[:150])
+            self.outstream.flush()
 
     def _summary(self) -> dict:
         """Per model@target: kernels compiled vs reused and the time spent on it."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import mmap
+import os
 from pathlib import Path
 
 from pipeline.driver.build import lower_graph
@@ -21,16 +22,17 @@ from pipeline.ir.target import parse_target
 from pipeline.link import export, runtime_c
 from pipeline.link.cc import link_relocatable
 from pipeline.link.files import atomic_write
+from pipeline.runtime.metadata import kernel_metadata
 from pipeline.runtime.params import load_params, param_chunks
-from pipeline.tasks.cache import object_for_link
-from pipeline.transform import PassContext
+from pipeline.tasks.cache import listed_kernels, object_for_link, spec_path
+from pipeline.transform import PassContext, PassTimingInstrument
 
 
-def generate_model(name: str, path: str) -> None:
-    """models/ generator `name` -> ONNX file."""
+def generate_model(name: str, path: str, args: dict | None = None) -> None:
+    """models/ generator `name`, called with keyword arguments `args` -> ONNX file."""
     from models import generate
 
-    generate(name, path)
+    generate(name, path, args)
 
 
 def import_model(onnx_path: str, shapes: dict, graph_path: str, weights_path: str) -> None:
@@ -45,31 +47,36 @@ def optimize_model(graph_path: str, weights_path: str, target: dict, spec_dir: s
     """Graph IR -> optimised graph JSON, params, and one spec file per kernel.
 
     target: TargetEntry.to_dict() (target string, opt_level, passes, config).
-    kernels.json lists, per kernel, its hash and symbol: the manifest the
-    per-kernel tasks are created from.
+    kernels.json lists, per kernel, its hash and symbol (the manifest the per-kernel
+    tasks are created from) and its metadata (pipeline.runtime.metadata.kernel_metadata:
+    calls, flops, bytes_moved, constant_bytes). Returns {"passes": [{"pass",
+    "seconds"}]}, the time of each pass (the build report keeps it).
     """
     graph = Graph.from_json(Path(graph_path).read_text())
     params = load_params(Path(weights_path).read_bytes())
+    timing = PassTimingInstrument()
     ctx = PassContext(target["opt_level"], target["required_pass"], target["disabled_pass"],
-                      target["config"])
+                      target["config"], instruments=[timing])
     with ctx:
         lowered = lower_graph(graph, params, parse_target(target["target"]),
                               target["opt_level"])
     specs = unique_specs(lowered.specs.values())
     Path(spec_dir).mkdir(parents=True, exist_ok=True)
     for spec in specs:
-        spec_path = Path(spec_dir, f"{spec.hash}.json")
-        if not spec_path.exists():  # content-addressed: an existing file is this spec
-            atomic_write(spec_path, spec.to_json().encode())
+        spec_file = spec_path(spec_dir, spec.hash)
+        if not os.path.exists(spec_file):  # content-addressed: an existing file is this spec
+            atomic_write(spec_file, spec.to_json().encode())
+    metadata = {k["symbol"]: k for k in kernel_metadata(lowered.graph_json)}
     manifest = {
         "target": target["target"],
-        "kernels": [{"hash": s.hash, "symbol": s.symbol} for s in specs],
+        "kernels": [{"hash": s.hash, **metadata[s.symbol]} for s in specs],
         "memory": {"planned_bytes": lowered.memory.planned_bytes,
                    "intermediate_bytes": lowered.memory.intermediate_bytes},
     }
     atomic_write(kernels_path, json.dumps(manifest, indent=1).encode())
     atomic_write(graph_json_path, lowered.graph_json.encode())
     atomic_write(params_path, param_chunks(lowered.params))
+    return {"passes": timing.timings}
 
 
 def link_lib0(kernels_path: str, cache: str, lib0_path: str, cc: str | None = None,
@@ -82,12 +89,11 @@ def link_lib0(kernels_path: str, cache: str, lib0_path: str, cc: str | None = No
     corrupted or missing entry is recompiled from its spec in `specs`, never linked.
     Returns {"recompiled": [hash, ...]}, which the build report counts as compiled.
     """
-    manifest = json.loads(Path(kernels_path).read_text())
-    found = [object_for_link(cache, k["hash"], f"{specs}/{k['hash']}.json")
-             for k in manifest["kernels"]]
+    kernels = listed_kernels(kernels_path)
+    found = [object_for_link(cache, k["hash"], spec_path(specs, k["hash"])) for k in kernels]
     link_relocatable(lib0_path, [obj for obj, _ in found], cc)
-    return {"recompiled": [k["hash"] for k, (_, compiled) in zip(manifest["kernels"], found,
-                                                                   strict=True) if compiled]}
+    return {"recompiled": [k["hash"] for k, (_, compiled) in zip(kernels, found, strict=True)
+                           if compiled]}
 
 
 def pack_devc(graph_json_path: str, params_path: str, kernels_path: str,

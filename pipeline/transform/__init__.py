@@ -9,9 +9,10 @@ import the passes, the operators and numpy.
 import importlib
 
 from pipeline.transform.context import CONFIG_OPTIONS, PASS_NAMES, PassConfig, PassContext
+from pipeline.transform.instrument import PassInfo, PassInstrument, PassTimingInstrument
 
 __all__ = ["CONFIG_OPTIONS", "PIPELINE", "PASS_NAMES", "Pass", "PassConfig", "PassContext",
-           "optimize"]
+           "PassInfo", "PassInstrument", "PassTimingInstrument", "optimize"]
 
 
 def __getattr__(name: str):

@@ -14,7 +14,8 @@ from pipeline.errors import ConfigError
 CONFIG_OPTIONS = {"FuseOps.max_depth": (256, int)}
 # The names of pipeline.transform.PIPELINE, in order (checked there). Kept here
 # so that reading a build config need not import the passes and numpy.
-PASS_NAMES = ("SimplifyInference", "FoldConstant", "FoldBatchNorm", "AlterOpLayout", "FuseOps")
+PASS_NAMES = ("SimplifyInference", "FuseQDQ", "FoldConstant", "FuseLayerNorm", "FuseGelu",
+              "FuseAttention", "FoldBatchNorm", "AlterOpLayout", "FuseOps")
 
 
 @dataclass(frozen=True)
@@ -37,14 +38,19 @@ class PassConfig:
                 "disabled_pass": list(self.disabled_pass), "config": dict(self.config)}
 
 
-_STACK: list[PassConfig] = []
+_STACK: list[PassContext] = []
 
 
 class PassContext:
-    """`with PassContext(opt_level=3, disabled_pass=["FuseOps"]): build(...)`."""
+    """`with PassContext(opt_level=3, disabled_pass=["FuseOps"]): build(...)`.
+
+    instruments: PassInstrument objects (pipeline/transform/instrument.py) called
+    around each pass run inside the context; they observe the build and never
+    enter the options it hashes.
+    """
 
     def __init__(self, opt_level: int = 2, required_pass=(), disabled_pass=(),
-                 config: dict | None = None):
+                 config: dict | None = None, instruments=()):
         for name in (*required_pass, *disabled_pass):
             if name not in PASS_NAMES:
                 raise ConfigError(f"unknown pass {name!r}; passes are {', '.join(PASS_NAMES)}")
@@ -59,14 +65,24 @@ class PassContext:
             raise ConfigError(f"opt_level must be an integer 0..3, got {opt_level!r}")
         self.pass_config = PassConfig(opt_level, tuple(required_pass), tuple(disabled_pass),
                                       tuple(sorted((config or {}).items())))
+        self.instruments = tuple(instruments)
 
     @staticmethod
     def current() -> PassConfig:
-        return _STACK[-1] if _STACK else PassConfig()
+        return _STACK[-1].pass_config if _STACK else PassConfig()
+
+    @staticmethod
+    def current_instruments() -> tuple:
+        """The instruments of the innermost PassContext (none outside one)."""
+        return _STACK[-1].instruments if _STACK else ()
 
     def __enter__(self) -> PassContext:
-        _STACK.append(self.pass_config)
+        for instrument in self.instruments:
+            instrument.enter_pass_ctx()
+        _STACK.append(self)
         return self
 
     def __exit__(self, *exc) -> None:
         _STACK.pop()
+        for instrument in self.instruments:
+            instrument.exit_pass_ctx()

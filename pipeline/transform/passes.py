@@ -11,9 +11,13 @@ from dataclasses import dataclass
 
 from pipeline.ir.graph import Graph
 from pipeline.ops import infer_types
+from pipeline.transform.attention import fuse_attention
 from pipeline.transform.context import PASS_NAMES, PassConfig, PassContext
 from pipeline.transform.fuse import fold_constant, fuse_ops
+from pipeline.transform.instrument import PassInfo
 from pipeline.transform.layout import alter_op_layout
+from pipeline.transform.patterns import fuse_gelu, fuse_layer_norm
+from pipeline.transform.qdq import fuse_qdq
 from pipeline.transform.simplify import fold_batch_norm, simplify_inference
 
 
@@ -27,7 +31,11 @@ class Pass:
 
 PIPELINE = (
     Pass("SimplifyInference", simplify_inference, 0),
+    Pass("FuseQDQ", fuse_qdq, 1),
     Pass("FoldConstant", fold_constant, 2),
+    Pass("FuseLayerNorm", fuse_layer_norm, 1),
+    Pass("FuseGelu", fuse_gelu, 1),
+    Pass("FuseAttention", fuse_attention, 1),
     Pass("FoldBatchNorm", fold_batch_norm, 1),
     Pass("AlterOpLayout", alter_op_layout, 3, needs_target=True),
     Pass("FuseOps", fuse_ops, 1),
@@ -37,12 +45,23 @@ assert PASS_NAMES == tuple(p.name for p in PIPELINE), "update context.PASS_NAMES
 
 def optimize(graph: Graph, params: dict, cfg: PassConfig | None = None, target=None):
     """Run the enabled passes of PIPELINE; returns (graph, params). `target` (a
-    codegen Target) is handed to the passes that need one; without it they do nothing."""
+    codegen Target) is handed to the passes that need one; without it they do nothing.
+    The current PassContext's instruments see each enabled pass (should_run, before,
+    after)."""
     cfg = cfg or PassContext.current()
+    instruments = PassContext.current_instruments()
     for p in PIPELINE:
-        if cfg.enabled(p.name, p.opt_level):
-            graph, params = (p.run(graph, params, cfg, target) if p.needs_target
-                             else p.run(graph, params, cfg))
-            graph.verify(infer_types)
+        if not cfg.enabled(p.name, p.opt_level):
+            continue
+        info = PassInfo(p.name, p.opt_level)
+        if not all([i.should_run(graph, info) for i in instruments]):  # ask every one
+            continue
+        for i in instruments:
+            i.run_before_pass(graph, info)
+        graph, params = (p.run(graph, params, cfg, target) if p.needs_target
+                         else p.run(graph, params, cfg))
+        graph.verify(infer_types)
+        for i in instruments:
+            i.run_after_pass(graph, info)
     return graph, params
 

@@ -13,6 +13,9 @@
  * checked by the Python loader, not here: the structure is validated field by
  * field instead, which is what keeps a bad blob from crashing us (corrupted
  * weights would run, with wrong numbers).
+ *
+ * Zero-copy inputs and shared params are in binding.c, node by node execution
+ * (profiling, the debug executor) in debug.c (internals: executor_internal.h).
  */
 #define _GNU_SOURCE
 #include "pipeline_runtime.h"
@@ -20,27 +23,25 @@
 #include <dlfcn.h>
 #include <link.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "executor_internal.h"
 #include "sha256.h"
 
-#define API __attribute__((visibility("default")))
 #define BLOB_SYMBOL "__pipeline_dev_mblob"
 #define BLOB_VERSION 3u
 #define BLOB_FIXED 80u   /* magic, version, reserved, total, header length, 3 sections */
 #define TRAILER 64u      /* the blob's sha256, then the code digest the link stamps */
-#define MAX_NDIM 32u
-#define ALIGN 64u
 #ifndef PL_MAX_STORAGE /* the fuzzer lowers it: a fuzzed shape must not allocate GBs */
 #define PL_MAX_STORAGE ((uint64_t)1 << 46)
 #endif
 #define PARAM_LIST_MAGIC 0xF7E58D4F05049CB7ull
 #define PARAM_ARRAY_MAGIC 0xDD5E40F096B4A13Full
 
-typedef int32_t (*kernel_fn)(void **args);
 typedef void *(*resolve_fn)(void *ctx, const char *symbol);
 
 /* dtype codes of the plan (pipeline/link/plan.py DTYPES), with their sizes
@@ -54,47 +55,11 @@ static const struct { const char *name; uint8_t size, dl_code, dl_bits; } DTYPES
 
 #include "parallel.h" /* pl_parallel: the parallel kernels' thread team */
 
-struct entry {
-    uint32_t sid;
-    uint8_t dtype, ndim;
-    int64_t shape[MAX_NDIM];
-    size_t nbytes;
-    void *data;
-};
-
-struct node {
-    uint8_t is_copy;
-    uint16_t n_in, n_out;
-    const char *name, *func;
-    kernel_fn fn;
-    uint32_t *eids;   /* n_in + n_out entry ids */
-    void **args;      /* their data pointers, filled once storage exists */
-};
-
-struct pl_executor {
-    uint32_t n_entries, n_args, n_inputs, n_outputs, n_nodes, n_storage;
-    struct entry *entries;
-    uint32_t *arg_eid;
-    const char **arg_name;
-    uint8_t *is_param;
-    uint32_t *slots;  /* argument index per slot: inputs, then params */
-    uint32_t *out_eid;
-    const char **out_name;
-    struct node *nodes;
-    uint32_t *eid_pool;
-    void **ptr_pool;
-    void *arena;
-    size_t arena_bytes;
-    int num_threads;
-    void *dl_handle;
-    char error[512];
-};
-
 /* Present when a kernel of the library uses libgomp; weak, so a library
  * without parallel kernels does not need libgomp at all. */
 extern void omp_set_num_threads(int) __attribute__((weak));
 
-static int fail(pl_executor *h, const char *fmt, ...) {
+int fail(pl_executor *h, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(h->error, sizeof h->error, fmt, ap);
@@ -249,10 +214,19 @@ static int read_plan(pl_executor *h, struct reader *r, resolve_fn resolve, void 
     return 0;
 }
 
+/* Every node argument from where its entry lives now. */
+static void fill_args(pl_executor *h) {
+    for (uint32_t k = 0; k < h->n_nodes; k++)
+        for (uint32_t a = 0; a < (uint32_t)h->nodes[k].n_in + h->nodes[k].n_out; a++)
+            h->nodes[k].args[a] = h->entries[h->nodes[k].eids[a]].data;
+}
+
 /* Inputs and params must keep their values across runs: a kernel writing into
  * their storage is a memory-planning bug, caught here instead of giving silent
- * wrong answers. Then one 64-byte aligned, zeroed arena holds every storage id,
- * each sized for its largest entry. */
+ * wrong answers. (So an input's storage holds nothing but the input and the
+ * reshapes aliasing it, all read-only, which is what lets pl_set_input_zero_copy
+ * and pl_share_input swap it for another buffer.) Then one 64-byte aligned,
+ * zeroed arena holds every storage id, each sized for its largest entry. */
 static int setup_storage(pl_executor *h) {
     size_t *offset = calloc(h->n_storage + 1, sizeof *offset);
     int64_t *owner = malloc((h->n_storage + 1) * sizeof *owner);
@@ -289,23 +263,46 @@ static int setup_storage(pl_executor *h) {
         total += size;
         if (total > PL_MAX_STORAGE) { fail(h, "plan needs too much storage"); goto out; }
     }
-    if (posix_memalign(&h->arena, ALIGN, total ? (size_t)total : ALIGN)) {
-        h->arena = NULL;
+    h->home = calloc(h->n_storage + 1, sizeof *h->home);
+    h->home_arena = calloc(h->n_storage + 1, sizeof *h->home_arena);
+    h->arena = calloc(1, sizeof *h->arena);
+    if (h->arena) h->arena->refs = 1;
+    if (!h->home || !h->home_arena || !h->arena ||
+        posix_memalign(&h->arena->data, ALIGN, total ? (size_t)total : ALIGN)) {
+        if (h->arena) h->arena->data = NULL;
         fail(h, "out of memory: the plan needs %llu bytes", (unsigned long long)total);
         goto out;
     }
-    memset(h->arena, 0, (size_t)total);
-    h->arena_bytes = (size_t)total;
+    memset(h->arena->data, 0, (size_t)total);
+    h->arena->bytes = (size_t)total;
+    for (uint32_t s = 0; s < h->n_storage; s++) {
+        h->home[s] = (char *)h->arena->data + offset[s];
+        h->home_arena[s] = h->arena;
+    }
     for (uint32_t e = 0; e < h->n_entries; e++)
-        h->entries[e].data = (char *)h->arena + offset[h->entries[e].sid];
-    for (uint32_t k = 0; k < h->n_nodes; k++)
-        for (uint32_t a = 0; a < (uint32_t)h->nodes[k].n_in + h->nodes[k].n_out; a++)
-            h->nodes[k].args[a] = h->entries[h->nodes[k].eids[a]].data;
+        h->entries[e].data = h->home[h->entries[e].sid];
+    fill_args(h);
     rc = 0;
 out:
     free(offset);
     free(owner);
     return rc;
+}
+
+/* Storage swaps (binding.c) and the arenas' reference counts: executor_internal.h. */
+void point_storage(pl_executor *h, uint32_t sid, void *data) {
+    for (uint32_t e = 0; e < h->n_entries; e++)
+        if (h->entries[e].sid == sid) h->entries[e].data = data;
+    fill_args(h);
+}
+
+void arena_retain(struct arena *a) { atomic_fetch_add(&a->refs, 1); }
+
+void arena_release(struct arena *a) {
+    if (a && atomic_fetch_sub(&a->refs, 1) == 1) {
+        free(a->data);
+        free(a);
+    }
 }
 
 /* The params section: TVM's param dict (pipeline/runtime/params.py). Each
@@ -380,6 +377,7 @@ static int open_blob(pl_executor *h, const uint8_t *blob, size_t size, resolve_f
             return fail(h, "blob corrupted: section %s out of bounds", names[s]);
         section[s] = (struct reader){blob + off, blob + off + len, names[s]};
     }
+    h->blob = blob;
     if (read_plan(h, &section[2], resolve, ctx) || setup_storage(h) ||
         bind_params(h, &section[1]))
         return -1;
@@ -464,7 +462,10 @@ API void pl_destroy(pl_executor *h) {
     if (!h) return;
     free(h->entries), free(h->arg_eid), free(h->arg_name), free(h->is_param), free(h->slots);
     free(h->out_eid), free(h->out_name), free(h->nodes), free(h->eid_pool), free(h->ptr_pool);
-    free(h->arena);
+    for (uint32_t s = 0; h->home_arena && s < h->n_storage; s++)
+        if (h->home_arena[s] != h->arena) arena_release(h->home_arena[s]); /* shared params */
+    arena_release(h->arena);
+    free(h->home), free(h->home_arena);
     if (h->dl_handle) dlclose(h->dl_handle);
     free(h);
 }
@@ -473,8 +474,7 @@ API const char *pl_last_error(const pl_executor *h) { return h ? h->error : "no 
 API int pl_num_inputs(const pl_executor *h) { return (int)h->n_inputs; }
 API int pl_num_params(const pl_executor *h) { return (int)(h->n_args - h->n_inputs); }
 API int pl_num_outputs(const pl_executor *h) { return (int)h->n_outputs; }
-API int pl_num_nodes(const pl_executor *h) { return (int)h->n_nodes; }
-API size_t pl_storage_bytes(const pl_executor *h) { return h->arena_bytes; }
+API size_t pl_storage_bytes(const pl_executor *h) { return h->arena ? h->arena->bytes : 0; }
 
 API int pl_get_input_index(const pl_executor *h, const char *name) {
     for (uint32_t i = 0; i < h->n_args; i++)
@@ -482,7 +482,7 @@ API int pl_get_input_index(const pl_executor *h, const char *name) {
     return -1;
 }
 
-static void describe(const pl_executor *h, uint32_t eid, const char *name, pl_tensor_info *info) {
+void describe(const pl_executor *h, uint32_t eid, const char *name, pl_tensor_info *info) {
     const struct entry *t = &h->entries[eid];
     *info = (pl_tensor_info){name, DTYPES[t->dtype].name, t->ndim, t->shape, t->nbytes};
 }
@@ -510,8 +510,16 @@ static struct entry *tensor(pl_executor *h, int is_output, int i, size_t nbytes)
     }
     struct entry *t = &h->entries[is_output ? h->out_eid[i] : h->arg_eid[h->slots[i]]];
     if (nbytes != t->nbytes) {
-        fail(h, "%s %d holds %zu bytes, given %zu", is_output ? "output" : "input", i,
-             t->nbytes, nbytes);
+        /* A library is built for one shape (one batch size): say which. */
+        char shape[24 * MAX_NDIM + 2] = "[";
+        for (int d = 0; d < t->ndim; d++)
+            snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%lld",
+                     d ? "," : "", (long long)t->shape[d]);
+        strcat(shape, "]");
+        fail(h, "%s '%s': the library was built for shape %s %s (%zu bytes), given %zu bytes",
+             is_output ? "output" : "input",
+             is_output ? h->out_name[i] : h->arg_name[h->slots[i]], shape,
+             DTYPES[t->dtype].name, t->nbytes, nbytes);
         return NULL;
     }
     return t;
@@ -520,6 +528,8 @@ static struct entry *tensor(pl_executor *h, int is_output, int i, size_t nbytes)
 API int pl_set_input(pl_executor *h, int i, const void *data, size_t nbytes) {
     struct entry *t = tensor(h, 0, i, nbytes);
     if (!t) return -1;
+    if (t->data != h->home[t->sid]) /* it was zero-copy: back to its own storage */
+        point_storage(h, t->sid, h->home[t->sid]);
     memcpy(t->data, data, nbytes);
     return 0;
 }
@@ -545,11 +555,11 @@ API int pl_set_num_threads(pl_executor *h, int n) {
 }
 
 /* libgomp's thread count is per calling thread, so it is set before every run. */
-static void apply_threads(const pl_executor *h) {
+void apply_threads(const pl_executor *h) {
     if (h->num_threads > 0 && omp_set_num_threads) omp_set_num_threads(h->num_threads);
 }
 
-static int run_node(pl_executor *h, const struct node *n) {
+int run_node(pl_executor *h, const struct node *n) {
     if (n->is_copy) {
         memmove(n->args[1], n->args[0], h->entries[n->eids[1]].nbytes); /* may alias */
         return 0;
@@ -565,24 +575,4 @@ API int pl_run(pl_executor *h) {
     for (uint32_t k = 0; k < h->n_nodes; k++)
         if (run_node(h, &h->nodes[k])) return -1;
     return 0;
-}
-
-API int pl_run_timed(pl_executor *h, double *seconds) {
-    struct timespec a, b;
-    apply_threads(h);
-    for (uint32_t k = 0; k < h->n_nodes; k++) {
-        clock_gettime(CLOCK_MONOTONIC, &a);
-        if (run_node(h, &h->nodes[k])) return -1;
-        clock_gettime(CLOCK_MONOTONIC, &b);
-        seconds[k] = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
-    }
-    return 0;
-}
-
-API const char *pl_node_name(const pl_executor *h, int k) {
-    return k >= 0 && (uint32_t)k < h->n_nodes ? h->nodes[k].name : NULL;
-}
-
-API const char *pl_node_func(const pl_executor *h, int k) {
-    return k >= 0 && (uint32_t)k < h->n_nodes ? h->nodes[k].func : NULL;
 }

@@ -16,7 +16,7 @@
  * Functions returning int give 0 on success and -1 on error, the message then
  * in pl_last_error. One executor must not be used by two threads at once;
  * several executors of one library are independent (each has its own storage
- * and copy of the params).
+ * and copy of the params) unless they share params (pl_share_input).
  */
 #ifndef PIPELINE_RUNTIME_H
 #define PIPELINE_RUNTIME_H
@@ -28,7 +28,7 @@
 extern "C" {
 #endif
 
-#define PL_API_VERSION 1
+#define PL_API_VERSION 2
 
 typedef struct pl_executor pl_executor;
 
@@ -67,6 +67,28 @@ int pl_set_input(pl_executor *h, int index, const void *data, size_t nbytes);
 int pl_get_input(pl_executor *h, int index, void *data, size_t nbytes);
 int pl_get_output(pl_executor *h, int index, void *data, size_t nbytes);
 
+/* The caller's buffer becomes input (or param) `index`, without a copy, as TVM's
+ * set_input_zero_copy: runs read it in place until the next pl_set_input_zero_copy
+ * of that index, or pl_set_input, which copies into the executor's own storage
+ * again. data must stay valid that long and be 64-byte aligned (TVM's
+ * kAllocAlignment) and C-contiguous, nbytes the tensor's size (dtype and shape
+ * are the caller's to check: pl_input_info). Every reshape the memory plan
+ * aliases to the input follows it; no node ever writes an input's storage (the
+ * executor refuses such a plan), so the buffer is only read. */
+int pl_set_input_zero_copy(pl_executor *h, int index, void *data, size_t nbytes);
+/* Input (or param) `index` of h uses other's storage for it from now on, no copy,
+ * as TVM's share_params does for each name of a param dict: a write through
+ * either executor (pl_set_input) is seen by both. other must be an executor of
+ * the same library; its storage stays allocated until both are destroyed. (What
+ * is shared is other's own storage for that input, not a zero-copy buffer bound
+ * to it.) h's own copy (pl_create made one) goes back to the OS (madvise) unless
+ * another executor shares from h. Runs only read params, so executors sharing
+ * them may run in different threads at once. */
+int pl_share_input(pl_executor *h, pl_executor *other, int index);
+/* Where input (or param) `index` lives now: the executor's storage, a zero-copy
+ * buffer or another executor's storage; NULL if index is out of range. */
+void *pl_input_data(pl_executor *h, int index);
+
 /* Threads of the parallel kernels in this executor's runs; 0 (the default)
  * leaves libgomp's own choice ($OMP_NUM_THREADS, else every core). */
 int pl_set_num_threads(pl_executor *h, int num_threads);
@@ -78,6 +100,13 @@ int pl_num_nodes(const pl_executor *h);
 const char *pl_node_name(const pl_executor *h, int k);
 const char *pl_node_func(const pl_executor *h, int k);
 int pl_run_timed(pl_executor *h, double *seconds);
+/* Debugging (TVM's debug executor): run node k alone (the nodes before it must
+ * have run), storing its wall time in *seconds unless NULL; then describe or copy
+ * its outputs 0 .. n_out-1 (pl_node_output_info gives -1 past the last). Copy
+ * them before later nodes run: the memory plan reuses their storage. */
+int pl_run_node(pl_executor *h, int k, double *seconds);
+int pl_node_output_info(const pl_executor *h, int k, int output, pl_tensor_info *info);
+int pl_get_node_output(pl_executor *h, int k, int output, void *data, size_t nbytes);
 /* Bytes of planned storage (inputs, params and intermediates) this executor holds. */
 size_t pl_storage_bytes(const pl_executor *h);
 

@@ -1,0 +1,170 @@
+"""The debug executor (TVM: tvm.contrib.debugger.debug_executor): a graph run
+node by node, recording each node's output and time.
+
+    lib = pipeline.runtime.load_module("model.so")
+    gmod = debug_executor.create(lib.graph_json, lib, "cpu")
+    # (or: debug_executor.GraphModuleDebug(lib["default"]()))
+    gmod.run(data=x)                         # times every node, records every output
+    gmod.node_outputs["fused_conv2d_relu"]   # that node's outputs in the run
+    gmod.debug_get_output(7)                 # graph node 7 (or a name), run up to it now
+    gmod.display_debug_result()              # per-node times, slowest first
+
+Node indices are the graph JSON's (inputs and params included), as TVM's are.
+The memory plan hands a node's output storage to later nodes, so outputs are
+copied right after their node runs (GraphExecutor.run_node, node_outputs; C:
+pl_run_node, pl_get_node_output in debug.c).
+A reshape the plan aliases runs nothing (`__nop`): its output is its input's
+bytes in its own shape. Times come from pipeline.runtime.profile.profile_nodes
+(separate whole passes, so copying outputs does not disturb them).
+
+With dump_root, each run() also writes there (unlike TVM, nothing without it):
+output_tensors.params, every node output as a TVM param dict keyed
+"<node>:<output index>", and execution_trace.json, the nodes' median times in run
+order as a Chrome trace (chrome://tracing, Perfetto).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+from pipeline.link.files import atomic_write
+from pipeline.runtime.graph_executor import GraphExecutor, GraphModule, check_device
+from pipeline.runtime.params import save_params
+from pipeline.runtime.profile import NodeTime, format_profile, profile_nodes
+
+__all__ = ["GraphModuleDebug", "create"]
+
+
+def create(graph_json_str: str | None, libmod: Any, device: Any = None,
+           dump_root: str | os.PathLike | None = None, timing_runs: int = 10,
+           ) -> GraphModuleDebug:
+    """A GraphModuleDebug over a new executor of the loaded library `libmod`
+    (pipeline.runtime.Module), TVM's arguments. The library runs its own graph:
+    graph_json_str may be None, else it must be that graph (ValueError)."""
+    check_device(device)
+    if graph_json_str is not None and json.loads(graph_json_str) != json.loads(libmod.graph_json):
+        raise ValueError(f"debug_executor.create: graph_json_str is not the graph of "
+                         f"{libmod.path}; a library runs the graph it was built with")
+    return GraphModuleDebug(libmod["default"](device), device, dump_root, timing_runs)
+
+
+class GraphModuleDebug(GraphModule):
+    """A GraphModule whose run() records every node's outputs and time.
+
+    After run(): node_outputs maps each op node's name to copies of its outputs,
+    node_times each executed node's name to its NodeTime (median of timing_runs
+    passes).
+    """
+
+    def __init__(self, module: GraphExecutor, device: Any = None,
+                 dump_root: str | os.PathLike | None = None, timing_runs: int = 10,
+                 num_threads: int | None = None):
+        super().__init__(module, num_threads)
+        check_device(device)
+        if isinstance(timing_runs, bool) or not isinstance(timing_runs, int) or timing_runs < 1:
+            raise ValueError(f"GraphModuleDebug: timing_runs must be an integer >= 1, got "
+                             f"{timing_runs!r}")
+        self.timing_runs, self.dump_root = timing_runs, dump_root
+        graph = json.loads(module.graph_json)
+        self._nodes, self._row_ptr = graph["nodes"], graph["node_row_ptr"]
+        self._shapes = graph["attrs"]["shape"][1]
+        self._step = {name: k for k, (name, _) in enumerate(module.node_names())}
+        self.node_outputs: dict[str, list[np.ndarray]] = {}
+        self.node_times: dict[str, NodeTime] = {}
+
+    def _node_index(self, node: int | str) -> int:
+        if isinstance(node, str):
+            for nid, graph_node in enumerate(self._nodes):
+                if graph_node["name"] == node:
+                    return nid
+            raise KeyError(f"no node named {node!r} in this graph")
+        if isinstance(node, (int, np.integer)) and not isinstance(node, bool):
+            if not 0 <= node < len(self._nodes):
+                raise IndexError(f"node index {node} out of range: the graph has "
+                                 f"{len(self._nodes)} nodes")
+            return int(node)
+        raise TypeError(f"debug_get_output: a node index or name, got {node!r}")
+
+    def _alias_source(self, nid: int, index: int) -> tuple[int, int]:
+        """The (node, output) whose bytes output `index` of node nid is: itself,
+        unless nid is a reshape the plan aliases (`__nop`, not executed)."""
+        while self._nodes[nid]["op"] != "null" and self._nodes[nid]["name"] not in self._step:
+            nid, index, *_ = self._nodes[nid]["inputs"][0]
+        return nid, index
+
+    # -- the TVM debug executor interface --------------------------------------
+
+    def run(self, **inputs: Any) -> None:
+        """Set the given inputs, time every node (median of timing_runs passes, after
+        a warm-up), then run once node by node copying every node's outputs."""
+        if inputs:
+            self.set_input(**inputs)
+        self.node_times = {row.node: row for row in profile_nodes(self.module, self.timing_runs)}
+        by_step = []  # per executed node: copies of its outputs, taken right after it ran
+        for k in range(len(self._step)):
+            self.module.run_node(k)
+            by_step.append(self.module.node_outputs(k))
+        self.node_outputs = {}
+        for nid, node in enumerate(self._nodes):
+            if node["op"] == "null":
+                continue
+            outs = []
+            for index in range(self._row_ptr[nid + 1] - self._row_ptr[nid]):
+                src, src_index = self._alias_source(nid, index)
+                value = (self.module.get_input(self._nodes[src]["name"])
+                         if self._nodes[src]["op"] == "null"
+                         else by_step[self._step[self._nodes[src]["name"]]][src_index])
+                if src != nid:  # an alias: its own array, not a view of its source's
+                    value = value.copy()
+                outs.append(value.reshape(self._shapes[self._row_ptr[nid] + index]))
+            self.node_outputs[node["name"]] = outs
+        if self.dump_root is not None:
+            self._dump(self.dump_root)
+
+    def _dump(self, root: str | os.PathLike) -> None:
+        os.makedirs(root, exist_ok=True)
+        tensors = {f"{name}:{j}": value for name, outs in self.node_outputs.items()
+                   for j, value in enumerate(outs)}
+        atomic_write(os.path.join(root, "output_tensors.params"), save_params(tensors))
+        events, start = [], 0.0
+        for name in self._step:  # run order
+            row = self.node_times[name]
+            events.append({"name": name, "cat": row.kernel, "ph": "X", "pid": 1, "tid": 1,
+                           "ts": round(start * 1e3, 3), "dur": round(row.ms * 1e3, 3)})
+            start += row.ms
+        atomic_write(os.path.join(root, "execution_trace.json"),
+                     json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}).encode())
+
+    def debug_get_output(self, node: int | str, out: np.ndarray | None = None) -> np.ndarray:
+        """Run the graph up to `node` (a graph node index or name) with the current
+        inputs and return a copy of its first output (also copied into `out`), as
+        TVM's debug executor does. An input or param node gives its value."""
+        nid, index = self._alias_source(self._node_index(node), 0)
+        if self._nodes[nid]["op"] == "null":
+            value = self.module.get_input(self._nodes[nid]["name"])
+        else:
+            k = self._step[self._nodes[nid]["name"]]
+            for step in range(k + 1):
+                self.module.run_node(step)
+            value = self.module.node_outputs(k)[index]
+        nid = self._node_index(node)
+        value = value.reshape(self._shapes[self._row_ptr[nid]])
+        if out is not None:
+            np.copyto(out, value)
+            return out
+        return value
+
+    def display_debug_result(self, top: int | None = None) -> None:
+        """Print the per-node times of the last run(), slowest first."""
+        print(self.format_node_times(top))
+
+    def format_node_times(self, top: int | None = None) -> str:
+        """The per-node time table of the last run() (profile.format_profile)."""
+        if not self.node_times:
+            raise RuntimeError("no times yet: call run() first")
+        rows = sorted(self.node_times.values(), key=lambda r: -r.ms)
+        return format_profile(rows, top=len(rows) if top is None else top)
