@@ -26,8 +26,11 @@ from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.registry import Limit, broadcast_shape, onnx_op, register
 
 QTYPES = {"uint8": (0, 255), "int8": (-128, 127)}
+# QuantizeLinear / DequantizeLinear alone also take the 16-bit types (computed in i32
+# like the 8-bit ones); the integer kernels stay 8-bit (QTYPES).
+LINEAR_QTYPES = {**QTYPES, "uint16": (0, 65535), "int16": (-32768, 32767)}
 # ONNX TensorProto codes of the quantized types (output_dtype attribute)
-_ONNX_QTYPES = {2: "uint8", 3: "int8"}
+_ONNX_QTYPES = {2: "uint8", 3: "int8", 4: "uint16", 5: "int16"}
 
 
 def to_i32(kb, v, dtype: str):
@@ -42,13 +45,13 @@ def to_i32(kb, v, dtype: str):
 def saturate_to(kb, r, dtype: str):
     """The float r (already rounded) clamped to `dtype`'s range, as the i32 the
     kernels compute int8/uint8 in (stores narrow it)."""
-    lo, hi = QTYPES[dtype]
+    lo, hi = LINEAR_QTYPES[dtype]
     r = kb.fmin(kb.fmax(r, kb.fconst(lo, r)), kb.fconst(hi, r))
     return kb.b.fptosi(r, I32)
 
 
 def quantize_np(x: np.ndarray, scale, zp, dtype: str) -> np.ndarray:
-    lo, hi = QTYPES[dtype]
+    lo, hi = LINEAR_QTYPES[dtype]
     q = np.rint(np.asarray(x, np.float32) / np.asarray(scale, np.float32))
     return np.clip(q + np.asarray(zp, np.float32), lo, hi).astype(dtype)
 
@@ -181,9 +184,9 @@ def per_axis(value: np.ndarray, rank: int, axis: int, n, what: str) -> np.ndarra
 
 
 def qtype_of(n, dtype: str) -> str:
-    if dtype not in QTYPES:
+    if dtype not in LINEAR_QTYPES:
         raise ModelError(f"node {n.name!r} ({n.op_type}): quantized type {dtype} is not "
-                         f"supported ({', '.join(QTYPES)} are)")
+                         f"supported ({', '.join(LINEAR_QTYPES)} are)")
     return dtype
 
 
@@ -246,9 +249,9 @@ def _quantize(ctx, n):
          limits=(_BLOCKED, _PRECISION))
 def _dequantize(ctx, n):
     t = ctx.type(n.inputs[0])
-    if t.dtype not in (*QTYPES, "int32"):
+    if t.dtype not in (*LINEAR_QTYPES, "int32"):
         raise ModelError(f"node {n.name!r} (DequantizeLinear): input type {t.dtype} is not "
-                         "supported (uint8, int8, int32 are)")
+                         f"supported ({', '.join(LINEAR_QTYPES)}, int32 are)")
     if int(n.attrs.get("block_size", 0) or 0):
         raise ModelError(f"node {n.name!r} (DequantizeLinear): blocked quantization is not "
                          "supported")
