@@ -1,4 +1,4 @@
-"""Indexing operators: Gather, Slice, Split (as slices) and Pad.
+"""Indexing operators: Gather, Slice, Split (as slices), Pad, and OneHot (compare and Where).
 
 Slice and Pad are lowered by index tables (pipeline/ops/movement.py remap_lower):
 all their arguments are build-time constants, normalised here to ONNX
@@ -239,3 +239,41 @@ def _pad(ctx, n):
         raise ModelError(f"node {n.name!r} (Pad): {len(pads)} pads for rank {rank}")
     return [Node.make("pad", n.name, n.inputs[:1], n.outputs[:1], pads=pads, mode=mode,
                       value=value)]
+
+
+# -- OneHot ------------------------------------------------------------------------------
+
+
+@onnx_op("OneHot", 9, emits=("less", "add", "where", "reshape", "equal"),
+         build_time_inputs=(1, 2))
+def _one_hot(ctx, n):
+    """y = on where index (negative ones wrapped by + depth) == position along the new
+    `axis`, off elsewhere; an index outside [-depth, depth) matches nothing. Graph
+    ops: the wrapped indices reshaped with a 1 at `axis`, compared with the constant
+    0..depth-1 (in the indices' dtype) laid along `axis`, and a Where."""
+    indices = n.inputs[0]
+    itype = ctx.type(indices)
+    depth = need_const(ctx, n, 1, "depth")
+    values = need_const(ctx, n, 2, "values")
+    if depth.size != 1 or values.size != 2:
+        raise ModelError(f"node {n.name!r} (OneHot): depth must hold one value and values "
+                         f"two, got {depth.size} and {values.size}")
+    depth, rank = int(depth.reshape(())), len(itype.shape)
+    axis = norm_axis(n, int(n.attrs.get("axis", -1)), rank + 1)
+    idtype = np.dtype(itype.dtype)
+    positions = np.arange(depth, dtype=idtype).reshape(
+        (depth,) + (1,) * (rank - axis))
+    off, on = (ctx.add_param(f"{n.name}_{k}", values.reshape(-1)[i].reshape(()))
+               for i, k in ((0, "off"), (1, "on")))
+    zero = ctx.add_param(f"{n.name}_zero", np.zeros((), idtype))
+    depth_name = ctx.add_param(f"{n.name}_depth", np.array(depth, idtype))
+    shape = itype.shape[:axis] + (1,) + itype.shape[axis:]
+    t = f"{n.outputs[0]}__onehot"
+    return [Node.make("less", f"{n.name}__neg", (indices, zero), (f"{t}_neg",)),
+            Node.make("add", f"{n.name}__wrap", (indices, depth_name), (f"{t}_wrapped",)),
+            Node.make("where", f"{n.name}__idx", (f"{t}_neg", f"{t}_wrapped", indices),
+                      (f"{t}_idx",)),
+            Node.make("reshape", f"{n.name}__axis", (f"{t}_idx",), (f"{t}_at",), shape=shape),
+            Node.make("equal", f"{n.name}__hit", (f"{t}_at", ctx.add_param(
+                f"{n.name}_positions", positions)), (f"{t}_hit",)),
+            Node.make("where", n.name, (f"{t}_hit", on, off), n.outputs[:1])]
