@@ -231,7 +231,8 @@ CASES = {
     "constant_of_shape_range": constant_of_shape_range,
     "shape15_start_end": lambda: shape_start_end(),
     "shape_is_the_output": lambda: (model_of([node("Shape", ["x"], ["y"])], {"x": X}, np.int64),
-                                    {"x": X}),    "eyelike_windows": lambda: eyelike_windows(),
+                                    {"x": X}),
+    "eyelike_windows": lambda: eyelike_windows(),
 }
 
 

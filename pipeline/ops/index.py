@@ -1,4 +1,5 @@
-"""Indexing operators: Gather, Slice, Split (as slices), Pad, and OneHot (compare and Where).
+"""Indexing operators: Gather, Compress (a gather), Slice, Split (as slices), Pad,
+CenterCropPad (a pad), and OneHot (compare and Where).
 
 Slice and Pad are lowered by index tables (pipeline/ops/movement.py remap_lower):
 all their arguments are build-time constants, normalised here to ONNX
@@ -8,6 +9,8 @@ kernel return an error code, which the executor raises as a RuntimeError.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -240,6 +243,48 @@ def _pad(ctx, n):
     return [Node.make("pad", n.name, n.inputs[:1], n.outputs[:1], pads=pads, mode=mode,
                       value=value)]
 
+
+
+@onnx_op("CenterCropPad", 18, emits=("pad",), build_time_inputs=(1,))
+def _center_crop_pad(ctx, n):
+    """Each listed axis cropped or zero-padded to its target size, centred (the odd
+    element at the end): one pad node whose negative pads crop."""
+    rank = len(ctx.type(n.inputs[0]).shape)
+    shape = ctx.type(n.inputs[0]).shape
+    sizes = need_const(ctx, n, 1, "the shape input").tolist()
+    axes = [norm_axis(n, int(a), rank) for a in n.attrs.get("axes", range(rank))]
+    if len(sizes) != len(axes):
+        raise ModelError(f"node {n.name!r} (CenterCropPad): {len(sizes)} sizes for "
+                         f"{len(axes)} axes")
+    pads = [0] * (2 * rank)
+    for a, size in zip(axes, sizes, strict=True):
+        grow = int(size) - shape[a]
+        begin = grow // 2 if grow >= 0 else -(-grow // 2)
+        pads[a], pads[a + rank] = begin, grow - begin
+    return [Node.make("pad", n.name, n.inputs[:1], n.outputs[:1], pads=pads,
+                      mode="constant", value=0)]
+
+
+@onnx_op("Compress", 9, emits=("reshape", "gather"), build_time_inputs=(1,))
+def _compress(ctx, n):
+    """The slices along `axis` (of the flattened input if none) whose condition is true:
+    a gather of their constant indices."""
+    x = n.inputs[0]
+    shape = ctx.type(x).shape
+    keep = np.flatnonzero(need_const(ctx, n, 1, "the condition input").reshape(-1))
+    nodes = []
+    if "axis" in n.attrs:
+        axis = norm_axis(n, int(n.attrs["axis"]), len(shape))
+    else:
+        axis, flat = 0, f"{n.outputs[0]}__flat"
+        nodes.append(Node.make("reshape", f"{n.name}__flat", (x,), (flat,),
+                               shape=(math.prod(shape),)))
+        shape, x = (math.prod(shape),), flat
+    if keep.size == 0 or keep[-1] >= shape[axis]:
+        raise ModelError(f"node {n.name!r} (Compress): the condition selects "
+                         f"{'nothing' if keep.size == 0 else 'beyond the axis'}")
+    indices = ctx.add_param(f"{n.name}_indices", keep.astype(np.int64))
+    return nodes + [Node.make("gather", n.name, (x, indices), n.outputs[:1], axis=axis)]
 
 # -- OneHot ------------------------------------------------------------------------------
 
