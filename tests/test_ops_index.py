@@ -1,7 +1,7 @@
 """Element-indexed and positional operators, and the losses built on them, compiled end
 to end and compared with onnxruntime at pass opt_level 0 and 3: GatherElements,
 ScatterElements (and the old Scatter), ScatterND, TopK, CumSum, CumProd, Trilu, OneHot,
-CenterCropPad, Compress,
+CenterCropPad, Compress, ReverseSequence,
 NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss, on float32 and float64."""
 
 from __future__ import annotations
@@ -132,15 +132,20 @@ CASES = {
                                    axis=1),
     "compress_flat_short_condition": lambda: graph(
         "Compress", {"x": X}, {"c": np.array([0, 1, 1, 0, 0, 1], bool)}, opset=11),
+    # ReverseSequence: batch-major, lengths 4 (all), 1 (none moves) and 2
+    "reverse_sequence_batch_major": lambda: graph(
+        "ReverseSequence", {"x": X}, {"l": np.array([4, 1, 2], np.int64)}, opset=10,
+        time_axis=1, batch_axis=0),
 }
 
 # onnxruntime's CPU provider lacks these (dtype, reduction) combinations, CumProd, and
 # OneHot with out-of-range indices (onnx.reference: all off); CenterCropPad and
-# Compress are checked against onnx.reference too.
+# Compress and ReverseSequence are checked against onnx.reference too.
 NOT_IN_ONNXRUNTIME = {"scatter_nd_int64", "scatter_elements_max_double", "nll_double",
                       "sce_double_log_prob", "cumprod_exclusive_reverse", "cumprod_int64",
                       "onehot_axis1_wrap_out_of_range", "onehot_float_indices_int32_values",
-                      "center_crop_pad", "compress_axis", "compress_flat_short_condition"}
+                      "center_crop_pad", "compress_axis", "compress_flat_short_condition",
+                      "reverse_sequence_batch_major"}
 
 
 @pytest.mark.parametrize("opt_level", [0, 3])
