@@ -32,7 +32,15 @@ GENERATORS: dict[str, str] = {
     "mobilenet_v2": "models.mobilenet:mobilenet_v2",
     "bert_encoder": "models.bert:bert_encoder",
     "unet": "models.unet:unet",
+    "lstm_gru_seq": "models.seq:lstm_gru_seq",
+    # int8 models made by onnxruntime's quantizer (needs the ort extra)
+    "resnet18_qdq": "models.quantized:resnet18_qdq",
+    "mobilenet_v2_qop": "models.quantized:mobilenet_v2_qop",
+    "bert_encoder_dyn": "models.quantized:bert_encoder_dyn",
 }
+# Generators that start from another generator's model: its module is a source too.
+BASED_ON = {"resnet18_qdq": "models.resnet", "mobilenet_v2_qop": "models.mobilenet",
+            "bert_encoder_dyn": "models.bert"}
 
 # The keyword arguments every generator takes, with what each must be
 # (pipeline/tasks/config.py checks a config's `args:` against them).
@@ -72,6 +80,8 @@ def source_files(name: str) -> list[Path]:
         raise ValueError(f"model {name!r}: generator module {module!r} not found")
     here = Path(__file__)
     files = {here, here.with_name("_onnx.py"), Path(spec.origin)}
+    if name in BASED_ON:
+        files.add(Path(importlib.util.find_spec(BASED_ON[name]).origin))
     return sorted(p.resolve() for p in files)
 
 

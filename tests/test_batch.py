@@ -123,7 +123,7 @@ def test_every_generator_takes_the_arguments_configs_may_give():
 
 
 # The others' weights take seconds to draw; mlp at batch 2 goes through doit below.
-@pytest.mark.parametrize("name", ["bert_encoder", "mobilenet_v2", "unet"])
+@pytest.mark.parametrize("name", ["bert_encoder", "mobilenet_v2", "unet", "lstm_gru_seq"])
 def test_a_generator_at_batch_3(name):
     model = models.build(name, {"batch": 3})
     inputs = [vi for vi in model.graph.input

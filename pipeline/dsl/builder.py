@@ -152,8 +152,10 @@ class KernelBuilder:
     def smin(self, a, b) -> Index:
         return self.index(self.select(self.index(a) < b, a, b))
 
-    def clamp(self, v: Index, size: int) -> Index:
-        """`v` clamped into [0, size)."""
+    def clamp(self, v: Index | int, size: int) -> Index | int:
+        """`v` clamped into [0, size); `v` may have folded to a Python int."""
+        if isinstance(v, int):
+            return min(max(v, 0), size - 1)
         low = self.select(v < 0, 0, v)
         return self.select(self.index(low) >= size, size - 1, low)
 
@@ -161,8 +163,9 @@ class KernelBuilder:
         """i1: 0 <= v < n as one unsigned compare; `v` may have folded to a Python int."""
         return (v if isinstance(v, Index) else self.i64(v)).below(n)
 
-    def inside(self, v: Index, lo: int, hi: int) -> ir.Value:
-        """i1: lo <= v < hi."""
+    def inside(self, v: Index | int, lo: int, hi: int) -> ir.Value:
+        """i1: lo <= v < hi; `v` may have folded to a Python int (a 1-high output)."""
+        v = v if isinstance(v, Index) else self.i64(v)
         return self.and_(v >= lo, v < hi)
 
     def checked_index(self, k, dim: int) -> Index:
@@ -390,34 +393,42 @@ class KernelBuilder:
         return self.intrinsic("minimumnum", a, b)
 
     def exp(self, x):
-        """exp(x) of a float32 in plain arithmetic, so loops using it vectorise
-        (llvm.exp becomes a scalar libm call): x = n ln2 + r with |r| <= ln2 / 2,
-        exp(r) = 1 + r + r^2 P(r) with the degree-5 P of Cephes expf (about
-        2 ulp), times 2**n built in the exponent bits. Exact edge values:
+        """exp(x) of a float32 (or a float32 vector) in plain arithmetic, so loops
+        using it vectorise (llvm.exp becomes a scalar libm call): x = n ln2 + r with
+        |r| <= ln2 / 2, exp(r) = 1 + r + r^2 P(r) with the degree-5 P of Cephes expf
+        (about 2 ulp), times 2**n built in the exponent bits. Exact edge values:
         0 below -87.33 (where 2**n would be subnormal), +inf above 88.72, NaN kept.
         A float64 x calls llvm.exp.f64 (the C library's exp): full double accuracy."""
         if x.type == F64:
             return self.intrinsic("exp", x)
         b = self.b
-        xc = self.fmin(self.fmax(x, self.f32(-87.33654)), self.f32(88.72283905))
-        n = self.intrinsic("floor", self.fadd(self.fmul(xc, self.f32(1.4426950408889634)),
-                                              self.f32(0.5)))
+        lanes = x.type.count if isinstance(x.type, ir.VectorType) else None
+
+        def f(c):  # the float32 constant c, splat when x is a vector
+            return ir.Constant(x.type, [float(c)] * lanes if lanes else float(c))
+
+        def i(c):
+            return ir.Constant(ir.VectorType(I32, lanes) if lanes else I32,
+                               [c] * lanes if lanes else c)
+
+        xc = self.fmin(self.fmax(x, f(-87.33654)), f(88.72283905))
+        n = self.intrinsic("floor", self.fadd(self.fmul(xc, f(1.4426950408889634)), f(0.5)))
         # r = x - n ln2, with ln2 split in two so n * hi is exact.
-        r = self.fsub(self.fsub(xc, self.fmul(n, self.f32(0.693359375))),
-                      self.fmul(n, self.f32(-2.12194440e-4)))
-        p = self.f32(1.9875691500e-4)
+        r = self.fsub(self.fsub(xc, self.fmul(n, f(0.693359375))),
+                      self.fmul(n, f(-2.12194440e-4)))
+        p = f(1.9875691500e-4)
         for c in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1,
                   5.0000001201e-1):
-            p = self.fadd(self.fmul(p, r), self.f32(c))
-        er = self.fadd(self.fadd(self.fmul(self.fmul(p, r), r), r), self.f32(1.0))
+            p = self.fadd(self.fmul(p, r), f(c))
+        er = self.fadd(self.fadd(self.fmul(self.fmul(p, r), r), r), f(1.0))
         # n reaches 128 near the top of the range: 2**127, then one more doubling.
-        top = b.fcmp_ordered(">", n, self.f32(127.0))
-        n = self.fmin(n, self.f32(127.0))
-        bits = b.shl(b.add(b.fptosi(n, I32), ir.Constant(I32, 127)), ir.Constant(I32, 23))
-        y = self.fmul(er, b.bitcast(bits, F32))
-        y = b.select(top, self.fmul(y, self.f32(2.0)), y)
-        y = b.select(b.fcmp_ordered("<", x, self.f32(-87.33654)), self.f32(0.0), y)
-        y = b.select(b.fcmp_ordered(">", x, self.f32(88.72283905)), self.f32(math.inf), y)
+        top = b.fcmp_ordered(">", n, f(127.0))
+        n = self.fmin(n, f(127.0))
+        bits = b.shl(b.add(b.fptosi(n, i(0).type), i(127)), i(23))
+        y = self.fmul(er, b.bitcast(bits, x.type))
+        y = b.select(top, self.fmul(y, f(2.0)), y)
+        y = b.select(b.fcmp_ordered("<", x, f(-87.33654)), f(0.0), y)
+        y = b.select(b.fcmp_ordered(">", x, f(88.72283905)), f(math.inf), y)
         return b.select(self.isnan(x), x, y)
 
     # -- dtype-aware scalar math (float32/64, int64/int32, bool as i8 0/1) --
@@ -429,7 +440,10 @@ class KernelBuilder:
 
     @staticmethod
     def fconst(value: float, like: ir.Value) -> ir.Constant:
-        """The float constant `value` of the same type as the value `like`."""
+        """The float constant `value` of the same type as the value `like` (splat
+        when `like` is a float vector)."""
+        if isinstance(like.type, ir.VectorType):
+            return ir.Constant(like.type, [float(value)] * like.type.count)
         return ir.Constant(like.type, float(value))
 
     def arith(self, op: str, a, b, fast: bool = True):
@@ -453,7 +467,8 @@ class KernelBuilder:
         """i1 of `a op b` for op in ==, !=, <, <=, >, >= (signed integers; floats
         ordered, so NaN is false, except != which NaN makes true unless `ordered`)."""
         a, b = raw(a), raw(b)
-        if a.type in FLOATS:
+        elem = a.type.element if isinstance(a.type, ir.VectorType) else a.type
+        if elem in FLOATS:  # lane-wise on vectors
             return self.b.fcmp_ordered(op, a, b) if op != "!=" or ordered else \
                 self.b.fcmp_unordered(op, a, b)
         return self.b.icmp_signed(op, a, b)

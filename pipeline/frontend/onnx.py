@@ -172,6 +172,9 @@ def _import(model: onnx.ModelProto, shape: dict[str, tuple[int, ...]] | None,
     for k, proto in enumerate(g.node):
         try:
             onode = _decode(proto, k, opset, used_names)
+            if proto.domain not in ("", "ai.onnx"):
+                onode.op_type = f"{proto.domain}.{proto.op_type}"
+                onode.opset = domain_opset(model, proto.domain)
             if onode.op_type == "Constant":
                 _import_constant(onode, ctx, source)
                 continue
@@ -272,13 +275,22 @@ def default_opset(model: onnx.ModelProto) -> int:
     return 1
 
 
+def domain_opset(model: onnx.ModelProto, domain: str) -> int:
+    """The model's opset of a custom domain (com.microsoft); 1 if unlisted."""
+    return next((imp.version for imp in model.opset_import if imp.domain == domain), 1)
+
+
 def _check_supported(model: onnx.ModelProto, opset: int, source: str) -> None:
     missing: dict[str, list[str]] = {}
     for k, node in enumerate(model.graph.node):
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             continue
         if node.domain not in ("", "ai.onnx"):
+            # Custom-domain operators have converters registered as "<domain>.<op>"
+            # (the com.microsoft quantized operators, ops/quant_ms.py).
             key = f"{node.domain}.{node.op_type}"
+            if onnx_converter(key, domain_opset(model, node.domain)) is not None:
+                continue
         elif node.op_type in CONTROL_FLOW:
             key = f"{node.op_type} (control flow: subgraphs are not compiled)"
         elif onnx_converter(node.op_type, opset) is None:

@@ -53,8 +53,10 @@ class BenchError(PipelineError):
 
 
 def model_flops(model: onnx.ModelProto) -> int:
-    """2 x multiply-adds of the model's Conv, ConvTranspose, Gemm and MatMul nodes
-    (shapes from ONNX shape inference; elementwise work is not counted)."""
+    """2 x multiply-adds of the model's Conv, ConvTranspose, Gemm, MatMul, LSTM, GRU and
+    RNN nodes and of their int8 forms (ConvInteger, QLinearConv, MatMulInteger,
+    QLinearMatMul, QGemm; shapes from ONNX shape inference; elementwise work is not
+    counted)."""
     inferred = onnx.shape_inference.infer_shapes(model)
     shapes = {}
     for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
@@ -62,22 +64,31 @@ def model_flops(model: onnx.ModelProto) -> int:
     for init in model.graph.initializer:
         shapes[init.name] = tuple(init.dims)
     total = 0
+    # int8 operators count their multiply-adds the same way (the weight's input position)
+    conv_weight = {"Conv": 1, "ConvTranspose": 1, "ConvInteger": 1, "QLinearConv": 3}
     for node in model.graph.node:
-        if node.op_type in ("Conv", "ConvTranspose"):
-            w, y = shapes.get(node.input[1]), shapes.get(node.output[0])
+        if node.op_type in conv_weight:
+            w, y = shapes.get(node.input[conv_weight[node.op_type]]), shapes.get(node.output[0])
             x = shapes.get(node.input[0])
             if not (w and y and x):
                 continue
             # every output (Conv) or input (ConvTranspose) element: C/groups * taps MACs
-            per = math.prod(w[1:]) if node.op_type == "Conv" else w[1] * math.prod(w[2:])
-            total += 2 * math.prod(y if node.op_type == "Conv" else x) * per
-        elif node.op_type in ("Gemm", "MatMul"):
+            per = w[1] * math.prod(w[2:]) if node.op_type == "ConvTranspose" else \
+                math.prod(w[1:])
+            total += 2 * math.prod(x if node.op_type == "ConvTranspose" else y) * per
+        elif node.op_type in ("Gemm", "MatMul", "MatMulInteger", "QLinearMatMul", "QGemm"):
             a, y = shapes.get(node.input[0]), shapes.get(node.output[0])
             if not (a and y):
                 continue
             trans_a = any(at.name == "transA" and at.i for at in node.attribute)
             k = a[-2] if trans_a else a[-1]
             total += 2 * math.prod(y) * k
+        elif node.op_type in ("LSTM", "GRU", "RNN"):
+            x, w, r = (shapes.get(node.input[i]) for i in range(3))
+            if not (x and w and r):
+                continue
+            # every step and direction: the gate columns times the input and hidden sizes
+            total += 2 * x[0] * x[1] * w[0] * w[1] * (w[2] + r[2])
     return total
 
 
