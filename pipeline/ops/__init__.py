@@ -5,6 +5,7 @@ from pipeline.ops import (  # noqa: F401  (registration)
     conv,
     conv_blocked,
     conv_transpose,
+    conv_winograd,
     dense_packed,
     depthwise_blocked,
     elementwise,

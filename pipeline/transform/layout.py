@@ -25,6 +25,7 @@ import numpy as np
 from pipeline.ir.graph import Graph, Node, add_param, fresh_name
 from pipeline.ir.target import Target
 from pipeline.ops import get, infer_types
+from pipeline.ops import conv_winograd
 from pipeline.ops.conv_blocked import pack_weight, tiling
 from pipeline.ops.dense_packed import pack_dense_weight
 from pipeline.ops.depthwise_blocked import pack_depthwise_weight
@@ -39,8 +40,8 @@ _POOLS = {"max_pool2d": "max_pool2d_nchwc", "avg_pool2d": "avg_pool2d_nchwc",
 class _Rewriter:
     """Rebuilds the node list, tracking which layouts of each tensor exist."""
 
-    def __init__(self, graph: Graph, params: dict, vw: int):
-        self.graph, self.vw = graph, vw
+    def __init__(self, graph: Graph, params: dict, vw: int, winograd: bool = False):
+        self.graph, self.vw, self.winograd = graph, vw, winograd
         self.types, self.params = dict(graph.types), dict(params)
         self.nodes: list[Node] = []
         self.plain = {*graph.inputs, *graph.params}       # plain tensors defined so far
@@ -105,11 +106,29 @@ class _Rewriter:
         if oc % self.vw or not ib:
             return False
         oh, ow = self.types[node.outputs[0]].shape[2:]
+        if self.winograd and conv_winograd.worth_it(node, weight, oh, ow, self.vw):
+            return self.conv_winograd(node, weight, oh, ow)
         k = tiling(oh, ow, oc // self.vw, self.vw)[0]
         packed = self.param(("conv", w, ib, k), f"{w}.packed",
                             lambda: pack_weight(weight, ib, self.vw, k))
         inputs = [self.need_blocked(x, ib), packed, *node.inputs[2:]]
         self.blocked_output(node, "conv2d_nchwc", inputs, oc_block=self.vw)
+        return True
+
+    def conv_winograd(self, node: Node, weight: np.ndarray, oh: int, ow: int) -> bool:
+        """A 3x3 stride-1 conv2d as conv2d_winograd_nchwc (ops/conv_winograd.py)."""
+        oc, c = weight.shape[:2]
+        m = conv_winograd.TILE
+        k = conv_winograd.plan(oh, ow, c, oc, m, self.vw)[0]
+        w = node.inputs[1]
+        packed = self.param(("winograd", w, m, k), f"{w}.winograd",
+                            lambda: conv_winograd.pack_weight(weight, m, self.vw, k))
+        inputs = [self.need_blocked(node.inputs[0], self.vw), packed, *node.inputs[2:]]
+        attrs = {"pads": node.attr("pads"), "winograd_m": m, "oc_block": self.vw}
+        out = node.outputs[0]
+        name = fresh_name(f"{out}.nchw{self.vw}c", self.types)
+        self.emit(Node.make("conv2d_winograd_nchwc", node.name, inputs, (name,), **attrs))
+        self.blocked[(out, self.vw)] = name
         return True
 
     def depthwise(self, node: Node, weight: np.ndarray) -> bool:
@@ -190,4 +209,5 @@ def alter_op_layout(graph: Graph, params: dict, cfg: PassConfig, target: Target 
     without a target (graph-only optimisation) the graph is returned unchanged."""
     if target is None or target.vector_width < 8:
         return graph, params
-    return _Rewriter(graph, params, target.vector_width).run()
+    winograd = cfg.option("AlterOpLayout.winograd")
+    return _Rewriter(graph, params, target.vector_width, winograd).run()
