@@ -50,9 +50,12 @@ MATRICES = {
 
 # The tile size AlterOpLayout uses: F(4x4, 3x3).
 TILE = 4
-# Smallest tile count per image for which Winograd beat the direct blocked conv
-# (measured on this machine: see worth_it).
-MIN_TILES = 16
+# Transformed-weight bytes per output tile above which the direct blocked conv is
+# faster. Measured on the 2-core AVX-512 build machine, one thread, conv + relu,
+# time Winograd / direct: 64ch 56x56 0.57, 128ch 28x28 0.37, 256ch 14x14 0.66,
+# 256ch 12x12 0.45, 64ch 12x12 0.56, 32ch 16x16 0.66 (all <= 0.6 MiB per tile);
+# 512ch 14x14 0.94 (2.4 MiB per tile), 512ch 7x7 1.28 (9.4 MiB per tile).
+MAX_WEIGHT_BYTES_PER_TILE = 2 << 20
 
 # Bytes of stack scratch (V and M) a work item may use; S is the largest that fits.
 SCRATCH_BYTES = 1 << 20
@@ -70,20 +73,24 @@ def plan(oh: int, ow: int, c: int, oc: int, m: int, vw: int) -> tuple[int, int, 
     k = choose_k(count, oc // vw, vw)
     t = tile_width(count, k, vw)
     per_tile = (m + 2) ** 2 * (c + oc) * 4
-    s = max(1, min(-(-count // t), SCRATCH_BYTES // (per_tile * t)))
+    register_tiles = -(-count // t)
+    # at least two work items when there are two register tiles (two threads)
+    s = max(1, min(-(-register_tiles // 2), SCRATCH_BYTES // (per_tile * t)))
     return k, t, s
 
 
 def worth_it(node, weight: np.ndarray, oh: int, ow: int, vw: int) -> bool:
     """Whether AlterOpLayout should lower this conv2d (constant OIHW `weight`, an
     oh x ow output) with Winograd: 3x3, stride 1, no dilation, one group, channel
-    counts multiples of the vector width, and enough tiles per image that the
-    transformed weights (4x the direct ones) are reused enough."""
+    counts multiples of the vector width, and few enough transformed-weight bytes
+    (4x the direct ones) per tile of the image: every work item streams them all."""
     oc, c, kh, kw = weight.shape
     th, tw = tiles(oh, ow, TILE)
+    weight_bytes = (TILE + 2) ** 2 * c * oc * 4
     return ((kh, kw) == (3, 3) and tuple(node.attr("strides")) == (1, 1)
             and node.attr("groups") == 1 and tuple(node.attr("dilations")) == (1, 1)
-            and c % vw == 0 and oc % vw == 0 and th * tw >= MIN_TILES)
+            and c % vw == 0 and oc % vw == 0
+            and weight_bytes <= MAX_WEIGHT_BYTES_PER_TILE * th * tw)
 
 
 def pack_weight(weight: np.ndarray, m: int, ob: int, k: int) -> np.ndarray:
@@ -161,8 +168,12 @@ def _lower(kb, node, ins, out, epilogue):
         v = kb.scratch(p_n * span * c_n)
         mm = kb.scratch(p_n * span * ocg_n * kob)
         n, first = item // items, (item % items) * span
+        # register tiles of this item holding a tile of the image (the last item's
+        # may be fewer than S)
+        left = ((item % items) * -span + (th_n * tw_n + t_n - 1)) // t_n
+        s_end = min(left, s_n) if isinstance(left, int) else kb.smin(left, s_n)
         # 1. input transform
-        with kb.loop(0, s_n, "s_in") as s, kb.loop(0, icb_n, "icb") as icb:
+        with kb.loop(0, s_end, "s_in") as s, kb.loop(0, icb_n, "icb") as icb:
             plane = (n * icb_n + icb) * (h * wd * ib)
             for t in range(t_n):
                 q = first + s * t_n + t
@@ -185,7 +196,7 @@ def _lower(kb, node, ins, out, epilogue):
                         kb.vstore(v, ((pi * a + pj) * span + tile) * c_n + icb * ib, val)
         # 2. the P GEMMs
         with kb.loop(0, p_n, "p") as p, kb.loop(0, ocg_n, "ocg") as ocg, \
-                kb.loop(0, s_n, "s_mm") as s:
+                kb.loop(0, s_end, "s_mm") as s:
             accs = [[kb.local(zeros(ob)) for _ in range(t_n)] for _ in range(k_n)]
             u_row = (p * ocg_n + ocg) * (c_n * kob)
             v_row = (p * span + s * t_n) * c_n
@@ -203,7 +214,7 @@ def _lower(kb, node, ins, out, epilogue):
                     off = ((p * span + s * t_n + t) * ocg_n + ocg) * kob + k * ob
                     kb.vstore(mm, off, kb.get(accs[k][t]))
         # 3. output transform and epilogue
-        with kb.loop(0, s_n, "s_out") as s, kb.loop(0, ocg_n, "ocg_out") as ocg:
+        with kb.loop(0, s_end, "s_out") as s, kb.loop(0, ocg_n, "ocg_out") as ocg:
             for t in range(t_n):
                 q = first + s * t_n + t
                 oh0, ow0 = (q // tw_n) * m, (q % tw_n) * m
