@@ -142,8 +142,10 @@ def _matmul(kb, mat: np.ndarray, rows: list) -> list:
 
 def _transform(kb, mat: np.ndarray, d: list) -> list:
     """mat @ d @ matᵀ on a square grid `d` of vectors."""
-    left = _matmul(kb, mat, d)
-    return [list(r) for r in zip(*_matmul(kb, mat, [list(c) for c in zip(*left)]), strict=True)]
+    def transpose(grid):
+        return [list(col) for col in zip(*grid, strict=True)]
+
+    return transpose(_matmul(kb, mat, transpose(_matmul(kb, mat, d))))
 
 
 def _lower(kb, node, ins, out, epilogue):
@@ -161,8 +163,9 @@ def _lower(kb, node, ins, out, epilogue):
         raise ModelError(f"node {node.name!r} (conv2d_winograd_nchwc): weights packed for "
                          f"{kob // ob} output blocks per tile, the plan wants {k_n}")
     th_n, tw_n = tiles(oh_n, ow_n, m)
+    count = th_n * tw_n                    # tiles per image
     span = s_n * t_n                       # tiles per work item
-    items = -(-(th_n * tw_n) // span)
+    items = -(-count // span)
     work = n_n * items * span * p_n * c_n * ocg_n * kob
     with parallel_for(kb, n_n * items, "tiles", work=work) as item:
         v = kb.scratch(p_n * span * c_n)
@@ -170,30 +173,31 @@ def _lower(kb, node, ins, out, epilogue):
         n, first = item // items, (item % items) * span
         # register tiles of this item holding a tile of the image (the last item's
         # may be fewer than S)
-        left = ((item % items) * -span + (th_n * tw_n + t_n - 1)) // t_n
+        left = ((item % items) * -span + (count + t_n - 1)) // t_n
         s_end = min(left, s_n) if isinstance(left, int) else kb.smin(left, s_n)
-        # 1. input transform
-        with kb.loop(0, s_end, "s_in") as s, kb.loop(0, icb_n, "icb") as icb:
+        # 1. input transform (tiles and blocks in run-time loops: one copy of the code)
+        n_tiles = s_end * t_n
+        n_tiles = (min(n_tiles, count - first) if isinstance(first, int)
+                   else kb.smin(n_tiles, first * -1 + count))
+        with kb.loop(0, n_tiles, "tile_in") as tile, kb.loop(0, icb_n, "icb") as icb:
             plane = (n * icb_n + icb) * (h * wd * ib)
-            for t in range(t_n):
-                q = first + s * t_n + t
-                ih0, iw0 = (q // tw_n) * m - pt, (q % tw_n) * m - pl
-                rows_ok = [kb.below(ih0 + i, h) for i in range(a)]
-                cols_ok = [kb.below(iw0 + j, wd) for j in range(a)]
-                d = []
-                for i in range(a):
-                    ih = kb.clamp(ih0 + i, h)
-                    row = []
-                    for j in range(a):
-                        iw = kb.clamp(iw0 + j, wd)
-                        val = kb.vload(x, plane + (kb.index(ih) * wd + iw) * ib, ib)
-                        ok = kb.and_(rows_ok[i], cols_ok[j])
-                        row.append(kb.select(ok, val, zeros(ib)))
-                    d.append(row)
-                tile = s * t_n + t
-                for pi, vrow in enumerate(_transform(kb, bt, d)):
-                    for pj, val in enumerate(vrow):
-                        kb.vstore(v, ((pi * a + pj) * span + tile) * c_n + icb * ib, val)
+            q = first + tile
+            ih0, iw0 = (q // tw_n) * m - pt, (q % tw_n) * m - pl
+            rows_ok = [kb.below(ih0 + i, h) for i in range(a)]
+            cols_ok = [kb.below(iw0 + j, wd) for j in range(a)]
+            d = []
+            for i in range(a):
+                ih = kb.clamp(ih0 + i, h)
+                row = []
+                for j in range(a):
+                    iw = kb.clamp(iw0 + j, wd)
+                    val = kb.vload(x, plane + (kb.index(ih) * wd + iw) * ib, ib)
+                    ok = kb.and_(rows_ok[i], cols_ok[j])
+                    row.append(kb.select(ok, val, zeros(ib)))
+                d.append(row)
+            for pi, vrow in enumerate(_transform(kb, bt, d)):
+                for pj, val in enumerate(vrow):
+                    kb.vstore(v, ((pi * a + pj) * span + tile) * c_n + icb * ib, val)
         # 2. the P GEMMs
         with kb.loop(0, p_n, "p") as p, kb.loop(0, ocg_n, "ocg") as ocg, \
                 kb.loop(0, s_end, "s_mm") as s:
@@ -213,26 +217,24 @@ def _lower(kb, node, ins, out, epilogue):
                 for k in range(k_n):
                     off = ((p * span + s * t_n + t) * ocg_n + ocg) * kob + k * ob
                     kb.vstore(mm, off, kb.get(accs[k][t]))
-        # 3. output transform and epilogue
-        with kb.loop(0, s_end, "s_out") as s, kb.loop(0, ocg_n, "ocg_out") as ocg:
-            for t in range(t_n):
-                q = first + s * t_n + t
-                oh0, ow0 = (q // tw_n) * m, (q % tw_n) * m
-                for k in range(k_n):
-                    ocb = ocg * k_n + k
-                    base = (s * t_n + t) * ocg_n * kob + ocg * kob + k * ob
-                    grid = [[kb.vload(mm, (i * a + j) * span * ocg_n * kob + base, ob)
-                             for j in range(a)] for i in range(a)]
-                    y = _transform(kb, at, grid)
-                    b_vec = kb.vload(bias, ocb * ob, ob) if bias else None
-                    for i in range(m):
-                        for j in range(m):
-                            oh, ow = oh0 + i, ow0 + j
-                            with kb.if_(kb.and_(kb.below(oh, oh_n), kb.below(ow, ow_n))):
-                                val = y[i][j] if b_vec is None else kb.fadd(y[i][j], b_vec)
-                                index = [n, ocb, oh, ow, 0]
-                                val = apply_epilogue(kb, epilogue, val, index)
-                                kb.vstore(out, kb.dot(index[:4], out.strides[:4]), val)
+        # 3. output transform and epilogue, one tile and block at a time
+        oc_n = ocg_n * kob
+        with kb.loop(0, n_tiles, "tile_out") as tile, kb.loop(0, ocb_n, "ocb") as ocb:
+            q = first + tile
+            oh0, ow0 = (q // tw_n) * m, (q % tw_n) * m
+            base = tile * oc_n + ocb * ob
+            grid = [[kb.vload(mm, (i * a + j) * span * oc_n + base, ob) for j in range(a)]
+                    for i in range(a)]
+            y = _transform(kb, at, grid)
+            b_vec = kb.vload(bias, ocb * ob, ob) if bias else None
+            for i in range(m):
+                for j in range(m):
+                    oh, ow = oh0 + i, ow0 + j
+                    with kb.if_(kb.and_(kb.below(oh, oh_n), kb.below(ow, ow_n))):
+                        val = y[i][j] if b_vec is None else kb.fadd(y[i][j], b_vec)
+                        index = [n, ocb, oh, ow, 0]
+                        val = apply_epilogue(kb, epilogue, val, index)
+                        kb.vstore(out, kb.dot(index[:4], out.strides[:4]), val)
 
 
 register("conv2d_winograd_nchwc", "anchor", _infer, lower=_lower)

@@ -24,8 +24,7 @@ import numpy as np
 
 from pipeline.ir.graph import Graph, Node, add_param, fresh_name
 from pipeline.ir.target import Target
-from pipeline.ops import get, infer_types
-from pipeline.ops import conv_winograd
+from pipeline.ops import conv_winograd, get, infer_types
 from pipeline.ops.conv_blocked import pack_weight, tiling
 from pipeline.ops.dense_packed import pack_dense_weight
 from pipeline.ops.depthwise_blocked import pack_depthwise_weight
