@@ -5,7 +5,10 @@ With b the target's vector width (16 floats on AVX-512, 8 on AVX2):
     multiple of b or at most b) becomes conv2d_nchwc on NCHW{ib}c input with
     ib = b (or ib = C for a narrow first layer) and NCHW{b}c output; its weights
     are repacked here as a new param (ops/conv_blocked.py pack_weight), so a
-    weight change still changes only params, never a kernel; a depthwise conv2d
+    weight change still changes only params, never a kernel; a 3x3 stride-1 one
+    where Winograd is faster (ops/conv_winograd.py worth_it; pass option
+    AlterOpLayout.winograd) becomes conv2d_winograd_nchwc, its weights transformed
+    here; a depthwise conv2d
     (groups = channels = filters, a multiple of b) becomes depthwise_conv2d_nchwc;
   - elementwise ops whose activation inputs all have the output's 4-D shape and
     one of which is blocked run blocked too; their constant operands (bias,
