@@ -4,7 +4,8 @@ Variables: config=PATH (default configs/default.yaml), model=NAME[,NAME],
 target=NAME[,NAME], cache=DIR (the kernel and action cache; default
 $PIPELINE_KERNEL_CACHE or out/kernels), cache_url=URL (a remote tier; or
 `cache: {url: ...}` in the config), cache_upload=0 (read the remote tier only),
-cache_timeout=SECONDS, actions=0 (no action cache), dask=tcp://HOST:PORT (kernel
+cache_timeout=SECONDS, downloads=all (bring every output of a remote hit to
+disk, not only what the build needs), actions=0 (no action cache), dask=tcp://HOST:PORT (kernel
 compiles on a Dask cluster), shard=I/N (the I-th of N slices of the matrix). The
 tasks themselves are described in pipeline/tasks/__init__.py.
 """

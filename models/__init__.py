@@ -1,9 +1,10 @@
 """Generators for the standard models the pipeline compiles, written as ONNX files.
 
 `GENERATORS` maps a model name to the "module:function" that builds its ModelProto in
-memory; `build(name)` calls it, `generate(name, path)` builds, checks and atomically
-writes one; `source_files(name)` lists the Python files a generator's output depends
-on, for the build tool's file_dep. Generation is deterministic (seeded weights, no
+memory; `build(name, args)` calls it, `generate(name, path, args)` builds, checks and
+atomically writes one (`args`: keyword arguments, those of ARGUMENTS, e.g. {"batch": 8});
+`source_files(name)` lists the Python files a generator's output depends on, for the
+build tool's file_dep. Generation is deterministic (seeded weights, no
 timestamps), so regenerating after an unrelated source edit yields a byte-identical
 file and downstream tasks stay up to date.
 
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["GENERATORS", "build", "generate", "source_files"]
+__all__ = ["ARGUMENTS", "GENERATORS", "build", "generate", "source_files"]
 
 GENERATORS: dict[str, str] = {
     "mlp": "models.mlp:mlp",
@@ -31,6 +32,20 @@ GENERATORS: dict[str, str] = {
     "mobilenet_v2": "models.mobilenet:mobilenet_v2",
     "bert_encoder": "models.bert:bert_encoder",
     "unet": "models.unet:unet",
+    "lstm_gru_seq": "models.seq:lstm_gru_seq",
+    # int8 models made by onnxruntime's quantizer (needs the ort extra)
+    "resnet18_qdq": "models.quantized:resnet18_qdq",
+    "mobilenet_v2_qop": "models.quantized:mobilenet_v2_qop",
+    "bert_encoder_dyn": "models.quantized:bert_encoder_dyn",
+}
+# Generators that start from another generator's model: its module is a source too.
+BASED_ON = {"resnet18_qdq": "models.resnet", "mobilenet_v2_qop": "models.mobilenet",
+            "bert_encoder_dyn": "models.bert"}
+
+# The keyword arguments every generator takes, with what each must be
+# (pipeline/tasks/config.py checks a config's `args:` against them).
+ARGUMENTS: dict[str, str] = {
+    "batch": "a positive integer: the batch size of the model's input and output",
 }
 
 
@@ -44,10 +59,11 @@ def _target(name: str) -> tuple[str, str]:
     return module, function
 
 
-def build(name: str) -> onnx.ModelProto:
-    """Run generator `name` (ValueError if unknown) and return its ModelProto, unchecked."""
+def build(name: str, args: dict | None = None) -> onnx.ModelProto:
+    """Run generator `name` (ValueError if unknown) with keyword arguments `args` (see
+    ARGUMENTS) and return its ModelProto, unchecked."""
     module, function = _target(name)
-    return getattr(importlib.import_module(module), function)()
+    return getattr(importlib.import_module(module), function)(**(args or {}))
 
 
 def source_files(name: str) -> list[Path]:
@@ -64,13 +80,16 @@ def source_files(name: str) -> list[Path]:
         raise ValueError(f"model {name!r}: generator module {module!r} not found")
     here = Path(__file__)
     files = {here, here.with_name("_onnx.py"), Path(spec.origin)}
+    if name in BASED_ON:
+        files.add(Path(importlib.util.find_spec(BASED_ON[name]).origin))
     return sorted(p.resolve() for p in files)
 
 
-def generate(name: str, path: str | Path) -> None:
-    """Build model `name`, check it, and write it to `path` atomically.
+def generate(name: str, path: str | Path, args: dict | None = None) -> None:
+    """Build model `name` with `args`, check it, and write it to `path` atomically.
 
-    Takes a generator name (ValueError if unknown) and a destination file; returns
+    Takes a generator name (ValueError if unknown), a destination file and the
+    generator's keyword arguments; returns
     nothing. Parent directories are created. The bytes go to a temporary file in the
     same directory, which then replaces `path` with os.replace, so a reader (or an
     interrupted build) sees either the old file or the complete new one, never a
@@ -81,7 +100,7 @@ def generate(name: str, path: str | Path) -> None:
 
     from pipeline.link.files import atomic_write
 
-    model = build(name)
+    model = build(name, args)
     # full_check also runs strict shape inference, catching shape errors here
     # rather than in the compiler.
     onnx.checker.check_model(model, full_check=True)

@@ -45,6 +45,7 @@ class _Layers:
 
     g: GraphBuilder
     rng: np.random.Generator
+    batch: int = 1
 
     def const(self, name: str, value: object) -> str:
         """A constant initializer (a scalar or a shape), as constant folding leaves them."""
@@ -65,9 +66,9 @@ class _Layers:
                            epsilon=LN_EPSILON)
 
     def heads(self, x: str, name: str, perm: list[int]) -> str:
-        """[1, S, H] -> [1, S, heads, d] -> Transpose(perm)."""
-        y = self.g.node("Reshape", [x, self.const(f"{name}.shape", [1, SEQ, HEADS, HEAD_DIM])],
-                        f"{name}.Reshape")
+        """[b, S, H] -> [b, S, heads, d] -> Transpose(perm)."""
+        shape = self.const(f"{name}.shape", [self.batch, SEQ, HEADS, HEAD_DIM])
+        y = self.g.node("Reshape", [x, shape], f"{name}.Reshape")
         return self.g.node("Transpose", [y], f"{name}.Transpose", perm=perm)
 
     def attention(self, x: str, prefix: str) -> str:
@@ -83,8 +84,8 @@ class _Layers:
         probs = self.g.node("Softmax", [scores], f"{sp}.Softmax", axis=-1)
         ctx = self.g.node("MatMul", [probs, v], f"{sp}.context")  # [1, heads, S, d]
         ctx = self.g.node("Transpose", [ctx], f"{sp}.context.Transpose", perm=[0, 2, 1, 3])
-        ctx = self.g.node("Reshape", [ctx, self.const(f"{sp}.context.shape", [1, SEQ, HIDDEN])],
-                          f"{sp}.context.Reshape")
+        shape = self.const(f"{sp}.context.shape", [self.batch, SEQ, HIDDEN])
+        ctx = self.g.node("Reshape", [ctx, shape], f"{sp}.context.Reshape")
         op = f"{prefix}.attention.output"
         y = self.linear(ctx, f"{op}.dense", HIDDEN, HIDDEN)
         y = self.g.node("Add", [y, x], f"{op}.residual")
@@ -108,11 +109,11 @@ class _Layers:
         return self.layer_norm(y, f"{prefix}.output.LayerNorm", output)
 
 
-def bert_encoder() -> onnx.ModelProto:
-    """The encoder; input_ids int64 [1,32] -> output [1,32,128]. Takes nothing."""
+def bert_encoder(batch: int = 1) -> onnx.ModelProto:
+    """The encoder; input_ids int64 [batch,32] -> output [batch,32,128]."""
     g = GraphBuilder("bert_encoder", opset=OPSET)
-    nn = _Layers(g, np.random.default_rng(SEED))
-    ids = g.input("input_ids", (1, SEQ), TensorProto.INT64)
+    nn = _Layers(g, np.random.default_rng(SEED), batch)
+    ids = g.input("input_ids", (batch, SEQ), TensorProto.INT64)
 
     words = g.initializer("embeddings.word_embeddings.weight",
                           nn.rng.standard_normal((VOCAB, HIDDEN)))
@@ -128,5 +129,5 @@ def bert_encoder() -> onnx.ModelProto:
         prefix = f"encoder.layer.{i}"
         last = i == LAYERS - 1
         x = nn.feed_forward(nn.attention(x, prefix), prefix, "output" if last else None)
-    g.output(x, (1, SEQ, HIDDEN))
+    g.output(x, (batch, SEQ, HIDDEN))
     return g.build()

@@ -18,11 +18,12 @@ INPUT_SHAPE = (1, 3, 224, 224)
 LAYERS = ((3 * 224 * 224, 64), (64, 64), (64, 10))
 
 
-def mlp() -> onnx.ModelProto:
-    """Build the MLP with seeded random weights; takes nothing, returns the ModelProto."""
+def mlp(batch: int = 1) -> onnx.ModelProto:
+    """Build the MLP with seeded random weights for `batch` images (the weights do not
+    depend on it); returns the ModelProto."""
     rng = np.random.default_rng(SEED)
     g = GraphBuilder("mlp")
-    x = g.node("Flatten", [g.input("data", INPUT_SHAPE)], "flatten", axis=1)
+    x = g.node("Flatten", [g.input("data", (batch, *INPUT_SHAPE[1:]))], "flatten", axis=1)
     for i, (fan_in, fan_out) in enumerate(LAYERS):
         name = f"fc{i + 1}"
         w = g.initializer(f"{name}.weight", he_normal(rng, (fan_out, fan_in)))
@@ -39,5 +40,5 @@ def mlp() -> onnx.ModelProto:
         )
         if not last:
             x = g.node("Relu", [x], f"relu{i + 1}")
-    g.output(x, (1, LAYERS[-1][1]))
+    g.output(x, (batch, LAYERS[-1][1]))
     return g.build()

@@ -1,4 +1,4 @@
-"""MobileNetV2 (torchvision layout, width 1.0, batch 1, 224x224) as an ONNX model.
+"""MobileNetV2 (torchvision layout, width 1.0, batch 1 unless asked, 224x224) as an ONNX model.
 
 The graph follows torchvision's `mobilenet_v2` written the way the PyTorch exporter
 writes an eval-mode model without optimisation: bias-free Conv, then its own
@@ -117,14 +117,15 @@ class _Layers:
         return self.g.node("Add", [x, y], f"{prefix}.add") if residual else y
 
 
-def mobilenet_v2() -> onnx.ModelProto:
-    """MobileNetV2; data [1,3,224,224] -> output [1,1000]. Takes nothing."""
+def mobilenet_v2(batch: int = 1) -> onnx.ModelProto:
+    """MobileNetV2; data [batch,3,224,224] -> output [batch,1000]."""
     g = GraphBuilder("mobilenet_v2")
     # One shared pair of bounds, as the exporter's constant folding leaves them.
     nn = _Layers(g, np.random.default_rng(SEED), g.initializer("relu6.min", np.float32(0.0)),
                  g.initializer("relu6.max", np.float32(6.0)))
 
-    x = nn.conv_bn_relu6(g.input("data", INPUT_SHAPE), "features.0", 3, STEM_CHANNELS, 3, 2)
+    data = g.input("data", (batch, *INPUT_SHAPE[1:]))
+    x = nn.conv_bn_relu6(data, "features.0", 3, STEM_CHANNELS, 3, 2)
     c_in, index = STEM_CHANNELS, 1
     for expand, c_out, repeats, stride in SETTINGS:
         for i in range(repeats):
@@ -140,5 +141,5 @@ def mobilenet_v2() -> onnx.ModelProto:
     b = g.initializer("classifier.1.bias", small_bias(nn.rng, NUM_CLASSES, LAST_CHANNELS))
     x = g.node("Gemm", [x, w, b], "classifier.1", output="output", alpha=1.0, beta=1.0,
                transB=1)
-    g.output(x, (1, NUM_CLASSES))
+    g.output(x, (batch, NUM_CLASSES))
     return g.build()

@@ -1,4 +1,4 @@
-"""ResNet-18 and ResNet-50 (torchvision layout, batch 1, 224x224) as ONNX models.
+"""ResNet-18 and ResNet-50 (torchvision layout, batch 1 unless asked, 224x224) as ONNX models.
 
 The graphs follow torchvision's `resnet18` / `resnet50` (v1.5: a bottleneck's stride
 sits on its 3x3 conv), written the way the PyTorch exporter writes an eval-mode
@@ -119,14 +119,16 @@ class _Layers:
         return self.relu(self.g.node("Add", [y, shortcut], f"{prefix}.add"), relu_name)
 
 
-def _resnet(name: str, block: str, depths: Sequence[int], seed: int) -> onnx.ModelProto:
-    """Build a ResNet whose stages have `depths` blocks of kind "basic" or "bottleneck"."""
+def _resnet(name: str, block: str, depths: Sequence[int], seed: int,
+            batch: int) -> onnx.ModelProto:
+    """Build a ResNet whose stages have `depths` blocks of kind "basic" or "bottleneck",
+    for `batch` images (the weights do not depend on it)."""
     g = GraphBuilder(name)
     nn = _Layers(g, np.random.default_rng(seed))
     make_block = nn.basic_block if block == "basic" else nn.bottleneck
     expansion = 1 if block == "basic" else 4
 
-    x = nn.conv(g.input("data", INPUT_SHAPE), "conv1", 3, 64, 7, 2)
+    x = nn.conv(g.input("data", (batch, *INPUT_SHAPE[1:])), "conv1", 3, 64, 7, 2)
     x = nn.relu(nn.bn(x, "bn1", 64), "relu")
     x = g.node(
         "MaxPool",
@@ -151,15 +153,16 @@ def _resnet(name: str, block: str, depths: Sequence[int], seed: int) -> onnx.Mod
     w = g.initializer("fc.weight", he_normal(nn.rng, (NUM_CLASSES, c_in)))
     b = g.initializer("fc.bias", small_bias(nn.rng, NUM_CLASSES, c_in))
     x = g.node("Gemm", [x, w, b], "fc", output="output", alpha=1.0, beta=1.0, transB=1)
-    g.output(x, (1, NUM_CLASSES))
+    g.output(x, (batch, NUM_CLASSES))
     return g.build()
 
 
-def resnet18() -> onnx.ModelProto:
-    """ResNet-18 (BasicBlock, [2, 2, 2, 2]); data [1,3,224,224] -> output [1,1000]."""
-    return _resnet("resnet18", "basic", (2, 2, 2, 2), seed=18)
+def resnet18(batch: int = 1) -> onnx.ModelProto:
+    """ResNet-18 (BasicBlock, [2, 2, 2, 2]); data [batch,3,224,224] -> output [batch,1000]."""
+    return _resnet("resnet18", "basic", (2, 2, 2, 2), seed=18, batch=batch)
 
 
-def resnet50() -> onnx.ModelProto:
-    """ResNet-50 (Bottleneck x4, [3, 4, 6, 3]); data [1,3,224,224] -> output [1,1000]."""
-    return _resnet("resnet50", "bottleneck", (3, 4, 6, 3), seed=50)
+def resnet50(batch: int = 1) -> onnx.ModelProto:
+    """ResNet-50 (Bottleneck x4, [3, 4, 6, 3]); data [batch,3,224,224] -> output
+    [batch,1000]."""
+    return _resnet("resnet50", "bottleneck", (3, 4, 6, 3), seed=50, batch=batch)

@@ -87,12 +87,12 @@ class _Layers:
         return self.double_conv(x, f"{prefix}.conv", c_in, c_out)
 
 
-def unet() -> onnx.ModelProto:
-    """The U-Net; data [1,3,64,64] -> output [1,2,64,64]. Takes nothing."""
+def unet(batch: int = 1) -> onnx.ModelProto:
+    """The U-Net; data [batch,3,64,64] -> output [batch,2,64,64]."""
     g = GraphBuilder("unet")
     nn = _Layers(g, np.random.default_rng(SEED))
 
-    x1 = nn.double_conv(g.input("data", INPUT_SHAPE), "inc", 3, 16)  # 16 @ 64x64
+    x1 = nn.double_conv(g.input("data", (batch, *INPUT_SHAPE[1:])), "inc", 3, 16)  # 16 @ 64x64
     x2 = nn.down(x1, "down1", 16, 32)  # 32 @ 32x32
     x3 = nn.down(x2, "down2", 32, 64)  # 64 @ 16x16
     y = nn.merge(nn.up_transposed(x3, "up1", 64, 32), x2, "up1", 64, 32)  # 32 @ 32x32
@@ -102,5 +102,5 @@ def unet() -> onnx.ModelProto:
     b = g.initializer("outc.conv.bias", small_bias(nn.rng, CLASSES, 16))
     y = g.node("Conv", [y, w, b], "outc.conv", output="output", dilations=[1, 1], group=1,
                kernel_shape=[1, 1], pads=[0, 0, 0, 0], strides=[1, 1])
-    g.output(y, (1, CLASSES, 64, 64))
+    g.output(y, (batch, CLASSES, 64, 64))
     return g.build()

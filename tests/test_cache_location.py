@@ -16,8 +16,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_doit_flow import doit, tiny_convnet
-from test_incremental import artifact_bytes, matrix
+from checkouts import tiny_checkout
+from test_doit_flow import doit
+from test_incremental import artifact_bytes
 
 CACHES = {"default": None, "DIR1": "c1", "DIR2": "c2", "emptied": "ce"}
 
@@ -32,9 +33,7 @@ def built(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("prev")
     folders = {}
     for which in [*CACHES, "clean"]:
-        d = root / which
-        tiny_convnet(d / "nets" / "tiny.onnx")
-        matrix(d, "tiny: {path: nets/tiny.onnx}\n")
+        d = tiny_checkout(root / which)
         args = cache_args(which) if which != "clean" else []
         code, _, out = doit(d, "build", "config=matrix.yaml", *args)
         assert code == 0, out[-3000:]

@@ -3,46 +3,41 @@ two `dask worker` processes on 127.0.0.1, started by the test."""
 
 from __future__ import annotations
 
-import json
 import textwrap
 import threading
 import time
 from pathlib import Path
 
+from checkouts import build_report, how, tiny_checkout
 from servers import dask_cluster
-from test_doit_flow import REPO, doit, tiny_convnet
-from test_incremental import artifact_bytes, matrix
-
-
-def checkout(folder: Path) -> Path:
-    tiny_convnet(folder / "nets" / "tiny.onnx")
-    matrix(folder, "tiny: {path: nets/tiny.onnx}\n")
-    return folder
-
-
-def how(folder: Path) -> dict[str, str]:
-    report = json.loads((folder / "out" / "build-report.json").read_text())
-    return {i["task"]: i["how"] for i in report["executed"]}
+from test_doit_flow import REPO, doit
+from test_incremental import artifact_bytes
 
 
 def test_cluster_build_is_byte_identical_to_local(tmp_path: Path):
-    local = checkout(tmp_path / "local")
+    local = tiny_checkout(tmp_path / "local")
     code, _, out = doit(local, "build", "config=matrix.yaml")
     assert code == 0, out[-3000:]
-    remote = checkout(tmp_path / "remote")
+    remote, parallel = tiny_checkout(tmp_path / "remote"), tiny_checkout(tmp_path / "n2")
     with dask_cluster(tmp_path, REPO) as (address, _):
         code, executed, out = doit(remote, "build", "config=matrix.yaml", f"dask={address}")
-    assert code == 0, out[-3000:]
-    kernels = {t: h for t, h in how(remote).items() if t.startswith("kernel:")}
-    assert kernels and set(kernels.values()) == {"computed on the cluster"}, kernels
+        assert code == 0, out[-3000:]
+        # doit -n 2: each forked worker talks to the scheduler through its own client.
+        code2, _, out2 = doit(parallel, "-n", "2", "build", "config=matrix.yaml",
+                              f"dask={address}")
+        assert code2 == 0, out2[-3000:]
+    for folder in (remote, parallel):
+        kernels = {t: h for t, h in how(build_report(folder)).items()
+                   if t.startswith("kernel:")}
+        assert kernels and set(kernels.values()) == {"computed on the cluster"}, kernels
+        assert artifact_bytes(folder) == artifact_bytes(local)
     assert "computed on the cluster" in out
-    assert artifact_bytes(remote) == artifact_bytes(local)
     code, _, out = doit(remote, "validate", "config=matrix.yaml")
     assert code == 0, out[-3000:]
 
 
 def test_killing_a_worker_mid_build_ends_correct_or_one_error(tmp_path: Path):
-    local = checkout(tmp_path / "local")
+    local = tiny_checkout(tmp_path / "local")
     assert doit(local, "build", "config=matrix.yaml", "actions=0")[0] == 0
     slow = tmp_path / "slow"  # each compile takes a second on the workers
     slow.mkdir()
@@ -55,7 +50,7 @@ def test_killing_a_worker_mid_build_ends_correct_or_one_error(tmp_path: Path):
             return _compile(spec)
         cache.compile_spec = compile_spec
         """))
-    folder = checkout(tmp_path / "w")
+    folder = tiny_checkout(tmp_path / "w")
     with dask_cluster(tmp_path, REPO, worker_path=str(slow)) as (address, workers):
         killer = threading.Timer(2.0, workers[0].kill)  # while kernels are compiling
         killer.start()

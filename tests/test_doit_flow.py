@@ -244,3 +244,17 @@ def test_model_zoo_builds_and_validates(tmp_path: Path, model: str):
     assert report["passed"], report
     code, executed, _ = doit(tmp_path, "build", "config=matrix.yaml", f"model={model}")
     assert code == 0 and executed == set(), executed
+
+
+@pytest.mark.slow
+def test_recurrent_model_builds_and_validates_against_onnxruntime(tmp_path: Path):
+    """The LSTM/GRU tagger of configs/deploy.yaml (onnx.reference ignores parts of the
+    recurrent operators, so onnxruntime is the reference)."""
+    pytest.importorskip("onnxruntime")
+    write_config(tmp_path, "lstm_gru_seq:\n  generator: lstm_gru_seq\n"
+                 "  validate: {reference: onnxruntime}\n")
+    code, executed, out = doit(tmp_path, "validate", "config=matrix.yaml")
+    assert code == 0, out[-3000:]
+    report = json.loads((tmp_path / "out" / "lstm_gru_seq" / "llvm" / "validation.json")
+                        .read_text())
+    assert report["passed"] and report["reference"] == "onnxruntime", report

@@ -132,6 +132,80 @@ def test_blocked_depthwise_conv(target, hw, stride, pads, k):
 
 
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("c, oc, groups, hw, hw2, after", [
+    (12, 20, 2, 9, 9, "residual"),   # channel tiles and pixel blocks both overlap at the end
+    (32, 20, 1, 5, 5, "relu"),       # filters not a multiple of the block; 25 pixels
+    (8, 12, 4, 3, 3, "row"),         # fewer pixels than lanes; a per-column (W) operand
+    (24, 28, 4, 7, 10, "row"),       # pixel vectors across rows: the epilogue in a 2nd pass
+    (16, 8, 2, 1, 1, None),          # one pixel
+], ids=lambda v: str(v))
+def test_pointwise_conv_matches_onnxruntime(target, c, oc, groups, hw, hw2, after):
+    """1x1 convs that do not block (groups, odd filter counts) run conv2d_pointwise with
+    their epilogue: a residual Add + Relu, Relu, or an Add of a [W] constant."""
+    shape = (2, c, hw, hw2)
+    inits = {"w": rand(oc, c // groups, 1, 1, seed=1) * np.float32(0.3), "b": rand(oc, seed=2),
+             "k": rand(hw2, seed=5)}
+    nodes = [node("Conv", ["x", "w", "b"], ["t"], group=groups)]
+    if after == "residual":
+        inits["r"] = rand(2, oc, hw, hw2, seed=6)
+        nodes += [node("Add", ["t", "r"], ["u"]), node("Relu", ["u"], ["y"])]
+    elif after == "relu":
+        nodes.append(node("Relu", ["t"], ["y"]))
+    elif after == "row":
+        nodes.append(node("Add", ["t", "k"], ["y"]))
+    else:
+        nodes[0].output[0] = "y"
+    model = make_model(nodes, [("x", shape)], [("y", None)], inits)
+    check(model, {"x": rand(*shape, seed=3)}, target, must_use={"conv2d_pointwise"},
+          threads=(1, 2))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_padded_filters(target):
+    """Filter counts that are not a multiple of the block are padded with zero filters:
+    a 3x3 conv of 20 (stem) -> Relu -> Mul by a per-channel constant -> MaxPool (blocked,
+    padded) -> a plain Softmax; a
+    16 -> 16 conv and then a 1x1 of 20 on its blocked output -> global average pool."""
+    inits = {"w": rand(20, 3, 3, 3, seed=1), "b": rand(20, seed=2),
+             "w2": rand(16, 3, 3, 3, seed=3), "w3": rand(20, 16, 1, 1, seed=4)}
+    inits["s"] = rand(20, 1, 1, seed=6)
+    nodes = [node("Conv", ["x", "w", "b"], ["a"], pads=[1] * 4), node("Relu", ["a"], ["q"]),
+             node("Mul", ["q", "s"], ["r"]),
+             node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             node("Softmax", ["p"], ["y"], axis=1),
+             node("Conv", ["x", "w2"], ["c"], pads=[1] * 4),
+             node("Conv", ["c", "w3"], ["d"]), node("GlobalAveragePool", ["d"], ["z"])]
+    model = make_model(nodes, [("x", (2, 3, 12, 11))], [("y", None), ("z", None)], inits)
+    _, factory = check(model, {"x": rand(2, 3, 12, 11, seed=5)}, target,
+                       must_use={"conv2d_nchwc", "max_pool2d_nchwc", "global_avg_pool_nchwc"})
+    assert "conv2d" not in ops_used(factory) and "conv2d_pointwise" not in ops_used(factory)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_blocked_concat(target):
+    """A fire module (squeezenet): 1x1 and 3x3 expand convs concatenated along channels,
+    max-pooled and squeezed again, all blocked, with the plain input concatenated too."""
+    c = 16
+    inits = {"s": rand(c, c, 1, 1, seed=1) * np.float32(0.3),
+             "e1": rand(2 * c, c, 1, 1, seed=2) * np.float32(0.3),
+             "e3": rand(c, c, 3, 3, seed=3) * np.float32(0.1),
+             "q": rand(c, 4 * c, 1, 1, seed=4) * np.float32(0.2)}
+    nodes = [node("Conv", ["x", "s"], ["a"]), node("Relu", ["a"], ["r"]),
+             node("Conv", ["r", "e1"], ["b1"]), node("Conv", ["r", "e3"], ["b3"], pads=[1] * 4),
+             node("Concat", ["b1", "b3", "x"], ["cat"], axis=1),
+             node("MaxPool", ["cat"], ["p0"], kernel_shape=[2, 2], strides=[2, 2]),
+             # a 1-high output: the blocked pool's row index folds to a Python int
+             node("AveragePool", ["p0"], ["p"], kernel_shape=[5, 1], pads=[0, 0, 0, 0]),
+             node("Conv", ["p", "q"], ["y"])]
+    model = make_model(nodes, [("x", (2, c, 10, 10))], [("y", None)], inits)
+    _, factory = check(model, {"x": rand(2, c, 10, 10, seed=5)}, target,
+                       must_use={"concat", "max_pool2d_nchwc", "avg_pool2d_nchwc"})
+    ops = [b.op for n in factory.lowered.graph.nodes
+           for b in (n.attr("body") if n.op == "fused" else (n,))]
+    assert ops.count("layout_transform") == 2, ops  # x in (for conv and concat), y out
+
+
+@pytest.mark.parametrize("target", TARGETS)
 def test_blocked_pools(target):
     """conv -> relu -> maxpool (ceil) and avgpool (with pad) and the global pools,
     all on blocked tensors, summed so one output covers every path."""
@@ -154,10 +228,11 @@ def test_blocked_pools(target):
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("n_out, m", [(1000, 1), (48, 3), (5, 2)])
+@pytest.mark.parametrize("n_out, m", [(1000, 1), (48, 3), (5, 2), (100, 7), (64, 24)])
 def test_packed_dense(target, n_out, m):
-    """Gemm (with bias, transB) and relu: full blocks, a partial last block, and a
-    layer narrower than one block."""
+    """Gemm (with bias, transB) and relu: full blocks, a partial last block, a
+    layer narrower than one block, a tail tile of rows with a last group of
+    fewer blocks, and whole register tiles (with AVX-512)."""
     k = 40
     inits = {"w": rand(n_out, k, seed=5), "b": rand(n_out, seed=6)}
     nodes = [node("Gemm", ["a", "w", "b"], ["g"], transB=1), node("Relu", ["g"], ["y"])]
@@ -179,8 +254,8 @@ def test_blocked_and_plain_consumers_mix():
 
 
 def test_ineligible_convs_keep_the_generic_kernel():
-    """Grouped (not depthwise), dilated and channel counts that do not block stay
-    plain conv2d."""
+    """Grouped (not depthwise, not 1x1), dilated and channel counts that do not block
+    stay plain conv2d."""
     inits = {"w1": rand(16, 8, 3, 3, seed=1), "w2": rand(20, 16, 3, 3, seed=2)}
     nodes = [node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1], group=2),
              node("Conv", ["a", "w2"], ["y"], pads=[2, 2, 2, 2], dilations=[2, 2])]

@@ -18,22 +18,12 @@ import pty
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import onnx
 import pytest
+from checkouts import TARGET, matrix, tiny_checkout
 from test_doit_flow import REPO, doit, tiny_convnet
-
-TARGET = '{target: "llvm -mcpu=native", opt_level: 3}'
-
-
-def matrix(tmp: Path, models: str, targets: str = f"llvm: {TARGET}\n") -> None:
-    """Write tmp/matrix.yaml with the given `models:` and `targets:` sections (YAML)."""
-    (tmp / "matrix.yaml").write_text(
-        "models:\n" + textwrap.indent(textwrap.dedent(models), "  ")
-        + "targets:\n" + textwrap.indent(textwrap.dedent(targets), "  ")
-        + "validate: {reference: onnx, rtol: 1.0e-4, atol: 1.0e-4}\n")
 
 
 def hashes(tmp: Path, model: str, target: str) -> set[str]:
@@ -54,9 +44,7 @@ def build(tmp: Path, *args: str, jobs: int = 1, repo: Path = REPO) -> set[str]:
 
 @pytest.fixture
 def tiny(tmp_path: Path) -> Path:
-    tiny_convnet(tmp_path / "nets" / "tiny.onnx")
-    matrix(tmp_path, "tiny: {path: nets/tiny.onnx}\n")
-    return tmp_path
+    return tiny_checkout(tmp_path)
 
 
 ARTIFACTS = ("tiny.so", "lib0.o", "devc.o", "tiny.params")
@@ -405,7 +393,21 @@ def test_gc_removes_only_unused_entries(tiny: Path):
     assert code == 0 and f"removed {len(stale)} unused kernels" in out, out
     left = {p.stem for p in (tiny / "out" / "kernels").iterdir() if p.is_file()}
     assert left == hashes(tiny, "tiny", "llvm")
+    assert {p.stem for p in (tiny / "out" / "specs").iterdir()} == left
+    # The action cache keeps one entry per task of the current build, and only the
+    # blobs they name: the first build's library is gone, the second's is there.
+    cache = tiny / "out" / "kernels"
+    manifests = [json.loads(p.read_text()) for p in (cache / "ac").iterdir()]
+    # import, optimize, lib0, devc, runtime, export and one per kernel
+    assert len(manifests) == 6 + len(left)
+    named = {o["sha256"] for m in manifests for o in m["outputs"].values()}
+    assert {p.name for p in (cache / "cas").iterdir()} == named
     assert build(tiny) == set()
+    # What gc kept is complete: a fresh out/ restores everything from it.
+    shutil.rmtree(tiny / "out" / "tiny")
+    (tiny / "out" / ".doit.db").unlink()
+    code, _, out = doit(tiny, "build", "config=matrix.yaml")
+    assert code == 0 and "computed" not in report(tiny)["how"], out[-3000:]
 
 
 # -- explanations and progress -------------------------------------------------

@@ -46,6 +46,11 @@ EXPECTED = {
                             + 64 * 32 + 32 * 32 + 48 * 16 + 16 * 16)
              + 2 * (16 + 16 + 32 + 32 + 64 + 64 + 32 + 32 + 16 + 16)
              + 64 * 32 * 4 + 32 + 16 * 2 + 2},
+    # Bidirectional LSTM 64->128 (W, R, both biases), GRU 256->128, head 128->20.
+    "lstm_gru_seq": {"input": ("features", [1, 32, 64], TensorProto.FLOAT),
+                     "output": [1, 32, 20], "opset": 13,
+                     "params": 2 * (512 * 64 + 512 * 128 + 1024)
+                     + 384 * 256 + 384 * 128 + 768 + 128 * 20 + 20},
 }
 RESNETS = ["resnet18", "resnet50"]
 
@@ -92,7 +97,9 @@ def tiny_model() -> onnx.ModelProto:
 
 
 def test_registered_names() -> None:
-    assert set(GENERATORS) == set(EXPECTED)
+    # the int8 generators are tested in tests/test_quant_models.py
+    assert set(GENERATORS) == set(EXPECTED) | {"resnet18_qdq", "mobilenet_v2_qop",
+                                               "bert_encoder_dyn"}
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))
@@ -363,7 +370,8 @@ def test_generate_rejects_invalid_model(tmp_path: Path, monkeypatch: pytest.Monk
 
 
 def test_unknown_name() -> None:
-    allowed = "bert_encoder, mlp, mobilenet_v2, resnet18, resnet50, unet"
+    allowed = ", ".join(sorted(GENERATORS))  # every generator, in order
+    assert "resnet18_qdq" in allowed and allowed.startswith("bert_encoder, ")
     with pytest.raises(ValueError, match=allowed):
         generate("vgg16", "unused.onnx")
     with pytest.raises(ValueError, match="allowed"):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from conftest import make_model, rand, run_ort, run_ours
 from onnx import TensorProto, helper
+from onnx import TensorProto as T
 from onnx.reference import ReferenceEvaluator
 
 from pipeline.errors import ModelError
@@ -295,25 +296,30 @@ def test_matches_onnxruntime(case, opt_level):
     check(model, feeds, opt_level, reference=case in NOT_IN_ONNXRUNTIME)
 
 
-@pytest.mark.parametrize("dtype", [np.float16, np.int8, np.uint8])
-def test_unsupported_input_dtype_names_the_input(dtype):
-    x = np.zeros(S, dtype)
-    model = model_of([node("Relu", ["x"], ["y"])], {"x": x}, dtype)
-    with pytest.raises(ModelError, match=r"input 'x' has unsupported element type"):
+@pytest.mark.parametrize("elem", [T.BFLOAT16, T.FLOAT8E4M3FN, T.INT4])
+def test_unsupported_input_dtype_names_the_input_and_node(elem):
+    x = helper.make_tensor_value_info("x", elem, list(S))
+    model = make_model([node("Relu", ["x"], ["y"], name="r")], [x],
+                       [helper.make_tensor_value_info("y", elem, None)])
+    with pytest.raises(ModelError, match=r"input 'x' \(used by node 'r' \(Relu\)\) has "
+                                         r"unsupported element type (BFLOAT16|FLOAT8E4M3FN|INT4) "):
         from_onnx(model)
 
 
 def test_cast_to_unsupported_dtype_names_the_node():
-    model = model_of([node("Cast", ["x"], ["y"], to=TensorProto.FLOAT16, name="to_half")],
-                     {"x": rand(*S)}, np.float16)
-    with pytest.raises(ModelError, match=r"node 'to_half' \(Cast\): cast to FLOAT16"):
+    model = make_model([node("Cast", ["x"], ["y"], to=T.BFLOAT16, name="to_bf16")],
+                       [typed("x", rand(*S))], [helper.make_tensor_value_info("y", T.BFLOAT16,
+                                                                               None)])
+    with pytest.raises(ModelError, match=r"node 'to_bf16' \(Cast\): cast to BFLOAT16"):
         from_onnx(model)
 
 
-def test_unsupported_initializer_dtype_names_the_tensor():
-    model = model_of([node("Add", ["x", "k"], ["y"])], {"x": rand(*S)},
-                     inits={"k": np.zeros(4, np.float16)})
-    with pytest.raises(ModelError, match=r"tensor 'k': dtype float16"):
+def test_unsupported_initializer_dtype_names_the_tensor_and_node():
+    k = helper.make_tensor("k", T.BFLOAT16, [4], np.zeros(4, np.uint16).tobytes(), raw=True)
+    model = model_of([node("Cast", ["k"], ["k32"], to=T.FLOAT, name="widen"),
+                      node("Add", ["x", "k32"], ["y"])], {"x": rand(*S)}, inits=[k])
+    with pytest.raises(ModelError, match=r"initializer 'k' \(used by node 'widen' \(Cast\)\) "
+                                         r"has unsupported element type BFLOAT16"):
         from_onnx(model)
 
 

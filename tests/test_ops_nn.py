@@ -214,6 +214,14 @@ SOFTMAX = {
         [node("Add", ["x", "mask"], ["t"]), node("Softmax", ["t"], ["y"], axis=-1)],
         {"x": rand(2, 3, 9, low=-20, high=20)},
         {"mask": np.where(rand(3, 9, seed=4) > 0.3, 0.0, -np.inf).astype(np.float32)}),
+    # float32 rows of >= 8 in explicit vectors (16 or 8 lanes) plus a scalar tail
+    "softmax13_vector_rows_tail": lambda: one("Softmax", (3, 4, 37), low=-30, high=30),
+    "softmax13_vector_rows_8": lambda: one("Softmax", (5, 12), low=-300, high=300),
+    "logsoftmax13_vector_rows": lambda: one("LogSoftmax", (2, 3, 32), low=-300, high=300),
+    "softmax13_vector_neg_inf_mask": lambda: model(
+        [node("Add", ["x", "mask"], ["t"]), node("Softmax", ["t"], ["y"], axis=-1)],
+        {"x": rand(2, 3, 40, low=-20, high=20)},
+        {"mask": np.where(rand(3, 40, seed=4) > 0.3, 0.0, -np.inf).astype(np.float32)}),
     # Along a non-last axis: column blocks of 1024 and a tail.
     "softmax13_axis1_column_blocks": lambda: one("Softmax", (2, 5, 40, 30), axis=1, low=-9,
                                                  high=9),

@@ -337,3 +337,31 @@ def test_reshapes_of_intermediates_are_aliases_not_copies():
         if n.get("attrs", {}).get("func_name") == "__nop":
             assert sids[k] == sids[n["inputs"][0][0]]
     assert sum(f.startswith("reshape_") for f in funcs) == 2, funcs  # the copies
+
+
+def test_merged_axes_read_the_same_offsets():
+    """merge_axes (the remap lowering's fewer, longer loops) keeps every output
+    element's input offset: transposes and slices of random shapes, compared with
+    the unmerged tables, with at least one case really merging."""
+    from functools import reduce
+
+    from pipeline.ops.movement import merge_axes
+
+    def offsets(tables):
+        return reduce(np.add, np.ix_(*tables), np.zeros((), np.int64)).reshape(-1)
+
+    rng = np.random.default_rng(0)
+    merged = 0
+    for _ in range(200):
+        shape = tuple(int(d) for d in rng.integers(1, 5, rng.integers(1, 6)))
+        perm = rng.permutation(len(shape))
+        strides = [int(np.prod(shape[i + 1:])) for i in range(len(shape))]
+        starts = [int(rng.integers(0, d)) for d in shape]
+        out = tuple(shape[p] - starts[p] for p in perm)  # a slice, then transposed
+        tables = [(starts[p] + np.arange(d, dtype=np.int64)) * strides[p]
+                  for d, p in zip(out, perm, strict=True)]
+        dims, new = merge_axes(out, tables)
+        assert [len(t) for t in new] == list(dims)
+        np.testing.assert_array_equal(offsets(new), offsets(tables))
+        merged += len(dims) < len(out)
+    assert merged > 50

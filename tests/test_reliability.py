@@ -283,9 +283,9 @@ def tiny_lib(tmp_path_factory) -> tuple[Path, Path]:
 
 
 def _text_section(so: bytes) -> tuple[int, int]:
-    from pipeline.link.integrity import _sections
+    from pipeline.link.integrity import elf_sections
 
-    return next((off, size) for name, *_, off, size, _ in _sections(so, "x") if name == ".text")
+    return next((off, size) for name, *_, off, size, _ in elf_sections(so, "x") if name == ".text")
 
 
 def test_damaged_code_is_refused_at_load(tiny_lib, tmp_path: Path):
@@ -301,13 +301,13 @@ def test_damaged_code_is_refused_at_load(tiny_lib, tmp_path: Path):
                                         "was changed after the build; rebuild it$"):
         load_module(bad)
     # The C executor's code (pl_run) is the library's code too: covered by the digest.
-    from pipeline.link.integrity import _sections
+    from pipeline.link.integrity import elf_sections
 
     nm = subprocess.run(["nm", "-D", "--defined-only", str(tiny_lib[1])], capture_output=True,
                         text=True, check=True).stdout
     addr = next(int(line.split()[0], 16) for line in nm.splitlines()
                 if line.endswith(" pl_run"))
-    _, _, _, text_addr, text_off, _, _ = next(s for s in _sections(so, "x") if s[0] == ".text")
+    _, _, _, text_addr, text_off, _, _ = next(s for s in elf_sections(so, "x") if s[0] == ".text")
     damaged = bytearray(so)
     damaged[addr - text_addr + text_off + 4] ^= 0xFF
     bad.write_bytes(bytes(damaged))
@@ -461,8 +461,9 @@ def test_yaml_aliases_within_bounds_still_work(tmp_path: Path):
 def test_set_input_checks(tiny_lib):
     m = GraphModule(load_module(tiny_lib[1])["default"]())
     x = np.random.default_rng(0).standard_normal((1, 3, 16, 16), dtype=np.float32)
-    with pytest.raises(ValueError, match=r"^input 'x': expected shape \[1, 3, 16, 16\] "
-                                         r"float32, given shape \[1, 3, 16, 16\] float64$"):
+    with pytest.raises(ValueError, match=r"^input 'x': the library was built for shape "
+                                         r"\[1, 3, 16, 16\] float32, given shape "
+                                         r"\[1, 3, 16, 16\] float64$"):
         m.set_input("x", x.astype(np.float64))
     with pytest.raises(ValueError, match=r"given shape \[1, 3, 16, 15\] float32$"):
         m.set_input("x", x[..., :15])

@@ -6,8 +6,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from test_doit_flow import doit, tiny_convnet
-from test_incremental import TARGET, matrix
+from checkouts import TARGET, tiny_checkout
+from test_doit_flow import doit
 
 from pipeline.errors import ConfigError
 from pipeline.tasks.shard import shard_entries
@@ -29,8 +29,7 @@ def test_shards_partition_the_entries_evenly_and_deterministically():
 
 
 def test_two_shards_build_disjoint_halves(tmp_path: Path):
-    tiny_convnet(tmp_path / "nets" / "tiny.onnx")
-    matrix(tmp_path, "tiny: {path: nets/tiny.onnx}\n", f"a: {TARGET}\nb: {TARGET}\n")
+    tiny_checkout(tmp_path, f"a: {TARGET}\nb: {TARGET}\n")
     built = []
     for i in (1, 2):
         code, executed, out = doit(tmp_path, "build", "config=matrix.yaml", f"shard={i}/2")

@@ -148,7 +148,8 @@ def test_instruments_see_each_pass_in_order_and_can_skip_one():
                                                Recorder(log, "b"), timing]):
         out, _ = optimize(graph, params)
     assert "fused" not in ops(out)  # one instrument said no: FuseOps did not run
-    ran = ["SimplifyInference", "FoldBatchNorm"]  # opt_level 1 without FuseOps
+    ran = ["SimplifyInference", "FuseQDQ", "FuseLayerNorm", "FuseGelu", "FuseAttention",
+           "FoldBatchNorm"]  # opt_level 1 without FuseOps
     assert [e[2] for e in log if e[:2] == ("b", "before")] == ran
     assert [e[2] for e in log if e[:2] == ("b", "should_run")] == [*ran, "FuseOps"]
     assert log[0] == ("a", "enter") and log[1] == ("b", "enter")
@@ -378,6 +379,162 @@ def test_fold_batch_norm_pass_skips_conv_with_runtime_bias():
         conv2d("conv", ["x", "w", "b"], "c"), Node.make("mul", "scale", ["c", "s"], ["y"])])
     got, got_params = run_pass("FoldBatchNorm", before, params)
     assert_graph_equal(got, before, got_params, params)
+
+
+# FuseLayerNorm
+
+def decomposed_layer_norm(square="Pow", affine=True, axes=(-1,), extra_use=False,
+                          shape=(2, 5, 16)):
+    """LayerNorm as exporters before opset 17 write it (patterns.py's doc)."""
+    d = shape[-1]
+    inits = {"two": np.array(2.0, np.float32), "eps": np.array(1e-5, np.float32),
+             "g": rand(d, seed=1, low=0.5, high=1.5), "b": rand(d, seed=2)}
+    node = helper.make_node
+    nodes = [node("ReduceMean", ["x"], ["m"], axes=list(axes)),
+             node("Sub", ["x", "m"], ["d"]),
+             node("Pow", ["d", "two"], ["p"]) if square == "Pow" else
+             node("Mul", ["d", "d"], ["p"]),
+             node("ReduceMean", ["p"], ["v"], axes=list(axes)),
+             node("Add", ["v", "eps"], ["ve"]), node("Sqrt", ["ve"], ["s"]),
+             node("Div", ["d", "s"], ["n" if affine else "y"])]
+    if affine:
+        nodes += [node("Mul", ["n", "g"], ["gn"]), node("Add", ["gn", "b"], ["y"])]
+    outputs = [("y", list(shape))] + ([("d", list(shape))] if extra_use else [])
+    return make_model(nodes, [("x", list(shape))], outputs, inits)
+
+
+@pytest.mark.parametrize("square, affine", [("Pow", True), ("Mul", True), ("Pow", False)])
+def test_fuse_layer_norm_pass_makes_one_layer_norm(square, affine):
+    model = decomposed_layer_norm(square, affine)
+    graph, params = from_onnx(model)
+    got, _ = run_pass("FuseLayerNorm", graph, params)
+    assert [n.op for n in got.nodes] == ["layer_norm"]
+    assert got.nodes[0].attr("axis") == 2 and got.nodes[0].attr("epsilon") == pytest.approx(1e-5)
+    assert got.nodes[0].outputs == ("y",)
+    x = rand(2, 5, 16, low=-2, high=3)
+    assert_matches_ort(model, {"x": x}, opt_level=1)
+    assert_matches_ort(model, {"x": x}, opt_level=3)
+
+
+@pytest.mark.parametrize("case", ["not_trailing", "intermediate_is_output"])
+def test_fuse_layer_norm_pass_leaves_other_graphs(case):
+    model = decomposed_layer_norm(axes=(1,)) if case == "not_trailing" else \
+        decomposed_layer_norm(extra_use=True)
+    graph, params = from_onnx(model)
+    got, _ = run_pass("FuseLayerNorm", graph, params)
+    assert "layer_norm" not in [n.op for n in got.nodes]
+    assert_matches_ort(model, {"x": rand(2, 5, 16, low=-2, high=3)}, opt_level=3)
+
+
+# FuseGelu
+
+def dense_gelu(half_first=False, mul_by_inverse=False, n=40):
+    """MatMul + bias, then exact GELU as torch exports it (models/bert.py), or with
+    0.5 * x first and x * (1 / sqrt 2): the dense layer's epilogue takes the gelu."""
+    node = helper.make_node
+    inits = {"w": rand(24, n, seed=1) * np.float32(0.5), "b": rand(n, seed=2),
+             "k": np.array(1 / np.sqrt(2) if mul_by_inverse else np.sqrt(2), np.float32),
+             "one": np.array(1.0, np.float32), "half": np.array(0.5, np.float32)}
+    nodes = [node("MatMul", ["a", "w"], ["m"]), node("Add", ["m", "b"], ["x"]),
+             node("Mul" if mul_by_inverse else "Div", ["x", "k"], ["z"]),
+             node("Erf", ["z"], ["e"]), node("Add", ["one", "e"], ["p"])]
+    if half_first:
+        nodes += [node("Mul", ["half", "x"], ["h"]), node("Mul", ["h", "p"], ["y"])]
+    else:
+        nodes += [node("Mul", ["p", "x"], ["t"]), node("Mul", ["t", "half"], ["y"])]
+    model = make_model(nodes, [("a", [3, 7, 24])], [("y", None)], inits)
+    return model, {"a": rand(3, 7, 24, seed=3, low=-3, high=3)}
+
+
+@pytest.mark.parametrize("half_first, mul_by_inverse", [(False, False), (True, True)])
+def test_fuse_gelu_pass_makes_one_gelu_in_the_dense_epilogue(half_first, mul_by_inverse):
+    model, feeds = dense_gelu(half_first, mul_by_inverse)
+    graph, params = from_onnx(model)
+    got, _ = run_pass("FuseGelu", graph, params)
+    assert [n.op for n in got.nodes] == ["dense", "add", "gelu"]
+    assert_matches_ort(model, feeds, opt_level=1)
+    # opt_level 3: dense_packed (40 outputs: two vectors and a partial one with
+    # AVX-512) with bias and gelu as its epilogue, whole vectors and lane by lane
+    for target in ("llvm -mcpu=native", "llvm -mcpu=haswell"):
+        assert_matches_ort(model, feeds, opt_level=3, target=target)
+
+
+def test_fuse_gelu_pass_leaves_other_constants():
+    model, feeds = dense_gelu()
+    for init in model.graph.initializer:
+        if init.name == "half":
+            init.float_data[:] = [0.25] if init.float_data else []
+            if not init.float_data:
+                init.raw_data = np.array(0.25, np.float32).tobytes()
+    graph, params = from_onnx(model)
+    got, _ = run_pass("FuseGelu", graph, params)
+    assert "gelu" not in [n.op for n in got.nodes]
+    assert_matches_ort(model, feeds, opt_level=3)
+
+
+# FuseAttention
+
+def bert_attention(s=20, h=2, d=12, mask=True, scale_op="Div", transposes=True,
+                   probs_out=False):
+    """Self-attention as torch.onnx writes it (models/bert.py): heads split by
+    Reshape + Transpose (K straight to [b, h, d, s]), MatMul, scale, mask, Softmax,
+    MatMul, heads merged by Transpose + Reshape; or plain 4-D operands."""
+    node = helper.make_node
+    inits = {"scale": np.array(np.sqrt(d) if scale_op == "Div" else 1 / np.sqrt(d),
+                               np.float32),
+             "heads": np.array([1, s, h, d], np.int64), "merged": np.array([1, s, h * d],
+                                                                          np.int64)}
+    nodes, names = [], {}
+    if transposes:
+        for t, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
+            nodes += [node("Reshape", [t, "heads"], [f"{t}4"]),
+                      node("Transpose", [f"{t}4"], [f"{t}t"], perm=perm)]
+            names[t] = f"{t}t"
+        inputs = [(t, [1, s, h * d]) for t in "qkv"]
+    else:
+        names = {t: t for t in "qkv"}
+        inputs = [("q", [1, h, s, d]), ("k", [1, h, d, s]), ("v", [1, h, s, d])]
+    nodes += [node("MatMul", [names["q"], names["k"]], ["sc"]),
+              node(scale_op, ["sc", "scale"], ["ss"])]
+    scores = "ss"
+    if mask:
+        inits["mask"] = np.where(rand(1, 1, 1, s, seed=9) > 0.4, 0.0, -10000.0
+                                 ).astype(np.float32)
+        nodes.append(node("Add", ["ss", "mask"], ["ms"]))
+        scores = "ms"
+    nodes += [node("Softmax", [scores], ["p"], axis=-1), node("MatMul", ["p", names["v"]],
+                                                            ["ctx"])]
+    if transposes:
+        nodes += [node("Transpose", ["ctx"], ["ct"], perm=[0, 2, 1, 3]),
+                  node("Reshape", ["ct", "merged"], ["y"])]
+    else:
+        nodes.append(node("Identity", ["ctx"], ["y"]))
+    outputs = [("y", None)] + ([("p", None)] if probs_out else [])
+    model = make_model(nodes, inputs, outputs, inits)
+    feeds = {name: rand(*shape, seed=k + 1, low=-2, high=2)
+             for k, (name, shape) in enumerate(inputs)}
+    return model, feeds
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"mask": False, "scale_op": "Mul"},
+                                    {"transposes": False, "s": 7, "d": 16}],
+                         ids=["bert", "mul_scale_no_mask", "plain_operands"])
+def test_fuse_attention_pass_makes_one_attention(kwargs):
+    model, feeds = bert_attention(**kwargs)
+    graph, params = from_onnx(model)
+    got, _ = run_pass("FuseAttention", graph, params)
+    ops = [n.op for n in got.nodes]
+    assert ops.count("attention") == 1 and not {"matmul", "softmax", "transpose"} & set(ops)
+    assert_matches_ort(model, feeds, opt_level=1)
+    assert_matches_ort(model, feeds, opt_level=3)
+
+
+def test_fuse_attention_pass_leaves_probabilities_that_are_read():
+    model, feeds = bert_attention(probs_out=True)
+    graph, params = from_onnx(model)
+    got, _ = run_pass("FuseAttention", graph, params)
+    assert "attention" not in [n.op for n in got.nodes]
+    assert_matches_ort(model, feeds, opt_level=3)
 
 
 # FuseOps

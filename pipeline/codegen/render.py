@@ -12,7 +12,7 @@ import llvmlite.ir as ir
 
 from pipeline.dsl.builder import KernelBuilder
 from pipeline.lower.kernel import KernelSpec
-from pipeline.ops import get
+from pipeline.ops import get, infer_types
 
 
 def render(spec: KernelSpec) -> str:
@@ -24,17 +24,25 @@ def render(spec: KernelSpec) -> str:
     args = {f"a{i}": buf for i, buf in enumerate(kb.buffers[:-1])}
     out = kb.buffers[-1]
     anchor, chain = spec.ops[0], spec.ops[1:]
+    # Each op's result dtype: a float16 / int8 / uint8 result is rounded to its dtype
+    # before the next op of the chain uses it (kb.narrow), as unfused ops would store it.
+    types = dict(zip(args, spec.params, strict=False))
+    for node in spec.ops:
+        types.update(zip(node.outputs, infer_types(node, [types[i] for i in node.inputs]),
+                         strict=True))
+    dtypes = {name: t.dtype for name, t in types.items()}
 
     def epilogue(value, index):
-        env = {anchor.outputs[0]: value}
+        env = {anchor.outputs[0]: kb.narrow(value, dtypes[anchor.outputs[0]])}
         for node in chain:
             operands = [env[i] if i in env else kb.load_broadcast(args[i], index)
                         for i in node.inputs]
-            env[node.outputs[0]] = get(node.op).scalar(kb, operands, node)
+            env[node.outputs[0]] = kb.narrow(get(node.op).scalar(kb, operands, node),
+                                             dtypes[node.outputs[0]])
         return env[chain[-1].outputs[0]]
 
     # Vector kernels apply the chain to whole vectors (dsl/vector.py apply_epilogue).
-    epilogue.parts = (anchor.outputs[0], chain, args, lambda op: get(op).scalar)
+    epilogue.parts = (anchor.outputs[0], chain, args, lambda op: get(op).scalar, dtypes)
 
     opdef = get(anchor.op)
     if opdef.kind == "elementwise":

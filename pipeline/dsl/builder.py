@@ -35,7 +35,28 @@ PTR = ir.PointerType()
 # not allow nnan/ninf: models may legitimately carry inf through max/relu.
 FAST = ("reassoc", "contract", "nsz")
 
-LLVM_TYPES = {"float32": F32, "float64": F64, "int64": I64, "int32": I32, "bool": ir.IntType(8)}
+I8 = ir.IntType(8)
+HALF = ir.HalfType()
+
+# What a kernel computes each dtype in (the type of loaded values, constants and
+# temporaries). The narrow dtypes compute wider: float16 in float32 (x86 and RISC-V
+# have no half arithmetic worth using here; F16C / aarch64 convert in one
+# instruction), int8 and uint8 in i32 (sign- or zero-extended, so signed compares,
+# division and sitofp are right for both). Loads widen, stores narrow (round to
+# nearest even, integers wrap), and `narrow` rounds a computed value to its dtype.
+LLVM_TYPES = {"float32": F32, "float64": F64, "int64": I64, "int32": I32, "bool": I8,
+              "float16": F32, "int8": I32, "uint8": I32}
+# How each dtype is stored in a buffer.
+STORAGE_TYPES = {**LLVM_TYPES, "float16": HALF, "int8": I8, "uint8": I8}
+NARROW = ("float16", "int8", "uint8")
+
+
+def _align(typ: ir.Type) -> int:
+    """The alignment vector loads and stores of storage type `typ` promise: one
+    element, at most 4 bytes (the base pointers' alignment is not assumed)."""
+    if typ == HALF:
+        return 2
+    return min(4, max(1, typ.width // 8)) if isinstance(typ, ir.IntType) else 4
 
 
 def row_major_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -55,7 +76,13 @@ class Buffer:
 
     @property
     def elem(self) -> ir.Type:
+        """The type values of this buffer are computed in (loads give it)."""
         return LLVM_TYPES[self.type.dtype]
+
+    @property
+    def storage(self) -> ir.Type:
+        """The element type in memory (half, i8 for the narrow dtypes)."""
+        return STORAGE_TYPES[self.type.dtype]
 
     @property
     def strides(self) -> tuple[int, ...]:
@@ -125,8 +152,10 @@ class KernelBuilder:
     def smin(self, a, b) -> Index:
         return self.index(self.select(self.index(a) < b, a, b))
 
-    def clamp(self, v: Index, size: int) -> Index:
-        """`v` clamped into [0, size)."""
+    def clamp(self, v: Index | int, size: int) -> Index | int:
+        """`v` clamped into [0, size); `v` may have folded to a Python int."""
+        if isinstance(v, int):
+            return min(max(v, 0), size - 1)
         low = self.select(v < 0, 0, v)
         return self.select(self.index(low) >= size, size - 1, low)
 
@@ -134,8 +163,9 @@ class KernelBuilder:
         """i1: 0 <= v < n as one unsigned compare; `v` may have folded to a Python int."""
         return (v if isinstance(v, Index) else self.i64(v)).below(n)
 
-    def inside(self, v: Index, lo: int, hi: int) -> ir.Value:
-        """i1: lo <= v < hi."""
+    def inside(self, v: Index | int, lo: int, hi: int) -> ir.Value:
+        """i1: lo <= v < hi; `v` may have folded to a Python int (a 1-high output)."""
+        v = v if isinstance(v, Index) else self.i64(v)
         return self.and_(v >= lo, v < hi)
 
     def checked_index(self, k, dim: int) -> Index:
@@ -196,21 +226,66 @@ class KernelBuilder:
     # -- memory --
 
     def gep(self, buf: Buffer, offset, inbounds: bool = True) -> ir.Value:
-        return self.b.gep(buf.ptr, [raw(offset)], source_etype=buf.elem, inbounds=inbounds)
+        return self.b.gep(buf.ptr, [raw(offset)], source_etype=buf.storage, inbounds=inbounds)
 
     def load(self, buf: Buffer, offset) -> ir.Value:
-        return self.b.load(self.gep(buf, offset), typ=buf.elem)
+        """buf[offset], in the buffer's compute type (`Buffer.elem`)."""
+        return self.widen(self.b.load(self.gep(buf, offset), typ=buf.storage),
+                          buf.type.dtype)
 
     def store(self, buf: Buffer, offset, value) -> None:
-        self.b.store(raw(value), self.gep(buf, offset))
+        """buf[offset] = value (a value of the compute type, narrowed to storage)."""
+        value = raw(value)
+        if buf.type.dtype in NARROW:
+            value = self._to_storage(value, buf.storage)
+        self.b.store(value, self.gep(buf, offset))
 
     def vload(self, buf: Buffer, offset, n: int) -> ir.Value:
-        """`n` consecutive elements of `buf` from `offset` as a vector (alignment of
-        one float32)."""
-        return self.b.load(self.gep(buf, offset), typ=ir.VectorType(buf.elem, n), align=4)
+        """`n` consecutive elements of `buf` from `offset` as a vector of the compute
+        type (aligned to one element)."""
+        typ = ir.VectorType(buf.storage, n)
+        return self.widen(self.b.load(self.gep(buf, offset), typ=typ,
+                                      align=_align(buf.storage)), buf.type.dtype)
 
     def vstore(self, buf: Buffer, offset, value: ir.Value) -> None:
-        self.b.store(value, self.gep(buf, offset), align=4)
+        if buf.type.dtype in NARROW:
+            value = self._to_storage(value, ir.VectorType(buf.storage, value.type.count))
+        self.b.store(value, self.gep(buf, offset), align=_align(buf.storage))
+
+    def widen(self, v: ir.Value, dtype: str) -> ir.Value:
+        """A value (scalar or vector) of `dtype`'s storage type in its compute type:
+        half -> float (exact), int8 sign- and uint8 zero-extended to i32."""
+        if dtype not in NARROW:
+            return v
+        to = LLVM_TYPES[dtype]
+        if isinstance(v.type, ir.VectorType):
+            to = ir.VectorType(to, v.type.count)
+        if dtype == "float16":
+            return self.b.fpext(v, to)
+        return (self.b.sext if dtype == "int8" else self.b.zext)(v, to)
+
+    def _to_storage(self, v: ir.Value, to: ir.Type) -> ir.Value:
+        """A compute-type value converted to the storage type `to` (fptrunc rounds to
+        nearest even; integers keep their low bits, i.e. wrap)."""
+        if v.type == to:
+            return v
+        elem = v.type.element if isinstance(v.type, ir.VectorType) else v.type
+        return self.b.fptrunc(v, to) if isinstance(elem, ir.FloatType | ir.DoubleType) \
+            else self.b.trunc(v, to)
+
+    def narrow(self, v, dtype: str) -> ir.Value:
+        """A computed value (scalar or vector) rounded to what `dtype` can hold, still
+        in the compute type: float16 rounds to nearest even, int8/uint8 wrap. Other
+        dtypes are returned as they are. Applied after each fused op of a narrow
+        dtype, so a chain gives what the ops one by one would (for float16 add, sub,
+        mul, div and sqrt, float32 then rounding to half is the exact half result)."""
+        v = raw(v)
+        if dtype not in NARROW:
+            return v
+        store = STORAGE_TYPES[dtype]
+        if isinstance(v.type, ir.VectorType):
+            store = ir.VectorType(store, v.type.count)
+        return self.widen(self._to_storage(v, store), dtype)
 
     def splat(self, scalar: ir.Value, n: int) -> ir.Value:
         """The vector with every lane `scalar` (LLVM folds this into a broadcast load)."""
@@ -253,7 +328,7 @@ class KernelBuilder:
     def scratch(self, size: int, dtype: str = "float32") -> Buffer:
         """An array of `size` elements of `dtype` on the stack (allocated once, in
         the entry block), for a kernel's temporaries."""
-        return Buffer(self._alloca(LLVM_TYPES[dtype], raw(size)),
+        return Buffer(self._alloca(STORAGE_TYPES[dtype], raw(size)),
                       TensorType((size,), dtype))
 
     def _alloca(self, typ: ir.Type, count=None) -> ir.Value:
@@ -310,34 +385,42 @@ class KernelBuilder:
         return self.intrinsic("minimumnum", a, b)
 
     def exp(self, x):
-        """exp(x) of a float32 in plain arithmetic, so loops using it vectorise
-        (llvm.exp becomes a scalar libm call): x = n ln2 + r with |r| <= ln2 / 2,
-        exp(r) = 1 + r + r^2 P(r) with the degree-5 P of Cephes expf (about
-        2 ulp), times 2**n built in the exponent bits. Exact edge values:
+        """exp(x) of a float32 (or a float32 vector) in plain arithmetic, so loops
+        using it vectorise (llvm.exp becomes a scalar libm call): x = n ln2 + r with
+        |r| <= ln2 / 2, exp(r) = 1 + r + r^2 P(r) with the degree-5 P of Cephes expf
+        (about 2 ulp), times 2**n built in the exponent bits. Exact edge values:
         0 below -87.33 (where 2**n would be subnormal), +inf above 88.72, NaN kept.
         A float64 x calls llvm.exp.f64 (the C library's exp): full double accuracy."""
         if x.type == F64:
             return self.intrinsic("exp", x)
         b = self.b
-        xc = self.fmin(self.fmax(x, self.f32(-87.33654)), self.f32(88.72283905))
-        n = self.intrinsic("floor", self.fadd(self.fmul(xc, self.f32(1.4426950408889634)),
-                                              self.f32(0.5)))
+        lanes = x.type.count if isinstance(x.type, ir.VectorType) else None
+
+        def f(c):  # the float32 constant c, splat when x is a vector
+            return ir.Constant(x.type, [float(c)] * lanes if lanes else float(c))
+
+        def i(c):
+            return ir.Constant(ir.VectorType(I32, lanes) if lanes else I32,
+                               [c] * lanes if lanes else c)
+
+        xc = self.fmin(self.fmax(x, f(-87.33654)), f(88.72283905))
+        n = self.intrinsic("floor", self.fadd(self.fmul(xc, f(1.4426950408889634)), f(0.5)))
         # r = x - n ln2, with ln2 split in two so n * hi is exact.
-        r = self.fsub(self.fsub(xc, self.fmul(n, self.f32(0.693359375))),
-                      self.fmul(n, self.f32(-2.12194440e-4)))
-        p = self.f32(1.9875691500e-4)
+        r = self.fsub(self.fsub(xc, self.fmul(n, f(0.693359375))),
+                      self.fmul(n, f(-2.12194440e-4)))
+        p = f(1.9875691500e-4)
         for c in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1,
                   5.0000001201e-1):
-            p = self.fadd(self.fmul(p, r), self.f32(c))
-        er = self.fadd(self.fadd(self.fmul(self.fmul(p, r), r), r), self.f32(1.0))
+            p = self.fadd(self.fmul(p, r), f(c))
+        er = self.fadd(self.fadd(self.fmul(self.fmul(p, r), r), r), f(1.0))
         # n reaches 128 near the top of the range: 2**127, then one more doubling.
-        top = b.fcmp_ordered(">", n, self.f32(127.0))
-        n = self.fmin(n, self.f32(127.0))
-        bits = b.shl(b.add(b.fptosi(n, I32), ir.Constant(I32, 127)), ir.Constant(I32, 23))
-        y = self.fmul(er, b.bitcast(bits, F32))
-        y = b.select(top, self.fmul(y, self.f32(2.0)), y)
-        y = b.select(b.fcmp_ordered("<", x, self.f32(-87.33654)), self.f32(0.0), y)
-        y = b.select(b.fcmp_ordered(">", x, self.f32(88.72283905)), self.f32(math.inf), y)
+        top = b.fcmp_ordered(">", n, f(127.0))
+        n = self.fmin(n, f(127.0))
+        bits = b.shl(b.add(b.fptosi(n, i(0).type), i(127)), i(23))
+        y = self.fmul(er, b.bitcast(bits, x.type))
+        y = b.select(top, self.fmul(y, f(2.0)), y)
+        y = b.select(b.fcmp_ordered("<", x, f(-87.33654)), f(0.0), y)
+        y = b.select(b.fcmp_ordered(">", x, f(88.72283905)), f(math.inf), y)
         return b.select(self.isnan(x), x, y)
 
     # -- dtype-aware scalar math (float32/64, int64/int32, bool as i8 0/1) --
@@ -349,7 +432,10 @@ class KernelBuilder:
 
     @staticmethod
     def fconst(value: float, like: ir.Value) -> ir.Constant:
-        """The float constant `value` of the same type as the value `like`."""
+        """The float constant `value` of the same type as the value `like` (splat
+        when `like` is a float vector)."""
+        if isinstance(like.type, ir.VectorType):
+            return ir.Constant(like.type, [float(value)] * like.type.count)
         return ir.Constant(like.type, float(value))
 
     def arith(self, op: str, a, b, fast: bool = True):
@@ -373,7 +459,8 @@ class KernelBuilder:
         """i1 of `a op b` for op in ==, !=, <, <=, >, >= (signed integers; floats
         ordered, so NaN is false, except != which NaN makes true unless `ordered`)."""
         a, b = raw(a), raw(b)
-        if a.type in FLOATS:
+        elem = a.type.element if isinstance(a.type, ir.VectorType) else a.type
+        if elem in FLOATS:  # lane-wise on vectors
             return self.b.fcmp_ordered(op, a, b) if op != "!=" or ordered else \
                 self.b.fcmp_unordered(op, a, b)
         return self.b.icmp_signed(op, a, b)
@@ -416,14 +503,25 @@ class KernelBuilder:
         return Index(self, self.b.zext(flag, I64))
 
     def cast(self, v, dtype: str | ir.Type) -> ir.Value:
-        """Convert `v` to `dtype` (a dtype name or its LLVM type; i8 is bool) with
-        ONNX Cast semantics (float -> int truncates)."""
+        """Convert `v` (a value in its compute type) to `dtype` (a dtype name or an
+        LLVM compute type; i8 is bool) with ONNX Cast semantics (float -> int
+        truncates toward zero; to float16 rounds to nearest even, to int8/uint8
+        keeps the low 8 bits), as a value of `dtype`'s compute type."""
         if isinstance(dtype, ir.Type):
             dtype = next(k for k, t in LLVM_TYPES.items() if t == dtype)
         v = raw(v)
         to = LLVM_TYPES[dtype]
         if dtype == "bool":
             return self.as_bool(self.truth(v))
+        if dtype == "float16":  # one rounding, from whatever precision v has
+            if v.type in FLOATS:
+                half = self.b.fptrunc(v, HALF)
+            else:
+                half = (self.b.uitofp if v.type == I8 else self.b.sitofp)(v, HALF)
+            return self.widen(half, dtype)
+        if dtype in NARROW:  # int8, uint8: through i64 (a float beyond i32 is no poison)
+            wide = self.cast(v, "int64") if v.type != I32 else v
+            return self.narrow(wide, dtype)
         if v.type == to:
             return v
         if v.type in FLOATS:

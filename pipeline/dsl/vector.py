@@ -57,6 +57,13 @@ VECTOR_OPS = {
 }
 
 
+# Ops whose scalar lowering is written in lane-generic arithmetic (float32 vectors work
+# as they are): an epilogue applies them to whole vectors, not lane by lane (a float32
+# Gelu is a 50-operation polynomial: 16 scalar copies of it would cost 16 times more).
+# op -> whether a node of it qualifies (Gelu's tanh form calls libm's tanhf: it does not).
+LANE_GENERIC_OPS = {"gelu": lambda node: node.attr("approximate") == "none"}
+
+
 def vec(n: int, elem: ir.Type = F32) -> ir.VectorType:
     return ir.VectorType(elem, n)
 
@@ -89,6 +96,20 @@ def vconst(x: float, n: int) -> ir.Constant:
     return ir.Constant(vec(n), [float(x)] * n)
 
 
+def reduce_lanes(kb: KernelBuilder, v: ir.Value, combine) -> ir.Value:
+    """combine over the lanes of the vector v as a tree of halves: log2(n) steps on
+    whole vectors, not a chain of n - 1 scalar steps (a scalar maximumnum chain is
+    several instructions a step). `combine(a, b)` takes two vectors."""
+    n = v.type.count
+    while n > 1:
+        n //= 2
+        lo, hi = (kb.b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, n),
+                                                         list(range(s, s + n))))
+                  for s in (0, n))
+        v = combine(lo, hi)
+    return kb.lane(v, 0)
+
+
 def prefetch_epilogue(kb: KernelBuilder, epilogue, out: Buffer, index: list) -> None:
     """Prefetch what the epilogue of the vector at `index` will touch: the output
     (for writing) and each argument it reads whole vectors of (a residual input,
@@ -97,7 +118,7 @@ def prefetch_epilogue(kb: KernelBuilder, epilogue, out: Buffer, index: list) -> 
     prefetch(kb, out, kb.dot(index, out.strides), write=True)
     if epilogue is None:
         return
-    _, chain, args, _ = epilogue.parts
+    _, chain, args, *_ = epilogue.parts
     for node in chain:
         for name in node.inputs:
             buf = args.get(name)
@@ -111,23 +132,31 @@ def apply_epilogue(kb: KernelBuilder, epilogue, value: ir.Value, index: list) ->
 
     `epilogue` is the closure render.py passes to `lower`; it carries the chain
     as `epilogue.parts = (anchor output name, chain nodes, argument buffers,
-    scalar_of)`, scalar_of(op name) being the op's scalar lowering (the DSL
-    does not import the operator registry).
+    scalar_of, dtypes)`, scalar_of(op name) being the op's scalar lowering (the DSL
+    does not import the operator registry) and dtypes each tensor's dtype (a
+    float16 result is rounded to half before the next op, kb.narrow).
     """
     if epilogue is None:
         return value
-    source, chain, args, scalar_of = epilogue.parts
+    source, chain, args, scalar_of, dtypes = epilogue.parts
     n = value.type.count
-    env = {source: value}
+    env = {source: kb.narrow(value, dtypes[source])}
     for node in chain:
         operands = [env[i] if i in env else kb.load_broadcast(args[i], index, n)
                     for i in node.inputs]
         if node.op in VECTOR_OPS and all(v.type == vec(n) for v in operands):
-            env[node.outputs[0]] = VECTOR_OPS[node.op](kb, operands, node)
+            env[node.outputs[0]] = kb.narrow(VECTOR_OPS[node.op](kb, operands, node),
+                                             dtypes[node.outputs[0]])
+            continue
+        scalar = scalar_of(node.op)
+        if node.op in LANE_GENERIC_OPS and LANE_GENERIC_OPS[node.op](node) and \
+                all(v.type == vec(n) for v in operands):
+            env[node.outputs[0]] = kb.narrow(scalar(kb, operands, node),
+                                             dtypes[node.outputs[0]])
             continue
         # Lane by lane with the op's own scalar lowering: exact for any op, slower.
-        scalar = scalar_of(node.op)
-        lanes = [scalar(kb, [kb.lane(v, k) for v in operands], node) for k in range(n)]
+        lanes = [kb.narrow(scalar(kb, [kb.lane(v, k) for v in operands], node),
+                           dtypes[node.outputs[0]]) for k in range(n)]
         out = ir.Constant(vec(n, lanes[0].type), None)
         for k, lane in enumerate(lanes):
             out = kb.with_lane(out, k, lane)

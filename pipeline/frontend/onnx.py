@@ -144,6 +144,7 @@ def _import(model: onnx.ModelProto, shape: dict[str, tuple[int, ...]] | None,
         model = _freeze_inputs(model, freeze, source)
     opset = default_opset(model)
     _check_supported(model, opset, source)
+    _check_element_types(model.graph, source)
 
     g = model.graph
     params = _initializers(g, source)
@@ -171,6 +172,9 @@ def _import(model: onnx.ModelProto, shape: dict[str, tuple[int, ...]] | None,
     for k, proto in enumerate(g.node):
         try:
             onode = _decode(proto, k, opset, used_names)
+            if proto.domain not in ("", "ai.onnx"):
+                onode.op_type = f"{proto.domain}.{proto.op_type}"
+                onode.opset = domain_opset(model, proto.domain)
             if onode.op_type == "Constant":
                 _import_constant(onode, ctx, source)
                 continue
@@ -271,13 +275,24 @@ def default_opset(model: onnx.ModelProto) -> int:
     return 1
 
 
+def domain_opset(model: onnx.ModelProto, domain: str) -> int:
+    """The model's opset of a custom domain (com.microsoft); 1 if unlisted."""
+    return next((imp.version for imp in model.opset_import if imp.domain == domain), 1)
+
+
 def _check_supported(model: onnx.ModelProto, opset: int, source: str) -> None:
     missing: dict[str, list[str]] = {}
     for k, node in enumerate(model.graph.node):
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             continue
         if node.domain not in ("", "ai.onnx"):
+            # Custom-domain operators have converters registered as "<domain>.<op>"
+            # (the com.microsoft quantized operators, ops/quant_ms.py).
             key = f"{node.domain}.{node.op_type}"
+            if onnx_converter(key, domain_opset(model, node.domain)) is not None:
+                continue
+        elif node.op_type in CONTROL_FLOW:
+            key = f"{node.op_type} (control flow: subgraphs are not compiled)"
         elif onnx_converter(node.op_type, opset) is None:
             key = f"{node.op_type} (opset {opset})"
         else:
@@ -290,6 +305,32 @@ def _check_supported(model: onnx.ModelProto, opset: int, source: str) -> None:
         raise UnsupportedOperatorError(
             f"{source}: unsupported operator(s): {listing}. Supported operators are "
             "registered in pipeline/ops/ (see pipeline.ops.ONNX_CONVERTERS)")
+
+
+# Operators that run subgraphs: a static graph of kernels has no place for them.
+CONTROL_FLOW = ("If", "Loop", "Scan")
+
+
+def _check_element_types(g: onnx.GraphProto, source: str) -> None:
+    """ModelError naming the tensor and the first node using it if a graph input, an
+    initializer or a Constant has an element type the IR lacks (bfloat16, float8,
+    int4, string...)."""
+    users: dict[str, str] = {}
+    for k, node in enumerate(g.node):
+        for name in node.input:
+            users.setdefault(name, f"node {node.name or f'#{k}'!r} ({node.op_type})")
+    tensors = [("input", vi.name, vi.type.tensor_type.elem_type) for vi in g.input
+               if vi.type.HasField("tensor_type")]
+    tensors += [("initializer", init.name, init.data_type) for init in g.initializer]
+    tensors += [("Constant", node.output[0], a.t.data_type) for node in g.node
+                if node.op_type == "Constant" and node.output
+                for a in node.attribute if a.name == "value"]
+    for kind, name, elem in tensors:
+        if elem not in ONNX_DTYPES:
+            used = users.get(name, "no node")
+            raise ModelError(f"{source}: {kind} {name!r} (used by {used}) has unsupported "
+                             f"element type {onnx.TensorProto.DataType.Name(elem)} "
+                             f"({', '.join(DTYPES)} are)")
 
 
 def _dtype_name(dtype, name: str) -> str:
@@ -313,20 +354,66 @@ def _input_type(vi, override, source: str) -> TensorType:
                              f"{vi.name!r} has rank {len(override)}, the model says {len(dims)}")
         return TensorType(tuple(int(d) for d in override), dtype)
     if None in dims or not tt.HasField("shape"):
-        raise ModelError(f"{source}: input {vi.name!r} has a symbolic shape {dims}; give "
-                         f"its shape in the config (models.<name>.inputs.{vi.name})")
+        named = [d.dim_param or "?" if not d.HasField("dim_value") else d.dim_value
+                 for d in tt.shape.dim]
+        symbols = ", ".join(repr(d) for d in named if isinstance(d, str))
+        what = (f"symbolic dimension {symbols} (shape {named})" if tt.HasField("shape")
+                else "no declared shape")
+        raise ModelError(f"{source}: input {vi.name!r} has {what}: give its shape (config: "
+                         f"models.<name>.inputs.{vi.name}; command line: --input "
+                         f"{vi.name}=d0,d1,...; Python: from_onnx(shape=...))")
     return TensorType(tuple(dims), dtype)
+
+
+def with_input_shapes(model: onnx.ModelProto,
+                      shapes: dict[str, tuple[int, ...]]) -> onnx.ModelProto:
+    """`model` with the graph inputs named in `shapes` declared at those shapes, and
+    the shapes it declares for its outputs and intermediates (value_info) removed
+    when an input changed: they were worked out for the old input shapes (batch 1,
+    say), and ONNX shape inference, onnxruntime and the reference evaluator would
+    hold the new shapes against them. Returns `model` itself when nothing changes,
+    else a copy (element types kept). Used by the import and by the references
+    that validate or time a library built with overrides."""
+    changed = {}
+    for vi in model.graph.input:
+        if vi.name in shapes:
+            dims = vi.type.tensor_type.shape.dim
+            declared = [d.dim_value if d.HasField("dim_value") else None for d in dims]
+            if declared != [int(d) for d in shapes[vi.name]]:
+                changed[vi.name] = shapes[vi.name]
+    if not changed:
+        return model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    _set_input_shapes(copy, changed)
+    return copy
+
+
+def _set_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> None:
+    """In place: inputs in `shapes` take those dims; every output's and value_info's
+    declared shape is cleared (its element type stays) for inference to redo."""
+    for vi in model.graph.input:
+        if vi.name in shapes:
+            dims = vi.type.tensor_type.shape.dim
+            del dims[:]
+            for d in shapes[vi.name]:
+                dims.add().dim_value = int(d)
+    for vi in model.graph.output:
+        if vi.type.tensor_type.HasField("shape"):
+            vi.type.tensor_type.ClearField("shape")
+    del model.graph.value_info[:]
 
 
 def _onnx_shape_inference(model, types, inputs, source) -> dict[str, tuple[int, ...]]:
     """Shapes ONNX infers once our input shapes are set, by tensor name."""
-    model = _without_large_initializers(model)
-    for vi in model.graph.input:
-        if vi.name in {i.name for i in inputs}:
-            dims = vi.type.tensor_type.shape.dim
-            del dims[:]
-            for d in types[vi.name].shape:
-                dims.add().dim_value = d
+    model = _without_large_initializers(model)  # a copy: changed in place below
+    names = {i.name for i in inputs}
+    declared = {vi.name: [d.dim_value if d.HasField("dim_value") else None
+                          for d in vi.type.tensor_type.shape.dim]
+                for vi in model.graph.input if vi.name in names}
+    if any(declared[n] != list(types[n].shape) for n in names):
+        # Overridden inputs: the declared output shapes are the old batch's.
+        _set_input_shapes(model, {n: types[n].shape for n in names})
     del model.graph.value_info[:]
     try:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)

@@ -18,9 +18,11 @@ from dataclasses import dataclass, field
 from pipeline.errors import GraphError
 
 # The element types the IR has, by ONNX TensorProto code (FLOAT, DOUBLE, INT64, INT32,
-# BOOL): the one table the ONNX import, Cast and the backend read. Plain ints, as
-# the IR does not import onnx.
-ONNX_DTYPES = {1: "float32", 11: "float64", 7: "int64", 6: "int32", 9: "bool"}
+# BOOL, FLOAT16, INT8, UINT8): the one table the ONNX import, Cast and the backend
+# read. Plain ints, as the IR does not import onnx. Kernels compute the narrow ones
+# (float16, int8, uint8) in a wider type: pipeline/dsl/builder.py.
+ONNX_DTYPES = {1: "float32", 11: "float64", 7: "int64", 6: "int32", 9: "bool",
+               10: "float16", 3: "int8", 2: "uint8"}
 DTYPES = tuple(ONNX_DTYPES.values())
 
 

@@ -33,13 +33,14 @@ from pipeline.link.blob import (
 )
 from pipeline.link.elf import SECTION_HEADER, SHT_SYMTAB, SYMBOL
 
-__all__ = ["code_digest", "stamp_code_digest", "verify_code_digest"]
+__all__ = ["blob_offset", "code_digest", "elf_sections", "stamp_code_digest",
+           "verify_code_digest"]
 
 _SHT_NOBITS, _SHT_DYNSYM = 8, 11
 _SHF_ALLOC, _SHF_EXECINSTR = 0x2, 0x4
 
 
-def _sections(data, source: str) -> list[tuple]:
+def elf_sections(data, source: str) -> list[tuple]:
     """(name, type, flags, addr, offset, size, link) of every section; BlobError if
     the file is not an ELF64 little-endian file with readable section headers."""
     if len(data) < 64 or data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
@@ -62,9 +63,9 @@ def _sections(data, source: str) -> list[tuple]:
 
 def code_digest(data, source: str, sections: list[tuple] | None = None) -> bytes:
     """sha256 over the executable sections of the ELF library bytes `data`
-    (`sections`: _sections(data) if the caller has them already)."""
+    (`sections`: elf_sections(data) if the caller has them already)."""
     digest = hashlib.sha256()
-    code = [s for s in sections or _sections(data, source)
+    code = [s for s in sections or elf_sections(data, source)
             if s[2] & (_SHF_ALLOC | _SHF_EXECINSTR) == _SHF_ALLOC | _SHF_EXECINSTR
             and s[1] != _SHT_NOBITS]
     if not code:
@@ -75,7 +76,7 @@ def code_digest(data, source: str, sections: list[tuple] | None = None) -> bytes
     return digest.digest()
 
 
-def _blob_offset(data, sections: list[tuple]) -> int | None:
+def blob_offset(data, sections: list[tuple]) -> int | None:
     """The file offset of BLOB_SYMBOL's bytes, from the dynamic or static symbol
     table; None if the library has no blob."""
     want = BLOB_SYMBOL.encode()
@@ -97,7 +98,7 @@ def _blob_offset(data, sections: list[tuple]) -> int | None:
 
 def _digest_slot(data, sections: list[tuple], source: str) -> int | None:
     """The file offset of the blob's code-digest trailer (None: no blob)."""
-    start = _blob_offset(data, sections)
+    start = blob_offset(data, sections)
     if start is None:
         return None
     total = read_blob_header_length(bytes(data[start:start + BLOB_PREFIX_SIZE]), source)
@@ -111,7 +112,7 @@ def stamp_code_digest(path: str | os.PathLike) -> bool:
     """Write the code digest into the blob of the freshly linked library at path;
     False (file untouched) if the library has no blob."""
     with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as data:
-        sections = _sections(data, os.fspath(path))
+        sections = elf_sections(data, os.fspath(path))
         slot = _digest_slot(data, sections, os.fspath(path))
         if slot is None:
             return False
@@ -126,7 +127,7 @@ def verify_code_digest(path: str | os.PathLike, source: str) -> None:
     if os.path.getsize(path) < 64:
         raise BlobError(f"{source}: not an ELF64 little-endian library")
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        sections = _sections(data, source)
+        sections = elf_sections(data, source)
         slot = _digest_slot(data, sections, source)
         if slot is None:
             raise BlobError(f"{source}: no {BLOB_SYMBOL} symbol; not a library exported by "

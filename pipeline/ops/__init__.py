@@ -2,8 +2,10 @@
 importing this package registers them all. Imports only dsl, ir and errors."""
 
 from pipeline.ops import (  # noqa: F401  (registration)
+    attention,
     conv,
     conv_blocked,
+    conv_pointwise,
     conv_transpose,
     conv_winograd,
     dense_packed,
@@ -17,6 +19,12 @@ from pipeline.ops import (  # noqa: F401  (registration)
     norm,
     pool,
     pool_blocked,
+    qconv_blocked,
+    qdense_packed,
+    quant,
+    quant_conv,
+    quant_ms,
+    recurrent,
     reduce,
     resize,
     scan,

@@ -4,7 +4,8 @@ logic, Where and Cast; plus Identity and Dropout.
 
 Each is lowered as a scalar function of LLVM values; the builder's
 dtype-aware helpers (arith, compare, cast) pick float or integer instructions
-from the values' types, so one definition serves float32, float64, int64 and int32.
+from the values' types, so one definition serves float32, float64, int64 and int32
+(float16, int8 and uint8 compute in float32 / int32: pipeline/dsl/builder.py).
 Comparisons and logic produce bool, stored as one byte holding 0 or 1.
 Unary math and activations are in pipeline/ops/unary.py.
 """
@@ -18,7 +19,7 @@ from pipeline.errors import ModelError
 from pipeline.ir.graph import ONNX_DTYPES, Node, TensorType
 from pipeline.ops.registry import Limit, broadcast_shape, onnx_op, register
 
-NUMERIC = ("float32", "float64", "int64", "int32")
+NUMERIC = ("float32", "float64", "int64", "int32", "float16", "int8", "uint8")
 # ONNX TensorProto element types we convert to, for Cast's `to`.
 
 
@@ -154,7 +155,7 @@ onnx_op("Mod", 10, emits=("mod",))(
 
 
 def _prelu_infer(types, node):
-    _check(node, types, ("float32", "float64"))
+    _check(node, types, ("float32", "float64", "float16"))
     out = _broadcast_type(node, types, types[0].dtype)
     if out[0].shape != types[0].shape:
         raise ModelError(f"node {node.name!r} (PRelu): slope {list(types[1].shape)} does not "

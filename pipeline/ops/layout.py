@@ -2,13 +2,17 @@
 
 A blocked tensor [N, C/b, H, W, b] keeps b consecutive channels of one pixel
 together, so one vector register holds them (transform/layout.py decides where
-tensors are blocked). The transform is a pure permutation: no arithmetic.
+tensors are blocked). The transform is a pure permutation: no arithmetic. A blocked
+tensor may carry padding channels past the plain tensor's C (a convolution whose
+filters are not a multiple of b, padded with zero filters): going to NCHW, the
+attribute `channels` (the plain C) drops them.
 """
 
 from __future__ import annotations
 
 import re
 
+import llvmlite.ir as ir
 import numpy as np
 
 from pipeline.dsl.vector import parallel_for
@@ -48,7 +52,11 @@ def _infer(types, node):
                          f"{node.attr('src_layout')} {list(shape)} to {node.attr('dst_layout')}")
     if src:
         n, cb, h, w, b = shape
-        return [TensorType((n, cb * b, h, w), types[0].dtype)]
+        channels = node.attr("channels", cb * b)
+        if not cb * b - b < channels <= cb * b:
+            raise GraphError(f"node {node.name!r} (layout_transform): {channels} channels "
+                             f"do not fit {list(shape)}")
+        return [TensorType((n, channels, h, w), types[0].dtype)]
     if shape[1] % dst:
         raise GraphError(f"node {node.name!r} (layout_transform): {shape[1]} channels are "
                          f"not a multiple of the block {dst}")
@@ -60,26 +68,61 @@ def _numpy(xs, node):
     x = xs[0]
     if src:
         n, cb, h, w, b = x.shape
-        return [x.transpose(0, 1, 4, 2, 3).reshape(n, cb * b, h, w)]
+        plain = x.transpose(0, 1, 4, 2, 3).reshape(n, cb * b, h, w)
+        return [plain[:, :node.attr("channels", cb * b)].copy()]
     n, c, h, w = x.shape
     return [x.reshape(n, c // dst, dst, h, w).transpose(0, 1, 3, 4, 2).copy()]
 
 
+def _transpose(kb, rows: list) -> list:
+    """The b x b transpose of `rows` (b vectors of b lanes, b a power of two) in
+    log2(b) rounds of interleaving row k with row k + b/2 (shuffles in registers)."""
+    b = len(rows)
+    halves = [[x for k in range(lo, lo + b // 2) for x in (k, b + k)] for lo in (0, b // 2)]
+    masks = [ir.Constant(ir.VectorType(ir.IntType(32), b), m) for m in halves]
+    for _ in range(b.bit_length() - 1):
+        rows = [kb.b.shuffle_vector(rows[k], rows[k + b // 2], mask)
+                for k in range(b // 2) for mask in masks]
+    return rows
+
+
 def _lower(kb, node, ins, out, epilogue):
-    """Walk the blocked side in order; each (image, channel block) is one work item."""
+    """Walk the blocked side in order; each (image, channel block) is one work item.
+    With a block of 8 or 16 and no padding channels, b pixels at a time go through a
+    b x b transpose in registers (whole-vector loads and stores on both sides); the
+    pixels left over, and the other cases, go element by element."""
     src, dst = _blocks(node)
     plain, blocked = (out, ins[0]) if src else (ins[0], out)
     n_n, cb_n, h, w, b = blocked.type.shape
+    channels = plain.type.shape[1]
     with parallel_for(kb, n_n * cb_n, "blocks", work=blocked.type.size) as item:
         base = item * (h * w * b)            # blocked offset of (n, cb, 0, 0, 0)
-        pbase = item * (b * h * w)           # plain offset of (n, cb*b, 0, 0)
-        with kb.loop(0, h * w, "p") as p, kb.loop(0, b, "c") as c:
-            bo = base + (p * b + c)
-            po = pbase + (c * (h * w) + p)
-            if src:
-                kb.store(out, po, kb.load(ins[0], bo))
-            else:
-                kb.store(out, bo, kb.load(ins[0], po))
+        n, cb = item // cb_n, item % cb_n
+        pbase = (n * channels + cb * b) * (h * w)  # plain offset of (n, cb*b, 0, 0)
+        # the padding channels of the last block (channels < cb_n * b) are dropped
+        width = b if channels == cb_n * b else \
+            min(channels - cb * b, b) if isinstance(cb, int) else kb.smin(channels - cb * b, b)
+        done = 0
+        if b in (8, 16) and channels == cb_n * b:
+            done = h * w // b * b
+            with kb.loop(0, h * w // b, "q") as q:
+                p0 = q * b
+                if src:  # pixel rows of b channels -> channel rows of b pixels
+                    rows = [kb.vload(ins[0], base + (p0 + j) * b, b) for j in range(b)]
+                    for c, v in enumerate(_transpose(kb, rows)):
+                        kb.vstore(out, pbase + c * (h * w) + p0, v)
+                else:
+                    rows = [kb.vload(ins[0], pbase + c * (h * w) + p0, b) for c in range(b)]
+                    for j, v in enumerate(_transpose(kb, rows)):
+                        kb.vstore(out, base + (p0 + j) * b, v)
+        if done < h * w:
+            with kb.loop(done, h * w, "p") as p, kb.loop(0, width, "c") as c:
+                bo = base + (p * b + c)
+                po = pbase + (c * (h * w) + p)
+                if src:
+                    kb.store(out, po, kb.load(ins[0], bo))
+                else:
+                    kb.store(out, bo, kb.load(ins[0], po))
 
 
 register("layout_transform", "opaque", _infer, lower=_lower, numpy=_numpy,

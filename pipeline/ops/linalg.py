@@ -16,12 +16,12 @@ from pipeline.ops.registry import broadcast_shape, onnx_op, register
 
 
 def _check_float(node, types) -> None:
-    """ModelError naming the node unless its operands are all float32 or all float64."""
+    """ModelError naming the node unless its operands all have one float dtype."""
     dtypes = {t.dtype for t in types}
-    if len(dtypes) > 1 or not dtypes <= {"float32", "float64"}:
+    if len(dtypes) > 1 or not dtypes <= {"float32", "float64", "float16"}:
         raise ModelError(f"node {node.name!r} ({node.op}): operand dtypes "
-                         f"{[t.dtype for t in types]} are not supported (all float32 or all "
-                         "float64 are)")
+                         f"{[t.dtype for t in types]} are not supported (all float32, all "
+                         "float64 or all float16 are)")
 
 
 def _dense_infer(types, node):

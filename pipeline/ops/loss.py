@@ -26,9 +26,9 @@ _REDUCTIONS = ("none", "sum", "mean")
 
 def _nll_infer(types, node):
     x, target = types[:2]
-    if x.dtype not in ("float32", "float64") or target.dtype not in ("int64", "int32"):
+    if x.dtype not in ("float32", "float64", "float16") or target.dtype not in ("int64", "int32"):
         raise ModelError(f"node {node.name!r} (nll_loss): input {x.dtype} and target "
-                         f"{target.dtype} are not supported (float32/float64 and "
+                         f"{target.dtype} are not supported (float32/float64/float16 and "
                          "int64/int32 are)")
     if len(x.shape) < 2 or target.shape != x.shape[:1] + x.shape[2:]:
         raise ModelError(f"node {node.name!r} (nll_loss): target {list(target.shape)} does "

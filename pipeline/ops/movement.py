@@ -32,7 +32,10 @@ def remap_lower(tables_of):
     def lower(kb, node, ins, out, epilogue):
         tables = tables_of(node, ins[0].type, out.type)
         padded = any((t < 0).any() for t in tables)
-        with kb.nest(out.type.shape, "o") as index:
+        shape = out.type.shape
+        if epilogue is None and not padded:
+            shape, tables = merge_axes(shape, tables)
+        with kb.nest(shape, "o") as index:
             offset = 0
             for i, t in zip(index, tables, strict=True):
                 offset = offset + axis_term(kb, t, i)
@@ -45,8 +48,32 @@ def remap_lower(tables_of):
                 value = kb.load(ins[0], offset)
             if epilogue is not None:
                 value = epilogue(value, index)
-            kb.store(out, kb.dot(index, out.strides), value)
+            kb.store(out, kb.dot(index, row_major_strides(shape)), value)
     return lower
+
+
+def merge_axes(shape: tuple[int, ...], tables: list) -> tuple[tuple[int, ...], list]:
+    """The output viewed with fewer axes: an axis whose table is affine with a step of
+    the next (affine) axis's step times its length reads on where that axis ends, so
+    the two are one axis (a transpose's untouched trailing axes become one long,
+    contiguous inner loop); size-1 axes fold into their neighbour. Tables must not
+    hold OUTSIDE entries."""
+    def step(t):
+        return int(t[1] - t[0]) if len(t) > 1 and (np.diff(t) == t[1] - t[0]).all() else None
+
+    dims, tabs = [], []
+    for d, t in zip(shape, tables, strict=True):
+        if dims and d == 1:
+            tabs[-1] = tabs[-1] + t[0]
+        elif dims and dims[-1] == 1:
+            dims[-1], tabs[-1] = d, t + tabs[-1][0]
+        elif dims and step(t) is not None and step(tabs[-1]) == step(t) * d:
+            dims[-1] *= d
+            tabs[-1] = tabs[-1][0] + t[0] + step(t) * np.arange(dims[-1], dtype=np.int64)
+        else:
+            dims.append(d)
+            tabs.append(t)
+    return tuple(dims), tabs
 
 
 def axis_term(kb, table: np.ndarray, i):

@@ -19,6 +19,15 @@ from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.nn import as_1d, lift_1d, spatial_attrs, window_out
 from pipeline.ops.registry import Limit, onnx_op, register
 
+# The smallest value of the 8-bit integer types a max pool takes (quantized tensors).
+INT8 = {"uint8": 0, "int8": -128}
+
+
+def int8_max(kb, dtype: str, a, b):
+    """max(a, b) of uint8 / int8 scalars or vectors."""
+    cmp = kb.b.icmp_unsigned if dtype == "uint8" else kb.b.icmp_signed
+    return kb.b.select(cmp(">", a, b), a, b)
+
 
 def _pool_infer(types, node):
     """(N, C, spatial...) -> (N, C, windows per spatial dim) for 2-D and 3-D windows."""
@@ -74,6 +83,8 @@ def _pool_lower(kb, node, ins, out, epilogue):
                 row.append((kb.clamp(at, size) * stride, inside, padded))
             taps.append(row)
         acc = kb.f32(-math.inf if is_max else 0.0)
+        if x.type.dtype in INT8:  # max of a quantized tensor (FuseQDQ): on its bytes
+            acc = kb.const(INT8[x.type.dtype], x.elem)
         count = kb.f32(0.0)
         for tap in itertools.product(*taps):
             ok, padded, at = tap[0][1], tap[0][2], base + tap[0][0]
@@ -82,7 +93,8 @@ def _pool_lower(kb, node, ins, out, epilogue):
                 ok, padded = kb.and_(ok, inside), kb.and_(padded, in_pads)
             v = kb.load(x, at)
             if is_max:
-                acc = kb.select(ok, kb.fmax(acc, v), acc)
+                acc = kb.select(ok, int8_max(kb, x.type.dtype, acc, v)
+                                if x.type.dtype in INT8 else kb.fmax(acc, v), acc)
                 continue
             acc = kb.select(ok, kb.fadd(acc, _lp_term(kb, node, v) if is_lp else v), acc)
             # With count_include_pad the padding counts, the ceil_mode overhang

@@ -22,6 +22,7 @@ from pipeline.dsl.vector import (
     vmax,
 )
 from pipeline.ir.graph import TensorType
+from pipeline.ops.pool import INT8, int8_max
 from pipeline.ops.registry import get, register
 
 
@@ -46,7 +47,9 @@ def _lower(kb, node, ins, out, epilogue):
         plane, oh = item // oh_n, item % oh_n  # plane = n * cb_n + cb
         x_plane = plane * (h * w * vb)
         with kb.loop(0, ow_n, "ow") as ow:
-            acc = kb.local(ir.Constant(vec(vb), start))
+            quantized = x.type.dtype in INT8  # a max of quantized bytes (FuseQDQ)
+            acc = kb.local(ir.Constant(vec(vb, x.elem), [INT8[x.type.dtype]] * vb)
+                           if quantized else ir.Constant(vec(vb), start))
             count = kb.local(kb.f32(0.0))
             for kh in range(kh_n):
                 ih = oh * sh + (kh * dh - pt)
@@ -57,7 +60,8 @@ def _lower(kb, node, ins, out, epilogue):
                     ok = kb.and_(ok_h, kb.inside(iw, 0, w))
                     v = kb.vload(x, row + kb.clamp(iw, w) * vb, vb)
                     old = kb.get(acc)
-                    new = vmax(kb, old, v) if is_max else kb.fadd(old, v)
+                    new = (int8_max(kb, x.type.dtype, old, v) if quantized else
+                           vmax(kb, old, v)) if is_max else kb.fadd(old, v)
                     kb.set(acc, kb.select(ok, new, old))
                     if not is_max:
                         counted = kb.and_(pad_h, kb.inside(iw, -pl, w + pr)) \

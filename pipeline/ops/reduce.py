@@ -20,8 +20,8 @@ from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.registry import onnx_op, register
 from pipeline.ops.softmax import COLUMNS, column_blocks, max_and_exp_sum
 
-_INT_DTYPES = ("int64", "int32")
-_FLOAT_DTYPES = ("float32", "float64")
+_INT_DTYPES = ("int64", "int32", "int8", "uint8")
+_FLOAT_DTYPES = ("float32", "float64", "float16")
 # kind -> (identity, map applied to each x, combine, finalize(acc, count), numpy)
 _KINDS = {
     "sum": (0.0, None, "add", None, lambda x, ax, kd: np.sum(x, ax, keepdims=kd)),
@@ -59,8 +59,11 @@ def _identity(kind: str, dtype: str):
     """The start value of a `kind` reduction in `dtype` (ints: the type's extremes)."""
     if dtype in _FLOAT_DTYPES:
         return _KINDS[kind][0]
-    bits = {"int64": 64, "int32": 32, "bool": 1}[dtype]
-    low, high = (0, 1) if dtype == "bool" else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+    if dtype in ("bool", "uint8"):
+        low, high = 0, 1 if dtype == "bool" else 255
+    else:
+        bits = {"int64": 64, "int32": 32, "int8": 8}[dtype]
+        low, high = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
     return {"sum": 0, "prod": 1, "max": low, "min": high}[kind]
 
 

@@ -24,7 +24,7 @@ from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.registry import onnx_op, register
 from pipeline.ops.shape import need_const, norm_axis
 
-_NUMERIC = ("float32", "float64", "int64", "int32")
+_NUMERIC = ("float32", "float64", "int64", "int32", "float16", "int8", "uint8")
 
 
 def _numeric(types, node):

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from pipeline.dsl.vector import reduce_lanes, vconst, vmax, zeros
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node
 from pipeline.ops.registry import axis_attr, onnx_op, register
@@ -52,10 +53,10 @@ def max_and_exp_sum(kb, x, base, length, store=None):
 
 
 def _float_infer(types, node):
-    """The input's type; a float32 or float64 input (else a ModelError naming the node)."""
-    if types[0].dtype not in ("float32", "float64"):
+    """The input's type; a float input (else a ModelError naming the node)."""
+    if types[0].dtype not in ("float32", "float64", "float16"):
         raise ModelError(f"node {node.name!r} ({node.op}): input dtype {types[0].dtype} is "
-                         "not supported (float32, float64 are)")
+                         "not supported (float32, float64, float16 are)")
     return [types[0]]
 
 
@@ -75,6 +76,9 @@ def _softmax_lower(kb, node, ins, out, epilogue):
         _softmax_columns(kb, node, ins[0], out, outer, length, inner)
         return
     x = ins[0]
+    if x.type.dtype == "float32" and length >= 8:
+        _softmax_rows_vector(kb, node.op, x, out, outer, length)
+        return
     with kb.loop(0, outer, "r") as r:
         base = r * length
         store = out if node.op == "softmax" else None
@@ -88,6 +92,57 @@ def _softmax_lower(kb, node, ins, out, epilogue):
             y = kb.fsub(kb.load(x, o), shift) if node.op == "log_softmax" else \
                 kb.fmul(kb.load(out, o), scale)
             kb.store(out, o, y)
+
+
+def _softmax_rows_vector(kb, op, x, out, outer, length):
+    """float32 rows in explicit vectors of 16 (or 8) lanes and a scalar tail: the
+    scalar loops' max and sum reductions do not vectorise (strict float order)."""
+    lanes = 16 if length >= 16 else 8
+    full = length - length % lanes
+
+    def splat(v):
+        return kb.splat(v, lanes)
+
+    with kb.loop(0, outer, "r") as r:
+        base = r * length
+        # max: lane-wise, then across lanes and the tail (NaN ignored in both, as fmax)
+        acc = kb.local(vconst(-math.inf, lanes))
+        with kb.loop(0, full // lanes, "k") as k:
+            kb.set(acc, vmax(kb, kb.get(acc), kb.vload(x, base + k * lanes, lanes)))
+        peak = reduce_lanes(kb, kb.get(acc), lambda p, q: vmax(kb, p, q))
+        for t in range(full, length):
+            peak = kb.fmax(peak, kb.load(x, base + t))
+        # sum of exp(x - max), storing the exponentials for softmax
+        kb.set(acc, zeros(lanes))
+        with kb.loop(0, full // lanes, "k") as k:
+            o = base + k * lanes
+            e = kb.exp(kb.fsub(kb.vload(x, o, lanes), splat(peak)))
+            if op == "softmax":
+                kb.vstore(out, o, e)
+            kb.set(acc, kb.fadd(kb.get(acc), e))
+        total = reduce_lanes(kb, kb.get(acc), kb.fadd)
+        for t in range(full, length):
+            e = kb.exp(kb.fsub(kb.load(x, base + t), peak))
+            if op == "softmax":
+                kb.store(out, base + t, e)
+            total = kb.fadd(total, e)
+        if op == "log_softmax":  # (x - max) - log(sum): x - (max + log(sum)) would
+            log_total = kb.intrinsic("log", total)  # round max + log(sum) to max's ulp
+        else:
+            scale = kb.fdiv(kb.fconst(1.0, total), total)
+        with kb.loop(0, full // lanes, "k") as k:
+            o = base + k * lanes
+            y = kb.fsub(kb.fsub(kb.vload(x, o, lanes), splat(peak), fast=False),
+                        splat(log_total), fast=False) \
+                if op == "log_softmax" else \
+                kb.fmul(kb.vload(out, o, lanes), splat(scale))
+            kb.vstore(out, o, y)
+        for t in range(full, length):
+            y = kb.fsub(kb.fsub(kb.load(x, base + t), peak, fast=False), log_total,
+                        fast=False) \
+                if op == "log_softmax" else \
+                kb.fmul(kb.load(out, base + t), scale)
+            kb.store(out, base + t, y)
 
 
 def _softmax_columns(kb, node, x, out, outer, length, inner):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 
+import llvmlite.ir as ir
 import numpy as np
 
 from pipeline.dsl.builder import F32, FLOATS
@@ -29,7 +30,8 @@ _erf_np = np.vectorize(math.erf, otypes=[np.float64])
 
 def _unary_infer(types: list[TensorType], node: Node) -> list[TensorType]:
     dtype = types[0].dtype
-    allowed = ("float32", "float64") + (("int64", "int32") if node.op in _INT_TOO else ())
+    allowed = ("float32", "float64", "float16") + (
+        ("int64", "int32", "int8", "uint8") if node.op in _INT_TOO else ())
     if dtype not in allowed:
         raise ModelError(f"node {node.name!r} ({node.op}): input dtype {dtype} is not "
                          f"supported ({', '.join(allowed)} are)")
@@ -86,9 +88,14 @@ def _erf_erfc(kb, a):
             kb.select(below, kb.fsub(one, small), tail))
 
 
+def _is_f32(x) -> bool:
+    """x is a float32 or a vector of float32 (the polynomial forms work lane-wise)."""
+    return (x.type.element if isinstance(x.type, ir.VectorType) else x.type) == F32
+
+
 def _erf(kb, x):
     """erf(x): the polynomial form above for float32 (NaN kept), libm's erf for float64."""
-    if x.type != F32:
+    if not _is_f32(x):
         return kb.extern("erff", x)
     erf, _ = _erf_erfc(kb, kb.intrinsic("fabs", x))
     return kb.select(kb.isnan(x), x, kb.intrinsic("copysign", erf, x))
@@ -98,7 +105,7 @@ def _gelu_erf(kb, x):
     """0.5 x (1 + erf(x / sqrt 2)); in float32 1 + erf(z) of a negative z is erfc(-z),
     so the negative tail keeps its relative accuracy (no 1 - 0.99... cancellation)."""
     z = kb.fmul(x, _f(kb, 1 / math.sqrt(2), x))
-    if x.type != F32:
+    if not _is_f32(x):
         return kb.fmul(kb.fmul(_f(kb, 0.5, x), x), kb.fadd(_f(kb, 1.0, x), _erf(kb, z)))
     erf, erfc = _erf_erfc(kb, kb.intrinsic("fabs", z))
     factor = kb.select(kb.compare("<", x, _f(kb, 0.0, x)), erfc, kb.fadd(_f(kb, 1.0, x), erf))
@@ -332,9 +339,9 @@ def _clip_v11(ctx, n):
 # -- IsNaN, IsInf: float in, bool out ---------------------------------------------------
 
 def _predicate_infer(types, node):
-    if types[0].dtype not in ("float32", "float64"):
+    if types[0].dtype not in ("float32", "float64", "float16"):
         raise ModelError(f"node {node.name!r} ({node.op}): input dtype {types[0].dtype} is "
-                         "not supported (float32, float64 are)")
+                         "not supported (float32, float64, float16 are)")
     return [TensorType(types[0].shape, "bool")]
 
 

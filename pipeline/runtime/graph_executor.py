@@ -219,14 +219,15 @@ class GraphExecutor:
     def set_input(self, key: int | str, value: Any) -> None:
         """Copy value into the input (or param) named key, or the key-th graph input.
 
-        Raises ValueError naming the input if shape or dtype differ.
+        Raises ValueError naming the input and the shape the library was built for
+        (a library is built for one batch size) if shape or dtype differ.
         """
         slot = self._resolve(key)
         name, shape, dtype = self._slots[slot]
         value = np.asarray(value)
         if value.shape != shape or value.dtype != dtype:
-            raise ValueError(f"input {name!r}: expected shape {list(shape)} {dtype}, "
-                             f"given shape {list(value.shape)} {value.dtype}")
+            raise ValueError(f"input {name!r}: the library was built for shape {list(shape)} "
+                             f"{dtype}, given shape {list(value.shape)} {value.dtype}")
         value = np.ascontiguousarray(value)
         self._api["pl_set_input"](self._h, slot, value.ctypes.data, value.nbytes)
 

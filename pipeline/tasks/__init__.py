@@ -32,8 +32,9 @@ and .so, and no other target's.
 from __future__ import annotations
 
 import importlib
-import json
+import importlib.metadata
 import os
+import platform
 import signal
 import threading
 import traceback
@@ -46,7 +47,7 @@ from pipeline.errors import PipelineError
 from pipeline.ir.target import parse_target
 from pipeline.link.runtime_c import C_SOURCES
 from pipeline.lower.sources import CODEGEN_ROOTS
-from pipeline.tasks import cache, tiered
+from pipeline.tasks import cache, lazy, tiered
 from pipeline.tasks.config import BuildConfig, ModelEntry, TargetEntry
 from pipeline.tasks.deps import sources
 from pipeline.tasks.explain import options_changed
@@ -88,7 +89,9 @@ def run_stage(fn: str, *args, task, cached: tuple[Action, CacheSettings] | None 
 
     cached: (what decides the outputs, the cache settings): the outputs are looked
     up in the action cache's tiers first and restored on a hit (values
-    {"cache": "local" | "remote"}), else computed and stored (pipeline.tasks.tiered).
+    {"cache": "local" | "remote"}; intermediates may stay in the cache:
+    pipeline.tasks.lazy), else computed and stored (pipeline.tasks.tiered).
+    Inputs a hit left in the cache are fetched, or remade, before the stage runs.
 
     A user-caused error (PipelineError) becomes one TaskFailed line. Any other
     exception is a compiler bug, but the user still gets one line: the task, the
@@ -99,19 +102,24 @@ def run_stage(fn: str, *args, task, cached: tuple[Action, CacheSettings] | None 
     a kernel task's {"compiled": bool} to count cache hits), with "worker": the
     pid that ran it.
     """
-    module, _, name = fn.partition(":")
     _test_kill(task.name, "before")
     key = None
     try:
         if cached is not None and cached[1].actions:
             action, settings = cached
             key = action.key()
-            tier = tiered.lookup(settings, key, action.outputs)
+            tier = tiered.lookup(settings, action, key, (fn, list(args)))
             if tier is not None:
                 return {"cache": tier, "worker": os.getpid(), **_warnings(settings)}
-        result = getattr(importlib.import_module(f"pipeline.{module}"), name)(*args)
+        # Inputs a cache hit left in the cache come down (or are remade) now.
+        for dep in sorted(task.file_dep):
+            if not os.path.exists(dep):
+                tiered.materialize(dep)
+        result = tiered.run_body(fn, args)
         if key is not None:
             tiered.save(settings, key, action.all_outputs())
+        if cached is not None:
+            lazy.drop(cached[0].all_outputs().values())
     except PipelineError as err:
         return TaskFailed(str(err))
     except Exception as err:  # noqa: BLE001 - a bug: log it, keep the user's line short
@@ -198,14 +206,18 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
     cache_root = settings.root
 
     def cached(fn: str, args: list, inputs: list[str], outputs: list[str] | dict,
-               extra: dict | None = None, specs_of: str | None = None) -> tuple:
-        """The doit action running stage `fn` through the action cache."""
+               extra: dict | None = None, specs_of: str | None = None,
+               fetch: tuple = ()) -> tuple:
+        """The doit action running stage `fn` through the action cache; `fetch`: the
+        outputs a hit always brings to disk (pipeline.tasks.lazy)."""
         named = outputs if isinstance(outputs, dict) else {p: p for p in outputs}
         # Where the work happens (the cache folder, the Dask scheduler) decides no output.
         key_args = ["<cache>" if a == cache_root else
                     None if settings.dask and a == settings.dask else a for a in args]
-        action = Action(fn, key_args, list(inputs), named, extra or {}, specs_of, SPECS)
+        action = Action(fn, key_args, list(inputs), named, extra or {}, specs_of, SPECS,
+                        tuple(fetch))
         return (run_stage, [fn, *args], {"cached": (action, settings)})
+    fetched = lazy.Fetched(settings.downloads)
     entries = shard_entries([(m, t) for m in models for t in targets], shard)
     models = [m for m in models if any(e[0] is m for e in entries)]
     targets = [t for t in targets if any(e[1] is t for e in entries)]
@@ -226,10 +238,13 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
         for m in models:
             if m.generator:
                 deps = [os.path.relpath(p) for p in source_files(m.generator)]
-                yield {"name": m.name, "targets": [onnx_path(m)], "clean": True,
+                yield {"name": m.name, "targets": [onnx_path(m)], "clean": [lazy.clean],
                        "actions": [cached("tasks.stages:generate_model",
-                                          [m.generator, onnx_path(m)], deps, [onnx_path(m)])],
-                       "file_dep": deps}
+                                          [m.generator, onnx_path(m), dict(m.args)], deps,
+                                          [onnx_path(m)])],
+                       "file_dep": deps,
+                       "uptodate": [options_changed({"args": dict(m.args)}, "generator"),
+                                    fetched]}
 
     def task_import():
         """Import each ONNX model into the graph IR."""
@@ -237,12 +252,13 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             ir, weights = imported(m)
             deps = [onnx_path(m), *front_src]
             shapes = {k: list(v) for k, v in m.inputs.items()}
-            yield {"name": m.name, "targets": [ir, weights], "clean": True,
+            yield {"name": m.name, "targets": [ir, weights], "clean": [lazy.clean],
                    "actions": [cached("tasks.stages:import_model",
                                       [onnx_path(m), shapes, ir, weights], deps, [ir, weights])],
                    "file_dep": deps,
                    "uptodate": [options_changed({"inputs": {k: list(v) for k, v in
-                                                             m.inputs.items()}}, "input")]}
+                                                             m.inputs.items()}}, "input"),
+                                fetched]}
 
     def task_optimize():
         """Run the passes for each model x target and list the kernels it needs."""
@@ -251,49 +267,54 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             opts = t.to_dict()
             deps = [*imported(m), *opt_src]
             outs = [a["graph_json"], a["params"], a["kernels"]]
-            yield {"name": f"{m.name}@{t.name}", "clean": True,
+            yield {"name": f"{m.name}@{t.name}", "clean": [lazy.clean],
                    "targets": outs,
                    "actions": [cached("tasks.stages:optimize_model",
                                       [*imported(m), opts, SPECS, *outs], deps, outs,
-                                      specs_of=a["kernels"])],
+                                      specs_of=a["kernels"],
+                                      # read to create the kernel tasks; graph JSON
+                                      # is a deliverable
+                                      fetch=(a["kernels"], a["graph_json"]))],
                    "file_dep": deps,
                    # The specs it wrote are outputs too (shared by entries, so not
                    # doit targets): a missing one reruns it.
-                   "uptodate": [options_changed(opts), SpecsPresent(a["kernels"])]}
+                   "uptodate": [options_changed(opts), SpecsPresent(a["kernels"]), fetched]}
 
     @create_after(executed="optimize", target_regex=r".*\.o$")
     def task_kernel():
         """Compile each distinct kernel once, shared by every model and target."""
         seen, tasks = set(), []
         for m, t in entries:
-            manifest = Path(artifacts(m, t)["kernels"])
-            if not manifest.exists():
+            manifest = artifacts(m, t)["kernels"]
+            if not os.path.exists(manifest):
                 continue
-            for k in json.loads(manifest.read_text())["kernels"]:
+            for k in cache.listed_kernels(manifest):
                 if k["hash"] in seen:
                     continue
                 seen.add(k["hash"])
                 entry = {s[1:]: path(cache_root, k["hash"] + s) for s in cache.SUFFIXES}
-                spec = path(SPECS, f"{k['hash']}.json")
+                spec = cache.spec_path(SPECS, k["hash"])
                 # The spec is read from out/specs (declared), never from the cache
                 # folder, which may have moved or been emptied since optimize ran.
                 tasks.append({"name": k["hash"], "doc": k["symbol"],
                        "targets": sorted(entry.values()),
-                       "file_dep": [spec],
+                       "file_dep": [spec], "uptodate": [fetched],
                        "actions": [cached("tasks.cache:compile_entry",
                                           [cache_root, k["hash"], spec, settings.dask],
                                           [spec], entry)]})
         if settings.dask:  # the cluster starts on every kernel not cached yet
             from pipeline.tasks.cluster import prefetch
 
-            prefetch(settings.dask, [Path(t["file_dep"][0]).read_text() for t in tasks
+            prefetch(settings.dask, [_read_spec(t["file_dep"][0]) for t in tasks
                                      if not cache.is_valid(cache_root, t["name"])
                                      and not _in_action_cache(t["actions"][0])])
         yield from tasks
 
     # A corrupted cache entry is recompiled while linking (cache.compile_entry),
-    # but what that compiles is named by the kernel's hash in kernels.json.
-    lib0_src = code_of("tasks.stages:link_lib0", stop=("tasks.cache:compile_entry",))
+    # but what that compiles is named by the kernel's hash in kernels.json; an
+    # object a cache hit left in the cache comes down verified by its digest.
+    lib0_src = code_of("tasks.stages:link_lib0", stop=("tasks.cache:compile_entry",
+                                                       "tasks.tiered:materialize"))
 
     def task_lib0():
         """Combine an entry's kernel objects into lib0.o."""
@@ -302,10 +323,10 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             deps = [a["kernels"], *lib0_src]
             # Objects are content-addressed by the hashes kernels.json lists, so
             # the manifest decides lib0.o; "kernel" orders us after compilation.
-            yield {"name": f"{m.name}@{t.name}", "targets": [a["lib0"]], "clean": True,
+            yield {"name": f"{m.name}@{t.name}", "targets": [a["lib0"]], "clean": [lazy.clean],
                    "task_dep": ["kernel"],
                    "file_dep": deps,
-                   "uptodate": [options_changed(toolchain[t.name], "toolchain")],
+                   "uptodate": [options_changed(toolchain[t.name], "toolchain"), fetched],
                    "actions": [cached("tasks.stages:link_lib0",
                                       [a["kernels"], cache_root, a["lib0"], t.cc, SPECS],
                                       deps, [a["lib0"]], toolchain[t.name])]}
@@ -316,9 +337,9 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             a = artifacts(m, t)
             deps = [a["graph_json"], a["params"], a["kernels"],
                     *code_of("tasks.stages:pack_devc")]
-            yield {"name": f"{m.name}@{t.name}", "targets": [a["devc"]], "clean": True,
+            yield {"name": f"{m.name}@{t.name}", "targets": [a["devc"]], "clean": [lazy.clean],
                    "file_dep": deps,
-                   "uptodate": [options_changed(packing[t.name], "packing")],
+                   "uptodate": [options_changed(packing[t.name], "packing"), fetched],
                    "actions": [cached("tasks.stages:pack_devc",
                                       [a["graph_json"], a["params"], a["kernels"], a["devc"],
                                        packing[t.name]["pack"], t.cc],
@@ -335,9 +356,9 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             if t.name not in toolchain:  # no model selected: nothing links an executor
                 continue
             r = runtime_artifacts(t)
-            yield {"name": t.name, "targets": [r["executor"], r["run"]], "clean": True,
+            yield {"name": t.name, "targets": [r["executor"], r["run"]], "clean": [lazy.clean],
                    "file_dep": runtime_src,
-                   "uptodate": [options_changed(toolchain[t.name], "toolchain")],
+                   "uptodate": [options_changed(toolchain[t.name], "toolchain"), fetched],
                    "actions": [cached("tasks.stages:build_runtime",
                                       [r["executor"], r["run"], t.cc], runtime_src,
                                       [r["executor"], r["run"]], toolchain[t.name])]}
@@ -348,12 +369,13 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             a, r = artifacts(m, t), runtime_artifacts(t)
             deps = [a["lib0"], a["devc"], r["executor"],
                     *code_of("tasks.stages:export_library")]
-            yield {"name": f"{m.name}@{t.name}", "targets": [a["so"]], "clean": True,
+            yield {"name": f"{m.name}@{t.name}", "targets": [a["so"]], "clean": [lazy.clean],
                    "file_dep": deps,
-                   "uptodate": [options_changed(toolchain[t.name], "toolchain")],
+                   "uptodate": [options_changed(toolchain[t.name], "toolchain"), fetched],
                    "actions": [cached("tasks.stages:export_library",
                                       [a["lib0"], a["devc"], r["executor"], a["so"], t.cc],
-                                      deps, [a["so"]], toolchain[t.name])]}
+                                      deps, [a["so"]], toolchain[t.name],
+                                      fetch=(a["so"],))]}
 
     def task_build():
         """Build every selected model x target (model=, target=, config= narrow it)."""
@@ -362,6 +384,7 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
 
     def task_validate():
         """Run each built library and compare its outputs with the reference."""
+        reference = reference_identity()
         for m, t in entries:
             a = artifacts(m, t)
             opts = m.validate.to_dict()
@@ -379,9 +402,12 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
                    "file_dep": deps,
                    "uptodate": [options_changed({"validate": opts, "inputs": shapes,
                                                  "run": t.run}, "validation")],
-                   "actions": [(run_stage, ["tools.validate:validate_library", a["so"],
-                                            onnx_path(m), shapes, opts, m.name, t.name,
-                                            a["validation"], on_target])]}
+                   # Cached like a stage (as Bazel caches a passed test): a failed
+                   # validation is never stored, so it reruns until it passes.
+                   "actions": [cached("tools.validate:validate_library",
+                                      [a["so"], onnx_path(m), shapes, opts, m.name, t.name,
+                                       a["validation"], on_target], deps, [a["validation"]],
+                                      reference, fetch=(a["validation"],))]}
 
     def task_conformance():
         """Run ONNX's backend test suites (not part of build): out/conformance.json, .md."""
@@ -437,14 +463,38 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
         return {"actions": [print_report], "uptodate": [False], "verbosity": 2}
 
     def task_gc():
-        """Remove kernel-cache entries that no model x target of this config uses."""
-        return {"actions": [(collect_unused, [config, cache_root])], "uptodate": [False],
+        """Remove kernels, specs and action-cache entries no model x target of this
+        config uses (pipeline.tasks.gc)."""
+        from pipeline.tasks.gc import collect_unused
+
+        manifests = [artifacts(m, t)["kernels"] for m in config.models.values()
+                     for t in config.targets.values()]
+        return {"actions": [(collect_unused, [config, settings, SPECS, manifests])],
+                "uptodate": [False],
                 "params": [{"name": "max_age_days", "long": "max-age-days", "type": float,
                             "default": 0.0, "help": "keep entries used this recently "
                             "(for a cache shared with other checkouts)"}],
                 "verbosity": 2}
 
     return {name: fn for name, fn in locals().items() if name.startswith("task_")}
+
+
+def reference_identity() -> dict:
+    """What decides a validation besides its files and options: the versions of
+    the reference implementations and this machine's architecture (read from the
+    installed metadata: nothing is imported)."""
+    versions = {}
+    for dist in ("onnx", "onnxruntime", "numpy"):
+        try:
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            versions[dist] = None
+    return {"reference": versions, "machine": platform.machine()}
+
+
+def _read_spec(spec: str) -> str:
+    tiered.materialize(spec)  # a cache hit may have left it in the cache
+    return Path(spec).read_text()
 
 
 def _in_action_cache(action: tuple) -> bool:
@@ -461,11 +511,11 @@ class SpecsPresent:
 
     def missing(self) -> list[str]:
         try:
-            listed = json.loads(Path(self.kernels_json).read_text())["kernels"]
+            listed = cache.listed_kernels(self.kernels_json)
         except (FileNotFoundError, ValueError, KeyError):
             return []  # no manifest: the missing target reruns the task anyway
-        return [p for p in (path(SPECS, k["hash"] + ".json") for k in listed)
-                if not os.path.exists(p)]
+        return [p for p in (cache.spec_path(SPECS, k["hash"]) for k in listed)
+                if not lazy.exists(p)]
 
     def __call__(self, task, values) -> bool:
         return not self.missing()
@@ -473,15 +523,3 @@ class SpecsPresent:
     def describe(self) -> list[str]:
         gone = self.missing()
         return [f"missing output {gone[0]}" + (f" (+{len(gone) - 1} more)" if gone[1:] else "")]
-
-
-def collect_unused(config: BuildConfig, cache_root: str, max_age_days: float) -> None:
-    """`doit gc`: drop cache entries absent from every kernels.json of the whole matrix."""
-    keep = set()
-    for m in config.models.values():
-        for t in config.targets.values():
-            manifest = Path(artifacts(m, t)["kernels"])
-            if manifest.exists():
-                keep |= {k["hash"] for k in json.loads(manifest.read_text())["kernels"]}
-    removed = cache.collect_garbage(cache_root, keep, max_age_days)
-    print(f"{cache_root}: removed {len(removed)} unused kernels, {len(keep)} in use")

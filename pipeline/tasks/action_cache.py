@@ -23,9 +23,11 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 from pipeline.link.files import atomic_write, temp_output
+from pipeline.tasks import lazy
 
 _DIGESTS: dict[tuple[str, int, int, int], str] = {}
 
@@ -43,8 +45,15 @@ def remember(path: str, digest: str) -> None:
 
 
 def file_digest(path: str) -> str:
-    """sha256 of a file, memoised per (path, inode, mtime, size) for this process."""
-    memo = _memo(path)
+    """sha256 of a file, memoised per (path, inode, mtime, size) for this process;
+    for an output left in the cache (pipeline.tasks.lazy), the digest it stands for."""
+    try:
+        memo = _memo(path)
+    except FileNotFoundError:
+        marked = lazy.digest(path)
+        if marked is None:
+            raise
+        return marked
     if memo not in _DIGESTS:
         h = hashlib.sha256()
         with open(path, "rb") as f:
@@ -133,23 +142,12 @@ def manifest_of(outputs: dict[str, str]) -> dict:
                         for name, p in sorted(outputs.items())}}
 
 
-def restore(store: LocalStore, manifest: dict, outputs: dict[str, str]) -> bool:
-    """Write every output of `manifest` from verified blobs; False (nothing written)
-    if any blob is missing or damaged. Names without a path in `outputs` are
-    paths themselves (outputs a stage reports, e.g. kernel specs)."""
-    blobs = {}
-    for name, o in manifest["outputs"].items():
-        blob = store.verified_blob(o["sha256"])
-        if blob is None:
-            return False
-        blobs[name] = blob
-    for name, blob in blobs.items():
-        path = outputs.get(name, name)
-        _link_or_copy(blob, path)
-        if manifest["outputs"][name].get("executable"):
-            os.chmod(path, 0o755)
-        remember(path, manifest["outputs"][name]["sha256"])
-    return True
+def place(blob: str, path: str, output: dict) -> None:
+    """Put the verified blob's bytes at `path` (output: its manifest entry)."""
+    _link_or_copy(blob, path)
+    if output.get("executable"):
+        os.chmod(path, 0o755)
+    remember(path, output["sha256"])
 
 
 def store(local: LocalStore, key: str, outputs: dict[str, str]) -> dict:
@@ -159,3 +157,28 @@ def store(local: LocalStore, key: str, outputs: dict[str, str]) -> dict:
         local.put_blob_file(o["sha256"], outputs[name])
     local.put_manifest(key, manifest)
     return manifest
+
+
+def prune(root: str, keys: set[str], blobs: set[str], max_age_days: float) -> tuple[int, int]:
+    """Remove the manifests under ac/ whose key is not in `keys` and that were not
+    used (written or hit) within `max_age_days`, then the blobs under cas/ that
+    no remaining manifest names and that are not in `blobs`. Returns the counts.
+    Only names are unlinked: bytes another hard link holds stay with it."""
+    store, cutoff = LocalStore(root), time.time() - max_age_days * 86400
+    ac_dir, cas_dir = os.path.join(root, "ac"), os.path.join(root, "cas")
+    kept, entries, removed = set(blobs), 0, 0
+    for key in sorted(os.listdir(ac_dir)) if os.path.isdir(ac_dir) else ():
+        path = store.manifest_path(key)
+        manifest = store.get_manifest(key)
+        if key in keys or (manifest and os.path.getmtime(path) > cutoff):
+            kept |= {o["sha256"] for o in (manifest or {"outputs": {}})["outputs"].values()}
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+            entries += 1
+    for digest in sorted(os.listdir(cas_dir)) if os.path.isdir(cas_dir) else ():
+        if digest not in kept:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(store.blob_path(digest))
+                removed += 1
+    return entries, removed

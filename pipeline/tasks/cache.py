@@ -22,6 +22,7 @@ in the same folder.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import time
 import warnings
@@ -29,6 +30,7 @@ from pathlib import Path
 
 from pipeline.errors import PipelineError
 from pipeline.link.files import atomic_write
+from pipeline.tasks import lazy
 
 DEFAULT = os.path.join("out", "kernels")
 ENV = "PIPELINE_KERNEL_CACHE"
@@ -42,6 +44,16 @@ def cache_dir(override: str | None = None) -> str:
 
 def entry_path(root: str, kernel_hash: str, suffix: str) -> str:
     return os.path.join(root, kernel_hash + suffix)
+
+
+def listed_kernels(kernels_json: str) -> list[dict]:
+    """The kernels an entry's kernels.json lists: [{"hash", "symbol"}, ...] in link order."""
+    return json.loads(Path(kernels_json).read_text())["kernels"]
+
+
+def spec_path(specs_dir: str, kernel_hash: str) -> str:
+    """Where optimize writes a kernel's spec (out/specs): the kernel task's input."""
+    return os.path.normpath(os.path.join(specs_dir, kernel_hash + ".json"))
 
 
 class CacheError(PipelineError):
@@ -103,6 +115,7 @@ def compile_entry(root: str, kernel_hash: str, spec_path: str | None = None,
     atomic_write(entry_path(root, kernel_hash, ".ll"), text.encode())
     atomic_write(entry_path(root, kernel_hash, ".o"), obj)
     atomic_write(entry_path(root, kernel_hash, ".sha256"), checksum(kernel_hash, obj).encode())
+    lazy.drop(entry_path(root, kernel_hash, s) for s in SUFFIXES)
     return {"compiled": "cluster" if dask else True,
             **({"note": "; ".join(notes)} if notes else {})}
 
@@ -132,6 +145,13 @@ def object_for_link(root: str, kernel_hash: str,
     """(path of a valid object for `kernel_hash`, whether it had to be compiled now):
     a corrupted, truncated, foreign or missing entry is recompiled. Its time stamp
     is refreshed so garbage collection sees the use."""
+    from pipeline.tasks.tiered import materialize
+
+    if not is_valid(root, kernel_hash):  # a cache hit may have left it in the cache
+        for suffix in (".o", ".sha256"):
+            materialize(entry_path(root, kernel_hash, suffix), recompute=False)
+    if not is_valid(root, kernel_hash) and spec_path:
+        materialize(spec_path)
     compiled = (not is_valid(root, kernel_hash)
                 and bool(compile_entry(root, kernel_hash, spec_path)["compiled"]))
     path = entry_path(root, kernel_hash, ".o")

@@ -23,14 +23,21 @@ import os
 
 from doit.dependency import MD5Checker, get_file_md5
 
-from pipeline.tasks import OUT
+from pipeline.tasks import OUT, lazy
 
 ARTIFACTS = OUT + os.sep  # task paths reach us relative and normalised (tasks.path)
 
 
 class BuildChecker(MD5Checker):
     """doit's MD5Checker without repeated hashing; states stay (mtime, size, md5),
-    with md5 None for artifacts."""
+    with md5 None for artifacts. An output a cache hit left in the cache
+    (pipeline.tasks.lazy) exists, with its marker's mtime and its own size."""
+
+    def exists(self, file_path):
+        return lazy.exists(file_path)
+
+    def info(self, file_path):
+        return lazy.stat(file_path)
 
     def __init__(self):
         self._md5: dict[tuple[str, float, int], str] = {}
@@ -39,6 +46,8 @@ class BuildChecker(MD5Checker):
         if path.startswith(ARTIFACTS):
             return None
         key = (path, mtime, size)
+        if key not in self._md5 and not os.path.exists(path):
+            self._md5[key] = "sha256:" + lazy.digest(path)  # a marked input
         if key not in self._md5:
             self._md5[key] = get_file_md5(path)
         return self._md5[key]
@@ -52,7 +61,7 @@ class BuildChecker(MD5Checker):
         return md5 != self._digest(file_path, file_stat.st_mtime, file_stat.st_size)
 
     def get_state(self, dep, current_state):
-        stat = os.stat(dep)
+        stat = lazy.stat(dep)
         if current_state and current_state[0] == stat.st_mtime:
             return None
         return stat.st_mtime, stat.st_size, self._digest(dep, stat.st_mtime, stat.st_size)

@@ -2,6 +2,7 @@
 
     models:
       resnet18: {generator: resnet18}                   # built by models/
+      resnet18_b8: {generator: resnet18, args: {batch: 8}}   # with arguments
       mynet:
         path: nets/mynet.onnx                           # relative to this file
       squeezenet: {path: "onnx-light:squeezenet"}       # the onnx wheel's light zoo
@@ -15,7 +16,7 @@
         cc: aarch64-linux-gnu-gcc          # compiler + linker driver; required off-host
         run: "qemu-aarch64 -L /usr/aarch64-linux-gnu"   # runs target programs
         pack: elf                          # devc.o by our ELF writer, or c (compiled)
-    validate: {reference: onnx, rtol: 1.0e-4, atol: 1.0e-4, seed: 0}
+    validate: {reference: onnx, rtol: 1.0e-4, atol: 1.0e-4, seed: 0}   # quant_steps: 1
     cache: {url: "http://cache:8080/pipeline", upload: true, timeout: 10}   # remote tier
 
 Every mistake stops the load with one ConfigError naming the file, the key
@@ -47,10 +48,14 @@ class ValidateOptions:
     rtol: float = 1e-4
     atol: float = 1e-4
     seed: int = 0
+    # Quantized models: an output computed by a DequantizeLinear may differ by this
+    # many steps of its scale (atol + quant_steps * scale for that output).
+    quant_steps: float | None = None
 
     def to_dict(self) -> dict:
+        extra = {} if self.quant_steps is None else {"quant_steps": self.quant_steps}
         return {"reference": self.reference, "rtol": self.rtol, "atol": self.atol,
-                "seed": self.seed}
+                "seed": self.seed, **extra}
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,7 @@ class ModelEntry:
     name: str
     path: Path | None             # an ONNX file the user keeps
     generator: str | None         # or a generator in models/
+    args: dict = field(default_factory=dict)     # the generator's keyword arguments
     inputs: dict = field(default_factory=dict)   # input name -> shape override
     validate: ValidateOptions = ValidateOptions()
 
@@ -134,9 +140,13 @@ def load_config(path: str | Path) -> BuildConfig:
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
     try:
-        text = path.read_text()
-        _check_expanded_size(yaml.compose(text, Loader=yaml.SafeLoader), path)
-        doc = yaml.safe_load(text)
+        loader = yaml.SafeLoader(path.read_text())
+        try:  # yaml.safe_load's steps, the node graph checked before it is built
+            node = loader.get_single_node()
+            _check_expanded_size(node, path)
+            doc = loader.construct_document(node) if node is not None else None
+        finally:
+            loader.dispose()
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
     except UnicodeDecodeError:
@@ -156,8 +166,11 @@ def load_config(path: str | Path) -> BuildConfig:
 
 
 def _cache(where: _Where, doc) -> dict:
-    """The `cache:` section: {url: str, upload: bool, timeout: seconds}."""
-    doc = where.mapping(doc, "cache", {"url", "upload", "timeout"})
+    """The `cache:` section: {url: str, upload: bool, timeout: seconds,
+    downloads: minimal | all}."""
+    doc = where.mapping(doc, "cache", {"url", "upload", "timeout", "downloads"})
+    if doc.get("downloads", "minimal") not in ("minimal", "all"):
+        where.fail("cache.downloads", f"must be minimal or all, got {doc['downloads']!r}")
     if "url" in doc and not str(where.typed(doc["url"], "cache.url", str, "a string")
                                 ).startswith(("http://", "https://")):
         where.fail("cache.url", f"must be an http:// or https:// URL, got {doc['url']!r}")
@@ -230,7 +243,7 @@ class _Where:
 
 
 def _validate_options(where: _Where, doc, key: str, base: ValidateOptions) -> ValidateOptions:
-    doc = where.mapping(doc, key, {"reference", "rtol", "atol", "seed"})
+    doc = where.mapping(doc, key, {"reference", "rtol", "atol", "seed", "quant_steps"})
     ref = doc.get("reference", base.reference)
     if ref not in REFERENCES:
         where.fail(f"{key}.reference", f"{ref!r} is not a reference; allowed: "
@@ -240,18 +253,23 @@ def _validate_options(where: _Where, doc, key: str, base: ValidateOptions) -> Va
         reference=ref,
         rtol=float(where.typed(doc.get("rtol", base.rtol), f"{key}.rtol", num, "a number")),
         atol=float(where.typed(doc.get("atol", base.atol), f"{key}.atol", num, "a number")),
-        seed=where.typed(doc.get("seed", base.seed), f"{key}.seed", int, "an integer"))
+        seed=where.typed(doc.get("seed", base.seed), f"{key}.seed", int, "an integer"),
+        quant_steps=None if doc.get("quant_steps", base.quant_steps) is None else float(
+            where.typed(doc.get("quant_steps", base.quant_steps), f"{key}.quant_steps", num,
+                        "a number")))
 
 
 def _model(where: _Where, name: str, spec, validate: ValidateOptions) -> ModelEntry:
     from models import GENERATORS  # only needed when the config is read
 
     key = f"models.{name}"
-    spec = where.mapping(spec, key, {"path", "generator", "inputs", "validate"})
+    spec = where.mapping(spec, key, {"path", "generator", "args", "inputs", "validate"})
     if ("path" in spec) == ("generator" in spec):
         where.fail(key, "give exactly one of 'path' (an ONNX file) or 'generator' "
                    f"(one of {', '.join(GENERATORS)})")
     path = generator = None
+    if "args" in spec and "generator" not in spec:
+        where.fail(f"{key}.args", "only a model built by a generator takes args")
     if "path" in spec:
         text = where.typed(spec["path"], f"{key}.path", str, "a file path")
         if text.startswith(ONNX_LIGHT):
@@ -266,6 +284,7 @@ def _model(where: _Where, name: str, spec, validate: ValidateOptions) -> ModelEn
         if generator not in GENERATORS:
             where.fail(f"{key}.generator", f"unknown generator {generator!r}; allowed: "
                        f"{', '.join(GENERATORS)}")
+    args = _generator_args(where, spec.get("args") or {}, f"{key}.args")
     inputs = {}
     for inp, shape in where.mapping(spec.get("inputs") or {}, f"{key}.inputs").items():
         if not isinstance(shape, list) or not all(
@@ -273,9 +292,22 @@ def _model(where: _Where, name: str, spec, validate: ValidateOptions) -> ModelEn
             where.fail(f"{key}.inputs.{inp}", f"must be a list of positive integers, "
                        f"got {shape!r}")
         inputs[inp] = tuple(shape)
-    return ModelEntry(name, path, generator, inputs,
+    return ModelEntry(name, path, generator, args, inputs,
                       _validate_options(where, spec.get("validate") or {},
                                         f"{key}.validate", validate))
+
+
+def _generator_args(where: _Where, doc, key: str) -> dict:
+    """A generator's `args:` (models.ARGUMENTS): each known, each a positive integer."""
+    from models import ARGUMENTS
+
+    for arg, value in where.mapping(doc, key).items():
+        if arg not in ARGUMENTS:
+            where.fail(f"{key}.{arg}", f"unknown argument; generators take: "
+                       f"{', '.join(f'{k} ({v})' for k, v in ARGUMENTS.items())}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            where.fail(f"{key}.{arg}", f"must be {ARGUMENTS[arg]}, got {value!r}")
+    return dict(doc)
 
 
 def _onnx_light(where: _Where, name: str, key: str) -> Path:

@@ -19,6 +19,8 @@ import os
 
 from doit.tools import config_changed
 
+from pipeline.tasks import lazy
+
 # Option keys that describe the machine rather than the passes.
 TARGET_KEYS = {"target", "resolved"}
 
@@ -97,7 +99,9 @@ def reasons(task) -> list[str]:
             out += check.describe()
         elif hasattr(check, "missing") and check.missing():  # e.g. kernel specs
             out += check.describe()
-    missing = [t for t in task.targets if not os.path.exists(t)]
+        elif isinstance(check, lazy.Fetched) and check.left_in_cache(task):
+            out.append(f"downloads=all: {check.left_in_cache(task)[0]} is in the cache only")
+    missing = [t for t in task.targets if not lazy.exists(t)]
     if out and out[0].startswith("first build"):
         return out[:1]
     if missing:

@@ -15,8 +15,9 @@ is reported.
 from __future__ import annotations
 
 import hashlib
-import urllib.error
-import urllib.request
+import http.client
+import os
+import urllib.parse
 from dataclasses import dataclass, field
 
 
@@ -31,24 +32,44 @@ class HttpCache:
     upload: bool = True
     warnings: list[str] = field(default_factory=list)  # drained by the caller
     down: bool = False
+    # One kept-alive connection per process (a forked `doit -n` worker opens its
+    # own): a fresh-clone build asks a few hundred times, and a connect per
+    # request (a TLS handshake on a real server) would cost more than the bytes.
+    _conn: tuple[int, http.client.HTTPConnection] | None = field(default=None, repr=False)
+
+    def _connection(self) -> http.client.HTTPConnection:
+        if self._conn is None or self._conn[0] != os.getpid():
+            url = urllib.parse.urlsplit(self.base)
+            kind = (http.client.HTTPSConnection if url.scheme == "https"
+                    else http.client.HTTPConnection)
+            self._conn = (os.getpid(), kind(url.hostname, url.port, timeout=self.timeout))
+        return self._conn[1]
 
     def _request(self, method: str, kind: str, name: str, data: bytes | None = None):
-        url = f"{self.base.rstrip('/')}/{kind}/{name}"
-        req = urllib.request.Request(url, data=data, method=method)
-        if data is not None:
-            req.add_header("Content-Type", "application/octet-stream")
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                return resp.status, resp.read() if method == "GET" else b""
-        except urllib.error.HTTPError as err:
-            if err.code == 404:
-                return 404, b""
-            if err.code >= 500:
-                raise RemoteDown(f"{method} {url}: HTTP {err.code}") from None
-            return err.code, b""
-        except (urllib.error.URLError, OSError) as err:  # timeouts are OSErrors
-            reason = getattr(err, "reason", err)
-            raise RemoteDown(f"{method} {url}: {type(reason).__name__}: {reason}") from None
+        path = f"{urllib.parse.urlsplit(self.base).path.rstrip('/')}/{kind}/{name}"
+        headers = {"Content-Type": "application/octet-stream"} if data is not None else {}
+        for attempt in (1, 2):  # the server may have closed the idle connection
+            conn = self._connection()
+            try:
+                conn.request(method, path, body=data, headers=headers)
+                resp = conn.getresponse()
+                body = resp.read()
+                break
+            except (http.client.RemoteDisconnected, ConnectionResetError,
+                    BrokenPipeError) as err:
+                conn.close()
+                self._conn = None
+                if attempt == 2:
+                    raise RemoteDown(f"{method} {self.base}/{kind}/{name}: "
+                                     f"{type(err).__name__}: {err}") from None
+            except (http.client.HTTPException, OSError) as err:  # timeouts are OSErrors
+                conn.close()
+                self._conn = None
+                raise RemoteDown(f"{method} {self.base}/{kind}/{name}: "
+                                 f"{type(err).__name__}: {err}") from None
+        if resp.status >= 500:
+            raise RemoteDown(f"{method} {self.base}/{kind}/{name}: HTTP {resp.status}")
+        return resp.status, body if method == "GET" else b""
 
     def _off(self, err: Exception) -> None:
         self.down = True

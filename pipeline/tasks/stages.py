@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import mmap
+import os
 from pathlib import Path
 
 from pipeline.driver.build import lower_graph
@@ -23,15 +24,15 @@ from pipeline.link.cc import link_relocatable
 from pipeline.link.files import atomic_write
 from pipeline.runtime.metadata import kernel_metadata
 from pipeline.runtime.params import load_params, param_chunks
-from pipeline.tasks.cache import object_for_link
+from pipeline.tasks.cache import listed_kernels, object_for_link, spec_path
 from pipeline.transform import PassContext, PassTimingInstrument
 
 
-def generate_model(name: str, path: str) -> None:
-    """models/ generator `name` -> ONNX file."""
+def generate_model(name: str, path: str, args: dict | None = None) -> None:
+    """models/ generator `name`, called with keyword arguments `args` -> ONNX file."""
     from models import generate
 
-    generate(name, path)
+    generate(name, path, args)
 
 
 def import_model(onnx_path: str, shapes: dict, graph_path: str, weights_path: str) -> None:
@@ -62,9 +63,9 @@ def optimize_model(graph_path: str, weights_path: str, target: dict, spec_dir: s
     specs = unique_specs(lowered.specs.values())
     Path(spec_dir).mkdir(parents=True, exist_ok=True)
     for spec in specs:
-        spec_path = Path(spec_dir, f"{spec.hash}.json")
-        if not spec_path.exists():  # content-addressed: an existing file is this spec
-            atomic_write(spec_path, spec.to_json().encode())
+        spec_file = spec_path(spec_dir, spec.hash)
+        if not os.path.exists(spec_file):  # content-addressed: an existing file is this spec
+            atomic_write(spec_file, spec.to_json().encode())
     metadata = {k["symbol"]: k for k in kernel_metadata(lowered.graph_json)}
     manifest = {
         "target": target["target"],
@@ -88,12 +89,11 @@ def link_lib0(kernels_path: str, cache: str, lib0_path: str, cc: str | None = No
     corrupted or missing entry is recompiled from its spec in `specs`, never linked.
     Returns {"recompiled": [hash, ...]}, which the build report counts as compiled.
     """
-    manifest = json.loads(Path(kernels_path).read_text())
-    found = [object_for_link(cache, k["hash"], f"{specs}/{k['hash']}.json")
-             for k in manifest["kernels"]]
+    kernels = listed_kernels(kernels_path)
+    found = [object_for_link(cache, k["hash"], spec_path(specs, k["hash"])) for k in kernels]
     link_relocatable(lib0_path, [obj for obj, _ in found], cc)
-    return {"recompiled": [k["hash"] for k, (_, compiled) in zip(manifest["kernels"], found,
-                                                                   strict=True) if compiled]}
+    return {"recompiled": [k["hash"] for k, (_, compiled) in zip(kernels, found, strict=True)
+                           if compiled]}
 
 
 def pack_devc(graph_json_path: str, params_path: str, kernels_path: str,

@@ -9,11 +9,16 @@ travel with the task's action into `doit -n` workers.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import importlib
 import json
 import os
 from dataclasses import dataclass, field
 
 from pipeline.tasks import action_cache as ac
+from pipeline.tasks import lazy
+from pipeline.tasks.cache import listed_kernels, spec_path
 from pipeline.tasks.remote import HttpCache
 
 
@@ -25,6 +30,7 @@ class CacheSettings:
     timeout: float = 10.0          # seconds per remote request
     actions: bool = True           # False: no action cache at all (kernel cache only)
     dask: str | None = None        # scheduler address for kernel compiles
+    downloads: str = "minimal"     # "all": every output of a remote hit comes down
 
 
 @dataclass(frozen=True)
@@ -34,7 +40,9 @@ class Action:
     args: the stage's arguments as they enter the key (the cache folder left out);
     inputs: its input files (file_dep, compiler sources included); extra: what
     decides it outside files (the toolchain identity); outputs: name -> path;
-    specs_of: a kernels.json whose listed kernel specs are outputs too (optimize).
+    specs_of: a kernels.json whose listed kernel specs are outputs too (optimize);
+    fetch: the output names a hit always brings to disk (the deliverables and
+    what the build reads itself), the others may stay in the cache (lazy).
     """
     stage: str
     args: list
@@ -43,6 +51,7 @@ class Action:
     extra: dict = field(default_factory=dict)
     specs_of: str | None = None
     specs_dir: str | None = None
+    fetch: tuple = ()
 
     def key(self) -> str:
         return ac.action_key(self.stage, self.args, self.inputs, self.extra)
@@ -51,8 +60,8 @@ class Action:
         """outputs, plus the kernel specs listed by specs_of (named by their paths)."""
         out = dict(self.outputs)
         if self.specs_of:
-            for k in json.loads(open(self.specs_of).read())["kernels"]:
-                p = os.path.join(self.specs_dir, k["hash"] + ".json")
+            for k in listed_kernels(self.specs_of):
+                p = spec_path(self.specs_dir, k["hash"])
                 out[p] = p
         return out
 
@@ -60,7 +69,7 @@ class Action:
 def settings_from(section: dict, get_var) -> CacheSettings:
     """The settings from the config's `cache:` section and the doit variables
     (`get_var(name, default)`), which win: cache=, cache_url=, cache_upload=,
-    cache_timeout=, actions=, dask=. ConfigError on a malformed value."""
+    cache_timeout=, actions=, dask=, downloads=. ConfigError on a malformed value."""
     from pipeline.errors import ConfigError
     from pipeline.tasks.cache import cache_dir
 
@@ -77,12 +86,15 @@ def settings_from(section: dict, get_var) -> CacheSettings:
         timeout = float(timeout) if timeout is not None else float(section.get("timeout", 10))
     except ValueError:
         raise ConfigError(f"cache_timeout={timeout}: expected seconds") from None
+    downloads = get_var("downloads", None) or section.get("downloads", "minimal")
+    if downloads not in ("minimal", "all"):
+        raise ConfigError(f"downloads={downloads}: expected minimal or all")
     url = get_var("cache_url", None) or section.get("url")
     if url and not url.startswith(("http://", "https://")):
         raise ConfigError(f"cache_url={url}: expected an http:// or https:// URL")
     return CacheSettings(cache_dir(get_var("cache", None)), url or None,
                          flag("cache_upload", section.get("upload", True)), timeout,
-                         flag("actions", True), get_var("dask", None) or None)
+                         flag("actions", True), get_var("dask", None) or None, downloads)
 
 
 _REMOTES: dict[tuple, HttpCache] = {}
@@ -106,33 +118,106 @@ def take_warnings(settings: CacheSettings) -> list[str]:
     return out
 
 
-def lookup(settings: CacheSettings, key: str, outputs: dict[str, str]) -> str | None:
-    """Restore the outputs of `key` if a tier has them: "local", "remote" or None."""
-    local = ac.LocalStore(settings.root)
-    manifest = local.get_manifest(key)
-    if manifest is not None and ac.restore(local, manifest, outputs):
-        return "local"
-    remote = remote_of(settings)
-    if remote is None:
-        return None
-    data = remote.get("ac", key)
-    if data is None:
+def lookup(settings: CacheSettings, action: Action, key: str, call: tuple[str, list]
+           ) -> str | None:
+    """Restore the outputs of `action` (its key `key`) if a tier has them: "local",
+    "remote" or None. With downloads "minimal" an output not in action.fetch whose
+    blob only the remote tier holds stays there, marked (pipeline.tasks.lazy);
+    call: the stage and its arguments, recorded to fetch or remake it later."""
+    local, remote = ac.LocalStore(settings.root), remote_of(settings)
+    tier, manifest = "local", local.get_manifest(key)
+    if manifest is not None:  # a use: doit gc --max-age-days keeps it
+        with contextlib.suppress(OSError):  # a read-only shared cache
+            os.utime(local.manifest_path(key))
+    else:
+        manifest, tier = _remote_manifest(remote, key), "remote"
+        if manifest is None:
+            return None
+    plan = {}  # output path -> "keep" | "mark" | a verified local blob
+    for name, o in manifest["outputs"].items():
+        path, digest = action.outputs.get(name, name), o["sha256"]
+        if os.path.exists(path) and ac.file_digest(path) == digest:
+            plan[path] = "keep"
+        elif (blob := local.verified_blob(digest)) is not None:
+            plan[path] = blob
+        elif (settings.downloads == "minimal" and name not in action.fetch
+              and remote is not None and not remote.down):
+            plan[path] = "mark"
+        elif remote is not None and (data := remote.get_blob(digest)) is not None:
+            local.put_blob_bytes(digest, data)
+            plan[path], tier = local.blob_path(digest), "remote"
+        else:
+            return None
+    if tier == "remote":
+        local.put_manifest(key, manifest)
+    outputs = {action.outputs.get(n, n): o for n, o in manifest["outputs"].items()}
+    if "mark" in plan.values():
+        lazy.write_producer(key, {"fn": call[0], "args": call[1],
+                                  "action": dataclasses.asdict(action),
+                                  "settings": dataclasses.asdict(settings)})
+    for path, how in plan.items():
+        o = outputs[path]
+        if how == "mark":
+            lazy.write(path, o["sha256"], o["size"], bool(o.get("executable")), key)
+            continue
+        if how != "keep":
+            ac.place(how, path, o)
+        lazy.drop([path])
+    return tier
+
+
+def _remote_manifest(remote, key: str) -> dict | None:
+    if remote is None or (data := remote.get("ac", key)) is None:
         return None
     try:
         manifest = json.loads(data)
-        digests = [o["sha256"] for o in manifest["outputs"].values()]
+        if all(isinstance(o["sha256"], str) for o in manifest["outputs"].values()):
+            return manifest
     except (ValueError, KeyError, TypeError, AttributeError):
-        remote.warnings.append(f"warning: remote cache {remote.base}: ac/{key} is not a "
-                               "manifest; ignored")
-        return None
-    for digest in digests:
-        if local.verified_blob(digest) is None:
-            blob = remote.get_blob(digest)
-            if blob is None:
-                return None
-            local.put_blob_bytes(digest, blob)
-    local.put_manifest(key, manifest)
-    return "remote" if ac.restore(local, manifest, outputs) else None
+        pass
+    remote.warnings.append(f"warning: remote cache {remote.base}: ac/{key} is not a "
+                           "manifest; ignored")
+    return None
+
+
+def materialize(path: str, recompute: bool = True) -> bool:
+    """Bring a marked output (pipeline.tasks.lazy) to disk: its blob from the
+    local tier or the remote one it was left on, else (`recompute`) by running
+    the stage that made it again, its own marked inputs first. True if `path`
+    exists afterwards; an unmarked path is left as it is."""
+    marker = lazy.read(path)
+    if marker is None:
+        return os.path.exists(path)
+    doc = lazy.producer(marker["producer"])
+    settings = CacheSettings(**doc["settings"]) if doc else None
+    digest = marker["sha256"]
+    if settings is not None:
+        local = ac.LocalStore(settings.root)
+        blob = local.verified_blob(digest)
+        remote = remote_of(settings)
+        if blob is None and remote is not None and (data := remote.get_blob(digest)):
+            local.put_blob_bytes(digest, data)
+            blob = local.blob_path(digest)
+        if blob is not None:
+            ac.place(blob, path, marker)
+            lazy.drop([path])
+            return True
+    if not recompute or doc is None:
+        return False
+    action = Action(**{**doc["action"], "fetch": tuple(doc["action"]["fetch"])})
+    for p in action.inputs:
+        materialize(p)
+    run_body(doc["fn"], doc["args"])
+    if settings.actions:
+        save(settings, action.key(), action.all_outputs())
+    lazy.drop(action.all_outputs().values())
+    return os.path.exists(path)
+
+
+def run_body(fn: str, args: list):
+    """Call the stage `fn` ("module:function" in pipeline) on `args`."""
+    module, _, name = fn.partition(":")
+    return getattr(importlib.import_module(f"pipeline.{module}"), name)(*args)
 
 
 def save(settings: CacheSettings, key: str, outputs: dict[str, str]) -> None:

@@ -38,7 +38,7 @@ import onnx
 from onnx import TensorProto, helper
 from onnx.backend.base import Backend, BackendRep
 
-from pipeline.frontend.onnx import default_opset
+from pipeline.frontend.onnx import default_opset, domain_opset
 from pipeline.ir.graph import ONNX_DTYPES
 from pipeline.ops import onnx_converter
 from pipeline.ops.registry import NodeView
@@ -70,12 +70,15 @@ def unsupported(model: onnx.ModelProto, limits: bool = True) -> list[str]:
         elif tp.tensor_type.elem_type not in ONNX_DTYPES:
             reasons.append("dtype " + TensorProto.DataType.Name(tp.tensor_type.elem_type))
     for node in g.node:
-        if node.domain not in ("", "ai.onnx"):
+        custom = node.domain not in ("", "ai.onnx")
+        if custom and onnx_converter(f"{node.domain}.{node.op_type}",
+                                     domain_opset(model, node.domain)) is None:
             reasons.append(f"domain {node.domain} ({node.op_type})")
             continue
-        if node.op_type == "Constant":
+        if node.op_type == "Constant" and not custom:
             continue
-        converter = onnx_converter(node.op_type, opset)
+        converter = onnx_converter(f"{node.domain}.{node.op_type}" if custom else node.op_type,
+                                   domain_opset(model, node.domain) if custom else opset)
         if converter is None:
             reasons.append(f"{node.op_type} (opset {opset}): no converter")
             continue

@@ -36,7 +36,7 @@ import numpy as np
 import onnx
 
 from pipeline.errors import PipelineError
-from pipeline.frontend.onnx import load_model
+from pipeline.frontend.onnx import load_model, with_input_shapes
 from pipeline.link.files import atomic_write
 from pipeline.runtime import GraphModule, load_module
 from pipeline.runtime.profile import format_profile, profile_nodes
@@ -53,8 +53,10 @@ class BenchError(PipelineError):
 
 
 def model_flops(model: onnx.ModelProto) -> int:
-    """2 x multiply-adds of the model's Conv, ConvTranspose, Gemm and MatMul nodes
-    (shapes from ONNX shape inference; elementwise work is not counted)."""
+    """2 x multiply-adds of the model's Conv, ConvTranspose, Gemm, MatMul, LSTM, GRU and
+    RNN nodes and of their int8 forms (ConvInteger, QLinearConv, MatMulInteger,
+    QLinearMatMul, QGemm; shapes from ONNX shape inference; elementwise work is not
+    counted)."""
     inferred = onnx.shape_inference.infer_shapes(model)
     shapes = {}
     for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
@@ -62,22 +64,31 @@ def model_flops(model: onnx.ModelProto) -> int:
     for init in model.graph.initializer:
         shapes[init.name] = tuple(init.dims)
     total = 0
+    # int8 operators count their multiply-adds the same way (the weight's input position)
+    conv_weight = {"Conv": 1, "ConvTranspose": 1, "ConvInteger": 1, "QLinearConv": 3}
     for node in model.graph.node:
-        if node.op_type in ("Conv", "ConvTranspose"):
-            w, y = shapes.get(node.input[1]), shapes.get(node.output[0])
+        if node.op_type in conv_weight:
+            w, y = shapes.get(node.input[conv_weight[node.op_type]]), shapes.get(node.output[0])
             x = shapes.get(node.input[0])
             if not (w and y and x):
                 continue
             # every output (Conv) or input (ConvTranspose) element: C/groups * taps MACs
-            per = math.prod(w[1:]) if node.op_type == "Conv" else w[1] * math.prod(w[2:])
-            total += 2 * math.prod(y if node.op_type == "Conv" else x) * per
-        elif node.op_type in ("Gemm", "MatMul"):
+            per = w[1] * math.prod(w[2:]) if node.op_type == "ConvTranspose" else \
+                math.prod(w[1:])
+            total += 2 * math.prod(x if node.op_type == "ConvTranspose" else y) * per
+        elif node.op_type in ("Gemm", "MatMul", "MatMulInteger", "QLinearMatMul", "QGemm"):
             a, y = shapes.get(node.input[0]), shapes.get(node.output[0])
             if not (a and y):
                 continue
             trans_a = any(at.name == "transA" and at.i for at in node.attribute)
             k = a[-2] if trans_a else a[-1]
             total += 2 * math.prod(y) * k
+        elif node.op_type in ("LSTM", "GRU", "RNN"):
+            x, w, r = (shapes.get(node.input[i]) for i in range(3))
+            if not (x and w and r):
+                continue
+            # every step and direction: the gate columns times the input and hidden sizes
+            total += 2 * x[0] * x[1] * w[0] * w[1] * (w[2] + r[2])
     return total
 
 
@@ -176,15 +187,20 @@ def bench_library(lib_path: str, onnx_path: str, shapes: dict, model: str, targe
         return bench_emulated(lib_path, onnx_path, shapes, model, target, report_path,
                               threads, rounds, runs, on_target)
     _require_onnxruntime()
-    onnx_model = load_model(onnx_path)
-    feeds = random_inputs(onnx_model, {k: tuple(v) for k, v in shapes.items()}, seed=0)
+    shapes = {k: tuple(v) for k, v in shapes.items()}
+    original = load_model(onnx_path)
+    onnx_model = with_input_shapes(original, shapes)  # at the library's input shapes
+    feeds = random_inputs(onnx_model, shapes, seed=0)
     flops = model_flops(onnx_model)
-    del onnx_model
     rows = {}
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         inputs = os.path.join(tmp, "inputs.npz")
         np.savez(inputs, **feeds)
         paths = {"ours": os.path.abspath(lib_path), "onnxruntime": os.path.abspath(onnx_path)}
+        if onnx_model is not original:  # onnxruntime holds inputs to the declared shapes
+            paths["onnxruntime"] = os.path.join(tmp, "model.onnx")
+            onnx.save(onnx_model, paths["onnxruntime"])
+        del onnx_model, original
         for t in threads:
             peak = best_peak_gflops(t, peak_path)  # nothing of ours is running now
             done = [{side: _run_side(side, paths[side], inputs, t, runs, warmup, model)

@@ -71,8 +71,13 @@ def nginx(tmp: Path, writable: bool = True) -> Iterator[tuple[str, Path]]:
         wait_for_port(port, proc)
         yield f"http://127.0.0.1:{port}/cache", tmp / "data" / "cache"
     finally:
-        proc.kill()
-        proc.wait(timeout=10)
+        # SIGTERM: the master stops its workers (SIGKILL would leave them serving).
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
 
 
 @contextlib.contextmanager

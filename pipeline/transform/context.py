@@ -14,7 +14,8 @@ from pipeline.errors import ConfigError
 CONFIG_OPTIONS = {"FuseOps.max_depth": (256, int), "AlterOpLayout.winograd": (True, bool)}
 # The names of pipeline.transform.PIPELINE, in order (checked there). Kept here
 # so that reading a build config need not import the passes and numpy.
-PASS_NAMES = ("SimplifyInference", "FoldConstant", "FoldBatchNorm", "AlterOpLayout", "FuseOps")
+PASS_NAMES = ("SimplifyInference", "FuseQDQ", "FoldConstant", "FuseLayerNorm", "FuseGelu",
+              "FuseAttention", "FoldBatchNorm", "AlterOpLayout", "FuseOps")
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,12 @@
 """AlterOpLayout: move convolutions and what follows them to channel-blocked layouts.
 
+(Targets narrower than 8 floats keep plain layouts, except for the int8 convolutions of
+an AArch64 target with +dotprod, which run blocked on sdot; see qconv below.)
+
 With b the target's vector width (16 floats on AVX-512, 8 on AVX2):
-  - conv2d (groups 1, no dilation, constant float weights, OC a multiple of b, C a
-    multiple of b or at most b) becomes conv2d_nchwc on NCHW{ib}c input with
+  - conv2d (groups 1, no dilation, constant float weights, C a multiple of b or at
+    most b; OC padded with zero filters to a multiple of b) becomes conv2d_nchwc
+    on NCHW{ib}c input with
     ib = b (or ib = C for a narrow first layer) and NCHW{b}c output; its weights
     are repacked here as a new param (ops/conv_blocked.py pack_weight), so a
     weight change still changes only params, never a kernel; a 3x3 stride-1 one
@@ -10,9 +14,12 @@ With b the target's vector width (16 floats on AVX-512, 8 on AVX2):
     AlterOpLayout.winograd) becomes conv2d_winograd_nchwc, its weights transformed
     here; a depthwise conv2d
     (groups = channels = filters, a multiple of b) becomes depthwise_conv2d_nchwc;
+    a 1x1 stride-1 unpadded conv that does not block (other groups, channel counts
+    not a multiple of b) becomes conv2d_pointwise on the plain tensors;
   - elementwise ops whose activation inputs all have the output's 4-D shape and
     one of which is blocked run blocked too; their constant operands (bias,
     per-channel scale) are repacked to broadcast in the blocked layout;
+  - a concat along channels of blocked tensors concatenates the blocked tensors;
   - max/avg pools and global average pooling of a blocked tensor use their blocked
     variants (ops/pool_blocked.py);
   - dense with a constant weight uses the packed-weight kernel (ops/dense_packed.py);
@@ -32,6 +39,17 @@ from pipeline.ops.conv_blocked import pack_weight, tiling
 from pipeline.ops.dense_packed import pack_dense_weight
 from pipeline.ops.depthwise_blocked import pack_depthwise_weight
 from pipeline.ops.layout import layout_name, to_blocked
+from pipeline.ops.qconv_blocked import (
+    corrected_bias,
+    dot_kind,
+    input_block,
+    offset_of,
+    pack_qdepthwise,
+    pack_qweight,
+    tile,
+)
+from pipeline.ops.qdense_packed import pack_qdense
+from pipeline.ops.quant import QTYPES
 from pipeline.transform.context import PassConfig
 from pipeline.transform.util import prune
 
@@ -42,8 +60,10 @@ _POOLS = {"max_pool2d": "max_pool2d_nchwc", "avg_pool2d": "avg_pool2d_nchwc",
 class _Rewriter:
     """Rebuilds the node list, tracking which layouts of each tensor exist."""
 
-    def __init__(self, graph: Graph, params: dict, vw: int, winograd: bool = False):
-        self.graph, self.vw, self.winograd = graph, vw, winograd
+    def __init__(self, graph: Graph, params: dict, vw: int, dot: str = "portable",
+                 int8_only: bool = False, winograd: bool = False):
+        self.graph, self.vw, self.dot, self.int8_only = graph, vw, dot, int8_only
+        self.winograd = winograd
         self.types, self.params = dict(graph.types), dict(params)
         self.nodes: list[Node] = []
         self.plain = {*graph.inputs, *graph.params}       # plain tensors defined so far
@@ -58,9 +78,11 @@ class _Rewriter:
     def need_plain(self, name: str) -> str:
         if name not in self.plain:
             src = next(v for (k, _), v in self.blocked.items() if k == name)
-            block = self.types[src].shape[-1]
+            _, cb, _, _, block = self.types[src].shape
+            channels = self.types[name].shape[1]
+            crop = {"channels": channels} if channels != cb * block else {}
             self.emit(Node.make("layout_transform", f"{name}.to_nchw", (src,), (name,),
-                                src_layout=layout_name(block), dst_layout="NCHW"))
+                                src_layout=layout_name(block), dst_layout="NCHW", **crop))
             self.plain.add(name)
         return name
 
@@ -75,6 +97,10 @@ class _Rewriter:
 
     def has_blocked(self, name: str) -> bool:
         return (name, self.vw) in self.blocked
+
+    def padded(self, name: str) -> bool:
+        """Whether the blocked `name` carries padding channels (padded filters)."""
+        return self.types[name].shape[1] % self.vw != 0
 
     def param(self, key: tuple, hint: str, make) -> str:
         if key not in self.packed:
@@ -102,19 +128,29 @@ class _Rewriter:
                 or tuple(node.attr("dilations")) != (1, 1)):
             return False
         if node.attr("groups") != 1:
-            return self.depthwise(node, weight)
+            return self.depthwise(node, weight) or self.pointwise(node, weight)
         oc, c = weight.shape[:2]
         ib = self.vw if c % self.vw == 0 else c if c <= self.vw else 0
-        if oc % self.vw or not ib:
-            return False
+        if not ib:
+            return self.pointwise(node, weight)
+        # Filters not a multiple of b: padded with zero filters (their channels are
+        # dropped where the tensor goes plain; blocked consumers need whole blocks, so
+        # none takes it), unless the input is plain and a 1x1 conv can run plain.
+        if oc % self.vw and (oc < self.vw or node.inputs[2:] and node.inputs[2] not in
+                             self.params or not self.has_blocked(x) and weight.shape[2:] == (1, 1)):
+            return self.pointwise(node, weight)
+        pad = -oc % self.vw
         oh, ow = self.types[node.outputs[0]].shape[2:]
         if self.winograd and conv_winograd.worth_it(node, weight, oh, ow, self.vw):
             return self.conv_winograd(node, weight, oh, ow)
-        k = tiling(oh, ow, oc // self.vw, self.vw)[0]
+        k = tiling(oh, ow, (oc + pad) // self.vw, self.vw)[0]
         packed = self.param(("conv", w, ib, k), f"{w}.packed",
-                            lambda: pack_weight(weight, ib, self.vw, k))
-        inputs = [self.need_blocked(x, ib), packed, *node.inputs[2:]]
-        self.blocked_output(node, "conv2d_nchwc", inputs, oc_block=self.vw)
+                            lambda: pack_weight(_pad_filters(weight, pad), ib, self.vw, k))
+        bias = [self.param(("pad", b, pad), f"{b}.padded",
+                           lambda b=b: _pad_filters(self.params[b], pad)) if pad else b
+                for b in node.inputs[2:]]
+        self.blocked_output(node, "conv2d_nchwc", [self.need_blocked(x, ib), packed, *bias],
+                            oc_block=self.vw)
         return True
 
     def conv_winograd(self, node: Node, weight: np.ndarray, oh: int, ow: int) -> bool:
@@ -149,17 +185,131 @@ class _Rewriter:
         self.blocked[(out, self.vw)] = f"{out}.nchw{self.vw}c"
         return True
 
+    def pointwise(self, node: Node, weight: np.ndarray) -> bool:
+        """A 1x1, stride-1, unpadded conv that does not block: conv2d_pointwise on
+        the plain tensors (any groups and channel counts)."""
+        if (weight.shape[2:] != (1, 1) or tuple(node.attr("strides")) != (1, 1)
+                or any(node.attr("pads"))):
+            return False
+        inputs = tuple(self.need_plain(i) for i in node.inputs)
+        self.emit(Node.make("conv2d_pointwise", node.name, inputs, node.outputs,
+                            groups=node.attr("groups"), lanes=self.vw))
+        self.plain.update(node.outputs)
+        return True
+
+    def qconv(self, node: Node) -> bool:
+        """A requantizing conv2d_integer with constant symmetric weights ->
+        qpad_nchwc + qconv2d_nchwc (ops/qconv_blocked.py) with the target's dot product."""
+        if len(node.inputs) != 7 or node.attr("out") not in QTYPES \
+                or not all(i in self.params for i in node.inputs[1:]) \
+                or tuple(node.attr("dilations")) != (1, 1):
+            return False
+        x, w_name, xzp, wzp, bias, mult, yzp = node.inputs
+        weight = self.params[w_name]
+        oc, c = weight.shape[:2]
+        depthwise = node.attr("groups") == oc == self.types[x].shape[1] and c == 1
+        # Output channels per vector: the target's width, or half of it for a layer
+        # whose channels are no multiple of it (24 in MobileNetV2), which then hands
+        # its consumers a plain tensor.
+        ob = self.vw if oc % self.vw == 0 else self.vw // 2
+        if oc % ob or ob < 4 or (depthwise and ob != self.vw) \
+                or np.any(self.params[wzp] != 0) or self.params[xzp].size != 1 \
+                or weight.dtype != np.int8 or (node.attr("groups") != 1 and not depthwise):
+            return False
+        zx = int(self.params[xzp].reshape(()))
+        offset = 0 if depthwise else offset_of(self.dot, self.types[x].dtype)
+        if depthwise:
+            c = oc
+        ib = self.vw if depthwise else input_block(c, self.vw)
+        ow = self.types[node.outputs[0]].shape[3]
+        k = tile(ow, oc // ob, ob)[0]
+        packed = self.param(("qconv", w_name, ib, ob, k, depthwise), f"{w_name}.packed",
+                            lambda: pack_qdepthwise(weight, self.vw) if depthwise
+                            else pack_qweight(weight, ib, ob, k))
+        bias_c = self.param(("qbias", bias, w_name, zx, offset), f"{bias}.corrected",
+                            lambda: corrected_bias(weight, self.params[bias], zx, offset))
+        mults = self.param(("qmult", mult, oc), f"{mult}.per_channel",
+                           lambda: np.ascontiguousarray(np.broadcast_to(
+                               self.params[mult].reshape(-1), (oc,)), np.float32))
+        pads = tuple(node.attr("pads"))
+        src = self.blocked[(x, self.vw)] if self.has_blocked(x) and not self.padded(x) \
+            else self.need_plain(x)
+        if not (any(pads) or c % ib or len(self.types[src].shape) != 5
+                or self.types[src].shape[4] != ib):
+            padded = src
+        else:
+            padded = fresh_name(f"{x}.padded", self.types)
+            self.emit(Node.make("qpad_nchwc", f"{node.name}.pad", (src,), (padded,),
+                                block=ib, pads=pads, channels=c, fill=zx))
+        inputs = [padded, packed, bias_c, mults, yzp]
+        plain = Node.make("conv2d_integer", node.name, (), node.outputs)
+        if depthwise:
+            self.blocked_output(plain, "qdepthwise_conv2d_nchwc", inputs,
+                                strides=tuple(node.attr("strides")), out=node.attr("out"))
+        elif ob == self.vw:
+            self.blocked_output(plain, "qconv2d_nchwc", inputs,
+                                strides=tuple(node.attr("strides")), oc_block=ob,
+                                dot=self.dot, offset=offset, out=node.attr("out"))
+        else:  # blocked by ob: its consumers read it plain (need_plain)
+            out = fresh_name(f"{node.outputs[0]}.nchw{ob}c", self.types)
+            self.emit(Node.make("qconv2d_nchwc", node.name, inputs, (out,),
+                                strides=tuple(node.attr("strides")), oc_block=ob,
+                                dot=self.dot, offset=offset, out=node.attr("out")))
+            self.blocked[(node.outputs[0], ob)] = out
+        return True
+
+    def qdense(self, node: Node) -> bool:
+        """matmul_integer by a constant symmetric int8 [K, N] -> qdense_packed."""
+        a, b, azp, bzp = node.inputs[:4]
+        weight = self.params.get(b)
+        lanes = self.vw
+        if (weight is None or weight.dtype != np.int8 or weight.ndim != 2
+                or bzp not in self.params or np.any(self.params[bzp] != 0)
+                or weight.shape[0] % 4 or weight.shape[1] % lanes
+                or node.attr("out") not in ("int32", *QTYPES)
+                or not all(i in self.params for i in node.inputs[4:])):
+            return False
+        packed = self.param(("qdense", b, lanes), f"{b}.packed",
+                            lambda: pack_qdense(weight, lanes)[0])
+        colsum = self.param(("qcolsum", b), f"{b}.colsum",
+                            lambda: pack_qdense(weight, lanes)[1])
+        extra = list(node.inputs[4:])
+        if extra:  # per-column multiplier, as the kernel loads vectors of it
+            n = weight.shape[1]
+            extra[1] = self.param(("qmult", extra[1], n), f"{extra[1]}.per_column",
+                                  lambda: np.ascontiguousarray(np.broadcast_to(
+                                      self.params[node.inputs[5]].reshape(-1), (n,)),
+                                      np.float32))
+            extra[0] = self.param(("qbias", extra[0], n), f"{extra[0]}.per_column",
+                                  lambda: np.ascontiguousarray(np.broadcast_to(
+                                      self.params[node.inputs[4]].reshape(-1), (n,)),
+                                      np.int32))
+        self.emit(Node.make("qdense_packed", node.name,
+                            [self.need_plain(a), packed, colsum, self.need_plain(azp), *extra],
+                            node.outputs, out=node.attr("out"), dot=self.dot,
+                            offset=offset_of(self.dot, self.types[a].dtype)))
+        self.plain.update(node.outputs)
+        return True
+
     def elementwise(self, node: Node) -> bool:
         out_type = self.types[node.outputs[0]]
         acts = [i for i in node.inputs if i not in self.params]
-        if (len(out_type.shape) != 4 or out_type.dtype != "float32"
-                or out_type.shape[1] % self.vw
+        # Any dtype: the int8 chains of a quantized model (dequantize -> add -> quantize)
+        # stay blocked between its blocked convolutions.
+        if (len(out_type.shape) != 4
                 or not any(self.has_blocked(i) for i in acts)
-                or any(self.types[i] != out_type for i in acts)
+                or any(self.types[i].shape != out_type.shape for i in acts)
                 or any(self.params[i].ndim > 4 for i in node.inputs if i in self.params)):
             return False
+        # Channels not a multiple of b: only on tensors blocked with padding channels
+        # (padded filters); the constants are padded to match.
+        pad = -out_type.shape[1] % self.vw
+        if pad and not all(self.has_blocked(i) for i in acts):
+            return False
         inputs = [self.param(("bcast", i, self.vw), f"{i}.nchw{self.vw}c",
-                             lambda i=i: to_blocked(self.params[i], self.vw))
+                             lambda i=i: to_blocked(_pad_channels(self.params[i],
+                                                                  out_type.shape[1], pad),
+                                                    self.vw))
                   if i in self.params else self.need_blocked(i, self.vw)
                   for i in node.inputs]
         self.blocked_output(node, node.op, inputs)
@@ -169,6 +319,20 @@ class _Rewriter:
         if not self.has_blocked(node.inputs[0]):
             return False
         self.blocked_output(node, _POOLS[node.op], [self.blocked[(node.inputs[0], self.vw)]])
+        return True
+
+    def concat(self, node: Node) -> bool:
+        """Along the channels of 4-D tensors that block (each a multiple of b
+        channels), one of them already blocked: the same concat of the blocked
+        tensors along their channel-block axis (1), so a fire module's or dense
+        block's convs read and write blocked tensors without transforms."""
+        types = [self.types[i] for i in node.inputs]
+        if (node.attr("axis") != 1 or any(len(t.shape) != 4 or t.shape[1] % self.vw
+                                           or t.dtype != "float32" for t in types)
+                or not any(self.has_blocked(i) for i in node.inputs)):
+            return False
+        self.blocked_output(node, "concat", [self.need_blocked(i, self.vw)
+                                             for i in node.inputs])
         return True
 
     def dense(self, node: Node) -> bool:
@@ -188,12 +352,22 @@ class _Rewriter:
 
     def run(self) -> tuple[Graph, dict]:
         for node in self.graph.nodes:
-            if node.op == "conv2d":
+            if node.op == "conv2d_integer":
+                done = self.qconv(node)
+            elif node.op == "matmul_integer":
+                done = self.qdense(node)
+            elif self.int8_only and node.op != "fused" and get(node.op).kind == "elementwise":
+                done = self.elementwise(node)
+            elif self.int8_only:
+                done = False
+            elif node.op == "conv2d":
                 done = self.conv(node)
             elif node.op in _POOLS:
                 done = self.pool(node)
             elif node.op == "dense":
                 done = self.dense(node)
+            elif node.op == "concat":
+                done = self.concat(node)
             elif node.op != "fused" and get(node.op).kind == "elementwise":
                 done = self.elementwise(node)
             else:
@@ -206,10 +380,27 @@ class _Rewriter:
         return prune(graph, self.params)
 
 
+def _pad_filters(value: np.ndarray, pad: int) -> np.ndarray:
+    """`value` (weights [OC, ...] or bias [OC]) with `pad` zero filters appended."""
+    return np.pad(value, [(0, pad)] + [(0, 0)] * (value.ndim - 1)) if pad else value
+
+
+def _pad_channels(value: np.ndarray, channels: int, pad: int) -> np.ndarray:
+    """A constant broadcast against [N, channels, H, W]: with a channel dim of its own,
+    `pad` zero channels appended (as numpy broadcasting aligns it, rank up to 4)."""
+    v = value.reshape((1,) * (4 - value.ndim) + value.shape)
+    return _pad_filters(v.swapaxes(0, 1), pad).swapaxes(0, 1) if pad and v.shape[1] == \
+        channels else value
+
+
 def alter_op_layout(graph: Graph, params: dict, cfg: PassConfig, target: Target | None = None):
     """Rewrite `graph` to blocked layouts for `target` (see the module docstring);
     without a target (graph-only optimisation) the graph is returned unchanged."""
-    if target is None or target.vector_width < 8:
+    if target is None:
         return graph, params
-    winograd = cfg.option("AlterOpLayout.winograd")
-    return _Rewriter(graph, params, target.vector_width, winograd).run()
+    if target.vector_width < 8:  # only the int8 convolutions, on a dot-product target
+        if dot_kind(target) != "sdot":
+            return graph, params
+        return _Rewriter(graph, params, target.vector_width, "sdot", int8_only=True).run()
+    return _Rewriter(graph, params, target.vector_width, dot_kind(target),
+                     winograd=cfg.option("AlterOpLayout.winograd")).run()

@@ -11,10 +11,13 @@ from dataclasses import dataclass
 
 from pipeline.ir.graph import Graph
 from pipeline.ops import infer_types
+from pipeline.transform.attention import fuse_attention
 from pipeline.transform.context import PASS_NAMES, PassConfig, PassContext
 from pipeline.transform.fuse import fold_constant, fuse_ops
 from pipeline.transform.instrument import PassInfo
 from pipeline.transform.layout import alter_op_layout
+from pipeline.transform.patterns import fuse_gelu, fuse_layer_norm
+from pipeline.transform.qdq import fuse_qdq
 from pipeline.transform.simplify import fold_batch_norm, simplify_inference
 
 
@@ -28,7 +31,11 @@ class Pass:
 
 PIPELINE = (
     Pass("SimplifyInference", simplify_inference, 0),
+    Pass("FuseQDQ", fuse_qdq, 1),
     Pass("FoldConstant", fold_constant, 2),
+    Pass("FuseLayerNorm", fuse_layer_norm, 1),
+    Pass("FuseGelu", fuse_gelu, 1),
+    Pass("FuseAttention", fuse_attention, 1),
     Pass("FoldBatchNorm", fold_batch_norm, 1),
     Pass("AlterOpLayout", alter_op_layout, 3, needs_target=True),
     Pass("FuseOps", fuse_ops, 1),

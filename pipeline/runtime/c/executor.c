@@ -510,8 +510,16 @@ static struct entry *tensor(pl_executor *h, int is_output, int i, size_t nbytes)
     }
     struct entry *t = &h->entries[is_output ? h->out_eid[i] : h->arg_eid[h->slots[i]]];
     if (nbytes != t->nbytes) {
-        fail(h, "%s %d holds %zu bytes, given %zu", is_output ? "output" : "input", i,
-             t->nbytes, nbytes);
+        /* A library is built for one shape (one batch size): say which. */
+        char shape[24 * MAX_NDIM + 2] = "[";
+        for (int d = 0; d < t->ndim; d++)
+            snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%lld",
+                     d ? "," : "", (long long)t->shape[d]);
+        strcat(shape, "]");
+        fail(h, "%s '%s': the library was built for shape %s %s (%zu bytes), given %zu bytes",
+             is_output ? "output" : "input",
+             is_output ? h->out_name[i] : h->arg_name[h->slots[i]], shape,
+             DTYPES[t->dtype].name, t->nbytes, nbytes);
         return NULL;
     }
     return t;

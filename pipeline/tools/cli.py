@@ -1,0 +1,354 @@
+"""The `pipeline` command: one ONNX file to one library, no config, no doit.
+
+    pipeline compile MODEL.onnx -o OUT.so [--target T] [--opt-level N]
+                     [--input NAME=1,3,224,224] [--cc CC] [--cache DIR]
+    pipeline run LIB.so --input NAME=FILE.npy ... [--output-dir DIR] [--threads N]
+    pipeline validate MODEL.onnx LIB.so [--reference onnxruntime|onnx] [--rtol R] [--atol A]
+    pipeline bench MODEL.onnx LIB.so [--threads 1,2] [--rounds 3] [--runs 10]
+    pipeline info LIB.so [--json]
+
+Every command runs the doit build's own functions: compile imports and lowers
+with pipeline.driver, takes each kernel from the kernel cache doit uses
+(pipeline.tasks.cache: the same folder by default, `--cache DIR` or
+$PIPELINE_KERNEL_CACHE), compiling only what is missing, and links through
+pipeline.link.export; validate and bench are pipeline.tools.validate and
+pipeline.tools.bench. A mistake prints one line, `error: <file>: <problem>`, and
+exits with status 1 (2 for a malformed command line, as argparse does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.errors import PipelineError
+
+DEFAULT_TARGET = "llvm -mcpu=native"
+
+
+class CommandError(PipelineError):
+    """A mistake in what the command was given, worded for the user."""
+
+
+def _dims(text: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(d) for d in text.split(","))
+    except ValueError:
+        dims = ()
+    if not dims or min(dims) < 1:
+        raise ValueError
+    return dims
+
+
+def _pairs(items: Sequence[str], what: str) -> dict[str, str]:
+    """["NAME=VALUE", ...] as a dict; CommandError naming the malformed item."""
+    pairs = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or not name or not value:
+            raise CommandError(f"--input {item!r}: expected {what}")
+        pairs[name] = value
+    return pairs
+
+
+def input_shapes(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    """--input NAME=1,3,224,224 options as {name: shape}."""
+    shapes = {}
+    for name, text in _pairs(items, "NAME=d0,d1,... (positive integers)").items():
+        try:
+            shapes[name] = _dims(text)
+        except ValueError:
+            raise CommandError(f"--input {name}={text}: the shape must be positive integers "
+                               "separated by commas, e.g. 1,3,224,224") from None
+    return shapes
+
+
+# -- compile --------------------------------------------------------------------------------
+
+def compile_model(model: str, output: str, target: str = DEFAULT_TARGET, opt_level: int = 3,
+                  shapes: dict | None = None, cc: str | None = None,
+                  cache: str | None = None) -> dict:
+    """Compile the ONNX file `model` into the library `output` (.so, .tar or .o by its
+    suffix); returns {"kernels", "compiled", "cache", "seconds"}.
+
+    The stages are the doit build's: from_onnx, lower_graph under a PassContext at
+    `opt_level`, each distinct kernel's object from the kernel cache `cache` (None:
+    cache_dir's default), compiled into it when missing or damaged, and the export
+    path of export_library with the target's `cc`.
+    """
+    from pipeline.driver.build import lower_graph
+    from pipeline.driver.factory import GraphExecutorFactory, unique_specs
+    from pipeline.frontend import from_onnx
+    from pipeline.ir.target import TargetError, parse_target
+    from pipeline.link.export import LIBRARY_SUFFIXES, resolve_cc
+    from pipeline.link.files import atomic_write
+    from pipeline.tasks.cache import cache_dir, entry_path, object_for_link
+    from pipeline.transform import PassContext
+
+    start = time.perf_counter()
+    if not output.endswith(LIBRARY_SUFFIXES):
+        raise CommandError(f"{output}: a library is a {', '.join(LIBRARY_SUFFIXES)} file")
+    if not 0 <= opt_level <= 3:
+        raise CommandError(f"--opt-level {opt_level}: must be 0, 1, 2 or 3")
+    try:
+        resolved = parse_target(target)
+    except TargetError as err:
+        raise CommandError(f"--target {target!r}: {err}") from None
+    cc = resolve_cc(resolved, cc, "--cc")
+    graph, params = from_onnx(model, shapes or {})
+    with PassContext(opt_level=opt_level):
+        lowered = lower_graph(graph, params, resolved, opt_level)
+    root = cache_dir(cache)
+    os.makedirs(root, exist_ok=True)
+    objects, compiled = {}, 0
+    for spec in unique_specs(lowered.specs.values()):
+        spec_path = entry_path(root, spec.hash, ".json")
+        if not os.path.exists(spec_path):  # content-addressed: an existing one is this spec
+            atomic_write(spec_path, spec.to_json().encode())
+        obj, fresh = object_for_link(root, spec.hash)
+        objects[spec.symbol] = Path(obj).read_bytes()
+        compiled += fresh
+    GraphExecutorFactory(lowered, target, objects).export_library(output, cc=cc)
+    return {"kernels": len(objects), "compiled": compiled, "cache": root,
+            "seconds": round(time.perf_counter() - start, 2)}
+
+
+def _compile(args: argparse.Namespace) -> None:
+    done = compile_model(args.model, args.output, args.target, args.opt_level,
+                         input_shapes(args.input), args.cc, args.cache)
+    print(f"{args.output}: {done['kernels']} kernels ({done['compiled']} compiled, "
+          f"{done['kernels'] - done['compiled']} reused from {done['cache']}), "
+          f"{done['seconds']:.1f} s")
+
+
+# -- run, validate, bench -------------------------------------------------------------------
+
+def _load(library: str):
+    """(the loaded Module, a GraphModule of it) for a library of this machine; for
+    another machine's library, a CommandError saying how to run it there."""
+    from pipeline.runtime import GraphModule, load_module
+    from pipeline.runtime.machine import ForeignLibraryError
+
+    try:
+        lib = load_module(library)
+        return lib, GraphModule(lib["default"]())
+    except FileNotFoundError:
+        raise CommandError(f"{library}: no such file") from None
+    except ForeignLibraryError:
+        from pipeline.ir.target import parse_target
+        from pipeline.tools.library_info import read_blob
+
+        target = read_blob(library)[0].target
+        arch = parse_target(target).arch
+        raise CommandError(
+            f"{library}: built for {arch} (target {target!r}), which "
+            "this machine cannot run: use the target's pipeline-run under its run prefix, "
+            f"e.g. qemu-{arch} -L /usr/{arch}-linux-gnu out/runtime/<target>/pipeline-run "
+            f"{library} --input NAME=FILE.npy --output-dir DIR (doit build writes "
+            "out/runtime/<target>/pipeline-run)") from None
+
+
+def _read_npy(name: str, path: str) -> np.ndarray:
+    try:
+        return np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise CommandError(f"{path}: no such file (--input {name}=...)") from None
+    except (ValueError, OSError, EOFError) as err:
+        raise CommandError(f"{path}: not a .npy file ({str(err).splitlines()[0]})") from None
+
+
+def _run(args: argparse.Namespace) -> None:
+    from pipeline.tools.library_info import graph_tensors
+
+    files = _pairs(args.input, "NAME=FILE.npy")
+    lib, gm = _load(args.library)
+    if args.threads is not None:
+        gm.set_num_threads(args.threads)
+    names = gm.get_input_names()
+    unknown = [n for n in files if n not in names]
+    if unknown:
+        raise CommandError(f"{args.library}: no input named {unknown[0]!r}; inputs: {names}")
+    given = {name: _read_npy(name, path) for name, path in files.items()}
+    missing = [n for n in names if n not in given]
+    if missing:
+        raise CommandError(f"{args.library}: input {missing[0]!r} not given "
+                           f"(--input {missing[0]}=FILE.npy)")
+    for name, value in given.items():
+        try:
+            gm.set_input(name, value)
+        except (KeyError, ValueError) as err:
+            raise CommandError(f"{args.library}: {err.args[0]} (from {files[name]})") from None
+    gm.run()
+    _, outputs = graph_tensors(lib.graph_json, set(lib.params))
+    os.makedirs(args.output_dir, exist_ok=True)
+    for i, row in enumerate(outputs):
+        path = os.path.join(args.output_dir, f"output_{i}.npy")
+        value = gm.get_output(i)
+        np.save(path, value)
+        print(f"{path}  {list(value.shape)}  {value.dtype}  (node {row['name']})")
+
+
+def _reference(name: str | None) -> str:
+    if name is not None:
+        return name
+    import importlib.util
+
+    return "onnxruntime" if importlib.util.find_spec("onnxruntime") else "onnx"
+
+
+def _validate(args: argparse.Namespace) -> None:
+    from pipeline.frontend.onnx import load_model, with_input_shapes
+    from pipeline.tools.validate import compare, random_inputs, reference_outputs
+
+    _, gm = _load(args.library)
+    # The library was built for its input shapes: the reference runs at them too.
+    shapes = gm.get_input_info()[0]
+    model = with_input_shapes(load_model(args.model), shapes)
+    feeds = random_inputs(model, shapes, args.seed)
+    names = [o.name for o in model.graph.output]
+    if len(names) != gm.get_num_outputs():
+        raise CommandError(f"{args.library}: has {gm.get_num_outputs()} outputs, "
+                           f"{args.model} has {len(names)}: not built from this model?")
+    try:
+        gm.run(**feeds)
+    except (KeyError, ValueError) as err:
+        raise CommandError(f"{args.library}: {err.args[0]} (not built from "
+                           f"{args.model}?)") from None
+    ours = [gm.get_output(i) for i in range(len(names))]
+    reference = _reference(args.reference)
+    rows = compare(names, ours, reference_outputs(model, feeds, reference), args.rtol,
+                   args.atol)
+    for r in rows:
+        detail = r.get("problem") or (f"max abs error {r['max_abs_err']:.3g}, "
+                                      f"max rel error {r['max_rel_err']:.3g}")
+        print(f"{r['name']}: {detail}: {'ok' if r['passed'] else 'MISMATCH'}")
+    bad = [r["name"] for r in rows if not r["passed"]]
+    if bad:
+        raise CommandError(f"{args.library}: output {bad[0]!r} differs from {reference} "
+                           f"beyond rtol {args.rtol}, atol {args.atol}")
+    print(f"{args.library}: matches {reference} on seed {args.seed} "
+          f"(rtol {args.rtol}, atol {args.atol})")
+
+
+def _bench(args: argparse.Namespace) -> None:
+    from pipeline.tools.bench import bench_library
+
+    lib, gm = _load(args.library)
+    shapes = {k: list(v) for k, v in gm.get_input_info()[0].items()}
+    del gm  # the timed runs load the library in processes of their own
+    with tempfile.TemporaryDirectory(prefix="pipeline-bench-") as tmp:
+        report = args.report or os.path.join(tmp, "bench.json")
+        bench_library(args.library, args.model, shapes, Path(args.model).stem,
+                      lib.target, report, args.peak_file, args.threads, args.rounds,
+                      args.runs, args.warmup, "1" if args.profile else "0")
+
+
+def _info(args: argparse.Namespace) -> None:
+    from pipeline.tools.library_info import describe_library, format_info
+
+    info = describe_library(args.library)
+    print(json.dumps(info, indent=1) if args.json else format_info(info))
+
+
+# -- the command line -----------------------------------------------------------------------
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog="pipeline", description="Compile an ONNX model into a self-contained CPU "
+        "library, run, check, time or describe one.")
+    sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("compile", help="ONNX file -> .so (or .tar, .o)",
+                       description="Compile MODEL.onnx into a library (.so, .tar or .o by "
+                       "the suffix of -o), through the kernel cache doit uses.")
+    p.add_argument("model", metavar="MODEL.onnx")
+    p.add_argument("-o", "--output", required=True, metavar="OUT.so")
+    p.add_argument("--target", default=DEFAULT_TARGET,
+                   help=f"target string (default {DEFAULT_TARGET!r}; e.g. "
+                   "'llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a76')")
+    p.add_argument("--opt-level", type=int, default=3, help="0..3 (default 3)")
+    p.add_argument("--input", action="append", default=[], metavar="NAME=1,3,224,224",
+                   help="fix an input's shape (any batch; a symbolic dim needs one)")
+    p.add_argument("--cc", help="the target's C compiler, which links (default $CC or cc; "
+                   "required for another machine's target)")
+    p.add_argument("--cache", metavar="DIR", help="the kernel cache (default "
+                   "$PIPELINE_KERNEL_CACHE, else out/kernels, as doit)")
+    p.set_defaults(handler=_compile)
+
+    p = sub.add_parser("run", help="run a library on .npy inputs",
+                       description="Run LIB on this machine; writes DIR/output_<i>.npy.")
+    p.add_argument("library", metavar="LIB.so")
+    p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
+    p.add_argument("--output-dir", default=".", metavar="DIR", help="default: .")
+    p.add_argument("--threads", type=int, help="threads the kernels use (default: all)")
+    p.set_defaults(handler=_run)
+
+    p = sub.add_parser("validate", help="compare a library with onnxruntime",
+                       description="Run LIB and MODEL.onnx's reference on the same seeded "
+                       "random inputs (at LIB's input shapes) and compare every output.")
+    p.add_argument("model", metavar="MODEL.onnx")
+    p.add_argument("library", metavar="LIB.so")
+    p.add_argument("--reference", choices=("onnxruntime", "onnx"),
+                   help="default: onnxruntime if installed, else onnx.reference")
+    p.add_argument("--rtol", type=float, default=1e-4)
+    p.add_argument("--atol", type=float, default=1e-4)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(handler=_validate)
+
+    p = sub.add_parser("bench", help="time a library against onnxruntime",
+                       description="Time LIB against onnxruntime on MODEL.onnx, each side "
+                       "in its own process, rounds alternating (as doit bench).")
+    p.add_argument("model", metavar="MODEL.onnx")
+    p.add_argument("library", metavar="LIB.so")
+    p.add_argument("--threads", default="1,2", help="thread counts (default 1,2)")
+    p.add_argument("--rounds", default="3")
+    p.add_argument("--runs", default="10")
+    p.add_argument("--warmup", default="3")
+    p.add_argument("--profile", action="store_true", help="also list the slowest nodes")
+    p.add_argument("--report", metavar="FILE.json", help="also write the report there")
+    p.add_argument("--peak-file", default=os.path.join("out", "bench-peak.json"),
+                   help="where the best FMA peak of this CPU is kept (as doit bench)")
+    p.set_defaults(handler=_bench)
+
+    p = sub.add_parser("info", help="what a library holds",
+                       description="Target, format, inputs/outputs, params, kernels and "
+                       "build id of a library (.so, .tar or .o; any machine's).")
+    p.add_argument("library", metavar="LIB.so")
+    p.add_argument("--json", action="store_true", help="as JSON")
+    p.set_defaults(handler=_info)
+    return top
+
+
+def _first_file(args: argparse.Namespace) -> str:
+    return getattr(args, "model", None) or getattr(args, "library", "")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The console script; returns the exit status."""
+    args = parser().parse_args(argv)
+    try:
+        args.handler(args)
+    except (PipelineError, OSError, ValueError, KeyError) as err:
+        text = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
+        text = text.splitlines()[0] if text else type(err).__name__
+        where = _first_file(args)
+        # CommandError names its file; other errors name the model or library
+        # (the frontend, the loader) or get it put in front.
+        if not isinstance(err, CommandError) and not text.startswith(
+                (where, "--", os.path.abspath(where))):
+            text = f"{where}: {text}"
+        print(f"error: {text}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""What a model library holds, read from the file without loading it (so a library
+for another machine can be described too): `pipeline info`.
+
+    describe_library("m.so") -> {"path", "format", "target", "blob_version",
+        "blob_sha256", "build_id", "inputs", "outputs", "params", "kernels", "memory"}
+
+The blob (pipeline/link/blob.py) is found through the ELF symbol table of the
+.so or the relocatable .o, or in the devc.o member of a .tar, and verified by
+its sha256 before anything in it is read (pipeline/runtime/blob.py). The build
+id is the .so's GNU build-id note (pipeline/link/export.py derives it from
+lib0.o, executor.o and the blob's checksum); a .o or .tar has none until linked.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import struct
+import tarfile
+from typing import Any
+
+import numpy as np
+
+from pipeline.errors import FormatError
+from pipeline.link.blob import BLOB_CODE_DIGEST_SIZE, BLOB_DIGEST_SIZE, BLOB_PREFIX_SIZE
+from pipeline.link.integrity import blob_offset, elf_sections
+from pipeline.runtime.blob import Blob, BlobError, read_blob_header_length, unpack_blob
+from pipeline.runtime.metadata import kernel_metadata
+from pipeline.runtime.params import load_params
+from pipeline.tools.bench import memory_plan
+
+__all__ = ["describe_library", "format_info", "graph_tensors", "kernel_rows", "read_blob"]
+
+_NT_GNU_BUILD_ID = 3
+
+
+def read_blob(path: str) -> tuple[Blob, int, str, str | None]:
+    """(the verified blob, its format version, its sha256 hex, the build id hex or
+    None) of the library at `path` (.so, .o or .tar). FileNotFoundError;
+    BlobError/FormatError naming `path` for a file that is no pipeline library."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no such file")
+    if path.endswith(".tar"):
+        return _blob_of_object(_tar_member(path, "devc.o"), path) + (None,)
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size < 64:
+            raise BlobError(f"{path}: not an ELF64 little-endian library")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            sections = elf_sections(data, path)
+            blob, version, digest = _blob_of_object(data, path, sections)
+            return blob, version, digest, _build_id(data, sections)
+
+
+def _tar_member(path: str, name: str) -> bytes:
+    try:
+        with tarfile.open(path) as tar:
+            member = tar.extractfile(name)
+            return member.read() if member is not None else b""
+    except KeyError:
+        raise FormatError(f"{path}: no {name} in the archive; not a library exported by "
+                          "pipeline") from None
+    except tarfile.TarError as err:
+        raise FormatError(f"{path}: not a readable tar archive ({err})") from None
+
+
+def _blob_of_object(data, path: str, sections: list | None = None) -> tuple[Blob, int, str]:
+    sections = elf_sections(data, path) if sections is None else sections
+    start = blob_offset(data, sections)
+    if start is None:
+        raise BlobError(f"{path}: no pipeline blob (symbol __pipeline_dev_mblob); not a "
+                        "library exported by pipeline")
+    total = read_blob_header_length(bytes(data[start:start + BLOB_PREFIX_SIZE]), path)
+    raw = bytes(data[start:start + total])
+    blob = unpack_blob(raw, path)
+    version, = struct.unpack_from("<I", raw, 8)
+    end = total - BLOB_CODE_DIGEST_SIZE
+    return blob, version, raw[end - BLOB_DIGEST_SIZE:end].hex()
+
+
+def _build_id(data, sections: list) -> str | None:
+    """The GNU build-id note's bytes as hex, or None."""
+    for name, _, _, _, offset, size, _ in sections:
+        if name != ".note.gnu.build-id" or size < 16:
+            continue
+        namesz, descsz, kind = struct.unpack_from("<III", data, offset)
+        if kind == _NT_GNU_BUILD_ID:
+            at = offset + 12 + (namesz + 3) // 4 * 4
+            return bytes(data[at:at + descsz]).hex()
+    return None
+
+
+def graph_tensors(graph_json: str, param_names: set[str]
+                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(inputs, outputs) of a library's graph JSON as {"name", "shape", "dtype"} rows
+    (an output's "name" is the node computing it: the graph JSON keeps no tensor
+    names); params (named in `param_names`) are not inputs."""
+    doc = json.loads(graph_json)
+    nodes, row_ptr = doc["nodes"], doc["node_row_ptr"]
+    shapes, dtypes = doc["attrs"]["shape"][1], doc["attrs"]["dltype"][1]
+
+    def row(nid: int, index: int = 0) -> dict[str, Any]:
+        eid = row_ptr[nid] + index
+        return {"name": nodes[nid]["name"], "shape": list(shapes[eid]), "dtype": dtypes[eid]}
+
+    inputs = [row(nid) for nid in doc["arg_nodes"] if nodes[nid]["name"] not in param_names]
+    return inputs, [row(nid, index) for nid, index, *_ in doc["heads"]]
+
+
+def kernel_rows(blob: Blob) -> list[dict[str, Any]]:
+    """One row per kernel of the library, in link order: {"symbol", "calls" (graph
+    nodes calling it), "flops" and "bytes_moved" per call, "constant_bytes" of all
+    calls} (pipeline.runtime.metadata; None where the library records none)."""
+    found = {k["symbol"]: k for k in kernel_metadata(blob.graph_json)}
+    empty = {"calls": 0, "flops": None, "bytes_moved": None, "constant_bytes": None}
+    return [{**empty, **found.get(symbol, {}), "symbol": symbol} for symbol in blob.kernels]
+
+
+def describe_library(path: str) -> dict[str, Any]:
+    """Everything `pipeline info` shows about the library at `path` (module doc)."""
+    blob, version, digest, build_id = read_blob(path)
+    params = load_params(blob.params)
+    inputs, outputs = graph_tensors(blob.graph_json, set(params))
+    return {
+        "path": path, "format": os.path.splitext(path)[1].lstrip("."),
+        "file_bytes": os.path.getsize(path), "target": blob.target,
+        "blob_version": version, "blob_sha256": digest, "build_id": build_id,
+        "inputs": inputs, "outputs": outputs,
+        "params": {"count": len(params),
+                   "bytes": int(sum(np.asarray(v).nbytes for v in params.values())),
+                   "section_bytes": len(blob.params)},
+        "kernels": kernel_rows(blob),
+        "memory": memory_plan(blob.graph_json),
+    }
+
+
+def _tensor(row: dict) -> str:
+    return f"{row['name']}  {row['shape']}  {row['dtype']}"
+
+
+def format_info(info: dict[str, Any]) -> str:
+    """describe_library's dict as the text `pipeline info` prints."""
+    mib = 2 ** 20
+    lines = [f"library   {info['path']} ({info['format']}, {info['file_bytes'] / mib:.2f} MiB)",
+             f"target    {info['target']}",
+             f"format    blob version {info['blob_version']}, sha256 {info['blob_sha256']}",
+             f"build id  {info['build_id'] or '(none: a .o or .tar gets one when linked)'}"]
+    lines += [f"input     {_tensor(r)}" for r in info["inputs"]]
+    lines += [f"output {i:<2} {r['shape']}  {r['dtype']}  (node {r['name']})"
+              for i, r in enumerate(info["outputs"])]
+    p, m = info["params"], info["memory"]
+    lines += [f"params    {p['count']} tensors, {p['bytes']:,} bytes",
+              f"memory    {m['planned_activation_bytes']:,} bytes planned for "
+              f"{m['intermediate_bytes']:,} bytes of intermediates",
+              f"kernels   {len(info['kernels'])}"]
+    width = max((len(k["symbol"]) for k in info["kernels"]), default=6)
+    lines.append(f"  {'symbol':<{width}}  calls  {'FLOPs/call':>14}  {'bytes moved/call':>16}  "
+                 f"{'constant bytes':>14}")
+    lines += [f"  {k['symbol']:<{width}}  {k['calls']:>5}  {_count(k['flops']):>14}  "
+              f"{_count(k['bytes_moved']):>16}  {_count(k['constant_bytes']):>14}"
+              for k in info["kernels"]]
+    return "\n".join(lines)
+
+
+def _count(value: int | None) -> str:
+    return "-" if value is None else f"{value:,}"
