@@ -49,11 +49,17 @@ def ops_used(factory) -> set[str]:
     return ops
 
 
-def check(model, feeds, target, must_use=(), threads=(None,), rtol=1e-4, atol=1e-4):
+# The direct blocked conv's cases: AlterOpLayout would pick Winograd for some 3x3
+# ones (tests/test_conv_winograd.py covers that kernel).
+DIRECT = {"AlterOpLayout.winograd": False}
+
+
+def check(model, feeds, target, must_use=(), threads=(None,), rtol=1e-4, atol=1e-4,
+          config=DIRECT):
     """Build at opt_level 3 for `target`, run at each thread count, compare with ORT."""
     want = run_ort(model, feeds)
     graph, params = from_onnx(model)
-    gm, factory = build_and_load(graph, params, target=target)
+    gm, factory = build_and_load(graph, params, target=target, config=config)
     assert set(must_use) <= ops_used(factory), ops_used(factory)
     for t in threads:
         if t is not None:
@@ -331,7 +337,7 @@ def test_profile_names_every_node():
 
     model, feeds = conv_net(16, 32, 12, after=[RELU])
     graph, params = from_onnx(model)
-    gm, factory = build_and_load(graph, params, target=NATIVE)
+    gm, factory = build_and_load(graph, params, target=NATIVE, config=DIRECT)
     gm.set_input(**feeds)
     rows = profile_nodes(gm, runs=3)
     assert len(rows) == len(factory.lowered.graph.nodes)

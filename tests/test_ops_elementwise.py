@@ -276,6 +276,14 @@ CASES = {
     "cast_int32_double": lambda: cast(ints(*S, dtype=np.int32), TensorProto.DOUBLE),
     "cast_bool_double": lambda: cast(bools(*S), TensorProto.DOUBLE),
     "cast_double_bool": lambda: cast(np.array([0.0, -0.0, 1e-300, -2.0]), TensorProto.BOOL),
+    # -- BitCast (opset 26): the bits of special floats; int8 wrapped by a fused Add
+    "bitcast_float_int32": lambda: (model_of(
+        [node("BitCast", ["x"], ["y"], to=TensorProto.INT32)],
+        f := {"x": SPECIAL.astype(np.float32) * np.float32(-1)}, np.int32, opset=26), f),
+    "bitcast_add_int8_uint8": lambda: (model_of(
+        [node("Add", ["a", "b"], ["s"]), node("BitCast", ["s"], ["y"], to=TensorProto.UINT8)],
+        f := {"a": ints(*S, low=-128, high=128, dtype=np.int8),
+              "b": ints(*S, seed=1, low=-128, high=128, dtype=np.int8)}, np.uint8, opset=26), f),
     # -- fusion: a dtype change after an anchor must not fuse into it
     "dense_greater_cast": lambda: (model_of(
         [node("MatMul", ["x", "w"], ["m"]), node("Greater", ["m", "t"], ["g"]),
@@ -284,9 +292,10 @@ CASES = {
 }
 
 # Its CPU provider has float Relu only, float Mod only with fmod=1 (before opset 28),
-# no double Mean, Softplus, Elu or Atanh, and no Swish (opset 24).
+# no double Mean, Softplus, Elu or Atanh, and no Swish (opset 24) or BitCast (26).
 NOT_IN_ONNXRUNTIME = {"relu_int64", "mod_float_python", "mod_double_python", "mean3_double",
-                      "softplus_double", "elu_double", "atanh_double", "swish"}
+                      "softplus_double", "elu_double", "atanh_double", "swish",
+                      "bitcast_float_int32", "bitcast_add_int8_uint8"}
 
 
 @pytest.mark.parametrize("opt_level", [0, 3])

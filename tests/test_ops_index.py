@@ -1,6 +1,7 @@
 """Element-indexed and positional operators, and the losses built on them, compiled end
 to end and compared with onnxruntime at pass opt_level 0 and 3: GatherElements,
-ScatterElements (and the old Scatter), ScatterND, TopK, CumSum, CumProd, Trilu,
+ScatterElements (and the old Scatter), ScatterND, TopK, CumSum, CumProd, Trilu, OneHot,
+CenterCropPad, Compress, ReverseSequence,
 NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss, on float32 and float64."""
 
 from __future__ import annotations
@@ -116,11 +117,35 @@ CASES = {
     "sce_sum_weight_ignore": lambda: sce(rand(3, 4), LABELS[:, 0], rand(4, seed=3) + 1,
                                          reduction="sum", ignore_index=2),
     "sce_double_log_prob": lambda: sce(doubles(3, 4, 5), LABELS, log_prob=True),
+    # OneHot: negative indices wrap, out-of-range ones (MIXED's -5 for depth 4) are all off
+    "onehot_axis1_wrap_out_of_range": lambda: graph(
+        "OneHot", {"i": MIXED}, {"d": np.array(4, np.int64),
+                                 "v": np.array([-1.5, 2.0], np.float32)}, axis=1),
+    "onehot_float_indices_int32_values": lambda: graph(
+        "OneHot", {"i": rand(2, 3, low=-3, high=3).round()}, {
+            "d": np.array(3.0, np.float32), "v": np.array([0, 7], np.int32)}, axis=-3),
+    # CenterCropPad: axis 2 cropped 5 -> 2 (odd: the extra one off the end), axis 0
+    # padded 3 -> 6
+    "center_crop_pad": lambda: graph("CenterCropPad", {"x": X}, {"s": np.array([2, 6])},
+                                     axes=[-1, 0]),
+    "compress_axis": lambda: graph("Compress", {"x": X}, {"c": np.array([1, 0, 1, 1])},
+                                   axis=1),
+    "compress_flat_short_condition": lambda: graph(
+        "Compress", {"x": X}, {"c": np.array([0, 1, 1, 0, 0, 1], bool)}, opset=11),
+    # ReverseSequence: batch-major, lengths 4 (all), 1 (none moves) and 2
+    "reverse_sequence_batch_major": lambda: graph(
+        "ReverseSequence", {"x": X}, {"l": np.array([4, 1, 2], np.int64)}, opset=10,
+        time_axis=1, batch_axis=0),
 }
 
-# onnxruntime's CPU provider lacks these (dtype, reduction) combinations, and CumProd.
+# onnxruntime's CPU provider lacks these (dtype, reduction) combinations, CumProd, and
+# OneHot with out-of-range indices (onnx.reference: all off); CenterCropPad and
+# Compress and ReverseSequence are checked against onnx.reference too.
 NOT_IN_ONNXRUNTIME = {"scatter_nd_int64", "scatter_elements_max_double", "nll_double",
-                      "sce_double_log_prob", "cumprod_exclusive_reverse", "cumprod_int64"}
+                      "sce_double_log_prob", "cumprod_exclusive_reverse", "cumprod_int64",
+                      "onehot_axis1_wrap_out_of_range", "onehot_float_indices_int32_values",
+                      "center_crop_pad", "compress_axis", "compress_flat_short_condition",
+                      "reverse_sequence_batch_major"}
 
 
 @pytest.mark.parametrize("opt_level", [0, 3])

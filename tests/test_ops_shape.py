@@ -232,7 +232,21 @@ CASES = {
     "shape15_start_end": lambda: shape_start_end(),
     "shape_is_the_output": lambda: (model_of([node("Shape", ["x"], ["y"])], {"x": X}, np.int64),
                                     {"x": X}),
+    "eyelike_windows": lambda: eyelike_windows(),
 }
+
+
+def eyelike_windows():
+    """x + EyeLike(x, k=-1) + the three windows of size 5 (Hamming symmetric)."""
+    x = rand(3, 5)
+    nodes = [node("EyeLike", ["x"], ["e"], k=-1), node("Add", ["x", "e"], ["s0"]),
+             node("HannWindow", ["n"], ["w0"]),
+             node("HammingWindow", ["n"], ["w1"], periodic=0),
+             node("BlackmanWindow", ["n"], ["w2"], output_datatype=TensorProto.DOUBLE),
+             node("Cast", ["w2"], ["w2f"], to=TensorProto.FLOAT),
+             node("Sum", ["s0", "w0", "w1", "w2f"], ["y"])]
+    return model_of(nodes, {"x": x}, opset=17, inits={"n": np.array(5, np.int64)}), {"x": x}
+
 
 
 def shape_start_end():
@@ -241,7 +255,8 @@ def shape_start_end():
     return model_of(nodes, {"x": X}, opset=15, inits={"m": i64(-1)}, out_shape=(10, 3, 4)), \
         {"x": X}
 
-NOT_IN_ONNXRUNTIME = {"space_to_depth_int64"}  # compared with onnx.reference instead
+# compared with onnx.reference instead
+NOT_IN_ONNXRUNTIME = {"space_to_depth_int64", "eyelike_windows"}
 
 
 @pytest.mark.parametrize("opt_level", [0, 3])

@@ -29,9 +29,10 @@ from pipeline.ops import ONNX_CONVERTERS, OPS, infer_types, onnx_converter
 NO_NUMPY = {
     **dict.fromkeys(("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
                      "conv_transpose3d"), "convolution: not cheap in numpy"),
-    **dict.fromkeys(("conv2d_nchwc", "conv2d_pointwise", "depthwise_conv2d_nchwc", "dense_packed",
-                     "max_pool2d_nchwc", "avg_pool2d_nchwc", "global_avg_pool_nchwc",
-                     "global_max_pool_nchwc"), "blocked/packed layout variant"),
+    **dict.fromkeys(("conv2d_nchwc", "conv2d_pointwise", "conv2d_winograd_nchwc",
+                     "depthwise_conv2d_nchwc", "dense_packed", "max_pool2d_nchwc",
+                     "avg_pool2d_nchwc", "global_avg_pool_nchwc", "global_max_pool_nchwc"),
+                    "blocked/packed layout variant"),
     **dict.fromkeys(("max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d",
                      "avg_pool3d", "lp_pool1d", "lp_pool2d", "lp_pool3d"),
                     "windowed pooling with pads, ceil_mode, count_include_pad: not cheap"),

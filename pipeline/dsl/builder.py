@@ -277,6 +277,14 @@ class KernelBuilder:
         return self.b.fptrunc(v, to) if isinstance(elem, ir.FloatType | ir.DoubleType) \
             else self.b.trunc(v, to)
 
+    def bitcast(self, v, source: str, dtype: str) -> ir.Value:
+        """The bits of `v` (a value of dtype `source`, in its compute type) read as
+        `dtype` (same storage width), in `dtype`'s compute type: ONNX BitCast."""
+        v = raw(v)
+        if source in NARROW:
+            v = self._to_storage(v, STORAGE_TYPES[source])
+        return self.widen(self.b.bitcast(v, STORAGE_TYPES[dtype]), dtype)
+
     def narrow(self, v, dtype: str) -> ir.Value:
         """A computed value (scalar or vector) rounded to what `dtype` can hold, still
         in the compute type: float16 rounds to nearest even, integers wrap. Other

@@ -44,6 +44,8 @@ _MOVEMENT = ("transpose", "tile", "depth_to_space", "space_to_depth", "gather", 
 
 def _op_flops(op, args: list[TensorType], out: TensorType) -> int:
     name = op.op
+    if name == "conv2d_winograd_nchwc":  # counted as the direct 3x3 conv it computes
+        return 2 * out.size * 9 * args[1].shape[2] + (out.size if len(args) > 2 else 0)
     if name in _CONV:
         w = args[1]
         per_out = w.size // _out_channels(name, out)

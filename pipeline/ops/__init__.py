@@ -7,6 +7,7 @@ from pipeline.ops import (  # noqa: F401  (registration)
     conv_blocked,
     conv_pointwise,
     conv_transpose,
+    conv_winograd,
     dense_packed,
     depthwise_blocked,
     elementwise,

@@ -1,4 +1,5 @@
-"""Indexing operators: Gather, Slice, Split (as slices) and Pad.
+"""Indexing operators: Gather, Compress (a gather), Slice, Split (as slices), Pad,
+CenterCropPad (a pad), and OneHot (compare and Where).
 
 Slice and Pad are lowered by index tables (pipeline/ops/movement.py remap_lower):
 all their arguments are build-time constants, normalised here to ONNX
@@ -8,6 +9,8 @@ kernel return an error code, which the executor raises as a RuntimeError.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -239,3 +242,83 @@ def _pad(ctx, n):
         raise ModelError(f"node {n.name!r} (Pad): {len(pads)} pads for rank {rank}")
     return [Node.make("pad", n.name, n.inputs[:1], n.outputs[:1], pads=pads, mode=mode,
                       value=value)]
+
+
+
+@onnx_op("CenterCropPad", 18, emits=("pad",), build_time_inputs=(1,))
+def _center_crop_pad(ctx, n):
+    """Each listed axis cropped or zero-padded to its target size, centred (the odd
+    element at the end): one pad node whose negative pads crop."""
+    rank = len(ctx.type(n.inputs[0]).shape)
+    shape = ctx.type(n.inputs[0]).shape
+    sizes = need_const(ctx, n, 1, "the shape input").tolist()
+    axes = [norm_axis(n, int(a), rank) for a in n.attrs.get("axes", range(rank))]
+    if len(sizes) != len(axes):
+        raise ModelError(f"node {n.name!r} (CenterCropPad): {len(sizes)} sizes for "
+                         f"{len(axes)} axes")
+    pads = [0] * (2 * rank)
+    for a, size in zip(axes, sizes, strict=True):
+        grow = int(size) - shape[a]
+        begin = grow // 2 if grow >= 0 else -(-grow // 2)
+        pads[a], pads[a + rank] = begin, grow - begin
+    return [Node.make("pad", n.name, n.inputs[:1], n.outputs[:1], pads=pads,
+                      mode="constant", value=0)]
+
+
+@onnx_op("Compress", 9, emits=("reshape", "gather"), build_time_inputs=(1,))
+def _compress(ctx, n):
+    """The slices along `axis` (of the flattened input if none) whose condition is true:
+    a gather of their constant indices."""
+    x = n.inputs[0]
+    shape = ctx.type(x).shape
+    keep = np.flatnonzero(need_const(ctx, n, 1, "the condition input").reshape(-1))
+    nodes = []
+    if "axis" in n.attrs:
+        axis = norm_axis(n, int(n.attrs["axis"]), len(shape))
+    else:
+        axis, flat = 0, f"{n.outputs[0]}__flat"
+        nodes.append(Node.make("reshape", f"{n.name}__flat", (x,), (flat,),
+                               shape=(math.prod(shape),)))
+        shape, x = (math.prod(shape),), flat
+    if keep.size == 0 or keep[-1] >= shape[axis]:
+        raise ModelError(f"node {n.name!r} (Compress): the condition selects "
+                         f"{'nothing' if keep.size == 0 else 'beyond the axis'}")
+    indices = ctx.add_param(f"{n.name}_indices", keep.astype(np.int64))
+    return nodes + [Node.make("gather", n.name, (x, indices), n.outputs[:1], axis=axis)]
+
+# -- OneHot ------------------------------------------------------------------------------
+
+
+@onnx_op("OneHot", 9, emits=("less", "add", "where", "reshape", "equal"),
+         build_time_inputs=(1, 2))
+def _one_hot(ctx, n):
+    """y = on where index (negative ones wrapped by + depth) == position along the new
+    `axis`, off elsewhere; an index outside [-depth, depth) matches nothing. Graph
+    ops: the wrapped indices reshaped with a 1 at `axis`, compared with the constant
+    0..depth-1 (in the indices' dtype) laid along `axis`, and a Where."""
+    indices = n.inputs[0]
+    itype = ctx.type(indices)
+    depth = need_const(ctx, n, 1, "depth")
+    values = need_const(ctx, n, 2, "values")
+    if depth.size != 1 or values.size != 2:
+        raise ModelError(f"node {n.name!r} (OneHot): depth must hold one value and values "
+                         f"two, got {depth.size} and {values.size}")
+    depth, rank = int(depth.reshape(())), len(itype.shape)
+    axis = norm_axis(n, int(n.attrs.get("axis", -1)), rank + 1)
+    idtype = np.dtype(itype.dtype)
+    positions = np.arange(depth, dtype=idtype).reshape(
+        (depth,) + (1,) * (rank - axis))
+    off, on = (ctx.add_param(f"{n.name}_{k}", values.reshape(-1)[i].reshape(()))
+               for i, k in ((0, "off"), (1, "on")))
+    zero = ctx.add_param(f"{n.name}_zero", np.zeros((), idtype))
+    depth_name = ctx.add_param(f"{n.name}_depth", np.array(depth, idtype))
+    shape = itype.shape[:axis] + (1,) + itype.shape[axis:]
+    t = f"{n.outputs[0]}__onehot"
+    return [Node.make("less", f"{n.name}__neg", (indices, zero), (f"{t}_neg",)),
+            Node.make("add", f"{n.name}__wrap", (indices, depth_name), (f"{t}_wrapped",)),
+            Node.make("where", f"{n.name}__idx", (f"{t}_neg", f"{t}_wrapped", indices),
+                      (f"{t}_idx",)),
+            Node.make("reshape", f"{n.name}__axis", (f"{t}_idx",), (f"{t}_at",), shape=shape),
+            Node.make("equal", f"{n.name}__hit", (f"{t}_at", ctx.add_param(
+                f"{n.name}_positions", positions)), (f"{t}_hit",)),
+            Node.make("where", n.name, (f"{t}_hit", on, off), n.outputs[:1])]

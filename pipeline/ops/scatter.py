@@ -1,4 +1,5 @@
-"""Element-indexed gathers and scatters: GatherElements, ScatterElements, ScatterND.
+"""Element-indexed gathers and scatters: GatherElements, ScatterElements, ScatterND;
+ReverseSequence (a gather_elements with constant indices).
 
 Their indices are read at run time: a negative index counts from the end of its
 axis, and an index outside the data makes the kernel return an error code, which
@@ -23,7 +24,7 @@ from pipeline.dsl.builder import LLVM_TYPES
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.registry import onnx_op, register
-from pipeline.ops.shape import norm_axis
+from pipeline.ops.shape import need_const, norm_axis
 
 _INDEX_DTYPES = ("int64", "int32")
 _REDUCTIONS = ("none", "add", "mul", "max", "min")
@@ -92,6 +93,29 @@ def _gather_elements(ctx, n):
     return [Node.make("gather_elements", n.name, n.inputs[:2], n.outputs[:1],
                       axis=norm_axis(n, int(n.attrs.get("axis", 0)), rank))]
 
+
+
+@onnx_op("ReverseSequence", 10, emits=("gather_elements",), build_time_inputs=(1,))
+def _reverse_sequence(ctx, n):
+    """The first sequence_lens[b] steps of each batch entry b reversed along time_axis,
+    the rest kept: a gather_elements with constant indices."""
+    shape = ctx.type(n.inputs[0]).shape
+    time_axis, batch_axis = (int(n.attrs.get(k, d)) for k, d in
+                             (("time_axis", 0), ("batch_axis", 1)))
+    lens = need_const(ctx, n, 1, "sequence_lens").reshape(-1)
+    if len(shape) < 2 or {time_axis, batch_axis} != {0, 1} or lens.size != shape[batch_axis] \
+            or np.any((lens < 0) | (lens > shape[time_axis])):
+        raise ModelError(f"node {n.name!r} (ReverseSequence): needs time and batch axes 0 "
+                         f"and 1 and lengths within [0, {shape[time_axis]}] for each of "
+                         f"{shape[batch_axis]} batch entries, got {lens.tolist()}")
+    t = np.arange(shape[time_axis])[:, None]  # [time, batch]
+    steps = np.where(t < lens[None, :], lens[None, :] - 1 - t, t)
+    if batch_axis == 0:
+        steps = steps.T
+    indices = np.broadcast_to(steps.reshape(steps.shape + (1,) * (len(shape) - 2)), shape)
+    name = ctx.add_param(f"{n.name}_steps", np.ascontiguousarray(indices, np.int64))
+    return [Node.make("gather_elements", n.name, (n.inputs[0], name), n.outputs[:1],
+                      axis=time_axis)]
 
 # -- ScatterElements ---------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
 """Shape operators: Reshape, Flatten, Squeeze, Unsqueeze, Concat, Expand; and
-Shape, Size, ConstantOfShape and Range, whose values are known at build time.
+Shape, Size, ConstantOfShape, Range, EyeLike and the window functions (HannWindow,
+HammingWindow, BlackmanWindow), whose values are known at build time.
 
 Shape arguments must be known at build time (initializers, or values the
 frontend computes from constants: ImportContext.const); a data-dependent
@@ -14,7 +15,7 @@ import math
 import numpy as np
 
 from pipeline.errors import GraphError, ModelError
-from pipeline.ir.graph import Node, TensorType
+from pipeline.ir.graph import ONNX_DTYPES, Node, TensorType
 from pipeline.ops.registry import broadcast_shape, onnx_converter, onnx_op, register
 
 
@@ -239,3 +240,49 @@ def _range(ctx, n):
     count = max(math.ceil((limit.item() - start.item()) / delta.item()), 0)
     ctx.set_const(n.outputs[0], (start + np.arange(count) * delta).astype(start.dtype))
     return []
+
+
+def _dtype_attr(n, key: str, default: str) -> str:
+    """The dtype an ONNX TensorProto code attribute names (`default` if absent);
+    ModelError naming the node if the IR lacks it."""
+    if key not in n.attrs:
+        return default
+    dtype = ONNX_DTYPES.get(int(n.attrs[key]))
+    if dtype is None:
+        raise ModelError(f"node {n.name!r} ({n.op_type}): {key} {n.attrs[key]} is not a "
+                         f"supported dtype ({', '.join(ONNX_DTYPES.values())} are)")
+    return dtype
+
+
+@onnx_op("EyeLike", 9, emits=())
+def _eye_like(ctx, n):
+    """Ones on diagonal k of a 2-D zero tensor the input's shape (only its shape is read)."""
+    x = ctx.type(n.inputs[0])
+    if len(x.shape) != 2:
+        raise ModelError(f"node {n.name!r} (EyeLike): input must be 2-D, got "
+                         f"{list(x.shape)}")
+    dtype = _dtype_attr(n, "dtype", x.dtype)
+    ctx.set_const(n.outputs[0], np.eye(*x.shape, k=int(n.attrs.get("k", 0)), dtype=dtype))
+    return []
+
+
+# Window functions (opset 17): w[j] = sum_m a_m cos(2 pi m j / N), N = size if
+# periodic (the default) else size - 1; coefficients a_m by window.
+_WINDOWS = {"HannWindow": (0.5, -0.5), "HammingWindow": (25 / 46, -21 / 46),
+            "BlackmanWindow": (0.42, -0.5, 0.08)}
+
+
+def _window(coefficients: tuple[float, ...]):
+    def convert(ctx, n):
+        size = int(need_const(ctx, n, 0, "size").reshape(()))
+        periods = size if int(n.attrs.get("periodic", 1)) else size - 1
+        j = np.arange(size, dtype=np.float64)
+        w = sum(a * np.cos(2 * np.pi * m * j / periods) for m, a in enumerate(coefficients))
+        ctx.set_const(n.outputs[0], np.asarray(w).astype(
+            _dtype_attr(n, "output_datatype", "float32")))
+        return []
+    return convert
+
+
+for _op_type, _coefficients in _WINDOWS.items():
+    onnx_op(_op_type, 17, emits=(), build_time_inputs=(0,))(_window(_coefficients))

@@ -1,6 +1,6 @@
 """Unary math and activations: Relu, Sigmoid, Tanh, Erf, Gelu, Exp, Log, Clip...,
 the trigonometric and hyperbolic functions (Sin ... Atanh), and the float
-predicates IsNaN and IsInf (bool results).
+predicates IsNaN and IsInf (bool results), and BitCast (the bits read as another dtype).
 
 Each is an elementwise op lowered as a scalar function of one LLVM value
 (see pipeline/ops/registry.py). Functions LLVM has no intrinsic for (tanh,
@@ -21,8 +21,8 @@ import numpy as np
 
 from pipeline.dsl.builder import F32, FLOATS
 from pipeline.errors import ModelError
-from pipeline.ir.graph import Node, TensorType
-from pipeline.ops.registry import onnx_op, register
+from pipeline.ir.graph import ONNX_DTYPES, Node, TensorType
+from pipeline.ops.registry import Limit, onnx_op, register
 
 _INT_TOO = ("relu", "leaky_relu", "neg", "abs", "clip", "sign")
 _erf_np = np.vectorize(math.erf, otypes=[np.float64])
@@ -377,3 +377,37 @@ register("isinf", "elementwise", _predicate_infer, float64=True,
 onnx_op("IsNaN", 9, emits=("isnan",))(_converter("isnan", {}))
 onnx_op("IsInf", 10, emits=("isinf",))(
     _converter("isinf", {"detect_negative": 1, "detect_positive": 1}))
+
+
+# -- BitCast: the same bits read as another dtype of the same width ----------------------
+
+def _bitcast_infer(types, node):
+    source, to = types[0].dtype, node.attr("to")
+    if source != node.attr("source") or np.dtype(source).itemsize != np.dtype(to).itemsize:
+        raise ModelError(f"node {node.name!r} (BitCast): {source} and {to} differ in width")
+    return [TensorType(types[0].shape, to)]
+
+
+register("bitcast", "elementwise", _bitcast_infer, float64=True,
+         scalar=lambda kb, a, node: kb.bitcast(a[0], node.attr("source"), node.attr("to")),
+         numpy=lambda xs, node: [xs[0].view(node.attr("to"))],
+         sample=lambda rng, dtype: ([rng.uniform(-3, 3, (2, 5)).astype(dtype)],
+                                    {"source": dtype,
+                                     "to": {"float32": "int32", "float64": "int64"}[dtype]}))
+
+
+@onnx_op("BitCast", 26, emits=("bitcast",),
+         limits=(Limit("to bool (bits other than 0 and 1)",
+                       lambda n: n.attrs.get("to") == 9 and n.inputs[0] is not None
+                       and n.inputs[0][0] != 9),))
+def _bitcast(ctx, n):
+    to = ONNX_DTYPES.get(int(n.attrs["to"]))
+    source = ctx.type(n.inputs[0]).dtype
+    if to is None or np.dtype(source).itemsize != np.dtype(to).itemsize:
+        raise ModelError(f"node {n.name!r} (BitCast): cannot reinterpret {source} as "
+                         f"{to or n.attrs['to']} (same-width {', '.join(ONNX_DTYPES.values())} "
+                         "only)")
+    if to == "bool" and source != "bool":
+        raise ModelError(f"node {n.name!r} (BitCast): to bool is not supported (the bits "
+                         "may be other than 0 and 1)")
+    return [Node.make("bitcast", n.name, n.inputs[:1], n.outputs[:1], source=source, to=to)]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pipeline.errors import ConfigError
 
 # Options a pass reads from `config`, with their default and type.
-CONFIG_OPTIONS = {"FuseOps.max_depth": (256, int)}
+CONFIG_OPTIONS = {"FuseOps.max_depth": (256, int), "AlterOpLayout.winograd": (True, bool)}
 # The names of pipeline.transform.PIPELINE, in order (checked there). Kept here
 # so that reading a build config need not import the passes and numpy.
 PASS_NAMES = ("SimplifyInference", "FuseQDQ", "FoldConstant", "FuseLayerNorm", "FuseGelu",

@@ -9,7 +9,10 @@ With b the target's vector width (16 floats on AVX-512, 8 on AVX2):
     on NCHW{ib}c input with
     ib = b (or ib = C for a narrow first layer) and NCHW{b}c output; its weights
     are repacked here as a new param (ops/conv_blocked.py pack_weight), so a
-    weight change still changes only params, never a kernel; a depthwise conv2d
+    weight change still changes only params, never a kernel; a 3x3 stride-1 one
+    where Winograd is faster (ops/conv_winograd.py worth_it; pass option
+    AlterOpLayout.winograd) becomes conv2d_winograd_nchwc, its weights transformed
+    here; a depthwise conv2d
     (groups = channels = filters, a multiple of b) becomes depthwise_conv2d_nchwc;
     a 1x1 stride-1 unpadded conv that does not block (other groups, channel counts
     not a multiple of b) becomes conv2d_pointwise on the plain tensors;
@@ -31,7 +34,7 @@ import numpy as np
 
 from pipeline.ir.graph import Graph, Node, add_param, fresh_name
 from pipeline.ir.target import Target
-from pipeline.ops import get, infer_types
+from pipeline.ops import conv_winograd, get, infer_types
 from pipeline.ops.conv_blocked import pack_weight, tiling
 from pipeline.ops.dense_packed import pack_dense_weight
 from pipeline.ops.depthwise_blocked import pack_depthwise_weight
@@ -60,8 +63,9 @@ class _Rewriter:
     """Rebuilds the node list, tracking which layouts of each tensor exist."""
 
     def __init__(self, graph: Graph, params: dict, vw: int, dot: str = "portable",
-                 int8_only: bool = False):
+                 int8_only: bool = False, winograd: bool = False):
         self.graph, self.vw, self.dot, self.int8_only = graph, vw, dot, int8_only
+        self.winograd = winograd
         self.types, self.params = dict(graph.types), dict(params)
         self.nodes: list[Node] = []
         self.plain = {*graph.inputs, *graph.params}       # plain tensors defined so far
@@ -139,6 +143,8 @@ class _Rewriter:
             return self.pointwise(node, weight)
         pad = -oc % self.vw
         oh, ow = self.types[node.outputs[0]].shape[2:]
+        if self.winograd and conv_winograd.worth_it(node, weight, oh, ow, self.vw):
+            return self.conv_winograd(node, weight, oh, ow)
         k = tiling(oh, ow, (oc + pad) // self.vw, self.vw)[0]
         packed = self.param(("conv", w, ib, k), f"{w}.packed",
                             lambda: pack_weight(_pad_filters(weight, pad), ib, self.vw, k))
@@ -147,6 +153,22 @@ class _Rewriter:
                 for b in node.inputs[2:]]
         self.blocked_output(node, "conv2d_nchwc", [self.need_blocked(x, ib), packed, *bias],
                             oc_block=self.vw)
+        return True
+
+    def conv_winograd(self, node: Node, weight: np.ndarray, oh: int, ow: int) -> bool:
+        """A 3x3 stride-1 conv2d as conv2d_winograd_nchwc (ops/conv_winograd.py)."""
+        oc, c = weight.shape[:2]
+        m = conv_winograd.TILE
+        k = conv_winograd.plan(oh, ow, c, oc, m, self.vw)[0]
+        w = node.inputs[1]
+        packed = self.param(("winograd", w, m, k), f"{w}.winograd",
+                            lambda: conv_winograd.pack_weight(weight, m, self.vw, k))
+        inputs = [self.need_blocked(node.inputs[0], self.vw), packed, *node.inputs[2:]]
+        attrs = {"pads": node.attr("pads"), "winograd_m": m, "oc_block": self.vw}
+        out = node.outputs[0]
+        name = fresh_name(f"{out}.nchw{self.vw}c", self.types)
+        self.emit(Node.make("conv2d_winograd_nchwc", node.name, inputs, (name,), **attrs))
+        self.blocked[(out, self.vw)] = name
         return True
 
     def depthwise(self, node: Node, weight: np.ndarray) -> bool:
@@ -382,4 +404,5 @@ def alter_op_layout(graph: Graph, params: dict, cfg: PassConfig, target: Target 
         if dot_kind(target) != "sdot":
             return graph, params
         return _Rewriter(graph, params, target.vector_width, "sdot", int8_only=True).run()
-    return _Rewriter(graph, params, target.vector_width, dot_kind(target)).run()
+    return _Rewriter(graph, params, target.vector_width, dot_kind(target),
+                     winograd=cfg.option("AlterOpLayout.winograd")).run()
