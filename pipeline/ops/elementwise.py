@@ -1,6 +1,6 @@
 """Elementwise operators of several inputs, with numpy broadcasting: arithmetic
 (Add, Sub, Mul, Div, Pow, Mod, Max, Min, PRelu, variadic Sum/Mean), comparisons,
-logic, bitwise (BitwiseAnd/Or/Xor/Not, BitShift), Where, Cast and BitCast; plus Identity and
+logic, bitwise (BitwiseAnd/Or/Xor/Not, BitShift), Where and Cast; plus Identity and
 Dropout.
 
 Each is lowered as a scalar function of LLVM values; the builder's
@@ -430,32 +430,3 @@ def _cast(ctx, n):
 def _cast_like(ctx, n):
     return [Node.make("cast", n.name, n.inputs[:1], n.outputs[:1],
                       to=ctx.type(n.inputs[1]).dtype)]
-
-
-# -- BitCast: the same bytes read as another dtype of the same width --------------------
-
-def _bitcast_infer(types, node):
-    x, to = types[0], node.attr("to")
-    if np.dtype(x.dtype).itemsize != np.dtype(to).itemsize:
-        raise ModelError(f"node {node.name!r} (bitcast): {x.dtype} and {to} differ in width")
-    return [TensorType(x.shape, to)]
-
-
-def _bitcast_lower(kb, node, ins, out, epilogue):
-    """Each element's stored bits, untouched (no widening load or narrowing store)."""
-    x = ins[0]
-    with kb.loop(0, out.type.size, "i") as i:
-        bits = kb.b.load(kb.gep(x, i), typ=x.storage)
-        kb.b.store(kb.b.bitcast(bits, out.storage), kb.gep(out, i))
-
-
-register("bitcast", "opaque", _bitcast_infer, lower=_bitcast_lower, float64=True,
-         numpy=lambda xs, node: [xs[0].view(node.attr("to"))],
-         sample=lambda rng, dtype: ([_floats(rng, dtype, (2, 3))],
-                                    {"to": "int32" if dtype == "float32" else "int64"}))
-
-
-@onnx_op("BitCast", 26, emits=("bitcast",))
-def _bit_cast(ctx, n):
-    return [Node.make("bitcast", n.name, n.inputs[:1], n.outputs[:1],
-                      to=_cast_to(n, int(n.attrs["to"])))]
