@@ -14,7 +14,6 @@ from __future__ import annotations
 import ast
 import json
 import os
-import pty
 import shutil
 import subprocess
 import sys
@@ -453,26 +452,3 @@ def test_progress_quiet_lines_and_growing_total(tiny: Path):
     assert totals == sorted(totals) and totals[-1] > totals[0]  # kernels appeared
     assert totals[-1] == len(executed)
     assert "\r" not in out
-
-
-def test_progress_live_line_on_a_terminal(tiny: Path):
-    env = {k: v for k, v in os.environ.items() if k != "CI"}
-    env["PYTHONPATH"] = str(REPO)
-    leader, follower = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"),
-                             "-d", str(tiny), "build", "config=matrix.yaml"],
-                            stdout=follower, stderr=follower, env=env)
-    os.close(follower)
-    chunks = []
-    while True:
-        try:
-            data = os.read(leader, 4096)
-        except OSError:  # the terminal closed: the process is done
-            break
-        if not data:
-            break
-        chunks.append(data)
-    assert proc.wait(timeout=600) == 0
-    text = b"".join(chunks).decode()
-    assert "\r\x1b[2K[" in text and "kernel" in text  # rewritten in place
-    assert "tiny@llvm: " in text
