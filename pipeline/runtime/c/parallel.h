@@ -37,10 +37,13 @@
 #define TEAM_CLOSED ((uint64_t)1 << 31)
 #define TEAM_ACTIVE 0xffffu
 /* How long an idle worker polls before it sleeps: spans the gap between two parallel
- * kernels of a run and ends soon after it (as GOMP_SPINCOUNT does for libgomp,
- * runtime/threads.py): on a shared machine a spinning worker takes a core's share
- * from the caller's own thread. */
-#define TEAM_SPIN_SECONDS 100e-6
+ * kernels of a run (serial kernels between them included) and ends soon after it (as
+ * GOMP_SPINCOUNT does for libgomp, runtime/threads.py). 100 us was too short: a worker
+ * asleep across a run of serial kernels costs a futex wake-up (tens of us) at the next
+ * parallel one, and on an idle 2-core Zen 5 two threads ran shufflenet in 3.72 ms
+ * (median; 2.28 min) against 2.24 ms with 1 ms, mobilenet_v2 2.97 -> 1.90 ms. On a
+ * shared machine the spinning worker takes that long a core's share from others. */
+#define TEAM_SPIN_SECONDS 1e-3
 #define TEAM_BACKOFF 256
 
 static struct {
