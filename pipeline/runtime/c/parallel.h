@@ -16,7 +16,9 @@
  * A worker the OS preempts in the middle of its chunk still holds the caller up, and
  * while the other core is busy that happens often: when the caller waited for the
  * workers longer than it worked itself (the team cost more than it gave), the next
- * TEAM_BACKOFF calls run alone, then the team is tried again.
+ * TEAM_BACKOFF calls run alone, then the team is tried again (not after the call that
+ * started a worker: a new thread is late by design, and backing off there made the
+ * first ~10 runs of a small model single-threaded).
  *
  * One word holds the job's state: generation (bits 63..32), closed (bit 31) and the
  * number of workers inside fn (bits 15..0). A worker reads fn/data/want, then enters
@@ -44,7 +46,9 @@
  * (median; 2.28 min) against 2.24 ms with 1 ms, mobilenet_v2 2.97 -> 1.90 ms. On a
  * shared machine the spinning worker takes that long a core's share from others. */
 #define TEAM_SPIN_SECONDS 1e-3
-#define TEAM_BACKOFF 256
+/* Short: a backoff that outlives a slow start made the first ten runs of squeezenet
+ * single-threaded (256 calls: 2.28 ms at two threads; 16: 1.47 ms, one thread 2.41). */
+#define TEAM_BACKOFF 16
 
 static struct {
     pthread_mutex_t lock; /* one caller at a time; another runs its loop alone */
@@ -116,6 +120,7 @@ API void pl_parallel(void (*fn)(void *), void *data, int n) {
         fn(data);
         return;
     }
+    int started = team.workers; /* a worker started by this call is late by design */
     while (team.workers < n - 1) {
         pthread_t t;
         pthread_attr_t attr;
@@ -139,7 +144,8 @@ API void pl_parallel(void (*fn)(void *), void *data, int n) {
     if (atomic_fetch_or(&team.word, TEAM_CLOSED) & TEAM_ACTIVE) {
         while (atomic_load_explicit(&team.word, memory_order_acquire) & TEAM_ACTIVE)
             team_pause();
-        if (team_now() - worked > worked - start) team.backoff = TEAM_BACKOFF;
+        if (team_now() - worked > worked - start && started == team.workers)
+            team.backoff = TEAM_BACKOFF;
     }
     pthread_mutex_unlock(&team.lock);
 }
