@@ -19,7 +19,7 @@ from __future__ import annotations
 from pipeline.ir.graph import Graph, Node
 from pipeline.ops.attention import MAX_PANEL_FLOATS, panel_floats
 from pipeline.transform.context import PassConfig
-from pipeline.transform.util import prune
+from pipeline.transform.util import replace_chains
 
 _IDENTITY = (0, 1, 2, 3)
 
@@ -28,23 +28,19 @@ def fuse_attention(graph: Graph, params: dict, cfg: PassConfig):
     """Rewrite each attention chain (module doc) into one attention node."""
     consumers = graph.consumers()
     outputs = set(graph.outputs)
-    replaced: dict[int, Node | None] = {}  # id(node) -> replacement (None: dropped)
+    chains, taken = [], set()
     for node in graph.nodes:
-        if node.op != "matmul" or id(node) in replaced:
+        if node.op != "matmul" or id(node) in taken:
             continue
         match = _match(node, graph, params, consumers, outputs)
         if match is None:
             continue
         members, inputs, attrs = match
         last = members[-1]
-        fused = Node.make("attention", last.name, inputs, last.outputs, **attrs)
-        for member in members[:-1]:
-            replaced[id(member)] = None
-        replaced[id(last)] = fused
-    if not replaced:
-        return graph, params
-    nodes = [replaced.get(id(n), n) for n in graph.nodes]
-    return prune(graph.replace(nodes=tuple(n for n in nodes if n is not None)), params)
+        chains.append((members, Node.make("attention", last.name, inputs, last.outputs,
+                                          **attrs)))
+        taken |= set(map(id, members))
+    return replace_chains(graph, params, chains)
 
 
 def _match(scores: Node, graph: Graph, params: dict, consumers: dict, outputs: set):

@@ -23,7 +23,7 @@ import numpy as np
 
 from pipeline.ir.graph import Graph, Node, add_param
 from pipeline.transform.context import PassConfig
-from pipeline.transform.util import prune
+from pipeline.transform.util import replace_chains
 
 
 def fuse_layer_norm(graph: Graph, params: dict, cfg: PassConfig):
@@ -31,9 +31,9 @@ def fuse_layer_norm(graph: Graph, params: dict, cfg: PassConfig):
     consumers = graph.consumers()
     outputs = set(graph.outputs)
     types, params = dict(graph.types), dict(params)
-    replaced: dict[int, Node | None] = {}  # id(node) -> its replacement (None: dropped)
+    chains, taken = [], set()
     for node in graph.nodes:
-        if node.op != "reduce_mean" or id(node) in replaced:
+        if node.op != "reduce_mean" or id(node) in taken:
             continue
         match = _match(node, graph, params, consumers, outputs)
         if match is None:
@@ -45,16 +45,10 @@ def fuse_layer_norm(graph: Graph, params: dict, cfg: PassConfig):
             gamma = add_param(types, params, f"{chain[-1].name}.ones",
                               np.ones(normalized, np.float32))
         inputs = [x, gamma] + ([beta] if beta is not None else [])
-        fused = Node.make("layer_norm", chain[-1].name, inputs, chain[-1].outputs,
-                          axis=axis, epsilon=eps)
-        for member in chain[:-1]:
-            replaced[id(member)] = None
-        replaced[id(chain[-1])] = fused
-    if not replaced:
-        return graph, params
-    nodes = [replaced.get(id(n), n) for n in graph.nodes]
-    return prune(graph.replace(nodes=tuple(n for n in nodes if n is not None), types=types),
-                 params)
+        chains.append((chain, Node.make("layer_norm", chain[-1].name, inputs,
+                                        chain[-1].outputs, axis=axis, epsilon=eps)))
+        taken |= set(map(id, chain))
+    return replace_chains(graph, params, chains, types)
 
 
 def _match(mean: Node, graph: Graph, params: dict, consumers: dict, outputs: set):
@@ -142,9 +136,9 @@ def fuse_gelu(graph: Graph, params: dict, cfg: PassConfig):
     it (x, read twice by the chain, could not join it)."""
     consumers = graph.consumers()
     outputs = set(graph.outputs)
-    replaced: dict[int, Node | None] = {}
+    chains, taken = [], set()
     for node in graph.nodes:
-        if node.op != "erf" or id(node) in replaced:
+        if node.op != "erf" or id(node) in taken:
             continue
         match = _match_gelu(node, graph, params, consumers, outputs)
         if match is None:
@@ -152,14 +146,10 @@ def fuse_gelu(graph: Graph, params: dict, cfg: PassConfig):
         chain, x = match
         if graph.types[chain[-1].outputs[0]] != graph.types[x]:
             continue  # a constant of higher rank broadcast the result: keep the chain
-        for member in chain[:-1]:
-            replaced[id(member)] = None
-        replaced[id(chain[-1])] = Node.make("gelu", chain[-1].name, [x], chain[-1].outputs,
-                                            approximate="none")
-    if not replaced:
-        return graph, params
-    nodes = [replaced.get(id(n), n) for n in graph.nodes]
-    return prune(graph.replace(nodes=tuple(n for n in nodes if n is not None)), params)
+        chains.append((chain, Node.make("gelu", chain[-1].name, [x], chain[-1].outputs,
+                                        approximate="none")))
+        taken |= set(map(id, chain))
+    return replace_chains(graph, params, chains)
 
 
 def _match_gelu(erf: Node, graph: Graph, params: dict, consumers: dict, outputs: set):

@@ -22,3 +22,20 @@ def rename_inputs(node: Node, mapping: dict[str, str]) -> Node:
         return node
     return Node(node.op, node.name, tuple(mapping.get(i, i) for i in node.inputs),
                 node.outputs, node.attrs)
+
+
+def replace_chains(graph: Graph, params: dict[str, np.ndarray],
+                   chains: list[tuple[list[Node], Node]],
+                   types: dict | None = None) -> tuple[Graph, dict[str, np.ndarray]]:
+    """`graph` with each (chain, fused) applied: the chain's last node becomes `fused`
+    (which keeps its outputs), the others are dropped; then pruned. `types`: the
+    graph's types when the caller added some (add_param)."""
+    if not chains:
+        return graph, params
+    replaced: dict[int, Node | None] = {}
+    for chain, fused in chains:
+        replaced |= dict.fromkeys(map(id, chain[:-1]))
+        replaced[id(chain[-1])] = fused
+    nodes = (replaced.get(id(n), n) for n in graph.nodes)
+    return prune(graph.replace(nodes=tuple(n for n in nodes if n is not None),
+                               types=graph.types if types is None else types), params)
