@@ -6,8 +6,9 @@
   not what the auto-vectoriser guessed.
 - `apply_epilogue`: the fused elementwise chain of a kernel (bias, relu, residual
   add, clip, ...) applied to a whole vector of outputs at once.
-- `parallel_for`: the kernel's outer loop outlined into a function that libgomp
-  runs on every thread (`GOMP_parallel`), each thread taking a contiguous chunk.
+- `parallel_for`: the kernel's outer loop outlined into a function that every
+  thread of the team runs (the executor's pl_parallel, else libgomp's
+  GOMP_parallel), each thread taking chunks of its own range first.
   The thread count is libgomp's current default, which the runtime sets per run
   with `omp_set_num_threads` (pipeline.runtime.graph_executor), capped by the
   kernel's estimated work: a small kernel runs inline on the calling thread.
@@ -164,6 +165,40 @@ def apply_epilogue(kb: KernelBuilder, epilogue, value: ir.Value, index: list) ->
     return env[chain[-1].outputs[0]]
 
 
+def _thread_index(b: ir.IRBuilder, module: ir.Module) -> ir.Value:
+    """The calling thread's index in the team (0 on the thread that called the
+    kernel): the executor's pl_thread_index, else libgomp's omp_get_thread_num."""
+    own = _declare(module, "pl_thread_index", I32, [])
+    own.linkage = "extern_weak"
+    gomp = _declare(module, "omp_get_thread_num", I32, [])
+    is_own = b.icmp_unsigned("!=", own, ir.Constant(PTR, None))
+    with b.if_else(is_own) as (then, otherwise):
+        with then:
+            from_own, own_block = b.call(own, []), b.block
+        with otherwise:
+            from_gomp, gomp_block = b.call(gomp, []), b.block
+    index = b.phi(I32)
+    index.add_incoming(from_own, own_block)
+    index.add_incoming(from_gomp, gomp_block)
+    return index
+
+
+def _start_ranges(b: ir.IRBuilder, data: ir.Value, threads: ir.Value, n: ir.Value) -> None:
+    """Store T (`threads`, i64) and each range's first item k*n/T as its counter."""
+    b.store(threads, b.gep(data, [raw(1)], source_etype=PTR))
+    entry, loop, after = b.block, b.append_basic_block("ranges"), b.append_basic_block("ranged")
+    b.branch(loop)
+    b.position_at_end(loop)
+    k = b.phi(threads.type)
+    k.add_incoming(raw(0), entry)
+    first = b.udiv(b.mul(k, n), threads)
+    b.store(first, b.gep(data, [b.mul(b.add(k, raw(1)), raw(SLOTS))], source_etype=PTR))
+    k1 = b.add(k, raw(1))
+    k.add_incoming(k1, loop)
+    b.cbranch(b.icmp_unsigned("<", k1, threads), loop, after)
+    b.position_at_end(after)
+
+
 def _declare(module: ir.Module, name: str, ret: ir.Type, args: list) -> ir.Function:
     fn = module.globals.get(name)
     return fn if fn is not None else ir.Function(module, ir.FunctionType(ret, args), name=name)
@@ -184,73 +219,109 @@ def thread_cap(n_items: int, work: int | None) -> int:
 
 
 # Work items per grab: small enough that a thread the OS preempts holds up little
-# work (the others take the rest), large enough that the shared counter stays cold.
+# work (the others take the rest), large enough that grabbing stays a small cost.
 def _chunk(n_items: int) -> int:
     return max(1, n_items // 64)
+
+
+# The loop's data block (on the calling thread's stack): the argument array, the
+# thread count T, then T counters, one per 64-byte line (SLOTS pointer-sized slots)
+# so that a thread grabbing from its own range never touches a line another thread
+# writes. At most TEAM_MAX ranges, runtime/c/parallel.h's team size.
+SLOTS, TEAM_MAX = 8, 64
 
 
 @contextmanager
 def parallel_for(kb: KernelBuilder, n_items: int, name: str = "task",
                  work: int | None = None):
-    """`for i in range(n_items)`, split over libgomp's threads; yields the i64 `i`.
+    """`for i in range(n_items)`, split over the thread team; yields the i64 `i`.
 
     `work` estimates the whole loop's cost (multiply-adds, or elements touched):
-    the team is min(libgomp's thread count, thread_cap(n_items, work)) threads, and
+    the team is min(the thread count, thread_cap(n_items, work)) threads, and
     with one thread the loop function is called directly (no fork/join at all).
 
     The body is generated into an internal function `<kernel>.<name>(ptr data)`
-    that GOMP_parallel runs on every thread of the team. `data` holds the kernel's
-    argument array and a counter: each thread repeatedly takes the next chunk of
-    consecutive items with an atomic add until none is left (dynamic scheduling:
-    on a busy machine a descheduled thread does not hold up the kernel). While the
-    body is generated, `kb` builds that function: its buffers' pointers are re-read
-    from the arguments there (the Buffer objects are updated in place, so the
-    lowering's and the epilogue's references stay valid) and restored afterwards.
+    that every thread of the team runs (pl_parallel, or libgomp's GOMP_parallel
+    in a library without the executor). The items are split into T contiguous
+    ranges, one per thread: thread k (pl_thread_index, omp_get_thread_num) takes
+    chunks of range k from that range's counter with an atomic add, then chunks of
+    the other ranges still left (a thread the OS preempted or woke late does not
+    hold up the kernel). Why ranges and not one shared counter: on a machine whose
+    cores are far apart (a VM's vCPUs on two chiplets, ~200 ns a cache line) every
+    grab of a shared counter moved its line between the cores, and the same thread
+    now gets the same rows from one kernel to the next.
+    While the body is generated, `kb` builds that function: its buffers' pointers
+    are re-read from the arguments there (the Buffer objects are updated in place,
+    so the lowering's and the epilogue's references stay valid) and restored
+    afterwards.
     """
     module, outer_fn, outer_b = kb.module, kb.function, kb.b
-    # data: two pointer-sized slots, the argument array and the next unclaimed item
     fn = ir.Function(module, ir.FunctionType(VOID, [PTR]), name=f"{outer_fn.name}.{name}")
     fn.linkage = "internal"
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     saved = [buf.ptr for buf in kb.buffers]
     kb.function, kb.b = fn, b
     chunk, cap = _chunk(n_items), thread_cap(n_items, work)
+    n = raw(n_items)
     try:
-        args = b.load(b.gep(fn.args[0], [raw(0)], source_etype=PTR), typ=PTR)
-        counter = b.gep(fn.args[0], [raw(1)], source_etype=PTR)
+        data = fn.args[0]
+        args = b.load(b.gep(data, [raw(0)], source_etype=PTR), typ=PTR)
         for i, buf in enumerate(kb.buffers):
             slot = b.gep(args, [raw(i)], source_etype=PTR, inbounds=True)
             buf.ptr = b.load(slot, typ=PTR, name=f"buf{i}")
-        grab, take, done = (fn.append_basic_block(f"{name}.{s}")
-                            for s in ("grab", "work", "done"))
+        if cap == 1:
+            threads, home = raw(1), raw(0)
+        else:
+            threads = b.load(b.gep(data, [raw(1)], source_etype=PTR), typ=raw(0).type)
+            home = b.urem(b.zext(_thread_index(b, module), threads.type), threads)
+        victim, ranged, grab, take, following, done = (
+            fn.append_basic_block(f"{name}.{s}")
+            for s in ("victim", "range", "grab", "work", "next", "done"))
+        entry = b.block
+        b.branch(victim)
+        b.position_at_end(victim)
+        v = b.phi(threads.type, name="v")
+        v.add_incoming(raw(0), entry)
+        b.cbranch(b.icmp_unsigned("<", v, threads), ranged, done)
+        b.position_at_end(ranged)  # range r = (home + v) % T: [r*n/T, (r+1)*n/T)
+        r = b.urem(b.add(home, v), threads)
+        hi = b.udiv(b.mul(b.add(r, raw(1)), n), threads)
+        counter = b.gep(data, [b.mul(b.add(r, raw(1)), raw(SLOTS))], source_etype=PTR)
         b.branch(grab)
         b.position_at_end(grab)
         start = b.atomic_rmw("add", counter, raw(chunk), "monotonic")
-        b.cbranch(b.icmp_signed("<", start, raw(n_items)), take, done)
+        b.cbranch(b.icmp_signed("<", start, hi), take, following)
         b.position_at_end(take)
         end = b.add(start, raw(chunk))
-        end = b.select(b.icmp_signed("<", end, raw(n_items)), end, raw(n_items))
+        end = b.select(b.icmp_signed("<", end, hi), end, hi)
         with kb.loop(start, end, name) as i:
             yield i
         kb.b.branch(grab)
+        kb.b.position_at_end(following)
+        v.add_incoming(kb.b.add(v, raw(1)), following)
+        kb.b.branch(victim)
         kb.b.position_at_end(done)
         kb.b.ret_void()
     finally:
         kb.function, kb.b = outer_fn, outer_b
         for buf, ptr in zip(kb.buffers, saved, strict=True):
             buf.ptr = ptr
-    with outer_b.goto_block(outer_fn.entry_basic_block):
-        outer_b.position_at_start(outer_fn.entry_basic_block)
-        data = outer_b.bitcast(outer_b.alloca(PTR, size=2), PTR)
-    outer_b.store(outer_fn.args[0], outer_b.gep(data, [raw(0)], source_etype=PTR))
-    outer_b.store(raw(0), outer_b.gep(data, [raw(1)], source_etype=PTR))
-    if cap == 1:
-        outer_b.call(fn, [data])
-        return
     ob = outer_b
+    with ob.goto_block(outer_fn.entry_basic_block):
+        ob.position_at_start(outer_fn.entry_basic_block)
+        data = ob.alloca(PTR, size=SLOTS * (TEAM_MAX + 1))
+        data.align = 64
+    ob.store(outer_fn.args[0], ob.gep(data, [raw(0)], source_etype=PTR))
+    if cap == 1:
+        ob.store(raw(0), ob.gep(data, [raw(SLOTS)], source_etype=PTR))
+        ob.call(fn, [data])
+        return
     threads = ob.call(_declare(module, "omp_get_max_threads", I32, []), [])
-    threads = ob.select(ob.icmp_signed("<", threads, ir.Constant(I32, cap)), threads,
-                        ir.Constant(I32, cap))
+    limit = ir.Constant(I32, min(cap, TEAM_MAX))
+    threads = ob.select(ob.icmp_signed("<", threads, limit), threads, limit)
+    threads = ob.select(ob.icmp_signed("<", threads, ir.Constant(I32, 1)),
+                        ir.Constant(I32, 1), threads)
+    _start_ranges(ob, data, ob.zext(threads, raw(0).type), n)
     team, alone = (outer_fn.append_basic_block(f"{name}.{s}") for s in ("team", "alone"))
     joined = outer_fn.append_basic_block(f"{name}.joined")
     ob.cbranch(ob.icmp_signed(">", threads, ir.Constant(I32, 1)), team, alone)

@@ -3,8 +3,9 @@
  * A parallel kernel (pipeline/dsl/vector.py, parallel_for) calls
  * pl_parallel(fn, data, n) when the library defines it, libgomp's GOMP_parallel
  * otherwise (a kernel linked without the executor, as in the kernel tests). fn(data)
- * takes chunks of the loop from a shared counter until none is left, so any number of
- * threads may run it, and one alone does the whole loop.
+ * takes chunks of its thread's range of the loop (pl_thread_index), then of the other
+ * ranges, until none is left, so any number of threads may run it, and one alone
+ * does the whole loop.
  *
  * Why not GOMP_parallel: its join waits for every thread of the team, also for one the
  * OS has not run yet because the other core is busy; on a loaded machine that wait is
@@ -50,15 +51,19 @@
  * single-threaded (256 calls: 2.28 ms at two threads; 16: 1.47 ms, one thread 2.41). */
 #define TEAM_BACKOFF 16
 
+/* Two cache lines: the job (written by the caller, then read once by each worker)
+ * and the one the idle workers poll, so that writing a job does not move the line
+ * between the cores once per field while a worker spins on it. */
 static struct {
-    pthread_mutex_t lock; /* one caller at a time; another runs its loop alone */
+    _Alignas(64) pthread_mutex_t lock; /* one caller at a time; another runs its loop alone */
     _Atomic uint64_t word;
-    _Atomic uint32_t seq; /* the generation, as the futex workers sleep on */
     _Atomic(void (*)(void *)) fn;
     _Atomic(void *) data;
     _Atomic int want; /* workers the job may take */
     int workers;      /* started so far; guarded by lock */
     int backoff;      /* calls left to run alone; guarded by lock */
+    _Alignas(64) _Atomic uint32_t seq; /* the generation, as the futex workers sleep on */
+    _Atomic int sleepers;              /* workers in (or entering) FUTEX_WAIT */
 } team = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static void team_pause(void) {
@@ -75,8 +80,17 @@ static double team_now(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-static void *team_worker(void *unused) {
-    (void)unused;
+/* The thread's index in the team: 0 on any thread that is not a worker (the one
+ * calling the kernel), 1.. on the workers. A kernel's loop function starts with
+ * the range of its index (dsl/vector.py, parallel_for), so from one kernel to the
+ * next each thread works on the same rows, and grabs from a counter no other
+ * thread writes until it steals. */
+static _Thread_local int team_index;
+
+API int pl_thread_index(void) { return team_index; }
+
+static void *team_worker(void *index) {
+    team_index = (int)(intptr_t)index;
     uint32_t seen = atomic_load(&team.seq);
     for (;;) {
         double until = team_now() + TEAM_SPIN_SECONDS;
@@ -86,7 +100,11 @@ static void *team_worker(void *unused) {
                 team_pause();
                 continue;
             }
+            /* sleepers before the futex re-reads seq; the caller stores seq before it
+             * reads sleepers (both seq_cst): one of the two sees the other. */
+            atomic_fetch_add(&team.sleepers, 1);
             syscall(SYS_futex, &team.seq, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
+            atomic_fetch_sub(&team.sleepers, 1);
             until = team_now() + TEAM_SPIN_SECONDS;
         }
         uint64_t w = atomic_load_explicit(&team.word, memory_order_acquire);
@@ -126,7 +144,8 @@ API void pl_parallel(void (*fn)(void *), void *data, int n) {
         pthread_attr_t attr;
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        int failed = pthread_create(&t, &attr, team_worker, NULL);
+        int failed = pthread_create(&t, &attr, team_worker,
+                                    (void *)(intptr_t)(team.workers + 1));
         pthread_attr_destroy(&attr);
         if (failed) break; /* fewer helpers; fn still covers the whole loop */
         team.workers++;
@@ -136,8 +155,10 @@ API void pl_parallel(void (*fn)(void *), void *data, int n) {
     atomic_store_explicit(&team.want, n - 1, memory_order_relaxed);
     uint32_t gen = (uint32_t)(atomic_load(&team.word) >> 32) + 1;
     atomic_store_explicit(&team.word, (uint64_t)gen << 32, memory_order_release);
-    atomic_store_explicit(&team.seq, gen, memory_order_release);
-    syscall(SYS_futex, &team.seq, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+    atomic_store(&team.seq, gen);
+    /* A worker still spinning sees seq by itself: no system call (a microsecond). */
+    if (atomic_load(&team.sleepers) > 0)
+        syscall(SYS_futex, &team.seq, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
     double start = team_now();
     fn(data);
     double worked = team_now();
