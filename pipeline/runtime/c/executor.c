@@ -551,6 +551,8 @@ API int pl_get_output(pl_executor *h, int i, void *data, size_t nbytes) {
 API int pl_set_num_threads(pl_executor *h, int n) {
     if (n < 0) return fail(h, "the thread count must be >= 0, got %d", n);
     h->num_threads = n;
+    h->run_team = h->run_alone = 0; /* measured again for the new count */
+    h->runs = 0;
     return 0;
 }
 
@@ -570,9 +572,38 @@ int run_node(pl_executor *h, const struct node *n) {
               : 0;
 }
 
+/* Whether a run uses one thread instead of the executor's count. Two threads can
+ * be slower than one for a whole model even where each kernel is faster with them:
+ * on a VM whose two vCPUs sit on different chiplets (~400 ns a cache-line round trip,
+ * against ~80 at other times on the same VM), what the worker wrote moves between
+ * the cores when the next kernel reads it, and the consumers pay; on a loaded machine
+ * the worker is preempted. So the executor keeps a running mean of its run time
+ * either way: the first run (it starts the workers) is not counted, the next
+ * RUN_TRIALS alternate, then it runs the faster way and every RUN_EXPLORE-th run
+ * tries the other (the machine changes; that costs ~1/RUN_EXPLORE of the gap). */
+#define RUN_TRIALS 8
+#define RUN_EXPLORE 16
+
+static int run_alone(pl_executor *h) {
+    if (h->num_threads <= 1) return 0;
+    unsigned k = h->runs++;
+    if (k <= RUN_TRIALS) return k % 2 == 0 && k > 0;
+    int alone = h->run_alone < h->run_team;
+    return k % RUN_EXPLORE == 0 ? !alone : alone;
+}
+
+/* A mean that follows a change within a few samples (0: none yet). */
+static void run_record(float *mean, double seconds) {
+    *mean = *mean == 0 ? (float)seconds : 0.5f * (*mean + (float)seconds);
+}
+
 API int pl_run(pl_executor *h) {
-    apply_threads(h);
+    int alone = run_alone(h), counted = h->runs > 1;
+    if (alone && omp_set_num_threads) omp_set_num_threads(1);
+    else apply_threads(h);
+    double start = team_now();
     for (uint32_t k = 0; k < h->n_nodes; k++)
         if (run_node(h, &h->nodes[k])) return -1;
+    if (counted) run_record(alone ? &h->run_alone : &h->run_team, team_now() - start);
     return 0;
 }

@@ -60,6 +60,10 @@ struct pl_executor {
                                   another executor's after pl_share_input) */
     struct arena **home_arena; /* per storage id: the arena home[sid] is in */
     int num_threads;
+    /* Running means of a whole run's time (seconds, 0: not measured yet) with the
+     * threads and with one, and the runs so far (pl_run, executor.c). */
+    float run_team, run_alone;
+    unsigned runs;
     void *dl_handle;
     char error[512];
 };

@@ -14,12 +14,8 @@
  * workers that have already joined the job; a worker that wakes late finds the job
  * closed and goes back to sleep.
  *
- * A worker the OS preempts in the middle of its chunk still holds the caller up, and
- * while the other core is busy that happens often: when the caller waited for the
- * workers longer than it worked itself (the team cost more than it gave), the next
- * TEAM_BACKOFF calls run alone, then the team is tried again (not after the call that
- * started a worker: a new thread is late by design, and backing off there made the
- * first ~10 runs of a small model single-threaded).
+ * A worker the OS preempts in the middle of its chunk still holds the caller up;
+ * whether the team pays for a whole run is measured by the executor (pl_run).
  *
  * One word holds the job's state: generation (bits 63..32), closed (bit 31) and the
  * number of workers inside fn (bits 15..0). A worker reads fn/data/want, then enters
@@ -47,9 +43,6 @@
  * (median; 2.28 min) against 2.24 ms with 1 ms, mobilenet_v2 2.97 -> 1.90 ms. On a
  * shared machine the spinning worker takes that long a core's share from others. */
 #define TEAM_SPIN_SECONDS 1e-3
-/* Short: a backoff that outlives a slow start made the first ten runs of squeezenet
- * single-threaded (256 calls: 2.28 ms at two threads; 16: 1.47 ms, one thread 2.41). */
-#define TEAM_BACKOFF 16
 
 /* Two cache lines: the job (written by the caller, then read once by each worker)
  * and the one the idle workers poll, so that writing a job does not move the line
@@ -61,7 +54,6 @@ static struct {
     _Atomic(void *) data;
     _Atomic int want; /* workers the job may take */
     int workers;      /* started so far; guarded by lock */
-    int backoff;      /* calls left to run alone; guarded by lock */
     _Alignas(64) _Atomic uint32_t seq; /* the generation, as the futex workers sleep on */
     _Atomic int sleepers;              /* workers in (or entering) FUTEX_WAIT */
 } team = {.lock = PTHREAD_MUTEX_INITIALIZER};
@@ -132,13 +124,6 @@ API void pl_parallel(void (*fn)(void *), void *data, int n) {
         fn(data);
         return;
     }
-    if (team.backoff > 0) {
-        team.backoff--;
-        pthread_mutex_unlock(&team.lock);
-        fn(data);
-        return;
-    }
-    int started = team.workers; /* a worker started by this call is late by design */
     while (team.workers < n - 1) {
         pthread_t t;
         pthread_attr_t attr;
@@ -159,14 +144,10 @@ API void pl_parallel(void (*fn)(void *), void *data, int n) {
     /* A worker still spinning sees seq by itself: no system call (a microsecond). */
     if (atomic_load(&team.sleepers) > 0)
         syscall(SYS_futex, &team.seq, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
-    double start = team_now();
     fn(data);
-    double worked = team_now();
     if (atomic_fetch_or(&team.word, TEAM_CLOSED) & TEAM_ACTIVE) {
         while (atomic_load_explicit(&team.word, memory_order_acquire) & TEAM_ACTIVE)
             team_pause();
-        if (team_now() - worked > worked - start && started == team.workers)
-            team.backoff = TEAM_BACKOFF;
     }
     pthread_mutex_unlock(&team.lock);
 }
