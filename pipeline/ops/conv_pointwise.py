@@ -61,8 +61,10 @@ def _linear_epilogue(epilogue, plane: tuple[int, int]) -> bool:
     still maps to consecutive elements (else the epilogue runs in a second pass)."""
     if epilogue is None:
         return True
+    _, chain, args, *_ = epilogue.parts  # args: every buffer of the kernel
+    read = [args[name] for node in chain for name in node.inputs if name in args]
     return all(tuple(buf.type.shape[-2:]) == plane or all(d == 1 for d in buf.type.shape[-2:])
-               for buf in epilogue.parts[2].values())
+               for buf in read)
 
 
 def _lower(kb, node, ins, out, epilogue):

@@ -578,18 +578,28 @@ int run_node(pl_executor *h, const struct node *n) {
  * against ~80 at other times on the same VM), what the worker wrote moves between
  * the cores when the next kernel reads it, and the consumers pay; on a loaded machine
  * the worker is preempted. So the executor keeps a running mean of its run time
- * either way: the first run (it starts the workers) is not counted, the next
- * RUN_TRIALS alternate, then it runs the faster way and every RUN_EXPLORE-th run
- * tries the other (the machine changes; that costs ~1/RUN_EXPLORE of the gap). */
-#define RUN_TRIALS 8
-#define RUN_EXPLORE 16
+ * either way and runs the faster way. The first run (it starts the workers) is not
+ * counted; then RUN_TRIALS pairs of runs alternate between the two ways; after that,
+ * every RUN_EXPLORE runs, a pair runs the other way (the machine changes; it costs
+ * ~2/RUN_EXPLORE of the gap). Only the second run of a pair is counted, and not the
+ * run after a pair: the first run after a switch moves the data between the caches
+ * and would make whichever way was switched to look slower than it is. */
+#define RUN_TRIALS 4
+#define RUN_EXPLORE 32
 
-static int run_alone(pl_executor *h) {
+static int run_alone(pl_executor *h, int *counted) {
+    *counted = 0;
     if (h->num_threads <= 1) return 0;
     unsigned k = h->runs++;
-    if (k <= RUN_TRIALS) return k % 2 == 0 && k > 0;
+    if (k == 0) return 0;
+    if (k <= 2 * RUN_TRIALS) {
+        *counted = k % 2 == 0;
+        return (k - 1) / 2 % 2;
+    }
     int alone = h->run_alone < h->run_team;
-    return k % RUN_EXPLORE == 0 ? !alone : alone;
+    unsigned phase = k % RUN_EXPLORE;
+    *counted = phase == 1 || phase > 2;
+    return phase < 2 ? !alone : alone;
 }
 
 /* A mean that follows a change within a few samples (0: none yet). */
@@ -598,7 +608,7 @@ static void run_record(float *mean, double seconds) {
 }
 
 API int pl_run(pl_executor *h) {
-    int alone = run_alone(h), counted = h->runs > 1;
+    int counted, alone = run_alone(h, &counted);
     if (alone && omp_set_num_threads) omp_set_num_threads(1);
     else apply_threads(h);
     double start = team_now();
