@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from conftest import build_and_load, make_model, rand, run_ort
 from onnx import helper
@@ -165,6 +166,36 @@ def test_pointwise_conv_matches_onnxruntime(target, c, oc, groups, hw, hw2, afte
                        must_use={"conv2d_pointwise"}, threads=(1, 2))
     [spec] = [s for s in factory.kernels if s.ops[0].op == "conv2d_pointwise"]
     assert ("eh.head" in render(spec)) == (after == "row")  # plane_epilogue's loop
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_elementwise_kernels_are_parallel_vector_loops(target):
+    """A kernel of elementwise ops runs as rows of vectors split over the team
+    (dsl/elementwise.py): the row spans the trailing dims every argument is whole or
+    broadcast over (a per-channel scale: rows of H*W = 35, two vectors of 16 and one
+    of 3 on AVX-512), else the last dim (a per-column [W] operand: rows of 7). An
+    int64 chain keeps the scalar loop nest. Each against onnxruntime, 1 and 2 threads."""
+    from pipeline.codegen.render import render
+    from pipeline.dsl.elementwise import row_split
+
+    assert row_split((2, 3, 5, 7), [(2, 3, 5, 7), (3, 1, 1)]) == 2
+    assert row_split((2, 3, 5, 7), [(2, 3, 5, 7), (7,)]) == 3
+    assert row_split((2, 3, 5, 7), [(2, 3, 5, 7), ()]) == 0
+    inits = {"s": rand(3, 1, 1, seed=1), "c": rand(7, seed=2), "k": np.array([3], np.int64),
+             "lo": np.float32(-0.5), "hi": np.float32(0.5)}
+    nodes = [node("Mul", ["x", "s"], ["a"]), node("Relu", ["a"], ["y"]),
+             node("Sub", ["x", "c"], ["b"]), node("Clip", ["b", "lo", "hi"], ["z"]),
+             node("Mul", ["i", "k"], ["w"])]
+    ints = [helper.make_tensor_value_info(n, onnx.TensorProto.INT64, [4, 5]) for n in "iw"]
+    model = make_model(nodes, [("x", (2, 3, 5, 7)), ints[0]],
+                       [("y", None), ("z", None), ints[1]], inits)
+    feeds = {"x": rand(2, 3, 5, 7, seed=3) - np.float32(0.5),
+             "i": np.arange(20, dtype=np.int64).reshape(4, 5)}
+    _, factory = check(model, feeds, target, threads=(1, 2))
+    rows = sorted((s.ops[0].op, s.params[0].dtype, ".rows" in render(s))
+                  for s in factory.kernels)
+    assert rows == [("mul", "float32", True), ("mul", "int64", False),
+                    ("sub", "float32", True)], rows
 
 
 @pytest.mark.parametrize("target", TARGETS)

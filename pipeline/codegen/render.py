@@ -2,8 +2,9 @@
 
 The anchor op lowers itself (its `lower` in pipeline/ops); elementwise ops
 after it form the epilogue, a function applied to each output value before
-it is stored. A kernel whose anchor is itself elementwise is a loop nest over
-the output applying the whole chain.
+it is stored. A kernel whose anchor is itself elementwise is a parallel loop of
+vectors over the output (dsl/elementwise.py) when its ops have vector forms, else a
+loop nest applying the whole chain to each element.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import llvmlite.ir as ir
 
 from pipeline.dsl.builder import KernelBuilder
+from pipeline.dsl.elementwise import vector_elementwise, vectorizable
 from pipeline.lower.kernel import KernelSpec
 from pipeline.ops import get, infer_types
 
@@ -45,7 +47,10 @@ def render(spec: KernelSpec) -> str:
     epilogue.parts = (anchor.outputs[0], chain, args, lambda op: get(op).scalar, dtypes)
 
     opdef = get(anchor.op)
-    if opdef.kind == "elementwise":
+    if opdef.kind == "elementwise" and out.type.shape and vectorizable(spec.ops, dtypes):
+        vector_elementwise(kb, spec.ops, args, out, epilogue.parts[3], dtypes,
+                           spec.target.vector_width)
+    elif opdef.kind == "elementwise":
         with kb.nest(out.type.shape) as index:
             value = opdef.scalar(kb, [kb.load_broadcast(args[i], index)
                                       for i in anchor.inputs], anchor)

@@ -140,8 +140,15 @@ def apply_epilogue(kb: KernelBuilder, epilogue, value: ir.Value, index: list) ->
     if epilogue is None:
         return value
     source, chain, args, scalar_of, dtypes = epilogue.parts
-    n = value.type.count
-    env = {source: kb.narrow(value, dtypes[source])}
+    return apply_chain(kb, chain, args, scalar_of, dtypes,
+                       {source: kb.narrow(value, dtypes[source])}, index, value.type.count)
+
+
+def apply_chain(kb: KernelBuilder, chain: list, args: dict, scalar_of, dtypes: dict,
+                env: dict, index: list, n: int) -> ir.Value:
+    """The n-lane value of the chain's last output at `index` (first lane; the lanes
+    run along the last dimension): `env` holds the values already known (tensor name
+    -> vector), any other operand is loaded from `args` (load_broadcast)."""
     for node in chain:
         operands = [env[i] if i in env else kb.load_broadcast(args[i], index, n)
                     for i in node.inputs]

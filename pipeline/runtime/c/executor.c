@@ -584,7 +584,7 @@ int run_node(pl_executor *h, const struct node *n) {
  * ~2/RUN_EXPLORE of the gap). Only the second run of a pair is counted, and not the
  * run after a pair: the first run after a switch moves the data between the caches
  * and would make whichever way was switched to look slower than it is. */
-#define RUN_TRIALS 4
+#define RUN_TRIALS 2
 #define RUN_EXPLORE 32
 
 static int run_alone(pl_executor *h, int *counted) {

@@ -1,0 +1,74 @@
+"""An elementwise kernel (an elementwise anchor and its fused chain) as a parallel
+loop over rows of explicit vectors.
+
+The output's trailing dimensions merge into one row as long as every argument is
+either whole along them or broadcast over all of them (a per-channel scale of a
+blocked [N, C/16, H, W, 16] tensor is whole along the 16 lanes only: rows of 16; a
+residual of the output's own shape: one row); the rows split over the thread team,
+each row is a loop of `lanes`-wide vectors and one narrower vector for what is left.
+Before, these kernels were a scalar loop nest left to LLVM's vectoriser, on one
+thread: densenet121's 62 batch-norm + ReLU kernels took a quarter of its run.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pipeline.dsl.builder import Buffer, KernelBuilder
+from pipeline.dsl.vector import LANE_GENERIC_OPS, VECTOR_OPS, apply_chain, parallel_for
+from pipeline.ir.graph import TensorType
+
+
+def vectorizable(nodes: list, dtypes: dict) -> bool:
+    """Whether vector_elementwise can run `nodes`: float32 throughout and every op
+    one with a vector form (others stay a scalar loop nest, exact for any op)."""
+    return all(d == "float32" for d in dtypes.values()) and all(
+        node.op in VECTOR_OPS or (node.op in LANE_GENERIC_OPS and
+                                  LANE_GENERIC_OPS[node.op](node)) for node in nodes)
+
+
+def row_split(out_shape: tuple, arg_shapes: list[tuple]) -> int:
+    """The first output dimension of the row: the smallest k such that every argument
+    (its shape aligned right to the output's) is whole or all ones over dims k..."""
+    rank = len(out_shape)
+    aligned = [(1,) * (rank - len(s)) + tuple(s) for s in arg_shapes]
+    k = rank - 1
+    while k > 0 and all(a[k - 1:] == out_shape[k - 1:] or all(d == 1 for d in a[k - 1:])
+                        for a in aligned):
+        k -= 1
+    return k
+
+
+def vector_elementwise(kb: KernelBuilder, nodes: list, args: dict, out: Buffer,
+                       scalar_of, dtypes: dict, lanes: int) -> None:
+    """Store the value of the chain `nodes` (its first op reads only `args`) into `out`."""
+    shape = out.type.shape
+    k = row_split(shape, [b.type.shape for b in args.values()])
+    row, outer = math.prod(shape[k:]), shape[:k]
+    rows = math.prod(outer)
+
+    def view(buf: Buffer) -> Buffer:
+        """buf as [outer dims..., row] (or 1 where it is broadcast over the row)."""
+        s = (1,) * (len(shape) - len(buf.type.shape)) + tuple(buf.type.shape)
+        tail = row if s[k:] == shape[k:] else 1
+        return Buffer(buf.ptr, TensorType((*s[:k], tail), buf.type.dtype))
+
+    with parallel_for(kb, rows, "rows", work=out.type.size * len(nodes)) as r:
+        index, rest = [], r
+        for d in reversed(outer):  # r as an index over the outer dims
+            index.insert(0, rest % d)
+            rest = rest // d
+        views = {name: view(b) for name, b in args.items()}  # pointers as re-read here
+        target = view(out)
+        base = kb.dot(index, target.strides[:-1]) if index else 0
+
+        def vector(col, n: int) -> None:
+            value = apply_chain(kb, nodes, views, scalar_of, dtypes, {}, [*index, col], n)
+            kb.vstore(target, base + col, value)
+
+        whole = row // lanes * lanes
+        if whole:
+            with kb.loop(0, row // lanes, "v") as v:
+                vector(v * lanes, lanes)
+        if row > whole:
+            vector(whole, row - whole)
