@@ -50,6 +50,7 @@ _API = {
     "pl_set_input": (_I, [_P, _I, _P, _S]), "pl_get_input": (_I, [_P, _I, _P, _S]),
     "pl_get_output": (_I, [_P, _I, _P, _S]),
     "pl_set_num_threads": (_I, [_P, _I]), "pl_run": (_I, [_P]),
+    "pl_runs_alone": (ctypes.c_uint, [_P]),
     "pl_num_nodes": (_I, [_P]), "pl_node_name": (ctypes.c_char_p, [_P, _I]),
     "pl_node_func": (ctypes.c_char_p, [_P, _I]),
     "pl_run_timed": (_I, [_P, ctypes.POINTER(ctypes.c_double)]),
@@ -144,6 +145,12 @@ class GraphExecutor:
         pipeline.runtime.threads); ValueError unless n is an integer >= 1."""
         self.num_threads = check_num_threads(n, "set_num_threads")
         self._api["pl_set_num_threads"](self._h, self.num_threads)
+
+    @property
+    def runs_alone(self) -> int:
+        """Runs since the thread count was set that used one thread: with more than
+        one, run() measures its time both ways and runs the faster (C: pl_run)."""
+        return self._api["pl_runs_alone"](self._h)
 
     @property
     def graph_json(self) -> str:

@@ -160,6 +160,8 @@ def _row(rounds: list[dict], flops: int, peak_gflops: float) -> dict:
     row.update({"ratio": round(row["ours_ms"] / row["onnxruntime_ms"], 3),
                 "ratio_min": round(min(ratios), 3), "ratio_max": round(max(ratios), 3),
                 "peak_gflops": round(peak_gflops, 1),
+                "ours_runs_alone": sum(r["ours"].get("runs_alone", 0) for r in rounds),
+                "ours_runs": sum(len(r["ours"]["times_ms"]) for r in rounds),
                 "rounds": [{side: {"ms": round(m, 4), "pid": r[side]["pid"],
                                    "peak_rss_bytes": r[side]["peak_rss_bytes"]}
                             for side, m in ((s, med[s][i]) for s in SIDES)}
@@ -321,6 +323,12 @@ def summarize(report_paths: list[str], peak_path: str, md_path: str, json_path: 
         lines.append("\nPeak: " + ", ".join(f"{g:.0f} GFLOP/s at {t} thread{'s' * (t != '1')}"
                                             for t, g in sorted(best.items()))
                      + " (the best FMA-loop rate measured on this CPU so far)")
+    alone = [f"{rep['model']} {r['ours_runs_alone']}/{r['ours_runs']}"
+             for rep in reports for t, r in rep["threads"].items()
+             if int(t) > 1 and r.get("ours_runs_alone")]
+    if alone:  # the executor's own choice (runtime/c/executor.c, run_alone): said openly
+        lines.append("Timed runs at more than one thread that our executor ran on one "
+                     "(it measured that faster): " + ", ".join(alone))
     summary = {}
     for (target, t), ratios in sorted(groups.items()):
         geo = math.exp(statistics.fmean(math.log(r) for r, _ in ratios))

@@ -9,6 +9,8 @@ input name), runs `--warmup` untimed and `--runs` timed inferences back to back,
 and prints one JSON object on stdout:
 
     {"side", "threads", "pid", "times_ms": [...],
+     "runs_alone": timed runs our executor ran on one thread (it measures both ways
+                   and runs the faster; 0 for onnxruntime),
      "base_rss_bytes": RSS once Python, numpy and the side's runtime are imported,
      "peak_rss_bytes": this program's peak RSS (VmHWM), all it ever held}
 
@@ -52,24 +54,28 @@ def _peak_rss() -> int:
     return _status("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _ours(lib_path: str, feeds: dict, threads: int) -> Callable[[], object]:
-    """A callable running our library once on `feeds` with `threads` threads."""
+def _ours(lib_path: str, feeds: dict, threads: int) -> tuple[Callable[[], object],
+                                                             Callable[[], int]]:
+    """A callable running our library once on `feeds` with `threads` threads, and one
+    counting the runs so far that the executor ran on one thread (pl_runs_alone)."""
     from pipeline.runtime import GraphModule, load_module
 
     gm = GraphModule(load_module(lib_path)["default"](), num_threads=threads)
     gm.set_input(**feeds)
-    return gm.run
+    return gm.run, lambda: gm.module.runs_alone
 
 
-def _onnxruntime(model_path: str, feeds: dict, threads: int) -> Callable[[], object]:
-    """A callable running an onnxruntime CPU session (intra-op `threads`) on `feeds`."""
+def _onnxruntime(model_path: str, feeds: dict, threads: int) -> tuple[Callable[[], object],
+                                                                      Callable[[], int]]:
+    """A callable running an onnxruntime CPU session (intra-op `threads`) on `feeds`
+    (and a runs-alone count of 0: onnxruntime always uses its threads)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     sess = ort.InferenceSession(model_path, opts, providers=["CPUExecutionProvider"])
-    return lambda: sess.run(None, feeds)
+    return (lambda: sess.run(None, feeds)), lambda: 0
 
 
 def measure(side: str, path: str, inputs: str, threads: int, runs: int,
@@ -82,9 +88,10 @@ def measure(side: str, path: str, inputs: str, threads: int, runs: int,
     else:
         import onnxruntime  # noqa: F401
     base = _status("VmRSS")
-    run = (_ours if side == "ours" else _onnxruntime)(path, feeds, threads)
+    run, runs_alone = (_ours if side == "ours" else _onnxruntime)(path, feeds, threads)
     for _ in range(warmup):
         run()
+    alone_before = runs_alone()
     times = []
     for _ in range(runs):
         start = time.perf_counter()
@@ -93,6 +100,7 @@ def measure(side: str, path: str, inputs: str, threads: int, runs: int,
     peak = _peak_rss()
     return {"side": side, "threads": threads, "pid": os.getpid(),
             "times_ms": [round(t, 4) for t in times],
+            "runs_alone": runs_alone() - alone_before,
             "base_rss_bytes": base, "peak_rss_bytes": peak}
 
 

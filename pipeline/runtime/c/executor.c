@@ -552,7 +552,7 @@ API int pl_set_num_threads(pl_executor *h, int n) {
     if (n < 0) return fail(h, "the thread count must be >= 0, got %d", n);
     h->num_threads = n;
     h->run_team = h->run_alone = 0; /* measured again for the new count */
-    h->runs = 0;
+    h->runs = h->runs_alone = 0;
     return 0;
 }
 
@@ -607,10 +607,13 @@ static void run_record(float *mean, double seconds) {
     *mean = *mean == 0 ? (float)seconds : 0.5f * (*mean + (float)seconds);
 }
 
+API unsigned pl_runs_alone(const pl_executor *h) { return h->runs_alone; }
+
 API int pl_run(pl_executor *h) {
     int counted, alone = run_alone(h, &counted);
     if (alone && omp_set_num_threads) omp_set_num_threads(1);
     else apply_threads(h);
+    h->runs_alone += alone;
     double start = team_now();
     for (uint32_t k = 0; k < h->n_nodes; k++)
         if (run_node(h, &h->nodes[k])) return -1;

@@ -63,7 +63,7 @@ struct pl_executor {
     /* Running means of a whole run's time (seconds, 0: not measured yet) with the
      * threads and with one, and the runs so far (pl_run, executor.c). */
     float run_team, run_alone;
-    unsigned runs;
+    unsigned runs, runs_alone;
     void *dl_handle;
     char error[512];
 };

@@ -93,6 +93,9 @@ void *pl_input_data(pl_executor *h, int index);
  * leaves libgomp's own choice ($OMP_NUM_THREADS, else every core). */
 int pl_set_num_threads(pl_executor *h, int num_threads);
 int pl_run(pl_executor *h);
+/* Runs since the last pl_set_num_threads that used one thread although the executor
+ * has more: pl_run measures both ways and runs the faster (executor.c, run_alone). */
+unsigned pl_runs_alone(const pl_executor *h);
 
 /* Profiling: the executed nodes in run order, and one run that stores each
  * node's wall time in seconds[k] (an array of pl_num_nodes doubles). */
