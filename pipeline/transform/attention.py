@@ -16,10 +16,12 @@ dims whose stack panels fit (attention.MAX_PANEL_FLOATS); anything else is left.
 
 from __future__ import annotations
 
+from functools import partial
+
 from pipeline.ir.graph import Graph, Node
 from pipeline.ops.attention import MAX_PANEL_FLOATS, panel_floats
 from pipeline.transform.context import PassConfig
-from pipeline.transform.util import replace_chains
+from pipeline.transform.util import replace_chains, sole_user
 
 _IDENTITY = (0, 1, 2, 3)
 
@@ -46,10 +48,7 @@ def fuse_attention(graph: Graph, params: dict, cfg: PassConfig):
 def _match(scores: Node, graph: Graph, params: dict, consumers: dict, outputs: set):
     """(nodes replaced, inputs, attrs) of the chain from the scores MatMul, or None."""
     types = graph.types
-
-    def sole_user(name: str):
-        users = consumers.get(name, [])
-        return users[0] if len(users) == 1 and name not in outputs else None
+    user = partial(sole_user, consumers, outputs)
 
     def scalar(name: str):
         value = params.get(name)
@@ -61,14 +60,14 @@ def _match(scores: Node, graph: Graph, params: dict, consumers: dict, outputs: s
     if any(len(types[t].shape) != 4 or types[t].dtype != "float32" for t in (q, kt)):
         return None
     members, scale, mask = [scores], 1.0, None
-    cur = sole_user(scores.outputs[0])
+    cur = user(scores.outputs[0])
     if cur is not None and cur.op in ("div", "mul") and cur.inputs[0] == scores.outputs[0]:
         c = scalar(cur.inputs[1])
         if c is None or (cur.op == "div" and c == 0.0):
             return None
         scale = 1.0 / c if cur.op == "div" else c
         members.append(cur)
-        cur = sole_user(cur.outputs[0])
+        cur = user(cur.outputs[0])
     if cur is not None and cur.op == "add":
         prev = members[-1].outputs[0]
         other = [i for i in cur.inputs if i != prev]
@@ -77,11 +76,11 @@ def _match(scores: Node, graph: Graph, params: dict, consumers: dict, outputs: s
             return None
         mask = other[0]
         members.append(cur)
-        cur = sole_user(cur.outputs[0])
+        cur = user(cur.outputs[0])
     if cur is None or cur.op != "softmax" or cur.attr("axis") != 3 or cur.attr("flatten"):
         return None
     members.append(cur)
-    context = sole_user(cur.outputs[0])
+    context = user(cur.outputs[0])
     if context is None or context.op != "matmul" or context.inputs[0] != cur.outputs[0] or \
             context.attr("trans_a") or context.attr("trans_b"):
         return None
@@ -103,13 +102,13 @@ def _match(scores: Node, graph: Graph, params: dict, consumers: dict, outputs: s
         src, perm = name, _IDENTITY
         producer = _producer(graph, name)
         if producer is not None and producer.op == "transpose" and \
-                sole_user(name) is not None:
+                user(name) is not None:
             src, perm = producer.inputs[0], tuple(producer.attr("perm"))
             folded.append(producer)
         inputs.append(src)
         attrs[key] = perm
     out_perm = _IDENTITY
-    after = sole_user(context.outputs[0])
+    after = user(context.outputs[0])
     if after is not None and after.op == "transpose":
         out_perm = tuple(after.attr("perm"))
         members.append(after)

@@ -18,12 +18,13 @@ constants that vary along the normalised dims only; anything else stays as it is
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 
 from pipeline.ir.graph import Graph, Node, add_param
 from pipeline.transform.context import PassConfig
-from pipeline.transform.util import replace_chains
+from pipeline.transform.util import replace_chains, sole_user
 
 
 def fuse_layer_norm(graph: Graph, params: dict, cfg: PassConfig):
@@ -154,9 +155,7 @@ def fuse_gelu(graph: Graph, params: dict, cfg: PassConfig):
 
 def _match_gelu(erf: Node, graph: Graph, params: dict, consumers: dict, outputs: set):
     """(nodes in order, x) of the GELU chain around `erf`, or None."""
-    def only_use(name: str):
-        users = consumers.get(name, [])
-        return users[0] if len(users) == 1 and name not in outputs else None
+    only_use = partial(sole_user, consumers, outputs)
 
     def const(node: Node, name: str):
         """(the other input, its constant scalar value) of a binary `node`."""

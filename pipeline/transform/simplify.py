@@ -8,7 +8,7 @@ import numpy as np
 
 from pipeline.ir.graph import Graph, Node, add_param, fresh_name
 from pipeline.transform.context import PassConfig
-from pipeline.transform.util import prune, rename_inputs
+from pipeline.transform.util import prune, rename_inputs, sole_user
 
 
 def simplify_inference(graph: Graph, params: dict, cfg: PassConfig):
@@ -116,15 +116,11 @@ def _per_channel(params: dict, name: str, oc: int, rank: int) -> bool:
 
 def _scale_shift_chain(conv: Node, consumers, params, outputs, oc, rank):
     """The (mul, add-or-None) following `conv`, or None if the pattern is absent."""
-    def sole_user(name):
-        users = consumers.get(name, [])
-        return users[0] if len(users) == 1 and name not in outputs else None
-
-    mul = sole_user(conv.outputs[0])
+    mul = sole_user(consumers, outputs, conv.outputs[0])
     if mul is None or mul.op != "mul" or not _per_channel(
             params, _other(mul, conv.outputs[0]), oc, rank):
         return None
-    add = sole_user(mul.outputs[0])
+    add = sole_user(consumers, outputs, mul.outputs[0])
     if add is None or add.op != "add" or not _per_channel(
             params, _other(add, mul.outputs[0]), oc, rank):
         add = None

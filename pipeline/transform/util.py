@@ -16,6 +16,13 @@ def prune(graph: Graph, params: dict[str, np.ndarray]) -> tuple[Graph, dict[str,
                          types={k: t for k, t in graph.types.items() if k in defined}), kept
 
 
+def sole_user(consumers: dict[str, list[Node]], outputs: set[str], name: str) -> Node | None:
+    """The one node reading `name` (consumers: Graph.consumers()), if exactly one does
+    and `name` is no graph output (in `outputs`): then a rewrite may absorb it."""
+    users = consumers.get(name, [])
+    return users[0] if len(users) == 1 and name not in outputs else None
+
+
 def rename_inputs(node: Node, mapping: dict[str, str]) -> Node:
     """`node` with every input renamed through `mapping`."""
     if not any(i in mapping for i in node.inputs):
