@@ -291,11 +291,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, help="threads the kernels use (default: all)")
     p.set_defaults(handler=_run)
 
+    # validate and bench take the same two positionals
+    model_and_library = argparse.ArgumentParser(add_help=False)
+    model_and_library.add_argument("model", metavar="MODEL.onnx")
+    model_and_library.add_argument("library", metavar="LIB.so")
     p = sub.add_parser("validate", help="compare a library with onnxruntime",
+                       parents=[model_and_library],
                        description="Run LIB and MODEL.onnx's reference on the same seeded "
                        "random inputs (at LIB's input shapes) and compare every output.")
-    p.add_argument("model", metavar="MODEL.onnx")
-    p.add_argument("library", metavar="LIB.so")
     p.add_argument("--reference", choices=("onnxruntime", "onnx"),
                    help="default: onnxruntime if installed, else onnx.reference")
     p.add_argument("--rtol", type=float, default=1e-4)
@@ -304,10 +307,9 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=_validate)
 
     p = sub.add_parser("bench", help="time a library against onnxruntime",
+                       parents=[model_and_library],
                        description="Time LIB against onnxruntime on MODEL.onnx, each side "
                        "in its own process, rounds alternating (as doit bench).")
-    p.add_argument("model", metavar="MODEL.onnx")
-    p.add_argument("library", metavar="LIB.so")
     p.add_argument("--threads", default="1,2", help="thread counts (default 1,2)")
     p.add_argument("--rounds", default="3")
     p.add_argument("--runs", default="10")
