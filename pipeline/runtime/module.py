@@ -54,9 +54,11 @@ class Module:
         self.blob = blob
         try:
             self._api = bind_api(lib)
-        except AttributeError:
-            raise BlobError(f"{path}: the library carries no graph executor (pl_create); "
-                            "export it again with this version of pipeline") from None
+        except AttributeError as err:  # ctypes: "<path>: undefined symbol: pl_..."
+            missing = str(err).rsplit(" ", 1)[-1]
+            raise BlobError(f"{path}: the library's graph executor has no {missing} (none, "
+                            "or one from an older pipeline); export it again with this "
+                            "version of pipeline") from None
         self._keep = list(keep)  # temp dirs that must outlive the dlopen'ed file
         self._params: dict[str, np.ndarray] | None = None
 
