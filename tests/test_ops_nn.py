@@ -135,6 +135,8 @@ NORM = {
                                                                          np.float32)}),
     "lrn_size5": lambda: one("LRN", (2, 7, 3, 3), size=5, alpha=1e-2, beta=0.75, bias=2.0),
     "lrn_size2": lambda: one("LRN", (1, 4, 3, 2), size=2),
+    "lrn_beta_half": lambda: one("LRN", (1, 6, 4, 5), size=3, beta=0.5, bias=1.5),
+    "lrn_beta_powf": lambda: one("LRN", (2, 5, 3, 7), size=3, alpha=0.5, beta=0.6),
     "batchnorm_3d": lambda: one("BatchNormalization", (2, 3, 5),
                                 {k: rand(3, seed=k_, low=0.5, high=1.5) for k_, k in
                                  enumerate(["s", "b", "m", "v"])}, ["s", "b", "m", "v"]),

@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 
+from pipeline.dsl.vector import parallel_for
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node
 from pipeline.ops.registry import Limit, axis_attr, broadcast_shape, onnx_op, register
@@ -251,27 +252,48 @@ def _instance_norm(ctx, n):
 # -- LRN: local response normalisation across channels ------------------------------------
 
 def _lrn_lower(kb, node, ins, out, epilogue):
-    """y = x / (bias + alpha / size * sum of x^2 over nearby channels) ** beta."""
+    """y = x / (bias + alpha / size * sum of x^2 over nearby channels) ** beta.
+
+    Planes (n, c) split over threads; within one, the window's channels are fixed, so
+    the loop over the plane's pixels is plain arithmetic LLVM vectorises (with beta
+    0.75, 0.5 or 1 the power is square roots: powf was a scalar libm call per
+    element, a quarter of inception_v1's time)."""
     x = ins[0]
     shape = x.type.shape
-    size = node.attr("size")
+    size, beta = node.attr("size"), node.attr("beta")
     lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
-    with kb.nest(shape, "d") as index:
-        c = index[1]
-        o = kb.dot(index, x.strides)
-        acc = kb.f32(0.0)
-        for j in range(-lo, hi + 1):
-            cj = c + j
-            ok = kb.inside(cj, 0, shape[1])
-            # Clamp the offset so the load stays in bounds; the select drops it.
-            safe = kb.select(ok, j * x.strides[1], 0)
-            v = kb.load(x, o + safe)
-            acc = kb.select(ok, kb.fadd(acc, kb.fmul(v, v)), acc)
-        denom = kb.fadd(kb.f32(node.attr("bias")), kb.fmul(acc, kb.f32(node.attr("alpha") / size)))
-        y = kb.fdiv(kb.load(x, o), kb.intrinsic("pow", denom, kb.f32(node.attr("beta"))))
-        if epilogue is not None:
-            y = epilogue(y, index)
-        kb.store(out, o, y)
+    c_n, plane = shape[1], math.prod(shape[2:])
+    with parallel_for(kb, shape[0] * c_n, "planes", work=x.type.size * size) as item:
+        n, c = item // c_n, item % c_n
+        with kb.loop(0, plane, "p") as p:
+            o = item * plane + p
+            acc = kb.f32(0.0)
+            for j in range(-lo, hi + 1):
+                cj = c + j
+                ok = kb.inside(cj, 0, c_n)
+                # Clamp the offset so the load stays in bounds; the select drops it.
+                v = kb.load(x, o + kb.select(ok, j * plane, 0))
+                acc = kb.select(ok, kb.fadd(acc, kb.fmul(v, v)), acc)
+            denom = kb.fadd(kb.f32(node.attr("bias")),
+                            kb.fmul(acc, kb.f32(node.attr("alpha") / size)))
+            y = kb.fdiv(kb.load(x, o), _power(kb, denom, beta))
+            if epilogue is not None:
+                spatial, rest = [], p
+                for d in reversed(shape[2:]):
+                    spatial.insert(0, rest % d)
+                    rest = rest // d
+                y = epilogue(y, [n, c, *spatial])
+            kb.store(out, o, y)
+
+
+def _power(kb, d, beta: float):
+    """d ** beta for d > 0: square roots for the betas models use, else powf."""
+    if beta == 1.0:
+        return d
+    if beta in (0.5, 0.75):
+        root = kb.intrinsic("sqrt", d)
+        return root if beta == 0.5 else kb.fmul(root, kb.intrinsic("sqrt", root))
+    return kb.intrinsic("pow", d, kb.f32(beta))
 
 
 register("lrn", "anchor", lambda types, node: [types[0]], lower=_lrn_lower)
