@@ -106,6 +106,7 @@ RELU = ("Relu", {})
     dict(c=16, oc=32, hw=23, k=3, stride=2, after=[RELU]),           # stride 2
     dict(c=32, oc=64, hw=18, k=1, stride=2, pads=[0, 0, 0, 0]),      # 1x1 stride 2
     dict(c=3, oc=16, hw=30, k=7, stride=2, pads=[3, 3, 3, 3]),       # narrow input block
+    dict(c=24, oc=32, hw=13, k=5, pads=[2, 2, 2, 2], after=[RELU]),   # 24: blocks of 12 (b 16)
     dict(c=16, oc=16, hw=12, k=3, pads=[0, 1, 2, 0], bias=False),    # asymmetric pads
     dict(c=16, oc=32, hw=10, hw2=27, k=3, batch=2),                  # batch 2, rectangle
     dict(c=32, oc=32, hw=14, residual=True, after=[RELU]),           # residual add + relu

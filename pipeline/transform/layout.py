@@ -4,10 +4,10 @@
 an AArch64 target with +dotprod, which run blocked on sdot; see qconv below.)
 
 With b the target's vector width (16 floats on AVX-512, 8 on AVX2):
-  - conv2d (groups 1, no dilation, constant float weights, C a multiple of b or at
-    most b; OC padded with zero filters to a multiple of b) becomes conv2d_nchwc
-    on NCHW{ib}c input with
-    ib = b (or ib = C for a narrow first layer) and NCHW{b}c output; its weights
+  - conv2d (groups 1, no dilation, constant float weights, C a multiple of b, at
+    most b, or of a block between b/2 and b; OC padded with zero filters to a
+    multiple of b) becomes conv2d_nchwc on NCHW{ib}c input with ib = b (or ib = C
+    for a narrow first layer, or that block) and NCHW{b}c output; its weights
     are repacked here as a new param (ops/conv_blocked.py pack_weight), so a
     weight change still changes only params, never a kernel; a 3x3 stride-1 one
     where Winograd is faster (ops/conv_winograd.py worth_it; pass option
@@ -132,7 +132,7 @@ class _Rewriter:
         if node.attr("groups") != 1:
             return self.depthwise(node, weight) or self.pointwise(node, weight)
         oc, c = weight.shape[:2]
-        ib = self.vw if c % self.vw == 0 else c if c <= self.vw else 0
+        ib = _input_block(c, self.vw)
         if not ib:
             return self.pointwise(node, weight)
         # Filters not a multiple of b: padded with zero filters (their channels are
@@ -380,6 +380,16 @@ class _Rewriter:
             self.need_plain(name)
         graph = self.graph.replace(nodes=tuple(self.nodes), types=self.types)
         return prune(graph, self.params)
+
+
+def _input_block(c: int, vw: int) -> int:
+    """Input channels per block of a blocked conv of `c` channels: vw if it divides c,
+    all of them in a narrow first layer, else the largest divisor of c between vw/2
+    and vw (24 channels: 12; such a conv was a plain, single-threaded conv2d, a fifth
+    of inception_v1's time); 0: the conv does not block."""
+    if c % vw == 0 or c <= vw:
+        return vw if c % vw == 0 else c
+    return next((d for d in range(vw, vw // 2 - 1, -1) if c % d == 0), 0)
 
 
 def _pad_filters(value: np.ndarray, pad: int) -> np.ndarray:
