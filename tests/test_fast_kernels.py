@@ -244,6 +244,27 @@ def test_blocked_concat(target):
     assert ops.count("layout_transform") == 2, ops  # x in (for conv and concat), y out
 
 
+def test_long_concat_rows_split_over_threads():
+    """Concat copies each input's rows in pieces of at most CONCAT_PIECE elements that
+    split over threads (one image: one row per input): 307200 elements take 19
+    pieces, 6400 one (and too little work for a second thread); transposes and plain
+    pools split their leading dims (parallel_nest). Against onnxruntime at 1 and 2
+    threads."""
+    from pipeline.codegen.render import render
+    from pipeline.ops.shape import CONCAT_PIECE
+
+    assert 6400 < CONCAT_PIECE and -(-307200 // CONCAT_PIECE) == 19
+    nodes = [node("Concat", ["a", "b", "c"], ["y"], axis=1),
+             node("Transpose", ["y"], ["t"], perm=[0, 2, 1, 3]),
+             node("MaxPool", ["a"], ["p"], kernel_shape=[3, 3], pads=[1] * 4)]
+    shapes = {"a": (1, 48, 80, 80), "b": (1, 1, 80, 80), "c": (1, 48, 80, 80)}
+    model = make_model(nodes, list(shapes.items()), [("t", None), ("p", None)])
+    feeds = {k: rand(*v, seed=i) for i, (k, v) in enumerate(shapes.items())}
+    _, factory = check(model, feeds, NATIVE, threads=(1, 2))
+    for spec in factory.kernels:
+        assert "pl_parallel" in render(spec), spec.ops[0].op
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_blocked_pools(target):
     """conv -> relu -> maxpool (ceil) and avgpool (with pad) and the global pools,

@@ -13,6 +13,7 @@ import llvmlite.ir as ir
 
 from pipeline.dsl.builder import KernelBuilder
 from pipeline.dsl.elementwise import vector_elementwise, vectorizable
+from pipeline.dsl.vector import ELEMENT_WORK, parallel_nest
 from pipeline.lower.kernel import KernelSpec
 from pipeline.ops import get, infer_types
 
@@ -51,7 +52,8 @@ def render(spec: KernelSpec) -> str:
         vector_elementwise(kb, spec.ops, args, out, epilogue.parts[3], dtypes,
                            spec.target.vector_width)
     elif opdef.kind == "elementwise":
-        with kb.nest(out.type.shape) as index:
+        work = out.type.size * len(spec.ops) * ELEMENT_WORK
+        with parallel_nest(kb, out.type.shape, "d", work=work) as index:
             value = opdef.scalar(kb, [kb.load_broadcast(args[i], index)
                                       for i in anchor.inputs], anchor)
             if chain:

@@ -15,7 +15,13 @@ from __future__ import annotations
 import math
 
 from pipeline.dsl.builder import Buffer, KernelBuilder
-from pipeline.dsl.vector import LANE_GENERIC_OPS, VECTOR_OPS, apply_chain, parallel_for
+from pipeline.dsl.vector import (
+    ELEMENT_WORK,
+    LANE_GENERIC_OPS,
+    VECTOR_OPS,
+    apply_chain,
+    parallel_for,
+)
 from pipeline.ir.graph import TensorType
 
 
@@ -53,7 +59,7 @@ def vector_elementwise(kb: KernelBuilder, nodes: list, args: dict, out: Buffer,
         tail = row if s[k:] == shape[k:] else 1
         return Buffer(buf.ptr, TensorType((*s[:k], tail), buf.type.dtype))
 
-    with parallel_for(kb, rows, "rows", work=out.type.size * len(nodes)) as r:
+    with parallel_for(kb, rows, "rows", work=out.type.size * len(nodes) * ELEMENT_WORK) as r:
         index, rest = [], r
         for d in reversed(outer):  # r as an index over the outer dims
             index.insert(0, rest % d)

@@ -16,6 +16,7 @@ import itertools
 import math
 
 from pipeline.dsl.gemm_tile import PANEL_COLUMNS, tiled_gemm
+from pipeline.dsl.vector import parallel_for
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.nn import (
@@ -176,7 +177,9 @@ def _conv_direct(kb, node, ins, out, epilogue):
     else:
         borders = [((0, i0), (0, ow_n)), ((i1, oh_n), (0, ow_n)), ((i0, i1), (0, j0)),
                    ((i0, i1), (j1, ow_n))]
-    with kb.loop(0, n_n, "n") as n, kb.loop(0, oc_n, "oc") as oc:
+    work = out.type.size * icg * kh_n * kw_n
+    with parallel_for(kb, n_n * oc_n, "planes", work=work) as item:
+        n, oc = item // oc_n, item % oc_n
         plane = (n * oc_n + oc) * (oh_n * ow_n)
         init = kb.load(bias, oc) if bias else kb.f32(0.0)
         with kb.loop(0, oh_n * ow_n, "p") as p:

@@ -15,7 +15,7 @@ import re
 import llvmlite.ir as ir
 import numpy as np
 
-from pipeline.dsl.vector import parallel_for
+from pipeline.dsl.vector import ELEMENT_WORK, parallel_for
 from pipeline.errors import GraphError
 from pipeline.ir.graph import TensorType
 from pipeline.ops.registry import register
@@ -95,7 +95,8 @@ def _lower(kb, node, ins, out, epilogue):
     plain, blocked = (out, ins[0]) if src else (ins[0], out)
     n_n, cb_n, h, w, b = blocked.type.shape
     channels = plain.type.shape[1]
-    with parallel_for(kb, n_n * cb_n, "blocks", work=blocked.type.size) as item:
+    with parallel_for(kb, n_n * cb_n, "blocks",
+                      work=blocked.type.size * ELEMENT_WORK) as item:
         base = item * (h * w * b)            # blocked offset of (n, cb, 0, 0, 0)
         n, cb = item // cb_n, item % cb_n
         pbase = (n * channels + cb * b) * (h * w)  # plain offset of (n, cb*b, 0, 0)

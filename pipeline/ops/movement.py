@@ -16,6 +16,7 @@ from functools import reduce
 import numpy as np
 
 from pipeline.dsl.builder import row_major_strides
+from pipeline.dsl.vector import ELEMENT_WORK, parallel_nest
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.registry import get, onnx_op, register
@@ -35,7 +36,7 @@ def remap_lower(tables_of):
         shape = out.type.shape
         if epilogue is None and not padded:
             shape, tables = merge_axes(shape, tables)
-        with kb.nest(shape, "o") as index:
+        with parallel_nest(kb, shape, "o", work=out.type.size * ELEMENT_WORK) as index:
             offset = 0
             for i, t in zip(index, tables, strict=True):
                 offset = offset + axis_term(kb, t, i)

@@ -15,6 +15,7 @@ import math
 import numpy as np
 
 from pipeline.dsl.builder import FLOATS
+from pipeline.dsl.vector import ELEMENT_WORK, parallel_nest
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.nn import as_1d, lift_1d, spatial_attrs, window_out
@@ -69,7 +70,8 @@ def _pool_lower(kb, node, ins, out, epilogue):
         node.attr("dilations")
     pads, d = node.attr("pads"), len(spatial)
     include_pad = bool(node.attr("count_include_pad", 0))
-    with kb.nest(out.type.shape, "o") as index:
+    work = out.type.size * (math.prod(kernel) + ELEMENT_WORK)
+    with parallel_nest(kb, out.type.shape, "o", work=work) as index:
         n, c, *o = index
         base = (n * x.type.shape[1] + c) * math.prod(spatial)
         # Per dim and kernel position: (clamped input offset, inside, inside the pads).

@@ -15,6 +15,7 @@ import math
 import llvmlite.ir as ir
 
 from pipeline.dsl.vector import (
+    ELEMENT_WORK,
     apply_epilogue,
     parallel_for,
     vconst,
@@ -43,7 +44,8 @@ def _lower(kb, node, ins, out, epilogue):
     pt, pl, pb, pr = node.attr("pads")
     include_pad = bool(node.attr("count_include_pad", 0))
     start = [-math.inf if is_max else 0.0] * vb
-    with parallel_for(kb, n_n * cb_n * oh_n, "rows", work=out.type.size * kh_n * kw_n) as item:
+    with parallel_for(kb, n_n * cb_n * oh_n, "rows",
+                      work=out.type.size * (kh_n * kw_n + ELEMENT_WORK)) as item:
         plane, oh = item // oh_n, item % oh_n  # plane = n * cb_n + cb
         x_plane = plane * (h * w * vb)
         with kb.loop(0, ow_n, "ow") as ow:
@@ -86,7 +88,7 @@ def _global_lower(kb, node, ins, out, epilogue):
     x = ins[0]
     is_max = node.op == "global_max_pool_nchwc"
     n_n, cb_n, h, w, vb = x.type.shape
-    with parallel_for(kb, n_n * cb_n, "planes", work=x.type.size) as plane:
+    with parallel_for(kb, n_n * cb_n, "planes", work=x.type.size * ELEMENT_WORK) as plane:
         base = plane * (h * w * vb)
         acc = kb.local(kb.vload(x, base, vb))
         with kb.loop(1, h * w, "p") as p:

@@ -16,6 +16,7 @@ from functools import reduce
 import numpy as np
 
 from pipeline.dsl.builder import F32, row_major_strides
+from pipeline.dsl.vector import ELEMENT_WORK, parallel_nest
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.movement import axis_term
@@ -110,7 +111,8 @@ def _resize_infer(types, node):
 def _resize_lower(kb, node, ins, out, epilogue):
     """Sum over every combination of one tap per axis of weight product x input."""
     taps = _taps(node, ins[0].type, out.type)
-    with kb.nest(out.type.shape, "o") as index:
+    work = out.type.size * ELEMENT_WORK * 2
+    with parallel_nest(kb, out.type.shape, "o", work=work) as index:
         axes = [[(axis_term(kb, offsets, i),
                   None if w is None else kb.load_table(kb.table(w.tolist(), F32), i))
                  for offsets, w in axis] for i, axis in zip(index, taps, strict=True)]

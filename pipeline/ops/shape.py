@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 
+from pipeline.dsl.vector import ELEMENT_WORK, parallel_for
 from pipeline.errors import GraphError, ModelError
 from pipeline.ir.graph import ONNX_DTYPES, Node, TensorType
 from pipeline.ops.registry import broadcast_shape, onnx_converter, onnx_op, register
@@ -154,17 +155,28 @@ def _concat_infer(types, node):
     return [TensorType(first[:axis] + (total,) + first[axis + 1:], types[0].dtype)]
 
 
+CONCAT_PIECE = 1 << 14
+
+
 def _concat_lower(kb, node, ins, out, epilogue):
     axis = node.attr("axis")
     shape = out.type.shape
     outer, inner = math.prod(shape[:axis]), math.prod(shape[axis + 1:])
     offset = 0
-    for x in ins:
+    for k, x in enumerate(ins):
         width = x.type.shape[axis] * inner
-        with kb.loop(0, outer, "o") as o, kb.loop(0, width, "j") as j:
-            src = o * width + j
-            dst = o * (shape[axis] * inner) + (j + offset)
-            kb.store(out, dst, kb.load(x, src))
+        # Each row of `width` in pieces of at most CONCAT_PIECE elements, the pieces
+        # split over threads (a concat of one image has one row per input).
+        pieces = -(-width // CONCAT_PIECE)
+        step = -(-width // pieces)
+        work = outer * width * ELEMENT_WORK
+        with parallel_for(kb, outer * pieces, f"copy{k}", work=work) as item:
+            o, start = item // pieces, item % pieces * step
+            stop = width if pieces == 1 else kb.smin(start + step, width)
+            with kb.loop(start, stop, "j") as j:
+                src = o * width + j
+                dst = o * (shape[axis] * inner) + (j + offset)
+                kb.store(out, dst, kb.load(x, src))
         offset += width
 
 
