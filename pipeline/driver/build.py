@@ -30,10 +30,11 @@ from pipeline.transform import PassContext, optimize
 def lower_graph(graph: Graph, params: dict, target: Target, opt_level: int,
                 known_ir: Callable[[KernelSpec], str | None] | None = None) -> LoweredGraph:
     """Optimise under the current PassContext, describe every kernel and render each
-    distinct one to LLVM IR once (its stack scratch is metadata; compile from it).
+    distinct one to LLVM IR once (its stack scratch is metadata; the kernel is
+    compiled from that text: `ir` of the result, hash -> text).
 
-    known_ir: spec -> its IR rendered before (None: not at hand), so a rebuild that
-    kept the text (the doit build's out/specs, the kernel cache) does not render again.
+    known_ir: spec -> its IR rendered earlier, None if not at hand (doit's out/specs,
+    the kernel cache), so a warm rerun renders nothing.
     """
     graph, params = optimize(graph, params, target=target)
     plan = plan_memory(graph)

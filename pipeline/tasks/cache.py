@@ -59,7 +59,7 @@ def spec_path(specs_dir: str, kernel_hash: str) -> str:
 
 def ir_path(spec: str) -> str:
     """The LLVM IR beside a spec file (<hash>.ll next to <hash>.json): optimize
-    renders each kernel once and writes it to out/specs, compile_entry compiles it."""
+    renders each kernel once and writes it to out/specs, the kernel task compiles it."""
     return os.path.splitext(spec)[0] + ".ll"
 
 
