@@ -23,8 +23,20 @@ from pipeline.ir.graph import Graph
 from pipeline.ir.target import Target, parse_target
 from pipeline.lower.cost import bytes_moved, kernel_flops, stack_bytes
 from pipeline.lower.kernel import KernelSpec, kernel_spec
-from pipeline.plan import graph_json, plan_memory
+from pipeline.plan import MemoryPlan, graph_json, plan_memory
 from pipeline.transform import PassContext, optimize
+
+
+def lower_specs(graph: Graph, params: dict, target: Target, opt_level: int
+                ) -> tuple[Graph, dict, MemoryPlan, dict[str, KernelSpec]]:
+    """Optimise under the current PassContext and describe every kernel: (the graph,
+    its params, the memory plan, node name -> spec; the plan's aliases have none).
+    Nothing is rendered (what a caller that only wants the specs needs)."""
+    graph, params = optimize(graph, params, target=target)
+    plan = plan_memory(graph)
+    specs = {node.name: kernel_spec(node, graph, target, opt_level) for node in graph.nodes
+             if node.name not in plan.aliases}
+    return graph, params, plan, specs
 
 
 def lower_graph(graph: Graph, params: dict, target: Target, opt_level: int,
@@ -36,10 +48,7 @@ def lower_graph(graph: Graph, params: dict, target: Target, opt_level: int,
     known_ir: spec -> its IR rendered earlier, None if not at hand (doit's out/specs,
     the kernel cache), so a warm rerun renders nothing.
     """
-    graph, params = optimize(graph, params, target=target)
-    plan = plan_memory(graph)
-    specs = {node.name: kernel_spec(node, graph, target, opt_level) for node in graph.nodes
-             if node.name not in plan.aliases}
+    graph, params, plan, specs = lower_specs(graph, params, target, opt_level)
     ir = {s.hash: (known_ir and known_ir(s)) or render(s) for s in unique_specs(specs.values())}
     symbols = {name: s.symbol for name, s in specs.items()}
     text = graph_json(graph, {**symbols, **dict.fromkeys(plan.aliases, "__nop")}, plan,
