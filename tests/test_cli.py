@@ -120,10 +120,19 @@ def test_validate_passes_and_info_describes_the_library(compiled, capsys):
         1 for n in json.loads(lib.graph_json)["nodes"]
         if n["op"] == "tvm_op" and n["attrs"]["func_name"] != "__nop")
     assert all(k["flops"] is not None and k["bytes_moved"] > 0 for k in info["kernels"])
+    # The stack scratch is the kernel's own IR's (its spec, in the cache, rendered now).
+    from pipeline.codegen.render import render
+    from pipeline.lower.cost import stack_bytes
+    from pipeline.lower.kernel import KernelSpec
+
+    for k in info["kernels"]:
+        spec = (compiled[2] / (k["symbol"].rsplit("_", 1)[1] + ".json")).read_text()
+        assert k["stack_bytes"] == stack_bytes(render(KernelSpec.from_json(spec))), k
+    assert any(k["stack_bytes"] > 0 for k in info["kernels"] if "dense" in k["symbol"])
     assert cli.main(["info", str(tmp / "cnn.tar")]) == 0  # the text form, in process
     text = capsys.readouterr().out
     assert "target    llvm -mcpu=native" in text and "input     x  [2, 3, 32, 32]" in text
-    assert "FLOPs/call" in text
+    assert "FLOPs/call" in text and "stack bytes" in text
 
 
 def test_bench_times_against_onnxruntime(compiled):

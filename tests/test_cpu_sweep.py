@@ -25,7 +25,7 @@ import pytest
 
 from pipeline.codegen.compile import CompileError, compile_ir
 from pipeline.codegen.render import render
-from pipeline.driver.build import lower_graph, unique_specs
+from pipeline.driver.build import lower_specs, unique_specs
 from pipeline.errors import PipelineError
 from pipeline.frontend import from_onnx
 from pipeline.ir.target import Target, parse_target
@@ -65,10 +65,10 @@ def lowered_specs(source: str, triple: str, width: int) -> dict:
         graph, params = from_onnx(model)
         with PassContext(opt_level=3):
             try:
-                lowered = lower_graph(graph, params, target, 3)
+                lowered = lower_specs(graph, params, target, 3)[3]  # (none rendered)
             except PipelineError as err:
                 raise AssertionError(f"{name}: lowering for {cpu} failed: {err}") from err
-        specs |= {s.symbol: s for s in unique_specs(lowered.specs.values())}
+        specs |= {s.symbol: s for s in unique_specs(lowered.values())}
     return specs
 
 

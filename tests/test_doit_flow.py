@@ -20,6 +20,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from pipeline.codegen.render import render
+from pipeline.lower.cost import stack_bytes
+from pipeline.lower.kernel import KernelSpec
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -106,8 +110,14 @@ def test_build_validate_noop_and_artifacts(tiny: Path):
     kernels = json.loads((d / "kernels.json").read_text())["kernels"]
     assert len(kernels) >= 3  # conv+relu, conv+add+relu, pool, ...
     for k in kernels:
-        assert (tiny / "out" / "kernels" / f"{k['hash']}.ll").read_text().startswith("; ModuleID")
+        ir = (tiny / "out" / "kernels" / f"{k['hash']}.ll").read_text()
+        assert ir.startswith("; ModuleID")
         assert (tiny / "out" / "kernels" / f"{k['hash']}.o").read_bytes()[:4] == b"\x7fELF"
+        # optimize rendered it once, beside the spec; the kernel task compiled that.
+        assert (tiny / "out" / "specs" / f"{k['hash']}.ll").read_text() == ir
+        spec = KernelSpec.from_json((tiny / "out" / "specs" / f"{k['hash']}.json").read_text())
+        assert k["stack_bytes"] == stack_bytes(render(spec)), k  # metadata: its own IR's
+    assert any(k["stack_bytes"] > 0 for k in kernels if "dense" in k["symbol"]), kernels
 
     # The graph JSON is TVM's executor format.
     g = json.loads((d / "tiny.json").read_text())

@@ -1,17 +1,26 @@
-"""Per-kernel metadata (flops, bytes moved, constant bytes in every library's graph
-JSON; stack scratch from a kernel's IR), checked against counts made independently
-from the ONNX model."""
+"""Per-kernel metadata (flops, bytes moved, stack scratch, constant bytes in every
+library's graph JSON), checked against counts made independently from the ONNX
+model, and the stack against the kernel's own IR, rendered once per build."""
 
 from __future__ import annotations
 
+import json
+
+import onnx
 import pytest
 from conftest import build_and_load, make_model, rand
 from onnx import helper
 
+import pipeline.driver.build as build_module
+from pipeline import build
+from pipeline.codegen.render import render
 from pipeline.frontend import from_onnx
 from pipeline.lower.cost import stack_bytes
+from pipeline.lower.kernel import KernelSpec
 from pipeline.runtime import load_module
 from pipeline.runtime.metadata import kernel_metadata
+from pipeline.tasks import cache, stages
+from pipeline.transform import PassContext
 
 node = helper.make_node
 N, C, H, W, OC, CLASSES = 1, 3, 12, 12, 16, 10
@@ -90,3 +99,75 @@ def test_stack_bytes_counts_arrays_not_slots():
 """
     assert stack_bytes(ir) == 2304 * 4 + 2 * 8 + 3 * 64
 
+
+
+def test_stack_bytes_are_the_kernels_own_ir(built):
+    factory, _ = built
+    kernels = {k["symbol"]: k for k in kernel_metadata(factory.get_graph_json())}
+    assert all(type(k["stack_bytes"]) is int for k in kernels.values()), kernels
+    # The GEMM keeps a tile (opt 0: its accumulator row; opt 3: the thread team's
+    # argument block) on the stack: counted from the IR the spec renders to now.
+    gemm = next(s for s in factory.kernels if "dense" in s.symbol)
+    assert kernels[gemm.symbol]["stack_bytes"] == stack_bytes(render(gemm)) > 0
+    for spec in factory.kernels:
+        assert kernels[spec.symbol]["stack_bytes"] == stack_bytes(render(spec))
+
+
+def counting_render(monkeypatch) -> list[str]:
+    """Count the renders of pipeline.driver.build (lowering's and compile's)."""
+    rendered = []
+
+    def counted(spec):
+        rendered.append(spec.hash)
+        return render(spec)
+    monkeypatch.setattr(build_module, "render", counted)
+    return rendered
+
+
+def test_build_renders_each_kernel_once(monkeypatch):
+    rendered = counting_render(monkeypatch)
+    graph, params = from_onnx(model()[0])
+    with PassContext(opt_level=0):
+        factory = build(graph, params=params, opt_level=0)
+    assert sorted(rendered) == sorted(s.hash for s in factory.kernels)
+    assert set(factory.objects) == {s.symbol for s in factory.kernels}
+
+
+def test_optimize_renders_once_and_the_kernel_compile_uses_its_ir(tmp_path, monkeypatch):
+    """The doit stages called directly: optimize writes each kernel's IR beside its
+    spec; compile_entry compiles that text (rendering would fail); a second
+    optimize reads the IR it finds (out/specs, else the kernel cache)."""
+    onnx.save(model()[0], str(tmp_path / "m.onnx"))
+    ir, weights = str(tmp_path / "m.ir.json"), str(tmp_path / "m.weights.params")
+    stages.import_model(str(tmp_path / "m.onnx"), {}, ir, weights)
+    target = {"target": "llvm -mcpu=native", **PassContext(opt_level=0).pass_config.to_dict()}
+    specs, root = tmp_path / "specs", str(tmp_path / "kernels")
+
+    def optimize(tag: str) -> list[dict]:
+        outs = [str(tmp_path / f"{tag}{suffix}") for suffix in (".json", ".params", ".k.json")]
+        stages.optimize_model(ir, weights, target, str(specs), *outs, root)
+        return json.loads(open(outs[2]).read())["kernels"]
+
+    rendered = counting_render(monkeypatch)
+    kernels = optimize("first")
+    assert sorted(rendered) == sorted(k["hash"] for k in kernels)
+    for k in kernels:
+        spec = KernelSpec.from_json((specs / f"{k['hash']}.json").read_text())
+        text = (specs / f"{k['hash']}.ll").read_text()
+        assert text == render(spec) and k["stack_bytes"] == stack_bytes(text)
+    assert any(k["stack_bytes"] > 0 for k in kernels if "dense" in k["symbol"])
+
+    def no_render(spec):
+        raise AssertionError(f"rendered {spec.symbol} again")
+    monkeypatch.setattr(build_module, "render", no_render)
+    for k in kernels:
+        spec = cache.spec_path(str(specs), k["hash"])
+        assert cache.compile_entry(root, k["hash"], spec)["compiled"] is True
+        assert cache.is_valid(root, k["hash"])
+        assert open(cache.entry_path(root, k["hash"], ".ll")).read() == open(
+            cache.ir_path(spec)).read()
+    assert optimize("again") == kernels  # the IR in out/specs
+    for p in specs.glob("*.ll"):
+        p.unlink()
+    assert optimize("cached") == kernels  # the IR of the kernel cache's valid entries
+    assert all((specs / f"{k['hash']}.ll").exists() for k in kernels)

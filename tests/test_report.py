@@ -157,6 +157,9 @@ def test_report_page_content(built):
     kernels = json.loads((page.parent / "mlp" / "llvm" / "kernels.json").read_text())["kernels"]
     mflop = sum(k["flops"] * k["calls"] for k in kernels) / 1e6
     assert f"<b>mlp@llvm</b>: {len(kernels)} kernels, {mflop:,.1f} MFLOP per run" in text
+    top = max(kernels, key=lambda k: k["flops"] * k["calls"])  # its row: the stack recorded
+    assert re.search(rf"<td>{top['symbol']}</td>(<td>[^<]*</td>){{4}}"
+                     rf"<td>{top['stack_bytes']:,}</td>", text), top
     # Deterministic: drawn again from the same files, the same bytes.
     from pipeline.tools.report import write_report
 

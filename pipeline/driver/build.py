@@ -4,13 +4,15 @@
         factory = build(graph, target="llvm -mcpu=native", params=params)
     factory.export_library("out/net.so")   # or "out/net.tar"
 
-`build` optimises the graph, lowers every kernel node to a KernelSpec and
-compiles each distinct spec once (what it returns, and export_library, are in
+`build` optimises the graph, lowers every kernel node to a KernelSpec, renders
+and compiles each distinct spec once (what it returns, and export_library, are in
 pipeline/driver/factory.py). The doit tasks run the same functions one stage at
 a time (pipeline/tasks/stages.py).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
@@ -19,39 +21,59 @@ from pipeline.codegen.render import render
 from pipeline.driver.factory import GraphExecutorFactory, LoweredGraph, unique_specs
 from pipeline.ir.graph import Graph
 from pipeline.ir.target import Target, parse_target
-from pipeline.lower.cost import bytes_moved, kernel_flops
+from pipeline.lower.cost import bytes_moved, kernel_flops, stack_bytes
 from pipeline.lower.kernel import KernelSpec, kernel_spec
-from pipeline.plan import graph_json, plan_memory
+from pipeline.plan import MemoryPlan, graph_json, plan_memory
 from pipeline.transform import PassContext, optimize
 
 
-def lower_graph(graph: Graph, params: dict, target: Target, opt_level: int) -> LoweredGraph:
-    """Optimise under the current PassContext and describe every kernel."""
+def lower_specs(graph: Graph, params: dict, target: Target, opt_level: int
+                ) -> tuple[Graph, dict, MemoryPlan, dict[str, KernelSpec]]:
+    """Optimise under the current PassContext and describe every kernel: (the graph,
+    its params, the memory plan, node name -> spec; the plan's aliases have none).
+    Nothing is rendered (what a caller that only wants the specs needs)."""
     graph, params = optimize(graph, params, target=target)
     plan = plan_memory(graph)
     specs = {node.name: kernel_spec(node, graph, target, opt_level) for node in graph.nodes
              if node.name not in plan.aliases}
+    return graph, params, plan, specs
+
+
+def lower_graph(graph: Graph, params: dict, target: Target, opt_level: int,
+                known_ir: Callable[[KernelSpec], str | None] | None = None) -> LoweredGraph:
+    """Optimise under the current PassContext, describe every kernel and render each
+    distinct one to LLVM IR once (its stack scratch is metadata; the kernel is
+    compiled from that text: `ir` of the result, hash -> text).
+
+    known_ir: spec -> its IR rendered earlier, None if not at hand (doit's out/specs,
+    the kernel cache), so a warm rerun renders nothing.
+    """
+    graph, params, plan, specs = lower_specs(graph, params, target, opt_level)
+    ir = {s.hash: (known_ir and known_ir(s)) or render(s) for s in unique_specs(specs.values())}
     symbols = {name: s.symbol for name, s in specs.items()}
     text = graph_json(graph, {**symbols, **dict.fromkeys(plan.aliases, "__nop")}, plan,
-                      _metadata(graph, params, specs))
-    return LoweredGraph(graph, params, specs, text, plan)
+                      _metadata(graph, params, specs, ir))
+    return LoweredGraph(graph, params, specs, text, plan, ir)
 
 
-def _metadata(graph: Graph, params: dict, specs: dict[str, KernelSpec]) -> dict[str, dict]:
-    """Node name -> its call's flops, bytes_moved (pipeline/lower/cost.py) and
-    constant_bytes (the parameters it reads). Its stack needs the kernel's IR, which
-    only the kernel's compile renders (rendering here would double the optimize
-    stage's time): lower.cost.stack_bytes reads it from the kernel cache's .ll."""
+def _metadata(graph: Graph, params: dict, specs: dict[str, KernelSpec],
+              ir: dict[str, str]) -> dict[str, dict]:
+    """Node name -> its call's flops, bytes_moved, stack_bytes (pipeline/lower/cost.py;
+    the stack from the kernel's IR, `ir`: hash -> text) and constant_bytes (the
+    parameters it reads)."""
     nodes = {n.name: n for n in graph.nodes}
+    stack = {h: stack_bytes(text) for h, text in ir.items()}
     return {name: {"flops": kernel_flops(s), "bytes_moved": bytes_moved(s),
+                   "stack_bytes": stack[s.hash],
                    "constant_bytes": sum(np.asarray(params[i]).nbytes
                                          for i in set(nodes[name].inputs) if i in params)}
             for name, s in specs.items()}
 
 
-def compile_kernel(spec: KernelSpec) -> tuple[str, bytes]:
-    """(LLVM IR text, object bytes) of one kernel."""
-    text = render(spec)
+def compile_kernel(spec: KernelSpec, text: str | None = None) -> tuple[str, bytes]:
+    """(LLVM IR text, object bytes) of one kernel; `text`: its IR if rendered already
+    (lower_graph's), else it is rendered now."""
+    text = render(spec) if text is None else text
     return text, compile_ir(text, spec.target, spec.opt_level, name=spec.symbol)
 
 
@@ -73,6 +95,6 @@ def build(graph: Graph, target: str = "llvm", params: dict | None = None,
     objects = {}
     for spec in unique_specs(lowered.specs.values()):
         if spec.hash not in cache:
-            cache[spec.hash] = compile_kernel(spec)[1]
+            cache[spec.hash] = compile_kernel(spec, lowered.ir[spec.hash])[1]
         objects[spec.symbol] = cache[spec.hash]
     return GraphExecutorFactory(lowered, target, objects)

@@ -32,6 +32,7 @@ class LoweredGraph:
     specs: dict[str, KernelSpec]  # node name -> spec (several nodes may share one)
     graph_json: str
     memory: MemoryPlan
+    ir: dict[str, str]  # kernel hash -> its LLVM IR (rendered once, compiled from)
 
 
 def unique_specs(specs) -> list[KernelSpec]:

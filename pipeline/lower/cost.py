@@ -12,12 +12,11 @@ and LLVM IR. Estimates from shapes, stated as such:
     scans, ...) one per element of its largest operand.
   bytes_moved: every argument read once and the output written once (the least
     traffic a call can have).
-  stack_bytes, from the kernel's IR (the .ll in the kernel cache, or the text
-    pipeline.driver.build.compile_kernel returns): the stack arrays it allocates
-    with an element count (the GEMM's packed panel, local buffers, the thread
-    team's argument block);
-    scalar and vector slots, which LLVM keeps in registers, and register spills
-    are not counted.
+  stack_bytes, from the kernel's LLVM IR (pipeline.driver.build.lower_graph
+    renders each kernel once and records it beside the others): the stack arrays
+    it allocates with an element count (the GEMM's packed panel, local buffers,
+    the thread team's argument block); scalar and vector slots, which LLVM keeps
+    in registers, and register spills are not counted.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ def graph_json(graph: Graph, symbols: dict[str, str], plan: MemoryPlan,
     """Serialise `graph` (after fusion) for the executor.
 
     symbols: node name -> kernel symbol the node calls; metadata: node name ->
-    {"flops", "bytes_moved", "constant_bytes"} of its call, kept in the node's
+    {"flops", "bytes_moved", "stack_bytes", "constant_bytes"} of its call, kept in the node's
     attrs as strings (TVM's attrs are strings; its readers skip unknown ones).
     """
     nodes, entry_of = [], {}

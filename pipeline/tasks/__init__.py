@@ -9,7 +9,8 @@ Task names (model m, target entry t):
   model:m        generate an ONNX file with models/ (generated models only)
   import:m       ONNX -> graph IR + weights          (out/m/m.ir.json, m.weights.params)
   optimize:m@t   passes + lowering -> graph JSON, params, kernels.json, kernel specs
-  kernel:<hash>  one kernel spec -> <cache>/<hash>.ll, .o, .sha256 (created after optimize;
+                 and their LLVM IR (out/specs/<hash>.json, .ll)
+  kernel:<hash>  one kernel's IR -> <cache>/<hash>.ll, .o, .sha256 (created after optimize;
                  the cache is shared by all entries, see pipeline/tasks/cache.py)
   lib0:m@t       the entry's kernel objects -> lib0.o (the target's cc -r)
   devc:m@t       graph JSON + params -> devc.o (the packed blob)
@@ -191,7 +192,7 @@ def artifacts(m: ModelEntry, t: TargetEntry) -> dict[str, str]:
             "validation": path(d, "validation.json")}
 
 
-SPECS = path(OUT, "specs")  # kernel specs optimize writes: the kernel tasks' inputs
+SPECS = path(OUT, "specs")  # kernel specs (and IR) optimize writes: the kernel tasks' inputs
 
 
 def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[TargetEntry],
@@ -270,14 +271,15 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
             yield {"name": f"{m.name}@{t.name}", "clean": [lazy.clean],
                    "targets": outs,
                    "actions": [cached("tasks.stages:optimize_model",
-                                      [*imported(m), opts, SPECS, *outs], deps, outs,
+                                      [*imported(m), opts, SPECS, *outs, cache_root],
+                                      deps, outs,
                                       specs_of=a["kernels"],
                                       # read to create the kernel tasks; graph JSON
                                       # is a deliverable
                                       fetch=(a["kernels"], a["graph_json"]))],
                    "file_dep": deps,
-                   # The specs it wrote are outputs too (shared by entries, so not
-                   # doit targets): a missing one reruns it.
+                   # The specs and IR it wrote are outputs too (shared by entries,
+                   # so not doit targets): a missing one reruns it.
                    "uptodate": [options_changed(opts), SpecsPresent(a["kernels"]), fetched]}
 
     @create_after(executed="optimize", target_regex=r".*\.o$")
@@ -295,7 +297,9 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
                 entry = {s[1:]: path(cache_root, k["hash"] + s) for s in cache.SUFFIXES}
                 spec = cache.spec_path(SPECS, k["hash"])
                 # The spec is read from out/specs (declared), never from the cache
-                # folder, which may have moved or been emptied since optimize ran.
+                # folder, which may have moved or been emptied since optimize ran;
+                # so is the IR optimize rendered from it (the spec decides it: not
+                # an input of its own; rendered again if gone).
                 tasks.append({"name": k["hash"], "doc": k["symbol"],
                        "targets": sorted(entry.values()),
                        "file_dep": [spec], "uptodate": [fetched],
@@ -453,7 +457,7 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
         nodes (from doit bench profile=1) and the memory plans (needs .[report])."""
         return {"actions": [(run_stage, ["tools.report:write_report", OUT,
                                          [(m.name, t.name) for m, t in entries],
-                                         path(OUT, "report.html"), cache_root])],
+                                         path(OUT, "report.html")])],
                 "targets": [path(OUT, "report.html")], "uptodate": [False], "verbosity": 2}
 
     def task_explain():
@@ -504,7 +508,8 @@ def _in_action_cache(action: tuple) -> bool:
 
 
 class SpecsPresent:
-    """doit uptodate check: True while every spec kernels_json lists is in out/specs."""
+    """doit uptodate check: True while every spec kernels_json lists, and its IR, is
+    in out/specs."""
 
     def __init__(self, kernels_json: str):
         self.kernels_json = kernels_json
@@ -514,8 +519,8 @@ class SpecsPresent:
             listed = cache.listed_kernels(self.kernels_json)
         except (FileNotFoundError, ValueError, KeyError):
             return []  # no manifest: the missing target reruns the task anyway
-        return [p for p in (cache.spec_path(SPECS, k["hash"]) for k in listed)
-                if not lazy.exists(p)]
+        return [p for k in listed for spec in [cache.spec_path(SPECS, k["hash"])]
+                for p in (spec, cache.ir_path(spec)) if not lazy.exists(p)]
 
     def __call__(self, task, values) -> bool:
         return not self.missing()

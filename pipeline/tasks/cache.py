@@ -5,7 +5,8 @@ and matrix entry (and by several checkouts or doit processes when the folder
 is shared, e.g. in CI):
     <hash>.json    the spec (a copy of out/specs/<hash>.json, which optimize writes and
                    the kernel task declares as its input: the cache may move)
-    <hash>.ll      LLVM IR, for reading
+    <hash>.ll      LLVM IR, for reading (compiled from out/specs/<hash>.ll, which
+                   optimize renders once: ir_path)
     <hash>.o       the object
     <hash>.sha256  the checksum of the entry's hash and its object, written last: it
                    commits the entry
@@ -56,6 +57,22 @@ def spec_path(specs_dir: str, kernel_hash: str) -> str:
     return os.path.normpath(os.path.join(specs_dir, kernel_hash + ".json"))
 
 
+def ir_path(spec: str) -> str:
+    """The LLVM IR beside a spec file (<hash>.ll next to <hash>.json): optimize
+    renders each kernel once and writes it to out/specs, the kernel task compiles it."""
+    return os.path.splitext(spec)[0] + ".ll"
+
+
+def read_ir(path: str, symbol: str) -> str | None:
+    """The IR text at `path` if it is the module of kernel `symbol` (its ModuleID:
+    a file copied under another kernel's hash is not), else None."""
+    try:
+        text = Path(path).read_text()
+    except (FileNotFoundError, UnicodeDecodeError):
+        return None
+    return text if text.startswith(f'; ModuleID = "{symbol}"\n') else None
+
+
 class CacheError(PipelineError):
     """A kernel-cache entry that cannot be rebuilt (its spec is missing or unreadable)."""
 
@@ -79,10 +96,11 @@ def is_valid(root: str, kernel_hash: str) -> bool:
 def compile_entry(root: str, kernel_hash: str, spec_path: str | None = None,
                   dask: str | None = None) -> dict:
     """Compile the spec at spec_path (default: the entry's own <hash>.json) into the
-    entry: {"compiled": False} if a valid one was there already, {"compiled": True}
-    otherwise ({"compiled": "cluster"} when the Dask scheduler at `dask` ran it),
-    plus {"note": text} when the compile needed a fallback
-    (pipeline.codegen.compile.CompileWarning).
+    entry, from the IR beside it (ir_path: what optimize rendered) when that is
+    there, else rendering it. Returns {"compiled": False} if a valid entry was
+    there already, {"compiled": True} otherwise ({"compiled": "cluster"} when the
+    Dask scheduler at `dask` ran it), plus {"note": text} when the compile needed
+    a fallback (pipeline.codegen.compile.CompileWarning).
 
     Another process sharing the cache may have compiled it already; then the
     object is reused. Concurrent compiles of one spec write identical bytes.
@@ -105,12 +123,12 @@ def compile_entry(root: str, kernel_hash: str, spec_path: str | None = None,
     if spec.hash != kernel_hash:
         raise CacheError(f"{spec_path}: holds the spec of kernel {spec.hash}, not "
                          f"{kernel_hash}; delete it and rerun the build")
-    if dask:
+    if dask:  # the worker renders: its files are not ours
         from pipeline.tasks.cluster import compile_remotely
 
         text, obj, notes = compile_remotely(dask, spec_text)
     else:
-        text, obj, notes = compile_spec(spec_text)
+        text, obj, notes = compile_spec(spec_text, read_ir(ir_path(spec_path), spec.symbol))
     _copy_spec(root, kernel_hash, spec_path)
     atomic_write(entry_path(root, kernel_hash, ".ll"), text.encode())
     atomic_write(entry_path(root, kernel_hash, ".o"), obj)
@@ -120,16 +138,17 @@ def compile_entry(root: str, kernel_hash: str, spec_path: str | None = None,
             **({"note": "; ".join(notes)} if notes else {})}
 
 
-def compile_spec(spec_json: str) -> tuple[str, bytes, list[str]]:
-    """A pure function: a kernel spec (JSON text) -> (LLVM IR text, object bytes, the
-    compiler's fallback notes). What a cluster worker runs (pipeline.tasks.cluster)."""
+def compile_spec(spec_json: str, ir: str | None = None) -> tuple[str, bytes, list[str]]:
+    """A pure function: a kernel spec (JSON text) and its IR if rendered already
+    (None: render it) -> (LLVM IR text, object bytes, the compiler's fallback
+    notes). What a cluster worker runs (pipeline.tasks.cluster)."""
     from pipeline.codegen.compile import CompileWarning
     from pipeline.driver.build import compile_kernel
     from pipeline.lower.kernel import KernelSpec
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", CompileWarning)
-        text, obj = compile_kernel(KernelSpec.from_json(spec_json))
+        text, obj = compile_kernel(KernelSpec.from_json(spec_json), ir)
     return text, obj, [str(w.message) for w in caught if issubclass(w.category, CompileWarning)]
 
 

@@ -1,5 +1,5 @@
 """`doit gc`: drop what no entry of the whole matrix uses any more from the
-kernel cache (<hash>.*), the kernel specs (out/specs), and the action cache
+kernel cache (<hash>.*), the kernel specs and their IR (out/specs), and the action cache
 (ac/, cas/: pipeline.tasks.action_cache), and the markers' records of how to
 remake outputs (out/.remote/producers: pipeline.tasks.lazy).
 
@@ -57,12 +57,12 @@ def collect_unused(config: BuildConfig, settings: CacheSettings, specs_dir: str,
     removed = cache.collect_garbage(settings.root, keep, max_age_days)
     print(f"{settings.root}: removed {len(removed)} unused kernels, {len(keep)} in use")
     specs = [p for p in (Path(specs_dir).iterdir() if os.path.isdir(specs_dir) else ())
-             if p.suffix == ".json" and p.stem not in keep]
+             if p.suffix in (".json", ".ll") and p.stem not in keep]
     lazy.clean([str(p) for p in specs])
     keys = current_keys(config, settings)
     marked = lazy.markers()
     entries, blobs = ac.prune(settings.root, keys, {m["sha256"] for m in marked},
                               max_age_days)
     lazy.prune_producers({m["producer"] for m in marked})
-    print(f"{settings.root}: removed {len(specs)} unused kernel specs, {entries} action "
-          f"cache entries and {blobs} blobs; {len(keys)} entries in use")
+    print(f"{settings.root}: removed {len({p.stem for p in specs})} unused kernel specs, "
+          f"{entries} action cache entries and {blobs} blobs; {len(keys)} entries in use")

@@ -22,9 +22,18 @@ from pipeline.ir.target import parse_target
 from pipeline.link import export, runtime_c
 from pipeline.link.cc import link_relocatable
 from pipeline.link.files import atomic_write
+from pipeline.lower.kernel import KernelSpec
 from pipeline.runtime.metadata import kernel_metadata
 from pipeline.runtime.params import load_params, param_chunks
-from pipeline.tasks.cache import listed_kernels, object_for_link, spec_path
+from pipeline.tasks.cache import (
+    entry_path,
+    ir_path,
+    is_valid,
+    listed_kernels,
+    object_for_link,
+    read_ir,
+    spec_path,
+)
 from pipeline.transform import PassContext, PassTimingInstrument
 
 
@@ -43,14 +52,20 @@ def import_model(onnx_path: str, shapes: dict, graph_path: str, weights_path: st
 
 
 def optimize_model(graph_path: str, weights_path: str, target: dict, spec_dir: str,
-                   graph_json_path: str, params_path: str, kernels_path: str) -> None:
-    """Graph IR -> optimised graph JSON, params, and one spec file per kernel.
+                   graph_json_path: str, params_path: str, kernels_path: str,
+                   cache: str | None = None) -> dict:
+    """Graph IR -> optimised graph JSON, params, and per kernel its spec and LLVM IR
+    (spec_dir/<hash>.json, .ll: content-addressed, written when absent).
 
     target: TargetEntry.to_dict() (target string, opt_level, passes, config).
+    Each distinct kernel is rendered once, here: its stack scratch is metadata, and
+    the kernel task compiles the .ll (pipeline.tasks.cache.compile_entry). IR
+    rendered before is read instead: the .ll in spec_dir, or a valid entry's of
+    the kernel cache `cache`.
     kernels.json lists, per kernel, its hash and symbol (the manifest the per-kernel
     tasks are created from) and its metadata (pipeline.runtime.metadata.kernel_metadata:
-    calls, flops, bytes_moved, constant_bytes). Returns {"passes": [{"pass",
-    "seconds"}]}, the time of each pass (the build report keeps it).
+    calls, flops, bytes_moved, stack_bytes, constant_bytes). Returns {"passes":
+    [{"pass", "seconds"}]}, the time of each pass (the build report keeps it).
     """
     graph = Graph.from_json(Path(graph_path).read_text())
     params = load_params(Path(weights_path).read_bytes())
@@ -59,13 +74,16 @@ def optimize_model(graph_path: str, weights_path: str, target: dict, spec_dir: s
                       target["config"], instruments=[timing])
     with ctx:
         lowered = lower_graph(graph, params, parse_target(target["target"]),
-                              target["opt_level"])
+                              target["opt_level"], lambda s: _rendered(s, spec_dir, cache))
     specs = unique_specs(lowered.specs.values())
     Path(spec_dir).mkdir(parents=True, exist_ok=True)
     for spec in specs:
         spec_file = spec_path(spec_dir, spec.hash)
-        if not os.path.exists(spec_file):  # content-addressed: an existing file is this spec
+        # Content-addressed: an existing file is this spec, or this spec's IR.
+        if not os.path.exists(spec_file):
             atomic_write(spec_file, spec.to_json().encode())
+        if not os.path.exists(ir_path(spec_file)):
+            atomic_write(ir_path(spec_file), lowered.ir[spec.hash].encode())
     metadata = {k["symbol"]: k for k in kernel_metadata(lowered.graph_json)}
     manifest = {
         "target": target["target"],
@@ -77,6 +95,15 @@ def optimize_model(graph_path: str, weights_path: str, target: dict, spec_dir: s
     atomic_write(graph_json_path, lowered.graph_json.encode())
     atomic_write(params_path, param_chunks(lowered.params))
     return {"passes": timing.timings}
+
+
+def _rendered(spec: KernelSpec, spec_dir: str, cache: str | None) -> str | None:
+    """The kernel's IR as rendered before: beside its spec, else in a valid entry of
+    the kernel cache (a warm rebuild renders nothing); None if neither has it."""
+    text = read_ir(ir_path(spec_path(spec_dir, spec.hash)), spec.symbol)
+    if text is None and cache is not None and is_valid(cache, spec.hash):
+        text = read_ir(entry_path(cache, spec.hash, ".ll"), spec.symbol)
+    return text
 
 
 def link_lib0(kernels_path: str, cache: str, lib0_path: str, cc: str | None = None,

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from pipeline.tasks import action_cache as ac
 from pipeline.tasks import lazy
-from pipeline.tasks.cache import listed_kernels, spec_path
+from pipeline.tasks.cache import ir_path, listed_kernels, spec_path
 from pipeline.tasks.remote import HttpCache
 
 
@@ -40,7 +40,8 @@ class Action:
     args: the stage's arguments as they enter the key (the cache folder left out);
     inputs: its input files (file_dep, compiler sources included); extra: what
     decides it outside files (the toolchain identity); outputs: name -> path;
-    specs_of: a kernels.json whose listed kernel specs are outputs too (optimize);
+    specs_of: a kernels.json whose listed kernel specs and their IR (<hash>.json,
+    .ll in specs_dir) are outputs too (optimize);
     fetch: the output names a hit always brings to disk (the deliverables and
     what the build reads itself), the others may stay in the cache (lazy).
     """
@@ -57,12 +58,14 @@ class Action:
         return ac.action_key(self.stage, self.args, self.inputs, self.extra)
 
     def all_outputs(self) -> dict[str, str]:
-        """outputs, plus the kernel specs listed by specs_of (named by their paths)."""
+        """outputs, plus the kernel specs and IR listed by specs_of (named by their
+        paths)."""
         out = dict(self.outputs)
         if self.specs_of:
             for k in listed_kernels(self.specs_of):
-                p = spec_path(self.specs_dir, k["hash"])
-                out[p] = p
+                spec = spec_path(self.specs_dir, k["hash"])
+                out[spec] = spec
+                out[ir_path(spec)] = ir_path(spec)
         return out
 
 

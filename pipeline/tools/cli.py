@@ -80,8 +80,9 @@ def compile_model(model: str, output: str, target: str = DEFAULT_TARGET, opt_lev
     suffix); returns {"kernels", "compiled", "cache", "seconds"}.
 
     The stages are the doit build's: from_onnx, lower_graph under a PassContext at
-    `opt_level`, each distinct kernel's object from the kernel cache `cache` (None:
-    cache_dir's default), compiled into it when missing or damaged, and the export
+    `opt_level` (rendering each kernel once, unless a valid cache entry has its IR),
+    each distinct kernel's object from the kernel cache `cache` (None: cache_dir's
+    default), compiled into it from that IR when missing or damaged, and the export
     path of export_library with the target's `cc`.
     """
     from pipeline.driver.build import lower_graph
@@ -90,7 +91,7 @@ def compile_model(model: str, output: str, target: str = DEFAULT_TARGET, opt_lev
     from pipeline.ir.target import TargetError, parse_target
     from pipeline.link.export import LIBRARY_SUFFIXES, resolve_cc
     from pipeline.link.files import atomic_write
-    from pipeline.tasks.cache import cache_dir, entry_path, object_for_link
+    from pipeline.tasks.cache import cache_dir, entry_path, is_valid, object_for_link, read_ir
     from pipeline.transform import PassContext
 
     start = time.perf_counter()
@@ -104,15 +105,22 @@ def compile_model(model: str, output: str, target: str = DEFAULT_TARGET, opt_lev
         raise CommandError(f"--target {target!r}: {err}") from None
     cc = resolve_cc(resolved, cc, "--cc")
     graph, params = from_onnx(model, shapes or {})
-    with PassContext(opt_level=opt_level):
-        lowered = lower_graph(graph, params, resolved, opt_level)
     root = cache_dir(cache)
+
+    def cached_ir(spec):
+        valid = is_valid(root, spec.hash)
+        return read_ir(entry_path(root, spec.hash, ".ll"), spec.symbol) if valid else None
+
+    with PassContext(opt_level=opt_level):
+        lowered = lower_graph(graph, params, resolved, opt_level, cached_ir)
     os.makedirs(root, exist_ok=True)
     objects, compiled = {}, 0
     for spec in unique_specs(lowered.specs.values()):
         spec_path = entry_path(root, spec.hash, ".json")
         if not os.path.exists(spec_path):  # content-addressed: an existing one is this spec
             atomic_write(spec_path, spec.to_json().encode())
+        if not is_valid(root, spec.hash):  # compile_entry compiles the IR beside the spec
+            atomic_write(entry_path(root, spec.hash, ".ll"), lowered.ir[spec.hash].encode())
         obj, fresh = object_for_link(root, spec.hash)
         objects[spec.symbol] = Path(obj).read_bytes()
         compiled += fresh

@@ -109,10 +109,12 @@ def graph_tensors(graph_json: str, param_names: set[str]
 
 def kernel_rows(blob: Blob) -> list[dict[str, Any]]:
     """One row per kernel of the library, in link order: {"symbol", "calls" (graph
-    nodes calling it), "flops" and "bytes_moved" per call, "constant_bytes" of all
-    calls} (pipeline.runtime.metadata; None where the library records none)."""
+    nodes calling it), "flops", "bytes_moved" and "stack_bytes" per call,
+    "constant_bytes" of all calls} (pipeline.runtime.metadata; None where the
+    library records none)."""
     found = {k["symbol"]: k for k in kernel_metadata(blob.graph_json)}
-    empty = {"calls": 0, "flops": None, "bytes_moved": None, "constant_bytes": None}
+    empty = {"calls": 0, "flops": None, "bytes_moved": None, "stack_bytes": None,
+             "constant_bytes": None}
     return [{**empty, **found.get(symbol, {}), "symbol": symbol} for symbol in blob.kernels]
 
 
@@ -155,9 +157,10 @@ def format_info(info: dict[str, Any]) -> str:
               f"kernels   {len(info['kernels'])}"]
     width = max((len(k["symbol"]) for k in info["kernels"]), default=6)
     lines.append(f"  {'symbol':<{width}}  calls  {'FLOPs/call':>14}  {'bytes moved/call':>16}  "
-                 f"{'constant bytes':>14}")
+                 f"{'stack bytes':>11}  {'constant bytes':>14}")
     lines += [f"  {k['symbol']:<{width}}  {k['calls']:>5}  {_count(k['flops']):>14}  "
-              f"{_count(k['bytes_moved']):>16}  {_count(k['constant_bytes']):>14}"
+              f"{_count(k['bytes_moved']):>16}  {_count(k['stack_bytes']):>11}  "
+              f"{_count(k['constant_bytes']):>14}"
               for k in info["kernels"]]
     return "\n".join(lines)
 

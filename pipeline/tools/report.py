@@ -14,7 +14,7 @@ It reads what the other tasks left in out/ and needs none of them to have run:
   - the memory plan (kernels.json): planned activation bytes against the sum of
     all intermediate tensors;
   - per entry, its kernels with the most FLOPs: calls, FLOPs, bytes moved, stack
-    scratch (from the kernel cache's IR) and constant bytes (kernels.json).
+    scratch and constant bytes (kernels.json).
 Charts are drawn with matplotlib (the optional extra `report`) as SVG and
 inlined: the page loads nothing (no scripts, no network). The SVG ids are
 seeded (svg.hashsalt) and carry no date, so the same inputs give the same page.
@@ -217,11 +217,8 @@ def _memory(out: str, entries: list[tuple[str, str]]) -> str:
     return _svg(fig)
 
 
-def _kernels(out: str, entries: list[tuple[str, str]], cache: str | None) -> str:
-    """Per entry, its kernels by FLOPs (kernels.json), stack scratch from the kernel
-    cache's IR when it is at hand."""
-    from pipeline.lower.cost import stack_bytes
-
+def _kernels(out: str, entries: list[tuple[str, str]]) -> str:
+    """Per entry, its kernels by FLOPs, with the rest of their metadata (kernels.json)."""
     parts = []
     for m, t in entries:
         manifest = _entry_files(out, m, t)["kernels"]
@@ -231,8 +228,7 @@ def _kernels(out: str, entries: list[tuple[str, str]], cache: str | None) -> str
         total = sum(k["flops"] * k["calls"] for k in rows) or 1
         body = []
         for k in rows[:8]:
-            ll = os.path.join(cache or os.path.join(out, "kernels"), k["hash"] + ".ll")
-            stack = str(stack_bytes(open(ll).read())) if os.path.exists(ll) else "?"
+            stack = "?" if k.get("stack_bytes") is None else f"{k['stack_bytes']:,}"
             body.append(f"<tr><td>{html.escape(k['symbol'])}</td><td>{k['calls']}</td>"
                         f"<td>{k['flops'] * k['calls'] / 1e6:.1f}</td>"
                         f"<td>{100 * k['flops'] * k['calls'] / total:.0f}%</td>"
@@ -261,11 +257,10 @@ svg { max-width: 100%; height: auto; display: block; }
 """
 
 
-def write_report(out: str, entries: list[tuple[str, str]], path: str,
-                 cache: str | None = None) -> str:
-    """Write the page for the (model, target) `entries` from what is in `out` (and
-    the kernel IR in `cache`, default out/kernels); returns `path`. Whatever is
-    missing (no validation, no bench, no profile) is said so."""
+def write_report(out: str, entries: list[tuple[str, str]], path: str) -> str:
+    """Write the page for the (model, target) `entries` from what is in `out`;
+    returns `path`. Whatever is missing (no validation, no bench, no profile) is
+    said so."""
     entries = [tuple(e) for e in entries]
     build = (_read_json(os.path.join(out, "last-build.json"))
              or _read_json(os.path.join(out, "build-report.json")) or {})
@@ -278,7 +273,7 @@ def write_report(out: str, entries: list[tuple[str, str]], path: str,
             f"<h2>Time per pass</h2>{_pass_times(build)}"
             f"<h2>Slowest nodes</h2>{profiles}"
             f"<h2>Memory plan</h2>{_memory(out, entries)}"
-            f"<h2>Kernels (the most arithmetic first)</h2>{_kernels(out, entries, cache)}")
+            f"<h2>Kernels (the most arithmetic first)</h2>{_kernels(out, entries)}")
     page = ('<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
             "<title>pipeline build report</title>"
             f"<style>{STYLE}</style></head><body>{body}</body></html>\n")
