@@ -551,7 +551,7 @@ API int pl_get_output(pl_executor *h, int i, void *data, size_t nbytes) {
 API int pl_set_num_threads(pl_executor *h, int n) {
     if (n < 0) return fail(h, "the thread count must be >= 0, got %d", n);
     h->num_threads = n;
-    h->run_team = h->run_alone = 0; /* measured again for the new count */
+    h->run_team.n = h->run_alone.n = 0; /* measured again for the new count */
     h->runs = h->runs_alone = 0;
     return 0;
 }
@@ -577,34 +577,42 @@ int run_node(pl_executor *h, const struct node *n) {
  * on a VM whose two vCPUs sit on different chiplets (~400 ns a cache-line round trip,
  * against ~80 at other times on the same VM), what the worker wrote moves between
  * the cores when the next kernel reads it, and the consumers pay; on a loaded machine
- * the worker is preempted. So the executor keeps a running mean of its run time
- * either way and runs the faster way. The first run (it starts the workers) is not
- * counted; then RUN_TRIALS pairs of runs alternate between the two ways; after that,
- * every RUN_EXPLORE runs, a pair runs the other way (the machine changes; it costs
- * ~2/RUN_EXPLORE of the gap). Only the second run of a pair is counted, and not the
- * run after a pair: the first run after a switch moves the data between the caches
- * and would make whichever way was switched to look slower than it is. */
-#define RUN_TRIALS 2
+ * the worker is preempted. So the executor times its runs either way and runs the
+ * faster way, by the median of each way's last RUN_SAMPLES counted runs: one run that
+ * the OS delayed (a timeslice, 4 ms: numpy's OpenBLAS threads spin for a while after
+ * it is imported, and made the first runs of a fresh process flip to one thread for
+ * good) must not decide. The first run (it starts the workers) is not counted; runs
+ * 1-3 use the threads, 4-6 one thread (4 not counted: the first run after a switch
+ * moves the data between the caches and looks slower than it is); then the faster
+ * way, and every RUN_EXPLORE runs a pair the other way (the machine changes; it
+ * costs ~2/RUN_EXPLORE of the gap), of which the second is counted, and not the run
+ * after the pair. */
 #define RUN_EXPLORE 32
+
+/* The median of a way's last samples (of two: the smaller, as of one: it). */
+static float run_median(const struct run_times *t) {
+    float a = t->s[0], b = t->s[1], c = t->s[2];
+    if (t->n < 3) return t->n == 1 ? a : a < b ? a : b;
+    return a > b ? (b > c ? b : a > c ? c : a) : (a > c ? a : b > c ? c : b);
+}
+
+static void run_record(struct run_times *t, double seconds) {
+    t->s[t->n++ % RUN_SAMPLES] = (float)seconds;
+    if (t->n >= 2 * RUN_SAMPLES) t->n -= RUN_SAMPLES; /* stays >= RUN_SAMPLES */
+}
 
 static int run_alone(pl_executor *h, int *counted) {
     *counted = 0;
     if (h->num_threads <= 1) return 0;
     unsigned k = h->runs++;
-    if (k == 0) return 0;
-    if (k <= 2 * RUN_TRIALS) {
-        *counted = k % 2 == 0;
-        return (k - 1) / 2 % 2;
+    if (k < 7) {
+        *counted = k != 0 && k != 4;
+        return k >= 4;
     }
-    int alone = h->run_alone < h->run_team;
+    int alone = run_median(&h->run_alone) < run_median(&h->run_team);
     unsigned phase = k % RUN_EXPLORE;
     *counted = phase == 1 || phase > 2;
     return phase < 2 ? !alone : alone;
-}
-
-/* A mean that follows a change within a few samples (0: none yet). */
-static void run_record(float *mean, double seconds) {
-    *mean = *mean == 0 ? (float)seconds : 0.5f * (*mean + (float)seconds);
 }
 
 API unsigned pl_runs_alone(const pl_executor *h) { return h->runs_alone; }

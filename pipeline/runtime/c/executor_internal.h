@@ -42,6 +42,12 @@ struct arena {
     void *data;       /* ALIGN-aligned */
 };
 
+#define RUN_SAMPLES 3
+struct run_times {
+    float s[RUN_SAMPLES]; /* a ring: sample n goes to s[n % RUN_SAMPLES] */
+    unsigned n;           /* samples recorded (kept below 2 * RUN_SAMPLES) */
+};
+
 struct pl_executor {
     uint32_t n_entries, n_args, n_inputs, n_outputs, n_nodes, n_storage;
     struct entry *entries;
@@ -60,9 +66,9 @@ struct pl_executor {
                                   another executor's after pl_share_input) */
     struct arena **home_arena; /* per storage id: the arena home[sid] is in */
     int num_threads;
-    /* Running means of a whole run's time (seconds, 0: not measured yet) with the
-     * threads and with one, and the runs so far (pl_run, executor.c). */
-    float run_team, run_alone;
+    /* The last times of whole runs (seconds) with the threads and with one, the
+     * runs so far and those that used one thread (pl_run, executor.c). */
+    struct run_times run_team, run_alone;
     unsigned runs, runs_alone;
     void *dl_handle;
     char error[512];
