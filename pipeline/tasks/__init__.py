@@ -424,11 +424,11 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
         """Time each library against onnxruntime, each side in its own fresh process (never
         part of build; always runs when asked): bench.json, then bench:summary, the suite
         table out/bench-summary.md (.json). Options: threads=1,2 rounds=3 runs=10
-        warmup=3 profile=1."""
+        warmup=10 profile=1."""
         from doit import get_var
 
         opts = [get_var(k, d) for k, d in (("threads", "1,2"), ("rounds", "3"), ("runs", "10"),
-                                           ("warmup", "3"), ("profile", "0"))]
+                                           ("warmup", "10"), ("profile", "0"))]
         reports, peak = [], path(OUT, "bench-peak.json")
         for m, t in entries:
             a = artifacts(m, t)

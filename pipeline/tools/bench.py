@@ -7,6 +7,9 @@ the library or an onnxruntime CPU session with that intra-op thread count, runs
 its times and its own peak RSS. A round's figure is the median of its runs; the
 report gives the median of the rounds and their spread (min and max, and the range
 of the per-round ratios, each round's two sides having run one after the other).
+Ten warm-up runs by default: in a fresh process numpy's OpenBLAS threads spin for a
+while after the import and slow both sides' first runs, and our executor times its
+first seven runs both ways, with its threads and alone (runtime/c/executor.c).
 onnxruntime is an optional extra (`pip install -e .[ort]`).
 
 bench.json holds per thread count: ours_ms, onnxruntime_ms, ratio (ours / theirs),
@@ -171,13 +174,13 @@ def _row(rounds: list[dict], flops: int, peak_gflops: float) -> dict:
 
 def bench_library(lib_path: str, onnx_path: str, shapes: dict, model: str, target: str,
                   report_path: str, peak_path: str, threads="1,2", rounds="3", runs="10",
-                  warmup="3", profile="0", on_target: dict | None = None) -> dict:
+                  warmup="10", profile="0", on_target: dict | None = None) -> dict:
     """Time `lib_path` against onnxruntime on `onnx_path`; write and return the report.
 
     shapes: input-name -> shape overrides (as the config's `inputs`). peak_path: the
     file keeping the best FMA peak measured on this CPU (pipeline.tools.peak). threads,
     rounds, runs, warmup and profile may be given as the strings of doit's command line
-    (threads=1,2 rounds=3 runs=10 warmup=3 profile=1). on_target: for a target with a
+    (threads=1,2 rounds=3 runs=10 warmup=10 profile=1). on_target: for a target with a
     `run` prefix, {"run", "pipeline_run", "config", "arch"}: the emulated time instead
     (bench_emulated).
     """

@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("inputs", help=".npz with one array per graph input")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--runs", type=int, default=10)
-    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=10)
     args = parser.parse_args(argv)
     try:
         report = measure(args.side, args.path, args.inputs, args.threads, args.runs,

@@ -321,7 +321,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", default="1,2", help="thread counts (default 1,2)")
     p.add_argument("--rounds", default="3")
     p.add_argument("--runs", default="10")
-    p.add_argument("--warmup", default="3")
+    p.add_argument("--warmup", default="10")
     p.add_argument("--profile", action="store_true", help="also list the slowest nodes")
     p.add_argument("--report", metavar="FILE.json", help="also write the report there")
     p.add_argument("--peak-file", default=os.path.join("out", "bench-peak.json"),

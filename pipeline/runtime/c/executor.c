@@ -578,22 +578,23 @@ int run_node(pl_executor *h, const struct node *n) {
  * against ~80 at other times on the same VM), what the worker wrote moves between
  * the cores when the next kernel reads it, and the consumers pay; on a loaded machine
  * the worker is preempted. So the executor times its runs either way and runs the
- * faster way, by the median of each way's last RUN_SAMPLES counted runs: one run that
- * the OS delayed (a timeslice, 4 ms: numpy's OpenBLAS threads spin for a while after
- * it is imported, and made the first runs of a fresh process flip to one thread for
- * good) must not decide. The first run (it starts the workers) is not counted; runs
- * 1-3 use the threads, 4-6 one thread (4 not counted: the first run after a switch
- * moves the data between the caches and looks slower than it is); then the faster
- * way, and every RUN_EXPLORE runs a pair the other way (the machine changes; it
- * costs ~2/RUN_EXPLORE of the gap), of which the second is counted, and not the run
- * after the pair. */
+ * faster way, by the best of each way's last RUN_SAMPLES counted runs: the OS only
+ * ever delays a run (a timeslice, 4 ms: numpy's OpenBLAS threads spin for a while
+ * after it is imported, and the first runs of a fresh process flipped to one thread
+ * for good when a mean decided), while a machine that really got slower makes all
+ * of them slower. The first run (it starts the workers) is not counted; runs 1-3
+ * use the threads, 4-6 one thread (4 not counted: the first run after a switch moves
+ * the data between the caches and looks slower than it is); then the faster way,
+ * and at runs 8, 16, 24 and then every RUN_EXPLORE runs a pair the other way (the
+ * machine changes; it costs ~2/RUN_EXPLORE of the gap), of which the second is
+ * counted, and not the run after the pair. */
 #define RUN_EXPLORE 32
 
-/* The median of a way's last samples (of two: the smaller, as of one: it). */
-static float run_median(const struct run_times *t) {
-    float a = t->s[0], b = t->s[1], c = t->s[2];
-    if (t->n < 3) return t->n == 1 ? a : a < b ? a : b;
-    return a > b ? (b > c ? b : a > c ? c : a) : (a > c ? a : b > c ? c : b);
+static float run_best(const struct run_times *t) {
+    float best = t->s[0];
+    for (unsigned i = 1; i < t->n && i < RUN_SAMPLES; i++)
+        if (t->s[i] < best) best = t->s[i];
+    return best;
 }
 
 static void run_record(struct run_times *t, double seconds) {
@@ -609,8 +610,8 @@ static int run_alone(pl_executor *h, int *counted) {
         *counted = k != 0 && k != 4;
         return k >= 4;
     }
-    int alone = run_median(&h->run_alone) < run_median(&h->run_team);
-    unsigned phase = k % RUN_EXPLORE;
+    int alone = run_best(&h->run_alone) < run_best(&h->run_team);
+    unsigned phase = k % (k < RUN_EXPLORE ? 8 : RUN_EXPLORE);
     *counted = phase == 1 || phase > 2;
     return phase < 2 ? !alone : alone;
 }
