@@ -7,9 +7,11 @@ the library or an onnxruntime CPU session with that intra-op thread count, runs
 its times and its own peak RSS. A round's figure is the median of its runs; the
 report gives the median of the rounds and their spread (min and max, and the range
 of the per-round ratios, each round's two sides having run one after the other).
-Ten warm-up runs by default: in a fresh process numpy's OpenBLAS threads spin for a
-while after the import and slow both sides' first runs, and our executor times its
-first seven runs both ways, with its threads and alone (runtime/c/executor.c).
+Ten warm-up runs by default: our executor times its first seven runs both ways, with
+its threads and alone (runtime/c/executor.c). Both sides run with
+OPENBLAS_NUM_THREADS=1: numpy (which only loads the inputs there) would otherwise
+start OpenBLAS threads that spin for ~60 ms after the import, on the cores the
+first runs use.
 onnxruntime is an optional extra (`pip install -e .[ort]`).
 
 bench.json holds per thread count: ours_ms, onnxruntime_ms, ratio (ours / theirs),
@@ -137,6 +139,9 @@ def _run_side(side: str, path: str, inputs: str, threads: int, runs: int,
     env = dict(os.environ)
     # The runner runs the code of this checkout, wherever doit's folder is.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
+    # The runner uses numpy only to load the inputs; its OpenBLAS threads would spin
+    # for ~60 ms after the import and take a core from either side's first runs.
+    env["OPENBLAS_NUM_THREADS"] = "1"
     proc = subprocess.run([sys.executable, "-m", "pipeline.tools.bench_runner", side, path,
                            inputs, f"--threads={threads}", f"--runs={runs}",
                            f"--warmup={warmup}"], capture_output=True, text=True, env=env)

@@ -585,10 +585,10 @@ int run_node(pl_executor *h, const struct node *n) {
  * of them slower. The first run (it starts the workers) is not counted; runs 1-3
  * use the threads, 4-6 one thread (4 not counted: the first run after a switch moves
  * the data between the caches and looks slower than it is); then the faster way,
- * and at runs 8, 16, 24 and then every RUN_EXPLORE runs a pair the other way (the
+ * and at runs 8, 16, 32 and then every RUN_EXPLORE runs a pair the other way (the
  * machine changes; it costs ~2/RUN_EXPLORE of the gap), of which the second is
  * counted, and not the run after the pair. */
-#define RUN_EXPLORE 32
+#define RUN_EXPLORE 64
 
 static float run_best(const struct run_times *t) {
     float best = t->s[0];
@@ -602,6 +602,11 @@ static void run_record(struct run_times *t, double seconds) {
     if (t->n >= 2 * RUN_SAMPLES) t->n -= RUN_SAMPLES; /* stays >= RUN_SAMPLES */
 }
 
+/* Whether run k starts a pair the other way: at 8, 16, 32, then every RUN_EXPLORE. */
+static int exploring(unsigned k) {
+    return k >= 8 && ((k & (k - 1)) == 0 || k % RUN_EXPLORE == 0);
+}
+
 static int run_alone(pl_executor *h, int *counted) {
     *counted = 0;
     if (h->num_threads <= 1) return 0;
@@ -611,9 +616,12 @@ static int run_alone(pl_executor *h, int *counted) {
         return k >= 4;
     }
     int alone = run_best(&h->run_alone) < run_best(&h->run_team);
-    unsigned phase = k % (k < RUN_EXPLORE ? 8 : RUN_EXPLORE);
-    *counted = phase == 1 || phase > 2;
-    return phase < 2 ? !alone : alone;
+    if (exploring(k) || exploring(k - 1)) {
+        *counted = !exploring(k);
+        return !alone;
+    }
+    *counted = !exploring(k - 2);
+    return alone;
 }
 
 API unsigned pl_runs_alone(const pl_executor *h) { return h->runs_alone; }
