@@ -577,13 +577,51 @@ int run_node(pl_executor *h, const struct node *n) {
  * on a VM whose two vCPUs sit on different chiplets (~400 ns a cache-line round trip,
  * against ~80 at other times on the same VM), what the worker wrote moves between
  * the cores when the next kernel reads it, and the consumers pay; on a loaded machine
- * the worker is preempted. So the executor times its runs both ways and runs the
- * faster way (team_choose in parallel.h has the schedule; each loop function does
- * the same within the runs that use the threads). */
+ * the worker is preempted. So the executor times its runs either way and runs the
+ * faster way, by the best of each way's last RUN_SAMPLES counted runs: the OS only
+ * ever delays a run (a timeslice, 4 ms: numpy's OpenBLAS threads spin for a while
+ * after it is imported, and the first runs of a fresh process flipped to one thread
+ * for good when a mean decided), while a machine that really got slower makes all
+ * of them slower. The first run (it starts the workers) is not counted; runs 1-3
+ * use the threads, 4-6 one thread (4 not counted: the first run after a switch moves
+ * the data between the caches and looks slower than it is); then the faster way,
+ * and at runs 8, 16, 32 and then every RUN_EXPLORE runs a pair the other way (the
+ * machine changes; it costs ~2/RUN_EXPLORE of the gap), of which the second is
+ * counted, and not the run after the pair. */
+#define RUN_EXPLORE 64
+
+static float run_best(const struct run_times *t) {
+    float best = t->s[0];
+    for (unsigned i = 1; i < t->n && i < RUN_SAMPLES; i++)
+        if (t->s[i] < best) best = t->s[i];
+    return best;
+}
+
+static void run_record(struct run_times *t, double seconds) {
+    t->s[t->n++ % RUN_SAMPLES] = (float)seconds;
+    if (t->n >= 2 * RUN_SAMPLES) t->n -= RUN_SAMPLES; /* stays >= RUN_SAMPLES */
+}
+
+/* Whether run k starts a pair the other way: at 8, 16, 32, then every RUN_EXPLORE. */
+static int exploring(unsigned k) {
+    return k >= 8 && ((k & (k - 1)) == 0 || k % RUN_EXPLORE == 0);
+}
+
 static int run_alone(pl_executor *h, int *counted) {
     *counted = 0;
     if (h->num_threads <= 1) return 0;
-    return team_choose(h->runs++, &h->run_team, &h->run_alone, counted);
+    unsigned k = h->runs++;
+    if (k < 7) {
+        *counted = k != 0 && k != 4;
+        return k >= 4;
+    }
+    int alone = run_best(&h->run_alone) < run_best(&h->run_team);
+    if (exploring(k) || exploring(k - 1)) {
+        *counted = !exploring(k);
+        return !alone;
+    }
+    *counted = !exploring(k - 2);
+    return alone;
 }
 
 API unsigned pl_runs_alone(const pl_executor *h) { return h->runs_alone; }
@@ -596,6 +634,6 @@ API int pl_run(pl_executor *h) {
     double start = team_now();
     for (uint32_t k = 0; k < h->n_nodes; k++)
         if (run_node(h, &h->nodes[k])) return -1;
-    if (counted) team_record(alone ? &h->run_alone : &h->run_team, team_now() - start);
+    if (counted) run_record(alone ? &h->run_alone : &h->run_team, team_now() - start);
     return 0;
 }

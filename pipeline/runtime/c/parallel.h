@@ -14,13 +14,8 @@
  * workers that have already joined the job; a worker that wakes late finds the job
  * closed and goes back to sleep.
  *
- * Whether the team pays is measured, both per run (the executor, pl_run) and per
- * loop function (a kernel's call site, here), with one schedule (team_choose): a
- * worker the OS preempts in the middle of its chunk holds the caller up, and on a VM
- * whose vCPUs sit on two chiplets (~400 ns a cache-line round trip, against ~80 at
- * other times on the same VM) a depthwise convolution or a layout transform reading
- * what the other core wrote got slower with two threads while the convolutions around
- * it still gained; each site now runs the faster way.
+ * A worker the OS preempts in the middle of its chunk still holds the caller up;
+ * whether the team pays for a whole run is measured by the executor (pl_run).
  *
  * One word holds the job's state: generation (bits 63..32), closed (bit 31) and the
  * number of workers inside fn (bits 15..0). A worker reads fn/data/want, then enters
@@ -62,73 +57,6 @@ static struct {
     _Alignas(64) _Atomic uint32_t seq; /* the generation, as the futex workers sleep on */
     _Atomic int sleepers;              /* workers in (or entering) FUTEX_WAIT */
 } team = {.lock = PTHREAD_MUTEX_INITIALIZER};
-
-/* Timing both ways (with the team, alone) of a run or of a loop function: each way's
- * last RUN_SAMPLES counted times, compared by their best: the OS only ever delays a
- * call (a timeslice, 4 ms: numpy's OpenBLAS threads spin for a while after it is
- * imported, and the first runs of a fresh process went to one thread for good when
- * a mean decided), while a machine that really got slower makes all of them slower.
- * Call 0 (it may start the workers) is not counted; calls 1-3 use the team, 4-6 go
- * alone (4 not counted: the first call after a switch moves the data between the
- * caches and looks slower than it is); then the faster way, and a pair the other way
- * at calls 8, 16, 32 and then every TEAM_EXPLORE (the machine changes; it costs
- * ~2/TEAM_EXPLORE of the gap), of which the second is counted, and not the call
- * after the pair. */
-#define TEAM_EXPLORE 64
-
-static float team_best(const struct run_times *t) {
-    float best = t->s[0];
-    for (unsigned i = 1; i < t->n && i < RUN_SAMPLES; i++)
-        if (t->s[i] < best) best = t->s[i];
-    return best;
-}
-
-static void team_record(struct run_times *t, double seconds) {
-    t->s[t->n++ % RUN_SAMPLES] = (float)seconds;
-    if (t->n >= 2 * RUN_SAMPLES) t->n -= RUN_SAMPLES; /* stays >= RUN_SAMPLES */
-}
-
-/* Whether call k starts a pair the other way: at 8, 16, 32, then every TEAM_EXPLORE. */
-static int team_exploring(unsigned k) {
-    return k >= 8 && ((k & (k - 1)) == 0 || k % TEAM_EXPLORE == 0);
-}
-
-/* Whether call k goes alone; *counted: whether its time is to be recorded. */
-static int team_choose(unsigned k, const struct run_times *team,
-                       const struct run_times *alone, int *counted) {
-    if (k < 7) {
-        *counted = k != 0 && k != 4;
-        return k >= 4;
-    }
-    int faster_alone = team_best(alone) < team_best(team);
-    if (team_exploring(k) || team_exploring(k - 1)) {
-        *counted = !team_exploring(k);
-        return !faster_alone;
-    }
-    *counted = !team_exploring(k - 2);
-    return faster_alone;
-}
-
-/* Loop functions' times, guarded by team.lock; beyond TEAM_SITES: always the team. */
-#define TEAM_SITES 1024
-static struct team_site {
-    void (*fn)(void *);
-    unsigned calls;
-    struct run_times team, alone;
-} team_sites[TEAM_SITES];
-
-static struct team_site *team_site(void (*fn)(void *)) {
-    size_t h = (size_t)(((uint64_t)(uintptr_t)fn >> 4) * 0x9E3779B97F4A7C15ull >> 54);
-    for (size_t i = 0; i < TEAM_SITES; i++) {
-        struct team_site *site = &team_sites[(h + i) % TEAM_SITES];
-        if (site->fn == fn) return site;
-        if (!site->fn) {
-            site->fn = fn;
-            return site;
-        }
-    }
-    return NULL;
-}
 
 static void team_pause(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -196,16 +124,6 @@ API void pl_parallel(void (*fn)(void *), void *data, int n) {
         fn(data);
         return;
     }
-    struct team_site *site = team_site(fn);
-    int counted = 0;
-    int alone = site && team_choose(site->calls++, &site->team, &site->alone, &counted);
-    double start = team_now();
-    if (alone) { /* still holding the lock: another caller runs alone too */
-        fn(data);
-        if (counted) team_record(&site->alone, team_now() - start);
-        pthread_mutex_unlock(&team.lock);
-        return;
-    }
     while (team.workers < n - 1) {
         pthread_t t;
         pthread_attr_t attr;
@@ -231,6 +149,5 @@ API void pl_parallel(void (*fn)(void *), void *data, int n) {
         while (atomic_load_explicit(&team.word, memory_order_acquire) & TEAM_ACTIVE)
             team_pause();
     }
-    if (counted) team_record(&site->team, team_now() - start);
     pthread_mutex_unlock(&team.lock);
 }
