@@ -216,6 +216,8 @@ CASES = {
     "softmax13_axis_neg1": lambda: unary("Softmax", (2, 3, 4), axis=-1),
     "softmax13_default": lambda: unary("Softmax", (2, 3, 4)),
     "concat_axis1": lambda: multi_input("Concat", [(2, 3, 4), (2, 1, 4), (2, 2, 4)], axis=1),
+    "concat_empty_input": lambda: multi_input("Concat", [(2, 3, 4), (2, 0, 4), (2, 2, 4)],
+                                              axis=1),
     "concat_axis_neg1": lambda: multi_input("Concat", [(2, 3, 1), (2, 3, 2), (2, 3, 4)],
                                             axis=-1),
     "concat_const_input": lambda: multi_input("Concat", [(2, 3), (2, 2), (2, 1)], axis=1,

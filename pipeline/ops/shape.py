@@ -165,6 +165,8 @@ def _concat_lower(kb, node, ins, out, epilogue):
     offset = 0
     for k, x in enumerate(ins):
         width = x.type.shape[axis] * inner
+        if not width:  # an empty input adds nothing
+            continue
         # Each row of `width` in pieces of at most CONCAT_PIECE elements, the pieces
         # split over threads (a concat of one image has one row per input).
         pieces = -(-width // CONCAT_PIECE)
