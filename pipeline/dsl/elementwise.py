@@ -60,10 +60,7 @@ def vector_elementwise(kb: KernelBuilder, nodes: list, args: dict, out: Buffer,
         return Buffer(buf.ptr, TensorType((*s[:k], tail), buf.type.dtype))
 
     with parallel_for(kb, rows, "rows", work=out.type.size * len(nodes) * ELEMENT_WORK) as r:
-        index, rest = [], r
-        for d in reversed(outer):  # r as an index over the outer dims
-            index.insert(0, rest % d)
-            rest = rest // d
+        index = kb.unflatten(r, outer)
         views = {name: view(b) for name, b in args.items()}  # pointers as re-read here
         target = view(out)
         base = kb.dot(index, target.strides[:-1]) if index else 0

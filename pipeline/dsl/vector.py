@@ -253,10 +253,7 @@ def parallel_nest(kb: KernelBuilder, shape: tuple[int, ...], name: str = "o",
             yield index
         return
     with parallel_for(kb, items, name, work=work) as item:
-        lead, rest = [], item
-        for d in reversed(shape[:k]):
-            lead.insert(0, rest % d)
-            rest = rest // d
+        lead = kb.unflatten(item, shape[:k])
         with kb.nest(shape[k:], name) as tail:
             yield [*lead, *tail]
 

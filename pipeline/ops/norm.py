@@ -278,11 +278,7 @@ def _lrn_lower(kb, node, ins, out, epilogue):
                             kb.fmul(acc, kb.f32(node.attr("alpha") / size)))
             y = kb.fdiv(kb.load(x, o), _power(kb, denom, beta))
             if epilogue is not None:
-                spatial, rest = [], p
-                for d in reversed(shape[2:]):
-                    spatial.insert(0, rest % d)
-                    rest = rest // d
-                y = epilogue(y, [n, c, *spatial])
+                y = epilogue(y, [n, c, *kb.unflatten(p, shape[2:])])
             kb.store(out, o, y)
 
 

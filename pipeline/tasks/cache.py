@@ -93,6 +93,13 @@ def is_valid(root: str, kernel_hash: str) -> bool:
         return False
 
 
+def entry_ir(root: str, kernel_hash: str, symbol: str) -> str | None:
+    """The IR of a valid entry (kernel `symbol`), else None: what a warm lowering
+    reads instead of rendering the kernel again."""
+    return read_ir(entry_path(root, kernel_hash, ".ll"), symbol) \
+        if is_valid(root, kernel_hash) else None
+
+
 def compile_entry(root: str, kernel_hash: str, spec_path: str | None = None,
                   dask: str | None = None) -> dict:
     """Compile the spec at spec_path (default: the entry's own <hash>.json) into the

@@ -26,9 +26,8 @@ from pipeline.lower.kernel import KernelSpec
 from pipeline.runtime.metadata import kernel_metadata
 from pipeline.runtime.params import load_params, param_chunks
 from pipeline.tasks.cache import (
-    entry_path,
+    entry_ir,
     ir_path,
-    is_valid,
     listed_kernels,
     object_for_link,
     read_ir,
@@ -101,8 +100,8 @@ def _rendered(spec: KernelSpec, spec_dir: str, cache: str | None) -> str | None:
     """The kernel's IR as rendered before: beside its spec, else in a valid entry of
     the kernel cache (a warm rebuild renders nothing); None if neither has it."""
     text = read_ir(ir_path(spec_path(spec_dir, spec.hash)), spec.symbol)
-    if text is None and cache is not None and is_valid(cache, spec.hash):
-        text = read_ir(entry_path(cache, spec.hash, ".ll"), spec.symbol)
+    if text is None and cache is not None:
+        text = entry_ir(cache, spec.hash, spec.symbol)
     return text
 
 

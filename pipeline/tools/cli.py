@@ -91,7 +91,7 @@ def compile_model(model: str, output: str, target: str = DEFAULT_TARGET, opt_lev
     from pipeline.ir.target import TargetError, parse_target
     from pipeline.link.export import LIBRARY_SUFFIXES, resolve_cc
     from pipeline.link.files import atomic_write
-    from pipeline.tasks.cache import cache_dir, entry_path, is_valid, object_for_link, read_ir
+    from pipeline.tasks.cache import cache_dir, entry_ir, entry_path, is_valid, object_for_link
     from pipeline.transform import PassContext
 
     start = time.perf_counter()
@@ -107,12 +107,9 @@ def compile_model(model: str, output: str, target: str = DEFAULT_TARGET, opt_lev
     graph, params = from_onnx(model, shapes or {})
     root = cache_dir(cache)
 
-    def cached_ir(spec):
-        valid = is_valid(root, spec.hash)
-        return read_ir(entry_path(root, spec.hash, ".ll"), spec.symbol) if valid else None
-
     with PassContext(opt_level=opt_level):
-        lowered = lower_graph(graph, params, resolved, opt_level, cached_ir)
+        lowered = lower_graph(graph, params, resolved, opt_level,
+                              lambda spec: entry_ir(root, spec.hash, spec.symbol))
     os.makedirs(root, exist_ok=True)
     objects, compiled = {}, 0
     for spec in unique_specs(lowered.specs.values()):

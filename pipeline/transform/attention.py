@@ -21,28 +21,22 @@ from functools import partial
 from pipeline.ir.graph import Graph, Node
 from pipeline.ops.attention import MAX_PANEL_FLOATS, panel_floats
 from pipeline.transform.context import PassConfig
-from pipeline.transform.util import replace_chains, sole_user
+from pipeline.transform.util import fuse_chains, sole_user
 
 _IDENTITY = (0, 1, 2, 3)
 
 
 def fuse_attention(graph: Graph, params: dict, cfg: PassConfig):
     """Rewrite each attention chain (module doc) into one attention node."""
-    consumers = graph.consumers()
-    outputs = set(graph.outputs)
-    chains, taken = [], set()
-    for node in graph.nodes:
-        if node.op != "matmul" or id(node) in taken:
-            continue
+    def fuse(node: Node, consumers: dict, outputs: set):
         match = _match(node, graph, params, consumers, outputs)
         if match is None:
-            continue
+            return None
         members, inputs, attrs = match
         last = members[-1]
-        chains.append((members, Node.make("attention", last.name, inputs, last.outputs,
-                                          **attrs)))
-        taken |= set(map(id, members))
-    return replace_chains(graph, params, chains)
+        return members, Node.make("attention", last.name, inputs, last.outputs, **attrs)
+
+    return fuse_chains(graph, params, "matmul", fuse)
 
 
 def _match(scores: Node, graph: Graph, params: dict, consumers: dict, outputs: set):

@@ -24,21 +24,17 @@ import numpy as np
 
 from pipeline.ir.graph import Graph, Node, add_param
 from pipeline.transform.context import PassConfig
-from pipeline.transform.util import replace_chains, sole_user
+from pipeline.transform.util import fuse_chains, sole_user
 
 
 def fuse_layer_norm(graph: Graph, params: dict, cfg: PassConfig):
     """Rewrite each decomposed float32 LayerNorm (module doc) into one layer_norm node."""
-    consumers = graph.consumers()
-    outputs = set(graph.outputs)
     types, params = dict(graph.types), dict(params)
-    chains, taken = [], set()
-    for node in graph.nodes:
-        if node.op != "reduce_mean" or id(node) in taken:
-            continue
+
+    def fuse(node: Node, consumers: dict, outputs: set):
         match = _match(node, graph, params, consumers, outputs)
         if match is None:
-            continue
+            return None
         chain, gamma, beta, axis, eps = match
         x = node.inputs[0]
         normalized = graph.types[x].shape[axis:]
@@ -46,10 +42,10 @@ def fuse_layer_norm(graph: Graph, params: dict, cfg: PassConfig):
             gamma = add_param(types, params, f"{chain[-1].name}.ones",
                               np.ones(normalized, np.float32))
         inputs = [x, gamma] + ([beta] if beta is not None else [])
-        chains.append((chain, Node.make("layer_norm", chain[-1].name, inputs,
-                                        chain[-1].outputs, axis=axis, epsilon=eps)))
-        taken |= set(map(id, chain))
-    return replace_chains(graph, params, chains, types)
+        return chain, Node.make("layer_norm", chain[-1].name, inputs, chain[-1].outputs,
+                                axis=axis, epsilon=eps)
+
+    return fuse_chains(graph, params, "reduce_mean", fuse, types)
 
 
 def _match(mean: Node, graph: Graph, params: dict, consumers: dict, outputs: set):
@@ -135,22 +131,17 @@ def fuse_gelu(graph: Graph, params: dict, cfg: PassConfig):
     0.5 x first, Mul by 1/sqrt 2, either operand order), into one gelu(x) node of
     one input: FuseOps can then put it in the epilogue of the dense layer before
     it (x, read twice by the chain, could not join it)."""
-    consumers = graph.consumers()
-    outputs = set(graph.outputs)
-    chains, taken = [], set()
-    for node in graph.nodes:
-        if node.op != "erf" or id(node) in taken:
-            continue
+    def fuse(node: Node, consumers: dict, outputs: set):
         match = _match_gelu(node, graph, params, consumers, outputs)
         if match is None:
-            continue
+            return None
         chain, x = match
         if graph.types[chain[-1].outputs[0]] != graph.types[x]:
-            continue  # a constant of higher rank broadcast the result: keep the chain
-        chains.append((chain, Node.make("gelu", chain[-1].name, [x], chain[-1].outputs,
-                                        approximate="none")))
-        taken |= set(map(id, chain))
-    return replace_chains(graph, params, chains)
+            return None  # a constant of higher rank broadcast the result: keep the chain
+        return chain, Node.make("gelu", chain[-1].name, [x], chain[-1].outputs,
+                                approximate="none")
+
+    return fuse_chains(graph, params, "erf", fuse)
 
 
 def _match_gelu(erf: Node, graph: Graph, params: dict, consumers: dict, outputs: set):

@@ -31,6 +31,24 @@ def rename_inputs(node: Node, mapping: dict[str, str]) -> Node:
                 node.outputs, node.attrs)
 
 
+def fuse_chains(graph: Graph, params: dict[str, np.ndarray], anchor: str, fuse,
+                types: dict | None = None) -> tuple[Graph, dict[str, np.ndarray]]:
+    """replace_chains with every chain `fuse(node, consumers, outputs)` finds from a
+    node of op `anchor` (consumers: Graph.consumers(), outputs: the graph's output
+    names): it returns (the chain's nodes, the node replacing them) or None; a node
+    already in a chain starts none."""
+    consumers, outputs = graph.consumers(), set(graph.outputs)
+    chains, taken = [], set()
+    for node in graph.nodes:
+        if node.op != anchor or id(node) in taken:
+            continue
+        found = fuse(node, consumers, outputs)
+        if found is not None:
+            chains.append(found)
+            taken |= set(map(id, found[0]))
+    return replace_chains(graph, params, chains, types)
+
+
 def replace_chains(graph: Graph, params: dict[str, np.ndarray],
                    chains: list[tuple[list[Node], Node]],
                    types: dict | None = None) -> tuple[Graph, dict[str, np.ndarray]]:
