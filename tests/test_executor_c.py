@@ -205,10 +205,10 @@ def test_pipeline_run_refuses_a_flipped_weight_byte(tools, tmp_path):
 # ---------------------------------------------------------------- fuzzing
 
 
-def _seed_blobs() -> list[bytes]:
+def _seed_blobs(offsets: list[int] | None = None) -> list[bytes]:
     """Valid blobs for the fuzzer to mutate: kernels (named k_*, which the fuzz
     target resolves to a stub), a copy, an alias, params of two dtypes, every
-    argument kind."""
+    argument kind. `offsets`: the entries' storage_offset, if any."""
     shapes = [[2, 3], [3], [2, 3], [2, 3], [2, 3], [6], []]
     dtypes = ["float32", "int64", "float32", "float32", "float32", "float32", "bool"]
     nodes = [{"op": "null", "name": "x", "inputs": []},
@@ -223,7 +223,8 @@ def _seed_blobs() -> list[bytes]:
         "nodes": nodes, "arg_nodes": [0, 1], "heads": [[4, 0, 0], [6, 0, 0], [5, 0, 0]],
         "node_row_ptr": list(range(len(nodes) + 1)),
         "attrs": {"shape": ["list_shape", shapes], "dltype": ["list_str", dtypes],
-                  "storage_id": ["list_int", [0, 1, 2, 3, 2, 2, 4]]}})
+                  "storage_id": ["list_int", [0, 1, 2, 3, 2, 2, 4]],
+                  **({"storage_offset": ["list_int", offsets]} if offsets else {})}})
     params = save_params({"idx": np.array([1, -2, 3], dtype=np.int64)})
     return [pack_blob(graph, params, ["k_add", "k_relu", "k_any"], TARGET),
             pack_blob(graph, b"", ["k_add"], TARGET)]
@@ -245,6 +246,9 @@ def test_reader_accepts_seeds_and_explains_bad_blobs(tmp_path):
         "foreign": (b"\x7fELF" + seed[4:], "not a pipeline blob"),
         "version": (seed[:8] + b"\x01" + seed[9:], "blob from format version 1"),
         "param": (bad_param, "param 'idy' is not used by the graph"),
+        "offset": (_seed_blobs([0, 0, 0, 0, 0, 0, 64])[0], "ok"),  # in a storage of its own
+        "input_offset": (_seed_blobs([64, 0, 0, 0, 0, 0, 0])[0],
+                         "plan corrupted: input 'x' lies at an offset in its storage"),
         "empty": (b"", "not a pipeline blob"),
     }
     for name, (data, _) in cases.items():

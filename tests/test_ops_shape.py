@@ -354,6 +354,55 @@ def test_reshapes_of_intermediates_are_aliases_not_copies():
     assert sum(f.startswith("reshape_") for f in funcs) == 2, funcs  # the copies
 
 
+def test_concat_of_intermediates_is_written_in_place():
+    """A concat whose inputs are contiguous pieces of its output (dims before the axis
+    all 1) on 64-byte boundaries runs nothing: each input lives at its offset in the
+    output's storage, chained concats nested into the last. Concats that cannot
+    (an input twice, a batch before the axis, pieces off the boundary) still copy.
+    Every output matches onnxruntime, also read through a slice after the concat."""
+    import json
+
+    from conftest import build_and_load, make_model, run_ort
+
+    node = helper.make_node
+    nodes = [node("Relu", ["x"], ["a"]),                         # [1, 4, 4, 4]: 256 bytes
+             node("Sigmoid", ["x"], ["b"]),
+             node("Concat", ["a", "b"], ["c"], axis=1),          # in place
+             node("Neg", ["x"], ["d"]),
+             node("Concat", ["c", "d"], ["e"], axis=1),          # in place, c nested in e
+             node("Tanh", ["e"], ["out1"]),
+             node("Mul", ["a", "b"], ["ab"]),                     # a read after the concat
+             node("Concat", ["ab", "ab"], ["twice"], axis=1),    # an input twice: copies
+             node("Exp", ["y"], ["ey"]),                          # [2, 3, 1, 1]
+             node("Abs", ["y"], ["ay"]),
+             node("Concat", ["ey", "ay"], ["batch"], axis=1),    # a batch of 2: copies
+             node("Concat", ["twice", "x"], ["out2"], axis=1),   # a graph input: copies
+             node("Relu", ["batch"], ["out3"])]
+    model = make_model(nodes, [("x", (1, 4, 4, 4)), ("y", (2, 3, 1, 1))],
+                       [("out1", None), ("out2", None), ("out3", None)], {})
+    feeds = {"x": rand(1, 4, 4, 4, seed=5, low=-2, high=2),
+             "y": rand(2, 3, 1, 1, seed=6, low=-2, high=2)}
+    graph, params = from_onnx(model)
+    gm, factory = build_and_load(graph, params)
+    gm.run(**feeds)
+    for k, want in enumerate(run_ort(model, feeds)):
+        np.testing.assert_allclose(gm.get_output(k), want, rtol=1e-6, atol=1e-6)
+    doc = json.loads(factory.lowered.graph_json)
+    attrs = doc["attrs"]
+    sids, offsets = attrs["storage_id"][1], attrs["storage_offset"][1]
+    shapes = attrs["shape"][1]
+    concats = [(k, n) for k, n in enumerate(doc["nodes"]) if n["name"].startswith("fused_concat")]
+    in_place = [(k, n) for k, n in concats if n["attrs"]["func_name"] == "__nop"]
+    assert len(concats) == 5 and len(in_place) == 2, [n["attrs"]["func_name"] for _, n in concats]
+    for k, n in in_place:
+        at = offsets[k]
+        for i, *_ in n["inputs"]:
+            assert (sids[i], offsets[i]) == (sids[k], at)
+            at += 4 * int(np.prod(shapes[i]))
+        assert at == offsets[k] + 4 * int(np.prod(shapes[k]))
+    assert offsets[in_place[0][0]] == 0 and offsets[in_place[0][1]["inputs"][1][0]] == 256
+
+
 def test_merged_axes_read_the_same_offsets():
     """merge_axes (the remap lowering's fewer, longer loops) keeps every output
     element's input offset: transposes and slices of random shapes, compared with

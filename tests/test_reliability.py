@@ -410,6 +410,12 @@ def test_oversized_shapes_in_the_runtime_readers(monkeypatch):
                        "storage_id": ["list_int", [0]]}}
     with pytest.raises(LimitError, match=r"graph JSON: entry 0: shape \[8589934592, 8589934592\]"):
         encode_plan(json.dumps(graph))
+    graph["attrs"]["shape"][1] = [[2]]
+    for offsets, message in (([-64], r"entry 0: storage_offset -64 is not a byte offset"),
+                             ([0, 0], r"must have 1 entries")):
+        graph["attrs"]["storage_offset"] = ["list_int", offsets]
+        with pytest.raises(FormatError, match=message):
+            encode_plan(json.dumps(graph))
 
 
 @pytest.mark.parametrize("nodes, message", [

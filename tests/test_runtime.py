@@ -132,11 +132,11 @@ def test_blob_round_trip():
     (lambda b: b[:60] + bytes([b[60] ^ 0xFF]) + b[61:],
      r"^test\.so: checksum mismatch: the library is corrupted; rebuild it$"),
     (lambda b: b"XXXXXXX\0" + b[8:], r"^test\.so: not a pipeline blob: expected magic"),
-    (lambda b: b[:8] + struct.pack("<I", 2) + b[12:],  # either branch's version 2
-     r"^test\.so: blob from format version 2, this runtime reads version 3; "
+    (lambda b: b[:8] + struct.pack("<I", 3) + b[12:],  # before offsets in the plan
+     r"^test\.so: blob from format version 3, this runtime reads version 4; "
      r"rebuild the library$"),
-    (lambda b: b[:8] + struct.pack("<I", 4) + b[12:],
-     r"^test\.so: blob from format version 4, this runtime reads version 3; "
+    (lambda b: b[:8] + struct.pack("<I", 5) + b[12:],
+     r"^test\.so: blob from format version 5, this runtime reads version 4; "
      r"rebuild the library$"),
 ])
 def test_blob_corruption(mutate, message):

@@ -20,7 +20,8 @@ the import tree, the kernel symbol names and the target string. The sections:
 the TVM graph JSON, the param dict (pipeline/runtime/params.py) and the
 executor plan (pipeline/link/plan.py).
 
-Version 3 has both the section table with the plan and the code digest
+Version 4's plan gives every tensor a byte offset in its storage (a concat written
+in place). Version 3 had both the section table with the plan and the code digest
 (two version-2 formats existed on separate branches: one with the table, one
 with the digest; version 1 had neither).
 
@@ -58,7 +59,7 @@ __all__ = [
 
 BLOB_SYMBOL = "__pipeline_dev_mblob"
 BLOB_MAGIC = b"PLMBLOB\0"
-BLOB_VERSION = 3
+BLOB_VERSION = 4
 BLOB_PREFIX_SIZE = 24  # magic + version + reserved + total length
 BLOB_FIXED = struct.Struct("<8sIIQQ")  # the prefix plus the header length
 BLOB_SECTIONS = ("graph", "params", "plan")  # the order of the section table

@@ -4,7 +4,8 @@ form the C executor (pipeline/runtime/c/executor.c) reads, so it parses no JSON.
 Layout (integers little endian; str = u32 length, the UTF-8 bytes, a NUL byte):
 
     u32 E, then E entries (one per node output of the graph JSON):
-        u32 storage id, u8 dtype (index in DTYPES), u8 ndim, u16 0, i64 shape[ndim]
+        u32 storage id, u8 dtype (index in DTYPES), u8 ndim, u16 0,
+        u64 byte offset in the storage, i64 shape[ndim]
     u32 A, then A graph arguments (arg_nodes: inputs and params): u32 entry, str name
     u32 O, then O outputs (heads): u32 entry, str name of the producing node
     u32 N, then N nodes to run, in order:
@@ -91,20 +92,26 @@ def _encode(graph: Any) -> bytes:
                           "integers from 0")
     shapes, dtypes, sids = (_attr_list(graph["attrs"], k)
                             for k in ("shape", "dltype", "storage_id"))
-    if not len(shapes) == len(dtypes) == len(sids) == row_ptr[-1]:
-        raise FormatError(f"graph JSON: shape/dltype/storage_id must have {row_ptr[-1]} "
-                          "entries (one per node output)")
+    offsets = (_attr_list(graph["attrs"], "storage_offset") if "storage_offset" in graph["attrs"]
+               else [0] * len(sids))  # TVM's JSON has none: every entry at its storage's start
+    if not len(shapes) == len(dtypes) == len(sids) == len(offsets) == row_ptr[-1]:
+        raise FormatError(f"graph JSON: shape/dltype/storage_id/storage_offset must have "
+                          f"{row_ptr[-1]} entries (one per node output)")
     out = [struct.pack("<I", len(shapes))]
-    for e, (shape, dtype, sid) in enumerate(zip(shapes, dtypes, sids, strict=True)):
+    for e, (shape, dtype, sid, at) in enumerate(zip(shapes, dtypes, sids, offsets,
+                                                    strict=True)):
         if not isinstance(dtype, str) or dtype not in DTYPES:
             raise FormatError(f"graph JSON: unsupported dltype {dtype!r}")
         if type(sid) is not int or sid < 0:
             raise FormatError("graph JSON: storage_id must be integers >= 0")
+        if type(at) is not int or not 0 <= at < 1 << 63:
+            raise FormatError(f"graph JSON: entry {e}: storage_offset {at!r} is not a byte "
+                              "offset")
         if not isinstance(shape, list):
             raise FormatError(f"graph JSON: entry {e}: shape {shape!r} is not a list")
         check_elements(shape, f"graph JSON: entry {e}")  # the C side allocates it
-        out.append(struct.pack(f"<IBBH{len(shape)}q", sid, DTYPES.index(dtype), len(shape), 0,
-                               *shape))
+        out.append(struct.pack(f"<IBBHQ{len(shape)}q", sid, DTYPES.index(dtype), len(shape), 0,
+                               at, *shape))
     args, heads = graph["arg_nodes"], graph["heads"]
     out.append(struct.pack("<I", len(args)))
     for nid in args:

@@ -2,7 +2,9 @@
 
 Nodes: one "null" node per graph input and parameter, then one "tvm_op" node
 per kernel call; every node has one output entry. attrs hold, per entry, the
-shape, dltype and storage_id the executor allocates from.
+shape, dltype and storage_id the executor allocates from, and (beyond TVM's
+format, only when some tensor needs it) storage_offset: the byte offset of each
+entry inside its storage (a slice of a concat written in place, plan_memory.py).
 """
 
 from __future__ import annotations
@@ -47,5 +49,7 @@ def graph_json(graph: Graph, symbols: dict[str, str], plan: MemoryPlan,
             "storage_id": ["list_int", [plan.storage_id[n] for n in names]],
         },
     }
+    if plan.offset:
+        doc["attrs"]["storage_offset"] = ["list_int", [plan.offset.get(n, 0) for n in names]]
     return json.dumps(doc, indent=1, sort_keys=True)
 

@@ -102,6 +102,7 @@ def memory_plan(graph_json: str) -> dict:
     doc = json.loads(graph_json)
     attrs, row_ptr = doc["attrs"], doc["node_row_ptr"]
     shapes, dtypes, sids = attrs["shape"][1], attrs["dltype"][1], attrs["storage_id"][1]
+    offsets = attrs.get("storage_offset", ["list_int", [0] * len(sids)])[1]
     storage: dict[int, int] = {}
     total = 0
     for nid, node in enumerate(doc["nodes"]):
@@ -110,7 +111,7 @@ def memory_plan(graph_json: str) -> dict:
         for eid in range(row_ptr[nid], row_ptr[nid + 1]):
             size = math.prod(shapes[eid]) * np.dtype(dtypes[eid]).itemsize
             total += size
-            storage[sids[eid]] = max(storage.get(sids[eid], 0), size)
+            storage[sids[eid]] = max(storage.get(sids[eid], 0), offsets[eid] + size)
     return {"planned_activation_bytes": sum(storage.values()), "intermediate_bytes": total}
 
 

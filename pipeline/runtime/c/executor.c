@@ -33,7 +33,7 @@
 #include "sha256.h"
 
 #define BLOB_SYMBOL "__pipeline_dev_mblob"
-#define BLOB_VERSION 3u
+#define BLOB_VERSION 4u
 #define BLOB_FIXED 80u   /* magic, version, reserved, total, header length, 3 sections */
 #define TRAILER 64u      /* the blob's sha256, then the code digest the link stamps */
 #ifndef PL_MAX_STORAGE /* the fuzzer lowers it: a fuzzed shape must not allocate GBs */
@@ -128,20 +128,22 @@ static int read_eid(pl_executor *h, struct reader *r, uint32_t *eid) {
 }
 
 static int read_entries(pl_executor *h, struct reader *r) {
-    if (read_count(h, r, 8, &h->n_entries)) return -1;
+    if (read_count(h, r, 16, &h->n_entries)) return -1;
     h->entries = calloc(h->n_entries ? h->n_entries : 1, sizeof *h->entries);
     if (!h->entries) return fail(h, "out of memory");
     for (uint32_t e = 0; e < h->n_entries; e++) {
         struct entry *t = &h->entries[e];
-        uint64_t sid, dtype, ndim, dim;
+        uint64_t sid, dtype, ndim, dim, offset;
         if (read_u(h, r, 4, &sid) || read_u(h, r, 1, &dtype) || read_u(h, r, 1, &ndim) ||
-            read_u(h, r, 2, &dim))
+            read_u(h, r, 2, &dim) || read_u(h, r, 8, &offset))
             return -1;
-        if (sid >= h->n_entries || dtype >= N_DTYPES || ndim > MAX_NDIM)
-            return fail(h, "plan corrupted: entry %u has storage %llu, dtype %llu, ndim %llu",
-                        e, (unsigned long long)sid, (unsigned long long)dtype,
-                        (unsigned long long)ndim);
+        if (sid >= h->n_entries || dtype >= N_DTYPES || ndim > MAX_NDIM ||
+            offset > PL_MAX_STORAGE)
+            return fail(h, "plan corrupted: entry %u has storage %llu, dtype %llu, ndim %llu, "
+                        "offset %llu", e, (unsigned long long)sid, (unsigned long long)dtype,
+                        (unsigned long long)ndim, (unsigned long long)offset);
         t->sid = (uint32_t)sid, t->dtype = (uint8_t)dtype, t->ndim = (uint8_t)ndim;
+        t->offset = (size_t)offset;
         uint64_t nbytes = DTYPES[dtype].size;
         for (uint32_t d = 0; d < ndim; d++) {
             if (read_u(h, r, 8, &dim)) return -1;
@@ -241,6 +243,11 @@ static int setup_storage(pl_executor *h) {
             goto out;
         }
         owner[sid] = a;
+        if (h->entries[h->arg_eid[a]].offset) {
+            fail(h, "plan corrupted: input '%s' lies at an offset in its storage",
+                 h->arg_name[a]);
+            goto out;
+        }
     }
     for (uint32_t k = 0; k < h->n_nodes; k++) {
         struct node *n = &h->nodes[k];
@@ -253,9 +260,10 @@ static int setup_storage(pl_executor *h) {
             }
         }
     }
-    for (uint32_t e = 0; e < h->n_entries; e++) /* offset[] holds sizes for now */
-        if (h->entries[e].nbytes > offset[h->entries[e].sid])
-            offset[h->entries[e].sid] = h->entries[e].nbytes;
+    for (uint32_t e = 0; e < h->n_entries; e++) { /* offset[] holds sizes for now */
+        const struct entry *t = &h->entries[e];
+        if (t->offset + t->nbytes > offset[t->sid]) offset[t->sid] = t->offset + t->nbytes;
+    }
     uint64_t total = 0;
     for (uint32_t s = 0; s < h->n_storage; s++) {
         uint64_t size = (offset[s] + ALIGN - 1) / ALIGN * ALIGN;
@@ -280,7 +288,7 @@ static int setup_storage(pl_executor *h) {
         h->home_arena[s] = h->arena;
     }
     for (uint32_t e = 0; e < h->n_entries; e++)
-        h->entries[e].data = h->home[h->entries[e].sid];
+        h->entries[e].data = (char *)h->home[h->entries[e].sid] + h->entries[e].offset;
     fill_args(h);
     rc = 0;
 out:
@@ -292,7 +300,7 @@ out:
 /* Storage swaps (binding.c) and the arenas' reference counts: executor_internal.h. */
 void point_storage(pl_executor *h, uint32_t sid, void *data) {
     for (uint32_t e = 0; e < h->n_entries; e++)
-        if (h->entries[e].sid == sid) h->entries[e].data = data;
+        if (h->entries[e].sid == sid) h->entries[e].data = (char *)data + h->entries[e].offset;
     fill_args(h);
 }
 

@@ -22,6 +22,7 @@ struct entry {
     uint8_t dtype, ndim;
     int64_t shape[MAX_NDIM];
     size_t nbytes;
+    size_t offset;    /* bytes from its storage's start (a slice of a concat in place) */
     void *data;       /* where it lives now (see point_storage) */
 };
 
