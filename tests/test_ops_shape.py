@@ -401,6 +401,17 @@ def test_concat_of_intermediates_is_written_in_place():
             at += 4 * int(np.prod(shapes[i]))
         assert at == offsets[k] + 4 * int(np.prod(shapes[k]))
     assert offsets[in_place[0][0]] == 0 and offsets[in_place[0][1]["inputs"][1][0]] == 256
+    # The debug executor joins an in-place concat's output from its inputs' recordings.
+    from onnx.reference import ReferenceEvaluator
+
+    from pipeline.runtime.debug_executor import GraphModuleDebug
+
+    c, e = ReferenceEvaluator(model).run(["c", "e"], feeds)
+    debug = GraphModuleDebug(gm.module, timing_runs=1)
+    debug.run(**feeds)
+    for (_, n), want in zip(in_place, (c, e), strict=True):
+        np.testing.assert_allclose(debug.node_outputs[n["name"]][0], want, rtol=1e-6)
+        np.testing.assert_allclose(debug.debug_get_output(n["name"]), want, rtol=1e-6)
 
 
 def test_merged_axes_read_the_same_offsets():

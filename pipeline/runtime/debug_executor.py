@@ -13,9 +13,10 @@ Node indices are the graph JSON's (inputs and params included), as TVM's are.
 The memory plan hands a node's output storage to later nodes, so outputs are
 copied right after their node runs (GraphExecutor.run_node, node_outputs; C:
 pl_run_node, pl_get_node_output in debug.c).
-A reshape the plan aliases runs nothing (`__nop`): its output is its input's
-bytes in its own shape. Times come from pipeline.runtime.profile.profile_nodes
-(separate whole passes, so copying outputs does not disturb them).
+A reshape or a concat the plan writes in place runs nothing (`__nop`): its output is
+its inputs' bytes, one after the other, in its own shape. Times come from
+pipeline.runtime.profile.profile_nodes (separate whole passes, so copying outputs does
+not disturb them).
 
 With dump_root, each run() also writes there (unlike TVM, nothing without it):
 output_tensors.params, every node output as a TVM param dict keyed
@@ -89,12 +90,21 @@ class GraphModuleDebug(GraphModule):
             return int(node)
         raise TypeError(f"debug_get_output: a node index or name, got {node!r}")
 
-    def _alias_source(self, nid: int, index: int) -> tuple[int, int]:
-        """The (node, output) whose bytes output `index` of node nid is: itself,
-        unless nid is a reshape the plan aliases (`__nop`, not executed)."""
-        while self._nodes[nid]["op"] != "null" and self._nodes[nid]["name"] not in self._step:
-            nid, index, *_ = self._nodes[nid]["inputs"][0]
-        return nid, index
+    def _sources(self, nid: int, index: int) -> list[tuple[int, int]]:
+        """The (node, output) pairs, inputs or executed nodes, whose bytes one after the
+        other are output `index` of node nid: itself, unless nid runs nothing (`__nop`:
+        a reshape the plan aliases, a concat written in place)."""
+        if self._nodes[nid]["op"] == "null" or self._nodes[nid]["name"] in self._step:
+            return [(nid, index)]
+        return [src for i, idx, *_ in self._nodes[nid]["inputs"] for src in self._sources(i, idx)]
+
+    def _joined(self, nid: int, index: int, value_of) -> np.ndarray:
+        """Output `index` of node nid in its shape, from `value_of((node, output))` of
+        each of its sources (a copy unless nid is its own source)."""
+        sources = self._sources(nid, index)
+        value = (value_of(sources[0]) if sources == [(nid, index)] else
+                 np.concatenate([value_of(src).reshape(-1) for src in sources]))
+        return value.reshape(self._shapes[self._row_ptr[nid] + index])
 
     # -- the TVM debug executor interface --------------------------------------
 
@@ -108,20 +118,19 @@ class GraphModuleDebug(GraphModule):
         for k in range(len(self._step)):
             self.module.run_node(k)
             by_step.append(self.module.node_outputs(k))
+
+        def value_of(src: tuple[int, int]) -> np.ndarray:
+            name = self._nodes[src[0]]["name"]
+            return (self.module.get_input(name) if self._nodes[src[0]]["op"] == "null"
+                    else by_step[self._step[name]][src[1]])
+
         self.node_outputs = {}
         for nid, node in enumerate(self._nodes):
             if node["op"] == "null":
                 continue
-            outs = []
-            for index in range(self._row_ptr[nid + 1] - self._row_ptr[nid]):
-                src, src_index = self._alias_source(nid, index)
-                value = (self.module.get_input(self._nodes[src]["name"])
-                         if self._nodes[src]["op"] == "null"
-                         else by_step[self._step[self._nodes[src]["name"]]][src_index])
-                if src != nid:  # an alias: its own array, not a view of its source's
-                    value = value.copy()
-                outs.append(value.reshape(self._shapes[self._row_ptr[nid] + index]))
-            self.node_outputs[node["name"]] = outs
+            self.node_outputs[node["name"]] = [
+                self._joined(nid, index, value_of)
+                for index in range(self._row_ptr[nid + 1] - self._row_ptr[nid])]
         if self.dump_root is not None:
             self._dump(self.dump_root)
 
@@ -143,16 +152,18 @@ class GraphModuleDebug(GraphModule):
         """Run the graph up to `node` (a graph node index or name) with the current
         inputs and return a copy of its first output (also copied into `out`), as
         TVM's debug executor does. An input or param node gives its value."""
-        nid, index = self._alias_source(self._node_index(node), 0)
-        if self._nodes[nid]["op"] == "null":
-            value = self.module.get_input(self._nodes[nid]["name"])
-        else:
-            k = self._step[self._nodes[nid]["name"]]
-            for step in range(k + 1):
-                self.module.run_node(step)
-            value = self.module.node_outputs(k)[index]
         nid = self._node_index(node)
-        value = value.reshape(self._shapes[self._row_ptr[nid]])
+        sources = self._sources(nid, 0)
+        steps = {self._step[self._nodes[i]["name"]]: i for i, _ in sources
+                 if self._nodes[i]["op"] != "null"}
+        copies = {}  # source node -> its outputs, copied right after it ran
+        for step in range(max(steps, default=-1) + 1):
+            self.module.run_node(step)
+            if step in steps:
+                copies[steps[step]] = self.module.node_outputs(step)
+        value = self._joined(nid, 0, lambda src: (
+            self.module.get_input(self._nodes[src[0]]["name"]) if src[0] not in copies
+            else copies[src[0]][src[1]]))
         if out is not None:
             np.copyto(out, value)
             return out
