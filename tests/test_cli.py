@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from toolchains import require_tools
 
+from pipeline.link.blob import BLOB_VERSION
 from pipeline.tasks.cache import is_valid
 from pipeline.tools import cli
 
@@ -106,7 +107,7 @@ def test_validate_passes_and_info_describes_the_library(compiled, capsys):
     proc = pipeline("info", "cnn.so", "--json", cwd=tmp)
     assert proc.returncode == 0, proc.stderr
     info = json.loads(proc.stdout)
-    assert info["target"] == cli.DEFAULT_TARGET and info["blob_version"] == 3
+    assert info["target"] == cli.DEFAULT_TARGET and info["blob_version"] == BLOB_VERSION
     assert info["inputs"] == [{"name": "x", "shape": list(BATCH_SHAPE), "dtype": "float32"}]
     assert [(o["shape"], o["dtype"]) for o in info["outputs"]] == [([2, 10], "float32")]
     assert len(info["build_id"]) == 40 and info["params"]["bytes"] > 0
