@@ -21,7 +21,7 @@ from onnx import helper
 from pipeline.errors import ConfigError
 from pipeline.tasks.config import load_config
 from pipeline.tools.bench import BenchError, bench_library, memory_plan, model_flops
-from pipeline.tools.peak import _cpu_name, best_peak_gflops
+from pipeline.tools.peak import _cpu_name, best_peak_gflops, core_to_core_ns
 
 pytest.importorskip("onnxruntime")
 
@@ -82,6 +82,10 @@ def test_doit_bench_writes_report(tmp_path):
             pids |= {rnd["ours"]["pid"], rnd["onnxruntime"]["pid"]}
             assert min(rnd[side]["peak_rss_bytes"] for side in rnd) > 0
     assert len(pids) == 8 and os.getpid() not in pids  # a fresh process per side and round
+    if len(os.sched_getaffinity(0)) > 1:  # the VM's state around the two-thread rounds
+        assert "core_to_core_ns" not in report["threads"]["1"]
+        assert all(1 < ns < 1e6 for ns in report["threads"]["2"]["core_to_core_ns"])
+        assert "round trip between two cores" in proc.stdout
     # Each side's own peak: onnxruntime's library and session are not in ours, and
     # neither holds what the doit process (fork parent) had read.
     mem = report["memory"]
@@ -98,7 +102,9 @@ def test_doit_bench_writes_report(tmp_path):
         assert s["models"] == 2 and s["worst_model"] in ("tiny", "tiny2")
         assert s["geomean_ratio"] > 0
     assert "geometric-mean ratio (ours / onnxruntime)" in proc.stdout
-    assert "| tiny2 | llvm | 2 |" in (tmp_path / "out" / "bench-summary.md").read_text()
+    summary_md = (tmp_path / "out" / "bench-summary.md").read_text()
+    assert "| tiny2 | llvm | 2 |" in summary_md
+    assert ("Core-to-core round trip" in summary_md) == (len(os.sched_getaffinity(0)) > 1)
     first = report_path.stat().st_mtime_ns
     proc = doit("bench", "rounds=1", "runs=1", "warmup=0", "threads=1", "model=tiny")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -174,3 +180,16 @@ def test_peak_keeps_the_best_seen_on_this_cpu(tmp_path):
     assert json.loads(record.read_text()) == {"cpu": _cpu_name(), "gflops": {"1": measured}}
     record.write_text(json.dumps({"cpu": _cpu_name(), "gflops": {"1": 1e9}}))
     assert best_peak_gflops(1, str(record)) == 1e9  # a better one seen before stays
+
+
+def test_core_to_core_round_trip_needs_two_cpus():
+    cpus = os.sched_getaffinity(0)
+    if len(cpus) < 2:
+        assert core_to_core_ns() is None
+        return
+    assert 1 < core_to_core_ns(rounds=500, repeats=3) < 1e6  # ns: a cache line, not a sleep
+    os.sched_setaffinity(0, {min(cpus)})
+    try:
+        assert core_to_core_ns() is None
+    finally:
+        os.sched_setaffinity(0, cpus)

@@ -31,7 +31,7 @@ import pipeline
 from pipeline.errors import ConfigError
 from pipeline.frontend import from_onnx
 from pipeline.ir.target import TargetError, parse_target
-from pipeline.link.blob import devc_checksum
+from pipeline.link.blob import BLOB_MAGIC, BLOB_VERSION, devc_checksum
 from pipeline.link.cc import ToolchainError, create_shared
 from pipeline.link.elf import machine_name
 from pipeline.link.export import pack_devc
@@ -385,7 +385,7 @@ def test_validate_and_bench_run_on_the_target_and_need_its_run_prefix(tmp_path: 
     # A weight byte flipped in the arm64 library: the executor refuses it on the target.
     so = tmp_path / "out/tiny/arm64/tiny.so"
     raw = bytearray(so.read_bytes())
-    start = raw.index(b"PLMBLOB\0\x03\0\0\0")
+    start = raw.index(BLOB_MAGIC + BLOB_VERSION.to_bytes(4, "little"))
     offset, size = struct.unpack_from("<QQ", raw, start + 48)  # the params section
     raw[start + offset + size - 1] ^= 1
     so.write_bytes(bytes(raw))

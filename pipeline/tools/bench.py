@@ -20,7 +20,8 @@ and as % of the host's measured FMA peak (the best seen: pipeline.tools.peak), e
 side's peak RSS (VmHWM of its own process) and its RSS before loading the model, the
 round figures with each process's pid; the planned activation bytes of our memory
 plan against the sum of all intermediate tensors; with profile, our slowest nodes
-(timed in this process after the rounds).
+(timed in this process after the rounds); at more than one thread, the core-to-core
+round trip before and after the rounds (pipeline.tools.peak core_to_core_ns).
 summarize() turns the bench.json files of a suite into one table with, per target
 and thread count, the geometric-mean ratio and the worst model.
 """
@@ -47,7 +48,7 @@ from pipeline.runtime import GraphModule, load_module
 from pipeline.runtime.profile import format_profile, profile_nodes
 from pipeline.tools.bench_runner import SIDES
 from pipeline.tools.on_target import require_run, run_on_target
-from pipeline.tools.peak import best_peak_gflops
+from pipeline.tools.peak import best_peak_gflops, core_to_core_ns
 from pipeline.tools.validate import random_inputs
 
 _ROOT = str(Path(__file__).resolve().parents[2])  # holds pipeline/: the runner's code
@@ -214,9 +215,12 @@ def bench_library(lib_path: str, onnx_path: str, shapes: dict, model: str, targe
         del onnx_model, original
         for t in threads:
             peak = best_peak_gflops(t, peak_path)  # nothing of ours is running now
+            trips = [core_to_core_ns()] if t > 1 else []
             done = [{side: _run_side(side, paths[side], inputs, t, runs, warmup, model)
                      for side in SIDES} for _ in range(rounds)]  # dicts keep SIDES' order
             rows[str(t)] = _row(done, flops, peak)
+            if trips and trips[0] is not None:  # the VM's state around these rounds
+                rows[str(t)]["core_to_core_ns"] = [*trips, core_to_core_ns()]
     lib = load_module(lib_path)
     report = {"model": model, "target": target, "library_target": lib.target,
               "gflop": round(flops / 1e9, 4), "rounds": rounds, "runs": runs,
@@ -265,6 +269,8 @@ def bench_emulated(lib_path: str, onnx_path: str, shapes: dict, model: str, targ
 
 
 MIB = 2**20
+# A round trip this slow means the two cores share no cache (pipeline.tools.peak).
+SLOW_CORE_TO_CORE_NS = 250
 
 
 def _spread(row: dict, side: str) -> float:
@@ -294,6 +300,10 @@ def format_report(report: dict) -> str:
             f"{r['ours_gflops']:10.1f} {r['ours_peak_pct']:6.0f}% "
             f"{r['ours_peak_rss_bytes'] / MIB:6.0f}MiB "
             f"{r['onnxruntime_peak_rss_bytes'] / MIB:5.0f}MiB")
+    lines += [f"{t:>7} threads: a cache line's round trip between two cores "
+              f"{r['core_to_core_ns'][0]:.0f} ns before the rounds, "
+              f"{r['core_to_core_ns'][1]:.0f} ns after"
+              for t, r in report["threads"].items() if "core_to_core_ns" in r]
     mem = report["memory"]
     lines.append(f"activations: planned {mem['planned_activation_bytes'] / MIB:.1f} MiB of "
                  f"{mem['intermediate_bytes'] / MIB:.1f} MiB (range: per-round ratios; "
@@ -338,6 +348,14 @@ def summarize(report_paths: list[str], peak_path: str, md_path: str, json_path: 
     if alone:  # the executor's own choice (runtime/c/executor.c, run_alone): said openly
         lines.append("Timed runs at more than one thread that our executor ran on one "
                      "(it measured that faster): " + ", ".join(alone))
+    trips = [(ns, rep["model"]) for rep in reports for r in rep["threads"].values()
+             for ns in r.get("core_to_core_ns", ())]
+    if trips:  # pipeline.tools.peak: the VM's state decides what two threads can gain
+        slow = sorted({m for ns, m in trips if ns > SLOW_CORE_TO_CORE_NS})
+        lines.append(f"Core-to-core round trip around the multi-thread rounds: "
+                     f"{min(trips)[0]:.0f}-{max(trips)[0]:.0f} ns"
+                     + (f"; over {SLOW_CORE_TO_CORE_NS} ns (two threads gain little) at "
+                        + ", ".join(slow) if slow else ""))
     summary = {}
     for (target, t), ratios in sorted(groups.items()):
         geo = math.exp(statistics.fmean(math.log(r) for r, _ in ratios))

@@ -1,4 +1,5 @@
-"""The host's measured fp32 multiply-add peak, the 100% of `doit bench`'s "% of peak".
+"""The host's measured fp32 multiply-add peak, the 100% of `doit bench`'s "% of peak",
+and its core-to-core latency, which says how much two threads can gain.
 
 A tiny C loop (compiled by the host cc with -march=native) keeps twelve independent
 vector accumulators busy with a*x+b: enough chains to cover the FMA latency of
@@ -7,6 +8,13 @@ at once (ctypes releases the GIL during the call); the best of a few repetitions
 counts, since a shared machine only ever makes the loop slower. For the same
 reason best_peak_gflops keeps the best ever seen on this CPU in a small JSON file:
 a peak measured while other work held a core would inflate every "% of peak".
+
+The core-to-core round trip (core_to_core_ns) is two threads, pinned to two CPUs,
+passing a counter on one cache line back and forth. On the 2-vCPU VMs we bench on it
+changes from minute to minute, about 90-130 ns in one state and about 400 ns in the
+other (the vCPUs on two chiplets); in the slow state a small kernel reading what the
+other core wrote gets several times slower, for onnxruntime as for us, so `doit
+bench` records it beside every multi-thread figure.
 """
 
 from __future__ import annotations
@@ -14,8 +22,10 @@ from __future__ import annotations
 import ctypes
 import functools
 import json
+import os
 import platform
 import shlex
+import statistics
 import subprocess
 import tempfile
 import threading
@@ -48,19 +58,69 @@ float fma_loop(long iters, float a, float b) {{
 }}
 """
 
+# The ping-pong of core_to_core_ns: the ball is odd when thread A served it, even when
+# B returned it; each thread waits for its turn spinning on the one cache line.
+_PING_PONG = """
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <time.h>
+
+static _Atomic long ball __attribute__((aligned(64)));
+struct player { int cpu; long rounds, first; double seconds; };
+
+static void *play(void *arg) {
+    struct player *p = arg;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(p->cpu, &set);
+    pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    for (long i = 0; i < p->rounds; i++) {
+        long mine = 2 * i + p->first, seen;
+        while ((seen = atomic_load_explicit(&ball, memory_order_acquire)) != mine - 1)
+            if (seen < 0) return 0; /* the other player never started */
+        atomic_store_explicit(&ball, mine, memory_order_release);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    p->seconds = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
+    return 0;
+}
+
+/* Seconds per round trip between CPUs a and b; negative if a thread failed to start. */
+double ping_pong(int a, int b, long rounds) {
+    struct player pa = {a, rounds, 1, 0}, pb = {b, rounds, 2, 0};
+    pthread_t ta, tb;
+    atomic_store(&ball, 0);
+    if (pthread_create(&tb, 0, play, &pb)) return -1;
+    if (pthread_create(&ta, 0, play, &pa)) {
+        atomic_store(&ball, -1);
+        pthread_join(tb, 0);
+        return -1;
+    }
+    pthread_join(ta, 0);
+    pthread_join(tb, 0);
+    return pa.seconds / (double)rounds;
+}
+"""
+
 
 @functools.cache  # compiled once per process: bench measures per model and thread count
 def _load_loop() -> ctypes.CDLL:
     tmp = tempfile.TemporaryDirectory(prefix="pipeline-peak-")  # removed at exit
     folder = Path(tmp.name)
     src, lib = folder / "fma.c", folder / "fma.so"
-    src.write_text(_SOURCE)
+    src.write_text(_SOURCE + _PING_PONG)
     subprocess.run([*shlex.split(host_cc()), "-O3", "-march=native", "-ffp-contract=fast",
-                    "-shared", "-fPIC", "-o", str(lib), str(src)],
+                    "-pthread", "-shared", "-fPIC", "-o", str(lib), str(src)],
                    check=True, capture_output=True)
     dll = ctypes.CDLL(str(lib))
     dll.fma_loop.argtypes = [ctypes.c_long, ctypes.c_float, ctypes.c_float]
     dll.fma_loop.restype = ctypes.c_float
+    dll.ping_pong.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    dll.ping_pong.restype = ctypes.c_double
     dll.folder = tmp  # the folder lives as long as the loaded library
     return dll
 
@@ -89,6 +149,19 @@ def measure_peak_gflops(threads: int, seconds: float = 0.1, repeats: int = 5) ->
             w.join()
         best = max(best, threads * iters * flops_per_iter / (time.perf_counter() - start))
     return best / 1e9
+
+
+def core_to_core_ns(rounds: int = 4000, repeats: int = 5) -> float | None:
+    """The median over `repeats` of the mean round trip (ns) of a cache line between
+    the first two CPUs this process may run on; None with fewer than two."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    dll = _load_loop()
+    trips = [dll.ping_pong(cpus[0], cpus[1], rounds) for _ in range(repeats)]
+    if min(trips) < 0:
+        raise OSError("core_to_core_ns: could not start the ping-pong threads")
+    return round(statistics.median(trips) * 1e9, 1)
 
 
 def _cpu_name() -> str:
