@@ -30,7 +30,7 @@ static void *resolve_stub(void *ctx, const char *symbol) {
  * storage (AddressSanitizer catches a use after free), node by node. */
 static void share_and_step(const uint8_t *blob, size_t size, pl_executor *h) {
     char err[256];
-    pl_executor *h2 = create_from_blob(blob, size, resolve_stub, NULL, err, sizeof err);
+    pl_executor *h2 = create_from_blob(blob, size, 0, resolve_stub, NULL, err, sizeof err);
     if (!h2) abort(); /* the same bytes were accepted once */
     int slots = pl_num_inputs(h) + pl_num_params(h);
     for (int i = 0; i < slots; i++)
@@ -63,7 +63,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     memcpy(blob, data, size);
     for (int i = 0; size >= 24 && i < 8; i++) blob[16 + i] = (uint8_t)((uint64_t)size >> (8 * i));
     char err[256];
-    pl_executor *h = create_from_blob(blob, size, resolve_stub, NULL, err, sizeof err);
+    pl_executor *h = create_from_blob(blob, size, 0, resolve_stub, NULL, err, sizeof err);
     if (h) {
         pl_tensor_info info;
         for (int i = 0; i < pl_num_inputs(h) + pl_num_params(h); i++)
@@ -88,7 +88,7 @@ int main(int argc, char **argv) {
         size_t n = f ? fread(buf, 1, sizeof buf, f) : 0;
         if (f) fclose(f);
         char err[256] = "";
-        pl_executor *h = create_from_blob(buf, n, resolve_stub, NULL, err, sizeof err);
+        pl_executor *h = create_from_blob(buf, n, 0, resolve_stub, NULL, err, sizeof err);
         printf("%s\n", h ? "ok" : err);
         pl_destroy(h);
     }

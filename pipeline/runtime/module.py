@@ -194,7 +194,9 @@ def _load_so(so_path: str, source: str, keep: Sequence[Any] = (),
         lib = ctypes.CDLL(open_path, mode=os.RTLD_LOCAL | os.RTLD_NOW)
     except OSError as err:
         raise OSError(f"cannot load {source}: {err}") from None
-    blob = unpack_blob(_read_blob(lib, so_path, source), source)
+    data = _read_blob(lib, so_path, source)
+    blob = unpack_blob(data, source)
+    _give_back_pages(data)
     missing = [k for k in blob.kernels if not _has_symbol(lib, k)]
     if missing:
         raise BlobError(f"{source}: kernel symbols listed in the blob are missing from the "
@@ -234,8 +236,9 @@ def _has_symbol(lib: ctypes.CDLL, name: str) -> bool:
     return True
 
 
-def _read_blob(lib: ctypes.CDLL, so_path: str, source: str) -> bytes:
-    """Copy the blob out of the loaded library's BLOB_SYMBOL."""
+def _read_blob(lib: ctypes.CDLL, so_path: str, source: str) -> memoryview:
+    """The blob in the loaded library's BLOB_SYMBOL, in place (read-only data of the
+    mapped file: the params are not copied into this process a second time)."""
     try:
         addr = ctypes.addressof(ctypes.c_char.in_dll(lib, BLOB_SYMBOL))
     except ValueError:
@@ -248,4 +251,20 @@ def _read_blob(lib: ctypes.CDLL, so_path: str, source: str) -> bytes:
     if total > size:
         raise BlobError(f"{source}: blob truncated: header says {total} bytes but the library "
                         f"file has only {size}")
-    return ctypes.string_at(addr, total)
+    return memoryview((ctypes.c_char * total).from_address(addr)).cast("B")
+
+
+_MADV_DONTNEED = 4  # Linux, every architecture
+
+
+def _give_back_pages(data: memoryview) -> None:
+    """Drop the whole pages of the mapped blob from this process's memory. They are
+    read-only data of the library file, so a later read faults them in again from it;
+    without this the checksum pass keeps every param resident beside the executor's
+    own copy (vgg19: 700 MB twice)."""
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(data))
+    page = os.sysconf("SC_PAGE_SIZE")
+    lo, hi = -(-addr // page) * page, (addr + len(data)) // page * page
+    if hi > lo:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_DONTNEED)
