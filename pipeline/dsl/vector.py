@@ -213,10 +213,14 @@ def _declare(module: ir.Module, name: str, ret: ir.Type, args: list) -> ir.Funct
 
 
 # Estimated work (multiply-adds or elements moved) below which a thread is not worth
-# waking: a fork/join costs microseconds on an idle machine, and on a loaded one the
-# join waits for a thread the OS has not run yet (a timeslice, milliseconds), which
-# only a long enough share of work per thread amortises.
-MIN_WORK_PER_THREAD = 1 << 20
+# waking: the team's fork/join costs about a microsecond while the worker spins, about
+# what 64K multiply-adds take. Splitting smaller kernels too pays beyond their own time:
+# a kernel left on one thread reads the half of its input the other core wrote, from
+# that core's cache (mobilenet_v2's 28x28 depthwise convs were slower at two threads
+# than at one), where split the same way as its producer each thread reads its own.
+# 1 << 20 before: at two threads shufflenet and the encoder took 18% longer, mobilenet_v2
+# 8%. (On a loaded machine the executor's run-level choice falls back to one thread.)
+MIN_WORK_PER_THREAD = 1 << 16
 
 
 def thread_cap(n_items: int, work: int | None) -> int:
