@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from pipeline.dsl.vector import parallel_for
+from pipeline.dsl.vector import ELEMENT_WORK, parallel_for
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node
 from pipeline.ops.registry import Limit, axis_attr, broadcast_shape, onnx_op, register
@@ -84,7 +84,13 @@ def _normalize_lower(kb, node, ins, out, epilogue):
     centred = node.op != "rms_norm"
     per_row = node.op == "instance_norm" or (node.op == "group_norm"
                                              and scale.type.shape[0] == view[1])
-    with kb.nest(view[:axis], "r") as outer:
+    # Rows split over threads (each reads its row three times: two statistics passes
+    # and the output), as their producer split them: a row left on one thread of two
+    # is read from the other core's cache (the encoder's at batch 8: 3.6 us alone, 13-18 us
+    # after a two-thread dense layer).
+    rows = view[:axis]
+    with parallel_for(kb, math.prod(rows), "r", work=3 * ELEMENT_WORK * x.type.size) as r:
+        outer = kb.unflatten(r, rows)
         base = kb.dot(outer, strides[:axis])
         slot = kb.local(kb.f32(0.0))
         mean = kb.f32(0.0)
