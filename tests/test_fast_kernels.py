@@ -170,6 +170,43 @@ def test_pointwise_conv_matches_onnxruntime(target, c, oc, groups, hw, hw2, afte
 
 
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("case", ["relu", "bare", "row", "second_reader", "other_perm"])
+def test_channel_shuffle_is_where_the_conv_stores(target, case):
+    """ShuffleNet's Reshape -> Transpose (0, 2, 1, 3, 4) -> Reshape of a grouped 1x1
+    conv's output (through a Relu, or straight) becomes the conv's shuffle_groups: no
+    transpose runs, and a per-channel Add after the shuffle (fused into the conv's
+    epilogue) sees the shuffled channels, as does a per-column one (the epilogue's
+    second pass over the stored planes: "row"). A shuffled tensor with a second reader, or
+    another transpose, keeps the copy. Random weights (a permutation bug shows), 1 and
+    2 threads, against onnxruntime."""
+    c, oc, g, hw = 24, 36, 3, 6
+    inits = {"w": rand(oc, c // g, 1, 1, seed=1) * np.float32(0.3), "b": rand(oc, seed=2),
+             "split": np.array([1, g, oc // g, hw, hw], np.int64),
+             "back": np.array([1, oc, hw, hw], np.int64),
+             "k": rand(hw, seed=5) if case == "row" else rand(oc, 1, 1, seed=5)}
+    perm = [0, 2, 1, 3, 4] if case != "other_perm" else [0, 1, 2, 4, 3]
+    nodes = [node("Conv", ["x", "w", "b"], ["t"], group=g)]
+    nodes += [node("Relu", ["t"], ["r"])] if case != "bare" else \
+        [node("Identity", ["t"], ["r"])]
+    nodes += [node("Reshape", ["r", "split"], ["s"]),
+              node("Transpose", ["s"], ["p"], perm=perm),
+              node("Reshape", ["p", "back"], ["q"]),
+              node("Add", ["q", "k"], ["y"])]
+    outputs = [("y", None)]
+    if case == "second_reader":
+        nodes.append(node("Sigmoid", ["r"], ["z"]))
+        outputs.append(("z", None))
+    model = make_model(nodes, [("x", (1, c, hw, hw))], outputs, inits)
+    _, factory = check(model, {"x": rand(1, c, hw, hw, seed=3)}, target,
+                       must_use={"conv2d_pointwise"}, threads=(1, 2))
+    folded = case in ("relu", "bare", "row")
+    assert ("transpose" not in ops_used(factory)) == folded, ops_used(factory)
+    [conv] = [b for n in factory.lowered.graph.nodes for b in n.attr("body", (n,))
+              if b.op == "conv2d_pointwise"]
+    assert conv.attr("shuffle_groups", 1) == (g if folded else 1)
+
+
+@pytest.mark.parametrize("target", TARGETS)
 def test_elementwise_kernels_are_parallel_vector_loops(target):
     """A kernel of elementwise ops runs as rows of vectors split over the team
     (dsl/elementwise.py): the row spans the trailing dims every argument is whole or

@@ -18,6 +18,11 @@ are static, so the remainders are handled without branches: the last channel til
 of a group starts early enough to end at the edge (recomputing a few channels to the
 same values), and the pixels after the last whole block form a tile of their own
 whose last vector is as narrow as the pixels left.
+
+With `shuffle_groups` = s > 1 (transform/shuffle.py) the output is channel-shuffled:
+channel k*m + j (m = OC/s) is stored to plane j*s + k, and the fused epilogue is
+applied at that stored index (what it reads after the shuffle is laid out so; the ops
+before it that the pass let through treat every channel alike).
 """
 
 from __future__ import annotations
@@ -77,13 +82,20 @@ def _lower(kb, node, ins, out, epilogue):
     lanes, s, r = tile_shape(ocg, p_n, node.attr("lanes"))
     tiles = ceil_div(ocg, r)
     fused = _linear_epilogue(epilogue, (h, wd))
+    shuffle = node.attr("shuffle_groups", 1)
+    if oc_n % shuffle:
+        raise ModelError(f"node {node.name!r} (conv2d_pointwise): {oc_n} filters do not "
+                         f"shuffle in {shuffle} groups")
+
+    def plane(o):
+        """The output plane of channel o (the shuffled one's)."""
+        return o if shuffle == 1 else (o % (oc_n // shuffle)) * shuffle + o // (oc_n // shuffle)
 
     with parallel_for(kb, n_n * groups * tiles, "tiles", work=out.type.size * icg) as item:
         image_group, t = item // tiles, item % tiles
         n, g = image_group // groups, image_group % groups
         oc0 = g * ocg + (kb.smin(t * r, ocg - r) if tiles > 1 else 0)
         x_base = (n * c + g * icg) * p_n
-        o_base = (n * oc_n + oc0) * p_n
 
         def block(segments):
             """The tile's R channels x the pixels of `segments` [(offset, lanes)]."""
@@ -98,12 +110,13 @@ def _lower(kb, node, ins, out, epilogue):
                         kb.set(accs[i][k], fma(kb, xv, kb.splat(weight, m),
                                                kb.get(accs[i][k])))
             for i in range(r):
+                at = plane(oc0 + i)
                 for k, (off, _) in enumerate(segments):
                     value = kb.get(accs[i][k])
                     if fused:
                         value = apply_epilogue(kb, epilogue, value,
-                                               [n, oc0 + i, off // wd, off % wd])
-                    kb.vstore(out, o_base + i * p_n + off, value)
+                                               [n, at, off // wd, off % wd])
+                    kb.vstore(out, (n * oc_n + at) * p_n + off, value)
 
         # Whole blocks of S vectors in a loop, then the rest: whole vectors and one
         # narrower vector for the last pixels (no lanes computed twice).

@@ -15,7 +15,8 @@ CONFIG_OPTIONS = {"FuseOps.max_depth": (256, int), "AlterOpLayout.winograd": (Tr
 # The names of pipeline.transform.PIPELINE, in order (checked there). Kept here
 # so that reading a build config need not import the passes and numpy.
 PASS_NAMES = ("SimplifyInference", "FuseQDQ", "FoldConstant", "FuseLayerNorm", "FuseGelu",
-              "FuseAttention", "FoldBatchNorm", "AlterOpLayout", "FuseOps")
+              "FuseAttention", "FoldBatchNorm", "AlterOpLayout", "FoldChannelShuffle",
+              "FuseOps")
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from pipeline.transform.instrument import PassInfo
 from pipeline.transform.layout import alter_op_layout
 from pipeline.transform.patterns import fuse_gelu, fuse_layer_norm
 from pipeline.transform.qdq import fuse_qdq
+from pipeline.transform.shuffle import fold_channel_shuffle
 from pipeline.transform.simplify import fold_batch_norm, simplify_inference
 
 
@@ -38,6 +39,7 @@ PIPELINE = (
     Pass("FuseAttention", fuse_attention, 1),
     Pass("FoldBatchNorm", fold_batch_norm, 1),
     Pass("AlterOpLayout", alter_op_layout, 3, needs_target=True),
+    Pass("FoldChannelShuffle", fold_channel_shuffle, 3),
     Pass("FuseOps", fuse_ops, 1),
 )
 assert PASS_NAMES == tuple(p.name for p in PIPELINE), "update context.PASS_NAMES"
