@@ -134,6 +134,55 @@ def test_blocked_depthwise_conv(target, hw, stride, pads, k):
 
 
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("stride", [1, 2])
+def test_depthwise_conv_pads_odd_channels_into_blocks(target, stride):
+    """36 channels (no multiple of 8 or 16): the depthwise conv still runs blocked, on
+    zero padding channels and zero filters; its output goes plain (cropped) to a graph
+    output and re-blocked to a 1x1 conv. Random weights, 1 and 2 threads, against
+    onnxruntime."""
+    c, hw = 36, 19
+    inits = {"dw": rand(c, 1, 3, 3, seed=1), "db": rand(c, seed=2),
+             "pw": rand(16, c, 1, 1, seed=3) * np.float32(0.2),
+             "lo": np.float32(0.0), "hi": np.float32(6.0)}
+    nodes = [node("Conv", ["x", "dw", "db"], ["d"], group=c, pads=[1, 1, 1, 1],
+                  strides=[stride, stride]),
+             node("Clip", ["d", "lo", "hi"], ["r"]), node("Conv", ["r", "pw"], ["y"]),
+             node("Sigmoid", ["r"], ["z"])]
+    model = make_model(nodes, [("x", (1, c, hw, hw))], [("y", None), ("z", None)], inits)
+    _, factory = check(model, {"x": rand(1, c, hw, hw, seed=4)}, target,
+                       must_use={"depthwise_conv2d_nchwc", "clip"}, threads=(1, 2))
+    assert "conv2d" not in ops_used(factory)
+
+
+@pytest.mark.parametrize("block", [8, 16])
+def test_layout_transform_pads_and_crops_channels(block):
+    """NCHW -> NCHW{b}c of 20 channels fills the last block's padding channels with
+    zeros, and back (channels=20) drops them: whole-vector transposes for 32 pixels
+    and element by element for the 3 left, against numpy."""
+    from conftest import build_and_load
+
+    from pipeline.ir.graph import Graph, Node, TensorType
+    from pipeline.ops import infer_types
+
+    x = rand(2, 20, 5, 7, seed=7)
+    nodes = (Node.make("layout_transform", "to", ("x",), ("b",), src_layout="NCHW",
+                       dst_layout=f"NCHW{block}c"),
+             Node.make("layout_transform", "back", ("b",), ("y",),
+                       src_layout=f"NCHW{block}c", dst_layout="NCHW", channels=20))
+    types = {"x": TensorType(x.shape, "float32")}
+    for n in nodes:
+        types.update(zip(n.outputs, infer_types(n, [types[i] for i in n.inputs]),
+                         strict=True))
+    graph = Graph(("x",), (), ("b", "y"), nodes, types)
+    gm, _ = build_and_load(graph, {}, target=NATIVE)
+    gm.run(x=x)
+    padded = np.pad(x, [(0, 0), (0, -20 % block), (0, 0), (0, 0)])
+    want = padded.reshape(2, -1, block, 5, 7).transpose(0, 1, 3, 4, 2)
+    np.testing.assert_array_equal(gm.get_output(0), want)
+    np.testing.assert_array_equal(gm.get_output(1), x)
+
+
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("c, oc, groups, hw, hw2, after", [
     (12, 20, 2, 9, 9, "residual"),   # channel tiles and pixel blocks both overlap at the end
     (32, 20, 1, 5, 5, "relu"),       # filters not a multiple of the block; 25 pixels

@@ -5,7 +5,9 @@ together, so one vector register holds them (transform/layout.py decides where
 tensors are blocked). The transform is a pure permutation: no arithmetic. A blocked
 tensor may carry padding channels past the plain tensor's C (a convolution whose
 filters are not a multiple of b, padded with zero filters): going to NCHW, the
-attribute `channels` (the plain C) drops them.
+attribute `channels` (the plain C) drops them. Going to NCHW{b}c, a C that is no
+multiple of b gets padding channels of zeros in the last block (a depthwise
+convolution of 136 channels runs blocked on 144).
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ def parse_layout(text: str) -> int:
 
 
 def to_blocked_shape(shape: tuple[int, ...], block: int) -> tuple[int, ...]:
+    """The NCHW{block}c shape of NCHW `shape`, the last block padded."""
     n, c, h, w = shape
-    return (n, c // block, h, w, block)
+    return (n, -(-c // block), h, w, block)
 
 
 def _blocks(node) -> tuple[int, int]:
@@ -57,9 +60,6 @@ def _infer(types, node):
             raise GraphError(f"node {node.name!r} (layout_transform): {channels} channels "
                              f"do not fit {list(shape)}")
         return [TensorType((n, channels, h, w), types[0].dtype)]
-    if shape[1] % dst:
-        raise GraphError(f"node {node.name!r} (layout_transform): {shape[1]} channels are "
-                         f"not a multiple of the block {dst}")
     return [TensorType(to_blocked_shape(shape, dst), types[0].dtype)]
 
 
@@ -71,7 +71,8 @@ def _numpy(xs, node):
         plain = x.transpose(0, 1, 4, 2, 3).reshape(n, cb * b, h, w)
         return [plain[:, :node.attr("channels", cb * b)].copy()]
     n, c, h, w = x.shape
-    return [x.reshape(n, c // dst, dst, h, w).transpose(0, 1, 3, 4, 2).copy()]
+    x = np.pad(x, [(0, 0), (0, -c % dst), (0, 0), (0, 0)])
+    return [x.reshape(n, -1, dst, h, w).transpose(0, 1, 3, 4, 2).copy()]
 
 
 def _transpose(kb, rows: list) -> list:
@@ -88,9 +89,11 @@ def _transpose(kb, rows: list) -> list:
 
 def _lower(kb, node, ins, out, epilogue):
     """Walk the blocked side in order; each (image, channel block) is one work item.
-    With a block of 8 or 16 and no padding channels, b pixels at a time go through a
-    b x b transpose in registers (whole-vector loads and stores on both sides); the
-    pixels left over, and the other cases, go element by element."""
+    With a block of 8 or 16, b pixels at a time go through a b x b transpose in
+    registers (whole-vector loads and stores on both sides; in a last block with
+    padding channels, the rows past the plain channels are zeros going to blocked,
+    not stored going to plain); the pixels left over, and the other blocks, go
+    element by element. Padding channels of a blocked output are written as zeros."""
     src, dst = _blocks(node)
     plain, blocked = (out, ins[0]) if src else (ins[0], out)
     n_n, cb_n, h, w, b = blocked.type.shape
@@ -103,17 +106,31 @@ def _lower(kb, node, ins, out, epilogue):
         # the padding channels of the last block (channels < cb_n * b) are dropped
         width = b if channels == cb_n * b else \
             min(channels - cb * b, b) if isinstance(cb, int) else kb.smin(channels - cb * b, b)
+        padded = channels != cb_n * b
+
+        def real(c: int):
+            """i1: row c of this block is a plain channel (not padding)."""
+            return kb.i64(c) < width
+
         done = 0
-        if b in (8, 16) and channels == cb_n * b:
+        if b in (8, 16):
             done = h * w // b * b
             with kb.loop(0, h * w // b, "q") as q:
                 p0 = q * b
                 if src:  # pixel rows of b channels -> channel rows of b pixels
                     rows = [kb.vload(ins[0], base + (p0 + j) * b, b) for j in range(b)]
                     for c, v in enumerate(_transpose(kb, rows)):
-                        kb.vstore(out, pbase + c * (h * w) + p0, v)
-                else:
-                    rows = [kb.vload(ins[0], pbase + c * (h * w) + p0, b) for c in range(b)]
+                        if padded:
+                            with kb.if_(real(c)):
+                                kb.vstore(out, pbase + c * (h * w) + p0, v)
+                        else:
+                            kb.vstore(out, pbase + c * (h * w) + p0, v)
+                else:  # a padding row reads a real one (in bounds), then is zeroed
+                    rows = [kb.vload(ins[0], pbase + (kb.smin(c, width - 1) if padded else c)
+                                     * (h * w) + p0, b) for c in range(b)]
+                    if padded:
+                        rows = [kb.select(real(c), v, ir.Constant(v.type, None))
+                                for c, v in enumerate(rows)]
                     for j, v in enumerate(_transpose(kb, rows)):
                         kb.vstore(out, base + (p0 + j) * b, v)
         if done < h * w:
@@ -124,6 +141,10 @@ def _lower(kb, node, ins, out, epilogue):
                     kb.store(out, po, kb.load(ins[0], bo))
                 else:
                     kb.store(out, bo, kb.load(ins[0], po))
+        if not src and padded:  # zeros: the storage holds an earlier tensor
+            zero = kb.const(0, out.elem)
+            with kb.loop(done, h * w, "z") as p, kb.loop(width, b, "zc") as c:
+                kb.store(out, base + (p * b + c), zero)
 
 
 register("layout_transform", "opaque", _infer, lower=_lower, numpy=_numpy,

@@ -13,7 +13,8 @@ With b the target's vector width (16 floats on AVX-512, 8 on AVX2):
     where Winograd is faster (ops/conv_winograd.py worth_it; pass option
     AlterOpLayout.winograd) becomes conv2d_winograd_nchwc, its weights transformed
     here; a depthwise conv2d
-    (groups = channels = filters, a multiple of b) becomes depthwise_conv2d_nchwc;
+    (groups = channels = filters, more than b: padded to whole blocks of b) becomes
+    depthwise_conv2d_nchwc;
     a 1x1 stride-1 unpadded conv that does not block (other groups, channel counts
     not a multiple of b) becomes conv2d_pointwise on the plain tensors;
   - elementwise ops whose activation inputs all have the output's 4-D shape and
@@ -172,14 +173,21 @@ class _Rewriter:
         return True
 
     def depthwise(self, node: Node, weight: np.ndarray) -> bool:
-        """groups == channels == filters: one filter per channel, blocked likewise."""
+        """groups == channels == filters: one filter per channel, blocked likewise.
+        Channels no multiple of b (more than b of them) are padded to whole blocks:
+        zero channels in (layout_transform), zero filters and bias, cropped where the
+        tensor goes plain (shufflenet's 136-channel ones ran the plain conv2d)."""
         oc, icg = weight.shape[:2]
-        if node.attr("groups") != oc or icg != 1 or oc % self.vw:
+        if node.attr("groups") != oc or icg != 1 or oc < self.vw:
             return False
+        pad = -oc % self.vw
         w = node.inputs[1]
         packed = self.param(("depthwise", w, self.vw), f"{w}.packed",
-                            lambda: pack_depthwise_weight(weight, self.vw))
-        inputs = [self.need_blocked(node.inputs[0], self.vw), packed, *node.inputs[2:]]
+                            lambda: pack_depthwise_weight(_pad_filters(weight, pad), self.vw))
+        bias = [self.param(("pad", b, pad), f"{b}.padded",
+                           lambda b=b: _pad_filters(self.params[b], pad)) if pad else b
+                for b in node.inputs[2:]]
+        inputs = [self.need_blocked(node.inputs[0], self.vw), packed, *bias]
         attrs = {k: v for k, v in node.attrs if k in ("strides", "pads")}
         out = node.outputs[0]
         self.emit(Node.make("depthwise_conv2d_nchwc", node.name, inputs,
