@@ -262,6 +262,19 @@ def parallel_nest(kb: KernelBuilder, shape: tuple[int, ...], name: str = "o",
             yield [*lead, *tail]
 
 
+# Row bands: kernels that split rows over threads order their work items band by band
+# (band outermost), so with two threads each takes the same half of every image, kernel
+# after kernel, and reads what it wrote itself (not the other core's cache).
+BANDS = 2
+
+
+def band_of(item, images: int, bands: int, per_band: int) -> tuple:
+    """(image, band, index within the band) of parallel_for's `item` over images x
+    `bands` x `per_band` items."""
+    n, rest = item // (bands * per_band), item % (bands * per_band)
+    return n, rest // per_band, rest % per_band
+
+
 # The loop's data block (on the calling thread's stack): the argument array, the
 # thread count T, then T counters, one per 64-byte line (SLOTS pointer-sized slots)
 # so that a thread grabbing from its own range never touches a line another thread

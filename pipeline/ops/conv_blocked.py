@@ -19,10 +19,13 @@ single store of each output vector.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 from pipeline.dsl.vector import (
+    BANDS,
     apply_epilogue,
+    band_of,
     fma,
     parallel_for,
     prefetch,
@@ -162,23 +165,34 @@ def _lower(kb, node, ins, out, epilogue):
     # input for every channel group.
     group_major = ocg_n * icb_n * h * wd * ib <= oh_n * w.type.size
     plan = row_plan(ow_n, t, -(-pl // sw), (wd - 1 + pl - (kw_n - 1)) // sw)
-    with parallel_for(kb, n_n * ocg_n * oh_n, "rows", work=work) as item:
-        n, rest = item // (ocg_n * oh_n), item % (ocg_n * oh_n)
-        inner = oh_n if group_major else ocg_n
-        major, minor = rest // inner, rest % inner
+    bands = min(BANDS, oh_n)
+    rpb = -(-oh_n // bands)
+    per_band = ocg_n * rpb
+    with parallel_for(kb, n_n * bands * per_band, "rows", work=work) as item:
+        n, band, r = band_of(item, n_n, bands, per_band)
+        inner = rpb if group_major else ocg_n
+        major, minor = r // inner, r % inner
         ocg, oh = (major, minor) if group_major else (minor, major)
-        ih0 = oh * sh - pt
-        # the taps kh with 0 <= ih0 + kh < h
-        row = (oh, ih0, kb.smax(-ih0, 0), kb.smin(h - ih0, kh_n))
-        for entry in plan:
-            if entry[0] == "static":
-                _, start, width = entry
-                _tile(kb, g, bufs, n, ocg, [(oh, start + j) for j in range(width)], row)
-                continue
-            _, start, count = entry
-            with kb.loop(0, count, "tile") as j:
-                ow0 = start + j * t
-                _tile(kb, g, bufs, n, ocg, [(oh, ow0 + c) for c in range(t)], row)
+        oh = band * rpb + oh
+        # a last band may reach past the last row
+        with kb.if_(oh < oh_n) if bands * rpb != oh_n else contextlib.nullcontext():
+            _row(kb, g, bufs, n, ocg, oh, plan, t)
+
+
+def _row(kb, g: _Geo, bufs, n, ocg, oh, plan, t) -> None:
+    """Output row oh of channel group ocg: its tiles as `plan` (row_plan) says."""
+    ih0 = oh * g.sh - g.pt
+    # the taps kh with 0 <= ih0 + kh < h
+    row = (oh, ih0, kb.smax(-ih0, 0), kb.smin(g.h - ih0, g.kh))
+    for entry in plan:
+        if entry[0] == "static":
+            _, start, width = entry
+            _tile(kb, g, bufs, n, ocg, [(oh, start + j) for j in range(width)], row)
+            continue
+        _, start, count = entry
+        with kb.loop(0, count, "tile") as j:
+            ow0 = start + j * t
+            _tile(kb, g, bufs, n, ocg, [(oh, ow0 + c) for c in range(t)], row)
 
 
 def _tile(kb, g: _Geo, bufs, n, ocg, pixels, row):

@@ -15,7 +15,9 @@ out-of-range kw taps, tiles inside the row run in a loop.
 
 from __future__ import annotations
 
-from pipeline.dsl.vector import apply_epilogue, fma, parallel_for, zeros
+import contextlib
+
+from pipeline.dsl.vector import BANDS, apply_epilogue, band_of, fma, parallel_for, zeros
 from pipeline.errors import ModelError
 from pipeline.ir.graph import TensorType
 from pipeline.ops.conv_blocked import registers, row_plan
@@ -40,6 +42,17 @@ def pack_depthwise_weight(weight, block: int):
     return weight.reshape(c // block, block, kh, kw).transpose(0, 2, 3, 1).copy()
 
 
+@contextlib.contextmanager
+def _inside(kb, item, n_n: int, bands: int, cb_n: int, rpb: int, oh_n: int):
+    """(plane = n * cb_n + cb, cb, oh) of a work item: bands of rpb rows outermost
+    (BANDS), then channel blocks; the body runs only for rows inside oh_n (a last
+    band may reach past it)."""
+    n, band, r = band_of(item, n_n, bands, cb_n * rpb)
+    cb, oh = r // rpb, band * rpb + r % rpb
+    with kb.if_(oh < oh_n) if bands * rpb != oh_n else contextlib.nullcontext():
+        yield n * cb_n + cb, cb, oh
+
+
 def _lower(kb, node, ins, out, epilogue):
     x, w = ins[0], ins[1]
     bias = ins[2] if len(ins) > 2 else None
@@ -50,9 +63,11 @@ def _lower(kb, node, ins, out, epilogue):
     widest = registers(vb) - 4  # accumulators; the rest: input, weight, spare
     t = -(-ow_n // -(-ow_n // widest))
     plan = row_plan(ow_n, t, -(-pl // sw), (wd - 1 + pl - (kw_n - 1)) // sw)
-    with parallel_for(kb, n_n * cb_n * oh_n, "rows", work=out.type.size * kh_n * kw_n) as item:
-        plane, oh = item // oh_n, item % oh_n  # plane = n * cb_n + cb
-        cb = plane % cb_n
+    bands = min(BANDS, oh_n)
+    rpb = -(-oh_n // bands)
+    with parallel_for(kb, n_n * bands * cb_n * rpb, "rows",
+                      work=out.type.size * kh_n * kw_n) as item, \
+            _inside(kb, item, n_n, bands, cb_n, rpb, oh_n) as (plane, cb, oh):
         ih0 = oh * sh - pt
         kh_lo, kh_hi = kb.smax(-ih0, 0), kb.smin(h - ih0, kh_n)
         init = kb.vload(bias, cb * vb, vb) if bias else zeros(vb)
