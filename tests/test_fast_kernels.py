@@ -255,6 +255,30 @@ def test_channel_shuffle_is_where_the_conv_stores(target, case):
     assert conv.attr("shuffle_groups", 1) == (g if folded else 1)
 
 
+@pytest.mark.parametrize("hw", [7, 8])
+def test_blocked_elementwise_kernel_goes_band_by_band(hw):
+    """DenseNet's pattern: two convs concatenated (in place), then batch norm + ReLU
+    as a kernel of its own over the blocked tensor, then a conv. The elementwise
+    kernel's rows go band by band over H (dsl/elementwise.py), with a last band past
+    an odd H; against onnxruntime at 1 and 2 threads."""
+    c = 16
+    inits = {"w1": rand(c, c, 3, 3, seed=1) * np.float32(0.1),
+             "w2": rand(c, c, 1, 1, seed=2) * np.float32(0.3),
+             "s": rand(1, 2 * c, 1, 1, seed=3), "b": rand(1, 2 * c, 1, 1, seed=4),
+             "w3": rand(c, 2 * c, 1, 1, seed=5) * np.float32(0.2)}
+    nodes = [node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
+             node("Conv", ["x", "w2"], ["b2"]),
+             node("Concat", ["a", "b2"], ["cat"], axis=1),
+             node("Mul", ["cat", "s"], ["m"]), node("Add", ["m", "b"], ["n"]),
+             node("Relu", ["n"], ["r"]), node("Conv", ["r", "w3"], ["y"])]
+    model = make_model(nodes, [("x", (1, c, hw, hw))], [("y", None)], inits)
+    _, factory = check(model, {"x": rand(1, c, hw, hw, seed=6)}, NATIVE, threads=(1, 2))
+    graph = factory.lowered.graph
+    [bn] = [n for n in graph.nodes
+            if tuple(b.op for b in n.attr("body", (n,))) == ("mul", "add", "relu")]
+    assert len(graph.types[bn.outputs[0]].shape) == 5  # blocked: the banded rows
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_elementwise_kernels_are_parallel_vector_loops(target):
     """A kernel of elementwise ops runs as rows of vectors split over the team

@@ -12,14 +12,17 @@ thread: densenet121's 62 batch-norm + ReLU kernels took a quarter of its run.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 from pipeline.dsl.builder import Buffer, KernelBuilder
 from pipeline.dsl.vector import (
+    BANDS,
     ELEMENT_WORK,
     LANE_GENERIC_OPS,
     VECTOR_OPS,
     apply_chain,
+    band_of,
     parallel_for,
 )
 from pipeline.ir.graph import TensorType
@@ -45,13 +48,44 @@ def row_split(out_shape: tuple, arg_shapes: list[tuple]) -> int:
     return k
 
 
+def _banded(shape: tuple, outer: tuple) -> bool:
+    """Whether the rows of a kernel with output `shape` go band by band: a
+    channel-blocked [N, C/b, H, W, b] output whose rows split H."""
+    return len(shape) == 5 and len(outer) >= 3 and outer[2] >= BANDS
+
+
+def _row_items(shape: tuple, outer: tuple) -> int:
+    """parallel_for's item count for the rows `outer` (_row_index)."""
+    if not _banded(shape, outer):
+        return math.prod(outer)
+    return outer[0] * BANDS * outer[1] * -(-outer[2] // BANDS)
+
+
+@contextlib.contextmanager
+def _row_index(kb: KernelBuilder, r, shape: tuple, outer: tuple):
+    """The index in `outer` of row item r. Over a channel-blocked output (_banded) the
+    items go band by band (BANDS parts of H outermost, as the blocked convs split
+    them: each thread reads what it wrote), an item one (n, cb, h) whose rows over
+    the dims after H are a loop; the body runs only for rows inside H (a last band
+    may reach past it)."""
+    if not _banded(shape, outer):
+        yield kb.unflatten(r, outer)
+        return
+    n_n, cb_n, h_n, tail = *outer[:3], outer[3:]
+    rpb = -(-h_n // BANDS)
+    n, band, rest = band_of(r, n_n, BANDS, cb_n * rpb)
+    cb, h = rest // rpb, band * rpb + rest % rpb
+    with kb.if_(h < h_n) if BANDS * rpb != h_n else contextlib.nullcontext(), \
+            kb.nest(tail, "t") as t:
+        yield [n, cb, h, *t]
+
+
 def vector_elementwise(kb: KernelBuilder, nodes: list, args: dict, out: Buffer,
                        scalar_of, dtypes: dict, lanes: int) -> None:
     """Store the value of the chain `nodes` (its first op reads only `args`) into `out`."""
     shape = out.type.shape
     k = row_split(shape, [b.type.shape for b in args.values()])
     row, outer = math.prod(shape[k:]), shape[:k]
-    rows = math.prod(outer)
 
     def view(buf: Buffer) -> Buffer:
         """buf as [outer dims..., row] (or 1 where it is broadcast over the row)."""
@@ -59,8 +93,9 @@ def vector_elementwise(kb: KernelBuilder, nodes: list, args: dict, out: Buffer,
         tail = row if s[k:] == shape[k:] else 1
         return Buffer(buf.ptr, TensorType((*s[:k], tail), buf.type.dtype))
 
-    with parallel_for(kb, rows, "rows", work=out.type.size * len(nodes) * ELEMENT_WORK) as r:
-        index = kb.unflatten(r, outer)
+    work = out.type.size * len(nodes) * ELEMENT_WORK
+    with parallel_for(kb, _row_items(shape, outer), "rows", work=work) as r, \
+            _row_index(kb, r, shape, outer) as index:
         views = {name: view(b) for name, b in args.items()}  # pointers as re-read here
         target = view(out)
         base = kb.dot(index, target.strides[:-1]) if index else 0
