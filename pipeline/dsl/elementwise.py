@@ -23,6 +23,7 @@ from pipeline.dsl.vector import (
     VECTOR_OPS,
     apply_chain,
     band_of,
+    band_row,
     parallel_for,
 )
 from pipeline.ir.graph import TensorType
@@ -74,10 +75,8 @@ def _row_index(kb: KernelBuilder, r, shape: tuple, outer: tuple):
     n_n, cb_n, h_n, tail = *outer[:3], outer[3:]
     rpb = -(-h_n // BANDS)
     n, band, rest = band_of(r, n_n, BANDS, cb_n * rpb)
-    cb, h = rest // rpb, band * rpb + rest % rpb
-    with kb.if_(h < h_n) if BANDS * rpb != h_n else contextlib.nullcontext(), \
-            kb.nest(tail, "t") as t:
-        yield [n, cb, h, *t]
+    with band_row(kb, band, rest % rpb, rpb, BANDS, h_n) as h, kb.nest(tail, "t") as t:
+        yield [n, rest // rpb, h, *t]
 
 
 def vector_elementwise(kb: KernelBuilder, nodes: list, args: dict, out: Buffer,

@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import llvmlite.ir as ir
 
@@ -273,6 +273,15 @@ def band_of(item, images: int, bands: int, per_band: int) -> tuple:
     `bands` x `per_band` items."""
     n, rest = item // (bands * per_band), item % (bands * per_band)
     return n, rest // per_band, rest % per_band
+
+
+@contextmanager
+def band_row(kb: KernelBuilder, band, r, rows: int, bands: int, height: int):
+    """Row r of band `band` (`rows` rows a band) of `height` rows; the body runs only
+    for rows inside `height` (a last band may reach past it)."""
+    row = band * rows + r
+    with kb.if_(row < height) if bands * rows != height else nullcontext():
+        yield row
 
 
 # The loop's data block (on the calling thread's stack): the argument array, the

@@ -19,13 +19,13 @@ single store of each output vector.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 from pipeline.dsl.vector import (
     BANDS,
     apply_epilogue,
     band_of,
+    band_row,
     fma,
     parallel_for,
     prefetch,
@@ -172,10 +172,8 @@ def _lower(kb, node, ins, out, epilogue):
         n, band, r = band_of(item, n_n, bands, per_band)
         inner = rpb if group_major else ocg_n
         major, minor = r // inner, r % inner
-        ocg, oh = (major, minor) if group_major else (minor, major)
-        oh = band * rpb + oh
-        # a last band may reach past the last row
-        with kb.if_(oh < oh_n) if bands * rpb != oh_n else contextlib.nullcontext():
+        ocg, r = (major, minor) if group_major else (minor, major)
+        with band_row(kb, band, r, rpb, bands, oh_n) as oh:
             _row(kb, g, bufs, n, ocg, oh, plan, t)
 
 

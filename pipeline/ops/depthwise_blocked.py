@@ -17,7 +17,15 @@ from __future__ import annotations
 
 import contextlib
 
-from pipeline.dsl.vector import BANDS, apply_epilogue, band_of, fma, parallel_for, zeros
+from pipeline.dsl.vector import (
+    BANDS,
+    apply_epilogue,
+    band_of,
+    band_row,
+    fma,
+    parallel_for,
+    zeros,
+)
 from pipeline.errors import ModelError
 from pipeline.ir.graph import TensorType
 from pipeline.ops.conv_blocked import registers, row_plan
@@ -45,11 +53,10 @@ def pack_depthwise_weight(weight, block: int):
 @contextlib.contextmanager
 def _inside(kb, item, n_n: int, bands: int, cb_n: int, rpb: int, oh_n: int):
     """(plane = n * cb_n + cb, cb, oh) of a work item: bands of rpb rows outermost
-    (BANDS), then channel blocks; the body runs only for rows inside oh_n (a last
-    band may reach past it)."""
+    (BANDS), then channel blocks (band_row: only rows inside oh_n)."""
     n, band, r = band_of(item, n_n, bands, cb_n * rpb)
-    cb, oh = r // rpb, band * rpb + r % rpb
-    with kb.if_(oh < oh_n) if bands * rpb != oh_n else contextlib.nullcontext():
+    cb = r // rpb
+    with band_row(kb, band, r % rpb, rpb, bands, oh_n) as oh:
         yield n * cb_n + cb, cb, oh
 
 
