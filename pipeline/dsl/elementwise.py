@@ -22,8 +22,8 @@ from pipeline.dsl.vector import (
     LANE_GENERIC_OPS,
     VECTOR_OPS,
     apply_chain,
-    band_of,
-    band_row,
+    band_items,
+    band_plane_row,
     parallel_for,
 )
 from pipeline.ir.graph import TensorType
@@ -59,7 +59,7 @@ def _row_items(shape: tuple, outer: tuple) -> int:
     """parallel_for's item count for the rows `outer` (_row_index)."""
     if not _banded(shape, outer):
         return math.prod(outer)
-    return outer[0] * BANDS * outer[1] * -(-outer[2] // BANDS)
+    return band_items(*outer[:3])
 
 
 @contextlib.contextmanager
@@ -72,11 +72,8 @@ def _row_index(kb: KernelBuilder, r, shape: tuple, outer: tuple):
     if not _banded(shape, outer):
         yield kb.unflatten(r, outer)
         return
-    n_n, cb_n, h_n, tail = *outer[:3], outer[3:]
-    rpb = -(-h_n // BANDS)
-    n, band, rest = band_of(r, n_n, BANDS, cb_n * rpb)
-    with band_row(kb, band, rest % rpb, rpb, BANDS, h_n) as h, kb.nest(tail, "t") as t:
-        yield [n, rest // rpb, h, *t]
+    with band_plane_row(kb, r, *outer[:3]) as (n, cb, h), kb.nest(outer[3:], "t") as t:
+        yield [n, cb, h, *t]
 
 
 def vector_elementwise(kb: KernelBuilder, nodes: list, args: dict, out: Buffer,

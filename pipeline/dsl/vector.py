@@ -284,6 +284,25 @@ def band_row(kb: KernelBuilder, band, r, rows: int, bands: int, height: int):
         yield row
 
 
+def band_items(images: int, planes: int, height: int) -> int:
+    """parallel_for's item count for band_plane_row: one per (image, plane, row),
+    a last band past an odd height included."""
+    bands = min(BANDS, height)
+    return images * bands * planes * -(-height // bands)
+
+
+@contextmanager
+def band_plane_row(kb: KernelBuilder, item, images: int, planes: int, height: int):
+    """(image, plane, row) of work item `item` of band_items(images, planes, height):
+    bands of rows outermost, then planes (channel blocks), then the band's rows; the
+    body runs only for rows inside `height`."""
+    bands = min(BANDS, height)
+    rows = -(-height // bands)
+    n, band, r = band_of(item, images, bands, planes * rows)
+    with band_row(kb, band, r % rows, rows, bands, height) as row:
+        yield n, r // rows, row
+
+
 # The loop's data block (on the calling thread's stack): the argument array, the
 # thread count T, then T counters, one per 64-byte line (SLOTS pointer-sized slots)
 # so that a thread grabbing from its own range never touches a line another thread

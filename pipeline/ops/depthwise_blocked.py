@@ -8,20 +8,17 @@ Layouts (b = the target's vector width):
 Channels are independent, so one vector holds b channels of one pixel and every
 tap is a vector multiply-add of input pixel and weight vector, no broadcasts. A
 register tile holds T output columns of one row; work items (image, channel
-block, output row) are split over threads. Padding is handled as in
-conv2d_nchwc: the kh range is clamped per row, border tiles leave out their
-out-of-range kw taps, tiles inside the row run in a loop.
+block, output row) are split over threads band by band (dsl/vector.py, BANDS).
+Padding is handled as in conv2d_nchwc: the kh range is clamped per row, border tiles
+leave out their out-of-range kw taps, tiles inside the row run in a loop.
 """
 
 from __future__ import annotations
 
-import contextlib
-
 from pipeline.dsl.vector import (
-    BANDS,
     apply_epilogue,
-    band_of,
-    band_row,
+    band_items,
+    band_plane_row,
     fma,
     parallel_for,
     zeros,
@@ -50,16 +47,6 @@ def pack_depthwise_weight(weight, block: int):
     return weight.reshape(c // block, block, kh, kw).transpose(0, 2, 3, 1).copy()
 
 
-@contextlib.contextmanager
-def _inside(kb, item, n_n: int, bands: int, cb_n: int, rpb: int, oh_n: int):
-    """(plane = n * cb_n + cb, cb, oh) of a work item: bands of rpb rows outermost
-    (BANDS), then channel blocks (band_row: only rows inside oh_n)."""
-    n, band, r = band_of(item, n_n, bands, cb_n * rpb)
-    cb = r // rpb
-    with band_row(kb, band, r % rpb, rpb, bands, oh_n) as oh:
-        yield n * cb_n + cb, cb, oh
-
-
 def _lower(kb, node, ins, out, epilogue):
     x, w = ins[0], ins[1]
     bias = ins[2] if len(ins) > 2 else None
@@ -70,11 +57,10 @@ def _lower(kb, node, ins, out, epilogue):
     widest = registers(vb) - 4  # accumulators; the rest: input, weight, spare
     t = -(-ow_n // -(-ow_n // widest))
     plan = row_plan(ow_n, t, -(-pl // sw), (wd - 1 + pl - (kw_n - 1)) // sw)
-    bands = min(BANDS, oh_n)
-    rpb = -(-oh_n // bands)
-    with parallel_for(kb, n_n * bands * cb_n * rpb, "rows",
+    with parallel_for(kb, band_items(n_n, cb_n, oh_n), "rows",
                       work=out.type.size * kh_n * kw_n) as item, \
-            _inside(kb, item, n_n, bands, cb_n, rpb, oh_n) as (plane, cb, oh):
+            band_plane_row(kb, item, n_n, cb_n, oh_n) as (n, cb, oh):
+        plane = n * cb_n + cb
         ih0 = oh * sh - pt
         kh_lo, kh_hi = kb.smax(-ih0, 0), kb.smin(h - ih0, kh_n)
         init = kb.vload(bias, cb * vb, vb) if bias else zeros(vb)
@@ -95,7 +81,7 @@ def _lower(kb, node, ins, out, epilogue):
                         xv = kb.vload(x, x_row + iw * vb, vb)
                         kb.set(accs[j], fma(kb, xv, wv, kb.get(accs[j])))
             for j in range(width):
-                index = [plane // cb_n, cb, oh, ow0 + j, 0]
+                index = [n, cb, oh, ow0 + j, 0]
                 value = apply_epilogue(kb, epilogue, kb.get(accs[j]), index)
                 kb.vstore(out, kb.dot(index[:4], out.strides[:4]), value)
 

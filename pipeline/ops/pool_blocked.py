@@ -5,7 +5,7 @@ max_pool2d_nchwc / avg_pool2d_nchwc take the attributes of max_pool2d / avg_pool
 global_max_pool_nchwc give [N, C/b, 1, 1, b].
 Taps outside the input are skipped with a select on a clamped, always in-bounds
 load, as in the plain pools; work items (image, channel block, output row) are
-split over threads.
+split over threads band by band, as the convolutions around them (dsl/vector.py).
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import llvmlite.ir as ir
 from pipeline.dsl.vector import (
     ELEMENT_WORK,
     apply_epilogue,
+    band_items,
+    band_plane_row,
     parallel_for,
     vconst,
     vec,
@@ -44,9 +46,10 @@ def _lower(kb, node, ins, out, epilogue):
     pt, pl, pb, pr = node.attr("pads")
     include_pad = bool(node.attr("count_include_pad", 0))
     start = [-math.inf if is_max else 0.0] * vb
-    with parallel_for(kb, n_n * cb_n * oh_n, "rows",
-                      work=out.type.size * (kh_n * kw_n + ELEMENT_WORK)) as item:
-        plane, oh = item // oh_n, item % oh_n  # plane = n * cb_n + cb
+    with parallel_for(kb, band_items(n_n, cb_n, oh_n), "rows",
+                      work=out.type.size * (kh_n * kw_n + ELEMENT_WORK)) as item, \
+            band_plane_row(kb, item, n_n, cb_n, oh_n) as (n, cb, oh):
+        plane = n * cb_n + cb
         x_plane = plane * (h * w * vb)
         with kb.loop(0, ow_n, "ow") as ow:
             quantized = x.type.dtype in INT8  # a max of quantized bytes (FuseQDQ)
@@ -74,7 +77,7 @@ def _lower(kb, node, ins, out, epilogue):
             if not is_max:
                 inv = kb.fdiv(kb.f32(1.0), kb.fmax(kb.get(count), kb.f32(1.0)))
                 value = kb.fmul(value, kb.splat(inv, vb))
-            index = [plane // cb_n, plane % cb_n, oh, ow, 0]
+            index = [n, cb, oh, ow, 0]
             value = apply_epilogue(kb, epilogue, value, index)
             kb.vstore(out, kb.dot(index[:4], out.strides[:4]), value)
 
