@@ -49,7 +49,7 @@ def optimize_ir(text: str, target: Target, opt_level: int = 3, loop_vectorize: b
     tm = target.target_machine(opt_level)
     module = llvm.parse_assembly(text)
     module.verify()
-    pto = llvm.create_pipeline_tuning_options(speed_level=opt_level)
+    pto = llvm.create_pipeline_tuning_options(speed_level=min(opt_level, 2))
     pto.loop_vectorization = loop_vectorize and opt_level >= 2
     pto.slp_vectorization = opt_level >= 2
     builder = llvm.create_pass_builder(tm, pto)

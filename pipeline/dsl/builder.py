@@ -303,8 +303,9 @@ class KernelBuilder:
         """The vector with every lane `scalar` (LLVM folds this into a broadcast load)."""
         t = ir.VectorType(scalar.type, n)
         one = self.b.insert_element(ir.Constant(t, None), scalar, ir.Constant(I32, 0))
+        # an all-zeros mask, written as zeroinitializer (n "i32 0"s cost render time)
         return self.b.shuffle_vector(one, ir.Constant(t, None),
-                                     ir.Constant(ir.VectorType(I32, n), [0] * n))
+                                     ir.Constant(ir.VectorType(I32, n), None))
 
     def lane(self, v: ir.Value, k: int) -> ir.Value:
         """Lane `k` of the vector `v`."""

@@ -85,7 +85,7 @@ def fma(kb: KernelBuilder, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
 
 
 def zeros(n: int, elem: ir.Type = F32) -> ir.Constant:
-    return ir.Constant(vec(n, elem), [0.0] * n)
+    return ir.Constant(vec(n, elem), None)  # zeroinitializer: short IR text
 
 
 def vmax(kb: KernelBuilder, a: ir.Value, b: ir.Value) -> ir.Value:
@@ -95,7 +95,7 @@ def vmax(kb: KernelBuilder, a: ir.Value, b: ir.Value) -> ir.Value:
 
 def vconst(x: float, n: int) -> ir.Constant:
     """The float vector with every lane x."""
-    return ir.Constant(vec(n), [float(x)] * n)
+    return ir.Constant(vec(n), None if x == 0 else [float(x)] * n)
 
 
 def reduce_lanes(kb: KernelBuilder, v: ir.Value, combine) -> ir.Value:

@@ -383,8 +383,13 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
 
     def task_build():
         """Build every selected model x target (model=, target=, config= narrow it)."""
+        # The generated models first: doit -n starts tasks in the order it reaches
+        # them, so a big model's generation would otherwise wait behind the runtime
+        # compile, its import behind other models' optimize, and the kernels (created
+        # after the last optimize) for it, one worker idle meanwhile.
         return {"actions": None,
-                "task_dep": [f"export:{m.name}@{t.name}" for m, t in entries]}
+                "task_dep": [*(f"model:{m.name}" for m in models if m.generator),
+                             *(f"export:{m.name}@{t.name}" for m, t in entries)]}
 
     def task_validate():
         """Run each built library and compare its outputs with the reference."""
