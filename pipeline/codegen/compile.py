@@ -5,8 +5,9 @@ the target machine (so vectorisation sees the real vector width), O2 for opt
 level 3: the kernels come explicitly vectorised and unrolled, and O3's extra
 passes took 16% of the compile time of the default matrix's kernels without
 changing any bench model's speed beyond noise (1 thread, same process, 0.96-1.02);
-the target machine emits an ELF object at its opt level. The output depends only on (text, triple, cpu,
-features, opt level), which is what the kernel hash already covers.
+the target machine emits an ELF object at its opt level. The output depends only
+on (text, triple, cpu, features, opt level), which is what the kernel hash already
+covers.
 
 The LLVM inside the llvmlite wheel is built with assertions on, so a bug in
 one of its passes (LLVM 22's loop vectorizer on znver4/znver5, for one) calls
