@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["ARGUMENTS", "GENERATORS", "build", "generate", "source_files"]
+__all__ = ["ARGUMENTS", "GENERATORS", "build", "generate", "reweight_sources",
+           "source_files"]
 
 GENERATORS: dict[str, str] = {
     "mlp": "models.mlp:mlp",
@@ -84,6 +85,14 @@ def source_files(name: str) -> list[Path]:
     if name in BASED_ON:
         files.add(Path(importlib.util.find_spec(BASED_ON[name]).origin))
     return sorted(p.resolve() for p in files)
+
+
+def reweight_sources() -> list[Path]:
+    """Python files whose contents determine a path model's random weights
+    (models/reweight.py and its He-normal draw), for the build tool's file_dep."""
+    here = Path(__file__)
+    return sorted(p.resolve() for p in (here.with_name("_onnx.py"),
+                                         here.with_name("reweight.py")))
 
 
 def generate(name: str, path: str | Path, args: dict | None = None) -> None:

@@ -138,6 +138,69 @@ def test_light_zoo_config_spelling(tmp_path):
         load_config(tmp_path / "c.yaml")
 
 
+def test_light_zoo_with_random_weights_validates_real_numbers(tmp_path):
+    """The light zoo fills each weight with one value (ConstantOfShape), so every
+    channel computes the same and validation cannot see a kernel mix channels up
+    (its output spread is ~1e-10). `random_weights: <seed>` makes the model task
+    write the file with seeded He-normal weights (models/reweight.py); doit builds
+    and validates that against onnxruntime; the same seed rebuilds nothing, another
+    rewrites the model; a generator entry cannot take the key."""
+    import onnxruntime as ort
+
+    light = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+    (tmp_path / "cfg.yaml").write_text(textwrap.dedent("""\
+        models:
+          s: {path: "onnx-light:squeezenet", random_weights: 3}
+        targets:
+          llvm: {target: "llvm -mcpu=native", opt_level: 3}
+        validate: {reference: onnxruntime, rtol: 1.0e-4, atol: 1.0e-4}
+        """))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def doit(*args):
+        return subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"),
+                               "-d", str(tmp_path), "config=cfg.yaml", *args],
+                              capture_output=True, text=True, env=env, timeout=900)
+
+    proc = doit("build", "validate")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    made = tmp_path / "out" / "models" / "s.onnx"
+    model = onnx.load(made)
+    fills = [n for n in model.graph.node if n.op_type == "ConstantOfShape"
+             and n.output[0].endswith("_w_0")]
+    assert not fills and not any(i.name.endswith("_w_0__SHAPE") for i in model.graph.initializer)
+    x = {"data_0": rand(1, 3, 224, 224, seed=4)}
+    spread = [float(ort.InferenceSession(str(f)).run(None, x)[0].std())
+              for f in (light / "light_squeezenet.onnx", made)]
+    assert spread[0] < 1e-8 and spread[1] > 1e-4, spread
+    report = json.loads((tmp_path / "out" / "s" / "llvm" / "validation.json").read_text())
+    assert report["passed"] and report["reference"] == "onnxruntime"
+
+    before = made.read_bytes()
+
+    def ran() -> set:
+        report = json.loads((tmp_path / "out" / "build-report.json").read_text())
+        return {e["task"] for e in report["executed"]}
+
+    proc = doit("build")
+    assert proc.returncode == 0 and "model:s" not in ran(), proc.stdout
+    (tmp_path / "cfg.yaml").write_text(
+        (tmp_path / "cfg.yaml").read_text().replace("random_weights: 3", "random_weights: 4"))
+    proc = doit("build")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "model:s" in ran() and made.read_bytes() != before
+
+    (tmp_path / "g.yaml").write_text("models:\n  m: {generator: mlp, random_weights: 1}\n"
+                                     "targets:\n  llvm: {target: llvm}\n")
+    with pytest.raises(ConfigError, match=r"g.yaml: models.m.random_weights: only a model "
+                       r"read from a path"):
+        load_config(tmp_path / "g.yaml")
+    (tmp_path / "g.yaml").write_text('models:\n  m: {path: "onnx-light:squeezenet", '
+                                     'random_weights: -1}\ntargets:\n  llvm: {target: llvm}\n')
+    with pytest.raises(ConfigError, match=r"models.m.random_weights: must be a seed"):
+        load_config(tmp_path / "g.yaml")
+
+
 def test_memory_plan_reads_graph_json():
     doc = {"nodes": [{"op": "null", "name": "x", "inputs": []},
                      {"op": "tvm_op", "name": "a", "inputs": [[0, 0, 0]], "attrs": {}},

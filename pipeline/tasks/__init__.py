@@ -167,7 +167,9 @@ def _test_kill(task_name: str, when: str) -> None:
 
 
 def onnx_path(entry: ModelEntry) -> str:
-    if entry.path is not None:
+    """The ONNX file the entry builds from: the user's, or one the model task writes
+    (a generator's, or the user's with random weights)."""
+    if entry.path is not None and entry.random_weights is None:
         return os.path.relpath(entry.path)
     return path(OUT, "models", f"{entry.name}.onnx")
 
@@ -233,10 +235,21 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
                       *(r.removeprefix("pipeline.") for r in CODEGEN_ROOTS))
 
     def task_model():
-        """Generate the ONNX files of models built by models/ generators."""
-        from models import source_files
+        """Generate the ONNX files of models built by models/ generators, and of path
+        models with random weights."""
+        from models import reweight_sources, source_files
 
         for m in models:
+            if m.random_weights is not None:
+                src = os.path.relpath(m.path)
+                deps = [src, *(os.path.relpath(p) for p in reweight_sources())]
+                yield {"name": m.name, "targets": [onnx_path(m)], "clean": [lazy.clean],
+                       "actions": [cached("tasks.stages:reweight_model",
+                                          [src, onnx_path(m), m.random_weights], deps,
+                                          [onnx_path(m)])],
+                       "file_dep": deps,
+                       "uptodate": [options_changed({"random_weights": m.random_weights},
+                                                    "random_weights"), fetched]}
             if m.generator:
                 deps = [os.path.relpath(p) for p in source_files(m.generator)]
                 yield {"name": m.name, "targets": [onnx_path(m)], "clean": [lazy.clean],
@@ -388,7 +401,8 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
         # compile, its import behind other models' optimize, and the kernels (created
         # after the last optimize) for it, one worker idle meanwhile.
         return {"actions": None,
-                "task_dep": [*(f"model:{m.name}" for m in models if m.generator),
+                "task_dep": [*(f"model:{m.name}" for m in models
+                               if m.generator or m.random_weights is not None),
                              *(f"export:{m.name}@{t.name}" for m, t in entries)]}
 
     def task_validate():

@@ -6,6 +6,7 @@
       mynet:
         path: nets/mynet.onnx                           # relative to this file
       squeezenet: {path: "onnx-light:squeezenet"}       # the onnx wheel's light zoo
+        random_weights: 0                               # seeded weights (models/reweight.py)
         inputs: {input.1: [1, 3, 224, 224]}             # optional shape overrides
         validate: {rtol: 1.0e-3}                        # optional overrides
     targets:
@@ -66,6 +67,7 @@ class ModelEntry:
     args: dict = field(default_factory=dict)     # the generator's keyword arguments
     inputs: dict = field(default_factory=dict)   # input name -> shape override
     validate: ValidateOptions = ValidateOptions()
+    random_weights: int | None = None  # a path model's weights made random, this seed
 
 
 @dataclass(frozen=True)
@@ -263,13 +265,20 @@ def _model(where: _Where, name: str, spec, validate: ValidateOptions) -> ModelEn
     from models import GENERATORS  # only needed when the config is read
 
     key = f"models.{name}"
-    spec = where.mapping(spec, key, {"path", "generator", "args", "inputs", "validate"})
+    spec = where.mapping(spec, key, {"path", "generator", "args", "inputs", "validate",
+                                     "random_weights"})
     if ("path" in spec) == ("generator" in spec):
         where.fail(key, "give exactly one of 'path' (an ONNX file) or 'generator' "
                    f"(one of {', '.join(GENERATORS)})")
     path = generator = None
     if "args" in spec and "generator" not in spec:
         where.fail(f"{key}.args", "only a model built by a generator takes args")
+    if "random_weights" in spec and "path" not in spec:
+        where.fail(f"{key}.random_weights", "only a model read from a path takes "
+                   "random_weights (a generator's weights are random already)")
+    seed = spec.get("random_weights")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
+        where.fail(f"{key}.random_weights", f"must be a seed (an integer >= 0), got {seed!r}")
     if "path" in spec:
         text = where.typed(spec["path"], f"{key}.path", str, "a file path")
         if text.startswith(ONNX_LIGHT):
@@ -294,7 +303,7 @@ def _model(where: _Where, name: str, spec, validate: ValidateOptions) -> ModelEn
         inputs[inp] = tuple(shape)
     return ModelEntry(name, path, generator, args, inputs,
                       _validate_options(where, spec.get("validate") or {},
-                                        f"{key}.validate", validate))
+                                        f"{key}.validate", validate), seed)
 
 
 def _generator_args(where: _Where, doc, key: str) -> dict:

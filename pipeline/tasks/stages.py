@@ -43,6 +43,13 @@ def generate_model(name: str, path: str, args: dict | None = None) -> None:
     generate(name, path, args)
 
 
+def reweight_model(src: str, dst: str, seed: int) -> None:
+    """ONNX file `src` -> `dst` with seeded random weights (models/reweight.py)."""
+    from models.reweight import random_weights
+
+    random_weights(src, dst, seed)
+
+
 def import_model(onnx_path: str, shapes: dict, graph_path: str, weights_path: str) -> None:
     """ONNX file -> graph IR JSON + weights (.params)."""
     graph, params = from_onnx(onnx_path, {k: tuple(v) for k, v in shapes.items()})
