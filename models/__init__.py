@@ -110,8 +110,8 @@ def generate(name: str, path: str | Path, args: dict | None = None) -> None:
 
     from pipeline.link.files import atomic_write
 
-    model = build(name, args)
+    data = build(name, args).SerializeToString()  # once: the checker takes the bytes
     # full_check also runs strict shape inference, catching shape errors here
     # rather than in the compiler.
-    onnx.checker.check_model(model, full_check=True)
-    atomic_write(path, model.SerializeToString())
+    onnx.checker.check_model(data, full_check=True)
+    atomic_write(path, data)

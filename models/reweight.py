@@ -66,6 +66,6 @@ def random_weights(src: str | Path, dst: str | Path, seed: int) -> None:
     as it is)."""
     from pipeline.link.files import atomic_write
 
-    model = randomize(onnx.load(str(src)), seed)
-    onnx.checker.check_model(model)
-    atomic_write(dst, model.SerializeToString())
+    data = randomize(onnx.load(str(src)), seed).SerializeToString()
+    onnx.checker.check_model(data)
+    atomic_write(dst, data)

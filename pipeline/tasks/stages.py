@@ -12,6 +12,7 @@ import contextlib
 import json
 import mmap
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pipeline.driver.build import lower_graph
@@ -153,8 +154,12 @@ def pack_devc(graph_json_path: str, params_path: str, kernels_path: str,
 def build_runtime(executor_path: str, run_path: str, cc: str | None = None) -> None:
     """The target's C runtime, compiled by cc (the target's compiler; None for the
     host's): executor.o (linked into every library) and the pipeline-run program."""
-    runtime_c.compile_executor(executor_path, cc)
-    runtime_c.build_pipeline_run(run_path, cc)
+    # Two compiler processes at once: this task is alone on a serial build's path.
+    with ThreadPoolExecutor(2) as pool:
+        done = [pool.submit(runtime_c.compile_executor, executor_path, cc),
+                pool.submit(runtime_c.build_pipeline_run, run_path, cc)]
+    for future in done:
+        future.result()  # the first error (LinkError with the command), if any
 
 
 def export_library(lib0_path: str, devc_path: str, executor_path: str, out_path: str,
