@@ -35,25 +35,24 @@ def randomize(model: onnx.ModelProto, seed: int) -> onnx.ModelProto:
         if t.data_type == onnx.TensorProto.FLOAT and len(t.dims) >= 2:
             t.CopyFrom(numpy_helper.from_array(he_normal(rng, list(t.dims)), t.name))
     shapes = {t.name: t for t in graph.initializer if t.data_type == onnx.TensorProto.INT64}
-    filled = []  # float ConstantOfShape nodes of a constant shape of rank >= 2
+    filled = []  # (node, dims): float ConstantOfShape of a constant shape of rank >= 2
     for node in graph.node:
         if node.op_type != "ConstantOfShape" or node.input[0] not in shapes:
             continue
         value = next((a.t for a in node.attribute if a.name == "value"), None)
         dims = [int(d) for d in numpy_helper.to_array(shapes[node.input[0]])]
         if (value is None or value.data_type == onnx.TensorProto.FLOAT) and len(dims) >= 2:
-            filled.append(node)
+            filled.append((node, dims))
             graph.initializer.append(numpy_helper.from_array(he_normal(rng, dims),
                                                              node.output[0]))
-    for node in filled:
+    for node, dims in filled:
         graph.node.remove(node)
         if out.ir_version < 4:  # before IR 4 an initializer must be a graph input too
             graph.input.append(onnx.helper.make_tensor_value_info(
-                node.output[0], onnx.TensorProto.FLOAT,
-                [int(d) for d in numpy_helper.to_array(shapes[node.input[0]])]))
+                node.output[0], onnx.TensorProto.FLOAT, dims))
     # the shapes only those nodes read go too (onnxruntime warns of each)
     used = {name for node in graph.node for name in node.input}
-    unused = {node.input[0] for node in filled} - used
+    unused = {node.input[0] for node, _ in filled} - used
     for container in (graph.initializer, graph.input):
         for item in [x for x in container if x.name in unused]:
             container.remove(item)

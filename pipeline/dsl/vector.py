@@ -95,7 +95,8 @@ def vmax(kb: KernelBuilder, a: ir.Value, b: ir.Value) -> ir.Value:
 
 def vconst(x: float, n: int) -> ir.Constant:
     """The float vector with every lane x."""
-    return ir.Constant(vec(n), None if x == 0 else [float(x)] * n)
+    zero = x == 0 and math.copysign(1.0, x) > 0  # zeroinitializer is +0.0, not -0.0
+    return ir.Constant(vec(n), None if zero else [float(x)] * n)
 
 
 def reduce_lanes(kb: KernelBuilder, v: ir.Value, combine) -> ir.Value:

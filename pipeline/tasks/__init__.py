@@ -169,7 +169,7 @@ def _test_kill(task_name: str, when: str) -> None:
 def onnx_path(entry: ModelEntry) -> str:
     """The ONNX file the entry builds from: the user's, or one the model task writes
     (a generator's, or the user's with random weights)."""
-    if entry.path is not None and entry.random_weights is None:
+    if not entry.written:
         return os.path.relpath(entry.path)
     return path(OUT, "models", f"{entry.name}.onnx")
 
@@ -250,7 +250,7 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
                        "file_dep": deps,
                        "uptodate": [options_changed({"random_weights": m.random_weights},
                                                     "random_weights"), fetched]}
-            if m.generator:
+            elif m.generator:
                 deps = [os.path.relpath(p) for p in source_files(m.generator)]
                 yield {"name": m.name, "targets": [onnx_path(m)], "clean": [lazy.clean],
                        "actions": [cached("tasks.stages:generate_model",
@@ -401,8 +401,7 @@ def make_tasks(config: BuildConfig, models: list[ModelEntry], targets: list[Targ
         # compile, its import behind other models' optimize, and the kernels (created
         # after the last optimize) for it, one worker idle meanwhile.
         return {"actions": None,
-                "task_dep": [*(f"model:{m.name}" for m in models
-                               if m.generator or m.random_weights is not None),
+                "task_dep": [*(f"model:{m.name}" for m in models if m.written),
                              *(f"export:{m.name}@{t.name}" for m, t in entries)]}
 
     def task_validate():

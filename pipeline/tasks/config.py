@@ -69,6 +69,12 @@ class ModelEntry:
     validate: ValidateOptions = ValidateOptions()
     random_weights: int | None = None  # a path model's weights made random, this seed
 
+    @property
+    def written(self) -> bool:
+        """Whether the build writes this model's ONNX file (the model task): a
+        generator's, or a path model's with random weights."""
+        return self.generator is not None or self.random_weights is not None
+
 
 @dataclass(frozen=True)
 class TargetEntry:
