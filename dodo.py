@@ -45,7 +45,7 @@ DOIT_CONFIG = {
 }
 
 try:
-    from pipeline.link.files import remove_stale_temporaries
+    from pipeline.files import remove_stale_temporaries
     from pipeline.tasks import make_tasks
     from pipeline.tasks.cache import cache_dir
     from pipeline.tasks.config import load_config

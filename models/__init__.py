@@ -108,7 +108,7 @@ def generate(name: str, path: str | Path, args: dict | None = None) -> None:
     """
     import onnx
 
-    from pipeline.link.files import atomic_write
+    from pipeline.files import atomic_write
 
     data = build(name, args).SerializeToString()  # once: the checker takes the bytes
     # full_check also runs strict shape inference, catching shape errors here

@@ -63,7 +63,7 @@ def random_weights(src: str | Path, dst: str | Path, seed: int) -> None:
     """Read the ONNX file `src`, randomize its weights (seed `seed`), check the result
     and write it to `dst` atomically (a file already holding the same bytes is left
     as it is)."""
-    from pipeline.link.files import atomic_write
+    from pipeline.files import atomic_write
 
     data = randomize(onnx.load(str(src)), seed).SerializeToString()
     onnx.checker.check_model(data)

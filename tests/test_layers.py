@@ -23,7 +23,7 @@ PKG = REPO / "pipeline"
 
 # Bottom first; the packages of one entry may import each other (without cycles).
 LAYERS = [
-    ["errors", "ir"],
+    ["errors", "files", "ir"],
     ["dsl"],
     ["ops"],
     ["frontend", "transform", "lower", "plan"],

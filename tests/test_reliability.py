@@ -41,6 +41,7 @@ from test_doit_flow import REPO, doit, tiny_convnet
 from test_incremental import artifact_bytes, hashes, kernel_tasks, matrix
 
 import pipeline
+from pipeline import files
 from pipeline.errors import (
     ConfigError,
     FormatError,
@@ -49,7 +50,6 @@ from pipeline.errors import (
     OutputError,
     PipelineError,
 )
-from pipeline.link import files
 from pipeline.runtime import GraphModule, load_module
 from pipeline.runtime.blob import BlobError
 from pipeline.tasks import cache
@@ -195,7 +195,7 @@ def test_enospc_during_a_build_is_one_line(tiny: Path):
     inject.mkdir()
     (inject / "sitecustomize.py").write_text(textwrap.dedent("""
         import builtins
-        import pipeline.link.files as files
+        import pipeline.files as files
         def full_open(path, mode="r", *args, **kwargs):
             if "w" in mode and ".devc.o." in str(path):
                 path = "/dev/full"

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from llvmlite import ir
 
+from pipeline.files import atomic_write
 from pipeline.ir.target import parse_target
 from pipeline.link.blob import (
     BLOB_MAGIC,
@@ -31,7 +32,6 @@ from pipeline.link.blob import (
 )
 from pipeline.link.cc import LinkError, create_shared, create_tar, link_relocatable
 from pipeline.link.export import link_library
-from pipeline.link.files import atomic_write
 from pipeline.runtime import GraphModule, load_module, load_params, save_params
 from pipeline.runtime.blob import BlobError, unpack_blob
 

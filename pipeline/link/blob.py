@@ -46,8 +46,8 @@ import struct
 from typing import Any
 
 from pipeline.errors import PipelineError
+from pipeline.files import atomic_write
 from pipeline.link.elf import DATA_OFFSET, data_object
-from pipeline.link.files import atomic_write
 from pipeline.link.plan import encode_plan
 
 __all__ = [

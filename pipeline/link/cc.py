@@ -2,7 +2,7 @@
 
 `cc` everywhere is the compiler command for the target ("aarch64-linux-gnu-gcc",
 "ccache gcc"); None means the host's: $CC, else "cc". Every function writes its
-output atomically through pipeline/link/files.py (temporary file + rename, an
+output atomically through pipeline/files.py (temporary file + rename, an
 unchanged output left untouched, mtime included).
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from functools import cache
 
 from pipeline.errors import PipelineError
-from pipeline.link.files import temp_output
+from pipeline.files import temp_output
 from pipeline.link.integrity import stamp_code_digest
 
 __all__ = ["LinkError", "ToolchainError", "cc_package", "compile_c", "create_shared",

@@ -12,7 +12,7 @@ so the Python API and `doit build` give the same bytes for the same model:
 
 Every step runs the target's compiler `cc` (None: the host's, allowed only for a
 target this machine runs; resolve_cc). Every output is written atomically and
-left untouched when its bytes did not change (pipeline/link/files.py), which is
+left untouched when its bytes did not change (pipeline/files.py), which is
 what keeps doit's later tasks up to date.
 """
 

@@ -15,8 +15,8 @@ import json
 import os
 from pathlib import Path
 
+from pipeline.files import temp_output
 from pipeline.link.cc import _run, _tool, toolchain_identity
-from pipeline.link.files import temp_output
 
 __all__ = ["C_DIR", "C_SOURCES", "EXECUTOR_C", "build_pipeline_run", "compile_executor",
            "executor_object"]

@@ -22,10 +22,11 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
+
+from pipeline.files import atomic_write
 
 PKG = Path(__file__).resolve().parent.parent  # pipeline/
 OPS = "pipeline.ops"  # the operators' facade: importing it registers every family
@@ -370,13 +371,5 @@ def remembered(kind: str, key, compute: Callable):
         # Written whole by rename: a reader sees an old or a new file, never a torn
         # one; a fact another process added meanwhile may be lost (and recomputed).
         with contextlib.suppress(OSError):  # read-only install: computed every time
-            _STORE.parent.mkdir(exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=_STORE.parent, suffix=".tmp")
-            try:
-                with os.fdopen(fd, "w") as f:
-                    json.dump({"signature": signature, "facts": facts}, f)
-                os.replace(tmp, _STORE)
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
+            atomic_write(_STORE, json.dumps({"signature": signature, "facts": facts}).encode())
     return facts[name]

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.link.files import atomic_write
+from pipeline.files import atomic_write
 from pipeline.runtime.graph_executor import GraphExecutor, GraphModule, check_device
 from pipeline.runtime.params import save_params
 from pipeline.runtime.profile import NodeTime, format_profile, profile_nodes

@@ -26,7 +26,7 @@ import shutil
 import time
 from pathlib import Path
 
-from pipeline.link.files import atomic_write, temp_output
+from pipeline.files import atomic_write, temp_output
 from pipeline.tasks import lazy
 
 _DIGESTS: dict[tuple[str, int, int, int], str] = {}

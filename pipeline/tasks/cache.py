@@ -30,7 +30,7 @@ import warnings
 from pathlib import Path
 
 from pipeline.errors import PipelineError
-from pipeline.link.files import atomic_write
+from pipeline.files import atomic_write
 from pipeline.tasks import lazy
 
 DEFAULT = os.path.join("out", "kernels")

@@ -12,7 +12,7 @@ drops the repeats:
   otherwise the md5 decides; each (path, mtime, size) is hashed at most once
   per run.
 - Artifacts under out/: every stage writes them through
-  pipeline.link.files.temp_output, which leaves a file whose bytes did not
+  pipeline.files.temp_output, which leaves a file whose bytes did not
   change untouched, mtime included. So a new mtime there already means new
   content, and the md5 would only confirm it.
 """

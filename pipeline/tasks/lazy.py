@@ -34,7 +34,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.link.files import atomic_write
+from pipeline.files import atomic_write
 
 ROOT = os.path.join("out", ".remote")
 PRODUCERS = os.path.join(ROOT, "producers")

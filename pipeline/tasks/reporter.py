@@ -33,7 +33,7 @@ import time
 
 from doit.reporter import ConsoleReporter
 
-from pipeline.link.files import atomic_write
+from pipeline.files import atomic_write
 from pipeline.tasks.explain import reasons
 
 REPORT = os.path.join("out", "build-report.json")

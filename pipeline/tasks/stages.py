@@ -17,12 +17,12 @@ from pathlib import Path
 
 from pipeline.driver.build import lower_graph
 from pipeline.driver.factory import unique_specs
+from pipeline.files import atomic_write
 from pipeline.frontend import from_onnx
 from pipeline.ir.graph import Graph
 from pipeline.ir.target import parse_target
 from pipeline.link import export, runtime_c
 from pipeline.link.cc import link_relocatable
-from pipeline.link.files import atomic_write
 from pipeline.lower.kernel import KernelSpec
 from pipeline.runtime.metadata import kernel_metadata
 from pipeline.runtime.params import load_params, param_chunks

@@ -87,10 +87,10 @@ def compile_model(model: str, output: str, target: str = DEFAULT_TARGET, opt_lev
     """
     from pipeline.driver.build import lower_graph
     from pipeline.driver.factory import GraphExecutorFactory, unique_specs
+    from pipeline.files import atomic_write
     from pipeline.frontend import from_onnx
     from pipeline.ir.target import TargetError, parse_target
     from pipeline.link.export import LIBRARY_SUFFIXES, resolve_cc
-    from pipeline.link.files import atomic_write
     from pipeline.tasks.cache import cache_dir, entry_ir, entry_path, is_valid, object_for_link
     from pipeline.transform import PassContext
 

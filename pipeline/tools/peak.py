@@ -32,8 +32,8 @@ import threading
 import time
 from pathlib import Path
 
+from pipeline.files import atomic_write
 from pipeline.link.cc import host_cc
-from pipeline.link.files import atomic_write
 
 CHAINS = 12
 _SOURCE = f"""

@@ -29,7 +29,7 @@ import os
 import re
 
 from pipeline.errors import PipelineError
-from pipeline.link.files import atomic_write
+from pipeline.files import atomic_write
 
 # Stage -> colour in the timeline (matplotlib's tab10, fixed so pages compare).
 STAGE_COLOURS = {"model": "#7f7f7f", "import": "#9467bd", "optimize": "#ff7f0e",

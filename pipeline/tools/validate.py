@@ -18,8 +18,8 @@ from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
 from pipeline.errors import PipelineError
+from pipeline.files import atomic_write
 from pipeline.frontend.onnx import load_model, with_input_shapes
-from pipeline.link.files import atomic_write
 from pipeline.link.integrity import verify_code_digest
 from pipeline.runtime import GraphModule, load_module
 from pipeline.tools.on_target import require_run, run_on_target
