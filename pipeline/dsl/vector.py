@@ -341,52 +341,73 @@ def parallel_for(kb: KernelBuilder, n_items: int, name: str = "task",
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     saved = [buf.ptr for buf in kb.buffers]
     kb.function, kb.b = fn, b
-    chunk, cap = _chunk(n_items), thread_cap(n_items, work)
-    n = raw(n_items)
+    cap = thread_cap(n_items, work)
     try:
-        data = fn.args[0]
-        args = b.load(b.gep(data, [raw(0)], source_etype=PTR), typ=PTR)
-        for i, buf in enumerate(kb.buffers):
-            slot = b.gep(args, [raw(i)], source_etype=PTR, inbounds=True)
-            buf.ptr = b.load(slot, typ=PTR, name=f"buf{i}")
-        if cap == 1:
-            threads, home = raw(1), raw(0)
-        else:
-            threads = b.load(b.gep(data, [raw(1)], source_etype=PTR), typ=raw(0).type)
-            home = b.urem(b.zext(_thread_index(b, module), threads.type), threads)
-        victim, ranged, grab, take, following, done = (
-            fn.append_basic_block(f"{name}.{s}")
-            for s in ("victim", "range", "grab", "work", "next", "done"))
-        entry = b.block
-        b.branch(victim)
-        b.position_at_end(victim)
-        v = b.phi(threads.type, name="v")
-        v.add_incoming(raw(0), entry)
-        b.cbranch(b.icmp_unsigned("<", v, threads), ranged, done)
-        b.position_at_end(ranged)  # range r = (home + v) % T: [r*n/T, (r+1)*n/T)
-        r = b.urem(b.add(home, v), threads)
-        hi = b.udiv(b.mul(b.add(r, raw(1)), n), threads)
-        counter = b.gep(data, [b.mul(b.add(r, raw(1)), raw(SLOTS))], source_etype=PTR)
-        b.branch(grab)
-        b.position_at_end(grab)
-        start = b.atomic_rmw("add", counter, raw(chunk), "monotonic")
-        b.cbranch(b.icmp_signed("<", start, hi), take, following)
-        b.position_at_end(take)
-        end = b.add(start, raw(chunk))
-        end = b.select(b.icmp_signed("<", end, hi), end, hi)
+        start, end, loop_back = _claim_chunks(kb, name, cap, n_items)
         with kb.loop(start, end, name) as i:
             yield i
+        loop_back()
+    finally:
+        kb.function, kb.b = outer_fn, outer_b
+        for buf, ptr in zip(kb.buffers, saved, strict=True):
+            buf.ptr = ptr
+    _run_on_team(outer_b, fn, cap, n_items, name)
+
+
+def _claim_chunks(kb: KernelBuilder, name: str, cap: int, n_items: int):
+    """The loop function's head: rebind the buffers to the pointers in the data block,
+    then claim chunks of this thread's range first and the other ranges' after.
+    Returns (start, end) of the claimed chunk, the builder positioned where its loop
+    goes, and a function that closes the loop function after that loop."""
+    b, fn, module = kb.b, kb.function, kb.module
+    chunk, n = _chunk(n_items), raw(n_items)
+    data = fn.args[0]
+    args = b.load(b.gep(data, [raw(0)], source_etype=PTR), typ=PTR)
+    for i, buf in enumerate(kb.buffers):
+        slot = b.gep(args, [raw(i)], source_etype=PTR, inbounds=True)
+        buf.ptr = b.load(slot, typ=PTR, name=f"buf{i}")
+    if cap == 1:
+        threads, home = raw(1), raw(0)
+    else:
+        threads = b.load(b.gep(data, [raw(1)], source_etype=PTR), typ=raw(0).type)
+        home = b.urem(b.zext(_thread_index(b, module), threads.type), threads)
+    victim, ranged, grab, take, following, done = (
+        fn.append_basic_block(f"{name}.{s}")
+        for s in ("victim", "range", "grab", "work", "next", "done"))
+    entry = b.block
+    b.branch(victim)
+    b.position_at_end(victim)
+    v = b.phi(threads.type, name="v")
+    v.add_incoming(raw(0), entry)
+    b.cbranch(b.icmp_unsigned("<", v, threads), ranged, done)
+    b.position_at_end(ranged)  # range r = (home + v) % T: [r*n/T, (r+1)*n/T)
+    r = b.urem(b.add(home, v), threads)
+    hi = b.udiv(b.mul(b.add(r, raw(1)), n), threads)
+    counter = b.gep(data, [b.mul(b.add(r, raw(1)), raw(SLOTS))], source_etype=PTR)
+    b.branch(grab)
+    b.position_at_end(grab)
+    start = b.atomic_rmw("add", counter, raw(chunk), "monotonic")
+    b.cbranch(b.icmp_signed("<", start, hi), take, following)
+    b.position_at_end(take)
+    end = b.add(start, raw(chunk))
+    end = b.select(b.icmp_signed("<", end, hi), end, hi)
+
+    def loop_back() -> None:
         kb.b.branch(grab)
         kb.b.position_at_end(following)
         v.add_incoming(kb.b.add(v, raw(1)), following)
         kb.b.branch(victim)
         kb.b.position_at_end(done)
         kb.b.ret_void()
-    finally:
-        kb.function, kb.b = outer_fn, outer_b
-        for buf, ptr in zip(kb.buffers, saved, strict=True):
-            buf.ptr = ptr
-    ob = outer_b
+
+    return start, end, loop_back
+
+
+def _run_on_team(ob: ir.IRBuilder, fn: ir.Function, cap: int, n_items: int,
+                 name: str) -> None:
+    """In the kernel (builder `ob`): fill the loop function `fn`'s data block and call
+    it on min(threads, cap) threads: the library's own team, libgomp's, or directly."""
+    outer_fn, module = ob.function, ob.module
     with ob.goto_block(outer_fn.entry_basic_block):
         ob.position_at_start(outer_fn.entry_basic_block)
         data = ob.alloca(PTR, size=SLOTS * (TEAM_MAX + 1))
@@ -401,7 +422,7 @@ def parallel_for(kb: KernelBuilder, n_items: int, name: str = "task",
     threads = ob.select(ob.icmp_signed("<", threads, limit), threads, limit)
     threads = ob.select(ob.icmp_signed("<", threads, ir.Constant(I32, 1)),
                         ir.Constant(I32, 1), threads)
-    _start_ranges(ob, data, ob.zext(threads, raw(0).type), n)
+    _start_ranges(ob, data, ob.zext(threads, raw(0).type), raw(n_items))
     team, alone = (outer_fn.append_basic_block(f"{name}.{s}") for s in ("team", "alone"))
     joined = outer_fn.append_basic_block(f"{name}.joined")
     ob.cbranch(ob.icmp_signed(">", threads, ir.Constant(I32, 1)), team, alone)
