@@ -109,6 +109,18 @@ def test_pipeline_run_matches_reference(tools, tmp_path):
         np.testing.assert_allclose(got, ref, rtol=1e-6)
 
 
+def test_pipeline_run_makes_its_output_dir(tools, tmp_path):
+    """--output-dir creates the folder and its missing parents, as mkdir -p does."""
+    run, so, model = tools
+    out = tmp_path / "not" / "yet" / "there"
+    proc = _run([run, so, *_inputs(tmp_path), "--output-dir", out])
+    assert proc.returncode == 0, proc.stderr
+    for k, ref in enumerate(ReferenceEvaluator(model).run(None, INPUTS)):
+        got = np.load(out / f"output_{k}.npy")
+        assert got.dtype == ref.dtype and got.shape == ref.shape
+        np.testing.assert_allclose(got, ref, rtol=1e-6)
+
+
 def test_pipeline_run_output_matches_python_api(tools, tmp_path):
     run, so, _ = tools
     assert _run([run, so, *_inputs(tmp_path), "--output-dir", tmp_path]).returncode == 0
@@ -145,6 +157,7 @@ def _corrupt(so: Path, tmp_path: Path, offset: int, data: bytes) -> Path:
                 rf"{BLOB_VERSION}"),
     ("plan", r"bad\.so: blob corrupted: section plan out of bounds"),
     ("truncated-file", r"cannot load .*bad\.so"),
+    ("output-dir-is-a-file", r"cannot create output directory .*x\.npy/y: Not a directory"),
 ])
 def test_pipeline_run_errors_are_one_line(tools, tmp_path, case, message):
     run, so, _ = tools
@@ -159,6 +172,7 @@ def test_pipeline_run_errors_are_one_line(tools, tmp_path, case, message):
         "missing-input": [run, so, *args[:6], *out],
         "unknown-input": [run, so, *args, "--input", f"q={x}", *out],
         "no-library": [run, tmp_path / "gone.so", *args, *out],
+        "output-dir-is-a-file": [run, so, *args, "--output-dir", x / "y"],
     }.get(case)
     if case == "wrong-dtype":
         np.save(x, INPUTS["x"].astype(np.float32))

@@ -5,7 +5,8 @@
  *
  * Loads the library, sets each input from a .npy file (C order, little endian;
  * float32/float64/int64/int32/bool and the library's other dtypes), runs it,
- * writes output i to DIR/output_<i>.npy and with --repeat N > 1 prints the
+ * writes output i to DIR/output_<i>.npy (DIR and its missing parents are
+ * created, as mkdir -p does) and with --repeat N > 1 prints the
  * median milliseconds per run of N more runs. The blob's sha256 is checked
  * (a corrupted weight refused) unless --no-check. Any error: one line on
  * stderr, exit status 1.
@@ -14,11 +15,13 @@
 #include "pipeline_runtime.h"
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <link.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 static void die(const char *fmt, ...) {
@@ -215,6 +218,30 @@ static void write_npy(pl_executor *h, int index, const char *dir) {
     free(data);
 }
 
+/* Create `dir` and its missing parents, as mkdir -p does (existing ones are fine). */
+static void make_dirs(const char *dir) {
+    char path[4096];
+    size_t n = strlen(dir);
+    if (n == 0) die("--output-dir needs a directory name");
+    if (n >= sizeof path) die("output directory name too long: %s", dir);
+    memcpy(path, dir, n + 1);
+    /* Each prefix ending before a '/', then the whole name; p starts past a leading '/'. */
+    for (char *p = path + 1;; p++) {
+        if (*p != '/' && *p != 0) continue;
+        char end = *p;
+        *p = 0;
+        if (mkdir(path, 0777) != 0 && errno != EEXIST)
+            die("cannot create output directory %s: %s", path, strerror(errno));
+        *p = end;
+        if (!end) break;
+    }
+    struct stat st;
+    if (stat(dir, &st) != 0)
+        die("cannot create output directory %s: %s", dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode))  /* mkdir said EEXIST: a file of that name */
+        die("cannot create output directory %s: %s", dir, strerror(ENOTDIR));
+}
+
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -275,6 +302,7 @@ int main(int argc, char **argv) {
         api.input_info(h, i, &t);
         if (!given[i]) die("input '%s' not given (--input %s=FILE.npy)", t.name, t.name);
     }
+    make_dirs(out_dir);  /* before the run: a long (emulated) run is not wasted */
     if (api.run(h)) die("run failed: %s", api.last_error(h));
     for (int o = 0; o < api.num_outputs(h); o++) write_npy(h, o, out_dir);
     if (repeat > 0) {
