@@ -63,8 +63,9 @@ from pipeline.tools.validate import random_inputs
 _ROOT = str(Path(__file__).resolve().parents[2])  # holds pipeline/: the runner's code
 
 
+# format_report and summarize live in bench_table; `tools.bench:summarize` is doit's stage.
 __all__ = ["BenchError", "bench_library", "bench_emulated", "format_report", "memory_plan",
-           "model_flops", "summarize"]  # the last two from bench_table: doit's stage names
+           "model_flops", "summarize"]
 
 
 class BenchError(PipelineError):
@@ -218,12 +219,6 @@ def _rounds(sides: list[str], paths: dict, inputs: str, threads: int, rounds: in
     return [{side: r for side, r in rnd.items() if side not in failed} for rnd in done]
 
 
-def _ratio_key(peer: str) -> str:
-    """bench.json's key of ours / peer: "ratio" for onnxruntime (as before OpenVINO
-    joined), "ratio_<peer>" for the others."""
-    return "ratio" if peer == "onnxruntime" else f"ratio_{peer}"
-
-
 def _row(rounds: list[dict], flops: int, peak_gflops: float, failed: dict) -> dict:
     """The figures of one thread count from its rounds ({side: runner report}; the
     sides of the first round ran in every one), with `failed`'s peers marked."""
@@ -241,7 +236,8 @@ def _row(rounds: list[dict], flops: int, peak_gflops: float, failed: dict) -> di
     row.update({f"{peer}_failed": why for peer, why in failed.items()})
     peers = [side for side in ran if side != "ours"]
     for peer in peers:
-        key = _ratio_key(peer)
+        # "ratio" stays ours / onnxruntime, as before OpenVINO joined.
+        key = "ratio" if peer == "onnxruntime" else f"ratio_{peer}"
         ratios = [o / t for o, t in zip(med["ours"], med[peer], strict=True)]
         row.update({key: round(row["ours_ms"] / row[f"{peer}_ms"], 3),
                     f"{key}_min": round(min(ratios), 3), f"{key}_max": round(max(ratios), 3)})
