@@ -13,7 +13,8 @@ and `--runs` timed inferences back to back, and prints one JSON object on stdout
      "runs_alone": timed runs our executor ran on one thread (it measures both ways
                    and runs the faster; 0 for the peers),
      "runtime": {"version": the peer's version; OpenVINO's also "precision", the
-                 inference precision the compiled model reports},
+                 inference precision the compiled model reports, "threads",
+                 "streams" and "cpu_pinning" as it reports them},
      "base_rss_bytes": RSS once Python, numpy and the side's runtime are imported,
      "peak_rss_bytes": this program's peak RSS (VmHWM), all it ever held}
 
@@ -105,7 +106,9 @@ def _openvino(model_path: str, feeds: dict, threads: int) -> Loaded:
     about = {"version": ov.get_version(),
              "precision": compiled.get_property(hints.inference_precision).get_type_name(),
              "threads": int(compiled.get_property(props.inference_num_threads)),
-             "streams": int(compiled.get_property(props.num_streams))}
+             "streams": int(compiled.get_property(props.num_streams)),
+             # its default, kept: OpenVINO pins its threads to cores, ours does not
+             "cpu_pinning": bool(compiled.get_property(hints.enable_cpu_pinning))}
     return (lambda: request.infer(feeds, share_inputs=True, share_outputs=True)), \
         lambda: 0, about
 

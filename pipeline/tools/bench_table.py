@@ -96,7 +96,8 @@ def format_report(report: dict) -> str:
     ov = report.get("peers", {}).get("openvino", {})
     if "version" in ov:
         lines.append(f"openvino {ov['version'].split('-')[0]}: CPU plugin, "
-                     f"{ov.get('precision', '?')} inference precision, latency hint")
+                     f"{ov.get('precision', '?')} inference precision, latency hint"
+                     + (", threads pinned to cores" if ov.get("cpu_pinning") else ""))
     return "\n".join(lines + _failures(report))
 
 
