@@ -60,4 +60,5 @@ def test_readme_is_short_and_starts_with_the_two_commands():
     assert len(lines) <= 250, f"README.md has {len(lines)} lines; move detail to docs/"
     commands = [line.strip() for line in lines[:6] if line.startswith("    ")]
     assert commands == ['pip install -e . && doit build target=llvm',
-                        'pip install -e ".[test,ort,cluster,report]" && python -m pytest -q']
+                        'pip install -e ".[test,ort,openvino,cluster,report]" '
+                        '&& python -m pytest -q']

@@ -4,7 +4,7 @@
                      [--input NAME=1,3,224,224] [--cc CC] [--cache DIR]
     pipeline run LIB.so --input NAME=FILE.npy ... [--output-dir DIR] [--threads N]
     pipeline validate MODEL.onnx LIB.so [--reference onnxruntime|onnx] [--rtol R] [--atol A]
-    pipeline bench MODEL.onnx LIB.so [--threads 1,2] [--rounds 3] [--runs 10]
+    pipeline bench MODEL.onnx LIB.so [--threads 1,2] [--rounds 3] [--runs 10] [--peers P,Q]
     pipeline info LIB.so [--json]
 
 Every command runs the doit build's own functions: compile imports and lowers
@@ -253,7 +253,8 @@ def _bench(args: argparse.Namespace) -> None:
         report = args.report or os.path.join(tmp, "bench.json")
         bench_library(args.library, args.model, shapes, Path(args.model).stem,
                       lib.target, report, args.peak_file, args.threads, args.rounds,
-                      args.runs, args.warmup, "1" if args.profile else "0")
+                      args.runs, args.warmup, "1" if args.profile else "0",
+                      peers=args.peers)
 
 
 def _info(args: argparse.Namespace) -> None:
@@ -311,16 +312,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(handler=_validate)
 
-    p = sub.add_parser("bench", help="time a library against onnxruntime",
+    p = sub.add_parser("bench", help="time a library against onnxruntime and openvino",
                        parents=[model_and_library],
-                       description="Time LIB against onnxruntime on MODEL.onnx, each side "
-                       "in its own process, rounds alternating (as doit bench).")
+                       description="Time LIB against onnxruntime (and OpenVINO when "
+                       "installed) on MODEL.onnx, each side in its own process, rounds "
+                       "alternating (as doit bench).")
     p.add_argument("--threads", default="1,2", help="thread counts (default 1,2)")
     p.add_argument("--rounds", default="3")
     p.add_argument("--runs", default="10")
     p.add_argument("--warmup", default="10")
     p.add_argument("--profile", action="store_true", help="also list the slowest nodes")
     p.add_argument("--report", metavar="FILE.json", help="also write the report there")
+    p.add_argument("--peers", metavar="onnxruntime,openvino",
+                   help="the runtimes to time against (default: onnxruntime and every "
+                   "other one installed)")
     p.add_argument("--peak-file", default=os.path.join("out", "bench-peak.json"),
                    help="where the best FMA peak of this CPU is kept (as doit bench)")
     p.set_defaults(handler=_bench)

@@ -1,4 +1,5 @@
 """The host's measured fp32 multiply-add peak, the 100% of `doit bench`'s "% of peak",
+its streaming read bandwidth, the 100% of a memory-bound kernel's "% of bandwidth",
 and its core-to-core latency, which says how much two threads can gain.
 
 A tiny C loop (compiled by the host cc with -march=native) keeps twelve independent
@@ -8,6 +9,13 @@ at once (ctypes releases the GIL during the call); the best of a few repetitions
 counts, since a shared machine only ever makes the loop slower. For the same
 reason best_peak_gflops keeps the best ever seen on this CPU in a small JSON file:
 a peak measured while other work held a core would inflate every "% of peak".
+
+The streaming read bandwidth (measure_read_gbps) is `threads` threads summing their
+own part of a 256 MiB buffer (8x this class of machine's L3, so it comes from DRAM)
+with eight vector accumulators, touched before the clock starts; GB/s is the buffer's
+bytes over the wall time of the slowest thread, best of a few passes, and
+best_read_gbps keeps the best seen in the same file as the FMA peak. It is the roof of
+a kernel that streams its weights once per call, as batch-1 fully connected layers do.
 
 The core-to-core round trip (core_to_core_ns) is two threads, pinned to two CPUs,
 passing a counter on one cache line back and forth. On the 2-vCPU VMs we bench on it
@@ -107,12 +115,37 @@ double ping_pong(int a, int b, long rounds) {
 """
 
 
+# The streaming read of measure_read_gbps (after _PING_PONG, whose _GNU_SOURCE must
+# come before any #include).
+_STREAM = """#include <stdlib.h>
+/* `n` floats (a multiple of 8 * W), 64-byte aligned and written once, so that every
+   page is mapped before stream_read times it; NULL if out of memory. */
+float *stream_buffer(long n) {
+    float *p = aligned_alloc(64, (size_t)n * sizeof(float));
+    if (p) for (long i = 0; i < n; i++) p[i] = 1.0f;
+    return p;
+}
+void stream_free(float *p) { free(p); }
+/* The sum of `n` floats from `p` (64-byte aligned, n a multiple of 8 * W): eight
+   independent accumulators, so the adds wait on memory, not on each other. */
+float stream_read(const float *p, long n) {
+    const vf *v = (const vf *)p;
+    vf acc[8] = {0};
+    for (long i = 0; i < n / W; i += 8)
+        for (int j = 0; j < 8; j++) acc[j] += v[i + j];
+    float s = 0;
+    for (int j = 0; j < 8; j++) for (int i = 0; i < W; i++) s += acc[j][i];
+    return s;
+}
+"""
+
+
 @functools.cache  # compiled once per process: bench measures per model and thread count
 def _load_loop() -> ctypes.CDLL:
     tmp = tempfile.TemporaryDirectory(prefix="pipeline-peak-")  # removed at exit
     folder = Path(tmp.name)
     src, lib = folder / "fma.c", folder / "fma.so"
-    src.write_text(_SOURCE + _PING_PONG)
+    src.write_text(_SOURCE + _PING_PONG + _STREAM)
     subprocess.run([*shlex.split(host_cc()), "-O3", "-march=native", "-ffp-contract=fast",
                     "-pthread", "-shared", "-fPIC", "-o", str(lib), str(src)],
                    check=True, capture_output=True)
@@ -121,6 +154,11 @@ def _load_loop() -> ctypes.CDLL:
     dll.fma_loop.restype = ctypes.c_float
     dll.ping_pong.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long]
     dll.ping_pong.restype = ctypes.c_double
+    dll.stream_buffer.argtypes = [ctypes.c_long]
+    dll.stream_buffer.restype = ctypes.c_void_p
+    dll.stream_free.argtypes = [ctypes.c_void_p]
+    dll.stream_read.argtypes = [ctypes.c_void_p, ctypes.c_long]
+    dll.stream_read.restype = ctypes.c_float
     dll.folder = tmp  # the folder lives as long as the loaded library
     return dll
 
@@ -151,6 +189,35 @@ def measure_peak_gflops(threads: int, seconds: float = 0.1, repeats: int = 5) ->
     return best / 1e9
 
 
+STREAM_BYTES = 256 * 2**20
+
+
+def measure_read_gbps(threads: int, total_bytes: int = STREAM_BYTES, repeats: int = 5) -> float:
+    """GB/s (1e9 bytes) of `threads` threads reading `total_bytes` together, each its
+    own contiguous part (best of `repeats`). Raises MemoryError if the buffer cannot be
+    allocated, subprocess.CalledProcessError if cc fails."""
+    dll = _load_loop()
+    # Each thread's part a whole number of the loop's 8 vectors of up to 16 floats.
+    part = total_bytes // 4 // threads // 128 * 128
+    buffer = dll.stream_buffer(part * threads)
+    if not buffer:
+        raise MemoryError(f"measure_read_gbps: cannot allocate {total_bytes} bytes")
+    try:
+        best = 0.0
+        for _ in range(repeats):
+            workers = [threading.Thread(target=dll.stream_read, args=(buffer + 4 * part * i, part))
+                       for i in range(threads)]
+            start = time.perf_counter()
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join()
+            best = max(best, 4 * part * threads / (time.perf_counter() - start))
+    finally:
+        dll.stream_free(buffer)
+    return best / 1e9
+
+
 def core_to_core_ns(rounds: int = 4000, repeats: int = 5) -> float | None:
     """The median over `repeats` of the mean round trip (ns) of a cache line between
     the first two CPUs this process may run on; None with fewer than two."""
@@ -175,16 +242,31 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def best_peak_gflops(threads: int, record: str) -> float:
-    """The best of a measurement now and those kept in `record` (JSON: {"cpu": name,
-    "gflops": {threads: best}}, rewritten when beaten; ignored if of another CPU)."""
-    cpu, now = _cpu_name(), measure_peak_gflops(threads)
+def _keep_best(record: str, key: str, threads: int, now: float) -> float:
+    """The best of `now` and the figure kept in `record` under key and threads (JSON:
+    {"cpu": name, "gflops": {threads: best}, "read_gbps": {threads: best}}), rewritten
+    when beaten; a record of another CPU counts as empty."""
+    cpu = _cpu_name()
     try:
         doc = json.loads(Path(record).read_text())
-        kept = doc["gflops"] if doc.get("cpu") == cpu else {}
-    except (OSError, ValueError, KeyError, AttributeError):
-        kept = {}
+        doc = doc if isinstance(doc, dict) and doc.get("cpu") == cpu else {}
+    except (OSError, ValueError):
+        doc = {}
+    kept = doc.get(key) if isinstance(doc.get(key), dict) else {}
     if now > kept.get(str(threads), 0.0):
         kept[str(threads)] = round(now, 1)
-        atomic_write(record, json.dumps({"cpu": cpu, "gflops": kept}, indent=1).encode())
+        doc.update({"cpu": cpu, key: kept})
+        atomic_write(record, json.dumps(doc, indent=1).encode())
     return kept[str(threads)]
+
+
+def best_peak_gflops(threads: int, record: str) -> float:
+    """The best FMA peak (GFLOP/s) of a measurement now and that kept in `record`
+    (rewritten when beaten; ignored if of another CPU)."""
+    return _keep_best(record, "gflops", threads, measure_peak_gflops(threads))
+
+
+def best_read_gbps(threads: int, record: str) -> float:
+    """The best streaming read bandwidth (GB/s) of a measurement now and that kept in
+    `record` (the FMA peak's file, key "read_gbps"; rewritten when beaten)."""
+    return _keep_best(record, "read_gbps", threads, measure_read_gbps(threads))

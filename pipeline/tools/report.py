@@ -94,7 +94,11 @@ def _cell(files: dict) -> tuple[str, str]:
     if b is not None and b.get("emulated"):
         lines += [f"{t} thr: {r['emulated_ms']:.1f} ms emulated" for t, r in b["threads"].items()]
     elif b is not None:
-        lines += [f"{t} thr: {r['ratio']:.2f}&times; ort" for t, r in b["threads"].items()]
+        # A peer that could not run the model has no ratio (pipeline.tools.bench_table).
+        lines += [f"{t} thr: {r['ratio']:.2f}&times; ort" if "ratio" in r else
+                  f"{t} thr: ort &#x2717;" for t, r in b["threads"].items()]
+        lines += [f"{t} thr: {r['ratio_openvino']:.2f}&times; ov"
+                  for t, r in b["threads"].items() if "ratio_openvino" in r]
     return css, "<br>".join(lines)
 
 
