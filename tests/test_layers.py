@@ -26,6 +26,7 @@ LAYERS = [
     ["errors", "files", "ir"],
     ["dsl"],
     ["ops"],
+    ["kernels"],
     ["frontend", "transform", "lower", "plan"],
     ["codegen"],
     ["link"],

@@ -1,5 +1,6 @@
-"""Layer 2, operators, one module per family (shape rule, lowering, converters);
-importing this package registers them all. Imports only dsl, ir and errors."""
+"""Layer 2, operator definitions, one module per family (shape rule, kind, numpy
+reference, sample inputs); importing this package registers them all. Imports only
+ir and errors (pipeline/kernels/ lowers them, pipeline/frontend/onnx/ converts to them)."""
 
 from pipeline.ops import (  # noqa: F401  (registration)
     attention,
@@ -11,11 +12,14 @@ from pipeline.ops import (  # noqa: F401  (registration)
     dense_packed,
     depthwise_blocked,
     elementwise,
+    geometry,
     index,
+    index_tables,
     layout,
     linalg,
     loss,
     movement,
+    movement_tables,
     norm,
     pool,
     pool_blocked,
@@ -23,16 +27,18 @@ from pipeline.ops import (  # noqa: F401  (registration)
     qdense_packed,
     quant,
     quant_conv,
-    quant_ms,
     recurrent,
+    recurrent_kernel,
+    recurrent_layout,
     reduce,
     resize,
+    resize_taps,
     scan,
     scatter,
     shape,
     softmax,
     unary,
 )
-from pipeline.ops.registry import ONNX_CONVERTERS, OPS, get, infer_types, onnx_converter
+from pipeline.ops.registry import OPS, OpKind, get, infer_types
 
-__all__ = ["ONNX_CONVERTERS", "OPS", "get", "infer_types", "onnx_converter"]
+__all__ = ["OPS", "OpKind", "get", "infer_types"]

@@ -25,8 +25,9 @@ from pipeline.errors import (
     UnsupportedOperatorError,
     check_elements,
 )
+from pipeline.frontend.onnx.registry import onnx_converter
 from pipeline.ir.graph import DTYPES, ONNX_DTYPES, Graph, Node, TensorType, add_param
-from pipeline.ops import get, infer_types, onnx_converter
+from pipeline.ops import get, infer_types
 
 
 @dataclass
@@ -289,7 +290,7 @@ def _check_supported(model: onnx.ModelProto, opset: int, source: str) -> None:
             continue
         if node.domain not in ("", "ai.onnx"):
             # Custom-domain operators have converters registered as "<domain>.<op>"
-            # (the com.microsoft quantized operators, ops/quant_ms.py).
+            # (the com.microsoft quantized operators, frontend/onnx/quant_ms.py).
             key = f"{node.domain}.{node.op_type}"
             if onnx_converter(key, domain_opset(model, node.domain)) is not None:
                 continue
@@ -306,7 +307,7 @@ def _check_supported(model: onnx.ModelProto, opset: int, source: str) -> None:
                             for op, names in sorted(missing.items()))
         raise UnsupportedOperatorError(
             f"{source}: unsupported operator(s): {listing}. Supported operators are "
-            "registered in pipeline/ops/ (see pipeline.ops.ONNX_CONVERTERS)")
+            "registered in pipeline/frontend/onnx/ (see pipeline.frontend.onnx.ONNX_CONVERTERS)")
 
 
 # Operators that run subgraphs: a static graph of kernels has no place for them.

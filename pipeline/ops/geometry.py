@@ -1,19 +1,53 @@
-"""Window geometry shared by convolution and pooling (NCHW, 1-D as H=1), and
-the per-plane epilogue of the direct convolutions.
+"""Helpers shared by shape rules, converters and kernels (no numpy reference here:
+kernels import this module, so what it holds enters their version).
 
-Graph ops keep 2-D attributes (strides, dilations as (h, w); pads as
-(top, left, bottom, right)). A 1-D ONNX node (input N, C, W) becomes the same
-op family with H=1: `lift_1d` turns its attributes into that form, and
-`view_4d` / `squeeze_index` let a 2-D lowering run on 3-D buffers, which have
-the same memory layout.
+Window geometry of convolution and pooling (NCHW, 1-D as H=1): graph ops keep
+2-D attributes (strides, dilations as (h, w); pads as (top, left, bottom,
+right)). A 1-D ONNX node (input N, C, W) becomes the same op family with H=1:
+`lift_1d` turns its attributes into that form and `infer_1d` its shape rule;
+pipeline/kernels/nn.py's `lower_1d` lets a 2-D lowering run on 3-D buffers,
+which have the same memory layout. Also: attention's logical operand shapes,
+the blocked layouts' names, matmul's operand shapes, the quantized types.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import re
 
-from pipeline.errors import ModelError
+from pipeline.errors import GraphError, ModelError
 from pipeline.ir.graph import TensorType
+
+
+def logical_shapes(shapes: list[tuple], node) -> tuple[tuple, tuple, tuple]:
+    """Q, Kᵀ, V as the kernel sees them (each operand's shape through its perm)."""
+    return tuple(tuple(s[p] for p in node.attr(f"{name}_perm"))
+                 for s, name in zip(shapes, ("q", "k", "v"), strict=False))
+
+
+def parse_layout(text: str) -> int:
+    """The channel block of "NCHW" (0) or "NCHW{b}c" (b)."""
+    if text == "NCHW":
+        return 0
+    m = re.fullmatch(r"NCHW(\d+)c", text)
+    if not m or int(m.group(1)) < 1:
+        raise GraphError(f"layout_transform: unknown layout {text!r} (NCHW or NCHW<b>c)")
+    return int(m.group(1))
+
+
+def layout_blocks(node) -> tuple[int, int]:
+    return parse_layout(node.attr("src_layout")), parse_layout(node.attr("dst_layout"))
+
+
+def matrix_shapes(a: tuple, b: tuple, node) -> tuple[tuple, tuple]:
+    """(a, b) as matrices (a 1-D operand becomes one row / one column), then
+    transposed as the node's trans_a / trans_b say."""
+    a = (1,) + a if len(a) == 1 else a
+    b = b + (1,) if len(b) == 1 else b
+    if node.attr("trans_a"):
+        a = a[:-2] + (a[-1], a[-2])
+    if node.attr("trans_b"):
+        b = b[:-2] + (b[-1], b[-2])
+    return a, b
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -93,37 +127,23 @@ def lift_type(t: TensorType) -> TensorType:
     return TensorType(t.shape[:2] + (1,) + t.shape[2:], t.dtype)
 
 
-def view_4d(buf):
-    """The same memory seen as (N, C, 1, W): a 1-D buffer for a 2-D lowering."""
-    if len(buf.type.shape) != 3:
-        return buf
-    return dataclasses.replace(buf, type=lift_type(buf.type))
+QTYPES = {"uint8": (0, 255), "int8": (-128, 127)}
 
 
-def squeeze_index(epilogue):
-    """An epilogue over (N, C, W) called with 2-D lowering indices (n, c, 0, w)."""
-    if epilogue is None:
-        return None
-    return lambda value, index: epilogue(value, [index[0], index[1], index[3]])
+# QuantizeLinear / DequantizeLinear alone also take the 16-bit types (computed in i32
+# like the 8-bit ones); the integer kernels stay 8-bit (QTYPES).
+LINEAR_QTYPES = {**QTYPES, "uint16": (0, 65535), "int16": (-32768, 32767)}
 
 
-def as_1d(infer, lower):
-    """(infer, lower) of a 2-D window op, made to work on (N, C, W) tensors."""
+FLOAT_DTYPES = ("float32", "float64", "float16")
+
+
+
+
+def infer_1d(infer):
+    """The shape rule of a 2-D window op, made to work on (N, C, W) tensors."""
     def infer_1d(types, node):
         (out,) = infer([lift_type(t) if len(t.shape) == 3 else t for t in types], node)
         return [TensorType(out.shape[:2] + out.shape[3:], out.dtype)]
 
-    def lower_1d(kb, node, ins, out, epilogue):
-        lower(kb, node, [view_4d(b) for b in ins], view_4d(out), squeeze_index(epilogue))
-
-    return infer_1d, lower_1d
-
-
-def plane_epilogue(kb, out, plane, n, oc, epilogue) -> None:
-    """Apply `epilogue` to the finished (n, oc) output plane at offset `plane`."""
-    if epilogue is None:
-        return
-    _, _, oh_n, ow_n = out.type.shape
-    with kb.loop(0, oh_n, "eh") as oh, kb.loop(0, ow_n, "ew") as ow:
-        o = plane + (oh * ow_n + ow)
-        kb.store(out, o, epilogue(kb.load(out, o), [n, oc, oh, ow]))
+    return infer_1d
