@@ -227,14 +227,14 @@ def test_converter_edit_reimports_and_recompiles_no_kernel(tiny: Path, repo_copy
 
 
 def test_lowering_edit_recompiles_only_that_familys_kernels(tiny: Path, repo_copy: Path):
-    from pipeline.ops import get
+    from pipeline.kernels import lowering_of
 
     build(tiny, repo=repo_copy)
     before = kernel_ops(tiny, "tiny", "llvm")
     pooling = {h for h, ops in before.items() if any("pool" in op for op in ops)}
     assert pooling and len(pooling) < len(before)
     (op,) = {op for h in pooling for op in before[h] if "pool" in op}
-    lower = get(op).lower  # where tiny's pooling lowering lives (pool.py or pool_blocked.py)
+    lower = lowering_of(op).lower  # where tiny's pooling lowering lives (pool.py or pool_blocked.py)
     edit_function(repo_copy / Path(*lower.__module__.split(".")).with_suffix(".py"),
                   lower.__name__, "assert kb is not None  # a lowering edit")
     executed = build(tiny, repo=repo_copy)

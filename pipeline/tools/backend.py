@@ -38,7 +38,7 @@ import onnx
 from onnx import TensorProto, helper
 from onnx.backend.base import Backend, BackendRep
 
-from pipeline.frontend.onnx import default_opset, domain_opset
+from pipeline.frontend.onnx.importer import default_opset, domain_opset
 from pipeline.ir.graph import ONNX_DTYPES
 from pipeline.frontend.onnx.registry import NodeView, onnx_converter
 
