@@ -234,7 +234,7 @@ def test_lowering_edit_recompiles_only_that_familys_kernels(tiny: Path, repo_cop
     pooling = {h for h, ops in before.items() if any("pool" in op for op in ops)}
     assert pooling and len(pooling) < len(before)
     (op,) = {op for h in pooling for op in before[h] if "pool" in op}
-    lower = lowering_of(op).lower  # where tiny's pooling lowering lives (pool.py or pool_blocked.py)
+    lower = lowering_of(op).lower  # where tiny's pooling lowering lives (kernels/pool*.py)
     edit_function(repo_copy / Path(*lower.__module__.split(".")).with_suffix(".py"),
                   lower.__name__, "assert kb is not None  # a lowering edit")
     executed = build(tiny, repo=repo_copy)

@@ -19,8 +19,8 @@ import pytest
 from conftest import TARGET, _lib_path
 from onnx import TensorProto, helper
 
-from pipeline.ir.graph import Graph, Node, TensorType
 from pipeline.frontend.onnx import ONNX_CONVERTERS, onnx_converter
+from pipeline.ir.graph import Graph, Node, TensorType
 from pipeline.ops import OPS, infer_types
 
 # Graph ops without a numpy version, and why: their kernels are checked against

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.lower.kernel import kernel_version, version_sources
 from pipeline.kernels import lowering_of
+from pipeline.lower.kernel import kernel_version, version_sources
 from pipeline.lower.sources import PKG
 from pipeline.ops import OPS
 from pipeline.tasks import make_tasks

@@ -141,6 +141,31 @@ def _transform(kb, mat: np.ndarray, d: list) -> list:
     return transpose(_matmul(kb, mat, transpose(_matmul(kb, mat, d))))
 
 
+def _products(kb, u, v, mm, dims, tiling) -> None:
+    """Step 2 of `_lower`: the P GEMMs mm[p] = v[p] @ u[p] of one work item (its
+    s_end register tiles of T tiles each, K output blocks), accumulated in registers."""
+    p_n, ocg_n, c_n, kob, ob = dims
+    s_end, t_n, k_n, span = tiling
+    with kb.loop(0, p_n, "p") as p, kb.loop(0, ocg_n, "ocg") as ocg, \
+            kb.loop(0, s_end, "s_mm") as s:
+        accs = [[kb.local(zeros(ob)) for _ in range(t_n)] for _ in range(k_n)]
+        u_row = (p * ocg_n + ocg) * (c_n * kob)
+        v_row = (p * span + s * t_n) * c_n
+        with kb.loop(0, c_n, "c") as c:
+            w_c = u_row + c * kob
+            wv = [kb.vload(u, w_c + k * ob, ob) for k in range(k_n)]
+            for k in range(k_n):
+                prefetch(kb, u, w_c + (PREFETCH_BYTES // 4 + k * ob))
+            for t in range(t_n):
+                xv = kb.splat(kb.load(v, v_row + t * c_n + c), ob)
+                for k in range(k_n):
+                    kb.set(accs[k][t], fma(kb, xv, wv[k], kb.get(accs[k][t])))
+        for t in range(t_n):
+            for k in range(k_n):
+                off = ((p * span + s * t_n + t) * ocg_n + ocg) * kob + k * ob
+                kb.vstore(mm, off, kb.get(accs[k][t]))
+
+
 def _lower(kb, node, ins, out, epilogue):
     x, u = ins[0], ins[1]
     bias = ins[2] if len(ins) > 2 else None
@@ -192,24 +217,7 @@ def _lower(kb, node, ins, out, epilogue):
                 for pj, val in enumerate(vrow):
                     kb.vstore(v, ((pi * a + pj) * span + tile) * c_n + icb * ib, val)
         # 2. the P GEMMs
-        with kb.loop(0, p_n, "p") as p, kb.loop(0, ocg_n, "ocg") as ocg, \
-                kb.loop(0, s_end, "s_mm") as s:
-            accs = [[kb.local(zeros(ob)) for _ in range(t_n)] for _ in range(k_n)]
-            u_row = (p * ocg_n + ocg) * (c_n * kob)
-            v_row = (p * span + s * t_n) * c_n
-            with kb.loop(0, c_n, "c") as c:
-                w_c = u_row + c * kob
-                wv = [kb.vload(u, w_c + k * ob, ob) for k in range(k_n)]
-                for k in range(k_n):
-                    prefetch(kb, u, w_c + (PREFETCH_BYTES // 4 + k * ob))
-                for t in range(t_n):
-                    xv = kb.splat(kb.load(v, v_row + t * c_n + c), ob)
-                    for k in range(k_n):
-                        kb.set(accs[k][t], fma(kb, xv, wv[k], kb.get(accs[k][t])))
-            for t in range(t_n):
-                for k in range(k_n):
-                    off = ((p * span + s * t_n + t) * ocg_n + ocg) * kob + k * ob
-                    kb.vstore(mm, off, kb.get(accs[k][t]))
+        _products(kb, u, v, mm, (p_n, ocg_n, c_n, kob, ob), (s_end, t_n, k_n, span))
         # 3. output transform and epilogue, one tile and block at a time
         oc_n = ocg_n * kob
         with kb.loop(0, n_tiles, "tile_out") as tile, kb.loop(0, ocb_n, "ocb") as ocb:

@@ -1,5 +1,5 @@
 """qdense_packed: matmul_integer by a constant int8 matrix, packed for the dot-product
-instructions (AlterOpLayout makes it; ops/qconv_blocked.py has the dot products).
+instructions (AlterOpLayout makes it; kernels/qconv_blocked.py has the dot products).
 
   a       [..., M, K]          uint8/int8 (run time), K a multiple of 4
   w       [N/b, K/4, b, 4]     int8: w[k, n] at [n // b, k // 4, n % b, k % 4]

@@ -16,12 +16,12 @@ from pipeline.dsl.builder import F32
 from pipeline.dsl.vector import ELEMENT_WORK, parallel_nest
 from pipeline.kernels.movement import axis_term
 from pipeline.kernels.registry import lowering
-from pipeline.ops.resize_taps import _taps
+from pipeline.ops.resize_taps import taps_of
 
 
 def _resize_lower(kb, node, ins, out, epilogue):
     """Sum over every combination of one tap per axis of weight product x input."""
-    taps = _taps(node, ins[0].type, out.type)
+    taps = taps_of(node, ins[0].type, out.type)
     work = out.type.size * ELEMENT_WORK * 2
     with parallel_nest(kb, out.type.shape, "o", work=work) as index:
         axes = [[(axis_term(kb, offsets, i),

@@ -1,4 +1,8 @@
-"""Definitions of the attention operators."""
+"""The attention operators' definitions: shape rules, kinds, numpy references
+and sample inputs.
+
+Their lowerings: pipeline/kernels/attention.py
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""Definitions of the conv operators."""
+"""The conv operators' definitions: shape rules, kinds, numpy references
+and sample inputs.
+
+Their lowerings: pipeline/kernels/conv.py
+Their ONNX converters: pipeline/frontend/onnx/conv.py
+"""
 
 from __future__ import annotations
 

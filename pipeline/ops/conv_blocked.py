@@ -1,4 +1,8 @@
-"""Definitions of the conv_blocked operators."""
+"""The conv_blocked operators' definitions: shape rules, kinds, numpy references
+and sample inputs.
+
+Their lowerings: pipeline/kernels/conv_blocked.py
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""Definitions of the conv_pointwise operators."""
+"""The conv_pointwise operators' definitions: shape rules, kinds, numpy references
+and sample inputs.
+
+Their lowerings: pipeline/kernels/conv_pointwise.py
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""Definitions of the conv_transpose operators."""
+"""The conv_transpose operators' definitions: shape rules, kinds, numpy references
+and sample inputs.
+
+Their lowerings: pipeline/kernels/conv_transpose.py
+Their ONNX converters: pipeline/frontend/onnx/conv_transpose.py
+"""
 
 from __future__ import annotations
 

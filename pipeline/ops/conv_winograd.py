@@ -1,4 +1,8 @@
-"""Definitions of the conv_winograd operators."""
+"""The conv_winograd operators' definitions: shape rules, kinds, numpy references
+and sample inputs.
+
+Their lowerings: pipeline/kernels/conv_winograd.py
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""Definitions of the dense_packed operators."""
+"""The dense_packed operators' definitions: shape rules, kinds, numpy references
+and sample inputs.
+
+Their lowerings: pipeline/kernels/dense_packed.py
+"""
 
 from __future__ import annotations
 

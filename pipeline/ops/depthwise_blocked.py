@@ -1,4 +1,8 @@
-"""Definitions of the depthwise_blocked operators."""
+"""The depthwise_blocked operators' definitions: shape rules, kinds, numpy references
+and sample inputs.
+
+Their lowerings: pipeline/kernels/depthwise_blocked.py
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""Definitions of the elementwise operators."""
+"""The elementwise operators' definitions: shape rules, kinds, numpy references
+and sample inputs.
+
+Their lowerings: pipeline/kernels/elementwise.py
+Their ONNX converters: pipeline/frontend/onnx/elementwise.py
+"""
 
 from __future__ import annotations
 
@@ -59,13 +64,13 @@ register("identity", OpKind.ELEMENTWISE, lambda types, node: [types[0]], float64
          numpy=lambda xs, node: [xs[0]])
 
 
-_ARITH = {  # op: (ONNX op_type, numpy)
+ARITH = {  # op: (ONNX op_type, numpy)
     "add": ("Add", np.add), "sub": ("Sub", np.subtract), "mul": ("Mul", np.multiply),
     "div": ("Div", _div_np), "max": ("Max", np.maximum), "min": ("Min", np.minimum),
 }
 
 
-for _op, (_onnx, _np) in _ARITH.items():
+for _op, (_onnx, _np) in ARITH.items():
     register(_op, OpKind.ELEMENTWISE, _binary(NUMERIC), float64=True, sample=_binary_sample,
              numpy=lambda xs, node, f=_np: [f(xs[0], xs[1]).astype(xs[0].dtype)])
 
@@ -104,7 +109,7 @@ register("prelu", OpKind.ELEMENTWISE, _prelu_infer, float64=True, sample=_binary
          numpy=lambda xs, node: [np.where(xs[0] < 0, xs[0] * xs[1], xs[0])])
 
 
-_COMPARE = {  # op: (ONNX op_type, first opset, LLVM predicate, numpy)
+COMPARE = {  # op: (ONNX op_type, first opset, LLVM predicate, numpy)
     "equal": ("Equal", 7, "==", np.equal), "less": ("Less", 7, "<", np.less),
     "greater": ("Greater", 7, ">", np.greater),
     "less_equal": ("LessOrEqual", 12, "<=", np.less_equal),
@@ -112,7 +117,7 @@ _COMPARE = {  # op: (ONNX op_type, first opset, LLVM predicate, numpy)
 }
 
 
-for _op, (_onnx, _since, _pred, _np) in _COMPARE.items():
+for _op, (_onnx, _since, _pred, _np) in COMPARE.items():
     register(_op, OpKind.ELEMENTWISE, _binary(NUMERIC + (("bool",) if _op == "equal" else ()),
                                          "bool"), float64=True,
              sample=lambda rng, dtype: ([rng.integers(-2, 3, s).astype(dtype)  # some equal
@@ -120,11 +125,11 @@ for _op, (_onnx, _since, _pred, _np) in _COMPARE.items():
              numpy=lambda xs, node, f=_np: [f(xs[0], xs[1])])
 
 
-_LOGIC = {"and": ("And", "and_", np.logical_and), "or": ("Or", "or_", np.logical_or),
+LOGIC = {"and": ("And", "and_", np.logical_and), "or": ("Or", "or_", np.logical_or),
           "xor": ("Xor", "xor", np.logical_xor)}
 
 
-for _op, (_onnx, _method, _np) in _LOGIC.items():
+for _op, (_onnx, _method, _np) in LOGIC.items():
     # bool values are 0 or 1, so the bitwise instructions are the logical ones.
     register(_op, OpKind.ELEMENTWISE, _binary(("bool",)),
              sample=lambda rng, dtype: ([rng.random((2, 3)) < 0.5, rng.random((1, 3)) < 0.5], {}),
@@ -148,12 +153,12 @@ def _int_sample(rng, dtype):
     return [rng.integers(0, 256, s).astype(np.uint8) for s in ((2, 3, 4), (3, 1))], {}
 
 
-_BITWISE = {"bitwise_and": ("BitwiseAnd", "and_", np.bitwise_and),
+BITWISE = {"bitwise_and": ("BitwiseAnd", "and_", np.bitwise_and),
             "bitwise_or": ("BitwiseOr", "or_", np.bitwise_or),
             "bitwise_xor": ("BitwiseXor", "xor", np.bitwise_xor)}
 
 
-for _op, (_onnx, _method, _np) in _BITWISE.items():
+for _op, (_onnx, _method, _np) in BITWISE.items():
     register(_op, OpKind.ELEMENTWISE, _binary(_INTS), sample=_int_sample,
              numpy=lambda xs, node, f=_np: [f(xs[0], xs[1])])
 

@@ -138,8 +138,6 @@ LINEAR_QTYPES = {**QTYPES, "uint16": (0, 65535), "int16": (-32768, 32767)}
 FLOAT_DTYPES = ("float32", "float64", "float16")
 
 
-
-
 def infer_1d(infer):
     """The shape rule of a 2-D window op, made to work on (N, C, W) tensors."""
     def infer_1d(types, node):

@@ -1,4 +1,9 @@
-"""Definitions of the index operators."""
+"""The index operators' definitions: shape rules, kinds, numpy references
+and sample inputs.
+
+Their lowerings: pipeline/kernels/index.py
+Their ONNX converters: pipeline/frontend/onnx/index.py
+"""
 
 from __future__ import annotations
 

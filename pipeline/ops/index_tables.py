@@ -1,4 +1,6 @@
-"""Definitions of the index operators."""
+"""The index tables of Slice and Pad (see pipeline/ops/movement_tables.py): what the
+numpy references (pipeline/ops/index.py) and the lowerings (pipeline/kernels/index.py)
+both compute from, so neither imports the other."""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""Definitions of the layout operators."""
+"""The layout operators' definitions: shape rules, kinds, numpy references
+and sample inputs.
+
+Their lowerings: pipeline/kernels/layout.py
+"""
 
 from __future__ import annotations
 

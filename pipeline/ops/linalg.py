@@ -1,4 +1,9 @@
-"""Definitions of the linalg operators."""
+"""The linalg operators' definitions: shape rules, kinds, numpy references
+and sample inputs.
+
+Their lowerings: pipeline/kernels/linalg.py
+Their ONNX converters: pipeline/frontend/onnx/linalg.py
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""Definitions of the loss operators."""
+"""The loss operators' definitions: shape rules, kinds, numpy references
+and sample inputs.
+
+Their lowerings: pipeline/kernels/loss.py
+Their ONNX converters: pipeline/frontend/onnx/loss.py
+"""
 
 from __future__ import annotations
 

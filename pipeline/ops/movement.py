@@ -1,4 +1,9 @@
-"""Definitions of the movement operators."""
+"""The movement operators' definitions: shape rules, kinds, numpy references
+and sample inputs.
+
+Their lowerings: pipeline/kernels/movement.py
+Their ONNX converters: pipeline/frontend/onnx/movement.py
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""Definitions of the movement operators."""
+"""The index tables of the data-movement ops (Transpose, Tile, DepthToSpace,
+SpaceToDepth): output element (i0, .., ik) reads input element sum_d table_d[i_d],
+one table of flat-offset contributions per output axis (OUTSIDE marks a position
+outside the input). Both the numpy references (pipeline/ops/movement.py remap_numpy)
+and the lowering (pipeline/kernels/movement.py remap_lower) compute from them."""
 
 from __future__ import annotations
 

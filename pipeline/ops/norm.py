@@ -1,4 +1,9 @@
-"""Definitions of the norm operators."""
+"""The norm operators' definitions: shape rules, kinds, numpy references
+and sample inputs.
+
+Their lowerings: pipeline/kernels/norm.py
+Their ONNX converters: pipeline/frontend/onnx/norm.py
+"""
 
 from __future__ import annotations
 

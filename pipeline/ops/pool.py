@@ -1,4 +1,9 @@
-"""Definitions of the pool operators."""
+"""The pool operators' definitions: shape rules, kinds, numpy references
+and sample inputs.
+
+Their lowerings: pipeline/kernels/pool.py
+Their ONNX converters: pipeline/frontend/onnx/pool.py
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""Definitions of the pool_blocked operators."""
+"""The pool_blocked operators' definitions: shape rules, kinds, numpy references
+and sample inputs.
+
+Their lowerings: pipeline/kernels/pool_blocked.py
+"""
 
 from __future__ import annotations
 

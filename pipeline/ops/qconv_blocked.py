@@ -1,4 +1,8 @@
-"""Definitions of the qconv_blocked operators."""
+"""The qconv_blocked operators' definitions: shape rules, kinds, numpy references
+and sample inputs.
+
+Their lowerings: pipeline/kernels/qconv_blocked.py
+"""
 
 from __future__ import annotations
 

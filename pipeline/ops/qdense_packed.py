@@ -1,4 +1,8 @@
-"""Definitions of the qdense_packed operators."""
+"""The qdense_packed operators' definitions: shape rules, kinds, numpy references
+and sample inputs.
+
+Their lowerings: pipeline/kernels/qdense_packed.py
+"""
 
 from __future__ import annotations
 

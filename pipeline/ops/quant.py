@@ -1,4 +1,9 @@
-"""Definitions of the quant operators."""
+"""The quant operators' definitions: shape rules, kinds, numpy references
+and sample inputs.
+
+Their lowerings: pipeline/kernels/quant.py
+Their ONNX converters: pipeline/frontend/onnx/quant.py
+"""
 
 from __future__ import annotations
 
@@ -26,7 +31,8 @@ def _q_infer(types, node):
     return [TensorType(shape, node.attr("dtype"))]
 
 
-register("quantize_linear", OpKind.ELEMENTWISE, _q_infer, numpy=lambda xs, node: [quantize_np(*xs, node.attr("dtype"))],
+register("quantize_linear", OpKind.ELEMENTWISE, _q_infer,
+         numpy=lambda xs, node: [quantize_np(*xs, node.attr("dtype"))],
          sample=lambda rng, dtype: ([(rng.standard_normal((2, 3, 4)) * 3).astype(np.float32),
                                      np.array([[0.05], [0.02], [0.1]], np.float32),
                                      np.array([[3], [128], [0]], np.uint8)],
@@ -48,7 +54,8 @@ def dequantize_np(x, scale, zp) -> np.ndarray:
     return (diff.astype(np.float32) * np.asarray(scale, np.float32)).astype(np.float32)
 
 
-register("dequantize_linear", OpKind.ELEMENTWISE, _dq_infer, numpy=lambda xs, node: [dequantize_np(*xs)],
+register("dequantize_linear", OpKind.ELEMENTWISE, _dq_infer,
+         numpy=lambda xs, node: [dequantize_np(*xs)],
          sample=lambda rng, dtype: ([rng.integers(-128, 128, (2, 3, 4)).astype(np.int8),
                                      np.array([[0.05], [0.02], [0.1]], np.float32),
                                      np.array([[3], [-5], [0]], np.int8)], {"dtype": "int8"}))
@@ -75,7 +82,8 @@ def _range_sample(rng, dtype):
     return [lo, np.array([2.0, 4.0, -0.1, 0.0, 7.5], np.float32)], {}
 
 
-register("dynamic_qscale", OpKind.ELEMENTWISE, _scalar_float, numpy=_dyn_scale_np, sample=_range_sample)
+register("dynamic_qscale", OpKind.ELEMENTWISE, _scalar_float, numpy=_dyn_scale_np,
+         sample=_range_sample)
 
 
 register("dynamic_qzero", OpKind.ELEMENTWISE,

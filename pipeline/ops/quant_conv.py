@@ -1,4 +1,9 @@
-"""Definitions of the quant_conv operators."""
+"""The quant_conv operators' definitions: shape rules, kinds, numpy references
+and sample inputs.
+
+Their lowerings: pipeline/kernels/quant_conv.py
+Their ONNX converters: pipeline/frontend/onnx/quant_conv.py
+"""
 
 from __future__ import annotations
 

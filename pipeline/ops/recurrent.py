@@ -1,4 +1,9 @@
-"""Definitions of the recurrent operators."""
+"""The recurrent operators' definitions: shape rules, kinds, numpy references
+and sample inputs.
+
+Their lowerings: pipeline/kernels/recurrent.py
+Their ONNX converters: pipeline/frontend/onnx/recurrent.py
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""Definitions of the recurrent_kernel operators."""
+"""The recurrent_kernel operators' definitions: shape rules, kinds, numpy references
+and sample inputs.
+
+Their lowerings: pipeline/kernels/recurrent_kernel.py
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""Definitions of the reduce operators."""
+"""The reduce operators' definitions: shape rules, kinds, numpy references
+and sample inputs.
+
+Their lowerings: pipeline/kernels/reduce.py
+Their ONNX converters: pipeline/frontend/onnx/reduce.py
+"""
 
 from __future__ import annotations
 
@@ -49,7 +54,8 @@ def _reduce_numpy(kind: str):
 
 
 for _kind in _NUMPY:
-    register(f"reduce_{_kind}", OpKind.ANCHOR, _reduce_infer, numpy=_reduce_numpy(_kind), float64=True, sample=lambda rng, dtype, k=_kind: (
+    register(f"reduce_{_kind}", OpKind.ANCHOR, _reduce_infer, numpy=_reduce_numpy(_kind),
+             float64=True, sample=lambda rng, dtype, k=_kind: (
                  [rng.uniform(0.1 if k == "log_sum" else -2, 2, (2, 3, 4)).astype(dtype)],
                  {"axes": (0, 2), "keepdims": 1}))
 

@@ -1,4 +1,9 @@
-"""Definitions of the resize operators."""
+"""The resize operators' definitions: shape rules, kinds, numpy references
+and sample inputs.
+
+Their lowerings: pipeline/kernels/resize.py
+Their ONNX converters: pipeline/frontend/onnx/resize.py
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ import numpy as np
 from pipeline.errors import ModelError
 from pipeline.ir.graph import TensorType
 from pipeline.ops.registry import OpKind, register
-from pipeline.ops.resize_taps import _taps
+from pipeline.ops.resize_taps import taps_of
 
 
 def _resize_infer(types, node):
@@ -24,7 +29,7 @@ def _resize_infer(types, node):
 def _resize_np(xs, node):
     x = xs[0]
     out_type = TensorType(tuple(node.attr("shape")), str(x.dtype))
-    taps = _taps(node, TensorType(x.shape, str(x.dtype)), out_type)
+    taps = taps_of(node, TensorType(x.shape, str(x.dtype)), out_type)
     flat = x.reshape(-1)
     result = np.zeros(out_type.shape, np.float64 if x.dtype.kind == "f" else x.dtype)
     for combo in itertools.product(*taps):

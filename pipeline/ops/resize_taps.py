@@ -1,4 +1,6 @@
-"""Definitions of the resize operators."""
+"""Resize's source coordinates and interpolation taps per output axis, which both
+the numpy reference (pipeline/ops/resize.py) and the lowering
+(pipeline/kernels/resize.py) compute from."""
 
 from __future__ import annotations
 
@@ -75,6 +77,6 @@ def _axis_taps(node, d: int, n_in: int, n_out: int, stride: int):
             for i, w in taps]
 
 
-def _taps(node, x: TensorType, out: TensorType):
+def taps_of(node, x: TensorType, out: TensorType):
     return [_axis_taps(node, d, n_in, n_out, stride) for d, (n_in, n_out, stride)
             in enumerate(zip(x.shape, out.shape, row_major_strides(x.shape), strict=True))]

@@ -1,4 +1,9 @@
-"""Definitions of the scan operators."""
+"""The scan operators' definitions: shape rules, kinds, numpy references
+and sample inputs.
+
+Their lowerings: pipeline/kernels/scan.py
+Their ONNX converters: pipeline/frontend/onnx/scan.py
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""Definitions of the scatter operators."""
+"""The scatter operators' definitions: shape rules, kinds, numpy references
+and sample inputs.
+
+Their lowerings: pipeline/kernels/scatter.py
+Their ONNX converters: pipeline/frontend/onnx/scatter.py
+"""
 
 from __future__ import annotations
 
@@ -33,7 +38,8 @@ def _gather_elements_np(xs, node):
                                               indices), axis)]
 
 
-register("gather_elements", OpKind.ANCHOR, _gather_elements_infer, numpy=_gather_elements_np, float64=True,
+register("gather_elements", OpKind.ANCHOR, _gather_elements_infer, numpy=_gather_elements_np,
+         float64=True,
          sample=lambda rng, dtype: ([rng.uniform(-2, 2, (3, 4)).astype(dtype),
                                      rng.integers(-4, 4, (3, 2))], {"axis": 1}))
 

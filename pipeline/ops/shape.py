@@ -1,4 +1,9 @@
-"""Definitions of the shape operators."""
+"""The shape operators' definitions: shape rules, kinds, numpy references
+and sample inputs.
+
+Their lowerings: pipeline/kernels/shape.py
+Their ONNX converters: pipeline/frontend/onnx/shape.py
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""Definitions of the softmax operators."""
+"""The softmax operators' definitions: shape rules, kinds, numpy references
+and sample inputs.
+
+Their lowerings: pipeline/kernels/softmax.py
+Their ONNX converters: pipeline/frontend/onnx/softmax.py
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""Definitions of the unary operators."""
+"""The unary operators' definitions: shape rules, kinds, numpy references
+and sample inputs.
+
+Their lowerings: pipeline/kernels/unary.py
+Their ONNX converters: pipeline/frontend/onnx/unary.py
+"""
 
 from __future__ import annotations
 
@@ -110,7 +115,7 @@ for _name, _numpy in UNARY.items():
 
 
 # (op, ONNX op_type, first opset we convert, attributes with their ONNX defaults)
-_ONNX = [
+ONNX_UNARY = [
     ("relu", "Relu", 1, {}), ("leaky_relu", "LeakyRelu", 1, {"alpha": 0.01}),
     ("elu", "Elu", 1, {"alpha": 1.0}),
     ("selu", "Selu", 1, {"alpha": 1.67326319217681884765625,
@@ -127,10 +132,10 @@ _ONNX = [
     ("shrink", "Shrink", 9, {"bias": 0.0, "lambd": 0.5}), ("mish", "Mish", 18, {}),
     ("celu", "Celu", 12, {"alpha": 1.0}), ("swish", "Swish", 24, {"alpha": 1.0}),
 ]
-_ONNX += [(_op, _onnx, _since, {}) for _op, (_onnx, _since, _) in TRIG.items()]
+ONNX_UNARY += [(_op, _onnx, _since, {}) for _op, (_onnx, _since, _) in TRIG.items()]
 
 
-_ATTRS = {_op: _defaults for _op, _, _, _defaults in _ONNX}
+_ATTRS = {_op: _defaults for _op, _, _, _defaults in ONNX_UNARY}
 
 
 def _predicate_infer(types, node):

@@ -39,8 +39,8 @@ from onnx import TensorProto, helper
 from onnx.backend.base import Backend, BackendRep
 
 from pipeline.frontend.onnx.importer import default_opset, domain_opset
-from pipeline.ir.graph import ONNX_DTYPES
 from pipeline.frontend.onnx.registry import NodeView, onnx_converter
+from pipeline.ir.graph import ONNX_DTYPES
 
 TARGET = "llvm -mcpu=native"
 

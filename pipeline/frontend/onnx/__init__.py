@@ -32,7 +32,6 @@ from pipeline.frontend.onnx.importer import (
     domain_opset,
     from_onnx,
     load_model,
-    with_input_shapes,
 )
 from pipeline.frontend.onnx.registry import (
     ONNX_CONVERTERS,
@@ -42,6 +41,7 @@ from pipeline.frontend.onnx.registry import (
     onnx_converter,
     onnx_op,
 )
+from pipeline.frontend.onnx.shapes import with_input_shapes
 
 __all__ = ["CONTROL_FLOW", "ONNX_CONVERTERS", "Converter", "ImportContext", "Limit",
            "NodeView", "OnnxNode", "default_opset", "domain_opset", "from_onnx", "load_model",

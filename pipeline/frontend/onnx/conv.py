@@ -1,4 +1,4 @@
-"""ONNX converters of the conv operators."""
+"""ONNX converters to the conv operators (defined in pipeline/ops/conv.py)."""
 
 from __future__ import annotations
 

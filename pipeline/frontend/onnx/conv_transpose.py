@@ -1,4 +1,4 @@
-"""ONNX converters of the conv_transpose operators."""
+"""ONNX converters to the conv_transpose operators (defined in pipeline/ops/conv_transpose.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""ONNX converters of the elementwise operators."""
+"""ONNX converters to the elementwise operators (defined in pipeline/ops/elementwise.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 from pipeline.errors import ModelError
 from pipeline.frontend.onnx.registry import Limit, onnx_op
 from pipeline.ir.graph import ONNX_DTYPES, Node
-from pipeline.ops.elementwise import _ARITH, _BITWISE, _COMPARE, _LOGIC
+from pipeline.ops.elementwise import ARITH, BITWISE, COMPARE, LOGIC
 
 onnx_op("Identity", 1, emits=("identity",))(
     lambda ctx, n: [Node.make("identity", n.name, n.inputs[:1], n.outputs[:1])])
@@ -93,7 +93,7 @@ onnx_op("Mean", 1, emits=("add", "div"))(_variadic("mean"))
 
 # Opset 7 replaced the legacy `broadcast`/`axis` attributes with numpy broadcasting.
 for _op in ("add", "sub", "mul", "div"):
-    onnx_op(_ARITH[_op][0], 7, emits=(_op,))(
+    onnx_op(ARITH[_op][0], 7, emits=(_op,))(
         lambda ctx, n, op=_op: [Node.make(op, n.name, n.inputs[:2], n.outputs[:1])])
 
 
@@ -131,12 +131,12 @@ for _op, _onnx in (("add", "Add"), ("sub", "Sub"), ("mul", "Mul"), ("div", "Div"
     onnx_op(_onnx, 1, emits=("reshape", _op))(_legacy_broadcast(_op))
 
 
-for _op, (_onnx, _since, _pred, _np) in _COMPARE.items():
+for _op, (_onnx, _since, _pred, _np) in COMPARE.items():
     onnx_op(_onnx, _since, emits=(_op,))(
         lambda ctx, n, op=_op: [Node.make(op, n.name, n.inputs[:2], n.outputs[:1])])
 
 
-for _op, (_onnx, _method, _np) in _LOGIC.items():
+for _op, (_onnx, _method, _np) in LOGIC.items():
     # bool values are 0 or 1, so the bitwise instructions are the logical ones.
     onnx_op(_onnx, 7, emits=(_op,))(
         lambda ctx, n, op=_op: [Node.make(op, n.name, n.inputs[:2], n.outputs[:1])])
@@ -146,7 +146,7 @@ onnx_op("Not", 1, emits=("not",))(
     lambda ctx, n: [Node.make("not", n.name, n.inputs[:1], n.outputs[:1])])
 
 
-for _op, (_onnx, _method, _np) in _BITWISE.items():
+for _op, (_onnx, _method, _np) in BITWISE.items():
     onnx_op(_onnx, 18, emits=(_op,))(
         lambda ctx, n, op=_op: [Node.make(op, n.name, n.inputs[:2], n.outputs[:1])])
 

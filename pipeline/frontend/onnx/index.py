@@ -1,4 +1,4 @@
-"""ONNX converters of the index operators."""
+"""ONNX converters to the index operators (defined in pipeline/ops/index.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""ONNX converters of the linalg operators."""
+"""ONNX converters to the linalg operators (defined in pipeline/ops/linalg.py)."""
 
 from __future__ import annotations
 

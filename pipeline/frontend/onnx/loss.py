@@ -1,4 +1,4 @@
-"""ONNX converters of the loss operators."""
+"""ONNX converters to the loss operators (defined in pipeline/ops/loss.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""ONNX converters of the movement operators."""
+"""ONNX converters to the movement operators (defined in pipeline/ops/movement.py)."""
 
 from __future__ import annotations
 

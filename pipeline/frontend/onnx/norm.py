@@ -1,4 +1,4 @@
-"""ONNX converters of the norm operators."""
+"""ONNX converters to the norm operators (defined in pipeline/ops/norm.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""ONNX converters of the pool operators."""
+"""ONNX converters to the pool operators (defined in pipeline/ops/pool.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""ONNX converters of the quant operators."""
+"""ONNX converters to the quant operators (defined in pipeline/ops/quant.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""ONNX converters of the quant_conv operators."""
+"""ONNX converters to the quant_conv operators (defined in pipeline/ops/quant_conv.py)."""
 
 from __future__ import annotations
 

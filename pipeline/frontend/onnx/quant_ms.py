@@ -1,4 +1,4 @@
-"""ONNX converters of the quant_ms operators."""
+"""ONNX converters to the quant_ms operators (defined in pipeline/ops/quant_ms.py)."""
 
 from __future__ import annotations
 

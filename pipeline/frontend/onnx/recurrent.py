@@ -1,4 +1,4 @@
-"""ONNX converters of the recurrent operators."""
+"""ONNX converters to the recurrent operators (defined in pipeline/ops/recurrent.py)."""
 
 from __future__ import annotations
 

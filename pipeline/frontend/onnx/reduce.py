@@ -1,4 +1,4 @@
-"""ONNX converters of the reduce operators."""
+"""ONNX converters to the reduce operators (defined in pipeline/ops/reduce.py)."""
 
 from __future__ import annotations
 

@@ -56,7 +56,6 @@ class Converter:
         return all(get(op).float64 for op in self.emits)
 
 
-
 # op_type -> its converters, oldest first
 ONNX_CONVERTERS: dict[str, list[Converter]] = {}
 

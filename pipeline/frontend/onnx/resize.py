@@ -1,4 +1,4 @@
-"""ONNX converters of the resize operators."""
+"""ONNX converters to the resize operators (defined in pipeline/ops/resize.py)."""
 
 from __future__ import annotations
 

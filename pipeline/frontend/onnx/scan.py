@@ -1,4 +1,4 @@
-"""ONNX converters of the scan operators."""
+"""ONNX converters to the scan operators (defined in pipeline/ops/scan.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""ONNX converters of the scatter operators."""
+"""ONNX converters to the scatter operators (defined in pipeline/ops/scatter.py)."""
 
 from __future__ import annotations
 

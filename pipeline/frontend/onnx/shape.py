@@ -1,4 +1,4 @@
-"""ONNX converters of the shape operators."""
+"""ONNX converters to the shape operators (defined in pipeline/ops/shape.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""ONNX converters of the softmax operators."""
+"""ONNX converters to the softmax operators (defined in pipeline/ops/softmax.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""ONNX converters of the unary operators."""
+"""ONNX converters to the unary operators (defined in pipeline/ops/unary.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 from pipeline.errors import ModelError
 from pipeline.frontend.onnx.registry import Limit, onnx_op
 from pipeline.ir.graph import ONNX_DTYPES, Node
-from pipeline.ops.unary import _ONNX
+from pipeline.ops.unary import ONNX_UNARY
 
 
 def _converter(op: str, defaults: dict):
@@ -22,7 +22,7 @@ def _converter(op: str, defaults: dict):
     return convert
 
 
-for _op, _onnx, _since, _defaults in _ONNX:
+for _op, _onnx, _since, _defaults in ONNX_UNARY:
     onnx_op(_onnx, _since, emits=(_op,))(_converter(_op, _defaults))
 
 
