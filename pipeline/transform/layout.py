@@ -50,7 +50,7 @@ from pipeline.kernels.qconv_blocked import (
     tile,
 )
 from pipeline.kernels.qdense_packed import pack_qdense
-from pipeline.ops import get, infer_types
+from pipeline.ops import OpKind, get, infer_types
 from pipeline.ops.geometry import QTYPES
 from pipeline.transform.context import PassConfig
 from pipeline.transform.util import prune
@@ -367,7 +367,7 @@ class _Rewriter:
                 done = self.qconv(node)
             elif node.op == "matmul_integer":
                 done = self.qdense(node)
-            elif self.int8_only and node.op != "fused" and get(node.op).kind == "elementwise":
+            elif self.int8_only and node.op != "fused" and get(node.op).kind == OpKind.ELEMENTWISE:
                 done = self.elementwise(node)
             elif self.int8_only:
                 done = False
@@ -379,7 +379,7 @@ class _Rewriter:
                 done = self.dense(node)
             elif node.op == "concat":
                 done = self.concat(node)
-            elif node.op != "fused" and get(node.op).kind == "elementwise":
+            elif node.op != "fused" and get(node.op).kind == OpKind.ELEMENTWISE:
                 done = self.elementwise(node)
             else:
                 done = False
