@@ -229,6 +229,9 @@ def test_run_stage_names_exist():
 @pytest.mark.parametrize("module, absent", [
     ("pipeline.dsl.vector", ["onnx", "pipeline.ops"]),
     ("pipeline.runtime", ["llvmlite", "onnx", "pipeline.ops"]),
+    ("pipeline.ops", ["onnx", "pipeline.kernels", "pipeline.frontend"]),
+    ("pipeline.kernels", ["onnx", "pipeline.frontend"]),
+    ("pipeline.frontend", ["pipeline.kernels", "pipeline.codegen"]),
 ])
 def test_fresh_import_loads_nothing_above(module, absent):
     assert _fresh_import(module, absent) == []
