@@ -196,7 +196,6 @@ def _conv_taps(kb, node, x, out, in_plane, plane, taps, box):
 
 lowering("conv2d", lower=_conv_lower)
 
-
 lowering("conv3d", lower=_conv_gemm)
 
 

@@ -199,7 +199,6 @@ def _ranges(kb, ranges):
 
 lowering("conv_transpose3d", lower=_conv_t_lower_nd)
 
-
 lowering("conv_transpose2d", lower=_conv_t_lower)
 
 

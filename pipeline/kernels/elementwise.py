@@ -62,9 +62,8 @@ def _mod(kb, a, node):
 
 lowering("mod", scalar=_mod)
 
-
-lowering("prelu", scalar=lambda kb, a, node: kb.select(kb.compare("<", a[0], kb.fconst(0.0, a[0])),
-                                                kb.fmul(a[0], a[1]), a[0]))
+lowering("prelu", scalar=lambda kb, a, node: kb.select(
+    kb.compare("<", a[0], kb.fconst(0.0, a[0])), kb.fmul(a[0], a[1]), a[0]))
 
 
 for _op, _pred in _COMPARE.items():
@@ -105,8 +104,6 @@ def _bit_shift(kb, a, node):
 
 lowering("bit_shift", scalar=_bit_shift)
 
-
 lowering("where", scalar=lambda kb, a, node: kb.select(kb.truth(a[0]), a[1], a[2]))
-
 
 lowering("cast", scalar=lambda kb, a, node: kb.cast(a[0], node.attr("to")))

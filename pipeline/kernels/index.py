@@ -36,8 +36,6 @@ def _gather_lower(kb, node, ins, out, epilogue):
 
 lowering("gather", lower=_gather_lower)
 
-
 lowering("slice", lower=remap_lower(slice_tables))
-
 
 lowering("pad", lower=remap_lower(pad_tables))

@@ -86,11 +86,8 @@ def axis_term(kb, table: np.ndarray, i):
 
 lowering("transpose", lower=remap_lower(transpose_tables))
 
-
 lowering("tile", lower=remap_lower(tile_tables))
 
-
 lowering("depth_to_space", lower=remap_lower(depth_to_space_tables))
-
 
 lowering("space_to_depth", lower=remap_lower(space_to_depth_tables))

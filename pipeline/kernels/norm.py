@@ -111,12 +111,9 @@ def _normalize_lower(kb, node, ins, out, epilogue):
 
 lowering("layer_norm", lower=_normalize_lower)
 
-
 lowering("rms_norm", lower=_normalize_lower)
 
-
 lowering("instance_norm", lower=_normalize_lower)
-
 
 lowering("group_norm", lower=_normalize_lower)
 

@@ -76,7 +76,6 @@ def _lower(kb, node, ins, out, epilogue):
 
 lowering("max_pool2d_nchwc", lower=_lower)
 
-
 lowering("avg_pool2d_nchwc", lower=_lower)
 
 

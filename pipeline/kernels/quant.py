@@ -77,5 +77,4 @@ def _dyn_zero(kb, a, node):
 
 lowering("dynamic_qscale", scalar=_dyn_scale)
 
-
 lowering("dynamic_qzero", scalar=_dyn_zero)

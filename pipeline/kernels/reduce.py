@@ -177,5 +177,4 @@ def _arg_columns(kb, x, out, pred: str, outer: int, length: int, inner: int):
 
 lowering("argmax", lower=_arg_lower)
 
-
 lowering("argmin", lower=_arg_lower)

@@ -54,5 +54,4 @@ def _concat_lower(kb, node, ins, out, epilogue):
 
 lowering("concat", lower=_concat_lower)
 
-
 lowering("expand", scalar=lambda kb, a, node: a[0])

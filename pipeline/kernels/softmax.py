@@ -179,7 +179,6 @@ def _softmax_columns(kb, node, x, out, outer, length, inner):
 
 lowering("softmax", lower=_softmax_lower)
 
-
 lowering("log_softmax", lower=_softmax_lower)
 
 

@@ -218,9 +218,7 @@ def _isinf(kb, x, node):
 
 lowering("isnan", scalar=lambda kb, a, node: kb.as_bool(kb.isnan(a[0])))
 
-
 lowering("isinf", scalar=lambda kb, a, node: _isinf(kb, a[0], node))
-
 
 lowering("bitcast",
          scalar=lambda kb, a, node: kb.bitcast(a[0], node.attr("source"), node.attr("to")))

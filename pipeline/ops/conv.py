@@ -33,7 +33,6 @@ def _conv_infer(types, node):
 
 register("conv2d", OpKind.ANCHOR, _conv_infer)
 
-
 register("conv3d", OpKind.ANCHOR, _conv_infer)
 
 

@@ -33,7 +33,6 @@ def _conv_t_infer(types, node):
 
 register("conv_transpose3d", OpKind.ANCHOR, _conv_t_infer)
 
-
 register("conv_transpose2d", OpKind.ANCHOR, _conv_t_infer)
 
 

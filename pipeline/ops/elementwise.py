@@ -90,7 +90,6 @@ def _pow_np(xs, node):
 register("pow", OpKind.ELEMENTWISE, _pow_infer, numpy=_pow_np, float64=True,
          sample=lambda rng, dtype: _binary_sample(rng, dtype, low=0.5))
 
-
 register("mod", OpKind.ELEMENTWISE, _binary(NUMERIC), float64=True,
          sample=lambda rng, dtype: _binary_sample(rng, dtype, attrs={"fmod": 1}),
          numpy=lambda xs, node: [(np.fmod if node.attr("fmod") else np.mod)(xs[0], xs[1])])

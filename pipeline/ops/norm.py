@@ -37,14 +37,10 @@ def _channel_norm_infer(types, node):
 
 register("layer_norm", OpKind.ANCHOR, _layer_norm_infer)
 
-
 register("rms_norm", OpKind.ANCHOR, _layer_norm_infer)
-
 
 register("instance_norm", OpKind.ANCHOR, _channel_norm_infer)
 
-
 register("group_norm", OpKind.ANCHOR, _channel_norm_infer)
-
 
 register("lrn", OpKind.ANCHOR, lambda types, node: [types[0]])

@@ -19,7 +19,6 @@ def _infer(types, node):
 
 register("max_pool2d_nchwc", OpKind.ANCHOR, _infer)
 
-
 register("avg_pool2d_nchwc", OpKind.ANCHOR, _infer)
 
 

@@ -85,7 +85,6 @@ def _range_sample(rng, dtype):
 register("dynamic_qscale", OpKind.ELEMENTWISE, _scalar_float, numpy=_dyn_scale_np,
          sample=_range_sample)
 
-
 register("dynamic_qzero", OpKind.ELEMENTWISE,
          lambda types, node: [TensorType(_scalar_float(types, node)[0].shape, "uint8")],
          numpy=_dyn_zero_np,

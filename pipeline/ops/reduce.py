@@ -90,6 +90,5 @@ def _arg_sample(rng, dtype):  # small integers: ties, which select_last_index de
 register("argmax", OpKind.OPAQUE, _arg_infer, numpy=_arg_numpy(np.argmax),
          float64=True, sample=_arg_sample)
 
-
 register("argmin", OpKind.OPAQUE, _arg_infer, numpy=_arg_numpy(np.argmin),
          float64=True, sample=_arg_sample)

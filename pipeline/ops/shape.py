@@ -48,7 +48,6 @@ register("concat", OpKind.OPAQUE, _concat_infer, float64=True,
                                      for s in ((2, 3), (2, 1), (2, 4))], {"axis": 1}),
          numpy=lambda xs, node: [np.concatenate(xs, axis=node.attr("axis"))])
 
-
 register("expand", OpKind.ELEMENTWISE,
          lambda types, node: [TensorType(broadcast_shape(
              types[0].shape, tuple(node.attr("shape")), where=f"node {node.name!r}"),

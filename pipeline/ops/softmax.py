@@ -53,10 +53,8 @@ def _sample(rng, dtype):  # tests/test_registry_ops.py
 register("softmax", OpKind.OPAQUE, _float_infer, float64=True,
          numpy=_softmax_numpy, sample=_sample)
 
-
 register("log_softmax", OpKind.OPAQUE, _float_infer, float64=True,
          numpy=_softmax_numpy, sample=_sample)
-
 
 register("hardmax", OpKind.OPAQUE, _float_infer, float64=True,
          numpy=_hardmax_numpy,

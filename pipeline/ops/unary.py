@@ -159,7 +159,6 @@ register("isnan", OpKind.ELEMENTWISE, _predicate_infer, float64=True,
          numpy=lambda xs, node: [np.isnan(xs[0])],
          sample=lambda rng, dtype: (_special_values(rng, dtype), {}))
 
-
 register("isinf", OpKind.ELEMENTWISE, _predicate_infer, float64=True,
          numpy=_isinf_np,
          sample=lambda rng, dtype: (_special_values(rng, dtype),

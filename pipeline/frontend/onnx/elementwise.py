@@ -31,11 +31,9 @@ def _dropout(ctx, n):
 onnx_op("Pow", 7, emits=("pow",))(
     lambda ctx, n: [Node.make("pow", n.name, n.inputs[:2], n.outputs[:1])])
 
-
 onnx_op("Mod", 10, emits=("mod",))(
     lambda ctx, n: [Node.make("mod", n.name, n.inputs[:2], n.outputs[:1],
                               fmod=int(n.attrs.get("fmod", 0)))])
-
 
 onnx_op("PRelu", 7, emits=("prelu",))(
     lambda ctx, n: [Node.make("prelu", n.name, n.inputs[:2], n.outputs[:1])])
@@ -81,12 +79,9 @@ def _variadic(op: str):
 
 onnx_op("Sum", 1, emits=("identity", "add"))(_variadic("add"))
 
-
 onnx_op("Max", 1, emits=("identity", "max"))(_variadic("max"))
 
-
 onnx_op("Min", 1, emits=("identity", "min"))(_variadic("min"))
-
 
 onnx_op("Mean", 1, emits=("add", "div"))(_variadic("mean"))
 

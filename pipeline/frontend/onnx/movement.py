@@ -40,5 +40,4 @@ def _block_converter(op: str):
 
 onnx_op("DepthToSpace", 1, emits=("depth_to_space",))(_block_converter("depth_to_space"))
 
-
 onnx_op("SpaceToDepth", 1, emits=("space_to_depth",))(_block_converter("space_to_depth"))

@@ -41,9 +41,7 @@ def _lp_p(n) -> float:
 onnx_op("MaxPool", 1, emits=("max_pool1d", "max_pool2d", "max_pool3d"),
         limits=(Limit("the Indices output", lambda n: len(n.outputs) > 1),))(_pool_converter("max"))
 
-
 onnx_op("AveragePool", 1, emits=("avg_pool1d", "avg_pool2d", "avg_pool3d"))(_pool_converter("avg"))
-
 
 onnx_op("LpPool", 1, emits=("lp_pool1d", "lp_pool2d", "lp_pool3d"))(_pool_converter("lp"))
 
@@ -60,8 +58,6 @@ def _global_converter(op: str):
 
 onnx_op("GlobalAveragePool", 1, emits=("global_avg_pool",))(_global_converter("global_avg_pool"))
 
-
 onnx_op("GlobalMaxPool", 1, emits=("global_max_pool",))(_global_converter("global_max_pool"))
-
 
 onnx_op("GlobalLpPool", 1, emits=("global_lp_pool",))(_global_converter("global_lp_pool"))

@@ -87,23 +87,18 @@ _Q = ("dequantize_linear", "quantize_linear")
 onnx_op(MS + "QLinearAdd", 1, emits=(*_Q, "add"),
         build_time_inputs=(1, 2, 4, 5, 6, 7))(_binary("Add"))
 
-
 onnx_op(MS + "QLinearMul", 1, emits=(*_Q, "mul"),
         build_time_inputs=(1, 2, 4, 5, 6, 7))(_binary("Mul"))
-
 
 onnx_op(MS + "QLinearSigmoid", 1, emits=(*_Q, "sigmoid"),
         build_time_inputs=(1, 2, 3, 4))(_unary("Sigmoid"))
 
-
 onnx_op(MS + "QLinearLeakyRelu", 1, emits=(*_Q, "leaky_relu"),
         build_time_inputs=(1, 2, 3, 4))(_unary("LeakyRelu"))
-
 
 onnx_op(MS + "QLinearGlobalAveragePool", 1, emits=(*_Q, "global_avg_pool"),
         build_time_inputs=(1, 2, 3, 4), limits=(_CHANNELS_LAST,))(
     _unary("GlobalAveragePool"))
-
 
 onnx_op(MS + "QLinearAveragePool", 1, emits=(*_Q, "avg_pool1d", "avg_pool2d", "avg_pool3d"),
         build_time_inputs=(1, 2, 3, 4), limits=(_CHANNELS_LAST,))(_unary("AveragePool"))

@@ -66,5 +66,4 @@ def _arg_converter(op: str):
 
 onnx_op("ArgMax", 1, emits=("argmax",))(_arg_converter("argmax"))
 
-
 onnx_op("ArgMin", 1, emits=("argmin",))(_arg_converter("argmin"))

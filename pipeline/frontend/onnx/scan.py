@@ -25,7 +25,6 @@ def _cumulative_converter(op: str):
 
 onnx_op("CumSum", 11, emits=("cumsum",), build_time_inputs=(1,))(_cumulative_converter("cumsum"))
 
-
 onnx_op("CumProd", 26, emits=("cumprod",), build_time_inputs=(1,))(_cumulative_converter("cumprod"))
 
 

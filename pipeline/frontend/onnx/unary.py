@@ -55,7 +55,6 @@ def _clip_v11(ctx, n):
 
 onnx_op("IsNaN", 9, emits=("isnan",))(_converter("isnan", {}))
 
-
 onnx_op("IsInf", 10, emits=("isinf",))(
     _converter("isinf", {"detect_negative": 1, "detect_positive": 1}))
 
