@@ -186,11 +186,10 @@ def _dump(module: str) -> str:
 def source_digest(modules: tuple[str, ...]) -> str:
     """A hash of the modules' syntax trees as `ast.dump`s.
 
-    Why the dump and not the file's bytes: the dump (without line numbers or
-    docstrings) ignores comments, docstrings and formatting, which never change
-    machine code. A new Python whose AST
-    dumps differently changes every version: a one-off recompile, never a stale
-    kernel.
+    Why the dump and not the file's bytes: the dump (without line numbers, of a
+    tree without docstrings) ignores comments, docstrings and formatting, which
+    never change machine code. A new Python whose AST dumps differently changes
+    every version: a one-off recompile, never a stale kernel.
     """
     h = hashlib.sha256()
     for module in modules:
