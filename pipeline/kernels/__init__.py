@@ -18,7 +18,6 @@ from pipeline.kernels import (  # noqa: F401  (registration)
     linalg,
     loss,
     movement,
-    nn,
     norm,
     pool,
     pool_blocked,

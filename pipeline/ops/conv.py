@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pipeline.errors import ModelError
 from pipeline.ir.graph import TensorType
-from pipeline.ops.geometry import infer_1d, window_out
 from pipeline.ops.registry import OpKind, register
+from pipeline.ops.windows import infer_1d, window_out
 
 
 def _conv_infer(types, node):

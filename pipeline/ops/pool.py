@@ -11,8 +11,8 @@ import numpy as np
 
 from pipeline.errors import ModelError
 from pipeline.ir.graph import TensorType
-from pipeline.ops.geometry import infer_1d, window_out
 from pipeline.ops.registry import OpKind, register
+from pipeline.ops.windows import infer_1d, window_out
 
 
 def _pool_infer(types, node):

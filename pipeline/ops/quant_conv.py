@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from pipeline.errors import ModelError
 from pipeline.ir.graph import TensorType
-from pipeline.ops.geometry import QTYPES, window_out
+from pipeline.ops.geometry import QTYPES
 from pipeline.ops.registry import OpKind, register
+from pipeline.ops.windows import window_out
 
 
 def _check_int(node, types):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pipeline.errors import ModelError
 from pipeline.frontend.onnx.registry import onnx_op
+from pipeline.frontend.onnx.windows import lift_1d, spatial_attrs
 from pipeline.ir.graph import Node
-from pipeline.ops.geometry import lift_1d, spatial_attrs
 
 
 def kernel_of(n, ctx) -> tuple[int, ...]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pipeline.errors import ModelError
 from pipeline.frontend.onnx.conv import kernel_of
 from pipeline.frontend.onnx.registry import onnx_op
+from pipeline.frontend.onnx.windows import auto_pad_of, lift_1d
 from pipeline.ir.graph import Node
-from pipeline.ops.geometry import auto_pad_of, lift_1d
 
 
 def _ints(n, key: str, default: tuple[int, ...]) -> tuple[int, ...]:

@@ -7,8 +7,8 @@ import numpy as np
 from pipeline.errors import ModelError
 from pipeline.frontend.onnx.quant import const_of
 from pipeline.frontend.onnx.registry import Limit, onnx_op
+from pipeline.frontend.onnx.windows import spatial_attrs
 from pipeline.ir.graph import Node
-from pipeline.ops.geometry import spatial_attrs
 
 
 def zero_point(ctx, n, pos: int, like: str, size_ok: tuple[int, ...]) -> str:
