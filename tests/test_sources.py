@@ -93,10 +93,10 @@ def test_kernel_versions_cover_generator_and_own_families_only():
 
 
 def test_a_wrapped_lowering_counts_the_module_that_registered_it():
-    # max_pool1d's lowering is kernels/nn.py's lower_1d around pool.py's 2-D lowering,
+    # max_pool1d's lowering is kernels/windows.py's lower_1d around pool.py's 2-D lowering,
     # registered by kernels/pool.py (which imports nn.py).
     assert lowering_of("max_pool1d").module == "pipeline.kernels.pool"
-    assert {"kernels/nn.py", "kernels/pool.py"} <= _kernel_files("max_pool1d")
+    assert {"kernels/windows.py", "kernels/pool.py"} <= _kernel_files("max_pool1d")
     assert "kernels/pool.py" not in _kernel_files("conv1d")
 
 

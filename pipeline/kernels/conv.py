@@ -17,8 +17,8 @@ import math
 
 from pipeline.dsl.gemm_tile import PANEL_COLUMNS, tiled_gemm
 from pipeline.dsl.vector import parallel_for
-from pipeline.kernels.nn import lower_1d, plane_epilogue
 from pipeline.kernels.registry import lowering
+from pipeline.kernels.windows import lower_1d, plane_epilogue
 from pipeline.ops.geometry import ceil_div
 
 # Convolutions with at least this many output channels per group and this

@@ -30,8 +30,8 @@ from __future__ import annotations
 from pipeline.dsl.vector import apply_epilogue, fma, parallel_for, zeros
 from pipeline.errors import ModelError
 from pipeline.kernels.conv_blocked import registers
-from pipeline.kernels.nn import plane_epilogue
 from pipeline.kernels.registry import lowering
+from pipeline.kernels.windows import plane_epilogue
 from pipeline.ops.geometry import ceil_div
 
 # Pixel vectors per tile when the plane has that many (more: more input loads in

@@ -14,8 +14,8 @@ import math
 from contextlib import contextmanager
 
 from pipeline.dsl.vector import fma, zeros
-from pipeline.kernels.nn import lower_1d, plane_epilogue
 from pipeline.kernels.registry import lowering
+from pipeline.kernels.windows import lower_1d, plane_epilogue
 from pipeline.ops.geometry import ceil_div
 
 # Chunk sizes (in floats) of the transposed convolution: a chunk of input rows

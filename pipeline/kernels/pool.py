@@ -14,8 +14,8 @@ import math
 
 from pipeline.dsl.builder import FLOATS
 from pipeline.dsl.vector import ELEMENT_WORK, parallel_nest
-from pipeline.kernels.nn import lower_1d
 from pipeline.kernels.registry import lowering
+from pipeline.kernels.windows import lower_1d
 
 # The smallest value of the 8-bit integer types a max pool takes (quantized tensors).
 INT8 = {"uint8": 0, "int8": -128}

@@ -1,7 +1,7 @@
 """Shape rules of the window ops (convolution, pooling; NCHW, 1-D as H=1): graph ops
 keep 2-D attributes (strides, dilations as (h, w); pads as (top, left, bottom,
 right)). A 1-D node (input N, C, W) is the same op family with H=1: `infer_1d`
-makes a 2-D shape rule work on it (pipeline/kernels/nn.py `lower_1d` does the
+makes a 2-D shape rule work on it (pipeline/kernels/windows.py `lower_1d` does the
 same for a lowering; pipeline/frontend/onnx/windows.py `lift_1d` for attributes).
 """
 
