@@ -1,24 +1,6 @@
-"""Recurrent layers: ONNX LSTM, GRU and RNN (opsets 7 .. 22).
-
-Each ONNX node becomes
-  dense(X, W', b')            the input projection of every time step in one GEMM:
-                              W' = W of all directions stacked [dirs*G*H, I], b' = Wb + Rb
-                              (GRU with linear_before_reset keeps Rbh apart)
-  rnn_sequence(xw, R', ...)   per requested output (Y, Y_h, Y_c), the time loop of all
-                              directions in one kernel (pipeline/kernels/recurrent_kernel.py)
-W, R and B are build-time constants (packed here: R' is Rᵀ in the kernel's panel layout);
-sequence_lens, initial_h, initial_c and P are read at run time. The executor's kernels
-write one output each: Y_h next to Y is read off Y (rnn_last), but Y_c runs the
-recurrence again.
-
-Graph op
-  rnn_sequence(xw, r_packed, [seq_lens], [init_h], [init_c], [peep], [rbias];
-               cell, hidden, directions, layout, result, activations, clip,
-               input_forget, linear_before_reset, optional)
-    result "y": [seq, dirs, batch, H] (layout 0) / [batch, seq, dirs, H] (layout 1);
-    "y_h", "y_c": [dirs, batch, H] / [batch, dirs, H]. float32.
-  rnn_last(y, [seq_lens]; layout, directions)  Y_h from Y: each row's last valid step
-"""
+"""rnn_last: Y_h read off Y, each row's last valid step (how LSTM, GRU and RNN become
+graph ops: pipeline/frontend/onnx/recurrent.py; their time loop:
+pipeline/kernels/recurrent_kernel.py)."""
 
 from __future__ import annotations
 

@@ -114,7 +114,8 @@ for _name, _numpy in UNARY.items():
              numpy=lambda xs, node, f=_numpy: [np.asarray(f(xs[0], node)).astype(xs[0].dtype)])
 
 
-# (op, ONNX op_type, first opset we convert, attributes with their ONNX defaults)
+# (op, ONNX op_type, first opset we convert, attributes with their ONNX defaults): what
+# the converters (pipeline/frontend/onnx/unary.py) register, and the samples' attributes.
 ONNX_UNARY = [
     ("relu", "Relu", 1, {}), ("leaky_relu", "LeakyRelu", 1, {"alpha": 0.01}),
     ("elu", "Elu", 1, {"alpha": 1.0}),

@@ -1,4 +1,18 @@
-"""ONNX converters to the quant_ms operators (defined in pipeline/ops/quant_ms.py)."""
+"""The com.microsoft quantized operators onnxruntime's quantizer emits (QOperator
+format): QLinearAdd, QLinearMul, QLinearSigmoid, QLinearLeakyRelu,
+QLinearGlobalAveragePool, QLinearAveragePool, QLinearConcat and QGemm.
+
+Semantics (onnxruntime's ContribOperators): every operand is uint8 or int8 with a
+scalar scale and zero point; the result is the float operator applied to the
+dequantized operands, quantized with the output's scale and zero point. So each
+converts to dequantize_linear -> the float operator's own conversion ->
+quantize_linear, one fused kernel after FuseOps. QGemm is an integer product
+(matmul_integer): Y = alpha * (A - a_zp)(B - b_zp) + C, C int32 with scale
+alpha * a_scale * b_scale; quantized with y_scale / y_zero_point, or float32
+when they are absent.
+
+The frontend looks these converters up as "com.microsoft.<op>" (domain opset 1).
+"""
 
 from __future__ import annotations
 
