@@ -10,7 +10,7 @@ from onnx.reference import ReferenceEvaluator
 from test_fast_kernels import AVX512, HASWELL, NATIVE, RELU, _host_has_avx512, conv_net, ops_used
 
 from pipeline.frontend import from_onnx
-from pipeline.ops import conv_winograd
+from pipeline.kernels import conv_winograd
 
 WINOGRAD = "conv2d_winograd_nchwc"
 

@@ -361,7 +361,7 @@ def test_long_concat_rows_split_over_threads():
     pools split their leading dims (parallel_nest). Against onnxruntime at 1 and 2
     threads."""
     from pipeline.codegen.render import render
-    from pipeline.ops.shape import CONCAT_PIECE
+    from pipeline.kernels.shape import CONCAT_PIECE
 
     assert 6400 < CONCAT_PIECE and -(-307200 // CONCAT_PIECE) == 19
     nodes = [node("Concat", ["a", "b", "c"], ["y"], axis=1),

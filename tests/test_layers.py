@@ -26,6 +26,7 @@ LAYERS = [
     ["errors", "files", "ir"],
     ["dsl"],
     ["ops"],
+    ["kernels"],
     ["frontend", "transform", "lower", "plan"],
     ["codegen"],
     ["link"],
@@ -228,6 +229,32 @@ def test_run_stage_names_exist():
 @pytest.mark.parametrize("module, absent", [
     ("pipeline.dsl.vector", ["onnx", "pipeline.ops"]),
     ("pipeline.runtime", ["llvmlite", "onnx", "pipeline.ops"]),
+    ("pipeline.ops", ["onnx", "pipeline.kernels", "pipeline.frontend"]),
+    ("pipeline.kernels", ["onnx", "pipeline.frontend"]),
+    ("pipeline.frontend", ["pipeline.kernels", "pipeline.codegen"]),
 ])
 def test_fresh_import_loads_nothing_above(module, absent):
     assert _fresh_import(module, absent) == []
+
+
+def _registers_operators(module: str) -> bool:
+    """Whether the pipeline.ops module calls `register(...)`: an operator family's
+    definitions (shape rules, numpy references, samples)."""
+    tree = ast.parse((REPO / Path(*module.split("."))).with_suffix(".py").read_text())
+    return any(isinstance(n, ast.Call) and getattr(n.func, "id", None) == "register"
+               for n in ast.walk(tree))
+
+
+def test_kernels_import_no_definitions_or_converters():
+    """A kernel's version hashes what its kernels module imports: an operator's
+    definitions (numpy reference, samples) or ONNX converters must not be among
+    them, and converters never reach a lowering."""
+    bad = []
+    for src, dst, where in _edges():
+        if src.startswith("pipeline.kernels.") and (
+                dst.startswith("pipeline.frontend") or dst == "pipeline.ops"
+                or dst.startswith("pipeline.ops.") and _registers_operators(dst)):
+            bad.append(f"{src} -> {dst} at {where}")
+        if src.startswith("pipeline.frontend") and dst.startswith("pipeline.kernels"):
+            bad.append(f"{src} -> {dst} at {where}")
+    assert not bad, "\n  ".join(bad)

@@ -420,7 +420,7 @@ def test_merged_axes_read_the_same_offsets():
     the unmerged tables, with at least one case really merging."""
     from functools import reduce
 
-    from pipeline.ops.movement import merge_axes
+    from pipeline.kernels.movement import merge_axes
 
     def offsets(tables):
         return reduce(np.add, np.ix_(*tables), np.zeros((), np.int64)).reshape(-1)

@@ -19,8 +19,9 @@ import pytest
 from conftest import TARGET, _lib_path
 from onnx import TensorProto, helper
 
+from pipeline.frontend.onnx import ONNX_CONVERTERS, onnx_converter
 from pipeline.ir.graph import Graph, Node, TensorType
-from pipeline.ops import ONNX_CONVERTERS, OPS, infer_types, onnx_converter
+from pipeline.ops import OPS, infer_types
 
 # Graph ops without a numpy version, and why: their kernels are checked against
 # onnxruntime / onnx.reference through their ONNX operators (test_ops_*.py, the
@@ -184,3 +185,16 @@ def test_float64_support_follows_the_emitted_ops():
         (got,) = backend.run_model(m, [x], opt_level=0)
         assert got.dtype == np.float64
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+
+
+def test_every_op_has_one_lowering_of_its_kind():
+    """Each registered op is lowered (pipeline/kernels): elementwise ops by a scalar
+    function, the others by a lower function; no lowering lacks a definition."""
+    from pipeline.kernels import LOWERINGS
+    from pipeline.ops import OpKind
+
+    assert set(LOWERINGS) == set(OPS)
+    wrong = [name for name, op in OPS.items()
+             if (LOWERINGS[name].scalar is not None) != (op.kind == OpKind.ELEMENTWISE)]
+    assert not wrong, wrong
+    assert all(lw.module.startswith("pipeline.kernels.") for lw in LOWERINGS.values())

@@ -4,15 +4,15 @@ lists cause are tested through real doit in test_incremental.py."""
 
 from __future__ import annotations
 
-import ast
 import os
 from pathlib import Path
 
 import pytest
 
+from pipeline.kernels import lowering_of
 from pipeline.lower.kernel import kernel_version, version_sources
-from pipeline.lower.sources import PKG, kernel_view
-from pipeline.ops import OPS, get
+from pipeline.lower.sources import PKG
+from pipeline.ops import OPS
 from pipeline.tasks import make_tasks
 from pipeline.tasks.config import ModelEntry, TargetEntry
 
@@ -32,11 +32,12 @@ def file_deps() -> dict[str, set[str]]:
 
 def test_each_task_lists_the_code_its_stage_runs(file_deps):
     expect = {
-        "import": {"tasks/stages.py", "frontend/onnx.py", "ops/elementwise.py", "ops/conv.py",
+        "import": {"tasks/stages.py", "frontend/onnx/importer.py", "frontend/onnx/conv.py",
+                   "ops/elementwise.py", "ops/conv.py",
                    "ops/registry.py", "ir/graph.py", "runtime/params.py", "files.py"},
         "optimize": {"tasks/stages.py", "transform/passes.py", "transform/fuse.py",
                      "transform/layout.py", "driver/build.py", "lower/kernel.py",
-                     "plan/plan_memory.py", "ops/pool.py", "codegen/render.py",
+                     "plan/plan_memory.py", "kernels/pool.py", "codegen/render.py",
                      "codegen/compile.py", "dsl/vector.py", "lower/sources.py"},
         "lib0": {"tasks/stages.py", "link/cc.py", "tasks/cache.py"},
         "devc": {"tasks/stages.py", "link/blob.py", "link/elf.py"},
@@ -56,9 +57,14 @@ def test_tasks_do_not_list_code_they_do_not_run(file_deps):
     # Linking and packing never run the compiler: lib0 stops at the kernel
     # compile that a corrupted cache entry triggers (the spec hash covers it).
     for kind in ("lib0", "devc", "export"):
-        assert not under(kind, "ops/", "codegen/", "dsl/", "transform/", "frontend/",
+        assert not under(kind, "ops/", "kernels/", "codegen/", "dsl/", "transform/", "frontend/",
                          "driver/build.py", "tools/"), kind
-    assert not under("validate", "ops/", "codegen/", "transform/", "tasks/")
+    assert not under("validate", "ops/", "kernels/", "codegen/", "transform/", "tasks/")
+
+
+# ops/ modules kernels may import: helpers shared with shape rules, no numpy reference.
+SHARED = {"ops/geometry.py", "ops/index_tables.py", "ops/movement_tables.py",
+          "ops/recurrent_layout.py", "ops/resize_taps.py", "ops/registry.py"}
 
 
 def _kernel_files(*ops: str) -> set[str]:
@@ -70,46 +76,32 @@ def test_kernel_versions_cover_generator_and_own_families_only():
     for op in OPS:
         files = _kernel_files(op)
         assert {"codegen/render.py", "codegen/compile.py", "lower/kernel.py",
-                "dsl/builder.py", "ops/registry.py"} <= files, op
+                "dsl/builder.py", "kernels/registry.py"} <= files, op
         assert not [f for f in files if f.startswith(("tools/", "runtime/", "tasks/",
                                                        "frontend/", "transform/", "link/",
                                                        "driver/"))], (op, files)
     pool = _kernel_files("max_pool2d")
-    assert "ops/pool.py" in pool and "ops/nn.py" in pool and "ops/linalg.py" not in pool
+    assert "kernels/pool.py" in pool and "kernels/linalg.py" not in pool
     dense = _kernel_files("dense", "add", "relu")
-    assert {"ops/linalg.py", "ops/elementwise.py", "ops/unary.py",
+    assert {"kernels/linalg.py", "kernels/elementwise.py", "kernels/unary.py",
             "dsl/gemm_tile.py"} <= dense
-    assert not {"ops/pool.py", "ops/conv.py", "ops/shape.py"} & dense
-    assert _kernel_files("conv2d_nchwc") >= {"ops/conv_blocked.py", "dsl/vector.py"}
+    assert not {"kernels/pool.py", "kernels/conv.py", "kernels/shape.py"} & dense
+    assert _kernel_files("conv2d_nchwc") >= {"kernels/conv_blocked.py", "dsl/vector.py"}
     # The version follows the operator set, not the order or repetitions.
     assert kernel_version(("dense", "add")) == kernel_version(("add", "dense", "add"))
     assert kernel_version(("dense",)) != kernel_version(("max_pool2d",))
 
 
-def test_a_wrapped_lowering_counts_the_module_it_wraps():
-    # max_pool1d's lowering is nn.as_1d's closure around pool.py's 2-D lowering.
-    assert get("max_pool1d").lower.__module__ == "pipeline.ops.nn"
-    assert {"ops/nn.py", "ops/pool.py"} <= _kernel_files("max_pool1d")
-    assert "ops/pool.py" not in _kernel_files("conv1d")
+def test_a_wrapped_lowering_counts_the_module_that_registered_it():
+    # max_pool1d's lowering is kernels/windows.py's lower_1d around pool.py's 2-D lowering,
+    # registered by kernels/pool.py (which imports nn.py).
+    assert lowering_of("max_pool1d").module == "pipeline.kernels.pool"
+    assert {"kernels/windows.py", "kernels/pool.py"} <= _kernel_files("max_pool1d")
+    assert "kernels/pool.py" not in _kernel_files("conv1d")
 
 
-def _defined(tree: ast.Module) -> set[str]:
-    return {s.name for s in tree.body if isinstance(s, ast.FunctionDef)}
-
-
-def test_kernel_view_drops_converters_and_what_only_they_use():
-    for module in ("pipeline.ops.elementwise", "pipeline.ops.linalg", "pipeline.ops.pool",
-                   "pipeline.ops.registry"):
-        text = ast.unparse(kernel_view(module))
-        assert "onnx_op" not in text, module
-    pool = _defined(kernel_view("pipeline.ops.pool"))
-    assert {"_pool_lower", "_global_pool_lower", "_pool_infer"} <= pool
-    assert not {"_pool_converter", "_global_converter"} & pool  # converter factories
-    assert "_gemm" not in _defined(kernel_view("pipeline.ops.linalg"))
-    assert "_cast" not in _defined(kernel_view("pipeline.ops.elementwise"))
-    # nn.py registers nothing: it keeps what other families' lowerings import
-    # from it (as_1d), not what only their converters do (spatial_attrs).
-    nn = _defined(kernel_view("pipeline.ops.nn"))
-    assert "as_1d" in nn and "spatial_attrs" not in nn
-    assert "need_const" not in _defined(kernel_view("pipeline.ops.shape"))
-    assert "register" in _defined(kernel_view("pipeline.ops.registry"))
+def test_kernel_versions_never_include_definitions_or_converters():
+    for op in OPS:
+        files = _kernel_files(op)
+        defs = {f for f in files if f.startswith("ops/") and f not in SHARED}
+        assert not defs, (op, defs)

@@ -1,6 +1,6 @@
 """Render: KernelSpec -> LLVM IR text.
 
-The anchor op lowers itself (its `lower` in pipeline/ops); elementwise ops
+The anchor op lowers itself (its `lower` in pipeline/kernels); elementwise ops
 after it form the epilogue, a function applied to each output value before
 it is stored. A kernel whose anchor is itself elementwise is a parallel loop of
 vectors over the output (dsl/elementwise.py) when its ops have vector forms, else a
@@ -13,9 +13,11 @@ import llvmlite.ir as ir
 
 from pipeline.dsl.builder import KernelBuilder
 from pipeline.dsl.elementwise import vector_elementwise, vectorizable
+from pipeline.dsl.epilogue import Epilogue
 from pipeline.dsl.vector import ELEMENT_WORK, parallel_nest
+from pipeline.kernels import lowering_of
 from pipeline.lower.kernel import KernelSpec
-from pipeline.ops import get, infer_types
+from pipeline.ops import OpKind, get, infer_types
 
 
 def render(spec: KernelSpec) -> str:
@@ -35,32 +37,27 @@ def render(spec: KernelSpec) -> str:
                          strict=True))
     dtypes = {name: t.dtype for name, t in types.items()}
 
-    def epilogue(value, index):
-        env = {anchor.outputs[0]: kb.narrow(value, dtypes[anchor.outputs[0]])}
-        for node in chain:
-            operands = [env[i] if i in env else kb.load_broadcast(args[i], index)
-                        for i in node.inputs]
-            env[node.outputs[0]] = kb.narrow(get(node.op).scalar(kb, operands, node),
-                                             dtypes[node.outputs[0]])
-        return env[chain[-1].outputs[0]]
+    def scalar_of(op: str):
+        return lowering_of(op).scalar
 
     # Vector kernels apply the chain to whole vectors (dsl/vector.py apply_epilogue).
-    epilogue.parts = (anchor.outputs[0], chain, args, lambda op: get(op).scalar, dtypes)
+    epilogue = Epilogue(kb, anchor.outputs[0], chain, args, scalar_of, dtypes)
 
-    opdef = get(anchor.op)
-    if opdef.kind == "elementwise" and out.type.shape and vectorizable(spec.ops, dtypes):
-        vector_elementwise(kb, spec.ops, args, out, epilogue.parts[3], dtypes,
+    kind = get(anchor.op).kind
+    lowering = lowering_of(anchor.op)
+    if kind == OpKind.ELEMENTWISE and out.type.shape and vectorizable(spec.ops, dtypes):
+        vector_elementwise(kb, spec.ops, args, out, scalar_of, dtypes,
                            spec.target.vector_width)
-    elif opdef.kind == "elementwise":
+    elif kind == OpKind.ELEMENTWISE:
         work = out.type.size * len(spec.ops) * ELEMENT_WORK
         with parallel_nest(kb, out.type.shape, "d", work=work) as index:
-            value = opdef.scalar(kb, [kb.load_broadcast(args[i], index)
-                                      for i in anchor.inputs], anchor)
+            value = lowering.scalar(kb, [kb.load_broadcast(args[i], index)
+                                         for i in anchor.inputs], anchor)
             if chain:
                 value = epilogue(value, index)
             kb.store(out, kb.dot(index, out.strides), value)
     else:
-        opdef.lower(kb, anchor, [args[i] for i in anchor.inputs], out,
+        lowering.lower(kb, anchor, [args[i] for i in anchor.inputs], out,
                     epilogue if chain else None)
     kb.finish()
     return str(module)

@@ -121,10 +121,9 @@ def prefetch_epilogue(kb: KernelBuilder, epilogue, out: Buffer, index: list) -> 
     prefetch(kb, out, kb.dot(index, out.strides), write=True)
     if epilogue is None:
         return
-    _, chain, args, *_ = epilogue.parts
-    for node in chain:
+    for node in epilogue.chain:
         for name in node.inputs:
-            buf = args.get(name)
+            buf = epilogue.args.get(name)
             if buf is not None and buf.type.shape == out.type.shape:
                 prefetch(kb, buf, kb.dot(index, buf.strides))
 
@@ -133,17 +132,13 @@ def apply_epilogue(kb: KernelBuilder, epilogue, value: ir.Value, index: list) ->
     """Run a kernel's fused elementwise chain on the n-lane `value` computed for the
     outputs at `index` .. `index` + n along the last dimension.
 
-    `epilogue` is the closure render.py passes to `lower`; it carries the chain
-    as `epilogue.parts = (anchor output name, chain nodes, argument buffers,
-    scalar_of, dtypes)`, scalar_of(op name) being the op's scalar lowering (the DSL
-    does not import the operator registry) and dtypes each tensor's dtype (a
-    float16 result is rounded to half before the next op, kb.narrow).
+    `epilogue` is the Epilogue (dsl/epilogue.py) render.py passes to `lower`.
     """
     if epilogue is None:
         return value
-    source, chain, args, scalar_of, dtypes = epilogue.parts
-    return apply_chain(kb, chain, args, scalar_of, dtypes,
-                       {source: kb.narrow(value, dtypes[source])}, index, value.type.count)
+    e = epilogue
+    return apply_chain(kb, e.chain, e.args, e.scalar_of, e.dtypes,
+                       {e.source: kb.narrow(value, e.dtypes[e.source])}, index, value.type.count)
 
 
 def apply_chain(kb: KernelBuilder, chain: list, args: dict, scalar_of, dtypes: dict,

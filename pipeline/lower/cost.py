@@ -28,7 +28,7 @@ import numpy as np
 
 from pipeline.ir.graph import TensorType
 from pipeline.lower.kernel import KernelSpec
-from pipeline.ops import get, infer_types
+from pipeline.ops import OpKind, get, infer_types
 
 _CONV = ("conv1d", "conv2d", "conv3d", "conv2d_nchwc", "depthwise_conv2d_nchwc")
 _CONV_T = ("conv_transpose1d", "conv_transpose2d", "conv_transpose3d")
@@ -60,7 +60,7 @@ def _op_flops(op, args: list[TensorType], out: TensorType) -> int:
         return out.size * math.prod(op.attr("kernel"))
     if name in _MOVEMENT:
         return 0
-    if get(name).kind == "elementwise":
+    if get(name).kind == OpKind.ELEMENTWISE:
         return out.size
     return max([out.size, *(a.size for a in args)])
 

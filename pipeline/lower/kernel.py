@@ -13,50 +13,25 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from functools import cache, partial
+from functools import cache
 
 import llvmlite
 
 from pipeline.errors import GraphError
 from pipeline.ir.graph import Graph, Node, TensorType
 from pipeline.ir.target import Target
+from pipeline.kernels import lowering_of
 from pipeline.lower.sources import CODEGEN_ROOTS, kernel_digest, kernel_sources
-from pipeline.ops import get, infer_types
+from pipeline.ops import OpKind, get, infer_types
 
 # Bump when the kernel ABI or object format changes in a way sources don't show.
 FORMAT_VERSION = 1
 
 
-def _defining_modules(fn, found: set[str], seen: set[int]) -> None:
-    """Add the pipeline modules whose code `fn` runs when called: its own, and those
-    of the functions it wraps (functools.partial, closures such as nn.as_1d's, the
-    default arguments of a lambda)."""
-    if id(fn) in seen:
-        return
-    seen.add(id(fn))
-    inner = [fn.func, *fn.args, *fn.keywords.values()] if isinstance(fn, partial) else []
-    module = getattr(fn, "__module__", None) or ""
-    if module.startswith("pipeline."):
-        found.add(module)
-    for cell in getattr(fn, "__closure__", None) or ():
-        try:
-            inner.append(cell.cell_contents)
-        except ValueError:  # a cell not filled yet
-            pass
-    inner += getattr(fn, "__defaults__", None) or ()
-    for f in inner:
-        if callable(f):
-            _defining_modules(f, found, seen)
-
-
 def _roots(op_names: tuple[str, ...]) -> tuple[str, ...]:
-    modules: set[str] = set()
-    for name in set(op_names):
-        op = get(name)
-        for fn in (op.lower, op.scalar):
-            if fn is not None:
-                _defining_modules(fn, modules, set())
-    return tuple(sorted({*CODEGEN_ROOTS, *modules}))
+    """The code generator's entry points and the kernels modules that registered
+    the lowerings of `op_names`."""
+    return tuple(sorted({*CODEGEN_ROOTS, *(lowering_of(name).module for name in op_names)}))
 
 
 def version_sources(op_names: tuple[str, ...]) -> tuple[str, ...]:
@@ -68,9 +43,9 @@ def version_sources(op_names: tuple[str, ...]) -> tuple[str, ...]:
 @cache
 def kernel_version(op_names: tuple[str, ...]) -> str:
     """The version of a kernel made of the operators `op_names`: a hash of llvmlite's
-    version, FORMAT_VERSION and its version_sources (each operator module without
-    its ONNX converters, pipeline/lower/sources.py), so an edit to one family's
-    lowering recompiles that family's kernels and an ONNX converter edit none."""
+    version, FORMAT_VERSION and its version_sources (pipeline/lower/sources.py), so
+    an edit to one family's lowering recompiles that family's kernels, and an edit
+    to an operator definition, numpy reference, sample or ONNX converter none."""
     h = hashlib.sha256(f"{FORMAT_VERSION} llvmlite {llvmlite.__version__}".encode())
     h.update(kernel_digest(_roots(op_names)).encode())
     return h.hexdigest()[:16]
@@ -125,7 +100,7 @@ class KernelSpec:
         env = {f"a{i}": t for i, t in enumerate(self.params[:-1])}
         for k, node in enumerate(self.ops):
             kind = get(node.op).kind
-            if k > 0 and kind != "elementwise":
+            if k > 0 and kind != OpKind.ELEMENTWISE:
                 raise GraphError(f"kernel {self.name}: {node.op} after the anchor "
                                  "is not elementwise")
             if k > 0 and node.inputs.count(f"t{k - 1}") != 1:

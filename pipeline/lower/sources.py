@@ -4,9 +4,11 @@ and, by `remembered`, in pipeline/__pycache__ until a source file changes.
 
 Two users:
   - a kernel's version (pipeline/lower/kernel.py): `kernel_sources` lists the code
-    generator plus only the operator modules that lower the kernel's operators,
-    and `source_digest` hashes them, each operator module WITHOUT its ONNX
-    converters (`kernel_view`), so a converter edit recompiles no kernel;
+    generator plus the kernels modules that registered the kernel's lowerings,
+    each with every pipeline module it imports, and `source_digest` hashes them.
+    Operator definitions (shape rules, numpy references, samples) and ONNX
+    converters live in other modules, which kernels never import, so editing
+    them recompiles no kernel;
   - the doit tasks' `file_dep` (pipeline/tasks/deps.py), through `module_file`,
     `parse` and `import_targets`.
 
@@ -29,7 +31,8 @@ from pathlib import Path
 from pipeline.files import atomic_write
 
 PKG = Path(__file__).resolve().parent.parent  # pipeline/
-OPS = "pipeline.ops"  # the operators' facade: importing it registers every family
+# Importing a facade registers every family: a kernel's sources never follow one.
+FACADES = ("pipeline.ops", "pipeline.kernels")
 # Where a kernel's code comes from besides its operators' lowerings.
 CODEGEN_ROOTS = ("pipeline.codegen.render", "pipeline.codegen.compile", "pipeline.lower.kernel")
 
@@ -108,7 +111,7 @@ def names(module: str, stmt: ast.stmt) -> frozenset[str]:
     """The identifiers in a statement of `module`'s source: a superset of the names
     it uses (also attributes and words in strings), read from the text because
     walking the syntax tree costs ten times more. A compound statement whose body
-    was rebuilt (`_without_converter_calls`) is read header plus kept body."""
+    is read header plus body."""
     lines = _lines(module_file(module))
     inner = substatements(stmt) if isinstance(stmt, _COMPOUND) else []
     if inner:
@@ -157,168 +160,36 @@ def import_targets(module: str, stmts: list[ast.stmt]) -> list[tuple[str, str, s
 
 # -- a kernel's sources ---------------------------------------------------------------
 
-def _is_converter_call(stmt: ast.stmt) -> bool:
-    """`onnx_op(type, since)(fn)` as a statement: a converter registration."""
-    return (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
-            and isinstance(stmt.value.func, ast.Call)
-            and getattr(stmt.value.func.func, "id", None) == "onnx_op")
-
-
-def _without_converter_calls(stmts: list[ast.stmt]) -> list[ast.stmt]:
-    """Top-level statements minus converter registrations, also those inside loops
-    and conditionals (`for op in ...: register(...); onnx_op(...)(...)`)."""
-    kept = []
-    for stmt in stmts:
-        if _is_converter_call(stmt):
-            continue
-        if isinstance(stmt, _COMPOUND):
-            body = _without_converter_calls(stmt.body)
-            orelse = _without_converter_calls(getattr(stmt, "orelse", []))
-            if not body and not orelse:
-                continue
-            if (body, orelse) != (stmt.body, getattr(stmt, "orelse", [])):
-                stmt = _replace(stmt, body=body or [ast.copy_location(ast.Pass(), stmt)],
-                                **({"orelse": orelse} if hasattr(stmt, "orelse") else {}))
-        kept.append(stmt)
-    return kept
-
-
-def _replace(stmt: ast.stmt, **fields) -> ast.stmt:
-    """A copy of `stmt` (same position) with some fields replaced."""
-    new = type(stmt)(**{**{f: getattr(stmt, f) for f in stmt._fields}, **fields})
-    return ast.copy_location(new, stmt)
-
-
-def _defines(stmt: ast.stmt) -> str | None:
-    if isinstance(stmt, _DEFINITION):
-        return stmt.name
-    return None
-
-
-def _strip(module: str, needed: frozenset[str]) -> ast.Module:
-    """What of operator module `module` a kernel can reach.
-
-    Roots are the statements that run at import other than converter
-    registrations (register(...) calls, tables, wrappers like `as_1d(...)`),
-    definitions carrying a decorator other than onnx_op (it may register), and
-    `needed`, the names other kept code imports from this one ("*": all of it,
-    imported as a module).
-    Definitions reached from the roots stay; imports stay when a kept statement
-    uses a name they bind. So converters, and helpers only converters call, drop out.
-    """
-    stmts = _without_converter_calls(parse(module_file(module)).body)
-    defs, roots = {}, []
-    for stmt in stmts:
-        name = _defines(stmt)
-        if isinstance(stmt, (ast.Import, ast.ImportFrom)):
-            continue
-        if name is None:
-            roots.append(stmt)
-        else:
-            defs[name] = stmt
-            decorators = [getattr(d, "func", d) for d in getattr(stmt, "decorator_list", ())]
-            if "*" in needed or decorators and not any(getattr(d, "id", None) == "onnx_op"
-                                                       for d in decorators):
-                roots.append(stmt)
-    used = set(needed).union(*(names(module, s) for s in roots))
-    kept = {id(s) for s in roots}
-    todo = [n for n in used if n in defs]
-    while todo:
-        stmt = defs[todo.pop()]
-        if id(stmt) in kept:
-            continue
-        kept.add(id(stmt))
-        new = names(module, stmt) - used
-        used |= new
-        todo += [n for n in new if n in defs]
-    body = []
-    for stmt in stmts:
-        if isinstance(stmt, (ast.Import, ast.ImportFrom)):
-            kept_names = [a for a in stmt.names if (a.asname or a.name).split(".")[0] in used]
-            if kept_names:
-                body.append(_replace(stmt, names=kept_names))
-        elif id(stmt) in kept:
-            body.append(stmt)
-    return ast.Module(body=body, type_ignores=[])
-
-
-def _wanted_by_codegen() -> dict[str, set[str]]:
-    """Names the code generator's own modules import from operator modules
-    ("*": the whole module)."""
-    wanted: dict[str, set[str]] = {}
-    seen, todo = set(), list(CODEGEN_ROOTS)
-    while todo:
-        module = todo.pop()
-        if module in seen:
-            continue
-        seen.add(module)
-        for _, target, attr in import_targets(module, parse(module_file(module)).body):
-            if target.startswith(OPS + "."):
-                wanted.setdefault(target, set()).add(attr or "*")
-            elif target != OPS:
-                todo.append(target)
-    return wanted
-
-
-@cache
-def _operator_views() -> dict[str, ast.Module]:
-    """Every operator module's kernel view (see `_strip`). Computed for all of them
-    together: what one module's kept code imports must stay in the module defining
-    it, as must what the code generator imports."""
-    modules = [f"{OPS}.{p.stem}" for p in sorted((PKG / "ops").glob("*.py"))
-               if p.name != "__init__.py"]
-    seed = _wanted_by_codegen()
-    needed = {n: frozenset(seed.get(n, ())) for n in modules}
-    while True:
-        views = {n: _strip(n, needed[n]) for n in modules}
-        wanted: dict[str, set[str]] = {n: set() for n in modules}
-        for n, view in views.items():
-            for _, source, attr in import_targets(n, view.body):
-                if source in wanted:
-                    wanted[source].add(attr or "*")
-        if all(wanted[n] <= needed[n] for n in modules):
-            return views
-        needed = {n: needed[n] | frozenset(wanted[n]) for n in modules}
-
-
-def kernel_view(module: str) -> ast.Module:
-    """The part of `module` that can decide machine code: operator modules without
-    their converters (`_strip`), any other module whole."""
-    return _operator_views().get(module) or parse(module_file(module))
-
-
 @cache
 def kernel_sources(roots: tuple[str, ...]) -> tuple[str, ...]:
     """The modules reachable by imports from `roots` (code generator entry points
-    and the modules defining a kernel's lowerings), reading operator modules as
-    their kernel views. The operators' facade is not followed: importing it
-    registers every family, but a kernel runs only its own operators' lowerings.
+    and the kernels modules that registered a kernel's lowerings). The facades of
+    the operators and of the kernels are not followed: importing one registers
+    every family, but a kernel runs only its own operators' lowerings.
     """
-    seen, todo = set(), [r for r in roots if r != OPS]
+    seen, todo = set(), [r for r in roots if r not in FACADES]
     while todo:
         module = todo.pop()
         if module in seen:
             continue
         seen.add(module)
-        todo += [m for _, m, _ in import_targets(module, kernel_view(module).body)
-                 if m != OPS and m not in seen]
+        todo += [m for _, m, _ in import_targets(module, parse(module_file(module)).body)
+                 if m not in FACADES and m not in seen]
     return tuple(sorted(seen))
 
 
 @cache
 def _dump(module: str) -> str:
-    return ast.dump(kernel_view(module))
+    return ast.dump(parse(module_file(module)))
 
 
 def source_digest(modules: tuple[str, ...]) -> str:
-    """A hash of the modules' kernel views as `ast.dump`s.
+    """A hash of the modules' syntax trees as `ast.dump`s.
 
-    Why the dump and not the file's bytes: a converter removed from the middle
-    of a module must leave the rest identical, and the dump (without line
-    numbers) does not depend on where statements sit. It also ignores comments,
-    docstrings and formatting, which never change machine code. A new Python whose AST
-    dumps differently changes every version: a one-off recompile, never a stale
-    kernel.
+    Why the dump and not the file's bytes: the dump (without line numbers, of a
+    tree without docstrings) ignores comments, docstrings and formatting, which
+    never change machine code. A new Python whose AST dumps differently changes
+    every version: a one-off recompile, never a stale kernel.
     """
     h = hashlib.sha256()
     for module in modules:

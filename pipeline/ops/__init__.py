@@ -1,5 +1,6 @@
-"""Layer 2, operators, one module per family (shape rule, lowering, converters);
-importing this package registers them all. Imports only dsl, ir and errors."""
+"""Layer 2, operator definitions, one module per family (shape rule, kind, numpy
+reference, sample inputs); importing this package registers them all. Imports only
+ir and errors (pipeline/kernels/ lowers them, pipeline/frontend/onnx/ converts to them)."""
 
 from pipeline.ops import (  # noqa: F401  (registration)
     attention,
@@ -23,8 +24,8 @@ from pipeline.ops import (  # noqa: F401  (registration)
     qdense_packed,
     quant,
     quant_conv,
-    quant_ms,
     recurrent,
+    recurrent_kernel,
     reduce,
     resize,
     scan,
@@ -33,6 +34,6 @@ from pipeline.ops import (  # noqa: F401  (registration)
     softmax,
     unary,
 )
-from pipeline.ops.registry import ONNX_CONVERTERS, OPS, get, infer_types, onnx_converter
+from pipeline.ops.registry import OPS, OpKind, get, infer_types
 
-__all__ = ["ONNX_CONVERTERS", "OPS", "get", "infer_types", "onnx_converter"]
+__all__ = ["OPS", "OpKind", "get", "infer_types"]

@@ -1,34 +1,18 @@
-"""Pooling: MaxPool, AveragePool, LpPool (2-D and 3-D, and 1-D as 2-D with H=1)
-and GlobalAveragePool, GlobalMaxPool, GlobalLpPool (any number of spatial dims).
+"""The pool operators' definitions: shape rules, kinds, numpy references
+and sample inputs.
 
-Graph ops: max_pool2d/avg_pool2d/lp_pool2d, their 3-D and 1-D forms (attrs
-kernel, strides, dilations, pads (all begins, then all ends; 1-D in 2-D form),
-ceil_mode, count_include_pad; p for Lp), global_avg_pool, global_max_pool and
-global_lp_pool (p).
+Their lowerings: pipeline/kernels/pool.py
+Their ONNX converters: pipeline/frontend/onnx/pool.py
 """
 
 from __future__ import annotations
 
-import itertools
-import math
-
 import numpy as np
 
-from pipeline.dsl.builder import FLOATS
-from pipeline.dsl.vector import ELEMENT_WORK, parallel_nest
 from pipeline.errors import ModelError
-from pipeline.ir.graph import Node, TensorType
-from pipeline.ops.nn import as_1d, lift_1d, spatial_attrs, window_out
-from pipeline.ops.registry import Limit, onnx_op, register
-
-# The smallest value of the 8-bit integer types a max pool takes (quantized tensors).
-INT8 = {"uint8": 0, "int8": -128}
-
-
-def int8_max(kb, dtype: str, a, b):
-    """max(a, b) of uint8 / int8 scalars or vectors."""
-    cmp = kb.b.icmp_unsigned if dtype == "uint8" else kb.b.icmp_signed
-    return kb.b.select(cmp(">", a, b), a, b)
+from pipeline.ir.graph import TensorType
+from pipeline.ops.registry import OpKind, register
+from pipeline.ops.windows import infer_1d, window_out
 
 
 def _pool_infer(types, node):
@@ -46,143 +30,18 @@ def _pool_infer(types, node):
     return [TensorType((n, c, *out), types[0].dtype)]
 
 
-def _lp_term(kb, node, v):
-    """|v| ** p, the summand of an Lp pool."""
-    p = node.attr("p")
-    return kb.fmul(v, v) if p == 2 else kb.intrinsic("pow", kb.intrinsic("fabs", v),
-                                                     kb.f32(p))
+_pool1d_infer = infer_1d(_pool_infer)
 
 
-def _lp_root(kb, node, acc):
-    p = node.attr("p")
-    return kb.intrinsic("sqrt", acc) if p == 2 else kb.intrinsic("pow", acc, kb.f32(1.0 / p))
-
-
-def _pool_lower(kb, node, ins, out, epilogue):
-    """Max, average or Lp norm over each window (any number of spatial dims); taps
-    outside the input are skipped with a select on a clamped (always in-bounds)
-    load."""
-    x = ins[0]
-    is_max = node.op.startswith("max_pool")
-    is_lp = node.op.startswith("lp_pool")
-    spatial = x.type.shape[2:]
-    kernel, strides, dilations = node.attr("kernel"), node.attr("strides"), \
-        node.attr("dilations")
-    pads, d = node.attr("pads"), len(spatial)
-    include_pad = bool(node.attr("count_include_pad", 0))
-    work = out.type.size * (math.prod(kernel) + ELEMENT_WORK)
-    with parallel_nest(kb, out.type.shape, "o", work=work) as index:
-        n, c, *o = index
-        base = (n * x.type.shape[1] + c) * math.prod(spatial)
-        # Per dim and kernel position: (clamped input offset, inside, inside the pads).
-        taps = []
-        for i in range(d):
-            size, stride = spatial[i], x.strides[2 + i]
-            lo, hi = pads[i], pads[d + i]
-            row = []
-            for k in range(kernel[i]):
-                at = o[i] * strides[i] + (k * dilations[i] - lo)
-                inside, padded = kb.inside(at, 0, size), kb.inside(at, -lo, size + hi)
-                row.append((kb.clamp(at, size) * stride, inside, padded))
-            taps.append(row)
-        acc = kb.f32(-math.inf if is_max else 0.0)
-        if x.type.dtype in INT8:  # max of a quantized tensor (FuseQDQ): on its bytes
-            acc = kb.const(INT8[x.type.dtype], x.elem)
-        elif is_max and x.elem not in FLOATS:  # other integers: from the type's minimum
-            acc = kb.const(-(2 ** (x.elem.width - 1)), x.elem)
-        count = kb.f32(0.0)
-        for tap in itertools.product(*taps):
-            ok, padded, at = tap[0][1], tap[0][2], base + tap[0][0]
-            for offset, inside, in_pads in tap[1:]:
-                at = at + offset
-                ok, padded = kb.and_(ok, inside), kb.and_(padded, in_pads)
-            v = kb.load(x, at)
-            if is_max:
-                acc = kb.select(ok, int8_max(kb, x.type.dtype, acc, v)
-                                if x.type.dtype in INT8 else kb.arith("max", acc, v), acc)
-                continue
-            acc = kb.select(ok, kb.fadd(acc, _lp_term(kb, node, v) if is_lp else v), acc)
-            # With count_include_pad the padding counts, the ceil_mode overhang
-            # beyond it does not.
-            count = kb.select(padded if include_pad else ok, kb.fadd(count, kb.f32(1.0)), count)
-        if is_lp:
-            acc = _lp_root(kb, node, acc)
-        elif not is_max:
-            acc = kb.fdiv(acc, kb.fmax(count, kb.f32(1.0)))
-        if epilogue is not None:
-            acc = epilogue(acc, index)
-        kb.store(out, kb.dot(index, out.strides), acc)
-
-
-_pool1d_infer, _pool1d_lower = as_1d(_pool_infer, _pool_lower)
 for _kind in ("max", "avg", "lp"):
-    register(f"{_kind}_pool2d", "anchor", _pool_infer, lower=_pool_lower)
-    register(f"{_kind}_pool3d", "anchor", _pool_infer, lower=_pool_lower)
-    register(f"{_kind}_pool1d", "anchor", _pool1d_infer, lower=_pool1d_lower)
+    register(f"{_kind}_pool2d", OpKind.ANCHOR, _pool_infer)
+    register(f"{_kind}_pool3d", OpKind.ANCHOR, _pool_infer)
+    register(f"{_kind}_pool1d", OpKind.ANCHOR, _pool1d_infer)
 
-
-def _pool_converter(kind: str):
-    def convert(ctx, n):
-        if len([o for o in n.outputs if o]) > 1:
-            raise ModelError(f"node {n.name!r} ({n.op_type}): the Indices output "
-                             "is not supported")
-        if "kernel_shape" not in n.attrs:
-            raise ModelError(f"node {n.name!r} ({n.op_type}): kernel_shape is required")
-        kernel = tuple(int(k) for k in n.attrs["kernel_shape"])
-        attrs = spatial_attrs(n, ctx.type(n.inputs[0]).shape, kernel)
-        attrs["kernel"] = kernel
-        op = f"{kind}_pool{max(2, len(kernel))}d"
-        if len(kernel) == 1:
-            op, attrs = f"{kind}_pool1d", lift_1d(attrs)
-        if kind == "lp":
-            attrs["p"] = _lp_p(n)
-        return [Node.make(op, n.name, n.inputs[:1], n.outputs[:1],
-                          ceil_mode=int(n.attrs.get("ceil_mode", 0)),
-                          count_include_pad=int(n.attrs.get("count_include_pad", 0)),
-                          **attrs)]
-    return convert
-
-
-def _lp_p(n) -> float:
-    """LpPool's p: a float attribute before opset 2, an int after; positive."""
-    p = float(n.attrs.get("p", 2))
-    if p <= 0:
-        raise ModelError(f"node {n.name!r} ({n.op_type}): p must be positive, got {p}")
-    return p
-
-
-onnx_op("MaxPool", 1, emits=("max_pool1d", "max_pool2d", "max_pool3d"),
-        limits=(Limit("the Indices output", lambda n: len(n.outputs) > 1),))(_pool_converter("max"))
-onnx_op("AveragePool", 1, emits=("avg_pool1d", "avg_pool2d", "avg_pool3d"))(_pool_converter("avg"))
-onnx_op("LpPool", 1, emits=("lp_pool1d", "lp_pool2d", "lp_pool3d"))(_pool_converter("lp"))
-
-
-# -- global pooling: one value per (n, c) plane ----------------------------------------
 
 def _global_infer(types, node):
     shape = types[0].shape
     return [TensorType(shape[:2] + (1,) * (len(shape) - 2), types[0].dtype)]
-
-
-def _global_pool_lower(kb, node, ins, out, epilogue):
-    x = ins[0]
-    n_n, c_n, *spatial = x.type.shape
-    size = math.prod(spatial)
-    kind = node.op[len("global_"):-len("_pool")]
-    with kb.loop(0, n_n, "n") as n, kb.loop(0, c_n, "c") as c:
-        base = (n * c_n + c) * size
-        acc = kb.local(kb.f32(-math.inf if kind == "max" else 0.0))
-        with kb.loop(0, size, "p") as p:
-            v = kb.load(x, base + p)
-            if kind == "max":
-                kb.set(acc, kb.fmax(kb.get(acc), v))
-            else:
-                kb.set(acc, kb.fadd(kb.get(acc), _lp_term(kb, node, v) if kind == "lp" else v))
-        value = {"max": lambda a: a, "avg": lambda a: kb.fmul(a, kb.f32(1.0 / size)),
-                 "lp": lambda a: _lp_root(kb, node, a)}[kind](kb.get(acc))
-        if epilogue is not None:
-            value = epilogue(value, [n, c] + [0] * len(spatial))
-        kb.store(out, n * c_n + c, value)
 
 
 def _global_numpy(xs, node):
@@ -198,22 +57,6 @@ def _global_numpy(xs, node):
 
 
 for _kind in ("avg", "max", "lp"):
-    register(f"global_{_kind}_pool", "anchor", _global_infer, lower=_global_pool_lower,
-             numpy=_global_numpy,
+    register(f"global_{_kind}_pool", OpKind.ANCHOR, _global_infer, numpy=_global_numpy,
              sample=lambda rng, dtype, k=_kind: ([rng.uniform(-2, 2, (2, 3, 4, 5)).astype(dtype)],
                                                  {"p": 3.0} if k == "lp" else {}))
-
-
-def _global_converter(op: str):
-    def convert(ctx, n):
-        if len(ctx.type(n.inputs[0]).shape) < 3:
-            raise ModelError(f"node {n.name!r} ({n.op_type}): input must have spatial "
-                             f"dims, got shape {list(ctx.type(n.inputs[0]).shape)}")
-        attrs = {"p": _lp_p(n)} if op == "global_lp_pool" else {}
-        return [Node.make(op, n.name, n.inputs[:1], n.outputs[:1], **attrs)]
-    return convert
-
-
-onnx_op("GlobalAveragePool", 1, emits=("global_avg_pool",))(_global_converter("global_avg_pool"))
-onnx_op("GlobalMaxPool", 1, emits=("global_max_pool",))(_global_converter("global_max_pool"))
-onnx_op("GlobalLpPool", 1, emits=("global_lp_pool",))(_global_converter("global_lp_pool"))

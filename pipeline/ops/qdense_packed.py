@@ -1,40 +1,15 @@
-"""qdense_packed: matmul_integer by a constant int8 matrix, packed for the dot-product
-instructions (AlterOpLayout makes it; ops/qconv_blocked.py has the dot products).
+"""The qdense_packed operators' definitions: shape rules, kinds, numpy references
+and sample inputs.
 
-  a       [..., M, K]          uint8/int8 (run time), K a multiple of 4
-  w       [N/b, K/4, b, 4]     int8: w[k, n] at [n // b, k // 4, n % b, k % 4]
-  colsum  [N]                  int32: sum over k of w[k, n]
-  a_zp    one element          uint8/int8 (run time: DynamicQuantizeLinear's)
-  [bias [N] int32, multiplier [N] float32, y_zp]   requantization, as matmul_integer
-  out     [..., M, N]          int32, or the requantized type
-
-Each step broadcasts four consecutive bytes of a row of `a` against a b x 4 block of
-`w`: sum((a - a_zp) * w) = dot(a + offset, w) - (a_zp + offset) * colsum, the offset
-being what the dot instruction needs of a's sign (qconv_blocked.offset_of). A tile
-is R rows x G column blocks of accumulators.
+Their lowerings: pipeline/kernels/qdense_packed.py
 """
 
 from __future__ import annotations
 
-import llvmlite.ir as ir
-import numpy as np
-
-from pipeline.dsl.builder import I32
-from pipeline.dsl.vector import parallel_for
 from pipeline.errors import ModelError
 from pipeline.ir.graph import TensorType
-from pipeline.ops.qconv_blocked import I8, Requantize, dot
-from pipeline.ops.quant import QTYPES
-from pipeline.ops.registry import register
-
-_ROWS, _GROUP = 4, 4  # register tile: rows x column blocks
-
-
-def pack_qdense(w: np.ndarray, lanes: int) -> tuple[np.ndarray, np.ndarray]:
-    """int8 [K, N] -> ([N/lanes, K/4, lanes, 4] packed, [N] int32 column sums)."""
-    k, n = w.shape
-    packed = w.reshape(k // 4, 4, n // lanes, lanes).transpose(2, 0, 3, 1)
-    return np.ascontiguousarray(packed), w.astype(np.int32).sum(axis=0).astype(np.int32)
+from pipeline.ops.geometry import QTYPES
+from pipeline.ops.registry import OpKind, register
 
 
 def _infer(types, node):
@@ -46,53 +21,4 @@ def _infer(types, node):
     return [TensorType(a.shape[:-1] + (nb * lanes,), node.attr("out"))]
 
 
-def _lower(kb, node, ins, out, epilogue):
-    a, w, colsum, azp = ins[:4]
-    nb_n, k4_n, lanes, _ = w.type.shape
-    k_n, n_n = 4 * k4_n, nb_n * lanes
-    rows = a.type.size // k_n
-    kind, offset = node.attr("dot"), node.attr("offset")
-    acc_t, v8 = ir.VectorType(I32, lanes), ir.VectorType(I8, 4 * lanes)
-    group = next(g for g in (_GROUP, 2, 1) if nb_n % g == 0)
-    row_tiles = -(-rows // _ROWS)
-    work = rows * n_n * k_n
-    with parallel_for(kb, row_tiles * (nb_n // group), "tiles", work=work) as item:
-        rt, gb = item // (nb_n // group), item % (nb_n // group)
-        zero_in = kb.b.add(kb.load(azp, 0), ir.Constant(I32, offset))
-        correction = kb.splat(zero_in, lanes)
-        store = Requantize(kb, node, ins[4], ins[5], ins[6], lanes) if len(ins) > 4 else None
-
-        def tile(m0, count):
-            accs = [[ir.Constant(acc_t, [0] * lanes)] * group for _ in range(count)]
-            accs = [[kb.local(v) for v in row] for row in accs]
-            with kb.loop(0, k4_n, "k4") as k4:
-                wv = [kb.b.load(kb.gep(w, ((gb * group + g) * k4_n + k4) * (4 * lanes)),
-                                typ=v8, align=1) for g in range(group)]
-                for r in range(count):
-                    word = kb.b.load(kb.gep(a, (m0 + r) * k_n + k4 * 4), typ=I32, align=1)
-                    if offset:
-                        word = kb.b.xor(word, ir.Constant(I32, 0x80808080 - (1 << 32)))
-                    av = kb.b.bitcast(kb.splat(word, lanes), v8)
-                    for g in range(group):
-                        kb.set(accs[r][g], dot(kb, kind, kb.get(accs[r][g]), av, wv[g]))
-            for r in range(count):
-                for g in range(group):
-                    n0 = (gb * group + g) * lanes
-                    sums = kb.b.load(kb.gep(colsum, n0), typ=acc_t, align=4)
-                    acc = kb.b.sub(kb.get(accs[r][g]), kb.b.mul(correction, sums))
-                    at = (m0 + r) * n_n + n0
-                    if store is None:
-                        kb.b.store(acc, kb.gep(out, at), align=4)
-                    else:
-                        store(acc, n0, out, at)
-
-        if rows % _ROWS == 0:
-            tile(rt * _ROWS, _ROWS)
-        else:  # the last tile is short: its rows one by one
-            with kb.loop(0, _ROWS, "r") as r:
-                m = rt * _ROWS + r
-                with kb.if_(kb.below(m, rows)):
-                    tile(m, 1)
-
-
-register("qdense_packed", "opaque", _infer, lower=_lower)
+register("qdense_packed", OpKind.OPAQUE, _infer)

@@ -1,11 +1,8 @@
-"""Shape operators: Reshape, Flatten, Squeeze, Unsqueeze, Concat, Expand; and
-Shape, Size, ConstantOfShape, Range, EyeLike and the window functions (HannWindow,
-HammingWindow, BlackmanWindow), whose values are known at build time.
+"""The shape operators' definitions: shape rules, kinds, numpy references
+and sample inputs.
 
-Shape arguments must be known at build time (initializers, or values the
-frontend computes from constants: ImportContext.const); a data-dependent
-shape is a clear ModelError. Data movement (Transpose, Tile...) is in
-pipeline/ops/movement.py, indexing (Gather, Slice, Pad) in pipeline/ops/index.py.
+Their lowerings: pipeline/kernels/shape.py
+Their ONNX converters: pipeline/frontend/onnx/shape.py
 """
 
 from __future__ import annotations
@@ -14,37 +11,10 @@ import math
 
 import numpy as np
 
-from pipeline.dsl.vector import ELEMENT_WORK, parallel_for
-from pipeline.errors import GraphError, ModelError
-from pipeline.ir.graph import ONNX_DTYPES, Node, TensorType
-from pipeline.ops.registry import broadcast_shape, onnx_converter, onnx_op, register
+from pipeline.errors import ModelError
+from pipeline.ir.graph import TensorType
+from pipeline.ops.registry import OpKind, broadcast_shape, register
 
-
-def need_const(ctx, n, pos: int, what: str) -> np.ndarray | None:
-    """Input `pos` of ONNX node `n` as a build-time value (None if absent);
-    ModelError naming the node if it is present but not constant. GraphError if the
-    converter does not declare `pos` in its onnx_op(build_time_inputs=...): the
-    backend would not freeze such an input when a model feeds it."""
-    if pos not in onnx_converter(n.op_type, n.opset).build_time_inputs:
-        raise GraphError(f"node {n.name!r} ({n.op_type}): the converter reads input {pos} at "
-                         "build time but its onnx_op(build_time_inputs=...) does not list it")
-    if len(n.inputs) <= pos or not n.inputs[pos]:
-        return None
-    value = ctx.const(n.inputs[pos])
-    if value is None:
-        raise ModelError(f"node {n.name!r} ({n.op_type}): {what} {n.inputs[pos]!r} must be "
-                         "known at build time")
-    return value
-
-
-def norm_axis(n, axis: int, rank: int) -> int:
-    if not -rank <= axis < rank:
-        raise ModelError(f"node {n.name!r} ({n.op_type}): axis {axis} out of range for "
-                         f"rank {rank}")
-    return axis % rank
-
-
-# -- Reshape and friends: a copy in row-major layout ------------------------------------
 
 def _reshape_infer(types, node):
     shape = tuple(node.attr("shape"))
@@ -54,93 +24,11 @@ def _reshape_infer(types, node):
     return [TensorType(shape, types[0].dtype)]
 
 
-def _copy_lower(kb, node, ins, out, epilogue):
-    """A reshape moves no data in a row-major layout: copy element by element."""
-    with kb.loop(0, out.type.size, "i") as i:
-        kb.store(out, i, kb.load(ins[0], i))
-
-
-register("reshape", "opaque", _reshape_infer, lower=_copy_lower, float64=True,
+register("reshape", OpKind.OPAQUE, _reshape_infer, float64=True,
          sample=lambda rng, dtype: ([rng.uniform(-2, 2, (2, 3, 4)).astype(dtype)],
                                     {"shape": (4, 6)}),
          numpy=lambda xs, node: [xs[0].reshape(node.attr("shape"))])
 
-
-def reshape(n, shape) -> list[Node]:
-    return [Node.make("reshape", n.name, n.inputs[:1], n.outputs[:1],
-                      shape=tuple(int(d) for d in shape))]
-
-
-def resolve_reshape(name: str, in_shape: tuple[int, ...], target, allowzero: bool = False):
-    """ONNX Reshape semantics: 0 copies the input dim (unless allowzero), -1 is inferred."""
-    out = [in_shape[i] if (d == 0 and not allowzero) else int(d)
-           for i, d in enumerate(target)]
-    if out.count(-1) > 1:
-        raise ModelError(f"node {name!r} (Reshape): more than one -1 in {list(target)}")
-    if -1 in out:
-        known = math.prod(d for d in out if d != -1)
-        total = math.prod(in_shape)
-        if known == 0 or total % known:
-            raise ModelError(f"node {name!r} (Reshape): cannot reshape {list(in_shape)} "
-                             f"to {list(target)}")
-        out[out.index(-1)] = total // known
-    return tuple(out)
-
-
-@onnx_op("Reshape", 1, emits=("reshape",))
-def _reshape_v1(ctx, n):
-    return reshape(n, resolve_reshape(n.name, ctx.type(n.inputs[0]).shape, n.attrs["shape"]))
-
-
-@onnx_op("Reshape", 5, emits=("reshape",), build_time_inputs=(1,))
-def _reshape_v5(ctx, n):
-    target = need_const(ctx, n, 1, "the shape input")
-    return reshape(n, resolve_reshape(n.name, ctx.type(n.inputs[0]).shape, target.tolist(),
-                                      bool(n.attrs.get("allowzero", 0))))
-
-
-@onnx_op("Flatten", 1, emits=("reshape",))
-def _flatten(ctx, n):
-    in_shape = ctx.type(n.inputs[0]).shape
-    axis = int(n.attrs.get("axis", 1))
-    axis = axis + len(in_shape) if axis < 0 else axis  # ONNX: axis in [-rank, rank]
-    return reshape(n, (math.prod(in_shape[:axis]), math.prod(in_shape[axis:])))
-
-
-def _axes(ctx, n, since_input: int):
-    """Squeeze/Unsqueeze axes: an attribute before opset 13, an input from 13."""
-    if n.opset < since_input:
-        return n.attrs.get("axes")
-    value = need_const(ctx, n, 1, "the axes input")
-    return None if value is None else value.tolist()
-
-
-@onnx_op("Squeeze", 1, emits=("reshape",), build_time_inputs=(1,))
-def _squeeze(ctx, n):
-    shape = ctx.type(n.inputs[0]).shape
-    axes = _axes(ctx, n, 13)
-    if axes is None:
-        return reshape(n, [d for d in shape if d != 1])
-    axes = {norm_axis(n, int(a), len(shape)) for a in axes}
-    if any(shape[a] != 1 for a in axes):
-        raise ModelError(f"node {n.name!r} (Squeeze): axes {sorted(axes)} of shape "
-                         f"{list(shape)} are not all 1")
-    return reshape(n, [d for k, d in enumerate(shape) if k not in axes])
-
-
-@onnx_op("Unsqueeze", 1, emits=("reshape",), build_time_inputs=(1,))
-def _unsqueeze(ctx, n):
-    shape = list(ctx.type(n.inputs[0]).shape)
-    axes = _axes(ctx, n, 13)
-    if axes is None:
-        raise ModelError(f"node {n.name!r} (Unsqueeze): axes are required")
-    rank = len(shape) + len(axes)
-    for a in sorted(norm_axis(n, int(a), rank) for a in axes):
-        shape.insert(a, 1)
-    return reshape(n, shape)
-
-
-# -- Concat ------------------------------------------------------------------------------
 
 def _concat_infer(types, node):
     axis = node.attr("axis")
@@ -155,148 +43,17 @@ def _concat_infer(types, node):
     return [TensorType(first[:axis] + (total,) + first[axis + 1:], types[0].dtype)]
 
 
-CONCAT_PIECE = 1 << 14
-
-
-def _concat_lower(kb, node, ins, out, epilogue):
-    axis = node.attr("axis")
-    shape = out.type.shape
-    outer, inner = math.prod(shape[:axis]), math.prod(shape[axis + 1:])
-    offset = 0
-    for k, x in enumerate(ins):
-        width = x.type.shape[axis] * inner
-        if not width:  # an empty input adds nothing
-            continue
-        # Each row of `width` in pieces of at most CONCAT_PIECE elements, the pieces
-        # split over threads (a concat of one image has one row per input).
-        pieces = -(-width // CONCAT_PIECE)
-        step = -(-width // pieces)
-        work = outer * width * ELEMENT_WORK
-        with parallel_for(kb, outer * pieces, f"copy{k}", work=work) as item:
-            o, start = item // pieces, item % pieces * step
-            stop = width if pieces == 1 else kb.smin(start + step, width)
-            with kb.loop(start, stop, "j") as j:
-                src = o * width + j
-                dst = o * (shape[axis] * inner) + (j + offset)
-                kb.store(out, dst, kb.load(x, src))
-        offset += width
-
-
-register("concat", "opaque", _concat_infer, lower=_concat_lower, float64=True,
+register("concat", OpKind.OPAQUE, _concat_infer, float64=True,
          sample=lambda rng, dtype: ([rng.uniform(-2, 2, s).astype(dtype)
                                      for s in ((2, 3), (2, 1), (2, 4))], {"axis": 1}),
          numpy=lambda xs, node: [np.concatenate(xs, axis=node.attr("axis"))])
 
-
-@onnx_op("Concat", 1, emits=("concat",))
-def _concat(ctx, n):
-    inputs = [i for i in n.inputs if i]
-    rank = len(ctx.type(inputs[0]).shape)
-    axis = norm_axis(n, int(n.attrs.get("axis", 1)), rank)
-    return [Node.make("concat", n.name, inputs, n.outputs, axis=axis)]
-
-
-# -- Expand: an elementwise op whose output is the broadcast shape -------------------------
-
-register("expand", "elementwise",
+register("expand", OpKind.ELEMENTWISE,
          lambda types, node: [TensorType(broadcast_shape(
              types[0].shape, tuple(node.attr("shape")), where=f"node {node.name!r}"),
              types[0].dtype)],
-         scalar=lambda kb, a, node: a[0],
          numpy=lambda xs, node: [np.broadcast_to(
              xs[0], np.broadcast_shapes(xs[0].shape, tuple(node.attr("shape")))).copy()],
          float64=True,
          sample=lambda rng, dtype: ([rng.uniform(-2, 2, (3, 1)).astype(dtype)],
                                     {"shape": (2, 3, 4)}))
-
-
-@onnx_op("Expand", 8, emits=("expand",), build_time_inputs=(1,))
-def _expand(ctx, n):
-    shape = need_const(ctx, n, 1, "the shape input")
-    return [Node.make("expand", n.name, n.inputs[:1], n.outputs[:1],
-                      shape=tuple(int(d) for d in shape))]
-
-
-# -- values known at build time: become constants, no node -------------------------------
-
-@onnx_op("Shape", 1, emits=())
-def _shape(ctx, n):
-    shape = ctx.type(n.inputs[0]).shape
-    rank = len(shape)
-    start, end = int(n.attrs.get("start", 0)), int(n.attrs.get("end", rank))
-    start, end = (min(max(v + rank if v < 0 else v, 0), rank) for v in (start, end))
-    ctx.set_const(n.outputs[0], np.array(shape[start:end], np.int64))
-    return []
-
-
-@onnx_op("Size", 1, emits=())
-def _size(ctx, n):
-    ctx.set_const(n.outputs[0], np.array(ctx.type(n.inputs[0]).size, np.int64))
-    return []
-
-
-@onnx_op("ConstantOfShape", 9, emits=(), build_time_inputs=(0,))
-def _constant_of_shape(ctx, n):
-    from onnx import numpy_helper  # converters run at import, where onnx is loaded
-
-    shape = need_const(ctx, n, 0, "the shape input")
-    value = n.attrs.get("value")
-    fill = numpy_helper.to_array(value).reshape(-1) if value is not None else \
-        np.zeros(1, np.float32)
-    ctx.set_const(n.outputs[0], np.full(tuple(int(d) for d in shape), fill[0], fill.dtype))
-    return []
-
-
-@onnx_op("Range", 11, emits=(), build_time_inputs=(0, 1, 2))
-def _range(ctx, n):
-    start, limit, delta = (need_const(ctx, n, k, what) for k, what in
-                           enumerate(("start", "limit", "delta")))
-    count = max(math.ceil((limit.item() - start.item()) / delta.item()), 0)
-    ctx.set_const(n.outputs[0], (start + np.arange(count) * delta).astype(start.dtype))
-    return []
-
-
-def _dtype_attr(n, key: str, default: str) -> str:
-    """The dtype an ONNX TensorProto code attribute names (`default` if absent);
-    ModelError naming the node if the IR lacks it."""
-    if key not in n.attrs:
-        return default
-    dtype = ONNX_DTYPES.get(int(n.attrs[key]))
-    if dtype is None:
-        raise ModelError(f"node {n.name!r} ({n.op_type}): {key} {n.attrs[key]} is not a "
-                         f"supported dtype ({', '.join(ONNX_DTYPES.values())} are)")
-    return dtype
-
-
-@onnx_op("EyeLike", 9, emits=())
-def _eye_like(ctx, n):
-    """Ones on diagonal k of a 2-D zero tensor the input's shape (only its shape is read)."""
-    x = ctx.type(n.inputs[0])
-    if len(x.shape) != 2:
-        raise ModelError(f"node {n.name!r} (EyeLike): input must be 2-D, got "
-                         f"{list(x.shape)}")
-    dtype = _dtype_attr(n, "dtype", x.dtype)
-    ctx.set_const(n.outputs[0], np.eye(*x.shape, k=int(n.attrs.get("k", 0)), dtype=dtype))
-    return []
-
-
-# Window functions (opset 17): w[j] = sum_m a_m cos(2 pi m j / N), N = size if
-# periodic (the default) else size - 1; coefficients a_m by window.
-_WINDOWS = {"HannWindow": (0.5, -0.5), "HammingWindow": (25 / 46, -21 / 46),
-            "BlackmanWindow": (0.42, -0.5, 0.08)}
-
-
-def _window(coefficients: tuple[float, ...]):
-    def convert(ctx, n):
-        size = int(need_const(ctx, n, 0, "size").reshape(()))
-        periods = size if int(n.attrs.get("periodic", 1)) else size - 1
-        j = np.arange(size, dtype=np.float64)
-        w = sum(a * np.cos(2 * np.pi * m * j / periods) for m, a in enumerate(coefficients))
-        ctx.set_const(n.outputs[0], np.asarray(w).astype(
-            _dtype_attr(n, "output_datatype", "float32")))
-        return []
-    return convert
-
-
-for _op_type, _coefficients in _WINDOWS.items():
-    onnx_op(_op_type, 17, emits=(), build_time_inputs=(0,))(_window(_coefficients))

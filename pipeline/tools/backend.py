@@ -15,7 +15,7 @@ pads...: its converter's `build_time_inputs`), is resolved at `run`: the model
 is compiled for the concrete shapes and those inputs' values, and the result is
 cached per distinct (shapes, values).
 
-What we do not support follows from the operator registry (pipeline/ops/,
+What we do not support follows from the converter registry (pipeline/frontend/onnx/,
 declared once per converter with `onnx_op`): operators without a converter at
 the model's opset, dtypes the IR lacks (pipeline/ir/graph.py ONNX_DTYPES),
 float64 on a converter that emits a graph op without a float64 lowering, and
@@ -38,10 +38,9 @@ import onnx
 from onnx import TensorProto, helper
 from onnx.backend.base import Backend, BackendRep
 
-from pipeline.frontend.onnx import default_opset, domain_opset
+from pipeline.frontend.onnx.importer import default_opset, domain_opset
+from pipeline.frontend.onnx.registry import NodeView, onnx_converter
 from pipeline.ir.graph import ONNX_DTYPES
-from pipeline.ops import onnx_converter
-from pipeline.ops.registry import NodeView
 
 TARGET = "llvm -mcpu=native"
 

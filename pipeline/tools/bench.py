@@ -51,7 +51,8 @@ import onnx
 
 from pipeline.errors import PipelineError
 from pipeline.files import atomic_write
-from pipeline.frontend.onnx import load_model, with_input_shapes
+from pipeline.frontend.onnx.importer import load_model
+from pipeline.frontend.onnx.shapes import with_input_shapes
 from pipeline.runtime import GraphModule, load_module
 from pipeline.runtime.profile import format_profile, profile_nodes
 from pipeline.tools.bench_runner import PEERS

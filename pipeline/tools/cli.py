@@ -210,7 +210,8 @@ def _reference(name: str | None) -> str:
 
 
 def _validate(args: argparse.Namespace) -> None:
-    from pipeline.frontend.onnx import load_model, with_input_shapes
+    from pipeline.frontend.onnx.importer import load_model
+    from pipeline.frontend.onnx.shapes import with_input_shapes
     from pipeline.tools.validate import compare, random_inputs, reference_outputs
 
     _, gm = _load(args.library)

@@ -199,7 +199,7 @@ def _reason_counts(messages) -> dict[str, int]:
 
 def supported_operators() -> dict[str, list[int]]:
     """ONNX op_type -> the opsets its converters start at (Constant: the frontend's own)."""
-    from pipeline.ops import ONNX_CONVERTERS
+    from pipeline.frontend.onnx import ONNX_CONVERTERS
 
     ops = {op: sorted({c.since for c in conv}) for op, conv in ONNX_CONVERTERS.items()}
     ops["Constant"] = [1]

@@ -19,7 +19,8 @@ from onnx.reference.op_run import OpRun
 
 from pipeline.errors import PipelineError
 from pipeline.files import atomic_write
-from pipeline.frontend.onnx import load_model, with_input_shapes
+from pipeline.frontend.onnx.importer import load_model
+from pipeline.frontend.onnx.shapes import with_input_shapes
 from pipeline.link.integrity import verify_code_digest
 from pipeline.runtime import GraphModule, load_module
 from pipeline.tools.on_target import require_run, run_on_target

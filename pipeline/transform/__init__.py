@@ -1,4 +1,4 @@
-"""Layer 3, graph-level optimisation: PassContext (all options) and the pass pipeline.
+"""Layer 4, graph-level optimisation: PassContext (all options) and the pass pipeline.
 Imports ops, ir and errors.
 
 The pipeline itself (pipeline/transform/passes.py: PIPELINE, optimize) loads

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pipeline.ir.graph import Graph, Node
-from pipeline.ops import get
+from pipeline.ops import OpKind, get
 from pipeline.transform.context import PassConfig
 from pipeline.transform.util import prune
 
@@ -45,7 +45,7 @@ def fuse_ops(graph: Graph, params: dict, cfg: PassConfig):
     for node in graph.nodes:
         kind = get(node.op).kind
         joined = False
-        if kind == "elementwise":
+        if kind == OpKind.ELEMENTWISE:
             for name in node.inputs:
                 g = open_group.get(name)
                 if (g is not None and len(consumers[name]) == 1 and name not in outputs
@@ -60,7 +60,7 @@ def fuse_ops(graph: Graph, params: dict, cfg: PassConfig):
                     break
         if not joined:
             groups.append([node])
-            if kind != "opaque":
+            if kind != OpKind.OPAQUE:
                 open_group[node.outputs[0]] = len(groups) - 1
 
     position = {id(n): k for k, n in enumerate(graph.nodes)}
@@ -73,7 +73,7 @@ def _keeps_dtype(anchor: Node, running, result) -> bool:
     """Whether an epilogue changing the dtype of the running value is possible:
     anchors that are not elementwise may accumulate in (and re-read) their output
     buffer, which then has the epilogue's dtype, so only same-dtype chains join them."""
-    return running.dtype == result.dtype or get(anchor.op).kind == "elementwise"
+    return running.dtype == result.dtype or get(anchor.op).kind == OpKind.ELEMENTWISE
 
 
 def _fused_node(body: list[Node], k: int) -> Node:

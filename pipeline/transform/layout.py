@@ -10,7 +10,7 @@ With b the target's vector width (16 floats on AVX-512, 8 on AVX2):
     for a narrow first layer, or that block) and NCHW{b}c output; its weights
     are repacked here as a new param (ops/conv_blocked.py pack_weight), so a
     weight change still changes only params, never a kernel; a 3x3 stride-1 one
-    where Winograd is faster (ops/conv_winograd.py worth_it; pass option
+    where Winograd is faster (kernels/conv_winograd.py worth_it; pass option
     AlterOpLayout.winograd) becomes conv2d_winograd_nchwc, its weights transformed
     here; a depthwise conv2d
     (groups = channels = filters, more than b: padded to whole blocks of b) becomes
@@ -35,12 +35,12 @@ import numpy as np
 
 from pipeline.ir.graph import Graph, Node, add_param, fresh_name
 from pipeline.ir.target import Target
-from pipeline.ops import conv_winograd, get, infer_types
-from pipeline.ops.conv_blocked import pack_weight, tiling
-from pipeline.ops.dense_packed import pack_dense_weight
-from pipeline.ops.depthwise_blocked import pack_depthwise_weight
-from pipeline.ops.layout import layout_name, to_blocked
-from pipeline.ops.qconv_blocked import (
+from pipeline.kernels import conv_winograd
+from pipeline.kernels.conv_blocked import pack_weight, tiling
+from pipeline.kernels.dense_packed import pack_dense_weight
+from pipeline.kernels.depthwise_blocked import pack_depthwise_weight
+from pipeline.kernels.layout import layout_name, to_blocked
+from pipeline.kernels.qconv_blocked import (
     corrected_bias,
     dot_kind,
     input_block,
@@ -49,8 +49,9 @@ from pipeline.ops.qconv_blocked import (
     pack_qweight,
     tile,
 )
-from pipeline.ops.qdense_packed import pack_qdense
-from pipeline.ops.quant import QTYPES
+from pipeline.kernels.qdense_packed import pack_qdense
+from pipeline.ops import OpKind, get, infer_types
+from pipeline.ops.geometry import QTYPES
 from pipeline.transform.context import PassConfig
 from pipeline.transform.util import prune
 
@@ -157,7 +158,7 @@ class _Rewriter:
         return True
 
     def conv_winograd(self, node: Node, weight: np.ndarray, oh: int, ow: int) -> bool:
-        """A 3x3 stride-1 conv2d as conv2d_winograd_nchwc (ops/conv_winograd.py)."""
+        """A 3x3 stride-1 conv2d as conv2d_winograd_nchwc (kernels/conv_winograd.py)."""
         oc, c = weight.shape[:2]
         m = conv_winograd.TILE
         k = conv_winograd.plan(oh, ow, c, oc, m, self.vw)[0]
@@ -366,7 +367,7 @@ class _Rewriter:
                 done = self.qconv(node)
             elif node.op == "matmul_integer":
                 done = self.qdense(node)
-            elif self.int8_only and node.op != "fused" and get(node.op).kind == "elementwise":
+            elif self.int8_only and node.op != "fused" and get(node.op).kind == OpKind.ELEMENTWISE:
                 done = self.elementwise(node)
             elif self.int8_only:
                 done = False
@@ -378,7 +379,7 @@ class _Rewriter:
                 done = self.dense(node)
             elif node.op == "concat":
                 done = self.concat(node)
-            elif node.op != "fused" and get(node.op).kind == "elementwise":
+            elif node.op != "fused" and get(node.op).kind == OpKind.ELEMENTWISE:
                 done = self.elementwise(node)
             else:
                 done = False

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.ir.graph import Graph, Node
-from pipeline.ops import get
+from pipeline.ops import OpKind, get
 from pipeline.transform.context import PassConfig
 from pipeline.transform.util import prune, sole_user
 
@@ -41,7 +41,7 @@ def _shuffle_groups(graph: Graph, first: Node, consumers, outputs) -> tuple[int,
 def _commutes(node: Node, params: dict) -> bool:
     """An elementwise op of one activation and scalar constants: it treats every
     channel alike, so it may run before or after a channel permutation."""
-    if node.op == "fused" or get(node.op).kind != "elementwise" or len(node.outputs) != 1:
+    if node.op == "fused" or get(node.op).kind != OpKind.ELEMENTWISE or len(node.outputs) != 1:
         return False
     acts = [i for i in node.inputs if i not in params]
     return len(acts) == 1 and all(np.size(params[i]) == 1 for i in node.inputs

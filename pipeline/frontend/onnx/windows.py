@@ -1,34 +1,11 @@
-"""Window geometry shared by convolution and pooling (NCHW, 1-D as H=1), and
-the per-plane epilogue of the direct convolutions.
-
-Graph ops keep 2-D attributes (strides, dilations as (h, w); pads as
-(top, left, bottom, right)). A 1-D ONNX node (input N, C, W) becomes the same
-op family with H=1: `lift_1d` turns its attributes into that form, and
-`view_4d` / `squeeze_index` let a 2-D lowering run on 3-D buffers, which have
-the same memory layout.
-"""
+"""ONNX window attributes (Conv, ConvTranspose, the pools) as graph-op attributes:
+strides, dilations and explicit pads (`spatial_attrs`), 1-D ones in their 2-D form
+with H=1 (`lift_1d`; see pipeline/ops/windows.py)."""
 
 from __future__ import annotations
 
-import dataclasses
-
 from pipeline.errors import ModelError
-from pipeline.ir.graph import TensorType
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -((-a) // b)
-
-
-def window_out(size: int, k: int, stride: int, pad_lo: int, pad_hi: int, dil: int,
-               ceil_mode: bool = False) -> int:
-    """Number of windows of `k` taps (dilation `dil`) over a padded axis."""
-    span = size + pad_lo + pad_hi - dil * (k - 1) - 1
-    out = (ceil_div(span, stride) if ceil_mode else span // stride) + 1
-    # A last window that would start inside the end padding is dropped (ONNX, PyTorch).
-    if ceil_mode and (out - 1) * stride >= size + pad_lo:
-        out -= 1
-    return out
+from pipeline.ops.geometry import ceil_div
 
 
 def auto_pad_of(n) -> str:
@@ -86,44 +63,3 @@ def lift_1d(attrs: dict) -> dict:
     if "pads" in attrs and len(attrs["pads"]) == 2:
         out["pads"] = (0, attrs["pads"][0], 0, attrs["pads"][1])
     return out
-
-
-def lift_type(t: TensorType) -> TensorType:
-    """(N, C, W) as (N, C, 1, W)."""
-    return TensorType(t.shape[:2] + (1,) + t.shape[2:], t.dtype)
-
-
-def view_4d(buf):
-    """The same memory seen as (N, C, 1, W): a 1-D buffer for a 2-D lowering."""
-    if len(buf.type.shape) != 3:
-        return buf
-    return dataclasses.replace(buf, type=lift_type(buf.type))
-
-
-def squeeze_index(epilogue):
-    """An epilogue over (N, C, W) called with 2-D lowering indices (n, c, 0, w)."""
-    if epilogue is None:
-        return None
-    return lambda value, index: epilogue(value, [index[0], index[1], index[3]])
-
-
-def as_1d(infer, lower):
-    """(infer, lower) of a 2-D window op, made to work on (N, C, W) tensors."""
-    def infer_1d(types, node):
-        (out,) = infer([lift_type(t) if len(t.shape) == 3 else t for t in types], node)
-        return [TensorType(out.shape[:2] + out.shape[3:], out.dtype)]
-
-    def lower_1d(kb, node, ins, out, epilogue):
-        lower(kb, node, [view_4d(b) for b in ins], view_4d(out), squeeze_index(epilogue))
-
-    return infer_1d, lower_1d
-
-
-def plane_epilogue(kb, out, plane, n, oc, epilogue) -> None:
-    """Apply `epilogue` to the finished (n, oc) output plane at offset `plane`."""
-    if epilogue is None:
-        return
-    _, _, oh_n, ow_n = out.type.shape
-    with kb.loop(0, oh_n, "eh") as oh, kb.loop(0, ow_n, "ew") as ow:
-        o = plane + (oh * ow_n + ow)
-        kb.store(out, o, epilogue(kb.load(out, o), [n, oc, oh, ow]))

@@ -9,8 +9,6 @@ runs after input-shape overrides, and its shapes are checked against ours.
 
 from __future__ import annotations
 
-import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,8 +23,10 @@ from pipeline.errors import (
     UnsupportedOperatorError,
     check_elements,
 )
+from pipeline.frontend.onnx.registry import onnx_converter
+from pipeline.frontend.onnx.shapes import onnx_shape_inference
 from pipeline.ir.graph import DTYPES, ONNX_DTYPES, Graph, Node, TensorType, add_param
-from pipeline.ops import get, infer_types, onnx_converter
+from pipeline.ops import get, infer_types
 
 
 @dataclass
@@ -160,13 +160,33 @@ def _import(model: onnx.ModelProto, shape: dict[str, tuple[int, ...]] | None,
         check_elements(types[vi.name].shape, f"{source}: input {vi.name!r}")
     _check_defined(g, source)
 
-    onnx_shapes = _onnx_shape_inference(model, types, inputs, source)
+    onnx_shapes = onnx_shape_inference(model, types, inputs, source)
     # Before any converter runs: one folding a constant (ConstantOfShape, Expand
     # of constants) would allocate the tensor first and check it after.
     producer = {out: node.name or f"#{k}" for k, node in enumerate(g.node) for out in node.output}
     for name, dims in onnx_shapes.items():
         check_elements(dims, f"{source}: node {producer.get(name, '?')!r} output {name!r}")
     ctx = ImportContext(params, types)
+    nodes = _convert_nodes(model, opset, ctx, onnx_shapes, source)
+
+    outputs = tuple(o.name for o in g.output)
+    nodes = _constant_outputs(ctx, outputs) + _live(nodes, outputs)
+    used = {i for n in nodes for i in n.inputs} | set(outputs)
+    kept = {name: v for name, v in params.items() if name in used}
+    input_names = tuple(vi.name for vi in inputs)
+    defined = {*input_names, *kept, *(o for n in nodes for o in n.outputs)}
+    graph = Graph(inputs=input_names, params=tuple(sorted(kept)), outputs=outputs,
+                  nodes=tuple(nodes),
+                  types={name: t for name, t in types.items() if name in defined})
+    graph.verify(infer_types)
+    return graph, kept
+
+
+def _convert_nodes(model: onnx.ModelProto, opset: int, ctx: ImportContext,
+                   onnx_shapes: dict[str, tuple[int, ...]], source: str) -> list[Node]:
+    """Every node of the model through its converter, in order: the graph nodes they
+    produce, each output's type recorded in ctx.types and checked against ONNX's."""
+    g, types = model.graph, ctx.types
     nodes: list[Node] = []
     used_names: set[str] = set()
     for k, proto in enumerate(g.node):
@@ -205,18 +225,7 @@ def _import(model: onnx.ModelProto, shape: dict[str, tuple[int, ...]] | None,
             what = f"{proto.name or f'#{k}'!r} ({proto.op_type})"
             raise ModelError(f"{source}: node {what}: cannot import it "
                              f"({type(err).__name__}: {err})") from err
-
-    outputs = tuple(o.name for o in g.output)
-    nodes = _constant_outputs(ctx, outputs) + _live(nodes, outputs)
-    used = {i for n in nodes for i in n.inputs} | set(outputs)
-    kept = {name: v for name, v in params.items() if name in used}
-    input_names = tuple(vi.name for vi in inputs)
-    defined = {*input_names, *kept, *(o for n in nodes for o in n.outputs)}
-    graph = Graph(inputs=input_names, params=tuple(sorted(kept)), outputs=outputs,
-                  nodes=tuple(nodes),
-                  types={name: t for name, t in types.items() if name in defined})
-    graph.verify(infer_types)
-    return graph, kept
+    return nodes
 
 
 def _initializers(g: onnx.GraphProto, source: str) -> dict[str, np.ndarray]:
@@ -289,7 +298,7 @@ def _check_supported(model: onnx.ModelProto, opset: int, source: str) -> None:
             continue
         if node.domain not in ("", "ai.onnx"):
             # Custom-domain operators have converters registered as "<domain>.<op>"
-            # (the com.microsoft quantized operators, ops/quant_ms.py).
+            # (the com.microsoft quantized operators, frontend/onnx/quant_ms.py).
             key = f"{node.domain}.{node.op_type}"
             if onnx_converter(key, domain_opset(model, node.domain)) is not None:
                 continue
@@ -306,7 +315,7 @@ def _check_supported(model: onnx.ModelProto, opset: int, source: str) -> None:
                             for op, names in sorted(missing.items()))
         raise UnsupportedOperatorError(
             f"{source}: unsupported operator(s): {listing}. Supported operators are "
-            "registered in pipeline/ops/ (see pipeline.ops.ONNX_CONVERTERS)")
+            "registered in pipeline/frontend/onnx/ (see pipeline.frontend.onnx.ONNX_CONVERTERS)")
 
 
 # Operators that run subgraphs: a static graph of kernels has no place for them.
@@ -365,114 +374,6 @@ def _input_type(vi, override, source: str) -> TensorType:
                          f"models.<name>.inputs.{vi.name}; command line: --input "
                          f"{vi.name}=d0,d1,...; Python: from_onnx(shape=...))")
     return TensorType(tuple(dims), dtype)
-
-
-def with_input_shapes(model: onnx.ModelProto,
-                      shapes: dict[str, tuple[int, ...]]) -> onnx.ModelProto:
-    """`model` with the graph inputs named in `shapes` declared at those shapes, and
-    the shapes it declares for its outputs and intermediates (value_info) removed
-    when an input changed: they were worked out for the old input shapes (batch 1,
-    say), and ONNX shape inference, onnxruntime and the reference evaluator would
-    hold the new shapes against them. Returns `model` itself when nothing changes,
-    else a copy (element types kept). Used by the import and by the references
-    that validate or time a library built with overrides."""
-    changed = {}
-    for vi in model.graph.input:
-        if vi.name in shapes:
-            dims = vi.type.tensor_type.shape.dim
-            declared = [d.dim_value if d.HasField("dim_value") else None for d in dims]
-            if declared != [int(d) for d in shapes[vi.name]]:
-                changed[vi.name] = shapes[vi.name]
-    if not changed:
-        return model
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    _set_input_shapes(copy, changed)
-    return copy
-
-
-def _set_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> None:
-    """In place: inputs in `shapes` take those dims; every output's and value_info's
-    declared shape is cleared (its element type stays) for inference to redo."""
-    for vi in model.graph.input:
-        if vi.name in shapes:
-            dims = vi.type.tensor_type.shape.dim
-            del dims[:]
-            for d in shapes[vi.name]:
-                dims.add().dim_value = int(d)
-    for vi in model.graph.output:
-        if vi.type.tensor_type.HasField("shape"):
-            vi.type.tensor_type.ClearField("shape")
-    del model.graph.value_info[:]
-
-
-def _onnx_shape_inference(model, types, inputs, source) -> dict[str, tuple[int, ...]]:
-    """Shapes ONNX infers once our input shapes are set, by tensor name."""
-    model = _without_large_initializers(model)  # a copy: changed in place below
-    names = {i.name for i in inputs}
-    declared = {vi.name: [d.dim_value if d.HasField("dim_value") else None
-                          for d in vi.type.tensor_type.shape.dim]
-                for vi in model.graph.input if vi.name in names}
-    if any(declared[n] != list(types[n].shape) for n in names):
-        # Overridden inputs: the declared output shapes are the old batch's.
-        _set_input_shapes(model, {n: types[n].shape for n in names})
-    del model.graph.value_info[:]
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
-    except Exception as err:
-        lines = [line for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
-        # ONNX types no output of some function ops (GroupNormalization in onnx
-        # 1.23), so strict mode fails at the next node: ONNX's gap, not the
-        # model's. Keep what it can infer; our shape rules check the rest.
-        if ("expected to have type but instead is null" not in lines[-1]
-                and not _function_op_failed(lines[-1])):
-            raise ModelError(f"{source}: ONNX shape inference failed: {lines[-1]}") from None
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-    shapes = {}
-    for vi in [*inferred.graph.value_info, *inferred.graph.output]:
-        dims = vi.type.tensor_type.shape.dim
-        if dims and all(d.HasField("dim_value") for d in dims):
-            shapes[vi.name] = tuple(d.dim_value for d in dims)
-    return shapes
-
-
-def _without_large_initializers(model: onnx.ModelProto,
-                                limit: int = 1024) -> onnx.ModelProto:
-    """A copy of model for shape inference whose initializers of more than `limit`
-    elements are typed graph inputs instead.
-
-    ONNX reads initializer values only where they decide a shape (a Reshape's
-    shape, Slice's starts: a few integers); serialising a ResNet-50's 100 MB of
-    weights into and out of its inference was most of the import time.
-    """
-    large = {init.name: init for init in model.graph.initializer
-             if math.prod(init.dims) > limit}
-    copy = onnx.ModelProto(ir_version=model.ir_version)
-    copy.opset_import.extend(model.opset_import)
-    copy.functions.extend(model.functions)
-    g = copy.graph
-    g.name = model.graph.name
-    g.node.extend(model.graph.node)
-    g.output.extend(model.graph.output)
-    g.initializer.extend(i for i in model.graph.initializer if i.name not in large)
-    g.sparse_initializer.extend(model.graph.sparse_initializer)
-    listed = {vi.name for vi in model.graph.input}
-    for vi in model.graph.input:
-        init = large.get(vi.name)
-        g.input.append(vi if init is None else
-                       onnx.helper.make_tensor_value_info(vi.name, init.data_type, init.dims))
-    g.input.extend(onnx.helper.make_tensor_value_info(name, init.data_type, init.dims)
-                   for name, init in large.items() if name not in listed)
-    return copy
-
-
-def _function_op_failed(message: str) -> bool:
-    """Whether ONNX's own inference failed inside a function op's body (e.g. onnx 1.23
-    expands MeanVarianceNormalization without its default axes into an invalid
-    Constant): the model is fine, ONNX's expansion is not."""
-    match = re.match(r".*?\(op_type:(\w+)\)", message)
-    return bool(match) and onnx.defs.has(match.group(1)) and \
-        onnx.defs.get_schema(match.group(1)).has_function
 
 
 def _decode(proto, k: int, opset: int, used_names: set[str]) -> OnnxNode:

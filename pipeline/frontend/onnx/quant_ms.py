@@ -21,12 +21,16 @@ import dataclasses
 import numpy as np
 
 from pipeline.errors import ModelError
+from pipeline.frontend.onnx.quant import const_of, emit_dequantize, emit_quantize
+from pipeline.frontend.onnx.quant_conv import requant_inputs, zero_point
+from pipeline.frontend.onnx.registry import Limit, onnx_converter, onnx_op
 from pipeline.ir.graph import Node
-from pipeline.ops.quant import QTYPES, const_of, emit_dequantize, emit_quantize
-from pipeline.ops.quant_conv import requant_inputs, zero_point
-from pipeline.ops.registry import Limit, infer_types, onnx_converter, onnx_op
+from pipeline.ops.geometry import QTYPES
+from pipeline.ops.registry import infer_types
 
 MS = "com.microsoft."
+
+
 _CHANNELS_LAST = Limit("channels_last", lambda v: int(v.attrs.get("channels_last", 0)) != 0)
 
 
@@ -92,17 +96,24 @@ def _unary(op_type: str):
 
 
 _Q = ("dequantize_linear", "quantize_linear")
+
+
 onnx_op(MS + "QLinearAdd", 1, emits=(*_Q, "add"),
         build_time_inputs=(1, 2, 4, 5, 6, 7))(_binary("Add"))
+
 onnx_op(MS + "QLinearMul", 1, emits=(*_Q, "mul"),
         build_time_inputs=(1, 2, 4, 5, 6, 7))(_binary("Mul"))
+
 onnx_op(MS + "QLinearSigmoid", 1, emits=(*_Q, "sigmoid"),
         build_time_inputs=(1, 2, 3, 4))(_unary("Sigmoid"))
+
 onnx_op(MS + "QLinearLeakyRelu", 1, emits=(*_Q, "leaky_relu"),
         build_time_inputs=(1, 2, 3, 4))(_unary("LeakyRelu"))
+
 onnx_op(MS + "QLinearGlobalAveragePool", 1, emits=(*_Q, "global_avg_pool"),
         build_time_inputs=(1, 2, 3, 4), limits=(_CHANNELS_LAST,))(
     _unary("GlobalAveragePool"))
+
 onnx_op(MS + "QLinearAveragePool", 1, emits=(*_Q, "avg_pool1d", "avg_pool2d", "avg_pool3d"),
         build_time_inputs=(1, 2, 3, 4), limits=(_CHANNELS_LAST,))(_unary("AveragePool"))
 

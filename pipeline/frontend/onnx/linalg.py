@@ -1,0 +1,75 @@
+"""ONNX converters to the linalg operators (defined in pipeline/ops/linalg.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.errors import ModelError
+from pipeline.frontend.onnx.registry import onnx_op
+from pipeline.ir.graph import Node
+
+
+@onnx_op("Gemm", 1, emits=("dense", "matmul", "mul", "add"))
+def _gemm(ctx, n):
+    """Y = alpha * A' @ B' + beta * C, as a chain product [-> mul alpha] [-> add C].
+
+    A constant B (and no transA) becomes dense(A, W=[N, K]) with alpha folded
+    into W and beta * C as its bias when C varies along N only; anything else
+    is a matmul with transpose flags. A constant C is pre-scaled by beta, a
+    runtime C is multiplied by beta first.
+    """
+    alpha, beta = float(n.attrs.get("alpha", 1.0)), float(n.attrs.get("beta", 1.0))
+    trans_a, trans_b = int(n.attrs.get("transA", 0)), int(n.attrs.get("transB", 0))
+    a, b = n.inputs[0], n.inputs[1]
+    c = n.inputs[2] if len(n.inputs) > 2 and n.inputs[2] and beta != 0.0 else None
+    if len(ctx.type(a).shape) != 2 or len(ctx.type(b).shape) != 2:
+        raise ModelError(f"node {n.name!r} (Gemm): A and B must be 2-D, got "
+                         f"{list(ctx.type(a).shape)} and {list(ctx.type(b).shape)}")
+    w, c_value = ctx.const(b), ctx.const(c) if c else None
+    n_out = ctx.type(b).shape[0 if trans_b else 1]
+    ftype = np.dtype(ctx.type(a).dtype).type  # the operands' float type (float32 or 64)
+    nodes = []
+    if w is not None and not trans_a:
+        inputs = [a, b]
+        if not trans_b or alpha != 1.0:
+            w = (w if trans_b else w.T) * ftype(alpha)
+            inputs[1] = ctx.add_param(f"{b}_nk", np.ascontiguousarray(w, dtype=ftype))
+        if (c_value is not None and c_value.size in (1, n_out)
+                and (c_value.ndim < 2 or c_value.shape[0] == 1)):  # C varies along N only
+            bias = np.broadcast_to(c_value.reshape(-1) * ftype(beta), (n_out,))
+            inputs.append(ctx.add_param(f"{c}_bias", np.ascontiguousarray(bias, ftype)))
+            c = None
+        chain = [("dense", n.name, inputs, {})]
+    else:
+        if w is not None and alpha != 1.0:  # fold alpha into a constant B
+            b = ctx.add_param(f"{b}_scaled", (w * ftype(alpha)).astype(ftype))
+            alpha = 1.0
+        chain = [("matmul", n.name, [a, b], {"trans_a": trans_a, "trans_b": trans_b})]
+        if alpha != 1.0:
+            k = ctx.add_param(f"{n.name}_alpha", np.array([alpha], ftype))
+            chain.append(("mul", f"{n.name}__alpha", [k], {}))
+    if c is not None:
+        if c_value is not None and beta != 1.0:
+            c = ctx.add_param(f"{c}_scaled", (c_value * ftype(beta)).astype(ftype))
+        elif beta != 1.0:
+            k = ctx.add_param(f"{n.name}_beta", np.array([beta], ftype))
+            nodes.append(Node.make("mul", f"{n.name}__beta", (c, k), (f"{n.outputs[0]}__c",)))
+            c = f"{n.outputs[0]}__c"
+        chain.append(("add", f"{n.name}__bias", [c], {}))
+    prev = None
+    for k, (op, name, extra, attrs) in enumerate(chain):
+        out = n.outputs[0] if k == len(chain) - 1 else f"{n.outputs[0]}__{k}"
+        nodes.append(Node.make(op, name, extra if prev is None else [prev, *extra], (out,),
+                               **attrs))
+        prev = out
+    return nodes
+
+
+@onnx_op("MatMul", 1, emits=("dense", "matmul"))
+def _matmul(ctx, n):
+    a, b = n.inputs[:2]
+    w = ctx.const(b)
+    if w is not None and w.ndim == 2 and len(ctx.type(a).shape) >= 2:
+        weight = ctx.add_param(f"{b}_nk", np.ascontiguousarray(w.T))
+        return [Node.make("dense", n.name, (a, weight), n.outputs[:1])]
+    return [Node.make("matmul", n.name, (a, b), n.outputs[:1], trans_a=0, trans_b=0)]

@@ -1,0 +1,90 @@
+"""ONNX converters to the resize operators (defined in pipeline/ops/resize.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.errors import ModelError
+from pipeline.frontend.onnx.registry import Limit, onnx_op
+from pipeline.frontend.onnx.shape import need_const
+from pipeline.ir.graph import Node
+
+_COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
+                "asymmetric", "tf_half_pixel_for_nn")
+
+
+_NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil", "simple")
+
+
+def _resize_node(ctx, n, scales, sizes, coord: str, nearest: str, axes=None,
+                 policy: str = "stretch") -> Node:
+    in_shape = ctx.type(n.inputs[0]).shape
+    rank = len(in_shape)
+    mode = n.text("mode", "nearest")
+    if mode not in ("nearest", "linear", "bilinear", "cubic"):
+        raise ModelError(f"node {n.name!r} ({n.op_type}): mode {mode!r} is not supported "
+                         "(nearest, linear, cubic are)")
+    if coord not in _COORD_MODES or nearest not in _NEAREST_MODES:
+        raise ModelError(f"node {n.name!r} ({n.op_type}): coordinate_transformation_mode "
+                         f"{coord!r} / nearest_mode {nearest!r} is not supported")
+    axes = list(range(rank)) if axes is None else [int(a) % rank for a in axes]
+    full_scales, shape = [1.0] * rank, list(in_shape)
+    if sizes is not None and sizes.size:
+        ratios = [np.float32(size) / np.float32(in_shape[a])
+                  for a, size in zip(axes, sizes.tolist(), strict=True)]
+        if policy != "stretch":  # one scale for every axis, keeping the aspect ratio
+            ratios = [(min if policy == "not_larger" else max)(ratios)] * len(axes)
+        for a, size, ratio in zip(axes, sizes.tolist(), ratios, strict=True):
+            shape[a] = int(size) if policy == "stretch" else \
+                int(np.floor(ratio * np.float32(in_shape[a]) + np.float32(0.5)))
+            full_scales[a] = float(ratio)
+    elif scales is not None and scales.size:
+        for a, s in zip(axes, scales.tolist(), strict=True):
+            full_scales[a] = float(s)
+            shape[a] = int(np.floor(np.float32(s) * np.float32(in_shape[a])))
+    else:
+        raise ModelError(f"node {n.name!r} ({n.op_type}): needs scales or sizes")
+    return Node.make("resize", n.name, n.inputs[:1], n.outputs[:1],
+                     mode="linear" if mode == "bilinear" else mode, coord=coord,
+                     nearest=nearest, scales=full_scales, shape=shape,
+                     cubic_a=float(n.attrs.get("cubic_coeff_a", -0.75)),
+                     exclude_outside=int(n.attrs.get("exclude_outside", 0)))
+
+
+@onnx_op("Upsample", 7, emits=("resize",), build_time_inputs=(1,))
+def _upsample(ctx, n):
+    scales = need_const(ctx, n, 1, "the scales input") if n.opset >= 9 else \
+        np.array(n.attrs["scales"], np.float32)
+    return [_resize_node(ctx, n, scales, None, "asymmetric", "simple")]
+
+
+@onnx_op("Resize", 10, emits=("resize",), build_time_inputs=(1,))
+def _resize10(ctx, n):
+    scales = need_const(ctx, n, 1, "the scales input")
+    return [_resize_node(ctx, n, scales, None, "asymmetric", "simple")]
+
+
+# The ONNX spec (and reference) divide align_corners by in_len * scale - 1,
+# onnxruntime by out_len - 1: they differ when in_len * scale is not an integer;
+# we follow onnxruntime. Scales fed as an input are not known to the backend's
+# check, so that limit also skips integer upsampling cases.
+@onnx_op("Resize", 11, emits=("resize",), build_time_inputs=(1, 2, 3), limits=(
+    Limit("antialias", lambda n: bool(n.attrs.get("antialias", 0))),
+    Limit("coordinate_transformation_mode tf_crop_and_resize",
+          lambda n: n.attrs.get("coordinate_transformation_mode") == b"tf_crop_and_resize"),
+    Limit("align_corners with scales (ONNX reference and onnxruntime disagree)",
+          lambda n: n.attrs.get("coordinate_transformation_mode") == b"align_corners"
+          and n.given(2) and not n.given(3))))
+def _resize11(ctx, n):
+    coord = n.text("coordinate_transformation_mode", "half_pixel")
+    if int(n.attrs.get("antialias", 0)):
+        raise ModelError(f"node {n.name!r} (Resize): antialias is not supported")
+    policy = n.text("keep_aspect_ratio_policy", "stretch")
+    if policy not in ("stretch", "not_larger", "not_smaller"):
+        raise ModelError(f"node {n.name!r} (Resize): keep_aspect_ratio_policy {policy!r} "
+                         "is not supported")
+    scales = need_const(ctx, n, 2, "the scales input")
+    sizes = need_const(ctx, n, 3, "the sizes input")
+    return [_resize_node(ctx, n, scales, sizes, coord,
+                         n.text("nearest_mode", "round_prefer_floor"), n.attrs.get("axes"),
+                         policy)]

@@ -1,0 +1,96 @@
+"""Linear algebra: dense (Gemm, MatMul by a constant) and batched matmul.
+
+`dense` keeps its weight as [N, K]; the ONNX converters transpose and scale
+constant weights at import time. Both ops compute their products with the
+register-tiled engine in gemm_tile.
+"""
+
+from __future__ import annotations
+
+from pipeline.dsl.gemm_tile import tiled_gemm
+from pipeline.kernels.registry import lowering
+from pipeline.ops.geometry import matrix_shapes
+from pipeline.ops.registry import broadcast_shape
+
+
+def _dense_lower(kb, node, ins, out, epilogue):
+    """y[m, n] = sum_k a[m, k] * w[n, k] (tiled), then + bias[n] and the epilogue."""
+    a, w = ins[0], ins[1]
+    bias = ins[2] if len(ins) > 2 else None
+    k_n = a.type.shape[-1]
+    m_n = a.type.size // k_n
+    n_n = w.type.shape[0]
+    tiled_gemm(kb, (m_n, n_n, k_n), lambda m, k: kb.load(a, m * k_n + k),
+               lambda k, n: kb.load(w, n * k_n + k), out, 0,
+               by_column=True)
+    if bias is None and epilogue is None:
+        return
+    with kb.loop(0, m_n, "m") as m, kb.loop(0, n_n, "j") as j:
+        o = m * n_n + j
+        value = kb.load(out, o)
+        if bias:
+            value = kb.fadd(value, kb.load(bias, j))
+        if epilogue is not None:
+            # Leading dims of a multi-dim input were flattened into m.
+            index = [m, j] if len(out.type.shape) == 2 else \
+                kb.unflatten(m, out.type.shape[:-1]) + [j]
+            value = epilogue(value, index)
+        kb.store(out, o, value)
+
+
+lowering("dense", lower=_dense_lower)
+
+
+def _matmul_lower(kb, node, ins, out, epilogue):
+    """Per batch index, a tiled product (gemm_tile) reading a and b through
+    their transposes and broadcast batch dims, then the epilogue over the result."""
+    x, y = ins
+    a_shape, b_shape = matrix_shapes(x.type.shape, y.type.shape, node)
+    m_n, k_n = a_shape[-2:]
+    n_n = b_shape[-1]
+    batch = broadcast_shape(a_shape[:-2], b_shape[:-2])
+    trans_a, trans_b = node.attr("trans_a"), node.attr("trans_b")
+    out_strides = _dense_strides(batch + (m_n, n_n))
+    squeeze = [d for d, keep in ((len(batch), len(x.type.shape) > 1),
+                                 (len(batch) + 1, len(y.type.shape) > 1)) if not keep]
+    with kb.nest(batch, "b") as bidx:
+        a_base = _batch_offset(kb, x, a_shape, bidx)
+        b_base = _batch_offset(kb, y, b_shape, bidx)
+        c_base = kb.dot(bidx, out_strides[:-2])
+
+        def load_a(m, k):
+            return kb.load(x, a_base + (k * m_n + m if trans_a
+                                     else m * k_n + k))
+
+        def load_b(k, n):
+            return kb.load(y, b_base + (n * k_n + k if trans_b
+                                     else k * n_n + n))
+
+        tiled_gemm(kb, (m_n, n_n, k_n), load_a, load_b, out, c_base, by_column=trans_b)
+        if epilogue is not None:
+            with kb.loop(0, m_n, "m") as m, kb.loop(0, n_n, "e") as n:
+                o = c_base + (m * n_n + n)
+                index = [i for d, i in enumerate([*bidx, m, n]) if d not in squeeze]
+                kb.store(out, o, epilogue(kb.load(out, o), index))
+
+
+def _dense_strides(shape):
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d
+    return tuple(reversed(strides))
+
+
+def _batch_offset(kb, buf, matrix_shape, bidx):
+    """Offset of the matrix at batch index `bidx` in `buf` (whose shape as a
+    stack of matrices is `matrix_shape`), broadcasting batch dims."""
+    shape = matrix_shape[:-2]
+    lead = len(bidx) - len(shape)
+    size = matrix_shape[-2] * matrix_shape[-1]
+    strides = [0 if d == 1 else s * size for d, s in zip(shape, _dense_strides(shape),
+                                                            strict=True)]
+    return kb.dot(bidx[lead:], strides)
+
+
+lowering("matmul", lower=_matmul_lower)

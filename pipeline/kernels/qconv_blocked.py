@@ -1,0 +1,322 @@
+"""qconv2d_nchwc: the int8 convolution on channel-blocked tensors, with the target's
+dot-product instructions; qpad_nchwc: its padded, blocked input.
+
+Layouts (b = the target's vector width in floats, ib = input block, a multiple of 4):
+  x    [N, C'/ib, H + pt + pb, W + pl + pr, ib]  uint8/int8, padded with the zero
+                                                 point (qpad_nchwc), C' = C rounded up to 4
+  w    [OC/(K*b), C'/ib, KH, KW, ib/4, K*b, 4]   int8, packed at build time (pack_qweight)
+  bias [OC] int32, multiplier [OC] float32, y_zp a scalar
+  out  [N, OC/b, OH, OW, b]                      uint8/int8
+
+One step of the micro-kernel takes four input channels of a pixel (one 32-bit
+broadcast) against four weights of each of b output channels (a 4b-byte vector):
+per output lane, the sum of four u8 x s8 products, added to an int32 accumulator
+-- AVX-512 VNNI's or AVX-VNNI's vpdpbusd (attr dot="vnni"), AArch64's sdot with +dotprod
+(dot="sdot", s8 x s8), else the same sum written with widening multiplies and
+shuffles (dot="portable", which any target legalises). A tile keeps T output
+columns x K channel blocks of accumulators in registers, like conv2d_nchwc.
+
+Operand signs and zero points: vpdpbusd multiplies unsigned by signed bytes, so an
+int8 input is moved to uint8 by flipping its top bit (x + 128), and sdot wants
+both signed, so a uint8 input becomes x - 128 the same way. The product sum then
+differs from sum((x - zx) * w) by a per-channel constant, (zx + offset) * sum(w),
+which pack_qweight folds into the bias with the quantizer's bias. Padding holds
+zx itself, so padded taps contribute (zx - zx) * w = 0 and no border tile is
+special. The weights' zero point must be 0 (symmetric int8 weights).
+
+After the reduction: saturate(roundeven((acc + bias) * multiplier) + y_zp), stored
+as b bytes.
+"""
+
+from __future__ import annotations
+
+import llvmlite.ir as ir
+import numpy as np
+
+from pipeline.dsl.builder import F32, I32
+from pipeline.dsl.vector import parallel_for
+from pipeline.kernels.conv_blocked import registers
+from pipeline.kernels.registry import lowering
+from pipeline.ops.geometry import QTYPES
+
+I8 = ir.IntType(8)
+
+
+DOTS = ("vnni", "sdot", "portable")
+
+
+# x86 CPUs with AVX-512 VNNI, for targets that name one without -mattr.
+_VNNI_CPUS = {"cascadelake", "cooperlake", "icelake-server", "icelake-client", "tigerlake",
+              "sapphirerapids", "emeraldrapids", "graniterapids", "znver4", "znver5"}
+
+
+# x86 CPUs with AVX-VNNI (256-bit, VEX) but no AVX-512.
+_AVX_VNNI_CPUS = {"alderlake", "raptorlake", "meteorlake", "arrowlake", "arrowlake-s",
+                  "lunarlake", "gracemont", "sierraforest", "grandridge", "clearwaterforest"}
+
+
+# AArch64 cores with the dot-product extension (Armv8.2 DotProd), for targets that
+# name a cpu without -mattr=+dotprod.
+_DOTPROD_CPUS = {"cortex-a55", "cortex-a65", "cortex-a75", "cortex-a76", "cortex-a77",
+                 "cortex-a78", "cortex-a710", "cortex-x1", "cortex-x2", "neoverse-n1",
+                 "neoverse-n2", "neoverse-v1", "neoverse-v2", "apple-m1", "apple-m2"}
+
+
+def dot_kind(target) -> str:
+    """The dot product a target has: "vnni" (x86 with AVX-512 VNNI at 16 lanes, or
+    AVX-VNNI's VEX form at 8), "sdot" (AArch64 with +dotprod, given or implied by its
+    cpu), else "portable"."""
+    feats = set(target.features.split(","))
+    if target.vector_width == 16 and "-avx512vnni" not in feats and (
+            "+avx512vnni" in feats or target.cpu in _VNNI_CPUS):
+        return "vnni"
+    if target.vector_width == 8 and "-avxvnni" not in feats and (
+            "+avxvnni" in feats or target.cpu in _AVX_VNNI_CPUS):
+        return "vnni"
+    if target.arch == "aarch64" and "-dotprod" not in feats and (
+            "+dotprod" in feats or target.cpu in _DOTPROD_CPUS):
+        return "sdot"
+    return "portable"
+
+
+def offset_of(dot: str, x_dtype: str) -> int:
+    """What the kernel adds to every input byte so the dot instruction's signs fit."""
+    if dot == "sdot":
+        return -128 if x_dtype == "uint8" else 0
+    return 128 if x_dtype == "int8" else 0
+
+
+def input_block(channels: int, vw: int) -> int:
+    """ib for C channels: C rounded up to 4, then the widest of vw, 16, 8, 4 dividing it."""
+    c4 = -(-channels // 4) * 4
+    return next(b for b in (vw, 16, 8, 4) if b <= vw and c4 % b == 0)
+
+
+def tile(ow: int, oc_blocks: int, vw: int) -> tuple[int, int]:
+    """(K, T): channel blocks and output columns per register tile."""
+    best = None
+    for k in (1, 2, 4):
+        if oc_blocks % k:
+            continue
+        widest = max(1, (registers(vw) - k - 1) // k)
+        t = -(-ow // -(-ow // widest))
+        key = (t * k, -(t + k))
+        if best is None or key > best[0]:
+            best = (key, (k, t))
+    return best[1]
+
+
+def pack_qweight(w: np.ndarray, ib: int, vw: int, k: int) -> np.ndarray:
+    """int8 OIHW -> [OC/(k*vw), C'/ib, KH, KW, ib/4, k*vw, 4], input channels zero-padded
+    to C' (a multiple of ib)."""
+    oc, c, kh, kw = w.shape
+    cp = -(-c // ib) * ib
+    padded = np.zeros((oc, cp, kh, kw), np.int8)
+    padded[:, :c] = w
+    g = padded.reshape(oc // (k * vw), k * vw, cp // ib, ib // 4, 4, kh, kw)
+    return np.ascontiguousarray(g.transpose(0, 2, 5, 6, 3, 1, 4))
+
+
+def corrected_bias(w: np.ndarray, bias: np.ndarray, x_zero: int, offset: int) -> np.ndarray:
+    """bias - (zx + offset) * sum(w) per output channel (see the module docstring)."""
+    sums = w.reshape(w.shape[0], -1).astype(np.int64).sum(axis=1)
+    return (bias.astype(np.int64) - (int(x_zero) + offset) * sums).astype(np.int32)
+
+
+def _pad_lower(kb, node, ins, out, epilogue):
+    """Row by row: the border rows and columns and the channels past C hold the fill
+    value; a blocked input with the same block is copied a row at a time."""
+    x = ins[0]
+    ib, (pt, pl, _, _) = node.attr("block"), node.attr("pads")
+    channels, fill = node.attr("channels"), ir.Constant(I8, node.attr("fill") & 0xFF)
+    n_n, cb_n, hp, wp, _ = out.type.shape
+    blocked = len(x.type.shape) == 5
+    h, w = x.type.shape[2], x.type.shape[3]
+    b0 = x.type.shape[4] if blocked else 0
+    with parallel_for(kb, n_n * cb_n * hp, "rows", work=out.type.size) as item:
+        n, rest = item // (cb_n * hp), item % (cb_n * hp)
+        cb, oh = rest // hp, rest % hp
+        ih = oh - pt
+        row = item * (wp * ib)
+        with kb.loop(0, wp * ib, "f") as j:
+            kb.store(out, row + j, fill)
+        with kb.if_(kb.below(ih, h)):
+            if blocked and b0 == ib:
+                src = ((n * x.type.shape[1] + cb) * h + ih) * (w * ib)
+                with kb.loop(0, w * ib, "c") as j:
+                    kb.store(out, row + pl * ib + j, kb.load(x, src + j))
+            else:
+                with kb.loop(0, w, "iw") as iw, kb.loop(0, ib, "i") as i:
+                    c = cb * ib + i
+                    with kb.if_(kb.below(c, channels)):
+                        if blocked:
+                            at = ((n * x.type.shape[1] + c // b0) * h + ih) * (w * b0) + \
+                                iw * b0 + c % b0
+                        else:
+                            at = ((n * channels + c) * h + ih) * w + iw
+                        kb.store(out, row + (iw + pl) * ib + i, kb.load(x, at))
+
+
+lowering("qpad_nchwc", lower=_pad_lower)
+
+
+def _declare(module, name, ret, args):
+    fn = module.globals.get(name)
+    return fn if fn is not None else ir.Function(module, ir.FunctionType(ret, args), name=name)
+
+
+def dot(kb, kind: str, acc, xv, wv):
+    """acc[l] + sum over j < 4 of x[4l + j] * w[4l + j], both <4L x i8>."""
+    lanes = acc.type.count
+    v8 = ir.VectorType(I8, 4 * lanes)
+    if kind == "vnni":  # 512, 256 or 128 bits (AVX512VL or AVX-VNNI's VEX encoding)
+        fn = _declare(kb.module, f"llvm.x86.avx512.vpdpbusd.{32 * lanes}", acc.type,
+                      [acc.type, v8, v8])
+        return kb.b.call(fn, [acc, xv, wv])
+    if kind == "sdot":
+        fn = _declare(kb.module, f"llvm.aarch64.neon.sdot.v{lanes}i32.v{4 * lanes}i8",
+                      acc.type, [acc.type, v8, v8])
+        return kb.b.call(fn, [acc, xv, wv])
+    wide = ir.VectorType(I32, 4 * lanes)
+    prod = kb.b.mul(kb.b.zext(xv, wide), kb.b.sext(wv, wide))
+    for j in range(4):
+        part = kb.b.shuffle_vector(prod, ir.Constant(wide, None), ir.Constant(
+            ir.VectorType(I32, lanes), [4 * lane + j for lane in range(lanes)]))
+        acc = kb.b.add(acc, part)
+    return acc
+
+
+def _lower(kb, node, ins, out, epilogue):
+    x, w, bias, mult, yzp = ins
+    n_n, cb_n, hp, wp, ib = x.type.shape
+    ocg_n, _, kh_n, kw_n, _, kob, _ = w.type.shape
+    _, ocb_n, oh_n, ow_n, ob = out.type.shape
+    sh, sw = node.attr("strides")
+    kind, k_n = node.attr("dot"), kob // ob
+    _, t = tile(ow_n, ocb_n, ob)
+    flip = node.attr("offset") != 0
+    acc_t, v8 = ir.VectorType(I32, ob), ir.VectorType(I8, 4 * ob)
+    work = out.type.size * cb_n * ib * kh_n * kw_n
+    with parallel_for(kb, n_n * ocg_n * oh_n, "rows", work=work) as item:
+        n, rest = item // (ocg_n * oh_n), item % (ocg_n * oh_n)
+        ocg, oh = rest // oh_n, rest % oh_n
+        full = ow_n // t
+        if full:
+            with kb.loop(0, full, "tile") as j:
+                _tile(kb, node, (x, w, bias, mult, yzp, out), (n, ocg, oh, j * t), t, k_n,
+                      kind, flip, acc_t, v8)
+        if ow_n % t:
+            _tile(kb, node, (x, w, bias, mult, yzp, out), (n, ocg, oh, full * t), ow_n % t,
+                  k_n, kind, flip, acc_t, v8)
+
+
+def _tile(kb, node, bufs, where, width, k_n, kind, flip, acc_t, v8):
+    x, w, bias, mult, yzp, out = bufs
+    n, ocg, oh, ow0 = where
+    _, cb_n, hp, wp, ib = x.type.shape
+    _, _, kh_n, kw_n, _, kob, _ = w.type.shape
+    ob = out.type.shape[4]
+    sh, sw = node.attr("strides")
+    zeros = ir.Constant(acc_t, [0] * ob)
+    accs = [[kb.local(zeros) for _ in range(width)] for _ in range(k_n)]
+    with kb.loop(0, cb_n, "icb") as icb, kb.loop(0, kh_n, "kh") as kh, \
+            kb.loop(0, kw_n, "kw") as kw:
+        x_row = ((n * cb_n + icb) * hp + oh * sh + kh) * wp
+        w_tap = (((ocg * cb_n + icb) * kh_n + kh) * kw_n + kw) * (ib * kob)
+        for ic4 in range(ib // 4):
+            wv = [kb.b.load(kb.gep(w, w_tap + (ic4 * kob + k * ob) * 4), typ=v8, align=1)
+                  for k in range(k_n)]
+            for j in range(width):
+                at = (x_row + (ow0 + j) * sw + kw) * ib + ic4 * 4
+                word = kb.b.load(kb.gep(x, at), typ=I32, align=1)
+                if flip:
+                    word = kb.b.xor(word, ir.Constant(I32, 0x80808080 - (1 << 32)))
+                xv = kb.b.bitcast(kb.splat(word, ob), v8)
+                for k in range(k_n):
+                    kb.set(accs[k][j], dot(kb, kind, kb.get(accs[k][j]), xv, wv[k]))
+    store = Requantize(kb, node, bias, mult, yzp, ob)
+    for k in range(k_n):
+        oc0 = (ocg * k_n + k) * ob
+        for j in range(width):
+            at = (((n * out.type.shape[1] + ocg * k_n + k) * out.type.shape[2] + oh)
+                  * out.type.shape[3] + ow0 + j) * ob
+            store(kb.get(accs[k][j]), oc0, out, at)
+
+
+class Requantize:
+    """saturate(roundeven((acc + bias) * multiplier) + y_zp) of an int32 vector of
+    output channels oc0.., stored as bytes."""
+
+    def __init__(self, kb, node, bias, mult, yzp, ob: int):
+        self.kb, self.bias, self.mult, self.ob = kb, bias, mult, ob
+        self.acc_t, self.f_t = ir.VectorType(I32, ob), ir.VectorType(F32, ob)
+        out = node.attr("out")
+        zp = kb.load(yzp, 0)  # widened to i32 by its sign
+        self.zero = kb.splat(kb.b.sitofp(zp, F32), ob)
+        lo, hi = QTYPES[out]
+        self.lo = ir.Constant(self.f_t, [float(lo)] * ob)
+        self.hi = ir.Constant(self.f_t, [float(hi)] * ob)
+
+    def __call__(self, acc, oc0, out, at) -> None:
+        kb, ob = self.kb, self.ob
+        b_v = kb.b.load(kb.gep(self.bias, oc0), typ=self.acc_t, align=4)
+        m_v = kb.b.load(kb.gep(self.mult, oc0), typ=self.f_t, align=4)
+        f = kb.fmul(kb.b.sitofp(kb.b.add(acc, b_v), self.f_t), m_v, fast=False)
+        r = kb.fadd(kb.intrinsic("roundeven", f), self.zero, fast=False)
+        r = kb.intrinsic("minnum", kb.intrinsic("maxnum", r, self.lo), self.hi)
+        q = kb.b.trunc(kb.b.fptosi(r, self.acc_t), ir.VectorType(I8, ob))
+        kb.b.store(q, kb.gep(out, at), align=1)
+
+
+lowering("qconv2d_nchwc", lower=_lower)
+
+
+def pack_qdepthwise(w: np.ndarray, vw: int) -> np.ndarray:
+    """int8 [C, 1, KH, KW] -> [C/vw, KH, KW, vw]."""
+    c, _, kh, kw = w.shape
+    return np.ascontiguousarray(w.reshape(c // vw, vw, kh, kw).transpose(0, 2, 3, 1))
+
+
+def _dw_lower(kb, node, ins, out, epilogue):
+    """One filter per channel: per output row, tiles of T columns, each tap a widening
+    multiply-add of b channels (no dot product: nothing to sum across lanes)."""
+    x, w, bias, mult, yzp = ins
+    n_n, cb_n, hp, wp, ob = x.type.shape
+    _, kh_n, kw_n, _ = w.type.shape
+    _, _, oh_n, ow_n, _ = out.type.shape
+    sh, sw = node.attr("strides")
+    t = max(1, min(ow_n, registers(ob) - 4))
+    acc_t = ir.VectorType(I32, ob)
+    v8 = ir.VectorType(I8, ob)
+    signed = x.type.dtype == "int8"
+    with parallel_for(kb, n_n * cb_n * oh_n, "rows", work=out.type.size * kh_n * kw_n) as item:
+        plane, oh = item // oh_n, item % oh_n
+        cb = plane % cb_n
+        store = Requantize(kb, node, bias, mult, yzp, ob)
+        taps = [kb.b.sext(kb.b.load(kb.gep(w, ((cb * kh_n + kh) * kw_n + kw) * ob), typ=v8,
+                                    align=1), acc_t)
+                for kh in range(kh_n) for kw in range(kw_n)]
+
+        def tile(ow0, width):
+            accs = [ir.Constant(acc_t, [0] * ob)] * width
+            for kh in range(kh_n):
+                row = (plane * hp + oh * sh + kh) * wp
+                for kw in range(kw_n):
+                    wv = taps[kh * kw_n + kw]
+                    for j in range(width):
+                        at = (row + (ow0 + j) * sw + kw) * ob
+                        xv = kb.b.load(kb.gep(x, at), typ=v8, align=1)
+                        xv = kb.b.sext(xv, acc_t) if signed else kb.b.zext(xv, acc_t)
+                        accs[j] = kb.b.add(accs[j], kb.b.mul(xv, wv))
+            for j in range(width):
+                store(accs[j], cb * ob, out, ((plane * oh_n + oh) * ow_n + ow0 + j) * ob)
+
+        full = ow_n // t
+        if full:
+            with kb.loop(0, full, "tile") as j:
+                tile(j * t, t)
+        if ow_n % t:
+            tile(full * t, ow_n % t)
+
+
+lowering("qdepthwise_conv2d_nchwc", lower=_dw_lower)

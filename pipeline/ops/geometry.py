@@ -1,0 +1,68 @@
+"""What kernels share with shape rules (and converters): attention's logical
+operand shapes, the blocked layouts' names, matmul's operand shapes, the
+quantized and float dtypes, a window op's 1-D type seen as 2-D (`lift_type`).
+
+No numpy reference and nothing only shape rules or converters use: kernels import
+this module, so what it holds enters their version.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pipeline.errors import GraphError
+from pipeline.ir.graph import TensorType
+
+
+def logical_shapes(shapes: list[tuple], node) -> tuple[tuple, tuple, tuple]:
+    """Q, Kᵀ, V as the kernel sees them (each operand's shape through its perm)."""
+    return tuple(tuple(s[p] for p in node.attr(f"{name}_perm"))
+                 for s, name in zip(shapes, ("q", "k", "v"), strict=False))
+
+
+def parse_layout(text: str) -> int:
+    """The channel block of "NCHW" (0) or "NCHW{b}c" (b)."""
+    if text == "NCHW":
+        return 0
+    m = re.fullmatch(r"NCHW(\d+)c", text)
+    if not m or int(m.group(1)) < 1:
+        raise GraphError(f"layout_transform: unknown layout {text!r} (NCHW or NCHW<b>c)")
+    return int(m.group(1))
+
+
+def layout_blocks(node) -> tuple[int, int]:
+    return parse_layout(node.attr("src_layout")), parse_layout(node.attr("dst_layout"))
+
+
+def matrix_shapes(a: tuple, b: tuple, node) -> tuple[tuple, tuple]:
+    """(a, b) as matrices (a 1-D operand becomes one row / one column), then
+    transposed as the node's trans_a / trans_b say."""
+    a = (1,) + a if len(a) == 1 else a
+    b = b + (1,) if len(b) == 1 else b
+    if node.attr("trans_a"):
+        a = a[:-2] + (a[-1], a[-2])
+    if node.attr("trans_b"):
+        b = b[:-2] + (b[-1], b[-2])
+    return a, b
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -((-a) // b)
+
+
+def lift_type(t: TensorType) -> TensorType:
+    """(N, C, W) as (N, C, 1, W)."""
+    return TensorType(t.shape[:2] + (1,) + t.shape[2:], t.dtype)
+
+
+QTYPES = {"uint8": (0, 255), "int8": (-128, 127)}
+
+
+# QuantizeLinear / DequantizeLinear alone also take the 16-bit types (computed in i32
+# like the 8-bit ones); the integer kernels stay 8-bit (QTYPES).
+LINEAR_QTYPES = {**QTYPES, "uint16": (0, 65535), "int16": (-32768, 32767)}
+
+
+FLOAT_DTYPES = ("float32", "float64", "float16")
+
+

@@ -1,0 +1,31 @@
+"""Shape rules of the window ops (convolution, pooling; NCHW, 1-D as H=1): graph ops
+keep 2-D attributes (strides, dilations as (h, w); pads as (top, left, bottom,
+right)). A 1-D node (input N, C, W) is the same op family with H=1: `infer_1d`
+makes a 2-D shape rule work on it (pipeline/kernels/windows.py `lower_1d` does the
+same for a lowering; pipeline/frontend/onnx/windows.py `lift_1d` for attributes).
+"""
+
+from __future__ import annotations
+
+from pipeline.ir.graph import TensorType
+from pipeline.ops.geometry import ceil_div, lift_type
+
+
+def window_out(size: int, k: int, stride: int, pad_lo: int, pad_hi: int, dil: int,
+               ceil_mode: bool = False) -> int:
+    """Number of windows of `k` taps (dilation `dil`) over a padded axis."""
+    span = size + pad_lo + pad_hi - dil * (k - 1) - 1
+    out = (ceil_div(span, stride) if ceil_mode else span // stride) + 1
+    # A last window that would start inside the end padding is dropped (ONNX, PyTorch).
+    if ceil_mode and (out - 1) * stride >= size + pad_lo:
+        out -= 1
+    return out
+
+
+def infer_1d(infer):
+    """The shape rule of a 2-D window op, made to work on (N, C, W) tensors."""
+    def infer_1d(types, node):
+        (out,) = infer([lift_type(t) if len(t.shape) == 3 else t for t in types], node)
+        return [TensorType(out.shape[:2] + out.shape[3:], out.dtype)]
+
+    return infer_1d
