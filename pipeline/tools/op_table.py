@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 # The one place this module names the registry: op_type -> its converters, oldest first.
-from pipeline.ops import ONNX_CONVERTERS
+from pipeline.frontend.onnx import ONNX_CONVERTERS
 
 __all__ = ["render_operator_table"]
 
