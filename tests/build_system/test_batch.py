@@ -11,20 +11,20 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
-from conftest import build_and_load, run_ort
 from onnx import helper, numpy_helper
-from test_doit_flow import doit
 
 import models
 from pipeline.errors import ConfigError, ModelError
 from pipeline.frontend import from_onnx
 from pipeline.frontend.onnx import with_input_shapes
 from pipeline.tasks.config import load_config
+from tests.support import REPO
+from tests.support.compare import build_and_load, run_ort
+from tests.support.doit_runner import doit
 
 
 def resnetish(batch=1) -> onnx.ModelProto:
@@ -175,4 +175,4 @@ def test_generator_with_a_batch_through_doit(tmp_path):
 
 def _env_without_cache() -> dict:
     env = {k: v for k, v in os.environ.items() if k != "PIPELINE_KERNEL_CACHE"}
-    return {**env, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    return {**env, "PYTHONPATH": str(REPO)}

@@ -8,9 +8,9 @@ import sys
 
 import numpy as np
 import pytest
-from test_doit_flow import tiny_convnet
 
 import pipeline
+from tests.support.onnx_models import tiny_convnet
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from checkouts import tiny_checkout
-from test_doit_flow import doit
-from test_incremental import artifact_bytes
+
+from tests.support.build_outputs import artifact_bytes
+from tests.support.checkouts import tiny_checkout
+from tests.support.doit_runner import doit
 
 CACHES = {"default": None, "DIR1": "c1", "DIR2": "c2", "emptied": "ce"}
 

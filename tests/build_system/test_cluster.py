@@ -8,10 +8,11 @@ import threading
 import time
 from pathlib import Path
 
-from checkouts import build_report, how, tiny_checkout
-from servers import dask_cluster
-from test_doit_flow import REPO, doit
-from test_incremental import artifact_bytes
+from tests.support import REPO
+from tests.support.build_outputs import artifact_bytes, build_report, how
+from tests.support.checkouts import tiny_checkout
+from tests.support.doit_runner import doit
+from tests.support.servers import dask_cluster
 
 
 def test_cluster_build_is_byte_identical_to_local(tmp_path: Path):

@@ -18,80 +18,21 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from pipeline.codegen.render import render
 from pipeline.lower.cost import stack_bytes
 from pipeline.lower.kernel import KernelSpec
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def doit(tmp: Path, *args: str, repo: Path = REPO, env: dict | None = None
-         ) -> tuple[int, set[str], str]:
-    """Run doit in `tmp`; returns (exit code, executed task names, all output)."""
-    report = tmp / "out" / "build-report.json"
-    stamp = report.stat().st_mtime_ns if report.exists() else None
-    extra, env = env or {}, {**os.environ, "PYTHONPATH": str(repo)}
-    env.pop("PIPELINE_KERNEL_CACHE", None)  # each test decides where its cache is
-    env.update(extra)
-    proc = subprocess.run([sys.executable, "-m", "doit", "-f", str(repo / "dodo.py"),
-                           "-d", str(tmp), *args],
-                          capture_output=True, text=True, env=env, timeout=1800)
-    out = proc.stdout + proc.stderr
-    executed = set()  # runs that write no report (errors, explain) executed nothing
-    if report.exists() and report.stat().st_mtime_ns != stamp:
-        executed = {i["task"] for i in json.loads(report.read_text())["executed"]}
-    return proc.returncode, executed, out
-
-
-def tiny_convnet(path: Path, seed: int = 0, classes: int = 4) -> None:
-    """conv -> bn -> relu -> conv -> add(residual) -> relu -> gap -> flatten -> gemm.
-
-    `classes` changes the last layer's shape only.
-    """
-    rng = np.random.default_rng(seed)
-
-    def init(name, *shape, scale=0.3):
-        return numpy_helper.from_array(
-            (rng.standard_normal(shape) * scale).astype(np.float32), name)
-
-    inits = [init("w1", 8, 3, 3, 3), init("w2", 8, 8, 3, 3), init("fc", classes, 8),
-             init("fcb", classes), init("g", 8), init("b", 8), init("m", 8),
-             numpy_helper.from_array(rng.uniform(0.5, 1.5, 8).astype(np.float32), "v")]
-    nodes = [
-        helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
-        helper.make_node("BatchNormalization", ["c1", "g", "b", "m", "v"], ["b1"], name="bn1"),
-        helper.make_node("Relu", ["b1"], ["r1"], name="relu1"),
-        helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
-        helper.make_node("Add", ["c2", "r1"], ["a2"], name="add"),
-        helper.make_node("Relu", ["a2"], ["r2"], name="relu2"),
-        helper.make_node("GlobalAveragePool", ["r2"], ["p"], name="gap"),
-        helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
-        helper.make_node("Gemm", ["f", "fc", "fcb"], ["y"], transB=1, name="fc"),
-    ]
-    graph = helper.make_graph(
-        nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, classes])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(path))
-
-
-def write_config(tmp: Path, models: str, extra: str = "") -> Path:
-    """A config whose `models:` section is `models` (YAML, unindented)."""
-    cfg = tmp / "matrix.yaml"
-    cfg.write_text("models:\n" + textwrap.indent(textwrap.dedent(models), "  ")
-                   + "targets:\n  llvm: {target: \"llvm -mcpu=native\", opt_level: 3}\n"
-                   + "validate: {reference: onnx, rtol: 1.0e-4, atol: 1.0e-4}\n" + extra)
-    return cfg
+from tests.support import REPO
+from tests.support.checkouts import matrix
+from tests.support.doit_runner import doit
+from tests.support.onnx_models import tiny_convnet
 
 
 @pytest.fixture
 def tiny(tmp_path: Path) -> Path:
     tiny_convnet(tmp_path / "nets" / "tiny.onnx")
-    write_config(tmp_path, """\
+    matrix(tmp_path, """\
         tiny:
           path: nets/tiny.onnx
           inputs: {x: [1, 3, 16, 16]}
@@ -179,7 +120,7 @@ def test_unsupported_operator_one_line(tmp_path: Path):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     (tmp_path / "nets").mkdir()
     onnx.save(model, str(tmp_path / "nets" / "bad.onnx"))
-    write_config(tmp_path, "bad: {path: nets/bad.onnx}\n")
+    matrix(tmp_path, "bad: {path: nets/bad.onnx}\n")
     code, _, out = doit(tmp_path, "build", "config=matrix.yaml")
     assert code != 0
     assert "Traceback" not in out, out
@@ -207,7 +148,7 @@ def test_truncated_onnx_fails_and_keeps_previous_build(tiny: Path):
     ("m: {generator: resnet99}\n", "models.m.generator: unknown generator"),
 ])
 def test_config_errors_one_line(tiny: Path, models: str, message: str):
-    write_config(tiny, models)
+    matrix(tiny, models)
     code, _, out = doit(tiny, "build", "config=matrix.yaml")
     assert code != 0
     assert "Traceback" not in out, out
@@ -246,7 +187,7 @@ def test_unknown_target_or_model_selection(tiny: Path):
 @pytest.mark.parametrize("model", ["mlp", "resnet18", "resnet50", "mobilenet_v2",
                                    "bert_encoder", "unet"])
 def test_model_zoo_builds_and_validates(tmp_path: Path, model: str):
-    write_config(tmp_path, f"{model}: {{generator: {model}}}\n")
+    matrix(tmp_path, f"{model}: {{generator: {model}}}\n")
     code, executed, out = doit(tmp_path, "validate", "config=matrix.yaml", "target=llvm",
                                f"model={model}")
     assert code == 0, out[-3000:]
@@ -261,7 +202,7 @@ def test_recurrent_model_builds_and_validates_against_onnxruntime(tmp_path: Path
     """The LSTM/GRU tagger of configs/deploy.yaml (onnx.reference ignores parts of the
     recurrent operators, so onnxruntime is the reference)."""
     pytest.importorskip("onnxruntime")
-    write_config(tmp_path, "lstm_gru_seq:\n  generator: lstm_gru_seq\n"
+    matrix(tmp_path, "lstm_gru_seq:\n  generator: lstm_gru_seq\n"
                  "  validate: {reference: onnxruntime}\n")
     code, executed, out = doit(tmp_path, "validate", "config=matrix.yaml")
     assert code == 0, out[-3000:]

@@ -2,7 +2,7 @@
 `doit build` link through the same functions (pipeline/link/export.py), so one
 model gives the same lib0.o, devc.o, params and .so bytes both ways.
 
-The doit side runs doit's own runner in a subprocess (as tests/test_doit_flow.py);
+The doit side runs doit's own runner in a subprocess (tests/support/doit_runner.py);
 the API side exports a .so and a .tar, whose members are its lib0.o, devc.o and
 executor.o (the C executor, which doit compiles in its runtime task).
 """
@@ -17,14 +17,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
-from test_doit_flow import doit, tiny_convnet, write_config
 
 import pipeline
 from pipeline.frontend import from_onnx
 from pipeline.runtime.params import save_params
 from pipeline.transform import PassContext
+from tests.support.checkouts import matrix
+from tests.support.doit_runner import doit
+from tests.support.onnx_models import tiny_convnet
 
-TARGET = "llvm -mcpu=native"  # the target write_config's matrix builds
+TARGET = "llvm -mcpu=native"  # the target matrix's matrix builds
 
 
 def _api_export(onnx_path: Path, out: Path) -> tuple[bytes, dict[str, bytes], bytes]:
@@ -51,10 +53,10 @@ def test_api_and_doit_export_identical_bytes(tmp_path: Path, model: str):
     if model == "tiny":
         onnx_path = tmp_path / "nets" / "tiny.onnx"
         tiny_convnet(onnx_path, seed=5)
-        write_config(tmp_path, "tiny: {path: nets/tiny.onnx}\n")
+        matrix(tmp_path, "tiny: {path: nets/tiny.onnx}\n")
     else:  # the API reads the ONNX file doit's model task generates
         onnx_path = tmp_path / "out" / "models" / f"{model}.onnx"
-        write_config(tmp_path, f"{model}: {{generator: {model}}}\n")
+        matrix(tmp_path, f"{model}: {{generator: {model}}}\n")
     code, executed, out = doit(tmp_path, "build", "config=matrix.yaml", "target=llvm")
     assert code == 0, out[-3000:]
     assert {f"{step}:{model}@llvm" for step in ("lib0", "devc", "export")} <= executed

@@ -16,22 +16,16 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import onnx
 import pytest
-from checkouts import TARGET, matrix, tiny_checkout
-from test_doit_flow import REPO, doit, tiny_convnet
 
-
-def hashes(tmp: Path, model: str, target: str) -> set[str]:
-    manifest = tmp / "out" / model / target / "kernels.json"
-    return {k["hash"] for k in json.loads(manifest.read_text())["kernels"]}
-
-
-def kernel_tasks(executed: set[str]) -> set[str]:
-    return {name.partition(":")[2] for name in executed if name.startswith("kernel:")}
+from tests.support import REPO
+from tests.support.build_outputs import artifact_bytes, hashes, kernel_tasks
+from tests.support.checkouts import TARGET, matrix, tiny_checkout
+from tests.support.doit_runner import doit, doit_process
+from tests.support.onnx_models import tiny_convnet
 
 
 def build(tmp: Path, *args: str, jobs: int = 1, repo: Path = REPO) -> set[str]:
@@ -44,14 +38,6 @@ def build(tmp: Path, *args: str, jobs: int = 1, repo: Path = REPO) -> set[str]:
 @pytest.fixture
 def tiny(tmp_path: Path) -> Path:
     return tiny_checkout(tmp_path)
-
-
-ARTIFACTS = ("tiny.so", "lib0.o", "devc.o", "tiny.params")
-
-
-def artifact_bytes(tmp: Path, target: str = "llvm") -> dict[str, bytes]:
-    d = tmp / "out" / "tiny" / target
-    return {name: (d / name).read_bytes() for name in ARTIFACTS}
 
 
 # -- the eight properties -----------------------------------------------------
@@ -313,11 +299,9 @@ def test_shared_cache_two_processes_at_once(tmp_path: Path):
     for d in dirs:
         tiny_convnet(d / "nets" / "tiny.onnx")
         matrix(d, "tiny: {path: nets/tiny.onnx}\n")
-        env = {**os.environ, "PYTHONPATH": str(REPO), "PIPELINE_KERNEL_CACHE": str(shared)}
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(d),
-             "validate", "config=matrix.yaml"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
+        procs.append(doit_process(d, "validate", "config=matrix.yaml",
+                                  env={"PIPELINE_KERNEL_CACHE": str(shared)},
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     for p in procs:
         out = p.communicate(timeout=600)[0]
         assert p.returncode == 0, out[-3000:]

@@ -28,7 +28,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tarfile
 import textwrap
 from pathlib import Path
@@ -37,8 +36,6 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from test_doit_flow import REPO, doit, tiny_convnet
-from test_incremental import artifact_bytes, hashes, kernel_tasks, matrix
 
 import pipeline
 from pipeline import files
@@ -54,6 +51,11 @@ from pipeline.runtime import GraphModule, load_module
 from pipeline.runtime.blob import BlobError
 from pipeline.tasks import cache
 from pipeline.tasks.config import load_config
+from tests.support import REPO
+from tests.support.build_outputs import artifact_bytes, hashes, kernel_tasks
+from tests.support.checkouts import matrix
+from tests.support.doit_runner import doit, doit_process
+from tests.support.onnx_models import tiny_convnet
 
 
 def report(tmp: Path) -> dict:
@@ -149,13 +151,9 @@ def test_second_build_while_one_holds_the_lock_says_so(tiny: Path):
 
 
 def test_two_builds_at_once_on_one_folder(tiny: Path):
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("PIPELINE_KERNEL_CACHE", None)
     (tiny / "out").mkdir(exist_ok=True)
-    procs = [subprocess.Popen([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"),
-                               "-d", str(tiny), "build", "config=matrix.yaml"],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env=env) for _ in range(2)]
+    procs = [doit_process(tiny, "build", "config=matrix.yaml", stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True) for _ in range(2)]
     results = [(p.wait(timeout=600), p.stdout.read()) for p in procs]
     for code, out in results:
         assert code == 0 or "a build is already running" in out, out[-3000:]

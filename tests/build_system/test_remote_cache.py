@@ -15,10 +15,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from checkouts import build_report, how, tiny_checkout
-from servers import nginx, silent_server
-from test_doit_flow import doit, tiny_convnet
-from test_incremental import artifact_bytes
+
+from tests.support.build_outputs import artifact_bytes, build_report, how
+from tests.support.checkouts import tiny_checkout
+from tests.support.doit_runner import doit
+from tests.support.onnx_models import tiny_convnet
+from tests.support.servers import nginx, silent_server
 
 SO = "out/tiny/llvm/tiny.so"
 INTERMEDIATES = ("lib0.o", "devc.o", "tiny.params")

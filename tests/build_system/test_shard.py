@@ -6,11 +6,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from checkouts import TARGET, tiny_checkout
-from test_doit_flow import doit
 
 from pipeline.errors import ConfigError
 from pipeline.tasks.shard import shard_entries
+from tests.support.checkouts import TARGET, tiny_checkout
+from tests.support.doit_runner import doit
 
 
 def test_shards_partition_the_entries_evenly_and_deterministically():

@@ -1,5 +1,5 @@
 /* Runs one kernel of a model library on buffers read from files, for the cross
- * tests (tests/test_cross.py), which build it with the target's compiler and run
+ * tests (tests/cross/test_cross.py), which build it with the target's compiler and run
  * it under qemu-user:
  *
  *     kernel_runner LIB.so SYMBOL FILE...

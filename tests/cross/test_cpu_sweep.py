@@ -7,7 +7,7 @@ process with the loop-vectorizer fallback off (pipeline.codegen.compile), so an
 abort fails only its CPU's case, listing every kernel that aborted, and the
 sweep goes on. Compile only: no link, no run (aarch64 included).
 
-Kernels: each op test case (CASES and DOUBLE_CASES of tests/test_ops*.py, which
+Kernels: each op test case (CASES and DOUBLE_CASES of tests/support/op_cases, which
 include the blocked conv/pool/dense kernels at opt level 3) and, marked slow,
 the default models. Specs are lowered once per codegen class (triple and vector
 width decide what lowering emits) and compiled once per distinct spec and CPU.
@@ -35,8 +35,8 @@ X86, ARM = "x86_64-unknown-linux-gnu", "aarch64-linux-gnu"
 CPUS = [(X86, cpu) for cpu in ("x86-64", "x86-64-v3", "haswell", "skylake-avx512",
                                "icelake-server", "sapphirerapids", "znver3", "znver4",
                                "znver5")] + [(ARM, "cortex-a76"), (ARM, "neoverse-v1")]
-OP_MODULES = ["test_ops", "test_ops_conv", "test_ops_elementwise", "test_ops_index",
-              "test_ops_nn", "test_ops_shape"]
+OP_MODULES = [f"tests.support.op_cases.{name}" for name in (
+    "families", "conv", "elementwise", "index", "nn", "shape")]
 DEFAULT_MODELS = ["mlp", "resnet18", "resnet50", "mobilenet_v2", "bert_encoder", "unet"]
 
 

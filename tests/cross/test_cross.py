@@ -6,10 +6,10 @@ C fallback) against the target compiler's own objects, the doit build of the
 cross matrix (configs/cross.yaml) with the toolchain as a tracked input, the
 Python export API (.so/.tar/.o, cc, options, fcompile) and the error for a
 foreign library. Kernels of the cross libraries run under qemu-user through
-tests/kernel_runner.c, node by node, against onnxruntime.
+tests/cross/kernel_runner.c, node by node, against onnxruntime.
 
 Tests needing a cross compiler or qemu skip when it is missing, except under
-CI=true (tests/toolchains.py).
+CI=true (tests/support/toolchains.py).
 """
 
 from __future__ import annotations
@@ -24,8 +24,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from test_doit_flow import REPO, doit, tiny_convnet
-from toolchains import require_tools
 
 import pipeline
 from pipeline.errors import ConfigError
@@ -39,9 +37,14 @@ from pipeline.runtime import GraphModule, load_module
 from pipeline.runtime.machine import ForeignLibraryError, host_machine
 from pipeline.tasks.config import load_config
 from pipeline.transform import PassContext
+from tests.support import REPO
+from tests.support.doit_runner import doit
+from tests.support.onnx_models import tiny_convnet
+from tests.support.toolchains import require_tools
 
 CROSS = yaml.safe_load((REPO / "configs" / "cross.yaml").read_text())["targets"]
 # arch -> (its entry in configs/cross.yaml, e_machine)
+KERNEL_RUNNER = Path(__file__).with_name("kernel_runner.c")
 ARCHES = {"aarch64": ("arm64", 183), "riscv64": ("rv64", 243)}
 
 
@@ -160,7 +163,7 @@ def test_devc_objects_match_the_target_compiler_and_link(tmp_path: Path, arch: s
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> tuple[Path, dict, np.ndarray]:
-    """(ONNX path, input feed, onnxruntime's output) of tests/test_doit_flow's convnet."""
+    """(ONNX path, input feed, onnxruntime's output) of support.onnx_models.tiny_convnet."""
     ort = pytest.importorskip("onnxruntime")
     path = tmp_path_factory.mktemp("tiny") / "tiny.onnx"
     tiny_convnet(path, seed=3)
@@ -300,9 +303,9 @@ def test_doit_builds_the_whole_cross_config(tmp_path: Path):
 # -- the kernels run on the target (qemu-user) --------------------------------
 
 def _runner(tmp: Path, entry: dict) -> list[str]:
-    """tests/kernel_runner.c built with the target's cc; the command that runs it."""
+    """tests/cross/kernel_runner.c built with the target's cc; the command that runs it."""
     exe = tmp / "kernel_runner"
-    subprocess.run([entry["cc"], "-O1", "-o", str(exe), str(REPO / "tests" / "kernel_runner.c"),
+    subprocess.run([entry["cc"], "-O1", "-o", str(exe), str(KERNEL_RUNNER),
                     "-ldl"], check=True)
     return [*entry["run"].split(), str(exe)]
 

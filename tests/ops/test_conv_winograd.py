@@ -5,12 +5,20 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import build_and_load
 from onnx.reference import ReferenceEvaluator
-from test_fast_kernels import AVX512, HASWELL, NATIVE, RELU, _host_has_avx512, conv_net, ops_used
 
 from pipeline.frontend import from_onnx
 from pipeline.ops import conv_winograd
+from tests.support.compare import build_and_load
+from tests.support.fast_kernels import (
+    AVX512,
+    HASWELL,
+    NATIVE,
+    RELU,
+    conv_net,
+    host_has_avx512,
+    ops_used,
+)
 
 WINOGRAD = "conv2d_winograd_nchwc"
 
@@ -50,7 +58,7 @@ def _check(model, feeds, target, uses_winograd=True, **ctx):
 def _case(target, **case):
     """A (target, conv_net arguments) parameter; AVX-512 cases skip without it."""
     name = "-".join(f"{k}{v}" for k, v in case.items() if k != "after")
-    marks = pytest.mark.skipif(target == AVX512 and not _host_has_avx512(),
+    marks = pytest.mark.skipif(target == AVX512 and not host_has_avx512(),
                                reason="host has no AVX-512")
     return pytest.param(target, case, id=f"{name}-{target.split('=')[-1]}", marks=marks)
 

@@ -5,17 +5,17 @@ and rounded once is the IEEE half result; integers wrap). Then what stays out.""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import onnx
 import pytest
-from conftest import TARGET, _lib_path, make_model, run_ours
 from onnx import TensorProto as T
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
 from pipeline.runtime.params import load_params, save_params
+from tests.support import REPO
+from tests.support.compare import TARGET, lib_path, run_ours
+from tests.support.onnx_models import make_model
 
 
 def _mixed_dtypes_model() -> onnx.ModelProto:
@@ -167,7 +167,7 @@ def test_resnet18_fp16_matches_onnxruntime_within_its_config_tolerance():
     from pipeline.tasks.config import load_config
     from pipeline.tools.validate import compare, random_inputs, reference_outputs
 
-    entry = load_config(Path(__file__).parents[1] / "configs" / "deploy.yaml") \
+    entry = load_config(REPO / "configs" / "deploy.yaml") \
         .models["resnet18_fp16"]
     model = models.build(entry.generator)
     graph, params = pipeline.frontend.from_onnx(model)
@@ -180,7 +180,7 @@ def test_resnet18_fp16_matches_onnxruntime_within_its_config_tolerance():
     assert all(spec.params[0].dtype == spec.params[-1].dtype == "float16" for spec in convs)
     assert all(t.dtype == "float16" for spec in convs if "winograd" not in spec.ops[0].op
                for t in spec.params)
-    gmod = GraphModule(load_module(factory.export_library(_lib_path()))["default"]())
+    gmod = GraphModule(load_module(factory.export_library(lib_path()))["default"]())
     feeds = random_inputs(model, {}, entry.validate.seed)
     gmod.run(**feeds)
     ours = [gmod.get_output(0)]
@@ -249,10 +249,8 @@ def test_loop_and_scan_are_named_as_control_flow(op):
 def test_out_of_scope_types_and_control_flow_fail_doit_with_one_line_each(tmp_path):
     """bfloat16, int4, float8 and If, each its own model of one config: `doit -c build`
     exits non-zero, with one error line per model naming the tensor or node."""
-    import subprocess
-    import sys
+    from tests.support.doit_runner import doit
 
-    repo = Path(__file__).resolve().parents[1]
     cases = _out_of_scope_models()
     lines = ["models:"]
     for name, (model, _) in cases.items():
@@ -260,12 +258,8 @@ def test_out_of_scope_types_and_control_flow_fail_doit_with_one_line_each(tmp_pa
         lines.append(f"  {name}: {{path: {name}.onnx}}")
     lines.append('targets:\n  llvm: {target: "llvm -mcpu=native", opt_level: 0}')
     (tmp_path / "matrix.yaml").write_text("\n".join(lines) + "\n")
-    proc = subprocess.run([sys.executable, "-m", "doit", "-f", str(repo / "dodo.py"),
-                           "-d", str(tmp_path), "-c", "build", "config=matrix.yaml"],
-                          capture_output=True, text=True, timeout=600,
-                          env={**__import__("os").environ, "PYTHONPATH": str(repo)})
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0 and "Traceback" not in out, out
+    code, _, out = doit(tmp_path, "-c", "build", "config=matrix.yaml", timeout=600)
+    assert code != 0 and "Traceback" not in out, out
     for name, (_, message) in cases.items():
         hits = [line for line in out.splitlines() if message in line]
         assert len(hits) == 1 and f"{name}.onnx" in hits[0], (name, out)

@@ -11,47 +11,36 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
-from conftest import build_and_load, make_model, rand, run_ort
 from onnx import helper
 
 from pipeline.frontend import from_onnx
+from tests.support import REPO
+from tests.support.compare import build_and_load, run_ort
+from tests.support.fast_kernels import (
+    AVX512,
+    HASWELL,
+    NATIVE,
+    RELU,
+    conv_net,
+    host_has_avx512,
+    ops_used,
+)
+from tests.support.onnx_models import make_model, rand
 
 pytest.importorskip("onnxruntime")
 
 node = helper.make_node
-NATIVE = "llvm -mcpu=native"
-HASWELL = "llvm -mcpu=haswell"  # AVX2 only: 8-float blocks
-AVX512 = "llvm -mcpu=skylake-avx512"
-REPO = Path(__file__).resolve().parent.parent
-
-
-def _host_has_avx512() -> bool:
-    from pipeline.ir.target import parse_target
-
-    return parse_target(NATIVE).vector_width == 16
-
-
 TARGETS = [pytest.param(HASWELL, id="haswell"),
            pytest.param(AVX512, id="avx512", marks=pytest.mark.skipif(
-               not _host_has_avx512(), reason="host has no AVX-512"))]
-
-
-def ops_used(factory) -> set[str]:
-    """Every operator of the lowered graph, looking inside fused nodes."""
-    ops = set()
-    for n in factory.lowered.graph.nodes:
-        body = n.attr("body") if n.op == "fused" else (n,)
-        ops |= {b.op for b in body}
-    return ops
+               not host_has_avx512(), reason="host has no AVX-512"))]
 
 
 # The direct blocked conv's cases: AlterOpLayout would pick Winograd for some 3x3
-# ones (tests/test_conv_winograd.py covers that kernel).
+# ones (tests/ops/test_conv_winograd.py covers that kernel).
 DIRECT = {"AlterOpLayout.winograd": False}
 
 
@@ -69,32 +58,6 @@ def check(model, feeds, target, must_use=(), threads=(None,), rtol=1e-4, atol=1e
         for k, w in enumerate(want):
             np.testing.assert_allclose(gm.get_output(k), w, rtol=rtol, atol=atol)
     return gm, factory
-
-
-def conv_net(c, oc, hw, k=3, stride=1, pads=None, bias=True, after=(), batch=1,
-             residual=False, hw2=None, clip=None):
-    """x -> Conv [-> Add(x)] -> `after` ops (Relu, MaxPool ...) [-> Clip(*clip)],
-    weights scaled so outputs stay O(1)."""
-    pads = [k // 2] * 4 if pads is None else pads
-    inits = {"w": rand(oc, c, k, k, seed=1) * np.float32(1 / np.sqrt(c * k * k))}
-    if bias:
-        inits["b"] = rand(oc, seed=2)
-    nodes = [node("Conv", ["x", "w", *(["b"] if bias else [])], ["t0"], pads=pads,
-                  strides=[stride, stride])]
-    if residual:
-        nodes.append(node("Add", ["t0", "x"], ["t1"]))
-    for i, (op, attrs) in enumerate(after):
-        src = nodes[-1].output[0]
-        nodes.append(node(op, [src], [f"a{i}"], **attrs))
-    if clip:
-        inits |= {"lo": np.float32(clip[0]), "hi": np.float32(clip[1])}
-        nodes.append(node("Clip", [nodes[-1].output[0], "lo", "hi"], ["clipped"]))
-    shape = (batch, c, hw, hw2 or hw)
-    model = make_model(nodes, [("x", shape)], [(nodes[-1].output[0], None)], inits)
-    return model, {"x": rand(*shape, seed=3)}
-
-
-RELU = ("Relu", {})
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -159,10 +122,9 @@ def test_layout_transform_pads_and_crops_channels(block):
     """NCHW -> NCHW{b}c of 20 channels fills the last block's padding channels with
     zeros, and back (channels=20) drops them: whole-vector transposes for 32 pixels
     and element by element for the 3 left, against numpy."""
-    from conftest import build_and_load
-
     from pipeline.ir.graph import Graph, Node, TensorType
     from pipeline.ops import infer_types
+    from tests.support.compare import build_and_load
 
     x = rand(2, 20, 5, 7, seed=7)
     nodes = (Node.make("layout_transform", "to", ("x",), ("b",), src_layout="NCHW",
@@ -536,7 +498,7 @@ def test_layout_transforms_only_where_layouts_meet():
     model = make_model(nodes, [("x", (1, 3, 16, 16))], [("y", None)], inits)
     graph, params = from_onnx(model)
     with PassContext(opt_level=3, disabled_pass=["FuseOps"]):
-        graph, _ = optimize(graph, params, target=parse_target(AVX512 if _host_has_avx512()
+        graph, _ = optimize(graph, params, target=parse_target(AVX512 if host_has_avx512()
                                                                else HASWELL))
     ops = [n.op for n in graph.nodes]
     assert ops.count("layout_transform") == 2, ops

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import make_model, rand, run_ort, run_ours
-from nn_cases import check, check_error, unchecked
 from onnx import TensorProto, helper
+
+from tests.support.compare import run_ort, run_ours
+from tests.support.nn_cases import check, check_error, unchecked
+from tests.support.onnx_models import make_model, rand
 
 pytest.importorskip("onnxruntime")
 

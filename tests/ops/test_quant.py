@@ -5,7 +5,7 @@ the FuseQDQ pass on graph structure; the portable dot-product kernel.
 
 (The node suite's QuantizeLinear, DequantizeLinear, QLinearConv, QLinearMatMul,
 MatMulInteger, ConvInteger and DynamicQuantizeLinear tests run in
-tests/test_onnx_backend.py; the three int8 models in tests/test_quant_models.py.)
+tests/tools/test_onnx_backend.py; the three int8 models in tests/tools/test_quant_models.py.)
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import make_model, rand, run_ort, run_ours
 from onnx import helper
 
 from pipeline.frontend import from_onnx
 from pipeline.tools.validate import output_scales
 from pipeline.transform import PassContext, optimize
+from tests.support.compare import run_ort, run_ours
+from tests.support.onnx_models import make_model, rand
 
 quantization = pytest.importorskip("onnxruntime.quantization")
 
@@ -208,7 +209,7 @@ def test_dynamic_quantization_matches_onnxruntime():
 def test_aarch64_sdot_kernel_under_qemu(tmp_path):
     """AArch64 with +dotprod: the blocked int8 convolution on sdot (uint8 activations
     shifted to int8), run under qemu-user by the target's pipeline-run."""
-    from toolchains import require_tools
+    from tests.support.toolchains import require_tools
 
     require_tools("qemu-aarch64", "aarch64-linux-gnu-gcc")
     import pipeline

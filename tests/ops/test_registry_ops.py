@@ -16,11 +16,11 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from conftest import TARGET, _lib_path
 from onnx import TensorProto, helper
 
 from pipeline.ir.graph import Graph, Node, TensorType
 from pipeline.ops import ONNX_CONVERTERS, OPS, infer_types, onnx_converter
+from tests.support.compare import TARGET, lib_path
 
 # Graph ops without a numpy version, and why: their kernels are checked against
 # onnxruntime / onnx.reference through their ONNX operators (test_ops_*.py, the
@@ -70,7 +70,7 @@ def _run(graph: Graph, inputs: dict[str, np.ndarray], cache: dict) -> list[np.nd
 
     with PassContext(opt_level=0):  # no fusion or layout change: the op's own kernel
         factory = build(graph, target=TARGET, params={}, kernel_cache=cache)
-    gmod = GraphModule(load_module(factory.export_library(_lib_path()))["default"]())
+    gmod = GraphModule(load_module(factory.export_library(lib_path()))["default"]())
     gmod.run(**inputs)
     return [gmod.get_output(k) for k in range(gmod.get_num_outputs())]
 

@@ -2,9 +2,9 @@
  * executor plan, params (pipeline/runtime/c/executor.c, included whole so its
  * static create_from_blob is reachable), then on what it accepts the storage
  * swaps of binding.c and the single steps of debug.c. Built by
- * tests/test_executor_c.py:
+ * tests/runtime/test_executor_c.py:
  *
- *   clang -fsanitize=fuzzer,address,undefined -I pipeline/runtime/c tests/fuzz_blob.c
+ *   clang -fsanitize=fuzzer,address,undefined -I pipeline/runtime/c tests/runtime/fuzz_blob.c
  *
  * Any input must give an executor or an error message; AddressSanitizer and
  * UndefinedBehaviorSanitizer turn every out-of-bounds read, overflow or leak

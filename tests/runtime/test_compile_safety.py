@@ -3,7 +3,7 @@
 The llvmlite wheel's LLVM 22 aborts on a loop-carried maxnum reduction of 121
 floats compiled for znver4/znver5 (its loop vectorizer's two cost models
 disagree). Our code generator no longer emits that pattern (the CPU sweep,
-tests/test_cpu_sweep.py, shows it for every kernel), so these tests feed the
+tests/cross/test_cpu_sweep.py, shows it for every kernel), so these tests feed the
 raw IR to the compile step to exercise the worker, the fallback and the error.
 """
 
@@ -83,12 +83,12 @@ def test_threads_compile_at_once_on_separate_workers():
 
 def test_kernel_cache_entry_records_the_fallback_note(tmp_path, monkeypatch):
     """The doit kernel task's value carries the note the build output prints."""
-    from conftest import make_model
     from onnx import helper
 
     from pipeline.driver import build as build_module
     from pipeline.frontend import from_onnx
     from pipeline.transform import PassContext
+    from tests.support.onnx_models import make_model
 
     model = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", [121])],
                        [("y", [121])])

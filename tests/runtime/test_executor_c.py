@@ -1,6 +1,6 @@
 """The C side of the runtime: `pipeline-run` (a subprocess over a real exported
 library, compared with onnx's reference), its error lines, and a bounded
-libFuzzer run over the executor's blob/plan/params reader (tests/fuzz_blob.c).
+libFuzzer run over the executor's blob/plan/params reader (tests/runtime/fuzz_blob.c).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from pipeline.link.blob import BLOB_MAGIC, BLOB_VERSION, pack_blob
 from pipeline.link.runtime_c import C_DIR, build_pipeline_run
 from pipeline.runtime.params import save_params
 
-REPO = Path(__file__).resolve().parents[1]
 TARGET = "llvm -mcpu=native"
+FUZZ_BLOB = Path(__file__).with_name("fuzz_blob.c")  # the reader's libFuzzer target
 FUZZ_SECONDS = int(os.environ.get("PIPELINE_FUZZ_SECONDS", "20"))
 
 
@@ -248,7 +248,7 @@ def test_reader_accepts_seeds_and_explains_bad_blobs(tmp_path):
     """The C reader (fuzz_blob.c's plain main, no libFuzzer needed) opens the seeds,
     so the fuzzer starts from valid blobs, and names what is wrong with bad ones."""
     reader = tmp_path / "reader"
-    subprocess.run(["cc", "-DFUZZ_MAIN", "-I", str(C_DIR), str(REPO / "tests" / "fuzz_blob.c"),
+    subprocess.run(["cc", "-DFUZZ_MAIN", "-I", str(C_DIR), str(FUZZ_BLOB),
                     "-o", str(reader)], check=True, capture_output=True)
     seed = _seed_blobs()[0]
     at = seed.rindex(b"idx")  # the param dict is the last section: rename its param
@@ -288,7 +288,7 @@ def test_fuzz_blob_reader(tmp_path):
     fuzzer = tmp_path / "fuzz_blob"
     subprocess.run([clang, "-g", "-O1", "-fsanitize=fuzzer,address,undefined",
                     "-fno-sanitize-recover=undefined", "-I", str(C_DIR),
-                    str(REPO / "tests" / "fuzz_blob.c"), "-o", str(fuzzer)],
+                    str(FUZZ_BLOB), "-o", str(fuzzer)],
                    check=True, capture_output=True)
     corpus = tmp_path / "corpus"
     corpus.mkdir()

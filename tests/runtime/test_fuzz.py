@@ -1,12 +1,12 @@
 """Property-based fuzzing (Hypothesis) of the readers of untrusted bytes: the param
 dict (load_params), the blob (unpack_blob), the graph JSON the executor plan is
 made of (encode_plan; the C reader of the plan has its own libFuzzer target,
-tests/fuzz_blob.c) and the ONNX frontend's checks. The property: any input is
+tests/runtime/fuzz_blob.c) and the ONNX frontend's checks. The property: any input is
 either accepted or refused with a PipelineError carrying a message; no other
 exception escapes, nothing crashes, nothing allocates beyond the element limit.
 
 Derandomized, so CI sees the same inputs every run, a few seconds per target.
-By hand, more inputs:  PIPELINE_FUZZ_EXAMPLES=20000 python -m pytest -q tests/test_fuzz.py
+By hand, more inputs:  PIPELINE_FUZZ_EXAMPLES=20000 python -m pytest -q tests/runtime/test_fuzz.py
 (each test prints nothing; `-s --hypothesis-show-statistics` shows the counts).
 """
 

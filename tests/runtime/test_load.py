@@ -2,7 +2,7 @@
 dropped, give the right outputs and leak nothing.
 
 PIPELINE_LOAD_SECONDS (default 10) sets how long the threads run; by hand:
-    PIPELINE_LOAD_SECONDS=60 python -m pytest -q tests/test_load.py
+    PIPELINE_LOAD_SECONDS=60 python -m pytest -q tests/runtime/test_load.py
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_doit_flow import tiny_convnet
 
 import pipeline
 from pipeline.runtime import GraphModule, load_module
+from tests.support.onnx_models import tiny_convnet
 
 SECONDS = float(os.environ.get("PIPELINE_LOAD_SECONDS", "10"))
 THREADS = 8

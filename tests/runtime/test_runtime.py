@@ -14,7 +14,6 @@ import sys
 import tarfile
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,8 +33,8 @@ from pipeline.link.cc import LinkError, create_shared, create_tar, link_relocata
 from pipeline.link.export import link_library
 from pipeline.runtime import GraphModule, load_module, load_params, save_params
 from pipeline.runtime.blob import BlobError, unpack_blob
+from tests.support import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 N = 8
 TARGET = "llvm -mcpu=native"
 

@@ -25,7 +25,6 @@ import time
 
 import numpy as np
 import pytest
-from conftest import make_model, value_info
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
@@ -43,6 +42,7 @@ from pipeline.runtime import (
 )
 from pipeline.runtime.debug_executor import GraphModuleDebug, create
 from pipeline.runtime.timing import time_evaluator
+from tests.support.onnx_models import make_model, value_info
 
 TARGET = "llvm -mcpu=native"
 RNG = np.random.default_rng(7)

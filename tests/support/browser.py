@@ -3,7 +3,7 @@ messages, errors, network requests and a screenshot.
 
 Speaks the DevTools protocol over `--remote-debugging-pipe` (JSON messages
 separated by NUL bytes on file descriptors 3 and 4), so it needs no websocket
-library. Skipped without `chromium`, a failure under CI=true (tests/toolchains.py).
+library. Skipped without `chromium`, a failure under CI=true (tests/support/toolchains.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from toolchains import require_tools
+from tests.support.toolchains import require_tools
 
 
 @dataclass

@@ -1,14 +1,12 @@
-"""What the doit-level tests share: a tiny checkout (the small conv-net and a
-one-model matrix in a folder of its own), the build matrix writer, and the build
-report's per-task "how" (computed, restored from cache, on the cluster)."""
+"""What the doit-level tests build in a folder: a tiny checkout (the small conv-net
+and a one-model matrix in a folder of its own) and the build matrix writer."""
 
 from __future__ import annotations
 
-import json
 import textwrap
 from pathlib import Path
 
-from test_doit_flow import tiny_convnet
+from tests.support.onnx_models import tiny_convnet
 
 TARGET = '{target: "llvm -mcpu=native", opt_level: 3}'
 
@@ -30,11 +28,3 @@ def tiny_checkout(folder: Path, targets: str = f"llvm: {TARGET}\n", extra: str =
             f.write(extra)
     return folder
 
-
-def build_report(folder: Path) -> dict:
-    return json.loads((folder / "out" / "build-report.json").read_text())
-
-
-def how(report: dict) -> dict[str, str]:
-    """task -> how the last build got its outputs."""
-    return {i["task"]: i["how"] for i in report["executed"]}

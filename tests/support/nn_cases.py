@@ -8,12 +8,13 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from conftest import make_model, rand, run_ort, run_ours
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from pipeline.errors import ModelError
 from pipeline.frontend import from_onnx
+from tests.support.compare import run_ort, run_ours
+from tests.support.onnx_models import make_model, rand
 
 node = helper.make_node
 

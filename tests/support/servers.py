@@ -12,9 +12,8 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from toolchains import require_tools
-
 from pipeline.tools import servers
+from tests.support.toolchains import require_tools
 
 
 @contextlib.contextmanager

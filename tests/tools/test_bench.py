@@ -16,17 +16,18 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import make_model, rand
 from onnx import helper
 
 from pipeline.errors import ConfigError
 from pipeline.tasks.config import load_config
 from pipeline.tools.bench import BenchError, bench_library, memory_plan, model_flops
 from pipeline.tools.peak import _cpu_name, best_peak_gflops, core_to_core_ns
+from tests.support import REPO
+from tests.support.doit_runner import doit
+from tests.support.onnx_models import make_model, rand
 
 pytest.importorskip("onnxruntime")
 
-REPO = Path(__file__).resolve().parent.parent
 node = helper.make_node
 
 
@@ -53,20 +54,16 @@ def test_doit_bench_writes_report(tmp_path):
         targets:
           llvm: {target: "llvm -mcpu=native", opt_level: 3}
         """))
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("PIPELINE_KERNEL_CACHE", None)
 
-    def doit(*args):
-        return subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"),
-                               "-d", str(tmp_path), "config=cfg.yaml", *args],
-                              capture_output=True, text=True, env=env, timeout=900)
+    def run(*args):
+        return doit(tmp_path, "config=cfg.yaml", *args, timeout=900)
 
-    proc = doit("build")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    code, _, out = run("build")
+    assert code == 0, out
     report_path = tmp_path / "out" / "tiny" / "llvm" / "bench.json"
     assert not report_path.exists()  # bench is not part of build
-    proc = doit("bench", "rounds=2", "runs=3", "warmup=1", "threads=1,2", "profile=1")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    code, _, out = run("bench", "rounds=2", "runs=3", "warmup=1", "threads=1,2", "profile=1")
+    assert code == 0, out
     report = json.loads(report_path.read_text())
     # OpenVINO joins as a third side when installed (tests/test_bench_openvino.py).
     sides = ["ours", "onnxruntime", *(["openvino"] if importlib.util.find_spec("openvino")
@@ -90,7 +87,7 @@ def test_doit_bench_writes_report(tmp_path):
     if len(os.sched_getaffinity(0)) > 1:  # the VM's state around the two-thread rounds
         assert "core_to_core_ns" not in report["threads"]["1"]
         assert all(1 < ns < 1e6 for ns in report["threads"]["2"]["core_to_core_ns"])
-        assert "round trip between two cores" in proc.stdout
+        assert "round trip between two cores" in out
     # Each side's own peak: onnxruntime's library and session are not in ours, and
     # neither holds what the doit process (fork parent) had read.
     mem = report["memory"]
@@ -100,22 +97,22 @@ def test_doit_bench_writes_report(tmp_path):
     kernels = {row["kernel"] for row in report["profile"]["nodes"]}
     convs = ("conv2d_nchwc", "conv2d_winograd_nchwc")  # AlterOpLayout picks one of them
     assert any(k.startswith(convs) for k in kernels), kernels
-    assert "ours ms" in proc.stdout and any(c in proc.stdout for c in convs)
+    assert "ours ms" in out and any(c in out for c in convs)
     summary = json.loads((tmp_path / "out" / "bench-summary.json").read_text())["summary"]
     assert set(summary) == {"llvm@1", "llvm@2"}
     for s in summary.values():
         assert s["models"] == 2 and s["worst_model"] in ("tiny", "tiny2")
         assert s["geomean_ratio"] > 0
-    assert "geometric-mean ratio (ours / onnxruntime)" in proc.stdout
+    assert "geometric-mean ratio (ours / onnxruntime)" in out
     summary_md = (tmp_path / "out" / "bench-summary.md").read_text()
     assert "| tiny2 | llvm | 2 |" in summary_md
     assert ("Core-to-core round trip" in summary_md) == (len(os.sched_getaffinity(0)) > 1)
     first = report_path.stat().st_mtime_ns
-    proc = doit("bench", "rounds=1", "runs=1", "warmup=0", "threads=1", "model=tiny")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    code, _, out = run("bench", "rounds=1", "runs=1", "warmup=0", "threads=1", "model=tiny")
+    assert code == 0, out
     assert report_path.stat().st_mtime_ns != first  # always runs when asked
-    proc = doit("bench", "runs=zero")
-    assert proc.returncode != 0 and "runs must be integers >= 1" in proc.stdout + proc.stderr
+    code, _, out = run("bench", "runs=zero")
+    assert code != 0 and "runs must be integers >= 1" in out
 
 
 def test_runner_failure_is_one_line(tmp_path):
@@ -160,15 +157,14 @@ def test_light_zoo_with_random_weights_validates_real_numbers(tmp_path):
           llvm: {target: "llvm -mcpu=native", opt_level: 3}
         validate: {reference: onnxruntime, rtol: 1.0e-4, atol: 1.0e-4}
         """))
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
 
-    def doit(*args):
-        return subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"),
-                               "-d", str(tmp_path), "config=cfg.yaml", *args],
-                              capture_output=True, text=True, env=env, timeout=900)
+    def run(*args):  # with the user's PIPELINE_KERNEL_CACHE, if any
+        cache = os.environ.get("PIPELINE_KERNEL_CACHE")
+        return doit(tmp_path, "config=cfg.yaml", *args, timeout=900,
+                    env={"PIPELINE_KERNEL_CACHE": cache})
 
-    proc = doit("build", "validate")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    code, _, out = run("build", "validate")
+    assert code == 0, out
     made = tmp_path / "out" / "models" / "s.onnx"
     model = onnx.load(made)
     fills = [n for n in model.graph.node if n.op_type == "ConstantOfShape"
@@ -182,18 +178,13 @@ def test_light_zoo_with_random_weights_validates_real_numbers(tmp_path):
     assert report["passed"] and report["reference"] == "onnxruntime"
 
     before = made.read_bytes()
-
-    def ran() -> set:
-        report = json.loads((tmp_path / "out" / "build-report.json").read_text())
-        return {e["task"] for e in report["executed"]}
-
-    proc = doit("build")
-    assert proc.returncode == 0 and "model:s" not in ran(), proc.stdout
+    code, executed, out = run("build")
+    assert code == 0 and "model:s" not in executed, out
     (tmp_path / "cfg.yaml").write_text(
         (tmp_path / "cfg.yaml").read_text().replace("random_weights: 3", "random_weights: 4"))
-    proc = doit("build")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "model:s" in ran() and made.read_bytes() != before
+    code, executed, out = run("build")
+    assert code == 0, out
+    assert "model:s" in executed and made.read_bytes() != before
 
     (tmp_path / "g.yaml").write_text("models:\n  m: {generator: mlp, random_weights: 1}\n"
                                      "targets:\n  llvm: {target: llvm}\n")

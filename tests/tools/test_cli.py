@@ -1,7 +1,7 @@
 """The `pipeline` command, run as a user runs it: a subprocess per command.
 
-The model is tests/data/torch_cnn.onnx, exported by PyTorch's own exporter
-(tests/data/make_torch_cnn.py) with a symbolic batch: a file the compiler was
+The model is tests/tools/data/torch_cnn.onnx, exported by PyTorch's own exporter
+(tests/tools/data/make_torch_cnn.py) with a symbolic batch: a file the compiler was
 not written around. Its outputs are compared with onnxruntime's. Error cases
 call main() in this process (same code, no interpreter start).
 """
@@ -19,14 +19,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from toolchains import require_tools
 
 from pipeline.link.blob import BLOB_VERSION
 from pipeline.tasks.cache import is_valid
 from pipeline.tools import cli
+from tests.support import REPO
+from tests.support.toolchains import require_tools
 
-REPO = Path(__file__).resolve().parent.parent
-MODEL = REPO / "tests" / "data" / "torch_cnn.onnx"
+MODEL = Path(__file__).parent / "data" / "torch_cnn.onnx"
 BATCH_SHAPE = (2, 3, 32, 32)
 
 

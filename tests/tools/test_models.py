@@ -100,7 +100,7 @@ def tiny_model() -> onnx.ModelProto:
 
 
 def test_registered_names() -> None:
-    # the int8 generators are tested in tests/test_quant_models.py
+    # the int8 generators are tested in tests/tools/test_quant_models.py
     assert set(GENERATORS) == set(EXPECTED) | {"resnet18_qdq", "mobilenet_v2_qop",
                                                "bert_encoder_dyn"}
 

@@ -13,10 +13,10 @@ import functools
 import numpy as np
 import onnx
 import pytest
-from conftest import run_ours
 
 from models import build
 from pipeline.tools.validate import output_atols, random_inputs
+from tests.support.compare import run_ours
 
 ort = pytest.importorskip("onnxruntime")
 pytestmark = pytest.mark.slow

@@ -16,13 +16,13 @@ import json
 import os
 import pty
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from test_doit_flow import REPO, tiny_convnet
+
+from tests.support.doit_runner import doit_process
+from tests.support.onnx_models import tiny_convnet
 
 CONFIG = """\
 models:
@@ -36,14 +36,9 @@ validate: {reference: onnx, rtol: 1.0e-4, atol: 1.0e-4}
 
 def on_terminal(folder: Path, *args: str, ci: bool = False) -> tuple[int, str]:
     """Run doit in `folder` with stdout and stderr on a pseudo-terminal; (exit, output)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("CI", "PIPELINE_KERNEL_CACHE")}
-    env["PYTHONPATH"] = str(REPO)
-    if ci:
-        env["CI"] = "true"
     leader, follower = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"),
-                             "-d", str(folder), *args],
-                            stdout=follower, stderr=follower, env=env)
+    proc = doit_process(folder, *args, env={"CI": "true" if ci else None},
+                        stdout=follower, stderr=follower)
     os.close(follower)
     chunks = []
     while True:
@@ -152,7 +147,7 @@ def test_report_page_content(built):
     for pid in {str(i["worker"]) for i in built["plain_executed"]}:
         assert f"(pid {pid})" in text
     assert "restored from cache" in text
-    # The kernels table: mlp's total FLOPs from kernels.json (tests/test_kernel_metadata.py
+    # The kernels table: mlp's total FLOPs from kernels.json (tests/unit/test_kernel_metadata.py
     # checks those against the ONNX model).
     kernels = json.loads((page.parent / "mlp" / "llvm" / "kernels.json").read_text())["kernels"]
     mflop = sum(k["flops"] * k["calls"] for k in kernels) / 1e6
@@ -169,7 +164,7 @@ def test_report_page_content(built):
 
 
 def test_report_in_chromium(built):
-    from browser import load_page
+    from tests.support.browser import load_page
 
     page, _ = report_html(built)
     load = load_page(page.as_uri())

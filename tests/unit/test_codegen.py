@@ -8,7 +8,6 @@ import re
 import llvmlite.binding as llvm
 import numpy as np
 import pytest
-from conftest import assert_matches_ort, make_model, rand
 from onnx import helper
 
 from pipeline.codegen.compile import compile_ir, optimize_ir
@@ -18,6 +17,8 @@ from pipeline.frontend import from_onnx
 from pipeline.ir.target import TargetError, parse_target
 from pipeline.lower.kernel import KernelSpec, kernel_spec
 from pipeline.transform import PassContext, optimize
+from tests.support.compare import assert_matches_ort
+from tests.support.onnx_models import make_model, rand
 
 node = helper.make_node
 NATIVE = parse_target("llvm -mcpu=native")

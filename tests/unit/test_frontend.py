@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from conftest import assert_matches_ort, make_model, rand, run_ort, run_ours
 from onnx import helper
 
 from models._onnx import GraphBuilder, with_initializers_as_inputs
@@ -15,6 +14,8 @@ from pipeline.frontend import from_onnx
 from pipeline.ir.graph import Graph, TensorType
 from pipeline.ops import infer_types
 from pipeline.transform import PassContext, optimize
+from tests.support.compare import assert_matches_ort, run_ort, run_ours
+from tests.support.onnx_models import make_model, rand
 
 node = helper.make_node
 

@@ -8,7 +8,6 @@ import json
 
 import onnx
 import pytest
-from conftest import build_and_load, make_model, rand
 from onnx import helper
 
 import pipeline.driver.build as build_module
@@ -21,6 +20,8 @@ from pipeline.runtime import load_module
 from pipeline.runtime.metadata import kernel_metadata
 from pipeline.tasks import cache, stages
 from pipeline.transform import PassContext
+from tests.support.compare import build_and_load
+from tests.support.onnx_models import make_model, rand
 
 node = helper.make_node
 N, C, H, W, OC, CLASSES = 1, 3, 12, 12, 16, 10

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.support import REPO
+
 PKG = REPO / "pipeline"
 
 # Bottom first; the packages of one entry may import each other (without cycles).
@@ -188,7 +189,7 @@ def _fresh_import(module: str, absent: list[str]) -> list[str]:
 def test_every_pipeline_import_names_a_module_here():
     """A stale module path must fail here, not resolve elsewhere: an editable
     install of another checkout would quietly serve the old module."""
-    files = [*PKG.rglob("*.py"), *(REPO / "tests").glob("*.py"),
+    files = [*PKG.rglob("*.py"), *(REPO / "tests").rglob("*.py"),
              *(REPO / "models").rglob("*.py"), REPO / "dodo.py"]
     facade = {"build", "frontend", "runtime", "transform"}  # pipeline.__getattr__
     bad = []

@@ -7,7 +7,6 @@ import difflib
 
 import numpy as np
 import pytest
-from conftest import assert_matches_ort, make_model, rand
 from onnx import helper
 
 from pipeline.errors import ConfigError
@@ -24,6 +23,8 @@ from pipeline.transform import (
     PassTimingInstrument,
     optimize,
 )
+from tests.support.compare import assert_matches_ort
+from tests.support.onnx_models import make_model, rand
 
 node = helper.make_node
 X = (1, 4, 6, 6)

@@ -1,10 +1,10 @@
 """Writes torch_cnn.onnx beside this file: a small CNN exported by PyTorch's own
 ONNX exporter, the kind of file users bring (the `pipeline` command's acceptance
-test compiles it; tests/test_cli.py). Needs torch (pip install torch==2.13.0, CPU);
+test compiles it; tests/tools/test_cli.py). Needs torch (pip install torch==2.13.0, CPU);
 the committed .onnx is what the tests use, so neither the product nor the tests
 need torch. The batch axis is symbolic ("batch"), as exporters write it.
 
-    python tests/data/make_torch_cnn.py
+    python tests/tools/data/make_torch_cnn.py
 """
 
 from pathlib import Path
