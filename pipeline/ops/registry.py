@@ -9,7 +9,7 @@ linalg, shape), with:
   - its lowering: `scalar` (elementwise: LLVM values in, one value out) or
     `lower` (anchor/opaque: writes loops with a KernelBuilder),
   - optionally `numpy`, used by constant folding (and, with `sample`, the
-    reference tests/test_registry_ops.py compares the kernel with),
+    reference tests/ops/test_registry_ops.py compares the kernel with),
   - whether its lowering handles float64 (`float64=True`); a float64 input to
     any other operator is a ModelError naming the node (infer_types),
   - and the ONNX converters that produce it, registered per (op_type, opset)

@@ -59,7 +59,7 @@ def _hard_sigmoid(kb, x, alpha, beta):
 # squares on 4000 Chebyshev nodes against math.erf / math.erfc in double (A weighted
 # for relative error), degrees the smallest for which the float32 evaluation stays
 # within ~2.5 ulp of math.erf on a dense grid, erfc within 1e-5 relative (see
-# tests/test_ops_elementwise.py::test_erf_float32_polynomial_accuracy).
+# tests/ops/test_ops_elementwise.py::test_erf_float32_polynomial_accuracy).
 _ERF_SPLIT, _ERFC_ZERO = 0.921875, 6.0
 _ERF_SMALL = (1.1283791491205695, -0.37612491161930584, 0.11281792950261349,
               -0.026765864871979822, 0.004992183424849639, -0.0005986210833393152)
@@ -252,7 +252,7 @@ TRIG = {"sin": ("Sin", 7, np.sin), "cos": ("Cos", 7, np.cos), "tan": ("Tan", 7, 
 for _name, (_onnx, _since, _np) in TRIG.items():
     UNARY[_name] = (lambda kb, x, n, f=f"{_name}f": kb.extern(f, x), lambda x, n, f=_np: f(x))
 
-# Sample input ranges (the function's domain; default [-2, 2]) for tests/test_registry_ops.py.
+# Sample input ranges (the function's domain; default [-2, 2]) for tests/ops/test_registry_ops.py.
 _DOMAIN = {"log": (0.1, 3), "sqrt": (0.1, 3), "reciprocal": (0.5, 2), "acosh": (1.1, 3),
            "asin": (-0.9, 0.9), "acos": (-0.9, 0.9), "atanh": (-0.9, 0.9), "tan": (-1.2, 1.2)}
 
