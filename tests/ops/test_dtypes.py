@@ -15,6 +15,7 @@ from onnx.reference import ReferenceEvaluator
 from pipeline.runtime.params import load_params, save_params
 from tests.support import REPO
 from tests.support.compare import TARGET, lib_path, run_ours
+from tests.support.doit_runner import doit
 from tests.support.onnx_models import make_model
 
 
@@ -249,8 +250,6 @@ def test_loop_and_scan_are_named_as_control_flow(op):
 def test_out_of_scope_types_and_control_flow_fail_doit_with_one_line_each(tmp_path):
     """bfloat16, int4, float8 and If, each its own model of one config: `doit -c build`
     exits non-zero, with one error line per model naming the tensor or node."""
-    from tests.support.doit_runner import doit
-
     cases = _out_of_scope_models()
     lines = ["models:"]
     for name, (model, _) in cases.items():
