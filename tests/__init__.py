@@ -1,6 +1,7 @@
 """The test suite, one folder (package) per area; what tests share is in tests/support.
 
-- unit: graph IR, passes, frontend, codegen, kernel metadata, package layers, sources.
+- unit: graph IR, passes, frontend, codegen, kernel metadata, package layers, sources,
+  the docs and the test layout.
 - ops: operators end to end against onnxruntime, registry, dtypes, int8, fast kernels.
 - build_system: doit builds, incrementality, caches (local, remote, cluster), shards,
   reliability, the Python build API and export path, batch sizes (not "build":

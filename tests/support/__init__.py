@@ -1,6 +1,6 @@
 """What the tests share; no test module imports another (tests/unit/test_test_imports.py).
 
-- onnx_models: small ONNX models (make_model, rand, tiny_convnet).
+- onnx_models: small ONNX models (make_model, rand, tiny_convnet, tiny_bench_model).
 - compare: a model through our pipeline (build, export, load, run) and onnxruntime.
 - doit_runner: `python -m doit` on a folder in a subprocess, as a user runs it.
 - checkouts: a folder with the tiny conv-net and its matrix.yaml.

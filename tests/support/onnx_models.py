@@ -72,3 +72,15 @@ def tiny_convnet(path: Path, seed: int = 0, classes: int = 4) -> None:
     model.ir_version = 8
     path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(model, str(path))
+
+
+def tiny_bench_model() -> onnx.ModelProto:
+    """conv(16->32, 3x3) -> relu -> global pool -> flatten -> gemm(10): what the bench
+    tests time."""
+    inits = {"w": rand(32, 16, 3, 3, seed=1) * np.float32(0.1), "fc": rand(10, 32, seed=2),
+             "fcb": rand(10, seed=3)}
+    node = helper.make_node
+    nodes = [node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), node("Relu", ["c"], ["r"]),
+             node("GlobalAveragePool", ["r"], ["g"]), node("Flatten", ["g"], ["f"]),
+             node("Gemm", ["f", "fc", "fcb"], ["y"], transB=1)]
+    return make_model(nodes, [("x", (1, 16, 12, 12))], [("y", None)], inits)

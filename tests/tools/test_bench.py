@@ -13,10 +13,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-import numpy as np
 import onnx
 import pytest
-from onnx import helper
 
 from pipeline.errors import ConfigError
 from pipeline.tasks.config import load_config
@@ -24,29 +22,17 @@ from pipeline.tools.bench import BenchError, bench_library, memory_plan, model_f
 from pipeline.tools.peak import _cpu_name, best_peak_gflops, core_to_core_ns
 from tests.support import REPO
 from tests.support.doit_runner import doit
-from tests.support.onnx_models import make_model, rand
+from tests.support.onnx_models import rand, tiny_bench_model
 
 pytest.importorskip("onnxruntime")
 
-node = helper.make_node
-
-
-def tiny_model() -> onnx.ModelProto:
-    """conv(16->32, 3x3) -> relu -> global pool -> flatten -> gemm(10)."""
-    inits = {"w": rand(32, 16, 3, 3, seed=1) * np.float32(0.1), "fc": rand(10, 32, seed=2),
-             "fcb": rand(10, seed=3)}
-    nodes = [node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), node("Relu", ["c"], ["r"]),
-             node("GlobalAveragePool", ["r"], ["g"]), node("Flatten", ["g"], ["f"]),
-             node("Gemm", ["f", "fc", "fcb"], ["y"], transB=1)]
-    return make_model(nodes, [("x", (1, 16, 12, 12))], [("y", None)], inits)
-
 
 def test_model_flops_counts_conv_and_gemm():
-    assert model_flops(tiny_model()) == 2 * 32 * 12 * 12 * 16 * 9 + 2 * 10 * 32
+    assert model_flops(tiny_bench_model()) == 2 * 32 * 12 * 12 * 16 * 9 + 2 * 10 * 32
 
 
 def test_doit_bench_writes_report(tmp_path):
-    onnx.save(tiny_model(), tmp_path / "tiny.onnx")
+    onnx.save(tiny_bench_model(), tmp_path / "tiny.onnx")
     (tmp_path / "cfg.yaml").write_text(textwrap.dedent("""\
         models:
           tiny: {path: tiny.onnx}
@@ -65,7 +51,7 @@ def test_doit_bench_writes_report(tmp_path):
     code, _, out = run("bench", "rounds=2", "runs=3", "warmup=1", "threads=1,2", "profile=1")
     assert code == 0, out
     report = json.loads(report_path.read_text())
-    # OpenVINO joins as a third side when installed (tests/test_bench_openvino.py).
+    # OpenVINO joins as a third side when installed (tests/tools/test_bench_openvino.py).
     sides = ["ours", "onnxruntime", *(["openvino"] if importlib.util.find_spec("openvino")
                                       else [])]
     assert (report["rounds"], report["runs"], report["warmup"]) == (2, 3, 1)
@@ -92,7 +78,7 @@ def test_doit_bench_writes_report(tmp_path):
     # neither holds what the doit process (fork parent) had read.
     mem = report["memory"]
     assert mem["ours_peak_rss_bytes"] != mem["onnxruntime_peak_rss_bytes"]
-    assert report["gflop"] == pytest.approx(model_flops(tiny_model()) / 1e9, abs=1e-4)
+    assert report["gflop"] == pytest.approx(model_flops(tiny_bench_model()) / 1e9, abs=1e-4)
     assert 0 < mem["planned_activation_bytes"] <= mem["intermediate_bytes"]
     kernels = {row["kernel"] for row in report["profile"]["nodes"]}
     convs = ("conv2d_nchwc", "conv2d_winograd_nchwc")  # AlterOpLayout picks one of them
@@ -117,7 +103,7 @@ def test_doit_bench_writes_report(tmp_path):
 
 def test_runner_failure_is_one_line(tmp_path):
     """A side that cannot load its model fails the bench with the runner's last line."""
-    onnx.save(tiny_model(), tmp_path / "tiny.onnx")
+    onnx.save(tiny_bench_model(), tmp_path / "tiny.onnx")
     (tmp_path / "broken.so").write_bytes(b"not a library")
     with pytest.raises(BenchError, match=r"bench tiny: the ours side at 1 threads failed: "
                        r"bench_runner ours .*broken.so"):

@@ -15,12 +15,11 @@ import sys
 import numpy as np
 import onnx
 import pytest
-from test_bench import tiny_model
 
 from pipeline.tools import bench
 from pipeline.tools.bench import bench_library, summarize
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.support import REPO
+from tests.support.onnx_models import tiny_bench_model
 
 
 def require_openvino() -> None:
@@ -39,7 +38,7 @@ def tiny_lib(tmp_path_factory):
     from pipeline.frontend import from_onnx
 
     folder = tmp_path_factory.mktemp("ov")
-    onnx.save(tiny_model(), folder / "tiny.onnx")
+    onnx.save(tiny_bench_model(), folder / "tiny.onnx")
     graph, params = from_onnx(folder / "tiny.onnx")
     factory = build(graph, target="llvm -mcpu=native", params=params)
     return str(folder / "tiny.onnx"), str(factory.export_library(folder / "tiny.so"))
@@ -51,7 +50,7 @@ def test_openvino_side_forces_f32_and_the_thread_count(tiny_lib, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pipeline.tools.bench_runner", "openvino",
                            tiny_lib[0], str(tmp_path / "in.npz"), "--threads=2", "--runs=2",
                            "--warmup=1"], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": REPO})
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout.splitlines()[-1])
     assert report["side"] == "openvino" and len(report["times_ms"]) == 2

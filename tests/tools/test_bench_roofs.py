@@ -9,13 +9,13 @@ import json
 
 import onnx
 import pytest
-from conftest import make_model, rand
 from onnx import helper
 
 from pipeline.runtime.profile import NodeTime, format_profile, profile_nodes
 from pipeline.tools import bench
 from pipeline.tools.bench import BenchError, bench_library, summarize
 from pipeline.tools.peak import _cpu_name, best_read_gbps, measure_read_gbps
+from tests.support.onnx_models import make_model, rand
 
 # The suite table's head before OpenVINO joined: kept, column for column, without it.
 ORT_HEAD = ("| model | target | threads | ours ms | onnxruntime ms | ratio | ratio range | "

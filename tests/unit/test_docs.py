@@ -9,10 +9,8 @@ import re
 from pathlib import Path
 
 from pipeline.tools.op_table import REGENERATE, render_operator_table
+from tests.support import REPO
 
-# The checkout's root: the folder above this file that holds pyproject.toml (found
-# rather than counted, so the test can live in any subfolder of tests/).
-REPO = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").exists())
 DOCS = sorted((REPO / "docs").glob("*.md"))
 # [text](target) and ![alt](target); the target ends at whitespace or ")".
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)[^)]*\)")
