@@ -1,7 +1,7 @@
 """pipeline: an incremental ML compiler from ONNX to self-contained CPU libraries.
 
 Packages, bottom layer first; each imports only from those above it in this list
-(tests/test_layers.py checks):
+(tests/unit/test_layers.py checks):
   errors, ir  -> user errors; graph IR (Graph, Node, TensorType) and Target
   dsl         -> kernel DSL: KernelBuilder, vectors, parallel_for, shared GEMM tile
   ops         -> operators per family: shape rule, lowering, ONNX converters

@@ -1,112 +1,14 @@
-"""Helpers shared by the compiler tests: build small ONNX models, run them
-through our pipeline (import -> build -> export .so -> load -> run) and
-through onnxruntime as the reference."""
+"""pytest hooks for every test; the helpers the tests share are in tests/support."""
 
 from __future__ import annotations
 
-import itertools
-import tempfile
-from pathlib import Path
+import pytest
 
-import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
+# The helpers' asserts explain their failures as a test's own would.
+pytest.register_assert_rewrite("tests.support")
 
-TARGET = "llvm -mcpu=native"
-RTOL, ATOL = 1e-4, 1e-5
-
-_TMP: tempfile.TemporaryDirectory | None = None
-_COUNTER = itertools.count()
+from tests.support.compare import remove_libraries  # noqa: E402 (after the registration)
 
 
 def pytest_unconfigure(config) -> None:
-    global _TMP
-    if _TMP is not None:
-        _TMP.cleanup()
-        _TMP = None
-
-
-def _lib_path() -> Path:
-    """A fresh .so path (dlopen caches by path, so never reuse one)."""
-    global _TMP
-    if _TMP is None:
-        _TMP = tempfile.TemporaryDirectory(prefix="pipeline-tests-")
-    return Path(_TMP.name, f"lib{next(_COUNTER)}.so")
-
-
-def rand(*shape: int, seed: int = 0, low: float = -1.0, high: float = 1.0) -> np.ndarray:
-    """Deterministic float32 data of `shape`."""
-    rng = np.random.default_rng(seed)
-    return rng.uniform(low, high, size=shape).astype(np.float32)
-
-
-def value_info(name: str, shape) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
-
-
-def make_model(nodes, inputs, outputs, initializers=(), opset: int = 13) -> onnx.ModelProto:
-    """A checked ModelProto. `inputs`/`outputs` are ValueInfoProtos or (name, shape)
-    pairs (float32; an output shape may be None); `initializers` are TensorProtos
-    or a {name: array} dict."""
-    def vi(item):
-        return value_info(*item) if isinstance(item, tuple) else item
-
-    if isinstance(initializers, dict):
-        initializers = [numpy_helper.from_array(np.asarray(v), k)
-                        for k, v in initializers.items()]
-    graph = helper.make_graph(list(nodes), "test", [vi(i) for i in inputs],
-                              [vi(o) for o in outputs], list(initializers))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
-                              ir_version=8, producer_name="pipeline-tests")
-    # Outputs given without a shape get the one ONNX shape inference finds.
-    model = onnx.shape_inference.infer_shapes(model, strict_mode=True)
-    onnx.checker.check_model(model)
-    return model
-
-
-def build_and_load(graph, params, target: str = TARGET, opt_level: int = 3, **ctx_kwargs):
-    """Build `graph` under PassContext(opt_level, **ctx_kwargs), export a .so, load
-    it and return (GraphModule, factory)."""
-    from pipeline import build
-    from pipeline.runtime import GraphModule, load_module
-    from pipeline.transform import PassContext
-
-    with PassContext(opt_level=opt_level, **ctx_kwargs):
-        factory = build(graph, target=target, params=params)
-    path = factory.export_library(_lib_path())
-    return GraphModule(load_module(path)["default"]()), factory
-
-
-def run_graph(graph, params, inputs: dict, **kwargs) -> list[np.ndarray]:
-    gmod, _ = build_and_load(graph, params, **kwargs)
-    gmod.run(**inputs)
-    return [gmod.get_output(k) for k in range(gmod.get_num_outputs())]
-
-
-def run_ours(model, inputs: dict, opt_level: int = 3, shape=None, **kwargs) -> list[np.ndarray]:
-    """Outputs of `model` compiled by the pipeline, in graph-output order."""
-    from pipeline.frontend import from_onnx
-
-    graph, params = from_onnx(model, shape=shape)
-    return run_graph(graph, params, inputs, opt_level=opt_level, **kwargs)
-
-
-def run_ort(model, inputs: dict) -> list[np.ndarray]:
-    """Reference outputs from onnxruntime (CPU, graph optimisations off)."""
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(model.SerializeToString(), opts,
-                                providers=["CPUExecutionProvider"])
-    return sess.run(None, inputs)
-
-
-def assert_matches_ort(model, inputs: dict, opt_level: int = 3, rtol: float = RTOL,
-                       atol: float = ATOL, **kwargs) -> None:
-    want = run_ort(model, inputs)
-    got = run_ours(model, inputs, opt_level=opt_level, **kwargs)
-    assert len(got) == len(want)
-    for g, w in zip(got, want, strict=True):
-        assert g.shape == w.shape
-        np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
+    remove_libraries()

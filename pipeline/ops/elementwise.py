@@ -43,7 +43,7 @@ def _binary(allowed: tuple[str, ...], result: str | None = None):
     return infer
 
 
-# Samples for tests/test_registry_ops.py, (rng, float dtype) -> (inputs, attrs): the
+# Samples for tests/ops/test_registry_ops.py, (rng, float dtype) -> (inputs, attrs): the
 # second operand broadcasts along the first's leading dim and stays away from 0.
 def _floats(rng, dtype: str, shape: tuple[int, ...], low: float = -2.0, high: float = 2.0):
     return rng.uniform(low, high, shape).astype(dtype)

@@ -44,7 +44,7 @@ def register_remap(name: str, infer, tables_of, sample=None) -> None:
 
 
 def _sample(shape: tuple[int, ...], **attrs):
-    """A sample (tests/test_registry_ops.py): one float input of `shape`, `attrs`."""
+    """A sample (tests/ops/test_registry_ops.py): one float input of `shape`, `attrs`."""
     return lambda rng, dtype: ([rng.uniform(-2, 2, shape).astype(dtype)], attrs)
 
 

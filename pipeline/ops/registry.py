@@ -7,7 +7,7 @@ with:
     the kernel before them; anchor ops start a kernel and accept an epilogue;
     opaque ops form a kernel of their own,
   - optionally `numpy`, used by constant folding (and, with `sample`, the
-    reference tests/test_registry_ops.py compares the kernel with),
+    reference tests/ops/test_registry_ops.py compares the kernel with),
   - whether its lowering handles float64 (`float64=True`); a float64 input to
     any other operator is a ModelError naming the node (infer_types).
 

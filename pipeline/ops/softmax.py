@@ -46,7 +46,7 @@ def _hardmax_numpy(xs, node):
     return [hit.reshape(xs[0].shape).astype(xs[0].dtype)]
 
 
-def _sample(rng, dtype):  # tests/test_registry_ops.py
+def _sample(rng, dtype):  # tests/ops/test_registry_ops.py
     return [rng.uniform(-3, 3, (2, 3, 4)).astype(dtype)], {"axis": 1, "flatten": 0}
 
 

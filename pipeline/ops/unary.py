@@ -96,7 +96,7 @@ for _name, (_onnx, _since, _np) in TRIG.items():
     UNARY[_name] = lambda x, n, f=_np: f(x)
 
 
-# Sample input ranges (the function's domain; default [-2, 2]) for tests/test_registry_ops.py.
+# Sample input ranges (the function's domain; default [-2, 2]) for tests/ops/test_registry_ops.py.
 _DOMAIN = {"log": (0.1, 3), "sqrt": (0.1, 3), "reciprocal": (0.5, 2), "acosh": (1.1, 3),
            "asin": (-0.9, 0.9), "acos": (-0.9, 0.9), "atanh": (-0.9, 0.9), "tan": (-1.2, 1.2)}
 

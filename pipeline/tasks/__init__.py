@@ -151,7 +151,7 @@ def _write_traceback(task_name: str) -> str:
     return log
 
 
-# Fault injection for tests/test_reliability.py: PIPELINE_TEST_KILL_AT=<task-name
+# Fault injection for tests/build_system/test_reliability.py: PIPELINE_TEST_KILL_AT=<task-name
 # prefix>[:before] makes the process running that task SIGKILL itself after the
 # stage wrote its outputs (or before it starts), the way a power cut or the OOM
 # killer would end a build: no cleanup, no doit database written.

@@ -7,7 +7,7 @@
 every kernel with llvmlite, links a shared library with cc, dlopens it and
 runs it in the graph executor. The module itself is an onnx backend module
 (`prepare`, `run_model`, `run_node`, `supports_device`), so onnx's backend test
-runner can drive it (tests/test_onnx_backend.py).
+runner can drive it (tests/tools/test_onnx_backend.py).
 
 Our compiler is static-shape: an input with a symbolic dimension, or an input
 that an operator needs at build time (a Reshape's shape, Slice's starts, Pad's

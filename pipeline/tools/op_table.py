@@ -3,7 +3,7 @@ registry (what each converter declares at its `onnx_op` registration).
 
     python -m pipeline.tools.op_table > docs/operators.md
 
-tests/test_docs.py fails when the file differs from `render_operator_table()`.
+tests/unit/test_docs.py fails when the file differs from `render_operator_table()`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ _HEADER = f"""# Supported ONNX operators
 
 Generated from the converter registry, do not edit by hand: after changing a
 converter, run `{REGENERATE}`
-(`tests/test_docs.py` fails when this file is stale). Each row is one ONNX operator
+(`tests/unit/test_docs.py` fails when this file is stale). Each row is one ONNX operator
 type, as its converters declare it at registration (`onnx_op(op_type, since,
 emits=..., build_time_inputs=..., limits=...)`):
 

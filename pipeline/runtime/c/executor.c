@@ -7,7 +7,7 @@
  * `int32_t f(void **args)` (inputs then outputs) or a copy. Every count,
  * offset, index and size read from the blob is checked before use, so a
  * truncated or corrupted blob gives an error message, never a crash
- * (tests/fuzz_blob.c fuzzes exactly this reader).
+ * (tests/runtime/fuzz_blob.c fuzzes exactly this reader).
  *
  * The blob's sha256 and the library's code digest (the blob's trailer) are
  * checked by the Python loader, not here: the structure is validated field by

@@ -1,0 +1,161 @@
+"""Under load: many threads running one library, and many executors created and
+dropped, give the right outputs and leak nothing.
+
+PIPELINE_LOAD_SECONDS (default 10) sets how long the threads run; by hand:
+    PIPELINE_LOAD_SECONDS=60 python -m pytest -q tests/runtime/test_load.py
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+import time
+import weakref
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pipeline
+from pipeline.runtime import GraphModule, load_module
+from tests.support.onnx_models import tiny_convnet
+
+SECONDS = float(os.environ.get("PIPELINE_LOAD_SECONDS", "10"))
+THREADS = 8
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process (Linux /proc)."""
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory) -> tuple:
+    """(the loaded tiny library, its ONNX path)."""
+    d = tmp_path_factory.mktemp("load")
+    tiny_convnet(d / "tiny.onnx")
+    graph, params = pipeline.frontend.from_onnx(d / "tiny.onnx")
+    factory = pipeline.build(graph, target="llvm -mcpu=native", params=params)
+    return load_module(factory.export_library(d / "tiny.so")), d / "tiny.onnx"
+
+
+@pytest.mark.slow  # SECONDS of running, 12 s in all by default
+def test_threads_running_one_library_agree_with_one_thread(lib):
+    module, onnx_path = lib
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal((1, 3, 16, 16), dtype=np.float32) for _ in range(THREADS)]
+    single = GraphModule(module["default"]())
+    expected = []
+    for x in inputs:
+        single.run(x=x)
+        expected.append(single.get_output(0))
+    ort = pytest.importorskip("onnxruntime")
+    session = ort.InferenceSession(str(onnx_path))
+    for x, y in zip(inputs, expected, strict=True):  # the single thread is right, too
+        np.testing.assert_allclose(y, session.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
+
+    stop, warm = threading.Event(), threading.Barrier(THREADS + 1)
+    runs, errors = [0] * THREADS, []
+
+    def worker(k: int) -> None:
+        try:
+            m = GraphModule(module["default"]())  # every thread its own executor
+            m.set_input("x", inputs[k])
+            m.run()
+            warm.wait()
+            while not stop.is_set():
+                m.run()
+                got = m.get_output(0)
+                if not np.array_equal(got, expected[k]):
+                    errors.append(f"thread {k}, run {runs[k]}: {got} != {expected[k]}")
+                    return
+                runs[k] += 1
+        except Exception as err:  # noqa: BLE001 - reported by the main thread
+            errors.append(f"thread {k}: {err!r}")
+            warm.abort()
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(THREADS)]
+    for t in threads:
+        t.start()
+    warm.wait()
+    time.sleep(min(2.0, SECONDS / 5))  # warm-up: allocator pools, OpenMP teams
+    rss_warm = rss_bytes()
+    time.sleep(SECONDS - min(2.0, SECONDS / 5))
+    rss_end = rss_bytes()
+    stop.set()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    assert all(n > 0 for n in runs), runs
+    growth = rss_end - rss_warm
+    print(f"\n{sum(runs)} runs in {SECONDS:.0f} s on {THREADS} threads; "
+          f"RSS {rss_warm / 2**20:.1f} -> {rss_end / 2**20:.1f} MiB")
+    assert growth < 8 * 2**20, f"RSS grew by {growth / 2**20:.1f} MiB after warm-up"
+
+
+def test_a_thousand_executors_leak_nothing(lib):
+    module, _ = lib
+    x = np.ones((1, 3, 16, 16), np.float32)
+
+    def churn(n: int) -> list[weakref.ref]:
+        refs = []
+        for _ in range(n):
+            executor = module["default"]()
+            m = GraphModule(executor)
+            m.run(x=x)
+            refs.append(weakref.ref(executor))
+        return refs
+
+    churn(100)  # warm-up
+    gc.collect()
+    before = rss_bytes()
+    refs = churn(1000)
+    gc.collect()
+    after = rss_bytes()
+    assert not [r for r in refs if r() is not None], "executors outlive their last reference"
+    # One executor holds ~50 KiB of buffers: 1,000 leaked would be ~50 MiB.
+    assert after - before < 8 * 2**20, f"RSS grew by {(after - before) / 2**20:.1f} MiB"
+
+
+def _mapped_bytes(path: Path) -> int:
+    """Resident bytes of this process's mappings of the file at `path` (/proc smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if line[:1].isdigit() or line[:1] in "abcdef":  # a mapping's header line
+            inside = line.split()[-1] == str(path)
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1]) * 1024
+    return total
+
+
+def test_params_are_held_once(tmp_path):
+    """The loader checks the blob in place and the executor copies each param out of
+    the mapped library giving the file's pages back: 32 MB of weights stay resident
+    once (the executor's copy), not two or three times; pages read again later (the
+    params, a second executor) come back from the file intact."""
+    from onnx import TensorProto, helper, numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    w = np.random.default_rng(3).standard_normal((1024, 8192)).astype(np.float32)  # 32 MiB
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "big",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 1024])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "w")]), opset_imports=[helper.make_opsetid("", 17)])
+    graph, params = pipeline.frontend.from_onnx(model)
+    path = pipeline.build(graph, target="llvm -mcpu=native", params=params).export_library(
+        tmp_path / "big.so")
+    x = np.random.default_rng(4).standard_normal((2, 1024)).astype(np.float32)
+    (want,) = ReferenceEvaluator(model).run(None, {"x": x})
+    module = load_module(path)  # its checksum pass read every page
+    assert _mapped_bytes(Path(path).resolve()) < 4 * 2**20  # of a 32 MiB library
+    first = GraphModule(module["default"]())  # copies the params out
+    assert _mapped_bytes(Path(path).resolve()) < 4 * 2**20
+    first.run(x=x)
+    np.testing.assert_allclose(first.get_output(0), want, rtol=1e-4, atol=1e-3)
+    packed = next(iter(module.params.values()))  # read back from the file's pages
+    assert packed.size == w.size and np.isclose(np.sort(packed.ravel()), np.sort(w.ravel())).all()
+    second = GraphModule(module["default"]())
+    second.run(x=x)
+    np.testing.assert_array_equal(second.get_output(0), first.get_output(0))

@@ -1,0 +1,15 @@
+"""What the tests share; no test module imports another (tests/unit/test_test_imports.py).
+
+- onnx_models: small ONNX models (make_model, rand, tiny_convnet, tiny_bench_model).
+- compare: a model through our pipeline (build, export, load, run) and onnxruntime.
+- doit_runner: `python -m doit` on a folder in a subprocess, as a user runs it.
+- checkouts: a folder with the tiny conv-net and its matrix.yaml.
+- build_outputs: what a build left in out/ (build report, kernel hashes, bytes).
+- op_cases: the operator test cases (also compiled for every CPU by the sweep).
+- nn_cases, fast_kernels: helpers of the neural-network and fast-kernel op tests.
+- toolchains, servers, browser: external tools (skipped when missing, failed under CI).
+"""
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]  # the checkout these tests test

@@ -1,0 +1,1 @@
+"""Operator test cases by family, shared by tests/ops and the CPU sweep."""
