@@ -75,6 +75,18 @@ def ok(tmp: Path, *args: str, env: dict | None = None) -> set[str]:
 
 # -- SIGKILL at each stage ------------------------------------------------------
 
+def killed_build(tmp: Path, at: str) -> tuple[int, str]:
+    """`doit build` in tmp through tests/kill_dodo.py, whose task `at` (a task-name
+    prefix, ":before" to kill before the stage) SIGKILLs its process: (code, output)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PIPELINE_TEST_KILL_AT": at}
+    env.pop("PIPELINE_KERNEL_CACHE", None)
+    dodo = Path(__file__).with_name("kill_dodo.py")
+    proc = subprocess.run([sys.executable, "-m", "doit", "-f", str(dodo),
+                           "-d", str(tmp), "build", "config=matrix.yaml"],
+                          capture_output=True, text=True, env=env, timeout=1800)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
 @pytest.fixture(scope="module")
 def changed_reference(tmp_path_factory) -> dict[str, bytes]:
     """The artifacts of a clean, uninterrupted build of the changed model."""
@@ -90,8 +102,7 @@ def test_sigkill_after_a_stage_then_rebuild(tiny: Path, stage: str, changed_refe
     ok(tiny)
     old = hashes(tiny, "tiny", "llvm")
     tiny_convnet(tiny / "nets" / "tiny.onnx", classes=5)  # the last layer: every stage reruns
-    code, _, out = doit(tiny, "build", "config=matrix.yaml",
-                        env={"PIPELINE_TEST_KILL_AT": stage})
+    code, out = killed_build(tiny, stage)
     assert code == -9, out[-3000:]  # killed by the hook, not failed
     assert not list((tiny / "out").rglob("*.tmp")), "a half-written file was left"
     committed = {p.stem for p in (tiny / "out" / "kernels").glob("*.sha256")}
@@ -115,8 +126,7 @@ def test_sigkill_after_a_stage_then_rebuild(tiny: Path, stage: str, changed_refe
 
 
 def test_sigkill_before_a_kernel_compiles(tiny: Path):
-    code, _, out = doit(tiny, "build", "config=matrix.yaml",
-                        env={"PIPELINE_TEST_KILL_AT": "kernel:before"})
+    code, out = killed_build(tiny, "kernel:before")
     assert code == -9, out[-3000:]
     assert not list((tiny / "out" / "kernels").glob("*.o"))
     executed = ok(tiny)

@@ -35,12 +35,8 @@ from doit.reporter import ConsoleReporter
 
 from pipeline.files import atomic_write
 from pipeline.tasks.explain import reasons
+from pipeline.tasks.paths import BUILD_STAGES, LAST_BUILD, REPORT
 
-REPORT = os.path.join("out", "build-report.json")
-# The same record, of the last run that ran a build stage: `doit report` draws its
-# timeline after validate and bench have replaced build-report.json.
-LAST_BUILD = os.path.join("out", "last-build.json")
-BUILD_STAGES = {"model", "import", "optimize", "kernel", "lib0", "devc", "runtime", "export"}
 # Runs of only these tasks leave the previous report alone (it is what they show).
 READ_ONLY_TASKS = {"explain", "report"}
 
