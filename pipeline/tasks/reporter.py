@@ -10,7 +10,7 @@ process, so this one object sees the whole build. It
     (CI=true, pipes) one quiet line per task run;
   - records, per task run, why it ran (pipeline.tasks.explain), when it started
     and ended (seconds into the build), how long it took, the process that ran
-    it (`worker`, a pid: the stage's values carry it, pipeline.tasks.run_stage)
+    it (`worker`, a pid: the stage's values carry it, pipeline.tasks.run.run_stage)
     and, for optimize, the time of each pass (`passes`);
   - records how each task got its outputs: "computed", "computed on the cluster"
     or "restored from cache (local|remote)" (the action cache), and prints each
