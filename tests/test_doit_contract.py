@@ -26,6 +26,7 @@ from pipeline.tasks import make_tasks
 from pipeline.tasks.checker import BuildChecker
 from pipeline.tasks.config import BuildConfig, ModelEntry, TargetEntry, ValidateOptions
 from pipeline.tasks.explain import options_changed, reasons
+from pipeline.tasks.paths import BUILD_STAGES
 from pipeline.tasks.reporter import BuildReporter
 from pipeline.tasks.run import run_stage
 
@@ -139,8 +140,7 @@ def test_create_after_marks_the_creator_and_the_loader_keeps_our_order(creators)
     # doit sorts the creators by the source line they are defined on; make_tasks'
     # bound creators share one, so the (stable) sort keeps the pipeline order.
     assert [t.name for t in tasks if t.subtask_of is None] == [
-        "model", "import", "optimize", "kernel", "lib0", "devc", "runtime", "export",
-        "build", "validate", "conformance", "bench", "report", "explain", "gc"]
+        *BUILD_STAGES, "build", "validate", "conformance", "bench", "report", "explain", "gc"]
     kernel = next(t for t in tasks if t.name == "kernel")
     assert kernel.loader.creator is creators["task_kernel"]
     assert kernel.loader.task_dep == "optimize"

@@ -36,12 +36,14 @@ and .so, and no other target's.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pipeline.tasks.config import BuildConfig, ModelEntry, TargetEntry
-from pipeline.tasks.creators import check, housekeeping, link, models, optimize
-from pipeline.tasks.selection import select
+from pipeline.tasks.creators import check, housekeeping, link, model, optimize
+from pipeline.tasks.selection import Selection, select
 from pipeline.tasks.tiered import CacheSettings
 
-FAMILIES = (models, optimize, link, check, housekeeping)  # pipeline order
+FAMILIES = (model, optimize, link, check, housekeeping)  # pipeline order
 
 
 def make_tasks(config: BuildConfig | None, models: list[ModelEntry],
@@ -59,7 +61,7 @@ def make_tasks(config: BuildConfig | None, models: list[ModelEntry],
     return {fn.__name__: _bound(fn, sel) for family in FAMILIES for fn in family.CREATORS}
 
 
-def _bound(creator, sel):
+def _bound(creator: Callable[[Selection], object], sel: Selection) -> Callable[[], object]:
     """`creator` of `sel` as doit calls it (no arguments), with its docstring (doit's
     task doc) and its create_after mark."""
     # doit orders creators by the source line they are defined on (a stable sort):

@@ -7,7 +7,7 @@ import dataclasses
 
 from pipeline.tasks import gc, lazy
 from pipeline.tasks.config import BuildConfig
-from pipeline.tasks.creators import check, link, models, optimize
+from pipeline.tasks.creators import check, link, model, optimize
 from pipeline.tasks.paths import CACHED_STAGES, OUT, SPECS, artifacts, path
 from pipeline.tasks.reporter import print_report
 from pipeline.tasks.run import run_stage
@@ -56,7 +56,7 @@ def current_keys(config: BuildConfig, settings: CacheSettings) -> set[str]:
     a task whose inputs are missing (never built) has none."""
     sel = select(config, list(config.models.values()), list(config.targets.values()),
                  dataclasses.replace(settings, dask=None))
-    creators = {fn.__name__: fn for family in (models, optimize, link, check)
+    creators = {fn.__name__: fn for family in (model, optimize, link, check)
                 for fn in family.CREATORS}
     keys = set()
     for stage in CACHED_STAGES:
