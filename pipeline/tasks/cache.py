@@ -14,53 +14,31 @@ Every file is written atomically (temp file + rename), so a reader never sees
 half a file; an object is linked only if its checksum matches, so a corrupted
 or truncated entry, or a foreign one (another kernel's object and checksum
 copied under this hash: the hash is in the checksum), is rebuilt from its spec
-instead of linked. The location is
-`cache=DIR` on the doit command line, else $PIPELINE_KERNEL_CACHE, else
-out/kernels. The action cache (ac/, cas/: pipeline.tasks.action_cache) lives
-in the same folder.
+instead of linked. The location is `cache=DIR` on the doit command line, else
+$PIPELINE_KERNEL_CACHE, else out/kernels (pipeline.tasks.paths.cache_dir). The
+action cache (ac/, cas/: pipeline.tasks.action_cache) lives in the same folder.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
-import warnings
 from pathlib import Path
 
 from pipeline.errors import PipelineError
 from pipeline.files import atomic_write
 from pipeline.tasks import lazy
+from pipeline.tasks.cluster import compile_remotely
+from pipeline.tasks.compile_job import compile_spec
+from pipeline.tasks.paths import ir_path
+from pipeline.tasks.tiered import materialize
 
-DEFAULT = os.path.join("out", "kernels")
-ENV = "PIPELINE_KERNEL_CACHE"
 SUFFIXES = (".json", ".ll", ".o", ".sha256")
-
-
-def cache_dir(override: str | None = None) -> str:
-    """The cache folder: the command-line override, the environment, or the default."""
-    return os.path.normpath(override or os.environ.get(ENV) or DEFAULT)
 
 
 def entry_path(root: str, kernel_hash: str, suffix: str) -> str:
     return os.path.join(root, kernel_hash + suffix)
-
-
-def listed_kernels(kernels_json: str) -> list[dict]:
-    """The kernels an entry's kernels.json lists: [{"hash", "symbol"}, ...] in link order."""
-    return json.loads(Path(kernels_json).read_text())["kernels"]
-
-
-def spec_path(specs_dir: str, kernel_hash: str) -> str:
-    """Where optimize writes a kernel's spec (out/specs): the kernel task's input."""
-    return os.path.normpath(os.path.join(specs_dir, kernel_hash + ".json"))
-
-
-def ir_path(spec: str) -> str:
-    """The LLVM IR beside a spec file (<hash>.ll next to <hash>.json): optimize
-    renders each kernel once and writes it to out/specs, the kernel task compiles it."""
-    return os.path.splitext(spec)[0] + ".ll"
 
 
 def read_ir(path: str, symbol: str) -> str | None:
@@ -131,8 +109,6 @@ def compile_entry(root: str, kernel_hash: str, spec_path: str | None = None,
         raise CacheError(f"{spec_path}: holds the spec of kernel {spec.hash}, not "
                          f"{kernel_hash}; delete it and rerun the build")
     if dask:  # the worker renders: its files are not ours
-        from pipeline.tasks.cluster import compile_remotely
-
         text, obj, notes = compile_remotely(dask, spec_text)
     else:
         text, obj, notes = compile_spec(spec_text, read_ir(ir_path(spec_path), spec.symbol))
@@ -143,20 +119,6 @@ def compile_entry(root: str, kernel_hash: str, spec_path: str | None = None,
     lazy.drop(entry_path(root, kernel_hash, s) for s in SUFFIXES)
     return {"compiled": "cluster" if dask else True,
             **({"note": "; ".join(notes)} if notes else {})}
-
-
-def compile_spec(spec_json: str, ir: str | None = None) -> tuple[str, bytes, list[str]]:
-    """A pure function: a kernel spec (JSON text) and its IR if rendered already
-    (None: render it) -> (LLVM IR text, object bytes, the compiler's fallback
-    notes). What a cluster worker runs (pipeline.tasks.cluster)."""
-    from pipeline.codegen.compile import CompileWarning
-    from pipeline.driver.build import compile_kernel
-    from pipeline.lower.kernel import KernelSpec
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", CompileWarning)
-        text, obj = compile_kernel(KernelSpec.from_json(spec_json), ir)
-    return text, obj, [str(w.message) for w in caught if issubclass(w.category, CompileWarning)]
 
 
 def _copy_spec(root: str, kernel_hash: str, spec_path: str) -> None:
@@ -171,8 +133,6 @@ def object_for_link(root: str, kernel_hash: str,
     """(path of a valid object for `kernel_hash`, whether it had to be compiled now):
     a corrupted, truncated, foreign or missing entry is recompiled. Its time stamp
     is refreshed so garbage collection sees the use."""
-    from pipeline.tasks.tiered import materialize
-
     if not is_valid(root, kernel_hash):  # a cache hit may have left it in the cache
         for suffix in (".o", ".sha256"):
             materialize(entry_path(root, kernel_hash, suffix), recompute=False)

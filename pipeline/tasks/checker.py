@@ -23,9 +23,10 @@ import os
 
 from doit.dependency import MD5Checker, get_file_md5
 
-from pipeline.tasks import OUT, lazy
+from pipeline.tasks import lazy
+from pipeline.tasks.paths import OUT
 
-ARTIFACTS = OUT + os.sep  # task paths reach us relative and normalised (tasks.path)
+ARTIFACTS = OUT + os.sep  # task paths reach us relative and normalised (paths.path)
 
 
 class BuildChecker(MD5Checker):

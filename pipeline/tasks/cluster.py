@@ -1,7 +1,7 @@
 """Kernel compiles on a Dask `distributed` cluster: `doit build dask=tcp://HOST:8786`.
 
 A kernel compile is a pure function from its spec (JSON text) to (LLVM IR,
-object bytes, notes): pipeline.tasks.cache.compile_spec. doit still
+object bytes, notes): pipeline.tasks.compile_job.compile_spec. doit still
 orchestrates: when the kernel tasks are created, every kernel not yet in the
 cache is submitted at once (`prefetch`), so the cluster compiles them in
 parallel while doit's serial runner walks the tasks; each kernel task then
@@ -24,6 +24,7 @@ import json
 import os
 
 from pipeline.errors import PipelineError
+from pipeline.tasks.compile_job import compile_spec
 
 CONNECT_TIMEOUT = 10.0   # seconds to reach the scheduler
 RESULT_TIMEOUT = 600.0   # seconds for one kernel's compile, queueing included
@@ -62,8 +63,6 @@ def prefetch(address: str, specs: list[str]) -> None:
     """Submit the compiles of `specs` (JSON texts) so the cluster starts on all of them.
     An unreachable scheduler is left for the kernel tasks to report (one line each
     task that needs it), not raised while doit creates the tasks."""
-    from pipeline.tasks.cache import compile_spec
-
     try:
         c = client(address)
     except ClusterError:
@@ -77,8 +76,6 @@ _PENDING: dict[str, object] = {}
 
 def compile_remotely(address: str, spec_json: str) -> tuple[str, bytes, list[str]]:
     """compile_spec(spec_json), run on the cluster; ClusterError in one line."""
-    from pipeline.tasks.cache import compile_spec
-
     key = _key(spec_json)
     future = _PENDING.pop(key, None) if os.getpid() == _OWNER else None
     try:

@@ -5,7 +5,8 @@
       resnet18_b8: {generator: resnet18, args: {batch: 8}}   # with arguments
       mynet:
         path: nets/mynet.onnx                           # relative to this file
-      squeezenet: {path: "onnx-light:squeezenet"}       # the onnx wheel's light zoo
+      squeezenet:
+        path: "onnx-light:squeezenet"                   # the onnx wheel's light zoo
         random_weights: 0                               # seeded weights (models/reweight.py)
         inputs: {input.1: [1, 3, 224, 224]}             # optional shape overrides
         validate: {rtol: 1.0e-3}                        # optional overrides

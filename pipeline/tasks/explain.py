@@ -20,6 +20,7 @@ import os
 from doit.tools import config_changed
 
 from pipeline.tasks import lazy
+from pipeline.tasks.paths import OUT
 
 # Option keys that describe the machine rather than the passes.
 TARGET_KEYS = {"target", "resolved"}
@@ -84,7 +85,7 @@ def classify(path: str) -> str:
         return "kernel list"
     if name.endswith(".json") and "kernels" in parts:
         return "kernel spec"
-    if parts[0] == "out":
+    if parts[0] == OUT:
         return "upstream artifact"
     return "input file"
 

@@ -35,13 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.files import atomic_write
+from pipeline.tasks.paths import MARKERS
 
-ROOT = os.path.join("out", ".remote")
-PRODUCERS = os.path.join(ROOT, "producers")
+PRODUCERS = os.path.join(MARKERS, "producers")
 
 
 def marker_path(path: str) -> str:
-    return os.path.join(ROOT, hashlib.sha256(os.path.abspath(path).encode()).hexdigest()
+    return os.path.join(MARKERS, hashlib.sha256(os.path.abspath(path).encode()).hexdigest()
                         + ".json")
 
 
@@ -86,7 +86,7 @@ def read(path: str) -> dict | None:
 def markers() -> list[dict]:
     """Every marker of this checkout."""
     found = []
-    for p in Path(ROOT).glob("*.json") if os.path.isdir(ROOT) else ():
+    for p in Path(MARKERS).glob("*.json") if os.path.isdir(MARKERS) else ():
         with contextlib.suppress(FileNotFoundError, ValueError):
             found.append(json.loads(p.read_text()))
     return found

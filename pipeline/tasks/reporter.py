@@ -10,7 +10,7 @@ process, so this one object sees the whole build. It
     (CI=true, pipes) one quiet line per task run;
   - records, per task run, why it ran (pipeline.tasks.explain), when it started
     and ended (seconds into the build), how long it took, the process that ran
-    it (`worker`, a pid: the stage's values carry it, pipeline.tasks.run_stage)
+    it (`worker`, a pid: the stage's values carry it, pipeline.tasks.run.run_stage)
     and, for optimize, the time of each pass (`passes`);
   - records how each task got its outputs: "computed", "computed on the cluster"
     or "restored from cache (local|remote)" (the action cache), and prints each
@@ -35,12 +35,8 @@ from doit.reporter import ConsoleReporter
 
 from pipeline.files import atomic_write
 from pipeline.tasks.explain import reasons
+from pipeline.tasks.paths import BUILD_STAGES, LAST_BUILD, REPORT
 
-REPORT = os.path.join("out", "build-report.json")
-# The same record, of the last run that ran a build stage: `doit report` draws its
-# timeline after validate and bench have replaced build-report.json.
-LAST_BUILD = os.path.join("out", "last-build.json")
-BUILD_STAGES = {"model", "import", "optimize", "kernel", "lib0", "devc", "runtime", "export"}
 # Runs of only these tasks leave the previous report alone (it is what they show).
 READ_ONLY_TASKS = {"explain", "report"}
 

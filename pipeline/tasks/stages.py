@@ -26,14 +26,8 @@ from pipeline.link.cc import link_relocatable
 from pipeline.lower.kernel import KernelSpec
 from pipeline.runtime.metadata import kernel_metadata
 from pipeline.runtime.params import load_params, param_chunks
-from pipeline.tasks.cache import (
-    entry_ir,
-    ir_path,
-    listed_kernels,
-    object_for_link,
-    read_ir,
-    spec_path,
-)
+from pipeline.tasks.cache import entry_ir, object_for_link, read_ir
+from pipeline.tasks.paths import SPECS, ir_path, listed_kernels, spec_path
 from pipeline.transform import PassContext, PassTimingInstrument
 
 
@@ -114,7 +108,7 @@ def _rendered(spec: KernelSpec, spec_dir: str, cache: str | None) -> str | None:
 
 
 def link_lib0(kernels_path: str, cache: str, lib0_path: str, cc: str | None = None,
-              specs: str = "out/specs") -> dict:
+              specs: str = SPECS) -> dict:
     """All of a model's kernel objects -> one relocatable lib0.o (`cc -r`, cc the
     target's compiler, None for the host's), in the manifest's order (symbol
     order, as export_library links them).

@@ -3,8 +3,9 @@
 
 `CacheSettings` is what the doit command line and the config decide (cache=,
 cache_url=, cache_upload=, cache_timeout=, actions=); `Action` is one task's
-description of what decides its outputs. Both are plain picklable values: they
-travel with the task's action into `doit -n` workers.
+description of what decides its outputs; `CachedRun` pairs them for one task.
+All are plain picklable values: they travel with the task's action into
+`doit -n` workers.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 
 from pipeline.tasks import action_cache as ac
 from pipeline.tasks import lazy
-from pipeline.tasks.cache import ir_path, listed_kernels, spec_path
+from pipeline.tasks.paths import cache_dir, ir_path, listed_kernels, spec_path
 from pipeline.tasks.remote import HttpCache
 
 
@@ -69,12 +70,20 @@ class Action:
         return out
 
 
+@dataclass(frozen=True)
+class CachedRun:
+    """A task's part in the action cache, carried by doit's action to run_stage
+    (its `cached` keyword) and read by name: what decides the task's outputs
+    and the tiers that may hold them."""
+    action: Action
+    settings: CacheSettings
+
+
 def settings_from(section: dict, get_var) -> CacheSettings:
     """The settings from the config's `cache:` section and the doit variables
     (`get_var(name, default)`), which win: cache=, cache_url=, cache_upload=,
     cache_timeout=, actions=, dask=, downloads=. ConfigError on a malformed value."""
     from pipeline.errors import ConfigError
-    from pipeline.tasks.cache import cache_dir
 
     def flag(name: str, default: bool) -> bool:
         value = get_var(name, None)

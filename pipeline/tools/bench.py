@@ -56,7 +56,7 @@ from pipeline.frontend.onnx.shapes import with_input_shapes
 from pipeline.runtime import GraphModule, load_module
 from pipeline.runtime.profile import format_profile, profile_nodes
 from pipeline.tools.bench_runner import PEERS
-from pipeline.tools.bench_table import format_report, summarize
+from pipeline.tools.bench_table import format_report
 from pipeline.tools.on_target import require_run, run_on_target
 from pipeline.tools.peak import best_peak_gflops, best_read_gbps, core_to_core_ns
 from pipeline.tools.validate import random_inputs
@@ -64,9 +64,7 @@ from pipeline.tools.validate import random_inputs
 _ROOT = str(Path(__file__).resolve().parents[2])  # holds pipeline/: the runner's code
 
 
-# format_report and summarize live in bench_table; `tools.bench:summarize` is doit's stage.
-__all__ = ["BenchError", "bench_library", "bench_emulated", "format_report", "memory_plan",
-           "model_flops", "summarize"]
+__all__ = ["BenchError", "bench_library", "bench_emulated", "memory_plan", "model_flops"]
 
 
 class BenchError(PipelineError):

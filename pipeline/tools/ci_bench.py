@@ -28,6 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from pipeline.tasks.paths import DEFAULT_CACHE
 from pipeline.tools.rebuild_bench import REPO, run_doit
 from pipeline.tools.servers import dask_cluster, nginx
 
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             cold, _ = step("cold build, serial (uploads to the remote cache)", "cold",
                            f"cache_url={url}")
             step("fresh clone, warm local cache", "local",
-                 f"cache={Path(tmp, 'cold', 'out', 'kernels')}", repeat=args.repeat)
+                 f"cache={Path(tmp, 'cold', DEFAULT_CACHE)}", repeat=args.repeat)
             remote_s, remote = step("fresh clone, only the remote cache warm", "remote",
                                     f"cache_url={url}", repeat=args.repeat)
             step("cold build, kernels on Dask (2 local workers)", "dask", f"dask={address}")

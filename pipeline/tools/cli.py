@@ -91,7 +91,8 @@ def compile_model(model: str, output: str, target: str = DEFAULT_TARGET, opt_lev
     from pipeline.frontend import from_onnx
     from pipeline.ir.target import TargetError, parse_target
     from pipeline.link.export import LIBRARY_SUFFIXES, resolve_cc
-    from pipeline.tasks.cache import cache_dir, entry_ir, entry_path, is_valid, object_for_link
+    from pipeline.tasks.cache import entry_ir, entry_path, is_valid, object_for_link
+    from pipeline.tasks.paths import cache_dir
     from pipeline.transform import PassContext
 
     start = time.perf_counter()

@@ -27,6 +27,7 @@ from unittest import mock
 
 import onnx
 
+from pipeline.tasks.paths import OUT
 from pipeline.tools.backend import PipelineBackend, unsupported
 
 SUITES = ("Node", "Simple", "PyTorchConverted", "PyTorchOperator")
@@ -243,7 +244,7 @@ def render_markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(out_dir: str | Path = "out", suites=REPORT_SUITES,
+def write_report(out_dir: str | Path = OUT, suites=REPORT_SUITES,
                  opt_levels=OPT_LEVELS) -> dict:
     """Run the suites and write <out_dir>/conformance.json and conformance.md."""
     report = run_suites(suites, opt_levels)

@@ -30,6 +30,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from pipeline.tasks.paths import REPORT
+
 REPO = Path(__file__).resolve().parents[2]  # the checkout: pipeline/tools/ is two below
 TARGET = '{target: "llvm -mcpu=native", opt_level: 3}'
 
@@ -50,7 +52,7 @@ def run_doit(folder: Path, *args: str) -> tuple[float, dict]:
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         sys.exit(f"doit failed in {folder}:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    return seconds, json.loads((folder / "out" / "build-report.json").read_text())
+    return seconds, json.loads((folder / REPORT).read_text())
 
 
 def kernels(report: dict) -> tuple[int, int]:
@@ -116,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
                      statistics.median(s for s, _ in noop), *kernels(noop[-1][1])))
         perturb_weights(serial / f"{args.model}.onnx")
         weights = step("(a) weight change", serial)
-        weight_tasks = json.loads((serial / "out" / "build-report.json").read_text())
+        weight_tasks = json.loads((serial / REPORT).read_text())
         write_matrix(serial, args.model, '  llvm: {target: "llvm -mcpu=native", '
                      "opt_level: 3, config: {FuseOps.max_depth: 2}}\n")
         step("(b) pass option FuseOps.max_depth 256 -> 2", serial)

@@ -44,12 +44,12 @@ def test_killing_a_worker_mid_build_ends_correct_or_one_error(tmp_path: Path):
     slow.mkdir()
     (slow / "sitecustomize.py").write_text(textwrap.dedent("""
         import time
-        import pipeline.tasks.cache as cache
-        _compile = cache.compile_spec
+        import pipeline.tasks.compile_job as compile_job
+        _compile = compile_job.compile_spec
         def compile_spec(spec):
             time.sleep(1.0)
             return _compile(spec)
-        cache.compile_spec = compile_spec
+        compile_job.compile_spec = compile_spec
         """))
     folder = tiny_checkout(tmp_path / "w")
     with dask_cluster(tmp_path, REPO, worker_path=str(slow)) as (address, workers):

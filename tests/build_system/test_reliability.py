@@ -77,6 +77,15 @@ def ok(tmp: Path, *args: str, env: dict | None = None) -> set[str]:
 
 # -- SIGKILL at each stage ------------------------------------------------------
 
+def killed_build(tmp: Path, at: str) -> tuple[int, str]:
+    """`doit build` in tmp through kill_dodo.py beside this file, whose task `at` (a
+    task-name prefix, ":before" to kill before the stage) SIGKILLs its process:
+    (code, output)."""
+    code, _, out = doit(tmp, "build", "config=matrix.yaml", dodo=Path(__file__).with_name(
+        "kill_dodo.py"), env={"PIPELINE_TEST_KILL_AT": at})
+    return code, out
+
+
 @pytest.fixture(scope="module")
 def changed_reference(tmp_path_factory) -> dict[str, bytes]:
     """The artifacts of a clean, uninterrupted build of the changed model."""
@@ -92,8 +101,7 @@ def test_sigkill_after_a_stage_then_rebuild(tiny: Path, stage: str, changed_refe
     ok(tiny)
     old = hashes(tiny, "tiny", "llvm")
     tiny_convnet(tiny / "nets" / "tiny.onnx", classes=5)  # the last layer: every stage reruns
-    code, _, out = doit(tiny, "build", "config=matrix.yaml",
-                        env={"PIPELINE_TEST_KILL_AT": stage})
+    code, out = killed_build(tiny, stage)
     assert code == -9, out[-3000:]  # killed by the hook, not failed
     assert not list((tiny / "out").rglob("*.tmp")), "a half-written file was left"
     committed = {p.stem for p in (tiny / "out" / "kernels").glob("*.sha256")}
@@ -117,8 +125,7 @@ def test_sigkill_after_a_stage_then_rebuild(tiny: Path, stage: str, changed_refe
 
 
 def test_sigkill_before_a_kernel_compiles(tiny: Path):
-    code, _, out = doit(tiny, "build", "config=matrix.yaml",
-                        env={"PIPELINE_TEST_KILL_AT": "kernel:before"})
+    code, out = killed_build(tiny, "kernel:before")
     assert code == -9, out[-3000:]
     assert not list((tiny / "out" / "kernels").glob("*.o"))
     executed = ok(tiny)

@@ -14,8 +14,9 @@ from tests.support import REPO
 
 
 def doit_process(folder: Path, *args: str, repo: Path = REPO, env: dict | None = None,
-                 **popen_kwargs) -> subprocess.Popen:
+                 dodo: Path | None = None, **popen_kwargs) -> subprocess.Popen:
     """Start doit of `repo` on `folder` with `args`; returns the running process.
+    `dodo`: another dodo file than the repo's (a test's wrapper of it).
 
     The child sees this environment with PYTHONPATH=repo and no
     PIPELINE_KERNEL_CACHE (each test decides where its cache is), then `env`
@@ -28,17 +29,17 @@ def doit_process(folder: Path, *args: str, repo: Path = REPO, env: dict | None =
             child_env.pop(key, None)
         else:
             child_env[key] = value
-    return subprocess.Popen([sys.executable, "-m", "doit", "-f", str(repo / "dodo.py"),
+    return subprocess.Popen([sys.executable, "-m", "doit", "-f", str(dodo or repo / "dodo.py"),
                              "-d", str(folder), *args], env=child_env, **popen_kwargs)
 
 
 def doit(folder: Path, *args: str, repo: Path = REPO, env: dict | None = None,
-         timeout: float = 1800) -> tuple[int, set[str], str]:
+         dodo: Path | None = None, timeout: float = 1800) -> tuple[int, set[str], str]:
     """Run doit on `folder` to the end (doit_process); returns (exit code, executed
     task names, stdout followed by stderr)."""
     report = folder / "out" / "build-report.json"
     stamp = report.stat().st_mtime_ns if report.exists() else None
-    with doit_process(folder, *args, repo=repo, env=env, stdout=subprocess.PIPE,
+    with doit_process(folder, *args, repo=repo, env=env, dodo=dodo, stdout=subprocess.PIPE,
                       stderr=subprocess.PIPE, text=True) as proc:
         try:
             stdout, stderr = proc.communicate(timeout=timeout)

@@ -17,7 +17,8 @@ import onnx
 import pytest
 
 from pipeline.tools import bench
-from pipeline.tools.bench import bench_library, summarize
+from pipeline.tools.bench import bench_library
+from pipeline.tools.bench_table import summarize
 from tests.support import REPO
 from tests.support.onnx_models import tiny_bench_model
 

@@ -13,7 +13,8 @@ from onnx import helper
 
 from pipeline.runtime.profile import NodeTime, format_profile, profile_nodes
 from pipeline.tools import bench
-from pipeline.tools.bench import BenchError, bench_library, summarize
+from pipeline.tools.bench import BenchError, bench_library
+from pipeline.tools.bench_table import summarize
 from pipeline.tools.peak import _cpu_name, best_read_gbps, measure_read_gbps
 from tests.support.onnx_models import make_model, rand
 

@@ -18,7 +18,7 @@ from pipeline.lower.cost import stack_bytes
 from pipeline.lower.kernel import KernelSpec
 from pipeline.runtime import load_module
 from pipeline.runtime.metadata import kernel_metadata
-from pipeline.tasks import cache, stages
+from pipeline.tasks import cache, paths, stages
 from pipeline.transform import PassContext
 from tests.support.compare import build_and_load
 from tests.support.onnx_models import make_model, rand
@@ -162,11 +162,11 @@ def test_optimize_renders_once_and_the_kernel_compile_uses_its_ir(tmp_path, monk
         raise AssertionError(f"rendered {spec.symbol} again")
     monkeypatch.setattr(build_module, "render", no_render)
     for k in kernels:
-        spec = cache.spec_path(str(specs), k["hash"])
+        spec = paths.spec_path(str(specs), k["hash"])
         assert cache.compile_entry(root, k["hash"], spec)["compiled"] is True
         assert cache.is_valid(root, k["hash"])
         assert open(cache.entry_path(root, k["hash"], ".ll")).read() == open(
-            cache.ir_path(spec)).read()
+            paths.ir_path(spec)).read()
     assert optimize("again") == kernels  # the IR in out/specs
     for p in specs.glob("*.ll"):
         p.unlink()

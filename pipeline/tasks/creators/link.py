@@ -1,0 +1,85 @@
+"""The link family: an entry's kernel objects into lib0.o (lib0), its graph and
+params into devc.o (devc), each target's C runtime (runtime), the shared library
+(export), and `build`, every selected entry's library."""
+
+from __future__ import annotations
+
+import os
+
+from pipeline.link.runtime_c import C_SOURCES
+from pipeline.tasks.explain import options_changed
+from pipeline.tasks.paths import SPECS, artifacts, runtime_artifacts
+from pipeline.tasks.selection import Selection, code_of
+
+
+def task_lib0(sel: Selection):
+    """Combine an entry's kernel objects into lib0.o."""
+    # A corrupted cache entry is recompiled while linking (cache.compile_entry),
+    # but what that compiles is named by the kernel's hash in kernels.json; an
+    # object a cache hit left in the cache comes down verified by its digest.
+    lib0_src = code_of("tasks.stages:link_lib0", stop=("tasks.cache:compile_entry",
+                                                       "tasks.tiered:materialize"))
+    for m, t in sel.entries:
+        a, toolchain = artifacts(m, t), sel.toolchain[t.name]
+        # Objects are content-addressed by the hashes kernels.json lists, so
+        # the manifest decides lib0.o; "kernel" orders us after compilation.
+        yield sel.cached_stage(
+            f"{m.name}@{t.name}", "tasks.stages:link_lib0",
+            [a["kernels"], sel.settings.root, a["lib0"], t.cc, SPECS],
+            [a["kernels"], *lib0_src], [a["lib0"]],
+            [options_changed(toolchain, "toolchain"), sel.fetched],
+            extra=toolchain, task_dep=["kernel"])
+
+
+def task_devc(sel: Selection):
+    """Pack graph JSON, params and the kernel list into devc.o."""
+    for m, t in sel.entries:
+        a, packing = artifacts(m, t), sel.packing[t.name]
+        yield sel.cached_stage(
+            f"{m.name}@{t.name}", "tasks.stages:pack_devc",
+            [a["graph_json"], a["params"], a["kernels"], a["devc"], packing["pack"], t.cc],
+            [a["graph_json"], a["params"], a["kernels"], *code_of("tasks.stages:pack_devc")],
+            [a["devc"]], [options_changed(packing, "packing"), sel.fetched], extra=packing)
+
+
+def task_runtime(sel: Selection):
+    """Compile the C executor (linked into every library) and pipeline-run, per
+    target, with the target's cc."""
+    # The C sources are no Python for code_of to follow: listed by hand.
+    runtime_src = [*(os.path.relpath(p) for p in C_SOURCES),
+                   *code_of("tasks.stages:build_runtime")]
+    for t in sel.targets:
+        if t.name not in sel.toolchain:  # no model selected: nothing links an executor
+            continue
+        r = runtime_artifacts(t)
+        yield sel.cached_stage(
+            t.name, "tasks.stages:build_runtime", [r["executor"], r["run"], t.cc],
+            runtime_src, [r["executor"], r["run"]],
+            [options_changed(sel.toolchain[t.name], "toolchain"), sel.fetched],
+            extra=sel.toolchain[t.name])
+
+
+def task_export(sel: Selection):
+    """Link lib0.o, devc.o and the target's executor.o into the model's shared library."""
+    for m, t in sel.entries:
+        a, r = artifacts(m, t), runtime_artifacts(t)
+        yield sel.cached_stage(
+            f"{m.name}@{t.name}", "tasks.stages:export_library",
+            [a["lib0"], a["devc"], r["executor"], a["so"], t.cc],
+            [a["lib0"], a["devc"], r["executor"], *code_of("tasks.stages:export_library")],
+            [a["so"]], [options_changed(sel.toolchain[t.name], "toolchain"), sel.fetched],
+            extra=sel.toolchain[t.name], fetch=(a["so"],))
+
+
+def task_build(sel: Selection):
+    """Build every selected model x target (model=, target=, config= narrow it)."""
+    # The generated models first: doit -n starts tasks in the order it reaches
+    # them, so a big model's generation would otherwise wait behind the runtime
+    # compile, its import behind other models' optimize, and the kernels (created
+    # after the last optimize) for it, one worker idle meanwhile.
+    return {"actions": None,
+            "task_dep": [*(f"model:{m.name}" for m in sel.models if m.written),
+                         *(f"export:{m.name}@{t.name}" for m, t in sel.entries)]}
+
+
+CREATORS = (task_lib0, task_devc, task_runtime, task_export, task_build)
