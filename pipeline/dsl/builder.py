@@ -15,82 +15,30 @@ the named methods here (fadd, select, compare, ...), which also accept Index.
 
 from __future__ import annotations
 
-import math
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import llvmlite.ir as ir
 
+from pipeline.dsl.fastmath import exp_f32
 from pipeline.dsl.index import Index, raw
+from pipeline.dsl.types import (
+    _SIGNED,
+    F32,
+    F64,
+    FAST,
+    FLOATS,
+    HALF,
+    I8,
+    I32,
+    I64,
+    LLVM_TYPES,
+    NARROW,
+    PTR,
+    STORAGE_TYPES,
+    Buffer,
+    _align,
+)
 from pipeline.ir.graph import TensorType
-
-I32 = ir.IntType(32)
-I64 = ir.IntType(64)
-F32 = ir.FloatType()
-F64 = ir.DoubleType()
-FLOATS = (F32, F64)
-PTR = ir.PointerType()
-# Reassociation lets LLVM vectorise reductions; contraction allows FMA. Both
-# change rounding at the 1e-7 level, well inside validation tolerances. We do
-# not allow nnan/ninf: models may legitimately carry inf through max/relu.
-FAST = ("reassoc", "contract", "nsz")
-
-I8 = ir.IntType(8)
-HALF = ir.HalfType()
-
-# What a kernel computes each dtype in (the type of loaded values, constants and
-# temporaries). The narrow dtypes compute wider: float16 in float32 (x86 and RISC-V
-# have no half arithmetic worth using here; F16C / aarch64 convert in one
-# instruction), int8/uint8/int16/uint16 in i32 and uint32 in i64 (sign- or
-# zero-extended, so signed compares, division and sitofp are right for all). Loads
-# widen, stores narrow (round to nearest even, integers wrap), and `narrow` rounds a
-# computed value to its dtype. (No uint64: it would need unsigned instructions.)
-LLVM_TYPES = {"float32": F32, "float64": F64, "int64": I64, "int32": I32, "bool": I8,
-              "float16": F32, "int8": I32, "uint8": I32, "int16": I32, "uint16": I32,
-              "uint32": I64}
-# How each dtype is stored in a buffer.
-STORAGE_TYPES = {**LLVM_TYPES, "float16": HALF, "int8": I8, "uint8": I8,
-                 "int16": ir.IntType(16), "uint16": ir.IntType(16), "uint32": I32}
-NARROW = ("float16", "int8", "uint8", "int16", "uint16", "uint32")
-_SIGNED = ("int8", "int16")  # the narrow integers loads sign-extend (others: zero)
-
-
-def _align(typ: ir.Type) -> int:
-    """The alignment vector loads and stores of storage type `typ` promise: one
-    element, at most 4 bytes (the base pointers' alignment is not assumed)."""
-    if typ == HALF:
-        return 2
-    return min(4, max(1, typ.width // 8)) if isinstance(typ, ir.IntType) else 4
-
-
-def row_major_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for d in reversed(shape):
-        strides.append(acc)
-        acc *= d
-    return tuple(reversed(strides))
-
-
-@dataclass
-class Buffer:
-    """One kernel argument: a pointer plus the static type of what it points to."""
-
-    ptr: ir.Value
-    type: TensorType
-
-    @property
-    def elem(self) -> ir.Type:
-        """The type values of this buffer are computed in (loads give it)."""
-        return LLVM_TYPES[self.type.dtype]
-
-    @property
-    def storage(self) -> ir.Type:
-        """The element type in memory (half, i8 for the narrow dtypes)."""
-        return STORAGE_TYPES[self.type.dtype]
-
-    @property
-    def strides(self) -> tuple[int, ...]:
-        return row_major_strides(self.type.shape)
 
 
 class KernelBuilder:
@@ -398,43 +346,11 @@ class KernelBuilder:
         return self.intrinsic("minimumnum", a, b)
 
     def exp(self, x):
-        """exp(x) of a float32 (or a float32 vector) in plain arithmetic, so loops
-        using it vectorise (llvm.exp becomes a scalar libm call): x = n ln2 + r with
-        |r| <= ln2 / 2, exp(r) = 1 + r + r^2 P(r) with the degree-5 P of Cephes expf
-        (about 2 ulp), times 2**n built in the exponent bits. Exact edge values:
-        0 below -87.33 (where 2**n would be subnormal), +inf above 88.72, NaN kept.
-        A float64 x calls llvm.exp.f64 (the C library's exp): full double accuracy."""
+        """exp(x): float32 (scalars or vectors) in plain arithmetic so loops using it
+        vectorise (pipeline.dsl.fastmath.exp_f32); float64 through llvm.exp.f64."""
         if x.type == F64:
             return self.intrinsic("exp", x)
-        b = self.b
-        lanes = x.type.count if isinstance(x.type, ir.VectorType) else None
-
-        def f(c):  # the float32 constant c, splat when x is a vector
-            return ir.Constant(x.type, [float(c)] * lanes if lanes else float(c))
-
-        def i(c):
-            return ir.Constant(ir.VectorType(I32, lanes) if lanes else I32,
-                               [c] * lanes if lanes else c)
-
-        xc = self.fmin(self.fmax(x, f(-87.33654)), f(88.72283905))
-        n = self.intrinsic("floor", self.fadd(self.fmul(xc, f(1.4426950408889634)), f(0.5)))
-        # r = x - n ln2, with ln2 split in two so n * hi is exact.
-        r = self.fsub(self.fsub(xc, self.fmul(n, f(0.693359375))),
-                      self.fmul(n, f(-2.12194440e-4)))
-        p = f(1.9875691500e-4)
-        for c in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1,
-                  5.0000001201e-1):
-            p = self.fadd(self.fmul(p, r), f(c))
-        er = self.fadd(self.fadd(self.fmul(self.fmul(p, r), r), r), f(1.0))
-        # n reaches 128 near the top of the range: 2**127, then one more doubling.
-        top = b.fcmp_ordered(">", n, f(127.0))
-        n = self.fmin(n, f(127.0))
-        bits = b.shl(b.add(b.fptosi(n, i(0).type), i(127)), i(23))
-        y = self.fmul(er, b.bitcast(bits, x.type))
-        y = b.select(top, self.fmul(y, f(2.0)), y)
-        y = b.select(b.fcmp_ordered("<", x, f(-87.33654)), f(0.0), y)
-        y = b.select(b.fcmp_ordered(">", x, f(88.72283905)), f(math.inf), y)
-        return b.select(self.isnan(x), x, y)
+        return exp_f32(self, x)
 
     # -- dtype-aware scalar math (float32/64, int64/int32, bool as i8 0/1) --
 

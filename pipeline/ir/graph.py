@@ -44,6 +44,15 @@ class TensorType:
         return [list(self.shape), self.dtype]
 
 
+def row_major_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Element strides of a dense row-major tensor of `shape`."""
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d
+    return tuple(reversed(strides))
+
+
 def freeze_attrs(attrs: Mapping) -> tuple:
     """A dict of attributes as a sorted tuple of pairs, lists turned into tuples."""
 

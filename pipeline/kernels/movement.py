@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.dsl.builder import row_major_strides
 from pipeline.dsl.vector import ELEMENT_WORK, parallel_nest
+from pipeline.ir.graph import row_major_strides
 from pipeline.kernels.registry import lowering
 from pipeline.ops.movement_tables import (
     depth_to_space_tables,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.dsl.builder import row_major_strides
+from pipeline.ir.graph import row_major_strides
 from pipeline.ops.movement_tables import OUTSIDE
 
 

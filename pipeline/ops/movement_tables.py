@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.dsl.builder import row_major_strides
+from pipeline.ir.graph import row_major_strides
 
 # A table entry this negative marks an output position outside the input
 # (constant padding): any sum containing it is negative, whatever the others add.

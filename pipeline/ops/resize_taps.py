@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.dsl.builder import row_major_strides
-from pipeline.ir.graph import TensorType
+from pipeline.ir.graph import TensorType, row_major_strides
 
 
 def source_coords(mode: str, in_len: int, out_len: int, scale: float) -> np.ndarray:
