@@ -96,8 +96,12 @@ class Buffer:
 class KernelBuilder:
     """Builds one kernel function in `module`; see the module docstring."""
 
-    def __init__(self, module: ir.Module, symbol: str, params: list[TensorType]):
+    def __init__(self, module: ir.Module, symbol: str, params: list[TensorType],
+                 threads: bool = True):
         self.module = module
+        # False for a target without threads (bare metal): parallel loops then run
+        # on the calling thread alone, with no call into a thread library.
+        self.threads = threads
         fn = ir.Function(module, ir.FunctionType(I32, [PTR]), name=symbol)
         fn.args[0].name = "args"
         fn.args[0].add_attribute("noalias")
