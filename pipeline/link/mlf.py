@@ -33,15 +33,22 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.errors import PipelineError
 from pipeline.files import temp_output
 from pipeline.ir.target import parse_target
 from pipeline.link.aot import AotModel, render_aot
 from pipeline.link.cc import compile_c, create_archive, machine_flags
+from pipeline.link.elf import section_sizes
 
-__all__ = ["MLF_VERSION", "build_aot", "mlf_metadata"]
+__all__ = ["MLF_VERSION", "BudgetError", "build_aot", "check_budgets", "mlf_metadata",
+           "model_sizes", "size_line"]
 
 PathLike = str | os.PathLike
 MLF_VERSION = 7
+
+
+class BudgetError(PipelineError):
+    """A model needs more flash or RAM than its target's board declares."""
 
 
 def mlf_metadata(aot: AotModel, target: str, kernels: list[dict]) -> dict:
@@ -102,10 +109,12 @@ def build_aot(model: str, graph_json: str, params: dict[str, np.ndarray], lib0: 
                                      ) as work:
         objects = _compile(aot, work, target, cc)
         members = ([os.fspath(lib0)] if lib0 is not None else []) + objects
+        module = metadata["modules"][aot.name]
+        module["sizes"] = model_sizes(members, module)
         create_archive(out["archive"], members, cc)
         with temp_output(out["header"]) as tmp:
             Path(tmp).write_text(aot.header)
-        files = {"metadata.json": json.dumps(metadata, indent=1, sort_keys=True).encode(),
+        files = {"metadata.json": json.dumps(metadata, indent=1).encode(),
                  f"codegen/host/include/{aot.name}.h": aot.header.encode(),
                  f"codegen/host/src/{aot.name}_aot.c": aot.source.encode(),
                  f"src/{aot.name}.graph.json": graph_json.encode(),
@@ -119,6 +128,65 @@ def build_aot(model: str, graph_json: str, params: dict[str, np.ndarray], lib0: 
             files[f"parameters/{aot.name}.params"] = Path(params_file).read_bytes()
         write_tar(out["mlf"], files)
     return metadata
+
+
+def model_sizes(objects: list[str], module: dict) -> dict:
+    """Flash and RAM of the model's objects and its run, in bytes: flash = code +
+    read-only data (the constants) + initialised data; RAM = writable data (the
+    workspace among it) + the caller's inputs and outputs + the stack the largest
+    kernel uses (its estimate, kernels.json's stack_bytes)."""
+    parts = {"kernels": {"text": 0, "rodata": 0, "data": 0, "bss": 0}}
+    for obj in objects:
+        name = os.path.basename(obj)
+        sizes = section_sizes(Path(obj).read_bytes())
+        key = "kernels" if name == "lib0.o" else "constants" if "_constants" in name \
+            else "entry"
+        parts.setdefault(key, {"text": 0, "rodata": 0, "data": 0, "bss": 0})
+        for k, v in sizes.items():
+            parts[key][k] += v
+    functions = module["memory"]["functions"]
+    stacks = {f["function_name"]: f["workspace"][0]["workspace_size_bytes"]
+              for f in functions["operator_functions"]}
+    deepest = max(stacks, key=stacks.get, default=None)
+    flash = {k: p["text"] + p["rodata"] + p["data"] for k, p in parts.items()}
+    ram = {"workspace": functions["main"][0]["workspace_size_bytes"],
+           "io": functions["main"][0]["io_size_bytes"],
+           "stack": stacks.get(deepest, 0),
+           "other": sum(p["data"] + p["bss"] for p in parts.values())
+           - functions["main"][0]["workspace_size_bytes"]}
+    return {"flash_bytes": sum(flash.values()), "ram_bytes": sum(ram.values()),
+            "flash": flash, "ram": ram, "deepest_kernel": deepest}
+
+
+def _kib(n: float) -> str:
+    return f"{n / 1024:.1f} KiB"
+
+
+def size_line(metadata: dict) -> str:
+    """One line: the model's flash and RAM and what they are made of."""
+    (name, module), = metadata["modules"].items()
+    sizes = module["sizes"]
+    flash = ", ".join(f"{k} {_kib(v)}" for k, v in sizes["flash"].items())
+    ram = ", ".join(f"{k} {_kib(v)}" for k, v in sizes["ram"].items())
+    return (f"{name}: flash {_kib(sizes['flash_bytes'])} ({flash}); "
+            f"RAM {_kib(sizes['ram_bytes'])} ({ram})")
+
+
+def check_budgets(metadata: dict, budgets: dict) -> None:
+    """BudgetError, one line naming the biggest consumers, when the model needs more
+    flash or RAM than budgets {"flash_kib", "ram_kib"} (either may be absent)."""
+    (name, module), = metadata["modules"].items()
+    sizes = module["sizes"]
+    for memory in ("flash", "ram"):
+        budget = budgets.get(f"{memory}_kib")
+        need = sizes[f"{memory}_bytes"]
+        if budget is None or need <= budget * 1024:
+            continue
+        parts = sorted(sizes[memory].items(), key=lambda kv: -kv[1])[:3]
+        named = ", ".join(f"{k} {_kib(v)}" + (f" ({sizes['deepest_kernel']})"
+                                              if k == "stack" else "") for k, v in parts)
+        raise BudgetError(f"model {name} needs {_kib(need)} of {memory.upper()}, the "
+                          f"target's {memory}_kib allows {budget:g} KiB; biggest: {named}")
 
 
 def write_tar(output: PathLike, files: dict[str, bytes]) -> None:
