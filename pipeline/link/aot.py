@@ -92,9 +92,25 @@ def _io(graph: dict, params: dict) -> tuple[list[dict], list[dict]]:
     return inputs, outputs
 
 
-def render_aot(model: str, graph_json: str, params: dict[str, np.ndarray]) -> AotModel:
+# C libraries for microcontrollers may lack C23's roundevenf (picolibc 1.8 does),
+# which LLVM calls for llvm.roundeven where the FPU has no rounding instruction (the
+# int8 kernels' requantization). A weak definition: a libm that has it wins. It rounds
+# half to even by itself, whatever the FPU's rounding mode.
+ROUNDEVEN_C = """
+#include <math.h>
+__attribute__((weak)) float roundevenf(float x) {
+    float r = floorf(x), d = x - r;
+    if (d > 0.5f || (d == 0.5f && fmodf(r, 2.0f) != 0.0f)) r += 1.0f;
+    return r;
+}
+"""
+
+
+def render_aot(model: str, graph_json: str, params: dict[str, np.ndarray],
+               bare_metal: bool = False) -> AotModel:
     """The AOT entry point, header and constants of an optimised graph (the graph
-    JSON text optimize writes, and its params by name)."""
+    JSON text optimize writes, and its params by name); bare_metal: the target has
+    no operating system (its C library may lack roundevenf: ROUNDEVEN_C)."""
     graph = json.loads(graph_json)
     name = c_name(model)
     nodes, row_ptr = graph["nodes"], graph["node_row_ptr"]
@@ -120,6 +136,8 @@ def render_aot(model: str, graph_json: str, params: dict[str, np.ndarray]) -> Ao
               "io_size_bytes": sum(i["bytes"] for i in (*inputs, *outputs)),
               "workspace_lower_bound_bytes": plan.lower_bound}
     source = _source(name, graph, where, copies, plan.size, bool(constants), inputs, outputs)
+    if bare_metal:
+        source += ROUNDEVEN_C
     return AotModel(name, _header(name, inputs, outputs, memory), source, constants,
                     _constants_asm(name, len(constants)), memory, inputs, outputs)
 

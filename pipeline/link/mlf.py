@@ -103,7 +103,7 @@ def build_aot(model: str, graph_json: str, params: dict[str, np.ndarray], lib0: 
     string; cc: the target's compiler (None: the host's); params_file: the .params
     file put in the MLF; kernels: kernels.json's entries (stack bytes per kernel).
     LinkError if the compiler or the archiver fails."""
-    aot = render_aot(model, graph_json, params)
+    aot = render_aot(model, graph_json, params, parse_target(target).bare_metal)
     metadata = mlf_metadata(aot, target, list(kernels))
     with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(out["archive"]))
                                      ) as work:
