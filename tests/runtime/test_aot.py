@@ -204,3 +204,20 @@ def test_bare_metal_kernels_are_single_threaded(make):
 def test_bare_metal_triple_keeps_the_hard_float_abi():
     assert parse_target(M4).triple == "thumbv7em-unknown-none-eabihf"
     assert parse_target(M4).bare_metal and not parse_target(TARGET).bare_metal
+
+
+def test_pipeline_compile_executor_aot_and_info(tmp_path: Path):
+    onnx.save(tiny_cnn(), tmp_path / "tiny.onnx")
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    cli = [sys.executable, "-m", "pipeline.tools.cli"]
+    subprocess.run([*cli, "compile", str(tmp_path / "tiny.onnx"), "-o",
+                    str(tmp_path / "out" / "tiny.tar"), "--executor", "aot", "--cache",
+                    str(tmp_path / "cache")], check=True, env=env)
+    assert {p.name for p in (tmp_path / "out").iterdir()} == {"tiny.tar", "libtiny.a", "tiny.h"}
+    info = subprocess.run([*cli, "info", str(tmp_path / "out" / "tiny.tar")], check=True,
+                          env=env, capture_output=True, text=True).stdout
+    assert "model     tiny, executor aot" in info and "\nflash " in info and "\nRAM " in info
+    wrong = subprocess.run([*cli, "compile", str(tmp_path / "tiny.onnx"), "-o",
+                            str(tmp_path / "m4.so"), "--target", M4, "--cc",
+                            "arm-none-eabi-gcc"], env=env, capture_output=True, text=True)
+    assert wrong.returncode == 1 and "compile with --executor aot" in wrong.stderr
