@@ -25,6 +25,12 @@ AOT_MAIN_C = Path(__file__).resolve().parent.parent / "runtime" / "c" / "aot_mai
 BOARDS = {
     "mps2-an386": {"cpu": "cortex-m4", "flash": (0x0, 4 << 20), "ram": (0x20000000, 4 << 20)},
     "mps2-an500": {"cpu": "cortex-m7", "flash": (0x0, 4 << 20), "ram": (0x20000000, 4 << 20)},
+    # The secure aliases (the core starts in the secure state): SSRAM1, SSRAM2/3.
+    "mps2-an505": {"cpu": "cortex-m33", "flash": (0x10000000, 4 << 20),
+                   "ram": (0x38000000, 4 << 20)},
+    # ITCM (512 KiB) for the code, the secure alias of SRAM (2 MiB) for the data.
+    "mps3-an547": {"cpu": "cortex-m55", "flash": (0x10000000, 512 << 10),
+                   "ram": (0x31000000, 2 << 20)},
 }
 # Stack beyond the kernels' own: the harness, picolibc's stdio and semihosting.
 STACK_MARGIN = 4096

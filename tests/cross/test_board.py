@@ -134,3 +134,28 @@ def test_parallel_rebuild_is_byte_identical(board: Path, tmp_path: Path):
                 a = (board / "out" / model / target / name).read_bytes()
                 b = (again / "out" / model / target / name).read_bytes()
                 assert a == b, (model, target, name)
+
+
+# Other Cortex-M cores, each on the qemu board that carries it (pipeline.link.firmware).
+CORES = {"m7": ("thumbv7em-none-eabihf", "cortex-m7", "mps2-an500"),
+         "m33": ("thumbv8m.main-none-eabihf", "cortex-m33", "mps2-an505"),
+         "m55": ("thumbv8.1m.main-none-eabihf", "cortex-m55", "mps3-an547")}
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_other_cores_validate_on_their_boards(core: str, tmp_path: Path):
+    require_board()
+    triple, cpu, board = CORES[core]
+    onnx.save(tiny_cnn(), tmp_path / "tiny.onnx")
+    onnx.save(quantized(kws_cnn()), tmp_path / "kws_q.onnx")
+    (tmp_path / "matrix.yaml").write_text(
+        f"models:\n  tiny: {{path: tiny.onnx}}\n  kws_q: {{path: kws_q.onnx, validate: {INT8}}}\n"
+        f"targets:\n  {core}:\n    target: \"llvm -mtriple={triple} -mcpu={cpu}\"\n"
+        f"    cc: arm-none-eabi-gcc\n    run: \"qemu-system-arm -M {board} -nographic "
+        "-semihosting-config enable=on,target=native -kernel\"\n"
+        "validate: {reference: onnx, rtol: 1.0e-4, atol: 1.0e-4}\n")
+    code, _, log = doit(tmp_path, "validate", "config=matrix.yaml", "cache=cache")
+    assert code == 0, log
+    for model in ("tiny", "kws_q"):
+        report = json.loads((tmp_path / "out" / model / core / "validation.json").read_text())
+        assert report["passed"] and report["ran_on"] == "target"
