@@ -25,8 +25,7 @@ def render(spec: KernelSpec) -> str:
     module = ir.Module(name=spec.symbol)
     module.triple = spec.target.triple
     module.data_layout = str(spec.target.target_machine(spec.opt_level).target_data)
-    kb = KernelBuilder(module, spec.symbol, list(spec.params),
-                       threads=not spec.target.bare_metal)
+    kb = KernelBuilder(module, spec.symbol, list(spec.params))
     args = {f"a{i}": buf for i, buf in enumerate(kb.buffers[:-1])}
     out = kb.buffers[-1]
     anchor, chain = spec.ops[0], spec.ops[1:]

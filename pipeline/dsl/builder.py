@@ -96,12 +96,8 @@ class Buffer:
 class KernelBuilder:
     """Builds one kernel function in `module`; see the module docstring."""
 
-    def __init__(self, module: ir.Module, symbol: str, params: list[TensorType],
-                 threads: bool = True):
+    def __init__(self, module: ir.Module, symbol: str, params: list[TensorType]):
         self.module = module
-        # False for a target without threads (bare metal): parallel loops then run
-        # on the calling thread alone, with no call into a thread library.
-        self.threads = threads
         fn = ir.Function(module, ir.FunctionType(I32, [PTR]), name=symbol)
         fn.args[0].name = "args"
         fn.args[0].add_attribute("noalias")

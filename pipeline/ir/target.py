@@ -49,7 +49,7 @@ class Target:
         """True for a triple without an operating system (`thumbv7em-none-eabihf`,
         `riscv32-unknown-none-elf`): no threads, no dlopen, no files; its kernels
         run single-threaded and its models link only through the AOT executor."""
-        return "none" in self.triple.split("-")[1:]
+        return bare_metal_triple(self.triple)
 
     @property
     def object_format(self) -> str:
@@ -89,6 +89,11 @@ class Target:
 def host_triple() -> str:
     """This process's LLVM triple ("x86_64-unknown-linux-gnu")."""
     return llvm.get_process_triple()
+
+
+def bare_metal_triple(triple: str) -> bool:
+    """Whether an LLVM triple names no operating system (its OS word is "none")."""
+    return "none" in triple.split("-")[1:]
 
 
 def triple_arch(triple: str) -> str:
