@@ -237,3 +237,17 @@ def test_int8_global_average_pool_runs_on_the_bytes_on_bare_metal():
     assert any("global_avg_pool" in op for op in ops["host"])
     plan = plan_workspace(json.loads(board.graph_json))
     assert plan.size <= 2 * 64 * 25 * 5 <= 24 * 1024
+
+
+def test_validate_keeps_the_inputs_and_outputs_for_every_executor(tmp_path: Path):
+    from pipeline.tools.validate import validate_library
+
+    built = _built(tiny_cnn(), tmp_path, "tiny")
+    options = {"reference": "onnx", "rtol": 1e-4, "atol": 1e-4, "seed": 0}
+    report = tmp_path / "graph" / "validation.json"
+    validate_library(str(built["so"]), str(tmp_path / "tiny.onnx"), {}, options, "tiny",
+                     "llvm", str(report))
+    folder = report.parent / "validation"
+    assert sorted(p.name for p in folder.iterdir()) == ["in_x.npy", "output_0.npy"]
+    assert np.load(folder / "in_x.npy").shape == (1, 1, 8, 8)
+    assert np.load(folder / "output_0.npy").shape == (1, 10)
