@@ -109,11 +109,12 @@ def task_budget(sel: Selection):
     """An AOT model's flash and RAM against its target's ram_kib / flash_kib: the
     build fails past one; prints the sizes. Compiles nothing, so a changed budget
     reruns this alone."""
+    src = code_of("tasks.stages:check_sizes")
     for m, t in _aot_entries(sel):
         budgets = {k: v for k, v in (("ram_kib", t.ram_kib), ("flash_kib", t.flash_kib))
                    if v is not None}
         metadata = artifacts(m, t)["metadata"]
-        yield {"name": f"{m.name}@{t.name}", "file_dep": [metadata],
+        yield {"name": f"{m.name}@{t.name}", "file_dep": [metadata, *src],
                "uptodate": [options_changed(budgets, "budgets")],
                "actions": [(run_stage, ["tasks.stages:check_sizes", metadata, budgets])]}
 
