@@ -46,6 +46,7 @@ def _checkout(folder: Path, ram: int = 256) -> Path:
     onnx.save(tiny_cnn(), folder / "tiny.onnx")
     onnx.save(quantized(tiny_cnn()), folder / "tiny_q.onnx")
     onnx.save(quantized(kws_cnn()), folder / "kws_q.onnx")
+    onnx.save(quantized(kws_cnn(pool="average")), folder / "kws_avg_q.onnx")
     _write_matrix(folder, ram)
     return folder
 
@@ -55,6 +56,7 @@ def _write_matrix(folder: Path, ram: int) -> None:
         "models:\n  tiny: {path: tiny.onnx}\n"
         f"  tiny_q: {{path: tiny_q.onnx, validate: {INT8}}}\n"
         f"  kws_q: {{path: kws_q.onnx, validate: {INT8}}}\n"
+        f"  kws_avg_q: {{path: kws_avg_q.onnx, validate: {INT8}}}\n"
         "targets:\n" + textwrap.indent(M4.format(ram=ram), "  ")
         + "validate: {reference: onnx, rtol: 1.0e-4, atol: 1.0e-4}\n")
 
@@ -68,14 +70,14 @@ def board(tmp_path_factory) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("model", ["tiny", "tiny_q", "kws_q"])
+@pytest.mark.parametrize("model", ["tiny", "tiny_q", "kws_q", "kws_avg_q"])
 def test_models_validate_on_the_emulated_board(board: Path, model: str):
     report = json.loads((board / "out" / model / "m4" / "validation.json").read_text())
     assert report["passed"] and report["ran_on"] == "target" and report["executor"] == "aot"
     folder = board / "out" / model / "m4" / "validation"
     assert (folder / "in_x.npy").exists()
     ours = np.load(folder / "output_0.npy")
-    assert ours.shape == (1, 12 if model == "kws_q" else 10)
+    assert ours.shape == (1, 12 if model.startswith("kws") else 10)
     host = np.load(board / "out" / model / "host" / "validation" / "output_0.npy")
     np.testing.assert_allclose(ours, host, rtol=1e-4, atol=1e-4 if model == "tiny" else 0.2)
 
@@ -98,9 +100,10 @@ def test_firmware_and_libraries(board: Path):
         assert (d / name).exists(), name
 
 
-def test_int8_keyword_spotter_workspace(board: Path):
-    metadata = json.loads((board / "out" / "kws_q" / "m4" / "metadata.json").read_text())
-    module = metadata["modules"]["kws_q"]
+@pytest.mark.parametrize("model", ["kws_q", "kws_avg_q"])
+def test_int8_keyword_spotter_workspace(board: Path, model: str):
+    metadata = json.loads((board / "out" / model / "m4" / "metadata.json").read_text())
+    module = metadata["modules"][model]
     workspace = module["memory"]["functions"]["main"][0]["workspace_size_bytes"]
     assert workspace <= 1.1 * module["workspace_lower_bound_bytes"]
     assert workspace <= 24 * 1024  # its two largest activations, int8: 2 x 8000 bytes

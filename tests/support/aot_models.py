@@ -53,16 +53,19 @@ def tiny_cnn(seed: int = 0) -> onnx.ModelProto:
     return _model(nodes, inits, [1, 1, 8, 8], "y", 10, "tiny_cnn")
 
 
-def kws_cnn(seed: int = 0) -> onnx.ModelProto:
-    """DS-CNN (keyword spotting): 1x1x49x10 MFCC -> conv 10x4 stride 2 (64) -> four
-    depthwise 3x3 + pointwise (64) blocks -> global average pool -> gemm (12)."""
+def kws_cnn(seed: int = 0, pool: str = "global") -> onnx.ModelProto:
+    """DS-CNN (keyword spotting): 1x1x49x10 MFCC -> conv 9x3 stride 2 (64) -> four
+    depthwise 3x3 + pointwise (64) blocks -> average pool over the whole 25x5 map
+    (pool "global": GlobalAveragePool; "average": AveragePool 25x5, as ARM's DS-CNN)
+    -> gemm (12)."""
     rng = np.random.default_rng(seed)
     nodes, inits = [], []
     h = _conv(nodes, inits, rng, "x", "c0", 1, 64, (9, 3), stride=2)
     for k in range(4):
         h = _conv(nodes, inits, rng, h, f"dw{k}", 64, 64, (3, 3), group=64)
         h = _conv(nodes, inits, rng, h, f"pw{k}", 64, 64, (1, 1))
-    nodes += [helper.make_node("GlobalAveragePool", [h], ["gap"]),
+    nodes += [helper.make_node("GlobalAveragePool", [h], ["gap"]) if pool == "global" else
+              helper.make_node("AveragePool", [h], ["gap"], kernel_shape=[25, 5]),
               helper.make_node("Flatten", ["gap"], ["f"])]
     inits.append(numpy_helper.from_array(
         (0.2 * rng.standard_normal((12, 64))).astype(np.float32), "fc.w"))
