@@ -10,8 +10,9 @@ here the storages become "buffers" placed in one block:
   one tensor: they must keep their relative offsets), living from the first node
   writing one of them to the last node reading one; one storage holds several
   buffers one after the other in time;
-- buffers are placed largest first, each at the lowest 16-byte boundary where it
-  overlaps no placed buffer whose life overlaps its own.
+- buffers are placed one by one, each at the lowest 16-byte boundary where it
+  overlaps no placed buffer whose life overlaps its own, in three orders (largest
+  first, earliest first, largest size x life first); the smallest workspace wins.
 
 A node's inputs and its output are alive at that node together, so a kernel
 never writes over what it reads. `lower_bound` is the most bytes alive at once
@@ -95,8 +96,27 @@ def plan_workspace(graph: dict) -> WorkspacePlan:
     kept = {row_ptr[n] for n in graph["arg_nodes"]} | {row_ptr[n] + i
                                                        for n, i, *_ in graph["heads"]}
     buffers = _buffers(graph, _lives(graph, kept))
-    placed: list[tuple[int, int, dict]] = []  # (offset, end offset, buffer)
-    for buf in sorted(buffers, key=lambda b: (-b["size"], b["start"])):
+    # Greedy by size is near the bound on most graphs, not all (two big buffers at
+    # offset 0 can push a small one that lives between them up): the best of a few
+    # orders, each a fast first-fit, ties broken by the order's position.
+    orders = (lambda b: (-b["size"], b["start"]), lambda b: (b["start"], -b["size"]),
+              lambda b: (-b["size"] * (b["end"] - b["start"] + 1), b["start"]))
+    placed = min((_place(sorted(buffers, key=order)) for order in orders),
+                 key=lambda p: max((hi for _, hi, _ in p), default=0))
+    offsets = _storage_offsets(graph)
+    offset = {e: at + offsets[e] for at, _, buf in placed for e in buf["entries"]}
+    nodes = len(graph["nodes"])
+    alive = [sum(b["size"] for b in buffers if b["start"] <= k <= b["end"])
+             for k in range(nodes)]
+    return WorkspacePlan(offset, _round_up(max((hi for _, hi, _ in placed), default=0)),
+                         max(alive, default=0))
+
+
+def _place(buffers: list[dict]) -> list[tuple[int, int, dict]]:
+    """First fit, in the given order: each buffer at the lowest ALIGN boundary clear
+    of the placed buffers whose lives overlap its own. [(offset, end, buffer)]."""
+    placed: list[tuple[int, int, dict]] = []
+    for buf in buffers:
         clash = sorted((lo, hi) for lo, hi, other in placed
                        if other["start"] <= buf["end"] and buf["start"] <= other["end"])
         at = 0
@@ -105,13 +125,7 @@ def plan_workspace(graph: dict) -> WorkspacePlan:
                 break
             at = max(at, _round_up(hi))
         placed.append((at, at + buf["size"], buf))
-    offsets = _storage_offsets(graph)
-    offset = {e: at + offsets[e] for at, _, buf in placed for e in buf["entries"]}
-    nodes = len(graph["nodes"])
-    alive = [sum(b["size"] for b in buffers if b["start"] <= k <= b["end"])
-             for k in range(nodes)]
-    return WorkspacePlan(offset, _round_up(max((hi for _, hi, _ in placed), default=0)),
-                         max(alive, default=0))
+    return placed
 
 
 def _storage_offsets(graph: dict) -> list[int]:

@@ -99,8 +99,9 @@ def test_user_c_program_links_the_static_library_and_matches_pipeline_run(tmp_pa
                                   expected.ravel())
 
 
-@pytest.mark.parametrize("make", [tiny_cnn, kws_cnn, lambda: quantized(kws_cnn())],
-                         ids=["tiny_cnn", "kws_cnn", "kws_cnn_int8"])
+@pytest.mark.parametrize("make", [tiny_cnn, kws_cnn, lambda: quantized(kws_cnn()),
+                                  lambda: quantized(tiny_cnn())],
+                         ids=["tiny_cnn", "kws_cnn", "kws_cnn_int8", "tiny_cnn_int8"])
 def test_workspace_within_a_tenth_of_the_lower_bound(make, tmp_path: Path):
     graph, params = pipeline.frontend.from_onnx(make())
     with PassContext(opt_level=3):
