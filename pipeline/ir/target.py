@@ -45,6 +45,13 @@ class Target:
         return self.arch == triple_arch(host) and _system(self.triple) == _system(host)
 
     @property
+    def bare_metal(self) -> bool:
+        """True for a triple without an operating system (`thumbv7em-none-eabihf`,
+        `riscv32-unknown-none-elf`): no threads, no dlopen, no files; its kernels
+        run single-threaded and its models link only through the AOT executor."""
+        return bare_metal_triple(self.triple)
+
+    @property
     def object_format(self) -> str:
         """The object file format the target's toolchain links: elf, macho, coff or wasm."""
         return _object_format(self.triple)
@@ -82,6 +89,11 @@ class Target:
 def host_triple() -> str:
     """This process's LLVM triple ("x86_64-unknown-linux-gnu")."""
     return llvm.get_process_triple()
+
+
+def bare_metal_triple(triple: str) -> bool:
+    """Whether an LLVM triple names no operating system (its OS word is "none")."""
+    return "none" in triple.split("-")[1:]
 
 
 def triple_arch(triple: str) -> str:
@@ -172,7 +184,7 @@ def parse_target(text: str) -> Target:
                               "(allowed: -mtriple=, -mcpu=, -mattr=)")
         opts[key] = value
     host = host_triple()
-    triple = opts.get("-mtriple", host)
+    triple = _normalize(opts.get("-mtriple", host))
     foreign = (triple_arch(triple), _system(triple)) != (triple_arch(host), _system(host))
     cpu = opts.get("-mcpu", "generic" if foreign else "native")
     if cpu == "native" and foreign:
@@ -198,6 +210,17 @@ def parse_target(text: str) -> Target:
         if "is not a recognized" in line:  # LLVM would silently ignore the name
             raise TargetError(f"target {text!r}: {line.split(' (ignoring')[0].strip()}")
     return Target("llvm", triple, cpu, feature_text)
+
+
+def _normalize(triple: str) -> str:
+    """A bare-metal triple in LLVM's four-word form: "thumbv7em-none-eabihf" ->
+    "thumbv7em-unknown-none-eabihf". LLVM reads the three-word form's "none" as the
+    vendor and loses the OS, and with it the hard-float ABI of "eabihf" (its libcalls,
+    floorf and fmaxf, then take their arguments in integer registers)."""
+    words = triple.split("-")
+    if len(words) == 3 and words[1] == "none":
+        words.insert(1, "unknown")
+    return "-".join(words)
 
 
 def _llvm_complaints(triple: str, cpu: str, features: str) -> str:

@@ -20,8 +20,9 @@ from pipeline.errors import PipelineError
 from pipeline.files import temp_output
 from pipeline.link.integrity import stamp_code_digest
 
-__all__ = ["LinkError", "ToolchainError", "cc_package", "compile_c", "create_shared",
-           "create_tar", "host_cc", "link_relocatable", "toolchain_identity"]
+__all__ = ["LinkError", "ToolchainError", "cc_package", "compile_c", "create_archive",
+           "create_shared", "create_tar", "host_cc", "link_relocatable", "machine_flags",
+           "toolchain_identity"]
 
 PathLike = str | os.PathLike
 
@@ -145,6 +146,40 @@ def compile_c(output: PathLike, source: PathLike, cc: str | None = None,
     with temp_output(output) as tmp:
         _run("compile", [*_tool(cc), "-c", "-fPIC", "-O0", *options, "-o", tmp,
                          os.fspath(source)])
+
+
+def machine_flags(triple: str, cpu: str) -> list[str]:
+    """What the target's gcc needs to compile C for the kernels' machine and ABI:
+    for a 32-bit Arm cpu (thumbv7em-unknown-none-eabihf, cortex-m4) the cpu, Thumb
+    and the float ABI of the triple, which also pick picolibc's multilib; nothing
+    for the other targets (their compiler's defaults are the kernels')."""
+    if not triple.startswith(("thumb", "arm")) or triple.startswith("arm64"):
+        return []
+    abi = "hard" if triple.endswith("eabihf") else "soft"
+    return [f"-mcpu={cpu}", "-mthumb", f"-mfloat-abi={abi}"]
+
+
+def archiver(cc: str | None) -> list[str]:
+    """The archiver beside the compiler `cc`: `<prefix>ar` for `<prefix>gcc`
+    ("arm-none-eabi-gcc" -> "arm-none-eabi-ar"), else the host's `ar`."""
+    words = _tool(cc)
+    base = os.path.basename(words[-1] if words[0] == "ccache" else words[0])
+    for suffix in ("gcc", "clang", "cc"):
+        if base.endswith(suffix) and base != suffix:
+            candidate = base[:-len(suffix)] + "ar"
+            if shutil.which(candidate):
+                return [candidate]
+    return ["ar"]
+
+
+def create_archive(output: PathLike, objects: Sequence[PathLike], cc: str | None = None
+                   ) -> None:
+    """Write the static library `output` (.a) of `objects`, in the given order, with
+    the archiver beside cc: `ar rcsD` (deterministic: no times, owners or modes)."""
+    paths = _check_objects(objects)
+    with temp_output(output) as tmp:
+        os.remove(tmp)  # ar adds to an archive it finds; an empty file is none
+        _run("archive", [*archiver(cc), "rcsD", tmp, *paths])
 
 
 def create_tar(output: PathLike, files: Sequence[PathLike]) -> None:

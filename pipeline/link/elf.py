@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import struct
 
-__all__ = ["DATA_OFFSET", "MACHINES", "data_object", "machine_name", "read_machine"]
+__all__ = ["DATA_OFFSET", "MACHINES", "data_object", "machine_name", "read_machine",
+           "section_sizes"]
 
 DATA_OFFSET = 64  # the data's file offset: right after the ELF header, 64-byte aligned
 
@@ -88,3 +89,31 @@ def data_object(symbol: str, chunks: list, triple: str, flags: int = 0) -> list:
                          SECTION_HEADER.size, len(sections), len(sections) - 1)
     return [header, *chunks, bytes((-size) % 8), symtab, strtab, shstrtab,
             bytes(headers_at - shstrtab_at - len(shstrtab)), *sections]
+
+
+# Section header fields by ELF class: (format, index of flags, of type, of size).
+_SECTION_32 = struct.Struct("<IIIIIIIIII")
+_SHF_WRITE, _SHF_EXECINSTR, _SHT_NOBITS = 0x1, 0x4, 8
+
+
+def section_sizes(data: bytes) -> dict[str, int]:
+    """Bytes of an ELF object's (or program's) allocated sections, summed by kind:
+    {"text": code, "rodata": read-only data, "data": initialised writable data,
+    "bss": zeroed writable data}, as `size -A` would add them up. Little-endian
+    ELF32 and ELF64; ValueError for anything else."""
+    if data[:4] != b"\x7fELF" or data[5] != 1:
+        raise ValueError("not a little-endian ELF file")
+    wide = data[4] == 2
+    shoff = int.from_bytes(data[40:48] if wide else data[32:36], "little")
+    at = 58 if wide else 46  # e_shentsize, e_shnum
+    entsize, count = struct.unpack_from("<HH", data, at)
+    header = SECTION_HEADER if wide else _SECTION_32
+    sizes = {"text": 0, "rodata": 0, "data": 0, "bss": 0}
+    for k in range(count):
+        _, kind, flags, _, _, size, *_ = header.unpack_from(data, shoff + k * entsize)
+        if not flags & _SHF_ALLOC:
+            continue
+        key = ("text" if flags & _SHF_EXECINSTR else "rodata" if not flags & _SHF_WRITE
+               else "bss" if kind == _SHT_NOBITS else "data")
+        sizes[key] += size
+    return sizes

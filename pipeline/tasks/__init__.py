@@ -21,7 +21,12 @@ Task names (model m, target entry t):
   runtime:t      the C executor and pipeline-run for target t, by its cc ->
                  out/runtime/t/executor.o, pipeline-run (sources pipeline/runtime/c/)
   export:m@t     lib0.o + devc.o + executor.o -> m.so (linked by the target's cc)
-  validate:m@t   run m.so against the reference -> validation.json
+  aot:m@t        executor aot, instead of devc and export: lib0.o + graph JSON + params
+                 -> libm.a, m.h, the Model Library Format m.tar, metadata.json and m.elf
+                 (the program running the model on files; a board's firmware)
+  budget:m@t     an aot model's flash and RAM against the target's ram_kib, flash_kib
+  validate:m@t   run m.so (or m.elf) against the reference -> validation.json and
+                 the inputs and outputs in validation/
   explain        print why each task of the last build ran (out/build-report.json)
   report         out/report.html from what the other tasks left (pipeline.tools.report)
   gc             remove cache entries no entry of the matrix uses

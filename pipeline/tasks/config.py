@@ -18,6 +18,14 @@
         cc: aarch64-linux-gnu-gcc          # compiler + linker driver; required off-host
         run: "qemu-aarch64 -L /usr/aarch64-linux-gnu"   # runs target programs
         pack: elf                          # devc.o by our ELF writer, or c (compiled)
+      m4:
+        target: "llvm -mtriple=thumbv7em-none-eabihf -mcpu=cortex-m4"
+        cc: arm-none-eabi-gcc
+        run: "qemu-system-arm -M mps2-an386 -nographic -semihosting-config
+              enable=on,target=native -kernel"   # the firmware follows
+        executor: aot                      # graph (default off bare metal) or aot
+        ram_kib: 256                       # board budgets: the build fails past them
+        flash_kib: 1024
     validate: {reference: onnx, rtol: 1.0e-4, atol: 1.0e-4, seed: 0}   # quant_steps: 1
     cache: {url: "http://cache:8080/pipeline", upload: true, timeout: 10}   # remote tier
 
@@ -39,6 +47,9 @@ from pipeline.link.export import PACKS, choose_pack, resolve_cc
 from pipeline.transform import PassContext
 
 REFERENCES = ("onnx", "onnxruntime")
+# How a model runs: the graph executor (the .so) or the AOT entry function (lib<m>.a,
+# docs/microcontrollers.md). A model entry's `executor` wins over its target's.
+EXECUTORS = ("graph", "aot")
 # `path: onnx-light:<name>` names a model of the light zoo in the installed onnx
 # wheel, whose site-packages path differs from machine to machine.
 ONNX_LIGHT = "onnx-light:"
@@ -69,6 +80,7 @@ class ModelEntry:
     inputs: dict = field(default_factory=dict)   # input name -> shape override
     validate: ValidateOptions = ValidateOptions()
     random_weights: int | None = None  # a path model's weights made random, this seed
+    executor: str | None = None   # EXECUTORS; None: the target's
 
     @property
     def written(self) -> bool:
@@ -89,6 +101,14 @@ class TargetEntry:
     run: str | None = None     # command prefix that runs the target's programs
     pack: str | None = None    # how devc.o is written (export.choose_pack); None: by target
     path: Path | None = None   # the config file, for errors
+    executor: str | None = None   # EXECUTORS; None: graph, aot on bare metal
+    ram_kib: float | None = None   # the board's RAM and flash: a model past them fails
+    flash_kib: float | None = None
+
+    @property
+    def bare_metal(self) -> bool:
+        """A target without an operating system (Target.bare_metal)."""
+        return parse_target(self.target).bare_metal
 
     def pass_context(self) -> PassContext:
         return PassContext(self.opt_level, self.required_pass, self.disabled_pass,
@@ -129,6 +149,17 @@ class BuildConfig:
         """(model entries, target entries) named by comma lists; None means all."""
         return (_pick(self.models, models, "model", self.path),
                 _pick(self.targets, targets, "target", self.path))
+
+
+def executor_of(m: ModelEntry, t: TargetEntry) -> str:
+    """The executor entry m x t is built for: the model's, else the target's, else
+    aot on a bare-metal target and graph elsewhere."""
+    executor = m.executor or t.executor or ("aot" if t.bare_metal else "graph")
+    if executor == "graph" and t.bare_metal:
+        raise ConfigError(f"{t.path}: models.{m.name}.executor: target {t.name} has no "
+                          "operating system to load a shared library: only executor aot "
+                          "runs there")
+    return executor
 
 
 def _pick(entries: dict, names: str | None, what: str, path: Path) -> list:
@@ -273,7 +304,7 @@ def _model(where: _Where, name: str, spec, validate: ValidateOptions) -> ModelEn
 
     key = f"models.{name}"
     spec = where.mapping(spec, key, {"path", "generator", "args", "inputs", "validate",
-                                     "random_weights"})
+                                     "random_weights", "executor"})
     if ("path" in spec) == ("generator" in spec):
         where.fail(key, "give exactly one of 'path' (an ONNX file) or 'generator' "
                    f"(one of {', '.join(GENERATORS)})")
@@ -310,7 +341,29 @@ def _model(where: _Where, name: str, spec, validate: ValidateOptions) -> ModelEn
         inputs[inp] = tuple(shape)
     return ModelEntry(name, path, generator, args, inputs,
                       _validate_options(where, spec.get("validate") or {},
-                                        f"{key}.validate", validate), seed)
+                                        f"{key}.validate", validate), seed,
+                      _executor(where, spec, key))
+
+
+def _budgets(where: _Where, spec: dict, key: str) -> dict:
+    """The target's `ram_kib:` and `flash_kib:` (positive numbers) that are given."""
+    budgets = {}
+    for k in ("ram_kib", "flash_kib"):
+        if k in spec:
+            value = where.typed(spec[k], f"{key}.{k}", (int, float), "a number of KiB")
+            if value <= 0:
+                where.fail(f"{key}.{k}", "must be positive")
+            budgets[k] = float(value)
+    return budgets
+
+
+def _executor(where: _Where, spec: dict, key: str) -> str | None:
+    """The entry's `executor:` (one of EXECUTORS), None when not given."""
+    value = spec.get("executor")
+    if value is not None and value not in EXECUTORS:
+        where.fail(f"{key}.executor", f"{value!r} is not an executor; allowed: "
+                   f"{', '.join(EXECUTORS)}")
+    return value
 
 
 def _generator_args(where: _Where, doc, key: str) -> dict:
@@ -343,7 +396,8 @@ def _onnx_light(where: _Where, name: str, key: str) -> Path:
 def _target(where: _Where, name: str, spec) -> TargetEntry:
     key = f"targets.{name}"
     spec = where.mapping(spec, key, {"target", "opt_level", "required_pass", "disabled_pass",
-                                     "config", "cc", "run", "pack"}, required={"target"})
+                                     "config", "cc", "run", "pack", "executor", "ram_kib",
+                                     "flash_kib"}, required={"target"})
     text = where.typed(spec["target"], f"{key}.target", str, "a target string")
     try:
         resolved = parse_target(text)
@@ -366,7 +420,11 @@ def _target(where: _Where, name: str, spec) -> TargetEntry:
         disabled_pass=tuple(where.typed(spec.get("disabled_pass", []),
                                         f"{key}.disabled_pass", list, "a list of passes")),
         config=dict(where.mapping(spec.get("config") or {}, f"{key}.config")),
-        cc=tools.get("cc"), run=tools.get("run"), pack=pack, path=where.path)
+        cc=tools.get("cc"), run=tools.get("run"), pack=pack, path=where.path,
+        executor=_executor(where, spec, key), **_budgets(where, spec, key))
+    if resolved.bare_metal and entry.executor == "graph":
+        where.fail(f"{key}.executor", f"{resolved.triple} has no operating system to load "
+                   "a shared library: only executor aot runs there")
     # Check each list and option on its own, so the error names its exact key.
     checks = [(f"{key}.{f}", {f: getattr(entry, f)}) for f in ("required_pass", "disabled_pass")]
     checks += [(f"{key}.config.{opt}", {"config": {opt: v}}) for opt, v in entry.config.items()]

@@ -20,7 +20,8 @@ OUT = "out"  # the output folder, relative to the folder doit runs in
 
 # The stages a build runs, in pipeline order (the doit task names before ":"):
 # the reporter's timeline and `doit gc`'s action keys are read from these.
-BUILD_STAGES = ("model", "import", "optimize", "kernel", "lib0", "devc", "runtime", "export")
+BUILD_STAGES = ("model", "import", "optimize", "kernel", "lib0", "devc", "runtime", "export",
+                "aot", "budget")
 # The stages whose outputs the action cache keeps: the build's, and validate.
 CACHED_STAGES = (*BUILD_STAGES, "validate")
 
@@ -74,7 +75,13 @@ def artifacts(m: ModelEntry, t: TargetEntry) -> dict[str, str]:
     return {"graph_json": path(d, f"{m.name}.json"), "params": path(d, f"{m.name}.params"),
             "kernels": path(d, "kernels.json"), "lib0": path(d, "lib0.o"),
             "devc": path(d, "devc.o"), "so": path(d, f"{m.name}.so"),
-            "validation": path(d, "validation.json")}
+            "validation": path(d, "validation.json"),
+            # executor aot (docs/microcontrollers.md): the static library, its header,
+            # the Model Library Format tar, its metadata.json, and the program that
+            # runs the model on files (the test firmware on a bare-metal target)
+            "archive": path(d, f"lib{m.name}.a"), "header": path(d, f"{m.name}.h"),
+            "mlf": path(d, f"{m.name}.tar"), "metadata": path(d, "metadata.json"),
+            "program": path(d, f"{m.name}.elf")}
 
 
 def spec_path(specs_dir: str, kernel_hash: str) -> str:

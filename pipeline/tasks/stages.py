@@ -23,6 +23,8 @@ from pipeline.ir.graph import Graph
 from pipeline.ir.target import parse_target
 from pipeline.link import export, runtime_c
 from pipeline.link.cc import link_relocatable
+from pipeline.link.firmware import link_aot_program
+from pipeline.link.mlf import build_aot, check_budgets, size_line
 from pipeline.lower.kernel import KernelSpec
 from pipeline.runtime.metadata import kernel_metadata
 from pipeline.runtime.params import load_params, param_chunks
@@ -161,3 +163,28 @@ def export_library(lib0_path: str, devc_path: str, executor_path: str, out_path:
     """lib0.o + devc.o + executor.o -> the deliverable shared library (or .tar),
     linked by cc (the target's compiler; None for the host's)."""
     export.link_library(lib0_path, devc_path, out_path, cc, executor=executor_path)
+
+
+def build_aot_library(model: str, graph_json_path: str, params_path: str, kernels_path: str,
+                      lib0_path: str, out: dict[str, str], cc: str | None = None) -> None:
+    """Executor aot: graph JSON + params + lib0.o -> lib<m>.a, <m>.h, the Model Library
+    Format tar and its metadata.json (pipeline.link.mlf), and the program running
+    the model on files (the firmware of a bare-metal target; pipeline.link.firmware).
+    out: {"archive", "header", "mlf", "metadata", "program"} -> path."""
+    manifest = json.loads(Path(kernels_path).read_text())
+    target = manifest["target"]
+    metadata = build_aot(model, Path(graph_json_path).read_text(),
+                         load_params(Path(params_path).read_bytes()), lib0_path, target, out,
+                         cc, params_path, manifest["kernels"])
+    atomic_write(out["metadata"], json.dumps(metadata, indent=1).encode())
+    link_aot_program(out["program"], out["archive"], out["header"], metadata,
+                     parse_target(target), cc)
+
+
+def check_sizes(metadata_path: str, budgets: dict) -> dict:
+    """An AOT model's flash and RAM (metadata.json's sizes) against the target's
+    budgets {"ram_kib", "flash_kib"}: BudgetError past one, naming the biggest
+    consumers. Returns {"note": the sizes line the build prints}."""
+    metadata = json.loads(Path(metadata_path).read_text())
+    check_budgets(metadata, budgets)
+    return {"note": size_line(metadata)}

@@ -75,9 +75,11 @@ def input_shapes(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
 
 def compile_model(model: str, output: str, target: str = DEFAULT_TARGET, opt_level: int = 3,
                   shapes: dict | None = None, cc: str | None = None,
-                  cache: str | None = None) -> dict:
+                  cache: str | None = None, executor: str = "graph") -> dict:
     """Compile the ONNX file `model` into the library `output` (.so, .tar or .o by its
-    suffix); returns {"kernels", "compiled", "cache", "seconds"}.
+    suffix); returns {"kernels", "compiled", "cache", "seconds"}. With executor "aot"
+    `output` is the Model Library Format tar, lib<name>.a and <name>.h are written
+    beside it (<name>: output's base name; docs/microcontrollers.md).
 
     The stages are the doit build's: from_onnx, lower_graph under a PassContext at
     `opt_level` (rendering each kernel once, unless a valid cache entry has its IR),
@@ -96,6 +98,8 @@ def compile_model(model: str, output: str, target: str = DEFAULT_TARGET, opt_lev
     from pipeline.transform import PassContext
 
     start = time.perf_counter()
+    if executor == "aot" and not output.endswith(".tar"):
+        raise CommandError(f"{output}: --executor aot writes a Model Library Format .tar")
     if not output.endswith(LIBRARY_SUFFIXES):
         raise CommandError(f"{output}: a library is a {', '.join(LIBRARY_SUFFIXES)} file")
     if not 0 <= opt_level <= 3:
@@ -104,6 +108,9 @@ def compile_model(model: str, output: str, target: str = DEFAULT_TARGET, opt_lev
         resolved = parse_target(target)
     except TargetError as err:
         raise CommandError(f"--target {target!r}: {err}") from None
+    if resolved.bare_metal and executor != "aot":
+        raise CommandError(f"--target {target!r}: a bare-metal target loads no shared "
+                           "library; compile with --executor aot")
     cc = resolve_cc(resolved, cc, "--cc")
     graph, params = from_onnx(model, shapes or {})
     root = cache_dir(cache)
@@ -122,14 +129,49 @@ def compile_model(model: str, output: str, target: str = DEFAULT_TARGET, opt_lev
         obj, fresh = object_for_link(root, spec.hash)
         objects[spec.symbol] = Path(obj).read_bytes()
         compiled += fresh
-    GraphExecutorFactory(lowered, target, objects).export_library(output, cc=cc)
+    if executor == "aot":
+        _export_aot(lowered, objects, target, output, cc)
+    else:
+        GraphExecutorFactory(lowered, target, objects).export_library(output, cc=cc)
     return {"kernels": len(objects), "compiled": compiled, "cache": root,
             "seconds": round(time.perf_counter() - start, 2)}
 
 
+def _export_aot(lowered, objects: dict[str, bytes], target: str, output: str,
+                cc: str | None) -> None:
+    """The AOT executor's deliverables of `lowered` (kernel objects by symbol): the MLF
+    tar `output`, lib<name>.a and <name>.h beside it."""
+    import tempfile
+
+    from pipeline.driver.factory import unique_specs
+    from pipeline.link.cc import link_relocatable
+    from pipeline.link.mlf import build_aot
+    from pipeline.runtime.metadata import kernel_metadata
+    from pipeline.runtime.params import param_chunks
+
+    folder = os.path.dirname(os.path.abspath(output))
+    name = os.path.splitext(os.path.basename(output))[0]
+    os.makedirs(folder, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:
+        paths = []
+        for spec in unique_specs(lowered.specs.values()):
+            paths.append(os.path.join(tmp, f"{spec.hash}.o"))
+            Path(paths[-1]).write_bytes(objects[spec.symbol])
+        lib0 = os.path.join(tmp, "lib0.o") if paths else None
+        if lib0:
+            link_relocatable(lib0, paths, cc)
+        params_file = os.path.join(tmp, f"{name}.params")
+        with open(params_file, "wb") as f:
+            f.writelines(param_chunks(lowered.params))
+        build_aot(name, lowered.graph_json, lowered.params, lib0, target,
+                  {"mlf": output, "archive": os.path.join(folder, f"lib{name}.a"),
+                   "header": os.path.join(folder, f"{name}.h")}, cc, params_file,
+                  kernel_metadata(lowered.graph_json))
+
+
 def _compile(args: argparse.Namespace) -> None:
     done = compile_model(args.model, args.output, args.target, args.opt_level,
-                         input_shapes(args.input), args.cc, args.cache)
+                         input_shapes(args.input), args.cc, args.cache, args.executor)
     print(f"{args.output}: {done['kernels']} kernels ({done['compiled']} compiled, "
           f"{done['kernels'] - done['compiled']} reused from {done['cache']}), "
           f"{done['seconds']:.1f} s")
@@ -283,6 +325,9 @@ def parser() -> argparse.ArgumentParser:
                    help=f"target string (default {DEFAULT_TARGET!r}; e.g. "
                    "'llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a76')")
     p.add_argument("--opt-level", type=int, default=3, help="0..3 (default 3)")
+    p.add_argument("--executor", choices=("graph", "aot"), default="graph",
+                   help="graph (a library with the graph executor, default) or aot (a "
+                   "Model Library Format .tar, lib<name>.a and <name>.h)")
     p.add_argument("--input", action="append", default=[], metavar="NAME=1,3,224,224",
                    help="fix an input's shape (any batch; a symbolic dim needs one)")
     p.add_argument("--cc", help="the target's C compiler, which links (default $CC or cc; "

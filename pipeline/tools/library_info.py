@@ -118,8 +118,59 @@ def kernel_rows(blob: Blob) -> list[dict[str, Any]]:
     return [{**empty, **found.get(symbol, {}), "symbol": symbol} for symbol in blob.kernels]
 
 
+def _mlf_metadata(path: str) -> dict | None:
+    """metadata.json of a Model Library Format tar (executor aot), else None."""
+    if not path.endswith(".tar") or not tarfile.is_tarfile(path):
+        return None
+    with tarfile.open(path) as tar:
+        try:
+            return json.load(tar.extractfile("metadata.json"))
+        except KeyError:
+            return None
+
+
+def describe_mlf(path: str, metadata: dict) -> dict[str, Any]:
+    """What `pipeline info` shows of a Model Library Format tar: its model's target,
+    inputs, outputs, memory (workspace, constants, io) and flash and RAM."""
+    (name, module), = metadata["modules"].items()
+    main = module["memory"]["functions"]["main"][0]
+    return {"path": path, "format": "mlf", "file_bytes": os.path.getsize(path),
+            "model": name, "target": module["target"][0], "executor": module["executors"][0],
+            "inputs": [{"name": k, **v} for k, v in module["inputs"].items()],
+            "outputs": [{"name": k, **v} for k, v in module["outputs"].items()],
+            "memory": {k: main[k] for k in ("workspace_size_bytes", "constants_size_bytes",
+                                            "io_size_bytes")},
+            "sizes": module.get("sizes"),
+            "kernels": [{"symbol": f["function_name"],
+                         "stack_bytes": f["workspace"][0]["workspace_size_bytes"]}
+                        for f in module["memory"]["functions"]["operator_functions"]]}
+
+
+def format_mlf(info: dict[str, Any]) -> str:
+    """describe_mlf's dict as text."""
+    m, sizes = info["memory"], info["sizes"] or {}
+    lines = [f"library   {info['path']} (Model Library Format, {info['file_bytes']:,} bytes)",
+             f"model     {info['model']}, executor {info['executor']}",
+             f"target    {info['target']}"]
+    lines += [f"input     {r['name']}  {r['shape']}  {r['dtype']}" for r in info["inputs"]]
+    lines += [f"output    {r['name']}  {r['shape']}  {r['dtype']}" for r in info["outputs"]]
+    lines.append(f"memory    workspace {m['workspace_size_bytes']:,} bytes, constants "
+                 f"{m['constants_size_bytes']:,}, io {m['io_size_bytes']:,}")
+    if sizes:
+        lines += [f"flash     {sizes['flash_bytes']:,} bytes ("
+                  + ", ".join(f"{k} {v:,}" for k, v in sizes["flash"].items()) + ")",
+                  f"RAM       {sizes['ram_bytes']:,} bytes ("
+                  + ", ".join(f"{k} {v:,}" for k, v in sizes["ram"].items()) + ")"]
+    lines.append(f"kernels   {len(info['kernels'])}")
+    return "\n".join(lines)
+
+
 def describe_library(path: str) -> dict[str, Any]:
-    """Everything `pipeline info` shows about the library at `path` (module doc)."""
+    """Everything `pipeline info` shows about the library at `path` (module doc); a
+    Model Library Format tar (executor aot) is described by describe_mlf."""
+    metadata = _mlf_metadata(path)
+    if metadata is not None:
+        return describe_mlf(path, metadata)
     blob, version, digest, build_id = read_blob(path)
     params = load_params(blob.params)
     inputs, outputs = graph_tensors(blob.graph_json, set(params))
@@ -142,6 +193,8 @@ def _tensor(row: dict) -> str:
 
 def format_info(info: dict[str, Any]) -> str:
     """describe_library's dict as the text `pipeline info` prints."""
+    if info["format"] == "mlf":
+        return format_mlf(info)
     mib = 2 ** 20
     lines = [f"library   {info['path']} ({info['format']}, {info['file_bytes'] / mib:.2f} MiB)",
              f"target    {info['target']}",

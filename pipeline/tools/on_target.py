@@ -6,6 +6,12 @@ what `doit validate` and `doit bench` do for a library this machine cannot load.
         -> (outputs, median ms per run or None, wall seconds of the process)
 
 Inputs go to the program as .npy files, outputs come back as DIR/output_<i>.npy.
+
+A model of executor aot runs as its own program (pipeline/runtime/c/aot_main.c: the
+host's program, or a bare-metal target's firmware given to `qemu-system-arm ...
+-kernel`), in a folder holding input_<i>.bin; it writes output_<i>.bin there:
+
+    run_aot_program(prefix, program, metadata, feeds) -> (outputs, wall seconds)
 """
 
 from __future__ import annotations
@@ -33,6 +39,12 @@ _MEDIAN = re.compile(r"median ([0-9.]+) ms per run")
 def require_run(run: str | None, config: str, target: str, arch: str) -> list[str]:
     """The `run` prefix as words; PipelineError naming targets.<t>.run when it is unset
     or its program is not installed."""
+    if not run and "thumb" in arch:
+        raise PipelineError(
+            f"{config}: targets.{target}.run is not set: a firmware for {arch} runs on its "
+            "board or an emulator of it; give the command the firmware follows, e.g. "
+            "\"qemu-system-arm -M mps2-an386 -nographic -semihosting-config "
+            "enable=on,target=native -kernel\" (Debian package qemu-system-arm)")
     if not run:
         raise PipelineError(
             f"{config}: targets.{target}.run is not set: a library for {arch} cannot run on "
@@ -43,6 +55,39 @@ def require_run(run: str | None, config: str, target: str, arch: str) -> list[st
         raise PipelineError(f"{config}: targets.{target}.run: {words[0]!r} is not installed "
                             "(qemu-user for the qemu-* emulators)")
     return words
+
+
+# An emulated board is slow; a firmware that hangs (a fault loops in its handler) is
+# stopped after this long.
+AOT_TIMEOUT_S = 900
+
+
+def run_aot_program(prefix: list[str], program: str, metadata: dict, feeds: dict
+                    ) -> tuple[list[np.ndarray], float]:
+    """Run an AOT model's program (`prefix + [program]`, in a temporary folder) on
+    `feeds` ({input name: array}); metadata: its metadata.json (input order, output
+    dtypes and shapes). Its outputs and the wall seconds of the process;
+    TargetRunError with the program's last line when it fails."""
+    (module,) = metadata["modules"].values()
+    with tempfile.TemporaryDirectory(prefix="aot-run-") as tmp:
+        for i, (name, spec) in enumerate(module["inputs"].items()):
+            value = np.ascontiguousarray(feeds[name], dtype=spec["dtype"])
+            value.tofile(os.path.join(tmp, f"input_{i}.bin"))
+        cmd = [*prefix, os.path.abspath(program)]
+        start = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp,
+                                  timeout=AOT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise TargetRunError(f"{shlex.join(cmd)}: no exit after {AOT_TIMEOUT_S} s") from None
+        seconds = time.perf_counter() - start
+        if proc.returncode != 0:
+            lines = (proc.stdout + proc.stderr).strip().splitlines()
+            why = lines[-1] if lines else f"exit status {proc.returncode}"
+            raise TargetRunError(f"{shlex.join(cmd)} failed (exit {proc.returncode}): {why}")
+        outputs = [np.fromfile(os.path.join(tmp, f"output_{i}.bin"), dtype=spec["dtype"])
+                   .reshape(spec["shape"]) for i, spec in enumerate(module["outputs"].values())]
+    return outputs, seconds
 
 
 def run_on_target(prefix: list[str], pipeline_run: str, lib: str, feeds: dict,

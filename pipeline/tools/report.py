@@ -71,6 +71,9 @@ def _read_json(path: str) -> dict | None:
 def _entry_files(out: str, model: str, target: str) -> dict:
     d = os.path.join(out, model, target)
     return {"so": os.path.join(d, f"{model}.so"),
+            # executor aot: lib<m>.a instead, its sizes in metadata.json
+            "archive": os.path.join(d, f"lib{model}.a"),
+            "metadata": _read_json(os.path.join(d, "metadata.json")),
             "validation": _read_json(os.path.join(d, "validation.json")),
             "bench": _read_json(os.path.join(d, "bench.json")),
             "kernels": _read_json(os.path.join(d, "kernels.json"))}
@@ -80,9 +83,15 @@ def _entry_files(out: str, model: str, target: str) -> dict:
 
 def _cell(files: dict) -> tuple[str, str]:
     """(css class, HTML) of one matrix cell."""
-    if not os.path.exists(files["so"]):
+    aot = files["metadata"] is not None and os.path.exists(files["archive"])
+    if not os.path.exists(files["so"]) and not aot:
         return "missing", "not built"
     lines, css = ["built"], "built"
+    if aot:  # flash and RAM of the AOT executor's model (metadata.json's sizes)
+        (module,) = files["metadata"]["modules"].values()
+        sizes = module.get("sizes", {})
+        lines = [f"built (aot): flash {sizes.get('flash_bytes', 0) / 1024:.1f} KiB, "
+                 f"RAM {sizes.get('ram_bytes', 0) / 1024:.1f} KiB"]
     v = files["validation"]
     if v is not None:
         err = max((o.get("max_abs_err", float("inf")) for o in v["outputs"]), default=0.0)

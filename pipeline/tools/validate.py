@@ -9,8 +9,12 @@ y = scale * (x - mean) / sqrt(var + epsilon) + bias.
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import re
 import time
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -23,7 +27,7 @@ from pipeline.frontend.onnx.importer import load_model
 from pipeline.frontend.onnx.shapes import with_input_shapes
 from pipeline.link.integrity import verify_code_digest
 from pipeline.runtime import GraphModule, load_module
-from pipeline.tools.on_target import require_run, run_on_target
+from pipeline.tools.on_target import require_run, run_aot_program, run_on_target
 
 
 class ValidationError(PipelineError):
@@ -119,6 +123,52 @@ def output_atols(model: onnx.ModelProto, options: dict) -> dict[str, float]:
             for o in model.graph.output}
 
 
+def _run_ours(lib_path: str, feeds: dict, n_outputs: int, target: str,
+              on_target: dict | None) -> tuple[list, float, dict]:
+    """The library's outputs for `feeds`, the seconds of its run and where it ran
+    (validate_library's on_target says how)."""
+    if on_target is None:
+        gm = GraphModule(load_module(lib_path, verify=True)["default"]())
+        start = time.perf_counter()
+        gm.run(**feeds)
+        run_s = time.perf_counter() - start
+        return [gm.get_output(i) for i in range(gm.get_num_outputs())], run_s, \
+            {"ran_on": "host"}
+    if "metadata" in on_target:  # executor aot: the model's own program
+        prefix = [] if on_target["run"] is None and on_target.get("host") else \
+            require_run(on_target["run"], on_target["config"], target, on_target["arch"])
+        metadata = json.loads(Path(on_target["metadata"]).read_text())
+        ours, run_s = run_aot_program(prefix, lib_path, metadata, feeds)
+        return ours, run_s, {"ran_on": "target" if prefix else "host", "run": on_target["run"],
+                             "executor": "aot"}
+    prefix = require_run(on_target["run"], on_target["config"], target, on_target["arch"])
+    # The code digest is checked here, on the file (any ELF64); the blob's sha256 by
+    # the executor on the target (pl_create).
+    verify_code_digest(lib_path, lib_path)
+    # One timed run after the checked one: the emulated time of a run alone.
+    ours, ms, run_s = run_on_target(prefix, on_target["pipeline_run"], lib_path, feeds,
+                                    n_outputs, repeat=1)
+    return ours, run_s, {"ran_on": "target", "run": on_target["run"], "emulated_ms": ms}
+
+
+def _keep_io(folder: str, feeds: dict, outputs: list) -> None:
+    """The inputs fed (in_<name>.npy) and the outputs the library gave (output_<i>.npy)."""
+    for name, value in feeds.items():
+        atomic_write(os.path.join(folder, f"in_{_file_name(name)}.npy"), _npy(value))
+    for i, value in enumerate(outputs):
+        atomic_write(os.path.join(folder, f"output_{i}.npy"), _npy(value))
+
+
+def _file_name(name: str) -> str:
+    return re.sub(r"[^\w.-]", "_", name)
+
+
+def _npy(value) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, np.asarray(value))
+    return buf.getvalue()
+
+
 def compare(names: list[str], ours: list, refs: list, rtol: float, atol) -> list[dict]:
     """Per output: max abs and rel error and whether |ours-ref| <= atol + rtol*|ref|."""
     """`atol` is one number or {output name: atol}."""
@@ -142,34 +192,25 @@ def validate_library(lib_path: str, onnx_path: str, shapes: dict, options: dict,
                      model: str, target: str, report_path: str,
                      on_target: dict | None = None) -> None:
     """Run the library on seeded inputs, compare with the reference, write the
-    report (always), and raise ValidationError naming model and output on a mismatch.
+    report (always) and the inputs and outputs to validation/ beside it
+    (in_<name>.npy, output_<i>.npy), and raise ValidationError naming model and
+    output on a mismatch.
 
     on_target: for a library this machine cannot load, {"run": the target's run
     prefix or None, "pipeline_run": the target's pipeline-run, "config": the config
     file, "arch": the target's architecture}: the library then runs there
     (pipeline.tools.on_target) and the reference on this machine. Without it the
-    library is loaded here. Either way its code digest and blob sha256 are checked."""
+    library is loaded here. Either way its code digest and blob sha256 are checked.
+    For a model of executor aot, lib_path is its program (aot_main.c) and on_target
+    also holds "metadata", its metadata.json: the program runs through the run
+    prefix, if any."""
     shapes = {k: tuple(v) for k, v in shapes.items()}
     # The reference runs the model at the shapes the library was built for.
     onnx_model = with_input_shapes(load_model(onnx_path), shapes)
     feeds = random_inputs(onnx_model, shapes, options["seed"])
     names = [o.name for o in onnx_model.graph.output]
-    where = {"ran_on": "host"}
-    if on_target is None:
-        gm = GraphModule(load_module(lib_path, verify=True)["default"]())
-        start = time.perf_counter()
-        gm.run(**feeds)
-        run_s = time.perf_counter() - start
-        ours = [gm.get_output(i) for i in range(gm.get_num_outputs())]
-    else:
-        prefix = require_run(on_target["run"], on_target["config"], target, on_target["arch"])
-        # The code digest is checked here, on the file (any ELF64); the blob's sha256 by
-        # the executor on the target (pl_create).
-        verify_code_digest(lib_path, lib_path)
-        # One timed run after the checked one: the emulated time of a run alone.
-        ours, ms, run_s = run_on_target(prefix, on_target["pipeline_run"], lib_path, feeds,
-                                        len(names), repeat=1)
-        where = {"ran_on": "target", "run": on_target["run"], "emulated_ms": ms}
+    ours, run_s, where = _run_ours(lib_path, feeds, len(names), target, on_target)
+    _keep_io(os.path.join(os.path.dirname(report_path), "validation"), feeds, ours)
     start = time.perf_counter()
     refs = reference_outputs(onnx_model, feeds, options["reference"])
     ref_s = time.perf_counter() - start

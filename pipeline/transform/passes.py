@@ -32,7 +32,7 @@ class Pass:
 
 PIPELINE = (
     Pass("SimplifyInference", simplify_inference, 0),
-    Pass("FuseQDQ", fuse_qdq, 1),
+    Pass("FuseQDQ", fuse_qdq, 1, needs_target=True),
     Pass("FoldConstant", fold_constant, 2),
     Pass("FuseLayerNorm", fuse_layer_norm, 1),
     Pass("FuseGelu", fuse_gelu, 1),

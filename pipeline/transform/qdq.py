@@ -15,9 +15,14 @@ applies when the quantized weight, every scale and zero point are constants,
 sx, zx, sy and zy are per tensor, the weight's zero point is 0 (symmetric, as the
 quantizer writes int8 weights) and the float result feeds only the quantize_linear.
 
-Everything else stays as it was: elementwise ops between a dequantize_linear and
-a quantize_linear (Add, Mul, a Relu the quantizer kept) fuse into one kernel in
-FuseOps, pools and Concat compute on the dequantized values, and unmatched
+A max pool of one scale takes the max of the bytes. On a bare-metal target
+(Target.bare_metal: a microcontroller, whose RAM the float input of a small CNN's
+pool would dominate) a global average pool, or an average pool without padding,
+between them becomes a depthwise conv2d_integer of all-one weights over the window
+(multiplier sx / (sy * window size)).
+Everything else stays as it was: elementwise ops between a dequantize_linear and a
+quantize_linear (Add, Mul, a Relu the quantizer kept) fuse into one kernel in
+FuseOps, other pools and Concat compute on the dequantized values, and unmatched
 quantize/dequantize nodes stay explicit kernels. It runs before FoldConstant,
 which would otherwise turn the weights' dequantize_linear into float weights.
 """
@@ -35,8 +40,9 @@ _ANCHORS = ("conv2d", "dense", "matmul")  # and max_pool2d, on the bytes
 
 
 class _Fuser:
-    def __init__(self, graph: Graph, params: dict):
+    def __init__(self, graph: Graph, params: dict, integer_pools: bool = False):
         self.graph, self.params = graph, dict(params)
+        self.integer_pools = integer_pools  # average pools too (module doc)
         self.types = dict(graph.types)
         self.producer = {o: n for n in graph.nodes for o in n.outputs}
         self.users = graph.consumers()
@@ -75,8 +81,49 @@ class _Fuser:
             return None
         return Node(pool.op, pool.name, (x[0],), q_node.outputs, pool.attrs)
 
+    def avg_pool(self, q_node: Node, pool: Node) -> Node | None:
+        """dequantize -> global_avg_pool, or avg_pool2d without padding, -> quantize of
+        an image (per-tensor scales and zero points): a depthwise conv2d_integer whose
+        weights are 1 over the window, multiplier sx / (sy * window size), the pool on
+        the bytes with no float copy of its input (on a microcontroller, the biggest
+        tensor of a small CNN)."""
+        x = self.dequantized(pool.inputs[0])
+        shape = self.types[pool.inputs[0]].shape
+        _, sy, zy = q_node.inputs
+        if x is None or len(shape) != 4 or sy not in self.params or zy not in self.params \
+                or any(np.size(v) != 1 for v in (x[1], x[2], self.params[sy],
+                                                  self.params[zy])):
+            return None
+        c, window, strides = shape[1], tuple(shape[2:]), (1, 1)
+        if pool.op == "avg_pool2d":
+            if any(pool.attr("pads")) or pool.attr("ceil_mode") or \
+                    any(d != 1 for d in pool.attr("dilations")):
+                return None
+            window, strides = tuple(pool.attr("kernel")), tuple(pool.attr("strides"))
+        scale = np.float32(np.asarray(x[1]).reshape(())) / (
+            np.float32(np.asarray(self.params[sy]).reshape(())) * np.float32(np.prod(window)))
+
+        def new(hint, value):
+            return add_param(self.types, self.params, f"{pool.name}.{hint}", value)
+
+        ints = [new("weight_q", np.ones((c, 1, *window), np.int8)),
+                self.producer[pool.inputs[0]].inputs[2],
+                new("weight_zero_point", np.zeros((), np.int8)),
+                new("bias_q", np.zeros(c, np.int32)),
+                new("multiplier", np.full(1, scale, np.float32)),
+                new("y_zero_point",
+                    np.asarray(self.params[zy]).reshape(()).astype(q_node.attr("dtype")))]
+        return Node.make("conv2d_integer", pool.name, (x[0], *ints), q_node.outputs,
+                         out=q_node.attr("dtype"), strides=strides, dilations=(1, 1),
+                         pads=(0, 0, 0, 0), groups=c)
+
     def rewrite(self, q_node: Node) -> Node | None:
         anchor = self.producer.get(q_node.inputs[0])
+        alone = len(self.users.get(q_node.inputs[0], ())) == 1 and \
+            q_node.inputs[0] not in self.graph.outputs
+        if anchor is not None and anchor.op in ("global_avg_pool", "avg_pool2d") and \
+                alone and self.integer_pools:
+            return self.avg_pool(q_node, anchor)
         if anchor is not None and anchor.op == "max_pool2d" and \
                 len(self.users[q_node.inputs[0]]) == 1 and \
                 q_node.inputs[0] not in self.graph.outputs:
@@ -164,6 +211,7 @@ def _dead_code(graph: Graph, params: dict) -> tuple[Graph, dict]:
     return prune(graph.replace(nodes=tuple(kept[::-1])), params)
 
 
-def fuse_qdq(graph: Graph, params: dict, cfg: PassConfig):
-    """The FuseQDQ pass (see the module docstring): (graph, params) -> (graph, params)."""
-    return _Fuser(graph, params).run()
+def fuse_qdq(graph: Graph, params: dict, cfg: PassConfig, target=None):
+    """The FuseQDQ pass (see the module docstring): (graph, params) -> (graph, params);
+    target: the codegen Target (its bare_metal decides the average pools)."""
+    return _Fuser(graph, params, target is not None and target.bare_metal).run()

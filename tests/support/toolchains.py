@@ -18,7 +18,11 @@ PACKAGES = {
     "readelf": "binutils",
     "nginx": "nginx",
     "chromium": "chromium",
+    "arm-none-eabi-gcc": "gcc-arm-none-eabi",
+    "qemu-system-arm": "qemu-system-arm",
 }
+# picolibc for arm-none-eabi (no command of its own): its gcc specs file.
+PICOLIBC_SPECS = "/usr/lib/picolibc/arm-none-eabi/picolibc.specs"
 
 
 def require_tools(*commands: str) -> None:
@@ -30,3 +34,14 @@ def require_tools(*commands: str) -> None:
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"CI=true but missing: {names}")
     pytest.skip(f"missing: {names}")
+
+
+def require_board() -> None:
+    """Skip unless the Cortex-M toolchain, picolibc and qemu-system-arm are installed
+    (gcc-arm-none-eabi, picolibc-arm-none-eabi, qemu-system-arm); under CI=true fail."""
+    require_tools("arm-none-eabi-gcc", "qemu-system-arm")
+    if not os.path.exists(PICOLIBC_SPECS):
+        message = f"missing: {PICOLIBC_SPECS} (Debian package picolibc-arm-none-eabi)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true but {message}")
+        pytest.skip(message)

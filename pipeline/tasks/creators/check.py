@@ -11,7 +11,7 @@ from pathlib import Path
 from doit import get_var
 
 from pipeline.ir.target import parse_target
-from pipeline.tasks.config import TargetEntry
+from pipeline.tasks.config import TargetEntry, executor_of
 from pipeline.tasks.explain import options_changed
 from pipeline.tasks.paths import OUT, artifacts, onnx_path, path, runtime_artifacts
 from pipeline.tasks.run import run_stage
@@ -34,16 +34,23 @@ def task_validate(sel: Selection):
         a = artifacts(m, t)
         opts = m.validate.to_dict()
         shapes = {k: list(v) for k, v in m.inputs.items()}
-        deps = [a["so"], onnx_path(m), *code_of("tools.validate:validate_library")]
+        aot = executor_of(m, t) == "aot"
+        lib = a["program"] if aot else a["so"]
+        deps = [lib, onnx_path(m), *code_of("tools.validate:validate_library")]
         # A library for another machine runs there; the host's loads in process.
         on_target = None if parse_target(t.target).is_host else _on_target(t)
-        if on_target and t.run:
+        if aot:  # the model's own program, through the run prefix if there is one
+            on_target = {"run": t.run, "config": str(t.path), "metadata": a["metadata"],
+                         "arch": parse_target(t.target).arch,
+                         "host": parse_target(t.target).is_host}
+            deps.append(a["metadata"])
+        elif on_target and t.run:
             deps.append(on_target["pipeline_run"])
         # Cached like a stage (as Bazel caches a passed test): a failed
         # validation is never stored, so it reruns until it passes.
         yield sel.cached_stage(
             f"{m.name}@{t.name}", "tools.validate:validate_library",
-            [a["so"], onnx_path(m), shapes, opts, m.name, t.name, a["validation"], on_target],
+            [lib, onnx_path(m), shapes, opts, m.name, t.name, a["validation"], on_target],
             deps, [a["validation"]],
             [options_changed({"validate": opts, "inputs": shapes, "run": t.run}, "validation")],
             extra=reference, fetch=(a["validation"],), clean=False)
@@ -65,7 +72,9 @@ def task_bench(sel: Selection):
     opts = [get_var(k, d) for k, d in (("threads", "1,2"), ("rounds", "3"), ("runs", "10"),
                                        ("warmup", "10"), ("profile", "0"))]
     reports, peak = [], path(OUT, "bench-peak.json")
-    for m, t in sel.entries:
+    # An entry of executor aot has no .so to time (its sizes are the budget task's).
+    timed = [(m, t) for m, t in sel.entries if executor_of(m, t) == "graph"]
+    for m, t in timed:
         a = artifacts(m, t)
         reports.append(path(OUT, m.name, t.name, "bench.json"))
         # A target with a run prefix is timed there, emulated (tools.bench_emulated).
@@ -80,7 +89,7 @@ def task_bench(sel: Selection):
     # After every entry's bench ("summary" has no "@", so no entry is called so).
     summary = [path(OUT, "bench-summary.md"), path(OUT, "bench-summary.json")]
     yield {"name": "summary", "verbosity": 2, "uptodate": [False],
-           "task_dep": [f"bench:{m.name}@{t.name}" for m, t in sel.entries],
+           "task_dep": [f"bench:{m.name}@{t.name}" for m, t in timed],
            "targets": summary,
            "actions": [(run_stage, ["tools.bench_table:summarize", reports, peak, *summary])]}
 

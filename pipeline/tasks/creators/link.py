@@ -1,14 +1,19 @@
 """The link family: an entry's kernel objects into lib0.o (lib0), its graph and
 params into devc.o (devc), each target's C runtime (runtime), the shared library
-(export), and `build`, every selected entry's library."""
+(export); for an entry of executor aot instead of devc and export, the static
+library, header and Model Library Format (aot) and its sizes against the board's
+budgets (budget); and `build`, every selected entry's library."""
 
 from __future__ import annotations
 
 import os
 
+from pipeline.link.firmware import AOT_MAIN_C
 from pipeline.link.runtime_c import C_SOURCES
+from pipeline.tasks.config import executor_of
 from pipeline.tasks.explain import options_changed
 from pipeline.tasks.paths import SPECS, artifacts, runtime_artifacts
+from pipeline.tasks.run import run_stage
 from pipeline.tasks.selection import Selection, code_of
 
 
@@ -33,7 +38,7 @@ def task_lib0(sel: Selection):
 
 def task_devc(sel: Selection):
     """Pack graph JSON, params and the kernel list into devc.o."""
-    for m, t in sel.entries:
+    for m, t in _graph_entries(sel):
         a, packing = artifacts(m, t), sel.packing[t.name]
         yield sel.cached_stage(
             f"{m.name}@{t.name}", "tasks.stages:pack_devc",
@@ -48,8 +53,9 @@ def task_runtime(sel: Selection):
     # The C sources are no Python for code_of to follow: listed by hand.
     runtime_src = [*(os.path.relpath(p) for p in C_SOURCES),
                    *code_of("tasks.stages:build_runtime")]
+    linked = {t.name for _, t in _graph_entries(sel)}
     for t in sel.targets:
-        if t.name not in sel.toolchain:  # no model selected: nothing links an executor
+        if t.name not in linked:  # no library of the graph executor: nothing links one
             continue
         r = runtime_artifacts(t)
         yield sel.cached_stage(
@@ -61,7 +67,7 @@ def task_runtime(sel: Selection):
 
 def task_export(sel: Selection):
     """Link lib0.o, devc.o and the target's executor.o into the model's shared library."""
-    for m, t in sel.entries:
+    for m, t in _graph_entries(sel):
         a, r = artifacts(m, t), runtime_artifacts(t)
         yield sel.cached_stage(
             f"{m.name}@{t.name}", "tasks.stages:export_library",
@@ -69,6 +75,48 @@ def task_export(sel: Selection):
             [a["lib0"], a["devc"], r["executor"], *code_of("tasks.stages:export_library")],
             [a["so"]], [options_changed(sel.toolchain[t.name], "toolchain"), sel.fetched],
             extra=sel.toolchain[t.name], fetch=(a["so"],))
+
+
+def _graph_entries(sel: Selection) -> list:
+    """The entries built for the graph executor (a .so)."""
+    return [(m, t) for m, t in sel.entries if executor_of(m, t) == "graph"]
+
+
+def _aot_entries(sel: Selection) -> list:
+    """The entries built for the AOT executor (lib<m>.a, docs/microcontrollers.md)."""
+    return [(m, t) for m, t in sel.entries if executor_of(m, t) == "aot"]
+
+
+AOT_OUTPUTS = ("archive", "header", "mlf", "metadata", "program")
+
+
+def task_aot(sel: Selection):
+    """Executor aot: lib<m>.a, <m>.h, the Model Library Format <m>.tar and the
+    program running the model on files (a bare-metal target's test firmware)."""
+    src = [os.path.relpath(AOT_MAIN_C), *code_of("tasks.stages:build_aot_library")]
+    for m, t in _aot_entries(sel):
+        a = artifacts(m, t)
+        inputs = [a["graph_json"], a["params"], a["kernels"], a["lib0"]]
+        out = {k: a[k] for k in AOT_OUTPUTS}
+        yield sel.cached_stage(
+            f"{m.name}@{t.name}", "tasks.stages:build_aot_library",
+            [m.name, *inputs, out, t.cc], [*inputs, *src], out,
+            [options_changed(sel.toolchain[t.name], "toolchain"), sel.fetched],
+            extra=sel.toolchain[t.name], fetch=(a["archive"], a["program"]))
+
+
+def task_budget(sel: Selection):
+    """An AOT model's flash and RAM against its target's ram_kib / flash_kib: the
+    build fails past one; prints the sizes. Compiles nothing, so a changed budget
+    reruns this alone."""
+    src = code_of("tasks.stages:check_sizes")
+    for m, t in _aot_entries(sel):
+        budgets = {k: v for k, v in (("ram_kib", t.ram_kib), ("flash_kib", t.flash_kib))
+                   if v is not None}
+        metadata = artifacts(m, t)["metadata"]
+        yield {"name": f"{m.name}@{t.name}", "file_dep": [metadata, *src],
+               "uptodate": [options_changed(budgets, "budgets")],
+               "actions": [(run_stage, ["tasks.stages:check_sizes", metadata, budgets])]}
 
 
 def task_build(sel: Selection):
@@ -79,7 +127,9 @@ def task_build(sel: Selection):
     # after the last optimize) for it, one worker idle meanwhile.
     return {"actions": None,
             "task_dep": [*(f"model:{m.name}" for m in sel.models if m.written),
-                         *(f"export:{m.name}@{t.name}" for m, t in sel.entries)]}
+                         *(f"export:{m.name}@{t.name}" for m, t in _graph_entries(sel)),
+                         *(f"budget:{m.name}@{t.name}" for m, t in _aot_entries(sel))]}
 
 
-CREATORS = (task_lib0, task_devc, task_runtime, task_export, task_build)
+CREATORS = (task_lib0, task_devc, task_runtime, task_export, task_aot, task_budget,
+            task_build)
