@@ -14,7 +14,8 @@ With b the target's vector width (16 floats on AVX-512, 8 on AVX2):
     AlterOpLayout.winograd) becomes conv2d_winograd_nchwc, its weights transformed
     here; a depthwise conv2d
     (groups = channels = filters, more than b: padded to whole blocks of b) becomes
-    depthwise_conv2d_nchwc;
+    depthwise_conv2d_nchwc; another grouped conv2d whose groups' channels and filters
+    are multiples of b becomes conv2d_nchwc with attr groups;
     a 1x1 stride-1 unpadded conv that does not block (other groups, channel counts
     not a multiple of b) becomes conv2d_pointwise on the plain tensors;
   - elementwise ops whose activation inputs all have the output's 4-D shape and
@@ -132,7 +133,8 @@ class _Rewriter:
                 or tuple(node.attr("dilations")) != (1, 1)):
             return False
         if node.attr("groups") != 1:
-            return self.depthwise(node, weight) or self.pointwise(node, weight)
+            return (self.depthwise(node, weight) or self.pointwise(node, weight)
+                    or self.grouped(node, weight))
         oc, c = weight.shape[:2]
         ib = _input_block(c, self.vw)
         if not ib:
@@ -194,6 +196,23 @@ class _Rewriter:
         self.emit(Node.make("depthwise_conv2d_nchwc", node.name, inputs,
                             (f"{out}.nchw{self.vw}c",), **attrs))
         self.blocked[(out, self.vw)] = f"{out}.nchw{self.vw}c"
+        return True
+
+    def grouped(self, node: Node, weight: np.ndarray) -> bool:
+        """A grouped conv2d whose groups' channels and filters are whole blocks of b
+        (alexnet's two-group 5x5 and 3x3 convs): conv2d_nchwc with attr groups, each
+        channel tile inside one group (the plain conv2d ran them at half the speed)."""
+        oc, c = weight.shape[:2]
+        groups = node.attr("groups")
+        if c % self.vw or oc % groups or (oc // groups) % self.vw:
+            return False
+        oh, ow = self.types[node.outputs[0]].shape[2:]
+        k = tiling(oh, ow, oc // groups // self.vw, self.vw)[0]
+        w = node.inputs[1]
+        packed = self.param(("conv", w, self.vw, k), f"{w}.packed",
+                            lambda: pack_weight(weight, self.vw, self.vw, k))
+        inputs = [self.need_blocked(node.inputs[0], self.vw), packed, *node.inputs[2:]]
+        self.blocked_output(node, "conv2d_nchwc", inputs, oc_block=self.vw)
         return True
 
     def pointwise(self, node: Node, weight: np.ndarray) -> bool:
