@@ -2,9 +2,13 @@
 
 Layouts (b = the target's vector width, ib = input block, K = output blocks per tile):
   x    [N, C/ib, H, W, ib]               (NCHW{ib}c)
-  w    [OC/(K*b), C/ib, KH, KW, ib, K*b] (packed at build time by transform/layout.py)
+  w    [OC/(K*b), C/(G*ib), KH, KW, ib, K*b] (packed at build time by transform/layout.py)
   bias [OC]                              (optional; already in blocked order)
   out  [N, OC/b, OH, OW, b]              (NCHW{b}c)
+
+With G groups (attr groups, default 1; each group's channels and filters whole blocks,
+its filters whole tiles), the tiles of group g read the input's channel blocks
+g*C/(G*ib) onwards: alexnet's two-group convs are this kernel, not the plain conv2d.
 
 The micro-kernel keeps a tile of T output columns x K channel blocks in T*K
 vector registers: for every input channel and tap it loads K weight vectors,
@@ -118,10 +122,15 @@ class _Geo:
     sw: int
     pt: int
     pl: int
+    groups: int = 1  # conv groups: icb counts the input blocks of one group
 
     @property
     def k(self) -> int:
         return self.kob // self.ob
+
+    def first_block(self, ocg):
+        """The input's first channel block of the group of channel tile ocg."""
+        return 0 if self.groups == 1 else ocg // (self.ocg // self.groups) * self.icb
 
     def x_offset(self, kb, plane, ih, iw):
         """Offset of x[n, icb, ih, iw, 0] given the offset of x[n, icb, 0, 0, 0]."""
@@ -130,11 +139,13 @@ class _Geo:
 
 def _lower(kb, node, ins, out, epilogue):
     x, w = ins[0], ins[1]
-    n_n, icb_n, h, wd, ib = x.type.shape
-    ocg_n, _, kh_n, kw_n, _, kob = w.type.shape
+    n_n, _, h, wd, ib = x.type.shape
+    ocg_n, icb_n, kh_n, kw_n, _, kob = w.type.shape
     _, ocb_n, oh_n, ow_n, ob = out.type.shape
     (sh, sw), (pt, pl, _, _) = node.attr("strides"), node.attr("pads")
-    g = _Geo(n_n, icb_n, h, wd, ib, ocg_n, kh_n, kw_n, kob, ob, oh_n, ow_n, sh, sw, pt, pl)
+    groups = node.attr("groups", 1)
+    g = _Geo(n_n, icb_n, h, wd, ib, ocg_n, kh_n, kw_n, kob, ob, oh_n, ow_n, sh, sw, pt, pl,
+             groups)
     bufs = (x, w, ins[2] if len(ins) > 2 else None, out, epilogue)
     work = out.type.size * (w.type.size // (ocg_n * kob))  # multiply-adds
     _, t, flat = tiling(oh_n, ow_n, ocb_n, ob)
@@ -195,7 +206,7 @@ def _tile(kb, g: _Geo, bufs, n, ocg, pixels, row):
         for oh, ow in pixels:
             prefetch_epilogue(kb, epilogue, out, [n, ocb0 + k, oh, ow, 0])
     with kb.loop(0, g.icb, "icb") as icb:
-        plane = (n * g.icb + icb) * (g.h * g.w * g.ib)
+        plane = (n * (g.icb * g.groups) + g.first_block(ocg) + icb) * (g.h * g.w * g.ib)
         w_icb = (ocg * g.icb + icb) * (g.kh * g.kw * g.ib * g.kob)
         if row is None:
             _static_taps(kb, g, x, w, accs, pixels, plane, w_icb)

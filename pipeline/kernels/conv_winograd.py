@@ -64,6 +64,17 @@ MAX_WEIGHT_BYTES_PER_TILE = 2 << 20
 SCRATCH_BYTES = 1 << 20
 
 
+# Transformed-weight bytes from which a conv whose tiles fit one work item splits its
+# channel groups over two threads rather than its tiles (plan). Node minimum, 1 / 2
+# threads, tiles -> channel groups: alexnet's 12x12 256->384 (13.5 MiB) 1.78 / 1.48
+# -> 1.29 / 0.71 ms, zfnet512's 256->512 (18 MiB) 2.40 / 1.27 -> 1.39 / 1.01; but
+# inception_v1's 13x13 144->288 (5.7 MiB) 0.53 / 0.55 -> 0.62 / 0.42, squeezenet's
+# 64->256 (2.25 MiB) 0.34 / 0.33 -> 0.37 / 0.24: with smaller weights the larger
+# item's scratch (all its tiles) and the input transformed twice cost more at one
+# thread than reading the weights twice did, so these keep their plan.
+SPLIT_WEIGHT_BYTES = 8 << 20
+
+
 def tiles(oh: int, ow: int, m: int) -> tuple[int, int]:
     """Tile rows and columns of an oh x ow output."""
     return -(-oh // m), -(-ow // m)
@@ -77,9 +88,16 @@ def plan(oh: int, ow: int, c: int, oc: int, m: int, vw: int) -> tuple[int, int, 
     t = tile_width(count, k, vw)
     per_tile = (m + 2) ** 2 * (c + oc) * 4
     register_tiles = -(-count // t)
+    most = max(1, SCRATCH_BYTES // (per_tile * t))
+    if (register_tiles <= min(most, 2) and oc // (k * vw) > 1
+            and (m + 2) ** 2 * c * oc * 4 >= SPLIT_WEIGHT_BYTES):
+        # One work item of all the tiles, which _lower splits by output channel
+        # groups for two threads: each streams its half of the transformed weights
+        # once. (Two items of tiles each streamed them all: alexnet's 12 x 12 layer,
+        # 14 MiB of them, ran no faster on two threads than on one.)
+        return k, t, register_tiles
     # at least two work items when there are two register tiles (two threads)
-    s = max(1, min(-(-register_tiles // 2), SCRATCH_BYTES // (per_tile * t)))
-    return k, t, s
+    return k, t, max(1, min(-(-register_tiles // 2), most))
 
 
 def worth_it(node, weight: np.ndarray, oh: int, ow: int, vw: int) -> bool:
@@ -141,12 +159,13 @@ def _transform(kb, mat: np.ndarray, d: list) -> list:
     return transpose(_matmul(kb, mat, transpose(_matmul(kb, mat, d))))
 
 
-def _products(kb, u, v, mm, dims, tiling) -> None:
+def _products(kb, u, v, mm, dims, tiling, ocgs) -> None:
     """Step 2 of `_lower`: the P GEMMs mm[p] = v[p] @ u[p] of one work item (its
-    s_end register tiles of T tiles each, K output blocks), accumulated in registers."""
+    s_end register tiles of T tiles each, K output blocks; the output channel groups
+    ocgs[0] <= ocg < ocgs[1]), accumulated in registers."""
     p_n, ocg_n, c_n, kob, ob = dims
     s_end, t_n, k_n, span = tiling
-    with kb.loop(0, p_n, "p") as p, kb.loop(0, ocg_n, "ocg") as ocg, \
+    with kb.loop(0, p_n, "p") as p, kb.loop(*ocgs, "ocg") as ocg, \
             kb.loop(0, s_end, "s_mm") as s:
         accs = [[kb.local(zeros(ob)) for _ in range(t_n)] for _ in range(k_n)]
         u_row = (p * ocg_n + ocg) * (c_n * kob)
@@ -185,9 +204,27 @@ def _lower(kb, node, ins, out, epilogue):
     span = s_n * t_n                       # tiles per work item
     items = -(-count // span)
     work = n_n * items * span * p_n * c_n * ocg_n * kob
-    with parallel_for(kb, n_n * items, "tiles", work=work) as item:
+    # One work item of tiles, or two register tiles in two items (the scratch holds
+    # one), with large transformed weights (alexnet's and zfnet512's 12 x 12 outputs,
+    # 9 tiles): each thread would stream all the weights. Then the output channel
+    # groups split in two halves (outermost), each thread streaming one half (twice
+    # with two items of tiles: from L3 the second time) and transforming the input
+    # itself, a small part of the work with so few tiles. (With more that part grows:
+    # ResNet's 28 x 28 layer, two items of 25 and 24 tiles, took 18% longer at one
+    # thread, inception_v1's 13 x 13 ones, 16 tiles, 8-17%.)
+    whole = n_n * items
+    few = n_n == 1 and count <= 2 * t_n
+    parts = 2 if few and ocg_n > 1 and u.type.size * 4 >= SPLIT_WEIGHT_BYTES else 1
+    half = -(-ocg_n // parts)
+    with parallel_for(kb, whole * parts, "tiles", work=work) as item:
         v = kb.scratch(p_n * span * c_n)
         mm = kb.scratch(p_n * span * ocg_n * kob)
+        if parts == 1:
+            ocgs = (0, ocg_n)
+        else:
+            part = item // whole
+            ocgs = (part * half, kb.smin(part * half + half, ocg_n))
+            item = item % whole if whole > 1 else 0
         n, first = item // items, (item % items) * span
         # register tiles of this item holding a tile of the image (the last item's
         # may be fewer than S)
@@ -217,10 +254,11 @@ def _lower(kb, node, ins, out, epilogue):
                 for pj, val in enumerate(vrow):
                     kb.vstore(v, ((pi * a + pj) * span + tile) * c_n + icb * ib, val)
         # 2. the P GEMMs
-        _products(kb, u, v, mm, (p_n, ocg_n, c_n, kob, ob), (s_end, t_n, k_n, span))
+        _products(kb, u, v, mm, (p_n, ocg_n, c_n, kob, ob), (s_end, t_n, k_n, span), ocgs)
         # 3. output transform and epilogue, one tile and block at a time
         oc_n = ocg_n * kob
-        with kb.loop(0, n_tiles, "tile_out") as tile, kb.loop(0, ocb_n, "ocb") as ocb:
+        with kb.loop(0, n_tiles, "tile_out") as tile, \
+                kb.loop(ocgs[0] * k_n, ocgs[1] * k_n, "ocb") as ocb:
             q = first + tile
             oh0, ow0 = (q // tw_n) * m, (q % tw_n) * m
             base = tile * oc_n + ocb * ob

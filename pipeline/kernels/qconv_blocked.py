@@ -257,7 +257,8 @@ class Requantize:
         self.lo = ir.Constant(self.f_t, [float(lo)] * ob)
         self.hi = ir.Constant(self.f_t, [float(hi)] * ob)
 
-    def __call__(self, acc, oc0, out, at) -> None:
+    def __call__(self, acc, oc0, out, at, lanes: int | None = None) -> None:
+        """Store the first `lanes` (default all) requantized values at out[at..]."""
         kb, ob = self.kb, self.ob
         b_v = kb.b.load(kb.gep(self.bias, oc0), typ=self.acc_t, align=4)
         m_v = kb.b.load(kb.gep(self.mult, oc0), typ=self.f_t, align=4)
@@ -265,7 +266,11 @@ class Requantize:
         r = kb.fadd(kb.intrinsic("roundeven", f), self.zero, fast=False)
         r = kb.intrinsic("minnum", kb.intrinsic("maxnum", r, self.lo), self.hi)
         q = kb.b.trunc(kb.b.fptosi(r, self.acc_t), ir.VectorType(I8, ob))
-        kb.b.store(q, kb.gep(out, at), align=1)
+        if lanes is None or lanes == ob:
+            kb.b.store(q, kb.gep(out, at), align=1)
+            return
+        for lane in range(lanes):  # a partial last block (qdense_packed)
+            kb.b.store(kb.lane(q, lane), kb.gep(out, at + lane), align=1)
 
 
 lowering("qconv2d_nchwc", lower=_lower)

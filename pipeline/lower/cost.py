@@ -2,10 +2,12 @@
 operations, bytes moved and stack scratch of one kernel call, from its KernelSpec
 and LLVM IR. Estimates from shapes, stated as such:
 
-  flops: multiply-adds count 2 — convolutions (2 x output elements x weight
-    elements per output channel; transposed: 2 x input elements x weight elements
-    per input channel), dense/matmul (2 x output elements x the reduced dimension);
-    a bias is one more per output element; windowed pools one per window element
+  flops: multiply-adds count 2 (int8 ones too: the profile's GFLOP/s of a quantized
+    kernel is its GOP/s) — convolutions (2 x output elements x weight elements per
+    output channel, zero-padded input channels included; transposed: 2 x input elements
+    x weight elements per input channel), dense/matmul (2 x output elements x the
+    reduced dimension); a bias (an int8 kernel's requantization) is one more per output
+    element; windowed pools one per window element
     per output; elementwise ops (the fused epilogue too) one per output element;
     data movement (transpose, slice, gather, pad, tile, reshape, concat, layout
     transforms, ...) none; any other op (reductions, normalisations, softmax,
@@ -30,9 +32,10 @@ from pipeline.ir.graph import TensorType
 from pipeline.lower.kernel import KernelSpec
 from pipeline.ops import OpKind, get, infer_types
 
-_CONV = ("conv1d", "conv2d", "conv3d", "conv2d_nchwc", "depthwise_conv2d_nchwc")
+_CONV = ("conv1d", "conv2d", "conv3d", "conv2d_nchwc", "depthwise_conv2d_nchwc",
+         "qconv2d_nchwc", "qdepthwise_conv2d_nchwc")
 _CONV_T = ("conv_transpose1d", "conv_transpose2d", "conv_transpose3d")
-_GEMM = ("dense", "dense_packed", "matmul")
+_GEMM = ("dense", "dense_packed", "matmul", "matmul_integer", "qdense_packed")
 _WINDOWED = ("max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d",
              "avg_pool3d", "lp_pool1d", "lp_pool2d", "lp_pool3d", "max_pool2d_nchwc",
              "avg_pool2d_nchwc")
@@ -67,7 +70,8 @@ def _op_flops(op, args: list[TensorType], out: TensorType) -> int:
 
 def _out_channels(name: str, out: TensorType) -> int:
     """Output channels: NCHW{b}c outputs of the blocked convolutions hold C/b x b."""
-    if name in ("conv2d_nchwc", "depthwise_conv2d_nchwc"):
+    if name in ("conv2d_nchwc", "depthwise_conv2d_nchwc", "qconv2d_nchwc",
+                "qdepthwise_conv2d_nchwc"):
         return out.shape[1] * out.shape[-1]
     return out.shape[1]
 

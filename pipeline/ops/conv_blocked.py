@@ -15,8 +15,8 @@ def _infer(types, node):
     x, w = types[0], types[1]
     n, icb, h, wd, ib = x.shape
     ocg, wicb, kh, kw, wib, kob = w.shape
-    ob = node.attr("oc_block")
-    if (wicb, wib) != (icb, ib) or kob % ob:
+    ob, groups = node.attr("oc_block"), node.attr("groups", 1)
+    if (wicb * groups, wib) != (icb, ib) or kob % ob or ocg % groups:
         raise ModelError(f"node {node.name!r} (conv2d_nchwc): weights {list(w.shape)} do not "
                          f"match input {list(x.shape)} with oc_block {ob}")
     (sh, sw), (pt, pl, pb, pr) = node.attr("strides"), node.attr("pads")

@@ -18,7 +18,11 @@ def _infer(types, node):
     if a.shape[-1] != 4 * k4 or four != 4 or a.dtype not in QTYPES:
         raise ModelError(f"node {node.name!r} (qdense_packed): input {list(a.shape)} "
                          f"{a.dtype} does not match packed weights {list(w.shape)}")
-    return [TensorType(a.shape[:-1] + (nb * lanes,), node.attr("out"))]
+    units = node.attr("units", nb * lanes)  # N: the last block may be partial
+    if not (nb - 1) * lanes < units <= nb * lanes:
+        raise ModelError(f"node {node.name!r} (qdense_packed): {units} units do not fit "
+                         f"packed weights {list(w.shape)}")
+    return [TensorType(a.shape[:-1] + (units,), node.attr("out"))]
 
 
 register("qdense_packed", OpKind.OPAQUE, _infer)

@@ -11,8 +11,9 @@ reason best_peak_gflops keeps the best ever seen on this CPU in a small JSON fil
 a peak measured while other work held a core would inflate every "% of peak".
 
 The streaming read bandwidth (measure_read_gbps) is `threads` threads summing their
-own part of a 256 MiB buffer (8x this class of machine's L3, so it comes from DRAM)
-with eight vector accumulators, touched before the clock starts; GB/s is the buffer's
+own part of a 256 MiB buffer (8x this class of machine's L3, so it comes from DRAM;
+on transparent huge pages, as the executor's weights are) with eight vector
+accumulators, touched before the clock starts; GB/s is the buffer's
 bytes over the wall time of the slowest thread, best of a few passes, and
 best_read_gbps keeps the best seen in the same file as the FMA peak. It is the roof of
 a kernel that streams its weights once per call, as batch-1 fully connected layers do.
@@ -118,11 +119,19 @@ double ping_pong(int a, int b, long rounds) {
 # The streaming read of measure_read_gbps (after _PING_PONG, whose _GNU_SOURCE must
 # come before any #include).
 _STREAM = """#include <stdlib.h>
-/* `n` floats (a multiple of 8 * W), 64-byte aligned and written once, so that every
-   page is mapped before stream_read times it; NULL if out of memory. */
+#include <sys/mman.h>
+/* `n` floats (a multiple of 8 * W) on transparent huge pages where the kernel offers
+   them, as the executor's arena is (runtime/c/executor.c arena_alloc: on 4 KiB pages
+   a VM's page walks cut a streaming read by a third or more), written once, so that
+   every page is mapped before stream_read times it; NULL if out of memory. */
 float *stream_buffer(long n) {
-    float *p = aligned_alloc(64, (size_t)n * sizeof(float));
-    if (p) for (long i = 0; i < n; i++) p[i] = 1.0f;
+    size_t huge = (size_t)2 << 20, bytes = ((size_t)n * sizeof(float) + huge - 1) / huge * huge;
+    float *p = aligned_alloc(huge, bytes);
+    if (!p) return p;
+#ifdef MADV_HUGEPAGE
+    madvise(p, bytes, MADV_HUGEPAGE);
+#endif
+    for (long i = 0; i < n; i++) p[i] = 1.0f;
     return p;
 }
 void stream_free(float *p) { free(p); }

@@ -14,7 +14,8 @@ With b the target's vector width (16 floats on AVX-512, 8 on AVX2):
     AlterOpLayout.winograd) becomes conv2d_winograd_nchwc, its weights transformed
     here; a depthwise conv2d
     (groups = channels = filters, more than b: padded to whole blocks of b) becomes
-    depthwise_conv2d_nchwc;
+    depthwise_conv2d_nchwc; another grouped conv2d whose groups' channels and filters
+    are multiples of b becomes conv2d_nchwc with attr groups;
     a 1x1 stride-1 unpadded conv that does not block (other groups, channel counts
     not a multiple of b) becomes conv2d_pointwise on the plain tensors;
   - elementwise ops whose activation inputs all have the output's 4-D shape and
@@ -132,7 +133,8 @@ class _Rewriter:
                 or tuple(node.attr("dilations")) != (1, 1)):
             return False
         if node.attr("groups") != 1:
-            return self.depthwise(node, weight) or self.pointwise(node, weight)
+            return (self.depthwise(node, weight) or self.pointwise(node, weight)
+                    or self.grouped(node, weight))
         oc, c = weight.shape[:2]
         ib = _input_block(c, self.vw)
         if not ib:
@@ -194,6 +196,23 @@ class _Rewriter:
         self.emit(Node.make("depthwise_conv2d_nchwc", node.name, inputs,
                             (f"{out}.nchw{self.vw}c",), **attrs))
         self.blocked[(out, self.vw)] = f"{out}.nchw{self.vw}c"
+        return True
+
+    def grouped(self, node: Node, weight: np.ndarray) -> bool:
+        """A grouped conv2d whose groups' channels and filters are whole blocks of b
+        (alexnet's two-group 5x5 and 3x3 convs): conv2d_nchwc with attr groups, each
+        channel tile inside one group (the plain conv2d ran them at half the speed)."""
+        oc, c = weight.shape[:2]
+        groups = node.attr("groups")
+        if c % self.vw or oc % groups or (oc // groups) % self.vw:
+            return False
+        oh, ow = self.types[node.outputs[0]].shape[2:]
+        k = tiling(oh, ow, oc // groups // self.vw, self.vw)[0]
+        w = node.inputs[1]
+        packed = self.param(("conv", w, self.vw, k), f"{w}.packed",
+                            lambda: pack_weight(weight, self.vw, self.vw, k))
+        inputs = [self.need_blocked(node.inputs[0], self.vw), packed, *node.inputs[2:]]
+        self.blocked_output(node, "conv2d_nchwc", inputs, oc_block=self.vw)
         return True
 
     def pointwise(self, node: Node, weight: np.ndarray) -> bool:
@@ -270,35 +289,37 @@ class _Rewriter:
         return True
 
     def qdense(self, node: Node) -> bool:
-        """matmul_integer by a constant symmetric int8 [K, N] -> qdense_packed."""
+        """matmul_integer by a constant symmetric int8 [K, N] -> qdense_packed, the
+        columns zero-padded to whole blocks (attr units = N)."""
         a, b, azp, bzp = node.inputs[:4]
         weight = self.params.get(b)
         lanes = self.vw
         if (weight is None or weight.dtype != np.int8 or weight.ndim != 2
                 or bzp not in self.params or np.any(self.params[bzp] != 0)
-                or weight.shape[0] % 4 or weight.shape[1] % lanes
+                or weight.shape[0] % 4
                 or node.attr("out") not in ("int32", *QTYPES)
                 or not all(i in self.params for i in node.inputs[4:])):
             return False
+        n = weight.shape[1]
+        padded = n + -n % lanes
         packed = self.param(("qdense", b, lanes), f"{b}.packed",
-                            lambda: pack_qdense(weight, lanes)[0])
-        colsum = self.param(("qcolsum", b), f"{b}.colsum",
-                            lambda: pack_qdense(weight, lanes)[1])
+                            lambda: pack_qdense(_pad_columns(weight, padded), lanes)[0])
+        colsum = self.param(("qcolsum", b, padded), f"{b}.colsum",
+                            lambda: pack_qdense(_pad_columns(weight, padded), lanes)[1])
         extra = list(node.inputs[4:])
         if extra:  # per-column multiplier, as the kernel loads vectors of it
-            n = weight.shape[1]
-            extra[1] = self.param(("qmult", extra[1], n), f"{extra[1]}.per_column",
-                                  lambda: np.ascontiguousarray(np.broadcast_to(
+            extra[1] = self.param(("qmult", extra[1], padded), f"{extra[1]}.per_column",
+                                  lambda: _pad_columns(np.broadcast_to(
                                       self.params[node.inputs[5]].reshape(-1), (n,)),
-                                      np.float32))
-            extra[0] = self.param(("qbias", extra[0], n), f"{extra[0]}.per_column",
-                                  lambda: np.ascontiguousarray(np.broadcast_to(
+                                      padded).astype(np.float32))
+            extra[0] = self.param(("qbias", extra[0], padded), f"{extra[0]}.per_column",
+                                  lambda: _pad_columns(np.broadcast_to(
                                       self.params[node.inputs[4]].reshape(-1), (n,)),
-                                      np.int32))
+                                      padded).astype(np.int32))
         self.emit(Node.make("qdense_packed", node.name,
                             [self.need_plain(a), packed, colsum, self.need_plain(azp), *extra],
                             node.outputs, out=node.attr("out"), dot=self.dot,
-                            offset=offset_of(self.dot, self.types[a].dtype)))
+                            offset=offset_of(self.dot, self.types[a].dtype), units=n))
         self.plain.update(node.outputs)
         return True
 
@@ -399,6 +420,12 @@ def _input_block(c: int, vw: int) -> int:
     if c % vw == 0 or c <= vw:
         return vw if c % vw == 0 else c
     return next((d for d in range(vw, vw // 2 - 1, -1) if c % d == 0), 0)
+
+
+def _pad_columns(value: np.ndarray, width: int) -> np.ndarray:
+    """`value` ([..., N]) with zero columns appended up to `width`, contiguous."""
+    pad = [(0, 0)] * (value.ndim - 1) + [(0, width - value.shape[-1])]
+    return np.ascontiguousarray(np.pad(value, pad))
 
 
 def _pad_filters(value: np.ndarray, pad: int) -> np.ndarray:

@@ -5,22 +5,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx.reference import ReferenceEvaluator
 
 from pipeline.frontend import from_onnx
 from pipeline.kernels import conv_winograd
-from tests.support.compare import build_and_load
 from tests.support.fast_kernels import (
     AVX512,
     HASWELL,
     NATIVE,
     RELU,
+    check_winograd,
     conv_net,
     host_has_avx512,
-    ops_used,
 )
-
-WINOGRAD = "conv2d_winograd_nchwc"
 
 
 @pytest.mark.parametrize("m", [2, 4])
@@ -43,18 +39,6 @@ def test_transforms_compute_a_2d_correlation(m):
             np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
 
 
-def _check(model, feeds, target, uses_winograd=True, **ctx):
-    """Build at opt_level 3, run at 1 and 2 threads, compare with onnx.reference."""
-    want = ReferenceEvaluator(model).run(None, feeds)[0]
-    graph, params = from_onnx(model)
-    gm, factory = build_and_load(graph, params, target=target, **ctx)
-    assert (WINOGRAD in ops_used(factory)) == uses_winograd, ops_used(factory)
-    for threads in (1, 2):
-        gm.set_num_threads(threads)
-        gm.run(**feeds)
-        np.testing.assert_allclose(gm.get_output(0), want, rtol=1e-4, atol=1e-4)
-
-
 def _case(target, **case):
     """A (target, conv_net arguments) parameter; AVX-512 cases skip without it."""
     name = "-".join(f"{k}{v}" for k, v in case.items() if k != "after")
@@ -72,20 +56,20 @@ def _case(target, **case):
     _case(HASWELL, c=16, oc=24, hw=11, after=[RELU]),                    # 8 lanes
 ])
 def test_winograd_conv_matches_onnx_reference(target, case):
-    _check(*conv_net(**case), target)
+    check_winograd(*conv_net(**case), target)
 
 
 def test_f2x2_tiles_match_onnx_reference(monkeypatch):
     """F(2x2, 3x3), the smaller tile, through the same kernel."""
     monkeypatch.setattr(conv_winograd, "TILE", 2)
-    _check(*conv_net(c=16, oc=16, hw=11, after=[RELU]), NATIVE)
+    check_winograd(*conv_net(c=16, oc=16, hw=11, after=[RELU]), NATIVE)
 
 
 def test_disabled_by_option_and_skipped_where_direct_is_faster():
     """AlterOpLayout.winograd: false keeps the direct blocked conv; the rule keeps it
     for a 7x7 plane of 512 channels (9 MiB of transformed weights per tile) and for
     stride 2, and takes Winograd for ResNet's 56x56 64-channel layer."""
-    _check(*conv_net(c=16, oc=32, hw=17), NATIVE, uses_winograd=False,
+    check_winograd(*conv_net(c=16, oc=32, hw=17), NATIVE, uses_winograd=False,
            config={"AlterOpLayout.winograd": False})
 
     def chosen(c, oc, hw, stride=1):

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 from onnx import helper
+from onnx.reference import ReferenceEvaluator
 
+from pipeline.frontend import from_onnx
+from tests.support.compare import build_and_load
 from tests.support.onnx_models import make_model, rand
 
 node = helper.make_node
@@ -53,3 +56,19 @@ def conv_net(c, oc, hw, k=3, stride=1, pads=None, bias=True, after=(), batch=1,
 
 
 RELU = ("Relu", {})
+
+
+WINOGRAD = "conv2d_winograd_nchwc"
+
+
+def check_winograd(model, feeds, target, uses_winograd=True, **ctx):
+    """Build `model` for `target` at opt_level 3 (whether it uses the Winograd conv must
+    be `uses_winograd`), run at 1 and 2 threads, compare with onnx.reference."""
+    want = ReferenceEvaluator(model).run(None, feeds)[0]
+    graph, params = from_onnx(model)
+    gm, factory = build_and_load(graph, params, target=target, **ctx)
+    assert (WINOGRAD in ops_used(factory)) == uses_winograd, ops_used(factory)
+    for threads in (1, 2):
+        gm.set_num_threads(threads)
+        gm.run(**feeds)
+        np.testing.assert_allclose(gm.get_output(0), want, rtol=1e-4, atol=1e-4)
