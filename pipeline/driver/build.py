@@ -18,7 +18,7 @@ import numpy as np
 
 from pipeline.codegen.compile import compile_ir
 from pipeline.codegen.render import render
-from pipeline.driver.factory import GraphExecutorFactory, LoweredGraph, unique_specs
+from pipeline.driver.factory import EXECUTORS, GraphExecutorFactory, LoweredGraph, unique_specs
 from pipeline.ir.graph import Graph
 from pipeline.ir.target import Target, parse_target
 from pipeline.lower.cost import bytes_moved, kernel_flops, stack_bytes
@@ -79,14 +79,18 @@ def compile_kernel(spec: KernelSpec, text: str | None = None) -> tuple[str, byte
 
 def build(graph: Graph, target: str = "llvm", params: dict | None = None,
           opt_level: int | None = None,
-          kernel_cache: dict[str, bytes] | None = None) -> GraphExecutorFactory:
+          kernel_cache: dict[str, bytes] | None = None,
+          executor: str = "graph") -> GraphExecutorFactory:
     """Optimise and compile `graph` for `target` under the current PassContext.
 
     opt_level is LLVM's (0..3); it defaults to the PassContext's opt_level.
     kernel_cache (kernel hash -> object bytes) is read and filled: a kernel
     found there is not compiled again (its hash names everything that decides
-    its machine code, as for the doit kernel cache).
+    its machine code, as for the doit kernel cache). executor: "graph" (the graph
+    executor) or "vm" (export_library links a VM library with the .ro, docs/vm.md).
     """
+    if executor not in EXECUTORS:
+        raise ValueError(f"executor {executor!r}: allowed {', '.join(EXECUTORS)}")
     cfg = PassContext.current()
     resolved = parse_target(target)
     llvm_level = cfg.opt_level if opt_level is None else opt_level
@@ -97,4 +101,4 @@ def build(graph: Graph, target: str = "llvm", params: dict | None = None,
         if spec.hash not in cache:
             cache[spec.hash] = compile_kernel(spec, lowered.ir[spec.hash])[1]
         objects[spec.symbol] = cache[spec.hash]
-    return GraphExecutorFactory(lowered, target, objects)
+    return GraphExecutorFactory(lowered, target, objects, executor)
