@@ -153,6 +153,16 @@ def read_ro(data: bytes, source: str = ".ro") -> Executable:
     for another magic or version, a wrong length or checksum, or bad content."""
     data = bytes(data)
     total = _check_prefix(data, source)
+    try:
+        return _read_sections(data, total, source)
+    except (struct.error, ValueError, OverflowError, IndexError, TypeError) as err:
+        if isinstance(err, FormatError):
+            raise
+        raise FormatError(f"{source}: VM executable corrupted ({type(err).__name__}: "
+                          f"{err})") from None
+
+
+def _read_sections(data: bytes, total: int, source: str) -> Executable:
     table = _TABLE.unpack_from(data, _PREFIX.size)
     sections = {}
     for k, name in enumerate(("functions", "constants", "kernels", "bytecode")):

@@ -32,6 +32,14 @@
 #ifndef PL_MAX_STORAGE /* the fuzzer lowers it: a fuzzed size must not allocate GBs */
 #define PL_MAX_STORAGE ((uint64_t)1 << 46)
 #endif
+#ifndef PL_MAX_REGS /* registers of one function (the fuzzer lowers it too) */
+#define PL_MAX_REGS (1u << 20)
+#endif
+#ifndef PL_MAX_STEPS /* instructions per run; 0: no limit (the fuzzer sets one: a Goto
+                       * to itself must not hang it) */
+#define PL_MAX_STEPS 0
+#endif
+#define MAX_DEPTH 64 /* nested function calls (If and Loop bodies nest, never recurse) */
 enum { ALLOC_STORAGE = 1, ALLOC_TENSOR, LOAD_CONST, INVOKE_PACKED, COPY, VIEW, MOVE, IF, GOTO,
        INVOKE, RET };
 
@@ -71,6 +79,7 @@ struct func {
     struct type *params, *results;
     struct ins *code;
     struct obj *regs; /* one register file: no function calls itself */
+    struct obj *out;  /* what its Ret returns, until the caller takes it */
     int active;
 };
 
@@ -86,7 +95,8 @@ struct pl_executor {
     struct type *type_pool;
     struct storage **inputs; /* main's parameters, set by pl_set_input */
     struct obj *outputs;     /* main's results of the last run */
-    int ran, num_threads;
+    int ran, num_threads, depth;
+    uint64_t steps;
     struct storage *pool;    /* released storages, for reuse */
     void *dl_handle;
     char error[512];
@@ -330,7 +340,7 @@ static int read_funcs(pl_executor *h, struct reader *r, struct ins *all, uint32_
             read_u(h, r, 4, &regs) || read_u(h, r, 4, &pad) || read_u(h, r, 8, &first) ||
             read_u(h, r, 8, &count))
             return -1;
-        if (np + nr > n_types - used || regs < np || regs > (1u << 24) || first > n_ins ||
+        if (np + nr > n_types - used || regs < np || regs > PL_MAX_REGS || first > n_ins ||
             count > n_ins - first || count == 0)
             return fail(h, ".ro functions section corrupted: function '%s'", fn->name);
         fn->n_params = (uint32_t)np, fn->n_results = (uint32_t)nr, fn->n_regs = (uint32_t)regs;
@@ -339,7 +349,9 @@ static int read_funcs(pl_executor *h, struct reader *r, struct ins *all, uint32_
         for (uint32_t t = 0; t < np + nr; t++)
             if (read_type(h, r, &fn->params[t])) return -1;
         fn->code = all + first, fn->n_code = (uint32_t)count;
-        if (!(fn->regs = calloc(regs + 1, sizeof *fn->regs))) return fail(h, "out of memory");
+        fn->regs = calloc(regs + 1, sizeof *fn->regs);
+        fn->out = calloc(nr + 1, sizeof *fn->out);
+        if (!fn->regs || !fn->out) return fail(h, "out of memory");
     }
     if (r->p != r->end) return fail(h, ".ro functions section corrupted: trailing bytes");
     for (uint32_t f = 0; f < h->n_funcs; f++) {
@@ -420,10 +432,13 @@ static int invoke_packed(pl_executor *h, struct func *fn, struct ins *in) {
 static int call(pl_executor *h, struct func *fn, const struct ins *in) {
     struct func *callee = &h->funcs[in->w[0]];
     if (callee->active) return fail(h, "VM: function '%s' calls itself", callee->name);
+    if (h->depth >= MAX_DEPTH) return fail(h, "VM: calls nested more than %d deep", MAX_DEPTH);
     for (int64_t a = 0; a < in->w[1]; a++) obj_set(h, &callee->regs[a], &fn->regs[in->w[2 + a]]);
-    struct obj out[64] = {{0}};
-    if (callee->n_results > 64) return fail(h, "VM: more than 64 results");
-    if (run_func(h, callee, out)) return -1;
+    struct obj *out = callee->out;
+    h->depth++;
+    int rc = run_func(h, callee, out);
+    h->depth--;
+    if (rc) return -1;
     const int64_t *dst = in->w + 3 + in->w[1];
     for (uint32_t k = 0; k < callee->n_results; k++) {
         obj_set(h, &fn->regs[dst[k]], &out[k]);
@@ -484,7 +499,8 @@ static int run_func(pl_executor *h, struct func *fn, struct obj *results) {
     int done = 0, rc = 0;
     fn->active = 1;
     while (!done && rc == 0) {
-        if (pc >= fn->n_code) rc = fail(h, "VM: function '%s' ran past its end", fn->name);
+        if (PL_MAX_STEPS && ++h->steps > PL_MAX_STEPS) rc = fail(h, "VM: step limit reached");
+        else if (pc >= fn->n_code) rc = fail(h, "VM: function '%s' ran past its end", fn->name);
         else rc = step(h, fn, &pc, results, &done);
     }
     fn->active = 0;
@@ -567,7 +583,9 @@ API void pl_destroy(pl_executor *h) {
     for (uint32_t f = 0; h->funcs && f < h->n_funcs; f++) {
         for (uint32_t k = 0; h->funcs[f].regs && k < h->funcs[f].n_regs; k++)
             obj_clear(h, &h->funcs[f].regs[k]);
-        free(h->funcs[f].regs);
+        for (uint32_t k = 0; h->funcs[f].out && k < h->funcs[f].n_results; k++)
+            obj_clear(h, &h->funcs[f].out[k]);
+        free(h->funcs[f].regs), free(h->funcs[f].out);
     }
     for (uint32_t i = 0; h->inputs && i < h->funcs[0].n_params; i++)
         storage_release(h, h->inputs[i]);
@@ -663,7 +681,7 @@ API int pl_run(pl_executor *h) {
     struct func *m = &h->funcs[0];
     if (h->num_threads > 0 && omp_set_num_threads) omp_set_num_threads(h->num_threads);
     for (uint32_t o = 0; o < m->n_results; o++) obj_clear(h, &h->outputs[o]);
-    h->ran = 0;
+    h->ran = 0, h->steps = 0, h->depth = 0;
     for (uint32_t i = 0; i < m->n_params; i++) {
         const struct type *t = &m->params[i];
         struct obj in = {2, t->dtype, t->ndim, h->inputs[i], h->inputs[i]->data, t->nbytes, {0}};
@@ -671,6 +689,8 @@ API int pl_run(pl_executor *h) {
         obj_set(h, &m->regs[i], &in);
     }
     if (run_func(h, m, h->outputs)) return -1;
+    for (uint32_t o = 0; o < m->n_results; o++)
+        if (h->outputs[o].kind != 2) return fail(h, "VM: main's result %u is not a tensor", o);
     h->ran = 1;
     return 0;
 }
