@@ -15,6 +15,7 @@ checked in Python before the C side reads it, as the graph executor's blob is.
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 from typing import Any
 
@@ -29,13 +30,20 @@ from pipeline.runtime.timing import BenchmarkResult, time_evaluator
 from pipeline.vm import compile as vm_compile
 from pipeline.vm.format import RO_SYMBOL, read_ro
 
-__all__ = ["Executable", "VMError", "VirtualMachine"]
+__all__ = ["Executable", "VMError", "VirtualMachine", "is_vm_library"]
 
 _PREFIX = 24  # magic, version, reserved, total length: format.py
 
 
 class VMError(PipelineError, RuntimeError):
     """A VM run or input refused; the message is one line."""
+
+
+def is_vm_library(path: str | os.PathLike) -> bool:
+    """Whether the library file at `path` was built with `executor: vm` (it names
+    the .ro symbol, which only a VM library's symbol table holds)."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        return data.find(RO_SYMBOL.encode() + b"\0") >= 0
 
 
 def _load_library(path: str | os.PathLike) -> tuple[str, ctypes.CDLL]:

@@ -10,6 +10,7 @@
         random_weights: 0                               # seeded weights (models/reweight.py)
         inputs: {input.1: [1, 3, 224, 224]}             # optional shape overrides
         validate: {rtol: 1.0e-3}                        # optional overrides
+        executor: vm                                    # run by the VM (docs/vm.md)
     targets:
       llvm: {target: "llvm -mcpu=native", opt_level: 3,
              disabled_pass: [], required_pass: [], config: {FuseOps.max_depth: 256}}
@@ -18,6 +19,7 @@
         cc: aarch64-linux-gnu-gcc          # compiler + linker driver; required off-host
         run: "qemu-aarch64 -L /usr/aarch64-linux-gnu"   # runs target programs
         pack: elf                          # devc.o by our ELF writer, or c (compiled)
+        executor: graph                    # the default; vm: its models run by the VM
     validate: {reference: onnx, rtol: 1.0e-4, atol: 1.0e-4, seed: 0}   # quant_steps: 1
     cache: {url: "http://cache:8080/pipeline", upload: true, timeout: 10}   # remote tier
 
@@ -32,6 +34,7 @@ from pathlib import Path
 
 import yaml
 
+from pipeline.driver.factory import EXECUTORS
 from pipeline.errors import ConfigError
 from pipeline.ir.target import TargetError, parse_target
 from pipeline.link.cc import ToolchainError, cc_package, toolchain_identity
@@ -69,6 +72,7 @@ class ModelEntry:
     inputs: dict = field(default_factory=dict)   # input name -> shape override
     validate: ValidateOptions = ValidateOptions()
     random_weights: int | None = None  # a path model's weights made random, this seed
+    executor: str | None = None   # "graph" or "vm"; None: the target's (executor_of)
 
     @property
     def written(self) -> bool:
@@ -89,6 +93,7 @@ class TargetEntry:
     run: str | None = None     # command prefix that runs the target's programs
     pack: str | None = None    # how devc.o is written (export.choose_pack); None: by target
     path: Path | None = None   # the config file, for errors
+    executor: str | None = None  # "graph" or "vm" for its models; None: "graph"
 
     def pass_context(self) -> PassContext:
         return PassContext(self.opt_level, self.required_pass, self.disabled_pass,
@@ -115,6 +120,12 @@ class TargetEntry:
         the pack is "c"."""
         pack = choose_pack(parse_target(self.target), self.pack)
         return {"pack": pack, **(self.toolchain() if pack == "c" else {})}
+
+
+def executor_of(m: ModelEntry, t: TargetEntry) -> str:
+    """What runs the library of entry m x t: the model's `executor:`, else the
+    target's, else "graph" (the graph executor; "vm": the VM, docs/vm.md)."""
+    return m.executor or t.executor or "graph"
 
 
 @dataclass(frozen=True)
@@ -273,7 +284,7 @@ def _model(where: _Where, name: str, spec, validate: ValidateOptions) -> ModelEn
 
     key = f"models.{name}"
     spec = where.mapping(spec, key, {"path", "generator", "args", "inputs", "validate",
-                                     "random_weights"})
+                                     "random_weights", "executor"})
     if ("path" in spec) == ("generator" in spec):
         where.fail(key, "give exactly one of 'path' (an ONNX file) or 'generator' "
                    f"(one of {', '.join(GENERATORS)})")
@@ -310,7 +321,17 @@ def _model(where: _Where, name: str, spec, validate: ValidateOptions) -> ModelEn
         inputs[inp] = tuple(shape)
     return ModelEntry(name, path, generator, args, inputs,
                       _validate_options(where, spec.get("validate") or {},
-                                        f"{key}.validate", validate), seed)
+                                        f"{key}.validate", validate), seed,
+                      _executor(where, spec, key))
+
+
+def _executor(where: _Where, spec: dict, key: str) -> str | None:
+    """A model's or target's `executor:`, checked (None when not given)."""
+    value = spec.get("executor")
+    if value is not None and value not in EXECUTORS:
+        where.fail(f"{key}.executor", f"{value!r} is not an executor; allowed: "
+                   f"{', '.join(EXECUTORS)}")
+    return value
 
 
 def _generator_args(where: _Where, doc, key: str) -> dict:
@@ -343,7 +364,8 @@ def _onnx_light(where: _Where, name: str, key: str) -> Path:
 def _target(where: _Where, name: str, spec) -> TargetEntry:
     key = f"targets.{name}"
     spec = where.mapping(spec, key, {"target", "opt_level", "required_pass", "disabled_pass",
-                                     "config", "cc", "run", "pack"}, required={"target"})
+                                     "config", "cc", "run", "pack", "executor"},
+                         required={"target"})
     text = where.typed(spec["target"], f"{key}.target", str, "a target string")
     try:
         resolved = parse_target(text)
@@ -366,7 +388,8 @@ def _target(where: _Where, name: str, spec) -> TargetEntry:
         disabled_pass=tuple(where.typed(spec.get("disabled_pass", []),
                                         f"{key}.disabled_pass", list, "a list of passes")),
         config=dict(where.mapping(spec.get("config") or {}, f"{key}.config")),
-        cc=tools.get("cc"), run=tools.get("run"), pack=pack, path=where.path)
+        cc=tools.get("cc"), run=tools.get("run"), pack=pack, path=where.path,
+        executor=_executor(where, spec, key))
     # Check each list and option on its own, so the error names its exact key.
     checks = [(f"{key}.{f}", {f: getattr(entry, f)}) for f in ("required_pass", "disabled_pass")]
     checks += [(f"{key}.config.{opt}", {"config": {opt: v}}) for opt, v in entry.config.items()]

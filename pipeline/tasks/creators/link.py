@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import os
 
-from pipeline.link.runtime_c import C_SOURCES
+from pipeline.link.runtime_c import C_SOURCES, VM_SOURCES
+from pipeline.tasks.config import executor_of
 from pipeline.tasks.explain import options_changed
 from pipeline.tasks.paths import SPECS, artifacts, runtime_artifacts
 from pipeline.tasks.selection import Selection, code_of
@@ -32,9 +33,19 @@ def task_lib0(sel: Selection):
 
 
 def task_devc(sel: Selection):
-    """Pack graph JSON, params and the kernel list into devc.o."""
+    """Pack graph JSON, params and the kernel list into devc.o (a VM entry: into the
+    executable <m>.ro, and devc.o holding it)."""
     for m, t in sel.entries:
         a, packing = artifacts(m, t), sel.packing[t.name]
+        if executor_of(m, t) == "vm":
+            yield sel.cached_stage(
+                f"{m.name}@{t.name}", "tasks.stages:pack_vm",
+                [a["graph_json"], a["params"], a["kernels"], a["ro"], a["devc"],
+                 packing["pack"], t.cc],
+                [a["graph_json"], a["params"], a["kernels"], *code_of("tasks.stages:pack_vm")],
+                [a["ro"], a["devc"]], [options_changed(packing, "packing"), sel.fetched],
+                extra=packing)
+            continue
         yield sel.cached_stage(
             f"{m.name}@{t.name}", "tasks.stages:pack_devc",
             [a["graph_json"], a["params"], a["kernels"], a["devc"], packing["pack"], t.cc],
@@ -48,25 +59,32 @@ def task_runtime(sel: Selection):
     # The C sources are no Python for code_of to follow: listed by hand.
     runtime_src = [*(os.path.relpath(p) for p in C_SOURCES),
                    *code_of("tasks.stages:build_runtime")]
+    vm_src = sorted({os.path.relpath(p) for p in VM_SOURCES} - set(runtime_src))
+    vm_targets = {t.name for m, t in sel.entries if executor_of(m, t) == "vm"}
     for t in sel.targets:
         if t.name not in sel.toolchain:  # no model selected: nothing links an executor
             continue
         r = runtime_artifacts(t)
+        # vm.o only where an entry uses the VM: a graph-only target's task is unchanged.
+        vm = [r["vm"]] if t.name in vm_targets else []
         yield sel.cached_stage(
-            t.name, "tasks.stages:build_runtime", [r["executor"], r["run"], t.cc],
-            runtime_src, [r["executor"], r["run"]],
+            t.name, "tasks.stages:build_runtime", [r["executor"], r["run"], t.cc, *vm],
+            runtime_src + (vm_src if vm else []), [r["executor"], r["run"], *vm],
             [options_changed(sel.toolchain[t.name], "toolchain"), sel.fetched],
             extra=sel.toolchain[t.name])
 
 
 def task_export(sel: Selection):
-    """Link lib0.o, devc.o and the target's executor.o into the model's shared library."""
+    """Link lib0.o, devc.o and the target's executor.o (vm.o for a VM entry) into the
+    model's shared library."""
     for m, t in sel.entries:
         a, r = artifacts(m, t), runtime_artifacts(t)
+        # A VM entry links vm.o instead (and says so: the stage's last argument).
+        runtime, vm = (r["vm"], [True]) if executor_of(m, t) == "vm" else (r["executor"], [])
         yield sel.cached_stage(
             f"{m.name}@{t.name}", "tasks.stages:export_library",
-            [a["lib0"], a["devc"], r["executor"], a["so"], t.cc],
-            [a["lib0"], a["devc"], r["executor"], *code_of("tasks.stages:export_library")],
+            [a["lib0"], a["devc"], runtime, a["so"], t.cc, *vm],
+            [a["lib0"], a["devc"], runtime, *code_of("tasks.stages:export_library")],
             [a["so"]], [options_changed(sel.toolchain[t.name], "toolchain"), sel.fetched],
             extra=sel.toolchain[t.name], fetch=(a["so"],))
 
