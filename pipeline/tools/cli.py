@@ -75,7 +75,7 @@ def input_shapes(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
 
 def compile_model(model: str, output: str, target: str = DEFAULT_TARGET, opt_level: int = 3,
                   shapes: dict | None = None, cc: str | None = None,
-                  cache: str | None = None) -> dict:
+                  cache: str | None = None, executor: str = "graph") -> dict:
     """Compile the ONNX file `model` into the library `output` (.so, .tar or .o by its
     suffix); returns {"kernels", "compiled", "cache", "seconds"}.
 
@@ -83,7 +83,8 @@ def compile_model(model: str, output: str, target: str = DEFAULT_TARGET, opt_lev
     `opt_level` (rendering each kernel once, unless a valid cache entry has its IR),
     each distinct kernel's object from the kernel cache `cache` (None: cache_dir's
     default), compiled into it from that IR when missing or damaged, and the export
-    path of export_library with the target's `cc`.
+    path of export_library with the target's `cc`; executor "vm" links a VM library
+    (docs/vm.md).
     """
     from pipeline.driver.build import lower_graph
     from pipeline.driver.factory import GraphExecutorFactory, unique_specs
@@ -122,14 +123,14 @@ def compile_model(model: str, output: str, target: str = DEFAULT_TARGET, opt_lev
         obj, fresh = object_for_link(root, spec.hash)
         objects[spec.symbol] = Path(obj).read_bytes()
         compiled += fresh
-    GraphExecutorFactory(lowered, target, objects).export_library(output, cc=cc)
+    GraphExecutorFactory(lowered, target, objects, executor).export_library(output, cc=cc)
     return {"kernels": len(objects), "compiled": compiled, "cache": root,
             "seconds": round(time.perf_counter() - start, 2)}
 
 
 def _compile(args: argparse.Namespace) -> None:
     done = compile_model(args.model, args.output, args.target, args.opt_level,
-                         input_shapes(args.input), args.cc, args.cache)
+                         input_shapes(args.input), args.cc, args.cache, args.executor)
     print(f"{args.output}: {done['kernels']} kernels ({done['compiled']} compiled, "
           f"{done['kernels'] - done['compiled']} reused from {done['cache']}), "
           f"{done['seconds']:.1f} s")
@@ -171,10 +172,37 @@ def _read_npy(name: str, path: str) -> np.ndarray:
         raise CommandError(f"{path}: not a .npy file ({str(err).splitlines()[0]})") from None
 
 
+def _run_vm(args: argparse.Namespace, files: dict[str, str]) -> None:
+    """`pipeline run` of a VM library (`executor: vm`): through the VirtualMachine."""
+    from pipeline.runtime.vm import VirtualMachine, VMError
+
+    vm = VirtualMachine(args.library)
+    if args.threads is not None:
+        vm.set_num_threads(args.threads)
+    names = [p.name for p in vm.executable.content.functions[0].params]
+    missing = [n for n in names if n not in files]
+    if missing:
+        raise CommandError(f"{args.library}: input {missing[0]!r} not given "
+                           f"(--input {missing[0]}=FILE.npy)")
+    try:
+        outputs = vm.run(**{name: _read_npy(name, path) for name, path in files.items()})
+    except VMError as err:
+        raise CommandError(f"{args.library}: {err}") from None
+    os.makedirs(args.output_dir, exist_ok=True)
+    for i, value in enumerate(outputs):
+        path = os.path.join(args.output_dir, f"output_{i}.npy")
+        np.save(path, value)
+        print(f"{path}  {list(value.shape)}  {value.dtype}")
+
+
 def _run(args: argparse.Namespace) -> None:
+    from pipeline.runtime.vm import is_vm_library
     from pipeline.tools.library_info import graph_tensors
 
     files = _pairs(args.input, "NAME=FILE.npy")
+    if os.path.isfile(args.library) and is_vm_library(args.library):
+        _run_vm(args, files)
+        return
     lib, gm = _load(args.library)
     if args.threads is not None:
         gm.set_num_threads(args.threads)
@@ -285,6 +313,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--opt-level", type=int, default=3, help="0..3 (default 3)")
     p.add_argument("--input", action="append", default=[], metavar="NAME=1,3,224,224",
                    help="fix an input's shape (any batch; a symbolic dim needs one)")
+    p.add_argument("--executor", choices=("graph", "vm"), default="graph",
+                   help="what runs the library: the graph executor (default) or the VM")
     p.add_argument("--cc", help="the target's C compiler, which links (default $CC or cc; "
                    "required for another machine's target)")
     p.add_argument("--cache", metavar="DIR", help="the kernel cache (default "

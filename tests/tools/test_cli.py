@@ -99,6 +99,30 @@ def test_run_gives_onnxruntimes_outputs(compiled):
                                rtol=1e-4, atol=1e-6)
 
 
+def test_compile_executor_vm_and_run(compiled):
+    """`pipeline compile --executor vm` links a VM library (its kernels from the cache);
+    `pipeline run` runs it through the VM, matching onnxruntime."""
+    ort = pytest.importorskip("onnxruntime")
+    tmp, _, cache = compiled
+    proc = pipeline("compile", str(MODEL), "-o", "cnn_vm.so", "--executor", "vm", "--input",
+                    "x=" + ",".join(map(str, BATCH_SHAPE)), "--cache", str(cache), cwd=tmp)
+    assert proc.returncode == 0, proc.stderr
+    assert "(0 compiled," in proc.stdout
+    x = np.random.default_rng(6).standard_normal(BATCH_SHAPE).astype(np.float32)
+    np.save(tmp / "xv.npy", x)
+    proc = pipeline("run", "cnn_vm.so", "--input", "x=xv.npy", "--output-dir", "vm_outs",
+                    cwd=tmp)
+    assert proc.returncode == 0, proc.stderr
+    assert "vm_outs/output_0.npy  [2, 10]  float32" in proc.stdout
+    want = ort.InferenceSession(str(MODEL)).run(None, {"x": x})[0]
+    np.testing.assert_allclose(np.load(tmp / "vm_outs" / "output_0.npy"), want,
+                               rtol=1e-4, atol=1e-6)
+    np.save(tmp / "xbad.npy", x[:1])
+    proc = pipeline("run", "cnn_vm.so", "--input", "x=xbad.npy", cwd=tmp)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1
+    assert "expected float32 [2, 3, 32, 32], given float32 [1, 3, 32, 32]" in proc.stderr
+
+
 def test_validate_passes_and_info_describes_the_library(compiled, capsys):
     tmp = compiled[0]
     proc = pipeline("validate", str(MODEL), "cnn.tar", "--reference", "onnx", cwd=tmp)
