@@ -187,7 +187,9 @@ class VirtualMachine:
         for name, value in given.items():
             k = names.index(name)
             want = self._params[k]
-            array = np.ascontiguousarray(value)
+            array = np.asarray(value)  # (ascontiguousarray makes a scalar 1-d)
+            if not array.flags.c_contiguous:
+                array = array.copy()
             if array.dtype != np.dtype(want.dtype) or array.shape != tuple(want.shape):
                 raise VMError(f"input {name!r}: expected {want.dtype} {list(want.shape)}, "
                               f"given {array.dtype} {list(array.shape)}")

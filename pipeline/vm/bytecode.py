@@ -11,9 +11,10 @@ from dataclasses import dataclass, field, fields
 
 from pipeline.errors import FormatError
 
-__all__ = ["DTYPES", "OPCODES", "AllocStorage", "AllocTensor", "Copy", "Function", "Goto", "If",
-           "Instruction", "Invoke", "InvokePacked", "LoadConst", "Move", "Ret", "TensorType",
-           "View", "decode", "verify"]
+__all__ = ["DTYPES", "OPCODES", "AddImm", "AllocStorage", "AllocTensor", "Copy", "CopyAt",
+           "Function", "Goto", "If", "Instruction", "Invoke", "InvokePacked", "Less",
+           "LoadConst", "Move", "Ret", "Scalar", "TensorType", "View", "ViewAt", "decode",
+           "verify"]
 
 # The dtype codes of the plan (pipeline/link/plan.py DTYPES; kept equal there).
 DTYPES = ("float32", "float64", "int32", "int64", "bool", "float16", "int8", "int16",
@@ -120,6 +121,56 @@ class Invoke:
 
 
 @dataclass(frozen=True)
+class Scalar:
+    """dst = a new scalar tensor of dtype `dtype` (an index in DTYPES: int64 or bool)
+    holding `value` (a loop's counter, an absent condition)."""
+
+    dst: int
+    dtype: int
+    value: int
+
+
+@dataclass(frozen=True)
+class AddImm:
+    """dst = a new int64 scalar: the int64 scalar `src` plus `imm`."""
+
+    dst: int
+    src: int
+    imm: int
+
+
+@dataclass(frozen=True)
+class Less:
+    """dst = a new bool scalar: whether int64 scalar `a` < int64 scalar `b`."""
+
+    dst: int
+    a: int
+    b: int
+
+
+@dataclass(frozen=True)
+class CopyAt:
+    """Copy tensor `src` into tensor `dst` at byte offset index * (src's bytes), index
+    the int64 scalar in register `index` (a Loop's or Scan's output row)."""
+
+    dst: int
+    src: int
+    index: int
+
+
+@dataclass(frozen=True)
+class ViewAt:
+    """dst = row `index` (an int64 scalar register) of tensor `src`, seen with dtype
+    and shape: src's memory from index * that shape's bytes (a Scan's input row)."""
+
+    dst: int
+    src: int
+    index: int
+    dtype: int
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Ret:
     """Return the objects in `results`."""
 
@@ -127,9 +178,10 @@ class Ret:
 
 
 Instruction = (AllocStorage | AllocTensor | LoadConst | InvokePacked | Copy | View | Move | If
-               | Goto | Invoke | Ret)
+               | Goto | Invoke | Ret | Scalar | AddImm | Less | CopyAt | ViewAt)
 OPCODES: dict[type, int] = {AllocStorage: 1, AllocTensor: 2, LoadConst: 3, InvokePacked: 4,
-                            Copy: 5, View: 6, Move: 7, If: 8, Goto: 9, Invoke: 10, Ret: 11}
+                            Copy: 5, View: 6, Move: 7, If: 8, Goto: 9, Invoke: 10, Ret: 11,
+                            Scalar: 12, AddImm: 13, Less: 14, CopyAt: 15, ViewAt: 16}
 _BY_CODE = {code: kind for kind, code in OPCODES.items()}
 
 
@@ -187,7 +239,7 @@ def _regs(ins: Instruction) -> list[int]:
         return [*ins.args, *ins.dsts]
     if isinstance(ins, Ret):
         return list(ins.results)
-    names = {"dst", "src", "storage", "cond"}
+    names = {"dst", "src", "storage", "cond", "a", "b", "index"}
     return [getattr(ins, f.name) for f in fields(ins) if f.name in names]
 
 
@@ -196,10 +248,13 @@ def _check(fn: Function, k: int, ins: Instruction, functions: list[Function], n_
     """What is wrong with instruction k of fn, or None."""
     if any(not 0 <= r < fn.num_regs for r in _regs(ins)):
         return f"register out of range 0..{fn.num_regs - 1}"
-    if isinstance(ins, (AllocTensor, View)) and (
+    if isinstance(ins, (AllocTensor, View, ViewAt)) and (
             not 0 <= ins.dtype < len(DTYPES) or any(d < 0 for d in ins.shape)
-            or ins.offset < 0 or len(ins.shape) > 32):
+            or getattr(ins, "offset", 0) < 0 or len(ins.shape) > 32):
         return "bad dtype, shape or offset"
+    if isinstance(ins, Scalar) and DTYPES[ins.dtype:ins.dtype + 1] not in (("int64",),
+                                                                         ("bool",)):
+        return "a scalar is int64 or bool"
     if isinstance(ins, AllocStorage) and (ins.nbytes < 0 or ins.alignment not in (1, 64)):
         return "bad size or alignment"
     if isinstance(ins, LoadConst) and not 0 <= ins.index < n_constants:

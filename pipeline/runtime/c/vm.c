@@ -41,7 +41,9 @@
 #endif
 #define MAX_DEPTH 64 /* nested function calls (If and Loop bodies nest, never recurse) */
 enum { ALLOC_STORAGE = 1, ALLOC_TENSOR, LOAD_CONST, INVOKE_PACKED, COPY, VIEW, MOVE, IF, GOTO,
-       INVOKE, RET };
+       INVOKE, RET, SCALAR, ADD_IMM, LESS, COPY_AT, VIEW_AT };
+#define DT_INT64 3
+#define DT_BOOL 4
 
 static const struct { const char *name; uint8_t size; } DTYPES[] = {
     {"float32", 4}, {"float64", 8}, {"int32", 4}, {"int64", 8}, {"bool", 1}, {"float16", 2},
@@ -293,6 +295,13 @@ static int check_ins(const pl_executor *h, const struct func *fn, const struct i
     case RET:
         return n >= 1 && (uint64_t)w[0] == n - 1 && (uint64_t)w[0] == fn->n_results &&
                check_list(fn, in, 0, 1);
+    case SCALAR: return n == 3 && reg_ok(fn, w[0]) && (w[1] == DT_INT64 || w[1] == DT_BOOL);
+    case ADD_IMM: return n == 3 && reg_ok(fn, w[0]) && reg_ok(fn, w[1]);
+    case LESS: case COPY_AT:
+        return n == 3 && reg_ok(fn, w[0]) && reg_ok(fn, w[1]) && reg_ok(fn, w[2]);
+    case VIEW_AT:
+        return n >= 5 && (uint64_t)w[4] == n - 5 && reg_ok(fn, w[0]) && reg_ok(fn, w[1]) &&
+               reg_ok(fn, w[2]) && size_of(w[3], w[4], w + 5) >= 0;
     default: return 0;
     }
 }
@@ -419,6 +428,60 @@ static int make_tensor(pl_executor *h, struct obj *dst, const struct obj *base,
     return 0;
 }
 
+/* dst = a new scalar tensor (int64 or bool) holding value. */
+static int new_scalar(pl_executor *h, struct obj *dst, int dtype, int64_t value) {
+    struct obj t = {2, (uint8_t)dtype, 0, storage_new(h, 8), NULL, DTYPES[dtype].size, {0}};
+    if (!t.st) return -1;
+    t.data = t.st->data;
+    if (dtype == DT_BOOL) *(uint8_t *)t.data = value != 0;
+    else memcpy(t.data, &value, sizeof value);
+    obj_clear(h, dst);
+    *dst = t; /* takes storage_new's reference */
+    return 0;
+}
+
+static int int64_of(pl_executor *h, const struct obj *o, int64_t *v) {
+    if (o->kind != 2 || o->dtype != DT_INT64 || o->nbytes != 8)
+        return fail(h, "VM: expected an int64 scalar");
+    memcpy(v, o->data, sizeof *v);
+    return 0;
+}
+
+/* Row `index` of a tensor of `total` bytes, rows of `row` bytes: its offset, or -1. */
+static int64_t row_offset(int64_t index, size_t row, size_t total) {
+    if (index < 0 || (row && (uint64_t)index >= total / row) || (!row && index > 0)) return -1;
+    return index * (int64_t)row;
+}
+
+static int indexed(pl_executor *h, struct func *fn, const struct ins *in) {
+    struct obj *r = fn->regs;
+    const int64_t *w = in->w;
+    int64_t i = 0, j = 0;
+    if (in->op == ADD_IMM)
+        return int64_of(h, &r[w[1]], &i) ||
+               new_scalar(h, &r[w[0]], DT_INT64, (int64_t)((uint64_t)i + (uint64_t)w[2]));
+    if (in->op == LESS)
+        return int64_of(h, &r[w[1]], &i) || int64_of(h, &r[w[2]], &j) ||
+               new_scalar(h, &r[w[0]], DT_BOOL, i < j);
+    if (int64_of(h, &r[w[2]], &i)) return -1;
+    const struct obj *src = &r[w[1]];
+    if (src->kind != 2) return fail(h, "VM: indexed access to a non-tensor");
+    if (in->op == COPY_AT) {
+        int64_t at = row_offset(i, src->nbytes, r[w[0]].nbytes);
+        if (r[w[0]].kind != 2 || at < 0)
+            return fail(h, "VM: row %lld out of range", (long long)i);
+        memmove((char *)r[w[0]].data + at, src->data, src->nbytes);
+        return 0;
+    }
+    size_t row = (size_t)size_of(w[3], w[4], w + 5);
+    int64_t at = row_offset(i, row, src->nbytes);
+    if (at < 0) return fail(h, "VM: row %lld out of range", (long long)i);
+    struct obj t = {2, (uint8_t)w[3], (uint8_t)w[4], src->st, (char *)src->data + at, row, {0}};
+    memcpy(t.shape, w + 5, (size_t)w[4] * sizeof *t.shape);
+    obj_set(h, &r[w[0]], &t);
+    return 0;
+}
+
 static int invoke_packed(pl_executor *h, struct func *fn, struct ins *in) {
     for (int64_t a = 0; a < in->w[1]; a++) {
         const struct obj *o = &fn->regs[in->w[2 + a]];
@@ -484,6 +547,8 @@ static int step(pl_executor *h, struct func *fn, uint32_t *pc, struct obj *resul
         return 0;
     case GOTO: *pc = (uint32_t)w[0]; return 0;
     case INVOKE: return call(h, fn, in);
+    case SCALAR: return new_scalar(h, &r[w[0]], (int)w[1], w[2]);
+    case ADD_IMM: case LESS: case COPY_AT: case VIEW_AT: return indexed(h, fn, in);
     case RET:
         for (int64_t k = 0; k < w[0]; k++) obj_set(h, &results[k], &r[w[1 + k]]);
         *done = 1;
