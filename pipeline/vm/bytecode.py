@@ -11,10 +11,10 @@ from dataclasses import dataclass, field, fields
 
 from pipeline.errors import FormatError
 
-__all__ = ["DTYPES", "OPCODES", "AddImm", "AllocStorage", "AllocTensor", "Copy", "CopyAt",
-           "Function", "Goto", "If", "Instruction", "Invoke", "InvokePacked", "Less",
-           "LoadConst", "Move", "Ret", "Scalar", "TensorType", "View", "ViewAt", "decode",
-           "verify"]
+__all__ = ["DTYPES", "FAILURES", "OPCODES", "AddImm", "AllocStorage", "AllocTensor", "Copy",
+           "CopyAt", "Fail", "Function", "Goto", "If", "Instruction", "Invoke", "InvokePacked",
+           "Less", "LoadConst", "Move", "Ret", "Scalar", "TensorType", "View", "ViewAt",
+           "decode", "verify"]
 
 # The dtype codes of the plan (pipeline/link/plan.py DTYPES; kept equal there).
 DTYPES = ("float32", "float64", "int32", "int64", "bool", "float16", "int8", "int16",
@@ -150,24 +150,36 @@ class Less:
 
 @dataclass(frozen=True)
 class CopyAt:
-    """Copy tensor `src` into tensor `dst` at byte offset index * (src's bytes), index
-    the int64 scalar in register `index` (a Loop's or Scan's output row)."""
+    """Copy tensor `src` into tensor `dst` at byte offset row * (src's bytes), row the
+    int64 scalar in register `row` (a Loop's or Scan's output row)."""
 
     dst: int
     src: int
-    index: int
+    row: int
 
 
 @dataclass(frozen=True)
 class ViewAt:
-    """dst = row `index` (an int64 scalar register) of tensor `src`, seen with dtype
-    and shape: src's memory from index * that shape's bytes (a Scan's input row)."""
+    """dst = row `row` (an int64 scalar register) of tensor `src`, seen with dtype and
+    shape: src's memory from row * that shape's bytes (a Scan's input row)."""
 
     dst: int
     src: int
-    index: int
+    row: int
     dtype: int
     shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Fail:
+    """Stop the run with error `reason` (FAILURES): what static shapes cannot hold."""
+
+    reason: int
+
+
+# Fail's reasons, by index (vm.c has the same list).
+FAILURES = ("a Loop ended before its trip count: its scan outputs would be shorter than "
+            "planned (needs dynamic shapes)",)
 
 
 @dataclass(frozen=True)
@@ -178,10 +190,11 @@ class Ret:
 
 
 Instruction = (AllocStorage | AllocTensor | LoadConst | InvokePacked | Copy | View | Move | If
-               | Goto | Invoke | Ret | Scalar | AddImm | Less | CopyAt | ViewAt)
+               | Goto | Invoke | Ret | Scalar | AddImm | Less | CopyAt | ViewAt | Fail)
 OPCODES: dict[type, int] = {AllocStorage: 1, AllocTensor: 2, LoadConst: 3, InvokePacked: 4,
                             Copy: 5, View: 6, Move: 7, If: 8, Goto: 9, Invoke: 10, Ret: 11,
-                            Scalar: 12, AddImm: 13, Less: 14, CopyAt: 15, ViewAt: 16}
+                            Scalar: 12, AddImm: 13, Less: 14, CopyAt: 15, ViewAt: 16,
+                            Fail: 17}
 _BY_CODE = {code: kind for kind, code in OPCODES.items()}
 
 
@@ -239,7 +252,7 @@ def _regs(ins: Instruction) -> list[int]:
         return [*ins.args, *ins.dsts]
     if isinstance(ins, Ret):
         return list(ins.results)
-    names = {"dst", "src", "storage", "cond", "a", "b", "index"}
+    names = {"dst", "src", "storage", "cond", "a", "b", "row"}
     return [getattr(ins, f.name) for f in fields(ins) if f.name in names]
 
 
@@ -257,6 +270,8 @@ def _check(fn: Function, k: int, ins: Instruction, functions: list[Function], n_
         return "a scalar is int64 or bool"
     if isinstance(ins, AllocStorage) and (ins.nbytes < 0 or ins.alignment not in (1, 64)):
         return "bad size or alignment"
+    if isinstance(ins, Fail) and not 0 <= ins.reason < len(FAILURES):
+        return f"unknown failure {ins.reason}"
     if isinstance(ins, LoadConst) and not 0 <= ins.index < n_constants:
         return f"constant {ins.index} of {n_constants}"
     if isinstance(ins, InvokePacked) and not 0 <= ins.kernel < n_kernels:
@@ -284,7 +299,7 @@ def verify(functions: list[Function], n_kernels: int, n_constants: int) -> None:
         if fn.num_regs < len(fn.params) or not fn.code:
             raise FormatError(f"VM function {fn.name!r}: no code, or fewer registers than "
                               "parameters")
-        if not isinstance(fn.code[-1], (Ret, Goto)):
+        if not isinstance(fn.code[-1], (Ret, Goto, Fail)):
             raise FormatError(f"VM function {fn.name!r} does not end in Ret or Goto")
         for k, ins in enumerate(fn.code):
             problem = _check(fn, k, ins, functions, n_kernels, n_constants)

@@ -79,6 +79,9 @@ def _loop(e, node: Node) -> None:
     for at in exits:  # each test jumps on into the loop, or out past its end
         test = e.code[at - 1].dst if isinstance(e.code[at - 1], bc.Less) else cond
         e.code[at] = bc.If(test, at + 1, len(e.code))
+    if scans and cond_in is not None:  # stopped early: the rows planned were not all made
+        end, left = len(e.code), e.new()
+        e.code += [bc.Less(left, i, m), bc.If(left, end + 2, end + 3), bc.Fail(0)]
     e.reg.update(zip(node.outputs, [*carried, *scans], strict=True))
 
 

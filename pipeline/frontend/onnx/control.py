@@ -4,7 +4,8 @@ docs/vm.md; only from_onnx(control_flow=True) imports them).
 A subgraph becomes a Graph whose inputs are its formal inputs, then every outer
 tensor it reads (captures; outer params and the subgraph's own constants among
 them), and the node's inputs are its ONNX inputs, then those captures. Shapes stay
-static: a Loop's scan outputs need a constant trip count and no early exit.
+static: a Loop's scan outputs need a constant trip count (an early exit is a run-time
+error: bytecode.Fail).
 
     if:   inputs (cond, *captures); then_branch, else_branch: Graph (same inputs)
     loop: inputs ([M], [cond], *v_initial, *captures); body: Graph of inputs
@@ -173,9 +174,9 @@ def _loop(ctx: ImportContext, n: OnnxNode, source: str) -> list[Node]:
     n_scan = len(body.outputs) - 1 - len(init)
     value = ctx.const(m) if m else None
     trip = int(value.reshape(-1)[0]) if value is not None else -1
-    if n_scan and (trip < 0 or cond):
-        raise ModelError(f"{where}: scan outputs need a constant trip count and no "
-                         "condition (their length would be known only at run time)")
+    if n_scan and trip < 0:
+        raise ModelError(f"{where}: scan outputs need a constant trip count (their length "
+                         "would be known only at run time)")
     return [Node.make("loop", n.name, (*([m] if m else []), *([cond] if cond else []), *init,
                                        *body.captures),
                       n.outputs, body=body.graph(body.captures, ctx.types),

@@ -41,7 +41,12 @@
 #endif
 #define MAX_DEPTH 64 /* nested function calls (If and Loop bodies nest, never recurse) */
 enum { ALLOC_STORAGE = 1, ALLOC_TENSOR, LOAD_CONST, INVOKE_PACKED, COPY, VIEW, MOVE, IF, GOTO,
-       INVOKE, RET, SCALAR, ADD_IMM, LESS, COPY_AT, VIEW_AT };
+       INVOKE, RET, SCALAR, ADD_IMM, LESS, COPY_AT, VIEW_AT, FAIL };
+/* FAIL's reasons (pipeline/vm/bytecode.py FAILURES) */
+static const char *const FAILURES[] = {
+    "a Loop ended before its trip count: its scan outputs would be shorter than planned "
+    "(needs dynamic shapes)"};
+#define N_FAILURES (sizeof FAILURES / sizeof FAILURES[0])
 #define DT_INT64 3
 #define DT_BOOL 4
 
@@ -296,6 +301,7 @@ static int check_ins(const pl_executor *h, const struct func *fn, const struct i
         return n >= 1 && (uint64_t)w[0] == n - 1 && (uint64_t)w[0] == fn->n_results &&
                check_list(fn, in, 0, 1);
     case SCALAR: return n == 3 && reg_ok(fn, w[0]) && (w[1] == DT_INT64 || w[1] == DT_BOOL);
+    case FAIL: return n == 1 && w[0] >= 0 && (uint64_t)w[0] < N_FAILURES;
     case ADD_IMM: return n == 3 && reg_ok(fn, w[0]) && reg_ok(fn, w[1]);
     case LESS: case COPY_AT:
         return n == 3 && reg_ok(fn, w[0]) && reg_ok(fn, w[1]) && reg_ok(fn, w[2]);
@@ -370,7 +376,7 @@ static int read_funcs(pl_executor *h, struct reader *r, struct ins *all, uint32_
                 return fail(h, ".ro bytecode corrupted: function '%s', instruction %u "
                             "(opcode %u)", fn->name, k, fn->code[k].op);
         uint16_t last = fn->code[fn->n_code - 1].op;
-        if (last != RET && last != GOTO)
+        if (last != RET && last != GOTO && last != FAIL)
             return fail(h, ".ro function '%s' does not end in a return", fn->name);
     }
     return 0;
@@ -548,6 +554,7 @@ static int step(pl_executor *h, struct func *fn, uint32_t *pc, struct obj *resul
     case GOTO: *pc = (uint32_t)w[0]; return 0;
     case INVOKE: return call(h, fn, in);
     case SCALAR: return new_scalar(h, &r[w[0]], (int)w[1], w[2]);
+    case FAIL: return fail(h, "VM: %s", FAILURES[w[0]]);
     case ADD_IMM: case LESS: case COPY_AT: case VIEW_AT: return indexed(h, fn, in);
     case RET:
         for (int64_t k = 0; k < w[0]; k++) obj_set(h, &results[k], &r[w[1 + k]]);
