@@ -23,19 +23,25 @@ from hypothesis import strategies as st
 from pipeline.errors import FormatError, PipelineError
 from pipeline.link.runtime_c import C_DIR
 from pipeline.vm.bytecode import (
+    AddImm,
     AllocStorage,
     AllocTensor,
     Copy,
+    CopyAt,
+    Fail,
     Function,
     Goto,
     If,
     Invoke,
     InvokePacked,
+    Less,
     LoadConst,
     Move,
     Ret,
+    Scalar,
     TensorType,
     View,
+    ViewAt,
 )
 from pipeline.vm.compile import Executable, compile_plan
 from pipeline.vm.format import read_ro, write_ro
@@ -67,18 +73,24 @@ def _plan_seed() -> bytes:
 
 def _control_seed() -> bytes:
     """main(c: bool) = If c then f_then(w) else f_else(w), through Invoke, with a Goto
-    over dead code, a Move, a View and a Copy."""
+    over dead code, a Move, a View and a Copy; then a counted loop (Scalar, Less,
+    AddImm) writing rows of a tensor (ViewAt, CopyAt), and a Fail it never reaches."""
     f32 = TensorType("t", "float32", (2, 2))
     body = (AllocStorage(1, 16), AllocTensor(2, 1, 0, 0, (2, 2)), InvokePacked(0, (0, 2)),
             View(3, 2, 0, 0, (4,)), AllocStorage(4, 16), AllocTensor(5, 4, 0, 0, (4,)),
             Copy(5, 3), View(6, 5, 0, 0, (2, 2)), Ret((6,)))
     then = Function("then", (f32,), (f32,), 7, body)
     orelse = Function("else", (f32,), (f32,), 7, body)
-    main = Function("main", (TensorType("c", "bool", ()),), (f32,), 4, (
+    main = Function("main", (TensorType("c", "bool", ()),), (f32,), 12, (
         LoadConst(1, 0), If(0, 2, 4),
         Invoke(1, (1,), (2,)), Goto(5),
         Invoke(2, (1,), (2,)),
-        Move(3, 2), Ret((3,))))
+        Move(3, 2),
+        Scalar(4, 3, 0), Scalar(5, 3, 2), AllocStorage(6, 16), AllocTensor(7, 6, 0, 0, (2, 2)),
+        Less(8, 4, 5), If(8, 12, 16),
+        ViewAt(9, 3, 4, 0, (2,)), CopyAt(7, 9, 4), AddImm(4, 4, 1), Goto(10),
+        Less(10, 4, 5), If(10, 18, 19), Fail(0),
+        Ret((7,))))
     return write_ro(Executable((main, then, orelse), {"w": np.ones((2, 2), np.float32)},
                                ("k_stub",)))
 

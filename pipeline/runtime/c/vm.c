@@ -223,9 +223,10 @@ static void obj_clear(pl_executor *h, struct obj *o) {
 }
 
 static void obj_set(pl_executor *h, struct obj *dst, const struct obj *src) {
-    if (src->kind) src->st->refs++;
+    struct obj copy = *src; /* src may be dst (Move r, r) */
+    if (copy.kind) copy.st->refs++;
     obj_clear(h, dst);
-    *dst = *src;
+    *dst = copy;
 }
 
 /* ---- reading the .ro ---- */
