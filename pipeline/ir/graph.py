@@ -50,7 +50,7 @@ def freeze_attrs(attrs: Mapping) -> tuple:
     def freeze(v):
         if isinstance(v, (list, tuple)):
             return tuple(freeze(x) for x in v)
-        if isinstance(v, (Node, Graph)):  # a fused body, a control-flow subgraph
+        if isinstance(v, Node):
             return v
         if hasattr(v, "item"):  # numpy scalar
             return v.item()
@@ -97,11 +97,6 @@ class Graph:
     outputs: tuple[str, ...]
     nodes: tuple[Node, ...]
     types: Mapping[str, TensorType] = field(default_factory=dict)
-
-    def __hash__(self) -> int:
-        # A subgraph is a node attribute (If, Loop, Scan): nodes must stay hashable,
-        # and types is a dict; the names and nodes decide the types anyway.
-        return hash((self.inputs, self.params, self.outputs, self.nodes))
 
     def consumers(self) -> dict[str, list[Node]]:
         users: dict[str, list[Node]] = {}
@@ -151,14 +146,6 @@ class Graph:
         for name in self.outputs:
             if name not in defined:
                 raise GraphError(f"graph output {name!r} is never defined")
-        for node in self.nodes:  # the subgraphs of control flow, each on its own
-            for key, value in node.attrs:
-                if isinstance(value, Graph):
-                    try:
-                        value.verify(infer_types)
-                    except GraphError as err:
-                        raise GraphError(f"node {node.name!r} ({node.op}), subgraph "
-                                         f"{key}: {err}") from None
 
     # -- serialisation: the import stage writes this, the optimize stage reads it --
 
@@ -205,8 +192,6 @@ def _node_to_json(node: Node) -> dict:
     def enc(v):
         if isinstance(v, Node):
             return {"__node__": _node_to_json(v)}
-        if isinstance(v, Graph):
-            return {"__graph__": json.loads(v.to_json())}
         if isinstance(v, tuple):
             return [enc(x) for x in v]
         return v
@@ -219,8 +204,6 @@ def _node_from_json(doc: dict) -> Node:
     def dec(v):
         if isinstance(v, dict) and "__node__" in v:
             return _node_from_json(v["__node__"])
-        if isinstance(v, dict) and "__graph__" in v:
-            return Graph.from_json(json.dumps(v["__graph__"]))
         if isinstance(v, list):
             return tuple(dec(x) for x in v)
         return v

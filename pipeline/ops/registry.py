@@ -68,32 +68,8 @@ def get(name: str) -> OpDef:
         raise GraphError(f"unknown graph operator {name!r}") from None
 
 
-# Graph ops holding subgraphs (pipeline/frontend/onnx/control.py): no kernel lowers
-# them and they are not in OPS; the VM runs them (pipeline/vm/program.py).
-CONTROL_OPS = ("if", "loop", "scan")
-
-
-def _control_types(node: Node, inputs: list[TensorType]) -> list[TensorType]:
-    """Output types of a control-flow node, from its subgraph's outputs: an If's are
-    its branch's; a Loop's its loop-carried values, then its scan outputs stacked
-    trip_count times; a Scan's its state, then its scan outputs stacked over the
-    first scan input's leading dimension."""
-    body = node.attr("then_branch") or node.attr("body")
-    outs = [body.types[o] for o in body.outputs]
-    if node.op == "if":
-        return outs
-    if node.op == "loop":
-        n, m = node.attr("n_carried"), node.attr("trip_count")
-        return outs[1:1 + n] + [TensorType((m, *t.shape), t.dtype) for t in outs[1 + n:]]
-    n = node.attr("n_state")
-    length = inputs[n].shape[0]
-    return outs[:n] + [TensorType((length, *t.shape), t.dtype) for t in outs[n:]]
-
-
 def infer_types(node: Node, inputs: list[TensorType]) -> list[TensorType]:
     """Output types of `node` given its input types (fused nodes: of their body)."""
-    if node.op in CONTROL_OPS:
-        return _control_types(node, inputs)
     if node.op == "fused":
         env = dict(zip(node.inputs, inputs, strict=True))
         for inner in node.attr("body"):

@@ -31,10 +31,10 @@ from pipeline.frontend.onnx.importer import (
     _decode,
     _import_constant,
     _live,
+    infer_types,
 )
 from pipeline.frontend.onnx.registry import onnx_converter
 from pipeline.ir.graph import ONNX_DTYPES, Graph, Node, TensorType, add_param
-from pipeline.ops import infer_types
 
 
 @dataclass

@@ -26,8 +26,9 @@ from pipeline.errors import (
 from pipeline.frontend.onnx.registry import onnx_converter
 from pipeline.frontend.onnx.shapes import onnx_shape_inference
 from pipeline.ir.graph import DTYPES, ONNX_DTYPES, Graph, Node, TensorType, add_param
-from pipeline.ops import get, infer_types
-from pipeline.ops.registry import CONTROL_OPS
+from pipeline.ops import get
+from pipeline.ops import infer_types as infer_op_types
+from pipeline.vm.program import CONTROL_OPS
 
 
 @dataclass
@@ -50,6 +51,49 @@ class OnnxNode:
             raise ModelError(f"node {self.name!r} ({self.op_type}): {key} {value!r} is not "
                              f"supported ({', '.join(allowed)} are)")
         return value
+
+
+# CONTROL_OPS, the graph ops holding subgraphs (frontend/onnx/control.py), are not in
+# pipeline.ops.OPS (whose modules' sources are part of every kernel's version hash): no
+# kernel lowers them; the VM runs them (pipeline/vm/program.py).
+
+
+def _control_types(node: Node, inputs: list[TensorType]) -> list[TensorType]:
+    """Output types of a control-flow node, from its subgraph's outputs: an If's are
+    its branch's; a Loop's its loop-carried values, then its scan outputs stacked
+    trip_count times; a Scan's its state, then its scan outputs stacked over the
+    first scan input's leading dimension."""
+    body = node.attr("then_branch") or node.attr("body")
+    outs = [body.types[o] for o in body.outputs]
+    if node.op == "if":
+        return outs
+    if node.op == "loop":
+        n, m = node.attr("n_carried"), node.attr("trip_count")
+        return outs[1:1 + n] + [TensorType((m, *t.shape), t.dtype) for t in outs[1 + n:]]
+    n = node.attr("n_state")
+    length = inputs[n].shape[0]
+    return outs[:n] + [TensorType((length, *t.shape), t.dtype) for t in outs[n:]]
+
+
+def infer_types(node: Node, inputs: list[TensorType]) -> list[TensorType]:
+    """pipeline.ops.infer_types, and the control-flow nodes' types (_control_types)."""
+    if node.op in CONTROL_OPS:
+        return _control_types(node, inputs)
+    return infer_op_types(node, inputs)
+
+
+def verify_graph(graph: Graph) -> None:
+    """graph.verify with every shape rule, then each control-flow node's subgraphs the
+    same way; GraphError naming the node and subgraph."""
+    graph.verify(infer_types)
+    for node in graph.nodes:
+        for key, value in node.attrs:
+            if isinstance(value, Graph):
+                try:
+                    verify_graph(value)
+                except GraphError as err:
+                    raise GraphError(f"node {node.name!r} ({node.op}), subgraph {key}: "
+                                     f"{err}") from None
 
 
 class ImportContext:
@@ -185,7 +229,7 @@ def _import(model: onnx.ModelProto, shape: dict[str, tuple[int, ...]] | None,
     graph = Graph(inputs=input_names, params=tuple(sorted(kept)), outputs=outputs,
                   nodes=tuple(nodes),
                   types={name: t for name, t in types.items() if name in defined})
-    graph.verify(infer_types)
+    verify_graph(graph)
     return graph, kept
 
 
