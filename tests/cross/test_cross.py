@@ -22,6 +22,7 @@ import tarfile
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import yaml
 
@@ -424,7 +425,7 @@ def _vm_on_target(tmp: Path, arch: str, model, feed: dict) -> list[np.ndarray]:
     """Build `model` as a VM library for arch and run it with pipeline-run under qemu."""
     entry = cross(arch)
     require_tools(entry["run"].split()[0])
-    graph, params = from_onnx(model)
+    graph, params = from_onnx(model, control_flow=True)
     with PassContext(opt_level=3):
         factory = pipeline.build(graph, target=entry["target"], params=params, executor="vm")
     so = factory.export_library(tmp / f"{arch}.so", cc=entry["cc"])
@@ -458,3 +459,38 @@ def test_default_matrix_mlp_as_vm_library_on_arm64(tmp_path: Path):
     want = ort.InferenceSession(model.SerializeToString()).run(None, {"data": x})
     got = _vm_on_target(tmp_path, "aarch64", model, {"data": x})
     np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["aarch64", "riscv64"])
+def test_vm_control_flow_under_qemu(tmp_path: Path, arch: str):
+    """A Loop (trip count, carried value, scan output) around an If, run by the VM
+    interpreter of arch under qemu, against onnxruntime."""
+    ort = pytest.importorskip("onnxruntime")
+    t = onnx.helper.make_tensor_value_info
+    h = onnx.helper
+    then = h.make_graph([h.make_node("Neg", ["acc"], ["n"])], "t", [],
+                        [t("n", onnx.TensorProto.FLOAT, [3])])
+    orelse = h.make_graph([h.make_node("Add", ["acc", "x"], ["n2"])], "e", [],
+                          [t("n2", onnx.TensorProto.FLOAT, [3])])
+    body = h.make_graph(
+        [h.make_node("Mod", ["i", "two"], ["r"]),
+         h.make_node("Cast", ["r"], ["odd"], to=onnx.TensorProto.BOOL),
+         h.make_node("If", ["odd"], ["v"], then_branch=then, else_branch=orelse),
+         h.make_node("Identity", ["v"], ["row"])], "body",
+        [t("i", onnx.TensorProto.INT64, []), t("c", onnx.TensorProto.BOOL, []),
+         t("acc", onnx.TensorProto.FLOAT, [3])],
+        [t("c", onnx.TensorProto.BOOL, []), t("v", onnx.TensorProto.FLOAT, [3]),
+         t("row", onnx.TensorProto.FLOAT, [3])])
+    model = h.make_model(h.make_graph(
+        [h.make_node("Loop", ["m", "", "x"], ["y", "rows"], body=body)], "loop",
+        [t("x", onnx.TensorProto.FLOAT, [3])],
+        [t("y", onnx.TensorProto.FLOAT, [3]), t("rows", onnx.TensorProto.FLOAT, [5, 3])],
+        [h.make_tensor("m", onnx.TensorProto.INT64, [], [5]),
+         h.make_tensor("two", onnx.TensorProto.INT64, [], [2])]),
+        opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 8
+    x = np.array([0.5, -1.0, 2.0], np.float32)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})
+    got = _vm_on_target(tmp_path, arch, model, {"x": x})
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-6)
