@@ -95,6 +95,7 @@ def compile_model(model: str, output: str, target: str = DEFAULT_TARGET, opt_lev
     from pipeline.tasks.cache import entry_ir, entry_path, is_valid, object_for_link
     from pipeline.tasks.paths import cache_dir
     from pipeline.transform import PassContext
+    from pipeline.vm.program import has_control_flow
 
     start = time.perf_counter()
     if not output.endswith(LIBRARY_SUFFIXES):
@@ -106,8 +107,10 @@ def compile_model(model: str, output: str, target: str = DEFAULT_TARGET, opt_lev
     except TargetError as err:
         raise CommandError(f"--target {target!r}: {err}") from None
     cc = resolve_cc(resolved, cc, "--cc")
-    graph, params = from_onnx(model, shapes or {})
+    graph, params = from_onnx(model, shapes or {}, control_flow=executor == "vm")
     root = cache_dir(cache)
+    if has_control_flow(graph):  # If, Loop, Scan: the VM's program of several graphs
+        return _compile_program(graph, params, output, target, opt_level, cc, root, start)
 
     with PassContext(opt_level=opt_level):
         lowered = lower_graph(graph, params, resolved, opt_level,
@@ -125,6 +128,21 @@ def compile_model(model: str, output: str, target: str = DEFAULT_TARGET, opt_lev
         compiled += fresh
     GraphExecutorFactory(lowered, target, objects, executor).export_library(output, cc=cc)
     return {"kernels": len(objects), "compiled": compiled, "cache": root,
+            "seconds": round(time.perf_counter() - start, 2)}
+
+
+def _compile_program(graph, params: dict, output: str, target: str, opt_level: int,
+                     cc: str | None, root: str, start: float) -> dict:
+    """compile_model of a graph with control flow (docs/vm.md): pipeline.build's VM
+    program; its kernels are compiled here, not read from the kernel cache yet."""
+    from pipeline.driver.build import build
+    from pipeline.transform import PassContext
+
+    with PassContext(opt_level=opt_level):
+        factory = build(graph, target=target, params=params, executor="vm")
+    factory.export_library(output, cc=cc)
+    n = len(factory.kernels)
+    return {"kernels": n, "compiled": n, "cache": root,
             "seconds": round(time.perf_counter() - start, 2)}
 
 

@@ -123,6 +123,33 @@ def test_compile_executor_vm_and_run(compiled):
     assert "expected float32 [2, 3, 32, 32], given float32 [1, 3, 32, 32]" in proc.stderr
 
 
+def test_compile_executor_vm_builds_control_flow(tmp_path):
+    """An If model: `pipeline compile --executor vm` builds it, the default refuses it."""
+    import onnx
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    t = h.make_tensor_value_info
+    branch = {op: h.make_graph([h.make_node(op, ["x"], ["y"])], op, [], [t("y", T.FLOAT, [3])])
+              for op in ("Neg", "Relu")}
+    model = h.make_model(h.make_graph(
+        [h.make_node("If", ["c"], ["y"], then_branch=branch["Neg"], else_branch=branch["Relu"])],
+        "g", [t("c", T.BOOL, []), t("x", T.FLOAT, [3])], [t("y", T.FLOAT, [3])]),
+        opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "if.onnx")
+    np.save(tmp_path / "c.npy", np.array(False))
+    np.save(tmp_path / "x.npy", np.array([1, -2, 3], np.float32))
+    proc = pipeline("compile", "if.onnx", "-o", "if.so", "--executor", "vm", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    proc = pipeline("run", "if.so", "--input", "c=c.npy", "--input", "x=x.npy", "--output-dir",
+                    "o", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "o" / "output_0.npy"), [1, 0, 3])
+    proc = pipeline("compile", "if.onnx", "-o", "g.so", cwd=tmp_path)
+    assert proc.returncode == 1 and "If (control flow: subgraphs are not compiled)" in proc.stderr
+
+
 def test_validate_passes_and_info_describes_the_library(compiled, capsys):
     tmp = compiled[0]
     proc = pipeline("validate", str(MODEL), "cnn.tar", "--reference", "onnx", cwd=tmp)
