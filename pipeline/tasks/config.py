@@ -34,7 +34,6 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.driver.factory import EXECUTORS
 from pipeline.errors import ConfigError
 from pipeline.ir.target import TargetError, parse_target
 from pipeline.link.cc import ToolchainError, cc_package, toolchain_identity
@@ -42,6 +41,9 @@ from pipeline.link.export import PACKS, choose_pack, resolve_cc
 from pipeline.transform import PassContext
 
 REFERENCES = ("onnx", "onnxruntime")
+# How a model runs: the graph executor or the VM (the .so with a .ro, docs/vm.md). A
+# model entry's `executor` wins over its target's.
+EXECUTORS = ("graph", "vm")
 # `path: onnx-light:<name>` names a model of the light zoo in the installed onnx
 # wheel, whose site-packages path differs from machine to machine.
 ONNX_LIGHT = "onnx-light:"
@@ -72,7 +74,7 @@ class ModelEntry:
     inputs: dict = field(default_factory=dict)   # input name -> shape override
     validate: ValidateOptions = ValidateOptions()
     random_weights: int | None = None  # a path model's weights made random, this seed
-    executor: str | None = None   # "graph" or "vm"; None: the target's (executor_of)
+    executor: str | None = None   # EXECUTORS; None: the target's
 
     @property
     def written(self) -> bool:
@@ -93,7 +95,7 @@ class TargetEntry:
     run: str | None = None     # command prefix that runs the target's programs
     pack: str | None = None    # how devc.o is written (export.choose_pack); None: by target
     path: Path | None = None   # the config file, for errors
-    executor: str | None = None  # "graph" or "vm" for its models; None: "graph"
+    executor: str | None = None   # EXECUTORS; None: graph
 
     def pass_context(self) -> PassContext:
         return PassContext(self.opt_level, self.required_pass, self.disabled_pass,
@@ -123,8 +125,8 @@ class TargetEntry:
 
 
 def executor_of(m: ModelEntry, t: TargetEntry) -> str:
-    """What runs the library of entry m x t: the model's `executor:`, else the
-    target's, else "graph" (the graph executor; "vm": the VM, docs/vm.md)."""
+    """The executor entry m x t is built for: the model's, else the target's, else
+    graph."""
     return m.executor or t.executor or "graph"
 
 
@@ -326,7 +328,7 @@ def _model(where: _Where, name: str, spec, validate: ValidateOptions) -> ModelEn
 
 
 def _executor(where: _Where, spec: dict, key: str) -> str | None:
-    """A model's or target's `executor:`, checked (None when not given)."""
+    """The entry's `executor:` (one of EXECUTORS), None when not given."""
     value = spec.get("executor")
     if value is not None and value not in EXECUTORS:
         where.fail(f"{key}.executor", f"{value!r} is not an executor; allowed: "
