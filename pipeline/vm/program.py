@@ -28,6 +28,7 @@ Lower = Callable[[Graph, dict[str, np.ndarray]], tuple[str, dict[str, np.ndarray
 
 
 def has_control_flow(graph: Graph) -> bool:
+    """Whether `graph` holds an If, Loop or Scan node (only the VM runs it)."""
     return any(n.op in CONTROL_OPS for n in graph.nodes)
 
 
@@ -41,6 +42,7 @@ class _Program:
         self.kernels: list[str] = []
 
     def add(self, fn: bc.Function, main: bool = False) -> int:
+        """Add `fn` (as function 0 if main); its index."""
         if main:
             self.functions[0] = fn
             return 0
@@ -48,6 +50,7 @@ class _Program:
         return len(self.functions) - 1
 
     def constant(self, name: str, value: np.ndarray) -> int:
+        """Add a constant to the pool; its LoadConst index."""
         key = f"{len(self.constants)}:{name}"  # unique: functions may reuse a name
         self.constants[key] = np.asarray(value)
         return len(self.constants) - 1
@@ -120,6 +123,7 @@ class _Emitter:
         self.count = 0
 
     def new(self) -> int:
+        """A fresh register."""
         self.next += 1
         return self.next - 1
 
@@ -132,6 +136,7 @@ class _Emitter:
         return self.reg[name]
 
     def function(self) -> bc.Function:
+        """The function: its code so far, then Ret of the graph outputs."""
         results = tuple(self.get(o) for o in self.graph.outputs)
         self.code.append(bc.Ret(results))
         g = self.graph
@@ -157,6 +162,7 @@ class _Emitter:
         self.call(fn, [self.get(i) for i in inputs], outputs)
 
     def call(self, fn: int, args: list[int], outputs: list[str]) -> list[int]:
+        """Invoke function `fn`; its results become the registers of `outputs`."""
         dsts = [self.new() for _ in outputs]
         self.code.append(bc.Invoke(fn, tuple(args), tuple(dsts)))
         self.reg.update(zip(outputs, dsts, strict=True))
@@ -175,6 +181,7 @@ class _Emitter:
         return fn, [self.get(c) for c in runtime]
 
     def control(self, node: Node) -> None:
+        """The code of an If, Loop or Scan node (pipeline/vm/control.py)."""
         from pipeline.vm.control import emit_control
 
         emit_control(self, node)
