@@ -1,5 +1,9 @@
-"""The instructions of If, Loop and Scan nodes in a graph's VM function
-(pipeline/vm/program.py's _Emitter `e`: registers by name, code, bodies)."""
+"""The instructions of If, Loop and Scan nodes in a graph's VM function.
+
+Every function takes `e`, pipeline/vm/program.py's emitter of that function:
+e.get(name) and e.reg (registers by tensor name), e.new() (a fresh register), e.code
+(the instructions so far), e.body(node, key, n_formal) (a subgraph's function and
+the registers of its captures) and e.graph (for the types)."""
 
 from __future__ import annotations
 

@@ -19,6 +19,7 @@ import numpy as np
 from pipeline.ir.graph import Graph, Node
 from pipeline.vm import bytecode as bc
 from pipeline.vm.compile import Executable, compile_plan
+from pipeline.vm.control import emit_control
 
 __all__ = ["CONTROL_OPS", "Lower", "compile_program", "has_control_flow"]
 
@@ -182,6 +183,4 @@ class _Emitter:
 
     def control(self, node: Node) -> None:
         """The code of an If, Loop or Scan node (pipeline/vm/control.py)."""
-        from pipeline.vm.control import emit_control
-
         emit_control(self, node)
