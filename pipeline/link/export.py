@@ -26,6 +26,7 @@ from pathlib import Path
 
 from pipeline.ir.target import Target, host_triple, parse_target, triple_arch
 from pipeline.link.blob import (
+    BLOB_CODE_DIGEST_SIZE,
     BLOB_SYMBOL,
     blob_chunks,
     devc_checksum,
@@ -93,8 +94,10 @@ def pack_devc(graph_json: str, params, kernels: list[str], target: str, devc: Pa
 def pack_ro(ro: bytes, target: str, devc: PathLike, pack: str | None = None,
             cc: str | None = None) -> None:
     """Write devc.o of a VM library: the .ro bytes (pipeline/vm/format.py) under
-    RO_SYMBOL, written as pack_devc writes the blob (pack, cc: as there)."""
-    _write_object([ro], target, devc, pack, cc, RO_SYMBOL)
+    RO_SYMBOL, then 32 zero bytes where the link stamps the library's code digest
+    (pipeline/link/integrity.py), written as pack_devc writes the blob (pack, cc: as
+    there)."""
+    _write_object([ro, bytes(BLOB_CODE_DIGEST_SIZE)], target, devc, pack, cc, RO_SYMBOL)
 
 
 def _write_object(chunks: list, target: str, devc: PathLike, pack: str | None,

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import FormatError, PipelineError
+from pipeline.link.integrity import verify_code_digest
 from pipeline.runtime.graph_executor import _TensorInfo
 from pipeline.runtime.machine import check_machine
 from pipeline.runtime.module import _check_segments
@@ -47,7 +48,8 @@ def is_vm_library(path: str | os.PathLike) -> bool:
 
 
 def _load_library(path: str | os.PathLike) -> tuple[str, ctypes.CDLL]:
-    """dlopen a VM library after the loader's checks (suffix, machine, truncation)."""
+    """dlopen a VM library after the loader's checks (suffix, machine, truncation, the
+    code digest the link stamped after its .ro)."""
     path = os.path.abspath(os.fspath(path))
     if not path.endswith(".so"):
         raise ValueError(f"cannot load {path}: a VM library is a .so file")
@@ -55,6 +57,7 @@ def _load_library(path: str | os.PathLike) -> tuple[str, ctypes.CDLL]:
         raise FileNotFoundError(f"library not found: {path}")
     check_machine(path, path)
     _check_segments(path, path)
+    verify_code_digest(path, path)  # before dlopen: no byte of damaged code runs
     limit_idle_spin()
     try:
         return path, ctypes.CDLL(path, mode=os.RTLD_LOCAL | os.RTLD_NOW)

@@ -177,9 +177,8 @@ def validate_library(lib_path: str, onnx_path: str, shapes: dict, options: dict,
     else:
         prefix = require_run(on_target["run"], on_target["config"], target, on_target["arch"])
         # The code digest is checked here, on the file (any ELF64); the blob's sha256 by
-        # the executor on the target (pl_create). A VM library records no digest yet.
-        if not vm:
-            verify_code_digest(lib_path, lib_path)
+        # the executor on the target (pl_create).
+        verify_code_digest(lib_path, lib_path)
         # One timed run after the checked one: the emulated time of a run alone.
         ours, ms, run_s = run_on_target(prefix, on_target["pipeline_run"], lib_path, feeds,
                                         len(names), repeat=1)

@@ -15,7 +15,8 @@ import pytest
 
 import pipeline
 from models import build as build_model
-from pipeline.errors import FormatError
+from pipeline.errors import FormatError, PipelineError
+from pipeline.link.integrity import elf_sections
 from pipeline.link.runtime_c import build_pipeline_run
 from pipeline.runtime.vm import Executable, VirtualMachine, VMError
 from pipeline.vm.format import RO_MAGIC
@@ -100,6 +101,18 @@ def test_foreign_ro_refused_in_one_line(mlp):
         assert "\n" not in str(err.value)
     with pytest.raises(FormatError, match="truncated"):
         Executable.load_exec(bytes(ro[:-1]), so)
+
+
+def test_changed_code_is_refused_before_loading(mlp, tmp_path):
+    """The link stamps the code digest after the .ro; a changed code byte is refused."""
+    _, so, _ = mlp
+    raw = bytearray(so.read_bytes())
+    text = next(s for s in elf_sections(raw, "x") if s[0] == ".text")
+    raw[text[4] + 100] ^= 0xFF
+    bad = tmp_path / "bad.so"
+    bad.write_bytes(bytes(raw))
+    with pytest.raises(PipelineError, match="code digest mismatch"):
+        VirtualMachine(bad)
 
 
 def test_pipeline_run_runs_a_vm_library(mlp, tmp_path):

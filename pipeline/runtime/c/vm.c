@@ -628,7 +628,12 @@ API pl_executor *pl_create(char *err, size_t err_size) {
         dlclose(handle);
         return NULL;
     }
-    pl_executor *h = create_from(ro, sym->st_size, resolve_dl, handle, err, err_size);
+    /* The symbol holds the .ro, then the code digest the link stamps (32 bytes). */
+    size_t size = sym->st_size;
+    if (size >= RO_HEAD && memcmp(ro, "PLVMEXE\0", 8) == 0 &&
+        le((const uint8_t *)ro + 16, 8) <= size)
+        size = (size_t)le((const uint8_t *)ro + 16, 8);
+    pl_executor *h = create_from(ro, size, resolve_dl, handle, err, err_size);
     if (h) h->dl_handle = handle;
     else dlclose(handle);
     return h;
