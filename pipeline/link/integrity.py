@@ -152,8 +152,8 @@ def verify_code_digest(path: str | os.PathLike, source: str) -> None:
         sections = elf_sections(data, source)
         slot = _digest_slot(data, sections, source)
         if slot is None:
-            raise BlobError(f"{source}: no {BLOB_SYMBOL} or {RO_SYMBOL} symbol; not a "
-                            "library exported by pipeline, or devc.o was not linked in")
+            raise BlobError(f"{source}: no {BLOB_SYMBOL} symbol; not a library exported by "
+                            "pipeline, or devc.o was not linked in")
         recorded = bytes(data[slot:slot + BLOB_CODE_DIGEST_SIZE])
         if recorded == bytes(BLOB_CODE_DIGEST_SIZE):
             raise BlobError(f"{source}: the library records no code digest (not linked by "
