@@ -18,13 +18,15 @@ import numpy as np
 
 from pipeline.codegen.compile import compile_ir
 from pipeline.codegen.render import render
-from pipeline.driver.factory import GraphExecutorFactory, LoweredGraph, unique_specs
+from pipeline.driver.factory import EXECUTORS, GraphExecutorFactory, LoweredGraph, unique_specs
+from pipeline.errors import UnsupportedOperatorError
 from pipeline.ir.graph import Graph
 from pipeline.ir.target import Target, parse_target
 from pipeline.lower.cost import bytes_moved, kernel_flops, stack_bytes
 from pipeline.lower.kernel import KernelSpec, kernel_spec
 from pipeline.plan import MemoryPlan, graph_json, plan_memory
 from pipeline.transform import PassContext, optimize
+from pipeline.vm.program import CONTROL_OPS, compile_program, has_control_flow
 
 
 def lower_specs(graph: Graph, params: dict, target: Target, opt_level: int
@@ -79,22 +81,58 @@ def compile_kernel(spec: KernelSpec, text: str | None = None) -> tuple[str, byte
 
 def build(graph: Graph, target: str = "llvm", params: dict | None = None,
           opt_level: int | None = None,
-          kernel_cache: dict[str, bytes] | None = None) -> GraphExecutorFactory:
+          kernel_cache: dict[str, bytes] | None = None,
+          executor: str = "graph") -> GraphExecutorFactory:
     """Optimise and compile `graph` for `target` under the current PassContext.
 
     opt_level is LLVM's (0..3); it defaults to the PassContext's opt_level.
     kernel_cache (kernel hash -> object bytes) is read and filled: a kernel
     found there is not compiled again (its hash names everything that decides
-    its machine code, as for the doit kernel cache).
+    its machine code, as for the doit kernel cache). executor: "graph" (the graph
+    executor) or "vm" (export_library links a VM library with the .ro, docs/vm.md).
     """
+    if executor not in EXECUTORS:
+        raise ValueError(f"executor {executor!r}: allowed {', '.join(EXECUTORS)}")
     cfg = PassContext.current()
     resolved = parse_target(target)
     llvm_level = cfg.opt_level if opt_level is None else opt_level
-    lowered = lower_graph(graph, dict(params or {}), resolved, llvm_level)
     cache = {} if kernel_cache is None else kernel_cache
+    if has_control_flow(graph):
+        return _build_program(graph, dict(params or {}), target, llvm_level, cache, executor)
+    lowered = lower_graph(graph, dict(params or {}), resolved, llvm_level)
     objects = {}
     for spec in unique_specs(lowered.specs.values()):
         if spec.hash not in cache:
             cache[spec.hash] = compile_kernel(spec, lowered.ir[spec.hash])[1]
         objects[spec.symbol] = cache[spec.hash]
-    return GraphExecutorFactory(lowered, target, objects)
+    return GraphExecutorFactory(lowered, target, objects, executor)
+
+
+def _build_program(graph: Graph, params: dict, target: str, llvm_level: int,
+                   cache: dict[str, bytes], executor: str) -> GraphExecutorFactory:
+    """build() of a graph with If, Loop or Scan nodes: each part without control flow
+    is lowered as a graph of its own, and the VM executable joins them
+    (pipeline/vm/program.py). Only the VM runs it: UnsupportedOperatorError for
+    executor "graph", naming the nodes as the importer does."""
+    if executor != "vm":
+        nodes = [f"{n.name} ({n.op})" for n in graph.nodes if n.op in CONTROL_OPS]
+        raise UnsupportedOperatorError(
+            f"unsupported operator(s) for the graph executor: control flow at node(s) "
+            f"{', '.join(nodes[:5])}: subgraphs run only in the VM (executor='vm')")
+    resolved, pieces = parse_target(target), []
+
+    def lower(part: Graph, part_params: dict) -> tuple[str, dict, list[str]]:
+        lowered = lower_graph(part, dict(part_params), resolved, llvm_level)
+        pieces.append(lowered)
+        return (lowered.graph_json, lowered.params,
+                [s.symbol for s in unique_specs(lowered.specs.values())])
+
+    program = compile_program(graph, params, lower)
+    specs = [s for lowered in pieces for s in lowered.specs.values()]
+    ir = {h: text for lowered in pieces for h, text in lowered.ir.items()}
+    objects = {}
+    for spec in unique_specs(specs):
+        if spec.hash not in cache:
+            cache[spec.hash] = compile_kernel(spec, ir[spec.hash])[1]
+        objects[spec.symbol] = cache[spec.hash]
+    return GraphExecutorFactory(None, target, objects, executor, program, specs)

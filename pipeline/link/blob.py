@@ -181,15 +181,17 @@ def devc_checksum(path: str | os.PathLike) -> bytes:
 
 
 def write_devc(blob: bytes | list, triple: str, path: str | os.PathLike,
-               flags: int = 0) -> None:
+               flags: int = 0, symbol: str = BLOB_SYMBOL) -> None:
     """Write the blob object for the target triple atomically to path (devc.o);
     blob is the packed bytes or blob_chunks' list; flags the ELF e_flags
-    (Target.elf_flags(): RISC-V's float ABI)."""
+    (Target.elf_flags(): RISC-V's float ABI); symbol: the data's name (a VM
+    library's .ro goes under another)."""
     chunks = [blob] if isinstance(blob, bytes) else blob
-    atomic_write(path, data_object(BLOB_SYMBOL, chunks, triple, flags))
+    atomic_write(path, data_object(symbol, chunks, triple, flags))
 
 
-def write_devc_c(blob: bytes | list, path: str | os.PathLike) -> None:
+def write_devc_c(blob: bytes | list, path: str | os.PathLike,
+                 symbol: str = BLOB_SYMBOL) -> None:
     """Write the blob as a C file (atomically) defining the same symbol as
     write_devc: `const unsigned char BLOB_SYMBOL[n]`, 64-byte aligned, read-only.
     Any target's C compiler turns it into its own object format (TVM's
@@ -198,13 +200,13 @@ def write_devc_c(blob: bytes | list, path: str | os.PathLike) -> None:
     chunks = [blob] if isinstance(blob, bytes) else blob
     views = _byte_views(chunks)
     size = sum(v.nbytes for v in views)
-    atomic_write(path, _c_lines(views, size))
+    atomic_write(path, _c_lines(views, size, symbol))
 
 
-def _c_lines(views: list[memoryview], size: int):
+def _c_lines(views: list[memoryview], size: int, symbol: str):
     yield (f"/* The packed model of a pipeline library (pipeline/link/blob.py): {size} "
            "bytes. */\n"
-           f"__attribute__((aligned(64), used)) const unsigned char {BLOB_SYMBOL}[{size}] =\n"
+           f"__attribute__((aligned(64), used)) const unsigned char {symbol}[{size}] =\n"
            ).encode()
     for view in views:
         for at in range(0, view.nbytes, 4096):

@@ -25,7 +25,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pipeline.ir.target import Target, host_triple, parse_target, triple_arch
-from pipeline.link.blob import blob_chunks, devc_checksum, write_devc, write_devc_c
+from pipeline.link.blob import (
+    BLOB_CODE_DIGEST_SIZE,
+    BLOB_SYMBOL,
+    blob_chunks,
+    devc_checksum,
+    write_devc,
+    write_devc_c,
+)
 from pipeline.link.cc import (
     ToolchainError,
     cc_package,
@@ -35,10 +42,11 @@ from pipeline.link.cc import (
     link_relocatable,
 )
 from pipeline.link.elf import MACHINES
-from pipeline.link.runtime_c import executor_object
+from pipeline.link.runtime_c import executor_object, vm_object
+from pipeline.vm.format import RO_SYMBOL
 
-__all__ = ["LIBRARY_SUFFIXES", "PACKS", "choose_pack", "link_library", "pack_devc",
-           "resolve_cc"]
+__all__ = ["LIBRARY_SUFFIXES", "PACKS", "RO_SYMBOL", "choose_pack", "link_library",
+           "pack_devc", "pack_ro", "resolve_cc"]
 
 PathLike = str | os.PathLike
 PACKS = ("elf", "c")  # devc.o written by pipeline/link/elf.py, or compiled from C
@@ -79,10 +87,24 @@ def pack_devc(graph_json: str, params, kernels: list[str], target: str, devc: Pa
     choice; cc: the target's compiler, used by the "c" pack. The blob ends with
     its sha256, which link_library reads back.
     """
+    _write_object(blob_chunks(graph_json, params, kernels, target), target, devc, pack, cc,
+                  BLOB_SYMBOL)
+
+
+def pack_ro(ro: bytes, target: str, devc: PathLike, pack: str | None = None,
+            cc: str | None = None) -> None:
+    """Write devc.o of a VM library: the .ro bytes (pipeline/vm/format.py) under
+    RO_SYMBOL, then 32 zero bytes where the link stamps the library's code digest
+    (pipeline/link/integrity.py), written as pack_devc writes the blob (pack, cc: as
+    there)."""
+    _write_object([ro, bytes(BLOB_CODE_DIGEST_SIZE)], target, devc, pack, cc, RO_SYMBOL)
+
+
+def _write_object(chunks: list, target: str, devc: PathLike, pack: str | None,
+                  cc: str | None, symbol: str) -> None:
     resolved = parse_target(target)
-    chunks = blob_chunks(graph_json, params, kernels, target)
     if choose_pack(resolved, pack) == "elf":
-        write_devc(chunks, resolved.triple, devc, resolved.elf_flags())
+        write_devc(chunks, resolved.triple, devc, resolved.elf_flags(), symbol)
         return
     cc = resolve_cc(resolved, cc)
     # x86-64: the blob in a large-data section, as the ELF writer does (see elf.py).
@@ -90,14 +112,14 @@ def pack_devc(graph_json: str, params, kernels: list[str], target: str, devc: Pa
         else []
     with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(devc))) as tmp:
         source = os.path.join(tmp, "devc.c")
-        write_devc_c(chunks, source)
+        write_devc_c(chunks, source, symbol)
         compile_c(devc, source, cc, options)
 
 
 def link_library(lib0: PathLike | None, devc: PathLike, out: PathLike, cc: str | None = None,
                  options: Sequence[str] = (),
                  fcompile: Callable[[str, list[str], list[str]], object] | None = None,
-                 executor: PathLike | None = None) -> None:
+                 executor: PathLike | None = None, vm: bool = False) -> None:
     """Link lib0.o + devc.o + the executor object into `out`: a shared library
     (.so), one relocatable object (.o) or a deterministic flat tar of the three
     (.tar). lib0 is None for a graph without kernels (every output a build-time
@@ -111,13 +133,16 @@ def link_library(lib0: PathLike | None, devc: PathLike, out: PathLike, cc: str |
     blob checksum stored in devc.o: the linker's own (--build-id=sha1) hashes its
     whole output, 100 MB for ResNet-50, at a third of a second, while these inputs
     decide the output and cost nothing to hash. create_shared then stamps the code
-    digest of the whole .so, executor included. ValueError for another suffix;
-    LinkError if cc fails.
+    digest of the whole .so, executor included. vm: devc.o holds a .ro (pack_ro)
+    and the executor is the VM interpreter (default runtime_c.vm_object(cc)); the
+    build id then hashes devc.o whole. ValueError for another suffix; LinkError if
+    cc fails.
     """
     out = os.fspath(out)
     if not out.endswith(LIBRARY_SUFFIXES):
         raise ValueError(f"{out}: a model library is a {', '.join(LIBRARY_SUFFIXES)} file")
-    executor = executor_object(cc) if executor is None else executor
+    if executor is None:
+        executor = vm_object(cc) if vm else executor_object(cc)
     objects = [os.fspath(o) for o in ([devc, executor] if lib0 is None
                                       else [lib0, devc, executor])]
     if out.endswith(".tar"):
@@ -129,6 +154,7 @@ def link_library(lib0: PathLike | None, devc: PathLike, out: PathLike, cc: str |
     else:
         build_id = hashlib.sha1(b"" if lib0 is None else Path(lib0).read_bytes())
         build_id.update(Path(executor).read_bytes())
-        build_id.update(devc_checksum(devc))
+        build_id.update(hashlib.sha256(Path(devc).read_bytes()).digest() if vm
+                        else devc_checksum(devc))
         create_shared(out, objects, [f"-Wl,--build-id=0x{build_id.hexdigest()}", *options],
                       cc)

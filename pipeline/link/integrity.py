@@ -12,7 +12,8 @@ The digest cannot be in devc.o (it is packed before the link), so the link
 stamps it into the blob's trailer afterwards (stamp_code_digest, called by
 pipeline/link/cc.py create_shared on its temporary output), and the loader
 recomputes it from the file before dlopen (verify_code_digest), so damaged
-code is refused before any of it runs.
+code is refused before any of it runs. A VM library (docs/vm.md) has the slot
+right after its .ro instead.
 
 ELF64 little endian only, like pipeline/link/elf.py.
 """
@@ -32,9 +33,10 @@ from pipeline.link.blob import (
     read_blob_header_length,
 )
 from pipeline.link.elf import SECTION_HEADER, SHT_SYMTAB, SYMBOL
+from pipeline.vm.format import RO_MAGIC, RO_SYMBOL
 
 __all__ = ["blob_offset", "code_digest", "elf_sections", "stamp_code_digest",
-           "verify_code_digest"]
+           "symbol_offset", "verify_code_digest"]
 
 _SHT_NOBITS, _SHT_DYNSYM = 8, 11
 _SHF_ALLOC, _SHF_EXECINSTR = 0x2, 0x4
@@ -79,7 +81,12 @@ def code_digest(data, source: str, sections: list[tuple] | None = None) -> bytes
 def blob_offset(data, sections: list[tuple]) -> int | None:
     """The file offset of BLOB_SYMBOL's bytes, from the dynamic or static symbol
     table; None if the library has no blob."""
-    want = BLOB_SYMBOL.encode()
+    return symbol_offset(data, sections, BLOB_SYMBOL)
+
+
+def symbol_offset(data, sections: list[tuple], symbol: str) -> int | None:
+    """The file offset of the bytes of data symbol `symbol`; None if there is none."""
+    want = symbol.encode()
     for _, kind, _, _, offset, size, link in sections:
         if kind not in (SHT_SYMTAB, _SHT_DYNSYM) or link >= len(sections):
             continue
@@ -97,15 +104,30 @@ def blob_offset(data, sections: list[tuple]) -> int | None:
 
 
 def _digest_slot(data, sections: list[tuple], source: str) -> int | None:
-    """The file offset of the blob's code-digest trailer (None: no blob)."""
+    """The file offset of the blob's code-digest trailer, or of the one after a VM
+    library's .ro (None: neither)."""
     start = blob_offset(data, sections)
     if start is None:
-        return None
+        return _ro_digest_slot(data, sections, source)
     total = read_blob_header_length(bytes(data[start:start + BLOB_PREFIX_SIZE]), source)
     if start + total > len(data):
         raise BlobError(f"{source}: blob truncated: header says {total} bytes but the library "
                         f"file ends before")
     return start + total - BLOB_CODE_DIGEST_SIZE
+
+
+def _ro_digest_slot(data, sections: list[tuple], source: str) -> int | None:
+    """A VM library's code-digest slot: the 32 bytes after the .ro in RO_SYMBOL
+    (export.pack_ro); None if the library has no .ro."""
+    start = symbol_offset(data, sections, RO_SYMBOL)
+    if start is None:
+        return None
+    if bytes(data[start:start + len(RO_MAGIC)]) != RO_MAGIC:
+        raise BlobError(f"{source}: {RO_SYMBOL} is not a pipeline VM executable")
+    total = int.from_bytes(data[start + 16:start + 24], "little")
+    if start + total + BLOB_CODE_DIGEST_SIZE > len(data):
+        raise BlobError(f"{source}: VM executable truncated: it ends past the library file")
+    return start + total
 
 
 def stamp_code_digest(path: str | os.PathLike) -> bool:

@@ -10,6 +10,7 @@
         random_weights: 0                               # seeded weights (models/reweight.py)
         inputs: {input.1: [1, 3, 224, 224]}             # optional shape overrides
         validate: {rtol: 1.0e-3}                        # optional overrides
+        executor: vm                                    # run by the VM (docs/vm.md)
     targets:
       llvm: {target: "llvm -mcpu=native", opt_level: 3,
              disabled_pass: [], required_pass: [], config: {FuseOps.max_depth: 256}}
@@ -18,6 +19,7 @@
         cc: aarch64-linux-gnu-gcc          # compiler + linker driver; required off-host
         run: "qemu-aarch64 -L /usr/aarch64-linux-gnu"   # runs target programs
         pack: elf                          # devc.o by our ELF writer, or c (compiled)
+        executor: graph                    # the default; vm: its models run by the VM
       m4:
         target: "llvm -mtriple=thumbv7em-none-eabihf -mcpu=cortex-m4"
         cc: arm-none-eabi-gcc
@@ -47,9 +49,10 @@ from pipeline.link.export import PACKS, choose_pack, resolve_cc
 from pipeline.transform import PassContext
 
 REFERENCES = ("onnx", "onnxruntime")
-# How a model runs: the graph executor (the .so) or the AOT entry function (lib<m>.a,
-# docs/microcontrollers.md). A model entry's `executor` wins over its target's.
-EXECUTORS = ("graph", "aot")
+# How a model runs: the graph executor (the .so), the VM (the .so with a .ro,
+# docs/vm.md) or the AOT entry function (lib<m>.a, docs/microcontrollers.md).
+# A model entry's `executor` wins over its target's.
+EXECUTORS = ("graph", "aot", "vm")
 # `path: onnx-light:<name>` names a model of the light zoo in the installed onnx
 # wheel, whose site-packages path differs from machine to machine.
 ONNX_LIGHT = "onnx-light:"
@@ -155,7 +158,7 @@ def executor_of(m: ModelEntry, t: TargetEntry) -> str:
     """The executor entry m x t is built for: the model's, else the target's, else
     aot on a bare-metal target and graph elsewhere."""
     executor = m.executor or t.executor or ("aot" if t.bare_metal else "graph")
-    if executor == "graph" and t.bare_metal:
+    if executor != "aot" and t.bare_metal:
         raise ConfigError(f"{t.path}: models.{m.name}.executor: target {t.name} has no "
                           "operating system to load a shared library: only executor aot "
                           "runs there")
@@ -422,7 +425,7 @@ def _target(where: _Where, name: str, spec) -> TargetEntry:
         config=dict(where.mapping(spec.get("config") or {}, f"{key}.config")),
         cc=tools.get("cc"), run=tools.get("run"), pack=pack, path=where.path,
         executor=_executor(where, spec, key), **_budgets(where, spec, key))
-    if resolved.bare_metal and entry.executor == "graph":
+    if resolved.bare_metal and entry.executor not in (None, "aot"):
         where.fail(f"{key}.executor", f"{resolved.triple} has no operating system to load "
                    "a shared library: only executor aot runs there")
     # Check each list and option on its own, so the error names its exact key.

@@ -64,9 +64,11 @@ def imported(m: ModelEntry) -> tuple[str, str]:
 
 
 def runtime_artifacts(t: TargetEntry) -> dict[str, str]:
-    """The runtime task's outputs for target t: {"executor", "run"} -> path."""
+    """The runtime task's outputs for target t: {"executor", "run"} -> path, and
+    "vm", the VM interpreter it compiles too when an entry of t uses the VM."""
     d = path(OUT, "runtime", t.name)
-    return {"executor": path(d, "executor.o"), "run": path(d, "pipeline-run")}
+    return {"executor": path(d, "executor.o"), "run": path(d, "pipeline-run"),
+            "vm": path(d, "vm.o")}
 
 
 def artifacts(m: ModelEntry, t: TargetEntry) -> dict[str, str]:
@@ -75,6 +77,7 @@ def artifacts(m: ModelEntry, t: TargetEntry) -> dict[str, str]:
     return {"graph_json": path(d, f"{m.name}.json"), "params": path(d, f"{m.name}.params"),
             "kernels": path(d, "kernels.json"), "lib0": path(d, "lib0.o"),
             "devc": path(d, "devc.o"), "so": path(d, f"{m.name}.so"),
+            "ro": path(d, f"{m.name}.ro"),
             "validation": path(d, "validation.json"),
             # executor aot (docs/microcontrollers.md): the static library, its header,
             # the Model Library Format tar, its metadata.json, and the program that

@@ -31,6 +31,8 @@ from pipeline.runtime.params import load_params, param_chunks
 from pipeline.tasks.cache import entry_ir, object_for_link, read_ir
 from pipeline.tasks.paths import SPECS, ir_path, listed_kernels, spec_path
 from pipeline.transform import PassContext, PassTimingInstrument
+from pipeline.vm.compile import compile_plan
+from pipeline.vm.format import write_ro
 
 
 def generate_model(name: str, path: str, args: dict | None = None) -> None:
@@ -147,22 +149,40 @@ def pack_devc(graph_json_path: str, params_path: str, kernels_path: str,
                 m.close()
 
 
-def build_runtime(executor_path: str, run_path: str, cc: str | None = None) -> None:
+def pack_vm(graph_json_path: str, params_path: str, kernels_path: str, ro_path: str,
+            devc_path: str, pack: str | None = None, cc: str | None = None) -> None:
+    """A VM entry's devc stage: graph JSON + params + kernel list -> the VM executable
+    <m>.ro (pipeline/vm/) and devc.o holding it (pack, cc: as pack_devc's)."""
+    manifest = json.loads(Path(kernels_path).read_text())
+    exe = compile_plan(Path(graph_json_path).read_text(),
+                       load_params(Path(params_path).read_bytes()),
+                       [k["symbol"] for k in manifest["kernels"]])
+    ro = write_ro(exe)
+    atomic_write(ro_path, ro)
+    export.pack_ro(ro, manifest["target"], devc_path, pack, cc)
+
+
+def build_runtime(executor_path: str, run_path: str, cc: str | None = None,
+                  vm_path: str | None = None) -> None:
     """The target's C runtime, compiled by cc (the target's compiler; None for the
-    host's): executor.o (linked into every library) and the pipeline-run program."""
+    host's): executor.o (linked into every library), the pipeline-run program and,
+    given vm_path, vm.o (the VM interpreter of `executor: vm` libraries)."""
     # Two compiler processes at once: this task is alone on a serial build's path.
     with ThreadPoolExecutor(2) as pool:
         done = [pool.submit(runtime_c.compile_executor, executor_path, cc),
                 pool.submit(runtime_c.build_pipeline_run, run_path, cc)]
+        if vm_path is not None:
+            done.append(pool.submit(runtime_c.compile_vm, vm_path, cc))
     for future in done:
         future.result()  # the first error (LinkError with the command), if any
 
 
 def export_library(lib0_path: str, devc_path: str, executor_path: str, out_path: str,
-                   cc: str | None = None) -> None:
+                   cc: str | None = None, vm: bool = False) -> None:
     """lib0.o + devc.o + executor.o -> the deliverable shared library (or .tar),
-    linked by cc (the target's compiler; None for the host's)."""
-    export.link_library(lib0_path, devc_path, out_path, cc, executor=executor_path)
+    linked by cc (the target's compiler; None for the host's); vm: devc.o holds a
+    .ro and executor_path is vm.o."""
+    export.link_library(lib0_path, devc_path, out_path, cc, executor=executor_path, vm=vm)
 
 
 def build_aot_library(model: str, graph_json_path: str, params_path: str, kernels_path: str,

@@ -38,7 +38,7 @@ import onnx
 from onnx import TensorProto, helper
 from onnx.backend.base import Backend, BackendRep
 
-from pipeline.frontend.onnx.importer import default_opset, domain_opset
+from pipeline.frontend.onnx.importer import CONTROL_FLOW, default_opset, domain_opset
 from pipeline.frontend.onnx.registry import NodeView, onnx_converter
 from pipeline.ir.graph import ONNX_DTYPES
 
@@ -76,6 +76,9 @@ def unsupported(model: onnx.ModelProto, limits: bool = True) -> list[str]:
             continue
         if node.op_type == "Constant" and not custom:
             continue
+        if node.op_type in CONTROL_FLOW and not custom:  # the VM runs it
+            reasons += _control_flow_reasons(node, opset, {i.name for i in g.initializer})
+            continue
         converter = onnx_converter(f"{node.domain}.{node.op_type}" if custom else node.op_type,
                                    domain_opset(model, node.domain) if custom else opset)
         if converter is None:
@@ -95,6 +98,36 @@ def unsupported(model: onnx.ModelProto, limits: bool = True) -> list[str]:
         reasons += [f"{node.op_type}: {lim.reason}" for lim in converter.limits
                     if lim.applies(view)]
     return sorted(set(reasons))
+
+
+def _control_flow_reasons(node: onnx.NodeProto, opset: int, constants: set[str]) -> list[str]:
+    """Why an If, Loop or Scan cannot be compiled (the VM runs them with static shapes,
+    frontend/onnx/control.py): an operator of a subgraph without a converter, or one
+    reading a build-time input the subgraph computes at run time (a Slice of the
+    iteration number)."""
+    reasons = []
+    if node.op_type == "Scan" and opset < 9:
+        reasons.append("Scan (opset 8): sequence_lens")
+    for attr in node.attribute:
+        if attr.type != onnx.AttributeProto.GRAPH:
+            continue
+        body = attr.g
+        known = constants | {i.name for i in body.initializer}
+        for inner in body.node:
+            if inner.op_type == "Constant":
+                known.update(inner.output)
+                continue
+            if inner.op_type in CONTROL_FLOW:
+                reasons += _control_flow_reasons(inner, opset, known)
+                continue
+            converter = onnx_converter(inner.op_type, opset)
+            if converter is None:
+                reasons.append(f"{inner.op_type} (opset {opset}) in a subgraph: no converter")
+            elif any(pos < len(inner.input) and inner.input[pos] not in known
+                     for pos in converter.build_time_inputs if inner.input[pos:pos + 1] != [""]):
+                reasons.append(f"{inner.op_type} in a subgraph: a build-time input computed "
+                               "at run time")
+    return reasons
 
 
 def _elem_type(tp) -> int | None:
@@ -134,19 +167,45 @@ def _lib_path() -> str:
 def compile_model(model: onnx.ModelProto, opt_level: int = 3, target: str = TARGET,
                   shape: dict[str, tuple[int, ...]] | None = None,
                   freeze: dict[str, np.ndarray] | None = None):
-    """Import, optimise, compile, link and load `model`; returns its GraphModule."""
+    """Import, optimise, compile, link and load `model`; returns its GraphModule (a
+    _VMModule for a model with If, Loop or Scan, which the VM runs: docs/vm.md)."""
     from pipeline.driver.build import build
     from pipeline.frontend import from_onnx
     from pipeline.runtime import GraphModule, load_module
     from pipeline.transform import PassContext
 
-    graph, params = from_onnx(model, shape=shape, freeze=freeze)
+    vm = any(n.op_type in CONTROL_FLOW for n in model.graph.node)
+    graph, params = from_onnx(model, shape=shape, freeze=freeze, control_flow=vm)
     with PassContext(opt_level=opt_level):
-        factory = build(graph, target=target, params=params, kernel_cache=_KERNELS)
+        factory = build(graph, target=target, params=params, kernel_cache=_KERNELS,
+                        executor="vm" if vm else "graph")
     path = factory.export_library(_lib_path())
+    if vm:
+        return _VMModule(path)
     module = load_module(path)
     os.unlink(path)  # the mapping stays valid; nothing else reads the file
     return GraphModule(module["default"]())
+
+
+class _VMModule:
+    """What PipelineRep.run calls of a GraphModule (run, get_output,
+    get_num_outputs), over the VirtualMachine of a VM library."""
+
+    def __init__(self, path: str):
+        from pipeline.runtime.vm import VirtualMachine
+
+        self.vm = VirtualMachine(path)
+        os.unlink(path)  # loaded: the mapping stays valid
+        self.outputs: list[np.ndarray] = []
+
+    def run(self, **feeds: np.ndarray) -> None:
+        self.outputs = self.vm.run(**feeds)
+
+    def get_output(self, k: int) -> np.ndarray:
+        return self.outputs[k]
+
+    def get_num_outputs(self) -> int:
+        return len(self.vm.executable.content.functions[0].results)
 
 
 class PipelineRep(BackendRep):
@@ -211,6 +270,9 @@ def _build_time_inputs(graph: onnx.GraphProto, input_names: set[str],
     needed = {node.input[pos] for node in graph.node if converters[node.op_type] is not None
               for pos in converters[node.op_type].build_time_inputs
               if pos < len(node.input) and node.input[pos]}
+    # A Loop with scan outputs needs its trip count: their length (frontend/onnx/control.py).
+    needed |= {node.input[0] for node in graph.node if node.op_type == "Loop" and node.input
+               and node.input[0] and len(_body(node).output) > len(node.input) - 1}
     producer = {out: node for node in graph.node for out in node.output}
     todo = list(needed)
     while todo:
@@ -222,6 +284,10 @@ def _build_time_inputs(graph: onnx.GraphProto, input_names: set[str],
                 needed.add(name)
                 todo.append(name)
     return needed & input_names
+
+
+def _body(node: onnx.NodeProto) -> onnx.GraphProto:
+    return next(a.g for a in node.attribute if a.name == "body")
 
 
 class PipelineBackend(Backend):

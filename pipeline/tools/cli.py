@@ -85,7 +85,8 @@ def compile_model(model: str, output: str, target: str = DEFAULT_TARGET, opt_lev
     `opt_level` (rendering each kernel once, unless a valid cache entry has its IR),
     each distinct kernel's object from the kernel cache `cache` (None: cache_dir's
     default), compiled into it from that IR when missing or damaged, and the export
-    path of export_library with the target's `cc`.
+    path of export_library with the target's `cc`; executor "vm" links a VM library
+    (docs/vm.md).
     """
     from pipeline.driver.build import lower_graph
     from pipeline.driver.factory import GraphExecutorFactory, unique_specs
@@ -96,6 +97,7 @@ def compile_model(model: str, output: str, target: str = DEFAULT_TARGET, opt_lev
     from pipeline.tasks.cache import entry_ir, entry_path, is_valid, object_for_link
     from pipeline.tasks.paths import cache_dir
     from pipeline.transform import PassContext
+    from pipeline.vm.program import has_control_flow
 
     start = time.perf_counter()
     if executor == "aot" and not output.endswith(".tar"):
@@ -112,8 +114,10 @@ def compile_model(model: str, output: str, target: str = DEFAULT_TARGET, opt_lev
         raise CommandError(f"--target {target!r}: a bare-metal target loads no shared "
                            "library; compile with --executor aot")
     cc = resolve_cc(resolved, cc, "--cc")
-    graph, params = from_onnx(model, shapes or {})
+    graph, params = from_onnx(model, shapes or {}, control_flow=executor == "vm")
     root = cache_dir(cache)
+    if has_control_flow(graph):  # If, Loop, Scan: the VM's program of several graphs
+        return _compile_program(graph, params, output, target, opt_level, cc, root, start)
 
     with PassContext(opt_level=opt_level):
         lowered = lower_graph(graph, params, resolved, opt_level,
@@ -132,7 +136,7 @@ def compile_model(model: str, output: str, target: str = DEFAULT_TARGET, opt_lev
     if executor == "aot":
         _export_aot(lowered, objects, target, output, cc)
     else:
-        GraphExecutorFactory(lowered, target, objects).export_library(output, cc=cc)
+        GraphExecutorFactory(lowered, target, objects, executor).export_library(output, cc=cc)
     return {"kernels": len(objects), "compiled": compiled, "cache": root,
             "seconds": round(time.perf_counter() - start, 2)}
 
@@ -167,6 +171,21 @@ def _export_aot(lowered, objects: dict[str, bytes], target: str, output: str,
                   {"mlf": output, "archive": os.path.join(folder, f"lib{name}.a"),
                    "header": os.path.join(folder, f"{name}.h")}, cc, params_file,
                   kernel_metadata(lowered.graph_json))
+
+
+def _compile_program(graph, params: dict, output: str, target: str, opt_level: int,
+                     cc: str | None, root: str, start: float) -> dict:
+    """compile_model of a graph with control flow (docs/vm.md): pipeline.build's VM
+    program; its kernels are compiled here, not read from the kernel cache yet."""
+    from pipeline.driver.build import build
+    from pipeline.transform import PassContext
+
+    with PassContext(opt_level=opt_level):
+        factory = build(graph, target=target, params=params, executor="vm")
+    factory.export_library(output, cc=cc)
+    n = len(factory.kernels)
+    return {"kernels": n, "compiled": n, "cache": root,
+            "seconds": round(time.perf_counter() - start, 2)}
 
 
 def _compile(args: argparse.Namespace) -> None:
@@ -213,10 +232,37 @@ def _read_npy(name: str, path: str) -> np.ndarray:
         raise CommandError(f"{path}: not a .npy file ({str(err).splitlines()[0]})") from None
 
 
+def _run_vm(args: argparse.Namespace, files: dict[str, str]) -> None:
+    """`pipeline run` of a VM library (`executor: vm`): through the VirtualMachine."""
+    from pipeline.runtime.vm import VirtualMachine, VMError
+
+    vm = VirtualMachine(args.library)
+    if args.threads is not None:
+        vm.set_num_threads(args.threads)
+    names = [p.name for p in vm.executable.content.functions[0].params]
+    missing = [n for n in names if n not in files]
+    if missing:
+        raise CommandError(f"{args.library}: input {missing[0]!r} not given "
+                           f"(--input {missing[0]}=FILE.npy)")
+    try:
+        outputs = vm.run(**{name: _read_npy(name, path) for name, path in files.items()})
+    except VMError as err:
+        raise CommandError(f"{args.library}: {err}") from None
+    os.makedirs(args.output_dir, exist_ok=True)
+    for i, value in enumerate(outputs):
+        path = os.path.join(args.output_dir, f"output_{i}.npy")
+        np.save(path, value)
+        print(f"{path}  {list(value.shape)}  {value.dtype}")
+
+
 def _run(args: argparse.Namespace) -> None:
+    from pipeline.runtime.vm import is_vm_library
     from pipeline.tools.library_info import graph_tensors
 
     files = _pairs(args.input, "NAME=FILE.npy")
+    if os.path.isfile(args.library) and is_vm_library(args.library):
+        _run_vm(args, files)
+        return
     lib, gm = _load(args.library)
     if args.threads is not None:
         gm.set_num_threads(args.threads)
@@ -325,9 +371,10 @@ def parser() -> argparse.ArgumentParser:
                    help=f"target string (default {DEFAULT_TARGET!r}; e.g. "
                    "'llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a76')")
     p.add_argument("--opt-level", type=int, default=3, help="0..3 (default 3)")
-    p.add_argument("--executor", choices=("graph", "aot"), default="graph",
-                   help="graph (a library with the graph executor, default) or aot (a "
-                   "Model Library Format .tar, lib<name>.a and <name>.h)")
+    p.add_argument("--executor", choices=("graph", "vm", "aot"), default="graph",
+                   help="graph (a library with the graph executor, default), vm (a "
+                   "library whose .ro the VM runs: control flow) or aot (a Model "
+                   "Library Format .tar, lib<name>.a and <name>.h)")
     p.add_argument("--input", action="append", default=[], metavar="NAME=1,3,224,224",
                    help="fix an input's shape (any batch; a symbolic dim needs one)")
     p.add_argument("--cc", help="the target's C compiler, which links (default $CC or cc; "

@@ -27,6 +27,7 @@ from pipeline.frontend.onnx.importer import load_model
 from pipeline.frontend.onnx.shapes import with_input_shapes
 from pipeline.link.integrity import verify_code_digest
 from pipeline.runtime import GraphModule, load_module
+from pipeline.runtime.vm import VirtualMachine, is_vm_library
 from pipeline.tools.on_target import require_run, run_aot_program, run_on_target
 
 
@@ -128,12 +129,8 @@ def _run_ours(lib_path: str, feeds: dict, n_outputs: int, target: str,
     """The library's outputs for `feeds`, the seconds of its run and where it ran
     (validate_library's on_target says how)."""
     if on_target is None:
-        gm = GraphModule(load_module(lib_path, verify=True)["default"]())
-        start = time.perf_counter()
-        gm.run(**feeds)
-        run_s = time.perf_counter() - start
-        return [gm.get_output(i) for i in range(gm.get_num_outputs())], run_s, \
-            {"ran_on": "host"}
+        ours, run_s = _run_here(lib_path, feeds, is_vm_library(lib_path))
+        return ours, run_s, {"ran_on": "host"}
     if "metadata" in on_target:  # executor aot: the model's own program
         prefix = [] if on_target["run"] is None and on_target.get("host") else \
             require_run(on_target["run"], on_target["config"], target, on_target["arch"])
@@ -186,6 +183,21 @@ def compare(names: list[str], ours: list, refs: list, rtol: float, atol) -> list
         rows.append({"name": name, "max_abs_err": float(diff.max(initial=0.0)),
                      "max_rel_err": float(rel.max(initial=0.0)), "atol": tol, "passed": ok})
     return rows
+
+
+def _run_here(lib_path: str, feeds: dict, vm: bool) -> tuple[list, float]:
+    """(outputs, seconds of the run) of the library on this machine: the graph
+    executor's, or the VM's for a VM library (`executor: vm`)."""
+    if vm:
+        machine = VirtualMachine(lib_path)
+        start = time.perf_counter()
+        ours = machine.run(**feeds)
+        return ours, time.perf_counter() - start
+    gm = GraphModule(load_module(lib_path, verify=True)["default"]())
+    start = time.perf_counter()
+    gm.run(**feeds)
+    run_s = time.perf_counter() - start
+    return [gm.get_output(i) for i in range(gm.get_num_outputs())], run_s
 
 
 def validate_library(lib_path: str, onnx_path: str, shapes: dict, options: dict,

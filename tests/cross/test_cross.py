@@ -22,10 +22,12 @@ import tarfile
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import yaml
 
 import pipeline
+from models import build as build_model
 from pipeline.errors import ConfigError
 from pipeline.frontend import from_onnx
 from pipeline.ir.target import TargetError, parse_target
@@ -33,6 +35,7 @@ from pipeline.link.blob import BLOB_MAGIC, BLOB_VERSION, devc_checksum
 from pipeline.link.cc import ToolchainError, create_shared
 from pipeline.link.elf import machine_name
 from pipeline.link.export import pack_devc
+from pipeline.link.runtime_c import build_pipeline_run
 from pipeline.runtime import GraphModule, load_module
 from pipeline.runtime.machine import ForeignLibraryError, host_machine
 from pipeline.tasks.config import load_config
@@ -414,3 +417,80 @@ def test_mobilenet_and_bert_validate_on_arm64_and_rv64_under_qemu(tmp_path: Path
                                 .read_text())
             assert report["passed"] and report["ran_on"] == "target", report
             assert report["emulated_ms"] > 0, report
+
+
+# -- VM libraries (executor: vm) under qemu -------------------------------------
+
+def _vm_on_target(tmp: Path, arch: str, model, feed: dict) -> list[np.ndarray]:
+    """Build `model` as a VM library for arch and run it with pipeline-run under qemu."""
+    entry = cross(arch)
+    require_tools(entry["run"].split()[0])
+    graph, params = from_onnx(model, control_flow=True)
+    with PassContext(opt_level=3):
+        factory = pipeline.build(graph, target=entry["target"], params=params, executor="vm")
+    so = factory.export_library(tmp / f"{arch}.so", cc=entry["cc"])
+    assert elf_header(so)[0] == ARCHES[arch][1]
+    run = tmp / f"pipeline-run-{arch}"
+    build_pipeline_run(run, entry["cc"])
+    args = []
+    for name, value in feed.items():
+        np.save(tmp / f"{name}.npy", value)
+        args += ["--input", f"{name}={tmp / f'{name}.npy'}"]
+    proc = subprocess.run([*entry["run"].split(), str(run), str(so), *args, "--output-dir",
+                           str(tmp / "out"), "--print-time"], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("time: median ")
+    return [np.load(tmp / "out" / f"output_{k}.npy") for k in range(len(graph.outputs))]
+
+
+@pytest.mark.parametrize("arch", ["aarch64", "riscv64"])
+def test_vm_library_runs_under_qemu(tmp_path: Path, tiny_model, arch: str):
+    onnx_path, feed, expected = tiny_model
+    got = _vm_on_target(tmp_path, arch, onnx_path, feed)
+    np.testing.assert_allclose(got[0], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_default_matrix_mlp_as_vm_library_on_arm64(tmp_path: Path):
+    """The default matrix's mlp, executor vm, on arm64 under qemu, against onnxruntime."""
+    ort = pytest.importorskip("onnxruntime")
+    model = build_model("mlp")
+    x = np.random.default_rng(2).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"data": x})
+    got = _vm_on_target(tmp_path, "aarch64", model, {"data": x})
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["aarch64", "riscv64"])
+def test_vm_control_flow_under_qemu(tmp_path: Path, arch: str):
+    """A Loop (trip count, carried value, scan output) around an If, run by the VM
+    interpreter of arch under qemu, against onnxruntime."""
+    ort = pytest.importorskip("onnxruntime")
+    t = onnx.helper.make_tensor_value_info
+    h = onnx.helper
+    then = h.make_graph([h.make_node("Neg", ["acc"], ["n"])], "t", [],
+                        [t("n", onnx.TensorProto.FLOAT, [3])])
+    orelse = h.make_graph([h.make_node("Add", ["acc", "x"], ["n2"])], "e", [],
+                          [t("n2", onnx.TensorProto.FLOAT, [3])])
+    body = h.make_graph(
+        [h.make_node("Mod", ["i", "two"], ["r"]),
+         h.make_node("Cast", ["r"], ["odd"], to=onnx.TensorProto.BOOL),
+         h.make_node("If", ["odd"], ["v"], then_branch=then, else_branch=orelse),
+         h.make_node("Identity", ["v"], ["row"])], "body",
+        [t("i", onnx.TensorProto.INT64, []), t("c", onnx.TensorProto.BOOL, []),
+         t("acc", onnx.TensorProto.FLOAT, [3])],
+        [t("c", onnx.TensorProto.BOOL, []), t("v", onnx.TensorProto.FLOAT, [3]),
+         t("row", onnx.TensorProto.FLOAT, [3])])
+    model = h.make_model(h.make_graph(
+        [h.make_node("Loop", ["m", "", "x"], ["y", "rows"], body=body)], "loop",
+        [t("x", onnx.TensorProto.FLOAT, [3])],
+        [t("y", onnx.TensorProto.FLOAT, [3]), t("rows", onnx.TensorProto.FLOAT, [5, 3])],
+        [h.make_tensor("m", onnx.TensorProto.INT64, [], [5]),
+         h.make_tensor("two", onnx.TensorProto.INT64, [], [2])]),
+        opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 8
+    x = np.array([0.5, -1.0, 2.0], np.float32)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})
+    got = _vm_on_target(tmp_path, arch, model, {"x": x})
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-6)

@@ -109,6 +109,19 @@ def test_pipeline_run_matches_reference(tools, tmp_path):
         np.testing.assert_allclose(got, ref, rtol=1e-6)
 
 
+def test_pipeline_run_print_time(tools, tmp_path):
+    """--repeat N --print-time: one line `time: median X ms, min Y ms over N runs`,
+    min <= median; --print-time alone times one run."""
+    run, so, _ = tools
+    line = re.compile(r"^time: median (\d+\.\d+) ms, min (\d+\.\d+) ms over (\d+) runs$")
+    for extra, count in ((["--repeat", "4", "--print-time"], 4), (["--print-time"], 1)):
+        proc = _run([run, so, *_inputs(tmp_path), "--output-dir", tmp_path, *extra])
+        assert proc.returncode == 0, proc.stderr
+        found = line.match(proc.stdout.strip())
+        assert found and proc.stdout.count("\n") == 1, proc.stdout
+        assert float(found.group(2)) <= float(found.group(1)) and int(found.group(3)) == count
+
+
 def test_pipeline_run_makes_its_output_dir(tools, tmp_path):
     """--output-dir creates the folder and its missing parents, as mkdir -p does."""
     run, so, model = tools

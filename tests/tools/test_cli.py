@@ -99,6 +99,57 @@ def test_run_gives_onnxruntimes_outputs(compiled):
                                rtol=1e-4, atol=1e-6)
 
 
+def test_compile_executor_vm_and_run(compiled):
+    """`pipeline compile --executor vm` links a VM library (its kernels from the cache);
+    `pipeline run` runs it through the VM, matching onnxruntime."""
+    ort = pytest.importorskip("onnxruntime")
+    tmp, _, cache = compiled
+    proc = pipeline("compile", str(MODEL), "-o", "cnn_vm.so", "--executor", "vm", "--input",
+                    "x=" + ",".join(map(str, BATCH_SHAPE)), "--cache", str(cache), cwd=tmp)
+    assert proc.returncode == 0, proc.stderr
+    assert "(0 compiled," in proc.stdout
+    x = np.random.default_rng(6).standard_normal(BATCH_SHAPE).astype(np.float32)
+    np.save(tmp / "xv.npy", x)
+    proc = pipeline("run", "cnn_vm.so", "--input", "x=xv.npy", "--output-dir", "vm_outs",
+                    cwd=tmp)
+    assert proc.returncode == 0, proc.stderr
+    assert "vm_outs/output_0.npy  [2, 10]  float32" in proc.stdout
+    want = ort.InferenceSession(str(MODEL)).run(None, {"x": x})[0]
+    np.testing.assert_allclose(np.load(tmp / "vm_outs" / "output_0.npy"), want,
+                               rtol=1e-4, atol=1e-6)
+    np.save(tmp / "xbad.npy", x[:1])
+    proc = pipeline("run", "cnn_vm.so", "--input", "x=xbad.npy", cwd=tmp)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1
+    assert "expected float32 [2, 3, 32, 32], given float32 [1, 3, 32, 32]" in proc.stderr
+
+
+def test_compile_executor_vm_builds_control_flow(tmp_path):
+    """An If model: `pipeline compile --executor vm` builds it, the default refuses it."""
+    import onnx
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    t = h.make_tensor_value_info
+    branch = {op: h.make_graph([h.make_node(op, ["x"], ["y"])], op, [], [t("y", T.FLOAT, [3])])
+              for op in ("Neg", "Relu")}
+    model = h.make_model(h.make_graph(
+        [h.make_node("If", ["c"], ["y"], then_branch=branch["Neg"], else_branch=branch["Relu"])],
+        "g", [t("c", T.BOOL, []), t("x", T.FLOAT, [3])], [t("y", T.FLOAT, [3])]),
+        opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "if.onnx")
+    np.save(tmp_path / "c.npy", np.array(False))
+    np.save(tmp_path / "x.npy", np.array([1, -2, 3], np.float32))
+    proc = pipeline("compile", "if.onnx", "-o", "if.so", "--executor", "vm", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    proc = pipeline("run", "if.so", "--input", "c=c.npy", "--input", "x=x.npy", "--output-dir",
+                    "o", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "o" / "output_0.npy"), [1, 0, 3])
+    proc = pipeline("compile", "if.onnx", "-o", "g.so", cwd=tmp_path)
+    assert proc.returncode == 1 and "If (control flow: subgraphs are not compiled)" in proc.stderr
+
+
 def test_validate_passes_and_info_describes_the_library(compiled, capsys):
     tmp = compiled[0]
     proc = pipeline("validate", str(MODEL), "cnn.tar", "--reference", "onnx", cwd=tmp)

@@ -29,7 +29,7 @@ LAYERS = [
     ["dsl"],
     ["ops"],
     ["kernels"],
-    ["frontend", "transform", "lower", "plan"],
+    ["frontend", "transform", "lower", "plan", "vm"],
     ["codegen"],
     ["link"],
     ["runtime"],

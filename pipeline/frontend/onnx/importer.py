@@ -26,7 +26,9 @@ from pipeline.errors import (
 from pipeline.frontend.onnx.registry import onnx_converter
 from pipeline.frontend.onnx.shapes import onnx_shape_inference
 from pipeline.ir.graph import DTYPES, ONNX_DTYPES, Graph, Node, TensorType, add_param
-from pipeline.ops import get, infer_types
+from pipeline.ops import get
+from pipeline.ops import infer_types as infer_op_types
+from pipeline.vm.program import CONTROL_OPS
 
 
 @dataclass
@@ -49,6 +51,49 @@ class OnnxNode:
             raise ModelError(f"node {self.name!r} ({self.op_type}): {key} {value!r} is not "
                              f"supported ({', '.join(allowed)} are)")
         return value
+
+
+# CONTROL_OPS, the graph ops holding subgraphs (frontend/onnx/control.py), are not in
+# pipeline.ops.OPS (whose modules' sources are part of every kernel's version hash): no
+# kernel lowers them; the VM runs them (pipeline/vm/program.py).
+
+
+def _control_types(node: Node, inputs: list[TensorType]) -> list[TensorType]:
+    """Output types of a control-flow node, from its subgraph's outputs: an If's are
+    its branch's; a Loop's its loop-carried values, then its scan outputs stacked
+    trip_count times; a Scan's its state, then its scan outputs stacked over the
+    first scan input's leading dimension."""
+    body = node.attr("then_branch") or node.attr("body")
+    outs = [body.types[o] for o in body.outputs]
+    if node.op == "if":
+        return outs
+    if node.op == "loop":
+        n, m = node.attr("n_carried"), node.attr("trip_count")
+        return outs[1:1 + n] + [TensorType((m, *t.shape), t.dtype) for t in outs[1 + n:]]
+    n = node.attr("n_state")
+    length = inputs[n].shape[0]
+    return outs[:n] + [TensorType((length, *t.shape), t.dtype) for t in outs[n:]]
+
+
+def infer_types(node: Node, inputs: list[TensorType]) -> list[TensorType]:
+    """pipeline.ops.infer_types, and the control-flow nodes' types (_control_types)."""
+    if node.op in CONTROL_OPS:
+        return _control_types(node, inputs)
+    return infer_op_types(node, inputs)
+
+
+def verify_graph(graph: Graph) -> None:
+    """graph.verify with every shape rule, then each control-flow node's subgraphs the
+    same way; GraphError naming the node and subgraph."""
+    graph.verify(infer_types)
+    for node in graph.nodes:
+        for key, value in node.attrs:
+            if isinstance(value, Graph):
+                try:
+                    verify_graph(value)
+                except GraphError as err:
+                    raise GraphError(f"node {node.name!r} ({node.op}), subgraph {key}: "
+                                     f"{err}") from None
 
 
 class ImportContext:
@@ -84,6 +129,8 @@ class ImportContext:
         def known(name):
             return name in self.params or name in self.pending or name in self.values
 
+        if node.op in CONTROL_OPS:  # run by the VM, never at build time
+            return
         if get(node.op).numpy is not None and all(known(i) for i in node.inputs):
             self.pending.update(dict.fromkeys(node.outputs, node))
 
@@ -116,19 +163,23 @@ def load_model(path: str | Path) -> onnx.ModelProto:
 def from_onnx(model: onnx.ModelProto | str | Path,
               shape: dict[str, tuple[int, ...]] | None = None,
               source: str | None = None,
-              freeze: dict[str, np.ndarray] | None = None) -> tuple[Graph, dict[str, np.ndarray]]:
+              freeze: dict[str, np.ndarray] | None = None,
+              control_flow: bool = False) -> tuple[Graph, dict[str, np.ndarray]]:
     """Import an ONNX model (or file path) into (graph, params).
 
     `shape` overrides or fixes input shapes by input name. `source` names the
     model in error messages (defaults to the file path). `freeze` turns graph
     inputs into constants with the given values (a static-shape compiler
     specialising on e.g. a Reshape's shape input); they leave the graph inputs.
+    control_flow: import If, Loop and Scan as nodes holding their subgraphs
+    (frontend/onnx/control.py), which only the VM runs (docs/vm.md); without it
+    they are refused as unsupported operators.
     """
     if not isinstance(model, onnx.ModelProto):
         source = source or str(model)
         model = load_model(model)
     try:
-        return _import(model, shape, source, freeze)
+        return _import(model, shape, source, freeze, control_flow)
     except UnicodeDecodeError:
         # protobuf decodes string fields when they are read, not when parsed
         raise ModelError(f"{source or '<model>'}: a name or string in the model is not "
@@ -136,14 +187,14 @@ def from_onnx(model: onnx.ModelProto | str | Path,
 
 
 def _import(model: onnx.ModelProto, shape: dict[str, tuple[int, ...]] | None,
-            source: str | None, freeze: dict[str, np.ndarray] | None
-            ) -> tuple[Graph, dict[str, np.ndarray]]:
+            source: str | None, freeze: dict[str, np.ndarray] | None,
+            control_flow: bool = False) -> tuple[Graph, dict[str, np.ndarray]]:
     """from_onnx on a parsed model."""
     source = source or model.graph.name or "<model>"
     if freeze:
         model = _freeze_inputs(model, freeze, source)
     opset = default_opset(model)
-    _check_supported(model, opset, source)
+    _check_supported(model, opset, source, control_flow)
     _check_element_types(model.graph, source)
 
     g = model.graph
@@ -178,7 +229,7 @@ def _import(model: onnx.ModelProto, shape: dict[str, tuple[int, ...]] | None,
     graph = Graph(inputs=input_names, params=tuple(sorted(kept)), outputs=outputs,
                   nodes=tuple(nodes),
                   types={name: t for name, t in types.items() if name in defined})
-    graph.verify(infer_types)
+    verify_graph(graph)
     return graph, kept
 
 
@@ -198,9 +249,12 @@ def _convert_nodes(model: onnx.ModelProto, opset: int, ctx: ImportContext,
             if onode.op_type == "Constant":
                 _import_constant(onode, ctx, source)
                 continue
-            converter = onnx_converter(onode.op_type, opset)
-            for node in converter.fn(ctx, onode):
-                if node.op not in converter.emits:  # the backend's float64 rule relies on it
+            converter = (None if onode.op_type in CONTROL_FLOW
+                         else onnx_converter(onode.op_type, opset))
+            made = (CONTROL_CONVERTERS[onode.op_type](ctx, onode, source) if converter is None
+                    else converter.fn(ctx, onode))
+            for node in made:
+                if converter and node.op not in converter.emits:  # the backend's float64 rule
                     raise GraphError(f"{source}: node {onode.name!r}: the {onode.op_type} "
                                      f"converter (opset {converter.since}) produced "
                                      f"{node.op!r}, which its onnx_op(emits=...) does not list")
@@ -291,7 +345,8 @@ def domain_opset(model: onnx.ModelProto, domain: str) -> int:
     return next((imp.version for imp in model.opset_import if imp.domain == domain), 1)
 
 
-def _check_supported(model: onnx.ModelProto, opset: int, source: str) -> None:
+def _check_supported(model: onnx.ModelProto, opset: int, source: str,
+                     control_flow: bool = False) -> None:
     missing: dict[str, list[str]] = {}
     for k, node in enumerate(model.graph.node):
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
@@ -302,6 +357,8 @@ def _check_supported(model: onnx.ModelProto, opset: int, source: str) -> None:
             key = f"{node.domain}.{node.op_type}"
             if onnx_converter(key, domain_opset(model, node.domain)) is not None:
                 continue
+        elif node.op_type in CONTROL_FLOW and control_flow:
+            continue
         elif node.op_type in CONTROL_FLOW:
             key = f"{node.op_type} (control flow: subgraphs are not compiled)"
         elif onnx_converter(node.op_type, opset) is None:
@@ -318,8 +375,11 @@ def _check_supported(model: onnx.ModelProto, opset: int, source: str) -> None:
             "registered in pipeline/frontend/onnx/ (see pipeline.frontend.onnx.ONNX_CONVERTERS)")
 
 
-# Operators that run subgraphs: a static graph of kernels has no place for them.
+# Operators that run subgraphs: a static graph of kernels has no place for them; the
+# VM runs them (from_onnx(control_flow=True)). Their converters, op type -> fn(ctx,
+# onnx node, source) -> nodes, register here (frontend/onnx/control.py).
 CONTROL_FLOW = ("If", "Loop", "Scan")
+CONTROL_CONVERTERS: dict = {}
 
 
 def _check_element_types(g: onnx.GraphProto, source: str) -> None:

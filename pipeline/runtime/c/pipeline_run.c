@@ -1,13 +1,15 @@
 /* pipeline-run: run a model library exported by pipeline, without Python.
  *
  *   pipeline-run LIB.so --input NAME=FILE.npy [--input ...] --output-dir DIR
- *                [--threads T] [--repeat N] [--no-check]
+ *                [--threads T] [--repeat N] [--print-time] [--no-check]
  *
  * Loads the library, sets each input from a .npy file (C order, little endian;
  * float32/float64/int64/int32/bool and the library's other dtypes), runs it,
  * writes output i to DIR/output_<i>.npy (DIR and its missing parents are
- * created, as mkdir -p does) and with --repeat N > 1 prints the
- * median milliseconds per run of N more runs. The blob's sha256 is checked
+ * created, as mkdir -p does) and with --repeat N prints the
+ * median milliseconds per run of N more runs. --print-time prints instead one line
+ * `time: median X ms, min Y ms over N runs` (N from --repeat, else 1), as tvmc run
+ * --print-time does. The blob's sha256 is checked
  * (a corrupted weight refused) unless --no-check. Any error: one line on
  * stderr, exit status 1.
  */
@@ -253,6 +255,25 @@ static double now_ms(void) {
     return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
 }
 
+/* `repeat` timed runs after the first; prints their median (and with print_time
+ * their minimum too, in tvmc's one-line form). */
+static void time_runs(pl_executor *h, long repeat, int print_time) {
+    double *ms = malloc((size_t)repeat * sizeof *ms);
+    if (!ms) die("out of memory");
+    for (long r = 0; r < repeat; r++) {
+        double start = now_ms();
+        if (api.run(h)) die("run failed: %s", api.last_error(h));
+        ms[r] = now_ms() - start;
+    }
+    qsort(ms, (size_t)repeat, sizeof *ms, cmp_double);
+    double median = repeat % 2 ? ms[repeat / 2] : (ms[repeat / 2 - 1] + ms[repeat / 2]) / 2;
+    if (print_time)
+        printf("time: median %.4f ms, min %.4f ms over %ld runs\n", median, ms[0], repeat);
+    else
+        printf("median %.4f ms per run over %ld runs\n", median, repeat);
+    free(ms);
+}
+
 static long number(const char *flag, const char *text, long min) {
     char *end;
     long v = strtol(text, &end, 10);
@@ -264,7 +285,7 @@ int main(int argc, char **argv) {
     const char *lib = NULL, *out_dir = NULL, *inputs[256];
     int n_inputs = 0;
     long threads = 0, repeat = 0;
-    int check = 1;
+    int check = 1, print_time = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has_value = i + 1 < argc;
@@ -272,13 +293,16 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "--output-dir") == 0 && has_value) out_dir = argv[++i];
         else if (strcmp(a, "--threads") == 0 && has_value) threads = number(a, argv[++i], 1);
         else if (strcmp(a, "--repeat") == 0 && has_value) repeat = number(a, argv[++i], 1);
+        else if (strcmp(a, "--print-time") == 0) print_time = 1;
         else if (strcmp(a, "--no-check") == 0) check = 0; /* the blob's sha256: skip it */
         else if (a[0] != '-' && !lib) lib = a;
         else die("bad argument '%s'; usage: pipeline-run LIB.so --input NAME=FILE.npy "
-                 "[--input ...] --output-dir DIR [--threads T] [--repeat N] [--no-check]", a);
+                 "[--input ...] --output-dir DIR [--threads T] [--repeat N] [--print-time] "
+                 "[--no-check]", a);
     }
     if (!lib || !out_dir) die("usage: pipeline-run LIB.so --input NAME=FILE.npy [--input ...] "
-                              "--output-dir DIR [--threads T] [--repeat N] [--no-check]");
+                              "--output-dir DIR [--threads T] [--repeat N] [--print-time] "
+                              "[--no-check]");
     load_api(lib);
     char err[512];
     pl_executor *h = (check ? api.create : api.create_unchecked)(err, sizeof err);
@@ -305,16 +329,7 @@ int main(int argc, char **argv) {
     make_dirs(out_dir);  /* before the run: a long (emulated) run is not wasted */
     if (api.run(h)) die("run failed: %s", api.last_error(h));
     for (int o = 0; o < api.num_outputs(h); o++) write_npy(h, o, out_dir);
-    if (repeat > 0) {
-        double *ms = malloc((size_t)repeat * sizeof *ms);
-        for (long r = 0; r < repeat; r++) {
-            double start = now_ms();
-            if (api.run(h)) die("run failed: %s", api.last_error(h));
-            ms[r] = now_ms() - start;
-        }
-        qsort(ms, (size_t)repeat, sizeof *ms, cmp_double);
-        double median = repeat % 2 ? ms[repeat / 2] : (ms[repeat / 2 - 1] + ms[repeat / 2]) / 2;
-        printf("median %.4f ms per run over %ld runs\n", median, repeat);
-    }
+    if (print_time && repeat == 0) repeat = 1;
+    if (repeat > 0) time_runs(h, repeat, print_time);
     return 0;
 }

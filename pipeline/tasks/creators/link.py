@@ -1,6 +1,6 @@
 """The link family: an entry's kernel objects into lib0.o (lib0), its graph and
 params into devc.o (devc), each target's C runtime (runtime), the shared library
-(export); for an entry of executor aot instead of devc and export, the static
+(export; a VM entry's devc.o holds its .ro and it links vm.o); for an entry of executor aot instead of devc and export, the static
 library, header and Model Library Format (aot) and its sizes against the board's
 budgets (budget); and `build`, every selected entry's library."""
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from pipeline.link.firmware import AOT_MAIN_C
-from pipeline.link.runtime_c import C_SOURCES
+from pipeline.link.runtime_c import C_SOURCES, VM_SOURCES
 from pipeline.tasks.config import executor_of
 from pipeline.tasks.explain import options_changed
 from pipeline.tasks.paths import SPECS, artifacts, runtime_artifacts
@@ -37,9 +37,19 @@ def task_lib0(sel: Selection):
 
 
 def task_devc(sel: Selection):
-    """Pack graph JSON, params and the kernel list into devc.o."""
-    for m, t in _graph_entries(sel):
+    """Pack graph JSON, params and the kernel list into devc.o (a VM entry: into the
+    executable <m>.ro, and devc.o holding it)."""
+    for m, t in _library_entries(sel):
         a, packing = artifacts(m, t), sel.packing[t.name]
+        if executor_of(m, t) == "vm":
+            yield sel.cached_stage(
+                f"{m.name}@{t.name}", "tasks.stages:pack_vm",
+                [a["graph_json"], a["params"], a["kernels"], a["ro"], a["devc"],
+                 packing["pack"], t.cc],
+                [a["graph_json"], a["params"], a["kernels"], *code_of("tasks.stages:pack_vm")],
+                [a["ro"], a["devc"]], [options_changed(packing, "packing"), sel.fetched],
+                extra=packing)
+            continue
         yield sel.cached_stage(
             f"{m.name}@{t.name}", "tasks.stages:pack_devc",
             [a["graph_json"], a["params"], a["kernels"], a["devc"], packing["pack"], t.cc],
@@ -53,33 +63,40 @@ def task_runtime(sel: Selection):
     # The C sources are no Python for code_of to follow: listed by hand.
     runtime_src = [*(os.path.relpath(p) for p in C_SOURCES),
                    *code_of("tasks.stages:build_runtime")]
-    linked = {t.name for _, t in _graph_entries(sel)}
+    linked = {t.name for _, t in _library_entries(sel)}
+    vm_src = sorted({os.path.relpath(p) for p in VM_SOURCES} - set(runtime_src))
+    vm_targets = {t.name for m, t in sel.entries if executor_of(m, t) == "vm"}
     for t in sel.targets:
-        if t.name not in linked:  # no library of the graph executor: nothing links one
+        if t.name not in linked:  # no shared library: nothing links an executor
             continue
         r = runtime_artifacts(t)
+        # vm.o only where an entry uses the VM: a graph-only target's task is unchanged.
+        vm = [r["vm"]] if t.name in vm_targets else []
         yield sel.cached_stage(
-            t.name, "tasks.stages:build_runtime", [r["executor"], r["run"], t.cc],
-            runtime_src, [r["executor"], r["run"]],
+            t.name, "tasks.stages:build_runtime", [r["executor"], r["run"], t.cc, *vm],
+            runtime_src + (vm_src if vm else []), [r["executor"], r["run"], *vm],
             [options_changed(sel.toolchain[t.name], "toolchain"), sel.fetched],
             extra=sel.toolchain[t.name])
 
 
 def task_export(sel: Selection):
-    """Link lib0.o, devc.o and the target's executor.o into the model's shared library."""
-    for m, t in _graph_entries(sel):
+    """Link lib0.o, devc.o and the target's executor.o (vm.o for a VM entry) into the
+    model's shared library."""
+    for m, t in _library_entries(sel):
         a, r = artifacts(m, t), runtime_artifacts(t)
+        # A VM entry links vm.o instead (and says so: the stage's last argument).
+        runtime, vm = (r["vm"], [True]) if executor_of(m, t) == "vm" else (r["executor"], [])
         yield sel.cached_stage(
             f"{m.name}@{t.name}", "tasks.stages:export_library",
-            [a["lib0"], a["devc"], r["executor"], a["so"], t.cc],
-            [a["lib0"], a["devc"], r["executor"], *code_of("tasks.stages:export_library")],
+            [a["lib0"], a["devc"], runtime, a["so"], t.cc, *vm],
+            [a["lib0"], a["devc"], runtime, *code_of("tasks.stages:export_library")],
             [a["so"]], [options_changed(sel.toolchain[t.name], "toolchain"), sel.fetched],
             extra=sel.toolchain[t.name], fetch=(a["so"],))
 
 
-def _graph_entries(sel: Selection) -> list:
-    """The entries built for the graph executor (a .so)."""
-    return [(m, t) for m, t in sel.entries if executor_of(m, t) == "graph"]
+def _library_entries(sel: Selection) -> list:
+    """The entries built as a shared library: for the graph executor or the VM."""
+    return [(m, t) for m, t in sel.entries if executor_of(m, t) in ("graph", "vm")]
 
 
 def _aot_entries(sel: Selection) -> list:
@@ -127,7 +144,7 @@ def task_build(sel: Selection):
     # after the last optimize) for it, one worker idle meanwhile.
     return {"actions": None,
             "task_dep": [*(f"model:{m.name}" for m in sel.models if m.written),
-                         *(f"export:{m.name}@{t.name}" for m, t in _graph_entries(sel)),
+                         *(f"export:{m.name}@{t.name}" for m, t in _library_entries(sel)),
                          *(f"budget:{m.name}@{t.name}" for m, t in _aot_entries(sel))]}
 
 

@@ -1,0 +1,208 @@
+"""If, Loop and Scan: graph-IR nodes holding their subgraphs (the VM runs them,
+docs/vm.md; only from_onnx(control_flow=True) imports them).
+
+A subgraph becomes a Graph whose inputs are its formal inputs, then every outer
+tensor it reads (captures; outer params and the subgraph's own constants among
+them), and the node's inputs are its ONNX inputs, then those captures. Shapes stay
+static: a Loop's scan outputs need a constant trip count (an early exit is a run-time
+error: bytecode.Fail).
+
+    if:   inputs (cond, *captures); then_branch, else_branch: Graph (same inputs)
+    loop: inputs ([M], [cond], *v_initial, *captures); body: Graph of inputs
+          (iteration, cond, *v, *captures), outputs (cond, *v, *scan_outputs);
+          has_trip_count, has_cond, n_carried, trip_count (-1: runtime M)
+    scan: inputs (*state, *scan_inputs, *captures); body: Graph of inputs
+          (*state, *scan_elements, *captures); n_state, n_scan_inputs
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx
+from onnx import numpy_helper
+
+from pipeline.errors import ModelError, UnsupportedOperatorError
+from pipeline.frontend.onnx.importer import (
+    CONTROL_CONVERTERS,
+    CONTROL_FLOW,
+    ImportContext,
+    OnnxNode,
+    _decode,
+    _import_constant,
+    _live,
+    infer_types,
+)
+from pipeline.frontend.onnx.registry import onnx_converter
+from pipeline.ir.graph import ONNX_DTYPES, Graph, Node, TensorType, add_param
+
+
+@dataclass
+class _Body:
+    nodes: list[Node]
+    formal: list[str]
+    outputs: tuple[str, ...]
+    captures: list[str]
+    types: dict[str, TensorType]
+
+    def graph(self, captures: list[str], outer: dict[str, TensorType]) -> Graph:
+        """The subgraph taking `captures` after its formal inputs (an If's branches
+        take the captures of both: `outer` types those the other one reads)."""
+        inputs = (*self.formal, *captures)
+        defined = {*inputs, *(o for n in self.nodes for o in n.outputs)}
+        types = {**{c: outer[c] for c in captures}, **self.types}
+        return Graph(inputs, (), self.outputs, tuple(self.nodes),
+                     {k: t for k, t in types.items() if k in defined})
+
+
+def _convert(ctx: ImportContext, onode: OnnxNode, source: str) -> list[Node]:
+    if onode.op_type in CONTROL_FLOW:
+        return CONTROL_CONVERTERS[onode.op_type](ctx, onode, source)
+    converter = onnx_converter(onode.op_type, onode.opset)
+    if converter is None:
+        raise UnsupportedOperatorError(f"unsupported operator {onode.op_type} (opset "
+                                       f"{onode.opset}) at node {onode.name!r} in a subgraph")
+    return converter.fn(ctx, onode)
+
+
+def _body(ctx: ImportContext, g: onnx.GraphProto, formal: list[TensorType], opset: int,
+          where: str, source: str) -> _Body:
+    """Convert subgraph `g` whose inputs have the types `formal`, seeing the outer
+    tensors of ctx; its constants join ctx's params (as captures)."""
+    if len(g.input) != len(formal):
+        raise ModelError(f"{where}: the subgraph takes {len(g.input)} inputs, "
+                         f"{len(formal)} are given")
+    names = [vi.name for vi in g.input]
+    types = {**ctx.types, **dict(zip(names, formal, strict=True))}
+    sub = ImportContext(dict(ctx.params), types)
+    for init in g.initializer:
+        if init.name in ctx.params or init.name in ctx.types:
+            raise ModelError(f"{where}: subgraph initializer {init.name!r} shadows an outer "
+                             "tensor")
+        sub.set_const(init.name, numpy_helper.to_array(init))
+    nodes: list[Node] = []
+    used: set[str] = set()
+    for k, proto in enumerate(g.node):
+        onode = _decode(proto, k, opset, used)
+        if onode.op_type == "Constant":
+            _import_constant(onode, sub, source)
+            continue
+        for node in _convert(sub, onode, source):
+            out = infer_types(node, [types[i] for i in node.inputs])
+            types.update(zip(node.outputs, out, strict=True))
+            sub.track(node)
+            nodes.append(node)
+    outputs = tuple(o.name for o in g.output)
+    nodes = _live(nodes, outputs)
+    inner = {*names, *(o for n in nodes for o in n.outputs)}
+    reads = [i for n in nodes for i in n.inputs if i] + list(outputs)
+    captures = list(dict.fromkeys(i for i in reads if i not in inner))
+    missing = [c for c in captures if c not in types]
+    if missing:
+        raise ModelError(f"{where}: the subgraph reads {missing[0]!r}, which is defined "
+                         "nowhere")
+    return _rename_constants(ctx, sub, _Body(nodes, names, outputs, captures, types))
+
+
+def _rename_constants(ctx: ImportContext, sub: ImportContext, body: _Body) -> _Body:
+    """The subgraph's own constants it reads become params of the outer graph, under
+    names no outer tensor has (two branches may each have a constant "k")."""
+    renamed = {}
+    for name in body.captures:
+        value = sub.params.get(name)
+        if value is not None and ctx.params.get(name) is not value:
+            renamed[name] = add_param(ctx.types, ctx.params, name, value)
+    if not renamed:
+        return body
+
+    def new(name: str) -> str:
+        return renamed.get(name, name)
+
+    nodes = [Node(n.op, n.name, tuple(new(i) for i in n.inputs), n.outputs, n.attrs)
+             for n in body.nodes]
+    types = {**body.types, **{renamed[k]: body.types[k] for k in renamed}}
+    return _Body(nodes, body.formal, tuple(new(o) for o in body.outputs),
+                 [new(c) for c in body.captures], types)
+
+
+def _scalar(ctx: ImportContext, name: str, where: str, dtype: str) -> None:
+    t = ctx.type(name)
+    if t.dtype != dtype or t.size != 1:
+        raise ModelError(f"{where}: input {name!r} must be one {dtype}, is {t.dtype} "
+                         f"{list(t.shape)}")
+
+
+def _declared(vi, default: TensorType) -> TensorType:
+    """A subgraph input's declared type if complete (a Loop's iteration number may be
+    declared [1] or []), else `default`."""
+    dims = vi.type.tensor_type.shape.dim
+    if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape") \
+            or not all(d.HasField("dim_value") for d in dims):
+        return default
+    return TensorType(tuple(d.dim_value for d in dims),
+                      ONNX_DTYPES.get(vi.type.tensor_type.elem_type, default.dtype))
+
+
+def _if(ctx: ImportContext, n: OnnxNode, source: str) -> list[Node]:
+    where = f"node {n.name!r} (If)"
+    _scalar(ctx, n.inputs[0], where, "bool")
+    branches = [_body(ctx, n.attrs[k], [], n.opset, f"node {n.name!r} {k}", source)
+                for k in ("then_branch", "else_branch")]
+    captures = list(dict.fromkeys(c for b in branches for c in b.captures))
+    then, orelse = (b.graph(captures, ctx.types) for b in branches)
+    want = [then.types[o] for o in then.outputs]
+    if [orelse.types[o] for o in orelse.outputs] != want:
+        raise ModelError(f"{where}: the branches return different shapes or dtypes "
+                         "(needs dynamic shapes)")
+    return [Node.make("if", n.name, (n.inputs[0], *captures), n.outputs,
+                      then_branch=then, else_branch=orelse)]
+
+
+def _loop(ctx: ImportContext, n: OnnxNode, source: str) -> list[Node]:
+    where = f"node {n.name!r} (Loop)"
+    m, cond, init = n.inputs[0], n.inputs[1] if len(n.inputs) > 1 else "", n.inputs[2:]
+    if m:
+        _scalar(ctx, m, where, "int64")
+    if cond:
+        _scalar(ctx, cond, where, "bool")
+    g = n.attrs["body"]
+    if len(g.input) < 2:
+        raise ModelError(f"{where}: the body takes {len(g.input)} inputs, at least 2 needed")
+    formal = [_declared(g.input[0], TensorType((), "int64")),
+              _declared(g.input[1], TensorType((), "bool")), *(ctx.type(v) for v in init)]
+    body = _body(ctx, n.attrs["body"], formal, n.opset, f"node {n.name!r} body", source)
+    n_scan = len(body.outputs) - 1 - len(init)
+    value = ctx.const(m) if m else None
+    trip = int(value.reshape(-1)[0]) if value is not None else -1
+    if n_scan and trip < 0:
+        raise ModelError(f"{where}: scan outputs need a constant trip count (their length "
+                         "would be known only at run time)")
+    return [Node.make("loop", n.name, (*([m] if m else []), *([cond] if cond else []), *init,
+                                       *body.captures),
+                      n.outputs, body=body.graph(body.captures, ctx.types),
+                      has_trip_count=int(bool(m)), has_cond=int(bool(cond)),
+                      n_carried=len(init), trip_count=trip)]
+
+
+def _scan(ctx: ImportContext, n: OnnxNode, source: str) -> list[Node]:
+    where = f"node {n.name!r} (Scan)"
+    if n.opset < 9:
+        raise ModelError(f"{where}: Scan before opset 9 (with sequence_lens) is not supported")
+    k = int(n.attrs["num_scan_inputs"])
+    state, scans = n.inputs[:len(n.inputs) - k], n.inputs[len(n.inputs) - k:]
+    for key in ("scan_input_axes", "scan_output_axes", "scan_input_directions",
+                "scan_output_directions"):
+        if any(n.attrs.get(key, [])):
+            raise ModelError(f"{where}: {key} other than 0 is not supported")
+    lengths = {ctx.type(s).shape[0] for s in scans}
+    if len(lengths) != 1:
+        raise ModelError(f"{where}: the scan inputs differ in length {sorted(lengths)}")
+    formal = [*(ctx.type(s) for s in state),
+              *(TensorType(ctx.type(s).shape[1:], ctx.type(s).dtype) for s in scans)]
+    body = _body(ctx, n.attrs["body"], formal, n.opset, f"node {n.name!r} body", source)
+    return [Node.make("scan", n.name, (*state, *scans, *body.captures), n.outputs,
+                      body=body.graph(body.captures, ctx.types), n_state=len(state),
+                      n_scan_inputs=k)]
+
+
+CONTROL_CONVERTERS.update({"If": _if, "Loop": _loop, "Scan": _scan})

@@ -1,0 +1,774 @@
+/* The VM interpreter linked into every library built with `executor: vm` (instead of
+ * the graph executor, whose C API it implements: pipeline_runtime.h, so pipeline-run
+ * and C programs use either library alike).
+ *
+ * It reads a .ro executable (format: pipeline/vm/format.py, docs/vm.md): from the
+ * library's own __pipeline_vm_exec symbol (pl_create) or from bytes the caller gives
+ * (pl_vm_load: Python's Executable.load_exec); kernels are resolved by symbol in the
+ * library, as the graph executor does. Every count, offset, index and register read
+ * from the .ro is checked when it is loaded, so a corrupted file gives one error
+ * message, never a crash (tests/runtime/fuzz_ro.c fuzzes this reader).
+ *
+ * Registers hold tensors (data pointer, dtype, shape) or storages; storages come from
+ * a pool: released ones are kept by size and handed out again, so a run after the
+ * first allocates nothing. Constants are copied once into aligned buffers.
+ */
+#define _GNU_SOURCE
+#include "pipeline_runtime.h"
+
+#include <dlfcn.h>
+#include <link.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define API __attribute__((visibility("default")))
+#define MAX_NDIM 32u
+#define RO_SYMBOL "__pipeline_vm_exec"
+#define RO_VERSION 1u
+#define RO_HEAD 88u
+#define RO_DIGEST 32u
+#ifndef PL_MAX_STORAGE /* the fuzzer lowers it: a fuzzed size must not allocate GBs */
+#define PL_MAX_STORAGE ((uint64_t)1 << 46)
+#endif
+#ifndef PL_MAX_REGS /* registers of one function (the fuzzer lowers it too) */
+#define PL_MAX_REGS (1u << 20)
+#endif
+#ifndef PL_MAX_STEPS /* instructions per run; 0: no limit (the fuzzer sets one: a Goto
+                       * to itself must not hang it) */
+#define PL_MAX_STEPS 0
+#endif
+#define MAX_DEPTH 64 /* nested function calls (If and Loop bodies nest, never recurse) */
+enum { ALLOC_STORAGE = 1, ALLOC_TENSOR, LOAD_CONST, INVOKE_PACKED, COPY, VIEW, MOVE, IF, GOTO,
+       INVOKE, RET, SCALAR, ADD_IMM, LESS, COPY_AT, VIEW_AT, FAIL };
+/* FAIL's reasons (pipeline/vm/bytecode.py FAILURES) */
+static const char *const FAILURES[] = {
+    "a Loop ended before its trip count: its scan outputs would be shorter than planned "
+    "(needs dynamic shapes)"};
+#define N_FAILURES (sizeof FAILURES / sizeof FAILURES[0])
+#define DT_INT64 3
+#define DT_BOOL 4
+
+static const struct { const char *name; uint8_t size; } DTYPES[] = {
+    {"float32", 4}, {"float64", 8}, {"int32", 4}, {"int64", 8}, {"bool", 1}, {"float16", 2},
+    {"int8", 1},    {"int16", 2},   {"uint8", 1}, {"uint16", 2}, {"uint32", 4}, {"uint64", 8},
+};
+#define N_DTYPES (sizeof DTYPES / sizeof DTYPES[0])
+
+#include "parallel.h" /* pl_parallel: the parallel kernels' thread team */
+extern void omp_set_num_threads(int) __attribute__((weak));
+
+typedef int32_t (*kernel_fn)(void **args);
+
+struct storage {
+    long refs;
+    size_t size;
+    void *data;
+    struct storage *next; /* in the pool's free list */
+};
+
+struct obj { /* a register: nothing, a storage, or a tensor viewing a storage */
+    uint8_t kind, dtype, ndim; /* kind: 0 none, 1 storage, 2 tensor */
+    struct storage *st;
+    void *data;
+    size_t nbytes;
+    int64_t shape[MAX_NDIM];
+};
+
+struct type { const char *name; uint8_t dtype, ndim; int64_t shape[MAX_NDIM]; size_t nbytes; };
+
+struct ins { uint16_t op; uint32_t n; const int64_t *w; void **args; };
+
+struct func {
+    const char *name;
+    uint32_t n_params, n_results, n_regs, n_code;
+    struct type *params, *results;
+    struct ins *code;
+    struct obj *regs; /* one register file: no function calls itself */
+    struct obj *out;  /* what its Ret returns, until the caller takes it */
+    int active;
+};
+
+struct pl_executor {
+    uint32_t n_funcs, n_consts, n_kernels;
+    struct func *funcs;
+    struct storage **consts; /* the constants, each in its own storage */
+    struct type *const_types;
+    kernel_fn *kernels;
+    int64_t *words;          /* every instruction's operands */
+    void **arg_pool;
+    struct ins *ins_pool;
+    struct type *type_pool;
+    struct storage **inputs; /* main's parameters, set by pl_set_input */
+    struct obj *outputs;     /* main's results of the last run */
+    int ran, num_threads, depth;
+    uint64_t steps;
+    struct storage *pool;    /* released storages, for reuse */
+    void *dl_handle;
+    char error[512];
+};
+
+static int fail(pl_executor *h, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int fail(pl_executor *h, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(h->error, sizeof h->error, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static uint64_t le(const uint8_t *p, int n) {
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+
+/* A bounds-checked cursor over one section. */
+struct reader { const uint8_t *p, *end; const char *what; };
+
+static int take(pl_executor *h, struct reader *r, size_t n, const uint8_t **out) {
+    if ((size_t)(r->end - r->p) < n)
+        return fail(h, ".ro %s section truncated", r->what);
+    *out = r->p;
+    r->p += n;
+    return 0;
+}
+
+static int read_u(pl_executor *h, struct reader *r, int n, uint64_t *v) {
+    const uint8_t *p = NULL;
+    if (take(h, r, (size_t)n, &p)) return -1;
+    *v = le(p, n);
+    return 0;
+}
+
+static int read_count(pl_executor *h, struct reader *r, size_t min_size, uint32_t *n) {
+    uint64_t v;
+    if (read_u(h, r, 4, &v)) return -1;
+    if (v > (size_t)(r->end - r->p) / min_size)
+        return fail(h, ".ro %s section corrupted: count %llu exceeds the bytes left", r->what,
+                    (unsigned long long)v);
+    *n = (uint32_t)v;
+    return 0;
+}
+
+static int read_str(pl_executor *h, struct reader *r, const char **s) {
+    uint64_t n;
+    const uint8_t *p = NULL;
+    if (read_u(h, r, 4, &n) || take(h, r, (size_t)n + 1, &p)) return -1;
+    if (p[n] != 0 || memchr(p, 0, (size_t)n))
+        return fail(h, ".ro %s section corrupted: a name is not NUL-terminated", r->what);
+    *s = (const char *)p;
+    return 0;
+}
+
+/* Byte size of dtype and shape, or -1 past PL_MAX_STORAGE or for a bad value. */
+static int64_t size_of(int64_t dtype, int64_t ndim, const int64_t *shape) {
+    if (dtype < 0 || (uint64_t)dtype >= N_DTYPES || ndim < 0 || ndim > (int64_t)MAX_NDIM)
+        return -1;
+    uint64_t n = DTYPES[dtype].size;
+    for (int64_t d = 0; d < ndim; d++) {
+        if (shape[d] < 0 || (shape[d] && n > PL_MAX_STORAGE / (uint64_t)shape[d])) return -1;
+        n *= (uint64_t)shape[d];
+    }
+    return (int64_t)n;
+}
+
+static int read_type(pl_executor *h, struct reader *r, struct type *t) {
+    uint64_t dtype, ndim, pad, dim;
+    if (read_str(h, r, &t->name) || read_u(h, r, 1, &dtype) || read_u(h, r, 1, &ndim) ||
+        read_u(h, r, 2, &pad))
+        return -1;
+    if (dtype >= N_DTYPES || ndim > MAX_NDIM)
+        return fail(h, ".ro %s section corrupted: type of '%s'", r->what, t->name);
+    t->dtype = (uint8_t)dtype, t->ndim = (uint8_t)ndim;
+    for (uint32_t d = 0; d < ndim; d++) {
+        if (read_u(h, r, 8, &dim)) return -1;
+        t->shape[d] = (int64_t)dim;
+    }
+    int64_t n = size_of(t->dtype, t->ndim, t->shape);
+    if (n < 0) return fail(h, ".ro %s section corrupted: shape of '%s'", r->what, t->name);
+    t->nbytes = (size_t)n;
+    return 0;
+}
+
+/* ---- the storage pool ---- */
+
+static struct storage *storage_new(pl_executor *h, size_t size) {
+    for (struct storage **p = &h->pool; *p; p = &(*p)->next)
+        if ((*p)->size == size) { /* a released one of this size */
+            struct storage *s = *p;
+            *p = s->next;
+            s->refs = 1, s->next = NULL;
+            return s;
+        }
+    struct storage *s = calloc(1, sizeof *s);
+    if (!s || posix_memalign(&s->data, 64, size ? size : 64)) {
+        free(s);
+        fail(h, "out of memory: %zu bytes", size);
+        return NULL;
+    }
+    memset(s->data, 0, size);
+    s->refs = 1, s->size = size;
+    return s;
+}
+
+static void storage_release(pl_executor *h, struct storage *s) {
+    if (s && --s->refs == 0) s->next = h->pool, h->pool = s;
+}
+
+static void obj_clear(pl_executor *h, struct obj *o) {
+    if (o->kind) storage_release(h, o->st);
+    o->kind = 0, o->st = NULL;
+}
+
+static void obj_set(pl_executor *h, struct obj *dst, const struct obj *src) {
+    struct obj copy = *src; /* src may be dst (Move r, r) */
+    if (copy.kind) copy.st->refs++;
+    obj_clear(h, dst);
+    *dst = copy;
+}
+
+/* ---- reading the .ro ---- */
+
+static int read_kernels(pl_executor *h, struct reader *r, void *(*resolve)(void *, const char *),
+                        void *ctx) {
+    if (read_count(h, r, 5, &h->n_kernels)) return -1;
+    h->kernels = calloc(h->n_kernels + 1, sizeof *h->kernels);
+    if (!h->kernels) return fail(h, "out of memory");
+    for (uint32_t k = 0; k < h->n_kernels; k++) {
+        const char *name;
+        if (read_str(h, r, &name)) return -1;
+        if (!(*(void **)&h->kernels[k] = resolve(ctx, name)))
+            return fail(h, "kernel symbol '%s' not found in the library", name);
+    }
+    return 0;
+}
+
+static int read_consts(pl_executor *h, struct reader *r, const uint8_t *ro, size_t data_end) {
+    if (read_count(h, r, 24, &h->n_consts)) return -1;
+    h->consts = calloc(h->n_consts + 1, sizeof *h->consts);
+    h->const_types = calloc(h->n_consts + 1, sizeof *h->const_types);
+    if (!h->consts || !h->const_types) return fail(h, "out of memory");
+    for (uint32_t c = 0; c < h->n_consts; c++) {
+        struct type *t = &h->const_types[c];
+        uint64_t nbytes, at;
+        if (read_type(h, r, t) || read_u(h, r, 8, &nbytes) || read_u(h, r, 8, &at)) return -1;
+        if (nbytes != t->nbytes || at > data_end || nbytes > data_end - at)
+            return fail(h, ".ro constants section corrupted: constant '%s'", t->name);
+        if (!(h->consts[c] = storage_new(h, t->nbytes))) return -1;
+        memcpy(h->consts[c]->data, ro + at, t->nbytes);
+    }
+    return 0;
+}
+
+/* Operands that must be registers of fn, per opcode: which words (a bitmask of the
+ * first 4) and whether the list after word `list_at` is registers too. */
+static int reg_ok(const struct func *fn, int64_t r) { return r >= 0 && r < fn->n_regs; }
+
+static int check_list(const struct func *fn, const struct ins *in, uint32_t at, int regs) {
+    if (at >= in->n || in->w[at] < 0 || (uint64_t)in->w[at] > in->n - at - 1) return 0;
+    for (int64_t k = 0; regs && k < in->w[at]; k++)
+        if (!reg_ok(fn, in->w[at + 1 + k])) return 0;
+    return 1;
+}
+
+static int check_ins(const pl_executor *h, const struct func *fn, const struct ins *in) {
+    const int64_t *w = in->w;
+    uint32_t n = in->n;
+    switch (in->op) {
+    case ALLOC_STORAGE:
+        return n == 3 && reg_ok(fn, w[0]) && w[1] >= 0 && (uint64_t)w[1] <= PL_MAX_STORAGE;
+    case ALLOC_TENSOR: case VIEW:
+        return n >= 5 && (uint64_t)w[4] == n - 5 && reg_ok(fn, w[0]) && reg_ok(fn, w[1]) &&
+               w[2] >= 0 && (uint64_t)w[2] <= PL_MAX_STORAGE && size_of(w[3], w[4], w + 5) >= 0;
+    case LOAD_CONST: return n == 2 && reg_ok(fn, w[0]) && w[1] >= 0 && w[1] < h->n_consts;
+    case INVOKE_PACKED:
+        return n >= 2 && w[0] >= 0 && w[0] < h->n_kernels && (uint64_t)w[1] == n - 2 &&
+               check_list(fn, in, 1, 1);
+    case COPY: case MOVE: return n == 2 && reg_ok(fn, w[0]) && reg_ok(fn, w[1]);
+    case IF:
+        return n == 3 && reg_ok(fn, w[0]) && w[1] >= 0 && w[1] < fn->n_code && w[2] >= 0 &&
+               w[2] < fn->n_code;
+    case GOTO: return n == 1 && w[0] >= 0 && w[0] < fn->n_code;
+    case INVOKE: {
+        if (n < 3 || w[0] < 0 || w[0] >= h->n_funcs || !check_list(fn, in, 1, 1)) return 0;
+        uint32_t at = 2 + (uint32_t)w[1];
+        const struct func *callee = &h->funcs[w[0]];
+        return check_list(fn, in, at, 1) && (uint64_t)w[at] == n - at - 1 &&
+               (uint64_t)w[1] == callee->n_params && (uint64_t)w[at] == callee->n_results;
+    }
+    case RET:
+        return n >= 1 && (uint64_t)w[0] == n - 1 && (uint64_t)w[0] == fn->n_results &&
+               check_list(fn, in, 0, 1);
+    case SCALAR: return n == 3 && reg_ok(fn, w[0]) && (w[1] == DT_INT64 || w[1] == DT_BOOL);
+    case FAIL: return n == 1 && w[0] >= 0 && (uint64_t)w[0] < N_FAILURES;
+    case ADD_IMM: return n == 3 && reg_ok(fn, w[0]) && reg_ok(fn, w[1]);
+    case LESS: case COPY_AT:
+        return n == 3 && reg_ok(fn, w[0]) && reg_ok(fn, w[1]) && reg_ok(fn, w[2]);
+    case VIEW_AT:
+        return n >= 5 && (uint64_t)w[4] == n - 5 && reg_ok(fn, w[0]) && reg_ok(fn, w[1]) &&
+               reg_ok(fn, w[2]) && size_of(w[3], w[4], w + 5) >= 0;
+    default: return 0;
+    }
+}
+
+static int read_code(pl_executor *h, struct reader *r, struct ins **all, uint32_t *count) {
+    const uint8_t *start = r->p;
+    size_t words = 0, n_ins = 0;
+    while (r->p < r->end) { /* count first: operands and instructions */
+        uint64_t op, pad, n;
+        const uint8_t *p;
+        if (read_u(h, r, 2, &op) || read_u(h, r, 2, &pad) || read_u(h, r, 4, &n) ||
+            n > (size_t)(r->end - r->p) / 8 || take(h, r, (size_t)n * 8, &p))
+            return fail(h, ".ro bytecode section corrupted at instruction %zu", n_ins);
+        words += n, n_ins++;
+    }
+    h->words = calloc(words + 1, sizeof *h->words);
+    h->arg_pool = calloc(words + 1, sizeof *h->arg_pool);
+    *all = h->ins_pool = calloc(n_ins + 1, sizeof **all);
+    if (!h->words || !h->arg_pool || !*all) return fail(h, "out of memory");
+    r->p = start, words = 0;
+    for (size_t k = 0; k < n_ins; k++) {
+        struct ins *in = &(*all)[k];
+        uint64_t op = 0, pad = 0, n = 0, v = 0;
+        read_u(h, r, 2, &op), read_u(h, r, 2, &pad), read_u(h, r, 4, &n); /* checked above */
+        in->op = (uint16_t)op, in->n = (uint32_t)n, in->w = h->words + words;
+        in->args = h->arg_pool + words;
+        for (uint64_t i = 0; i < n; i++) read_u(h, r, 8, &v), h->words[words++] = (int64_t)v;
+    }
+    *count = (uint32_t)n_ins;
+    return 0;
+}
+
+static int read_funcs(pl_executor *h, struct reader *r, struct ins *all, uint32_t n_ins) {
+    if (read_count(h, r, 37, &h->n_funcs)) return -1;
+    if (h->n_funcs == 0) return fail(h, ".ro has no function");
+    h->funcs = calloc(h->n_funcs, sizeof *h->funcs);
+    /* Every type takes at least 9 bytes of the section. */
+    size_t n_types = (size_t)(r->end - r->p) / 9 + 1, used = 0;
+    h->type_pool = calloc(n_types, sizeof *h->type_pool);
+    if (!h->funcs || !h->type_pool) return fail(h, "out of memory");
+    for (uint32_t f = 0; f < h->n_funcs; f++) {
+        struct func *fn = &h->funcs[f];
+        uint64_t np, nr, regs, pad, first, count;
+        if (read_str(h, r, &fn->name) || read_u(h, r, 4, &np) || read_u(h, r, 4, &nr) ||
+            read_u(h, r, 4, &regs) || read_u(h, r, 4, &pad) || read_u(h, r, 8, &first) ||
+            read_u(h, r, 8, &count))
+            return -1;
+        if (np + nr > n_types - used || regs < np || regs > PL_MAX_REGS || first > n_ins ||
+            count > n_ins - first || count == 0)
+            return fail(h, ".ro functions section corrupted: function '%s'", fn->name);
+        fn->n_params = (uint32_t)np, fn->n_results = (uint32_t)nr, fn->n_regs = (uint32_t)regs;
+        fn->params = h->type_pool + used, fn->results = fn->params + np;
+        used += np + nr;
+        for (uint32_t t = 0; t < np + nr; t++)
+            if (read_type(h, r, &fn->params[t])) return -1;
+        fn->code = all + first, fn->n_code = (uint32_t)count;
+        fn->regs = calloc(regs + 1, sizeof *fn->regs);
+        fn->out = calloc(nr + 1, sizeof *fn->out);
+        if (!fn->regs || !fn->out) return fail(h, "out of memory");
+    }
+    if (r->p != r->end) return fail(h, ".ro functions section corrupted: trailing bytes");
+    for (uint32_t f = 0; f < h->n_funcs; f++) {
+        const struct func *fn = &h->funcs[f];
+        for (uint32_t k = 0; k < fn->n_code; k++)
+            if (!check_ins(h, fn, &fn->code[k]))
+                return fail(h, ".ro bytecode corrupted: function '%s', instruction %u "
+                            "(opcode %u)", fn->name, k, fn->code[k].op);
+        uint16_t last = fn->code[fn->n_code - 1].op;
+        if (last != RET && last != GOTO && last != FAIL)
+            return fail(h, ".ro function '%s' does not end in a return", fn->name);
+    }
+    return 0;
+}
+
+static int open_ro(pl_executor *h, const uint8_t *ro, size_t size,
+                   void *(*resolve)(void *, const char *), void *ctx) {
+    if (size < RO_HEAD + RO_DIGEST || memcmp(ro, "PLVMEXE\0", 8) != 0)
+        return fail(h, "not a pipeline VM executable (bad magic or too short)");
+    uint64_t version = le(ro + 8, 4), total = le(ro + 16, 8);
+    if (version != RO_VERSION)
+        return fail(h, "VM executable format version %llu, this runtime reads version %u; "
+                    "rebuild the library", (unsigned long long)version, RO_VERSION);
+    if (total != size) return fail(h, "VM executable truncated or corrupted: length %llu, "
+                                   "%zu bytes available", (unsigned long long)total, size);
+    struct reader s[4];
+    static const char *names[4] = {"functions", "constants", "kernels", "bytecode"};
+    for (int k = 0; k < 4; k++) {
+        uint64_t off = le(ro + 24 + 16 * k, 8), len = le(ro + 32 + 16 * k, 8);
+        if (off < RO_HEAD || off > total - RO_DIGEST || len > total - RO_DIGEST - off)
+            return fail(h, ".ro corrupted: section %s out of bounds", names[k]);
+        s[k] = (struct reader){ro + off, ro + off + len, names[k]};
+    }
+    struct ins *all = NULL;
+    uint32_t n_ins = 0;
+    if (read_kernels(h, &s[2], resolve, ctx) || read_consts(h, &s[1], ro, size - RO_DIGEST) ||
+        read_code(h, &s[3], &all, &n_ins) || read_funcs(h, &s[0], all, n_ins))
+        return -1;
+    const struct func *main_fn = &h->funcs[0];
+    h->inputs = calloc(main_fn->n_params + 1, sizeof *h->inputs);
+    h->outputs = calloc(main_fn->n_results + 1, sizeof *h->outputs);
+    if (!h->inputs || !h->outputs) return fail(h, "out of memory");
+    for (uint32_t i = 0; i < main_fn->n_params; i++)
+        if (!(h->inputs[i] = storage_new(h, main_fn->params[i].nbytes))) return -1;
+    return 0;
+}
+
+/* ---- the interpreter ---- */
+
+static int run_func(pl_executor *h, struct func *fn, struct obj *results);
+
+static int make_tensor(pl_executor *h, struct obj *dst, const struct obj *base,
+                       const int64_t *w, int view) {
+    if (base->kind == 0)
+        return fail(h, "VM: %s of an empty register", view ? "view" : "tensor");
+    struct obj t = {2, (uint8_t)w[3], (uint8_t)w[4], base->st, NULL, 0, {0}};
+    t.nbytes = (size_t)size_of(w[3], w[4], w + 5);
+    size_t start = (size_t)((char *)base->data - (char *)base->st->data) * (base->kind == 2 && view);
+    if (start + (size_t)w[2] + t.nbytes > base->st->size)
+        return fail(h, "VM: a tensor of %zu bytes at offset %lld does not fit its %zu-byte "
+                    "storage", t.nbytes, (long long)w[2], base->st->size);
+    t.data = (char *)base->st->data + start + w[2];
+    memcpy(t.shape, w + 5, (size_t)w[4] * sizeof *t.shape);
+    obj_set(h, dst, &t);
+    return 0;
+}
+
+/* dst = a new scalar tensor (int64 or bool) holding value. */
+static int new_scalar(pl_executor *h, struct obj *dst, int dtype, int64_t value) {
+    struct obj t = {2, (uint8_t)dtype, 0, storage_new(h, 8), NULL, DTYPES[dtype].size, {0}};
+    if (!t.st) return -1;
+    t.data = t.st->data;
+    if (dtype == DT_BOOL) *(uint8_t *)t.data = value != 0;
+    else memcpy(t.data, &value, sizeof value);
+    obj_clear(h, dst);
+    *dst = t; /* takes storage_new's reference */
+    return 0;
+}
+
+static int int64_of(pl_executor *h, const struct obj *o, int64_t *v) {
+    if (o->kind != 2 || o->dtype != DT_INT64 || o->nbytes != 8)
+        return fail(h, "VM: expected an int64 scalar");
+    memcpy(v, o->data, sizeof *v);
+    return 0;
+}
+
+/* Row `index` of a tensor of `total` bytes, rows of `row` bytes: its offset, or -1. */
+static int64_t row_offset(int64_t index, size_t row, size_t total) {
+    if (index < 0 || (row && (uint64_t)index >= total / row) || (!row && index > 0)) return -1;
+    return index * (int64_t)row;
+}
+
+static int indexed(pl_executor *h, struct func *fn, const struct ins *in) {
+    struct obj *r = fn->regs;
+    const int64_t *w = in->w;
+    int64_t i = 0, j = 0;
+    if (in->op == ADD_IMM)
+        return int64_of(h, &r[w[1]], &i) ||
+               new_scalar(h, &r[w[0]], DT_INT64, (int64_t)((uint64_t)i + (uint64_t)w[2]));
+    if (in->op == LESS)
+        return int64_of(h, &r[w[1]], &i) || int64_of(h, &r[w[2]], &j) ||
+               new_scalar(h, &r[w[0]], DT_BOOL, i < j);
+    if (int64_of(h, &r[w[2]], &i)) return -1;
+    const struct obj *src = &r[w[1]];
+    if (src->kind != 2) return fail(h, "VM: indexed access to a non-tensor");
+    if (in->op == COPY_AT) {
+        int64_t at = row_offset(i, src->nbytes, r[w[0]].nbytes);
+        if (r[w[0]].kind != 2 || at < 0)
+            return fail(h, "VM: row %lld out of range", (long long)i);
+        memmove((char *)r[w[0]].data + at, src->data, src->nbytes);
+        return 0;
+    }
+    size_t row = (size_t)size_of(w[3], w[4], w + 5);
+    int64_t at = row_offset(i, row, src->nbytes);
+    if (at < 0) return fail(h, "VM: row %lld out of range", (long long)i);
+    struct obj t = {2, (uint8_t)w[3], (uint8_t)w[4], src->st, (char *)src->data + at, row, {0}};
+    memcpy(t.shape, w + 5, (size_t)w[4] * sizeof *t.shape);
+    obj_set(h, &r[w[0]], &t);
+    return 0;
+}
+
+static int invoke_packed(pl_executor *h, struct func *fn, struct ins *in) {
+    for (int64_t a = 0; a < in->w[1]; a++) {
+        const struct obj *o = &fn->regs[in->w[2 + a]];
+        if (o->kind != 2) return fail(h, "VM: kernel argument %lld is not a tensor", (long long)a);
+        in->args[a] = o->data;
+    }
+    int32_t rc = h->kernels[in->w[0]](in->args);
+    return rc ? fail(h, "kernel %lld returned an error (%d)", (long long)in->w[0], (int)rc) : 0;
+}
+
+static int call(pl_executor *h, struct func *fn, const struct ins *in) {
+    struct func *callee = &h->funcs[in->w[0]];
+    if (callee->active) return fail(h, "VM: function '%s' calls itself", callee->name);
+    if (h->depth >= MAX_DEPTH) return fail(h, "VM: calls nested more than %d deep", MAX_DEPTH);
+    for (int64_t a = 0; a < in->w[1]; a++) obj_set(h, &callee->regs[a], &fn->regs[in->w[2 + a]]);
+    struct obj *out = callee->out;
+    h->depth++;
+    int rc = run_func(h, callee, out);
+    h->depth--;
+    if (rc) return -1;
+    const int64_t *dst = in->w + 3 + in->w[1];
+    for (uint32_t k = 0; k < callee->n_results; k++) {
+        obj_set(h, &fn->regs[dst[k]], &out[k]);
+        obj_clear(h, &out[k]);
+    }
+    return 0;
+}
+
+static int step(pl_executor *h, struct func *fn, uint32_t *pc, struct obj *results, int *done) {
+    struct ins *in = &fn->code[*pc];
+    const int64_t *w = in->w;
+    struct obj *r = fn->regs;
+    (*pc)++;
+    switch (in->op) {
+    case ALLOC_STORAGE: {
+        struct obj s = {1, 0, 0, storage_new(h, (size_t)w[1]), NULL, 0, {0}};
+        if (!s.st) return -1;
+        s.data = s.st->data;
+        obj_clear(h, &r[w[0]]);
+        r[w[0]] = s; /* takes storage_new's reference */
+        return 0;
+    }
+    case ALLOC_TENSOR: return make_tensor(h, &r[w[0]], &r[w[1]], w, 0);
+    case VIEW: return make_tensor(h, &r[w[0]], &r[w[1]], w, 1);
+    case LOAD_CONST: {
+        const struct type *t = &h->const_types[w[1]];
+        struct obj c = {2, t->dtype, t->ndim, h->consts[w[1]], h->consts[w[1]]->data, t->nbytes,
+                        {0}};
+        memcpy(c.shape, t->shape, sizeof c.shape);
+        obj_set(h, &r[w[0]], &c);
+        return 0;
+    }
+    case INVOKE_PACKED: return invoke_packed(h, fn, in);
+    case COPY:
+        if (r[w[0]].kind != 2 || r[w[1]].kind != 2 || r[w[0]].nbytes != r[w[1]].nbytes)
+            return fail(h, "VM: copy between tensors of different sizes");
+        memmove(r[w[0]].data, r[w[1]].data, r[w[0]].nbytes);
+        return 0;
+    case MOVE: obj_set(h, &r[w[0]], &r[w[1]]); return 0;
+    case IF:
+        if (r[w[0]].kind != 2 || r[w[0]].nbytes == 0) return fail(h, "VM: If on no value");
+        *pc = (uint32_t)(*(const uint8_t *)r[w[0]].data ? w[1] : w[2]);
+        return 0;
+    case GOTO: *pc = (uint32_t)w[0]; return 0;
+    case INVOKE: return call(h, fn, in);
+    case SCALAR: return new_scalar(h, &r[w[0]], (int)w[1], w[2]);
+    case FAIL: return fail(h, "VM: %s", FAILURES[w[0]]);
+    case ADD_IMM: case LESS: case COPY_AT: case VIEW_AT: return indexed(h, fn, in);
+    case RET:
+        for (int64_t k = 0; k < w[0]; k++) obj_set(h, &results[k], &r[w[1 + k]]);
+        *done = 1;
+        return 0;
+    }
+    return fail(h, "VM: bad opcode %u", in->op);
+}
+
+/* Run fn (its parameters already in its first registers); results get its Ret's
+ * objects (each one reference). The registers are cleared after. */
+static int run_func(pl_executor *h, struct func *fn, struct obj *results) {
+    uint32_t pc = 0;
+    int done = 0, rc = 0;
+    fn->active = 1;
+    while (!done && rc == 0) {
+        if (PL_MAX_STEPS && ++h->steps > PL_MAX_STEPS) rc = fail(h, "VM: step limit reached");
+        else if (pc >= fn->n_code) rc = fail(h, "VM: function '%s' ran past its end", fn->name);
+        else rc = step(h, fn, &pc, results, &done);
+    }
+    fn->active = 0;
+    for (uint32_t k = 0; k < fn->n_regs; k++) obj_clear(h, &fn->regs[k]);
+    return rc;
+}
+
+/* ---- the C API (pipeline_runtime.h), over function main ---- */
+
+static pl_executor *create_from(const uint8_t *ro, size_t size,
+                                void *(*resolve)(void *, const char *), void *ctx, char *err,
+                                size_t err_size) {
+    pl_executor *h = calloc(1, sizeof *h);
+    if (!h) {
+        if (err_size) snprintf(err, err_size, "out of memory");
+        return NULL;
+    }
+    if (open_ro(h, ro, size, resolve, ctx)) {
+        if (err_size) snprintf(err, err_size, "%s", h->error);
+        pl_destroy(h);
+        return NULL;
+    }
+    return h;
+}
+
+static void *resolve_dl(void *handle, const char *symbol) { return dlsym(handle, symbol); }
+
+static const char self_marker;
+
+/* This library's handle (the .so vm.o is linked into), or NULL with err set. */
+static void *self_library(char *err, size_t err_size) {
+    Dl_info info;
+    void *handle = NULL;
+    if (!dladdr(&self_marker, &info) ||
+        !(handle = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD))) {
+        if (err_size) snprintf(err, err_size, "cannot find the VM library: %s", dlerror());
+        return NULL;
+    }
+    return handle;
+}
+
+/* An executor over the .ro packed into this library. The .ro's sha256 is the
+ * Python loader's to check, as the blob's is for the graph executor. */
+API pl_executor *pl_create(char *err, size_t err_size) {
+    Dl_info info;
+    const ElfW(Sym) *sym = NULL;
+    void *handle = self_library(err, err_size), *ro;
+    if (!handle) return NULL;
+    if (!(ro = dlsym(handle, RO_SYMBOL)) || !dladdr1(ro, &info, (void **)&sym, RTLD_DL_SYMENT) ||
+        !sym) {
+        if (err_size) snprintf(err, err_size, "cannot find the library's %s symbol", RO_SYMBOL);
+        dlclose(handle);
+        return NULL;
+    }
+    /* The symbol holds the .ro, then the code digest the link stamps (32 bytes). */
+    size_t size = sym->st_size;
+    if (size >= RO_HEAD && memcmp(ro, "PLVMEXE\0", 8) == 0 &&
+        le((const uint8_t *)ro + 16, 8) <= size)
+        size = (size_t)le((const uint8_t *)ro + 16, 8);
+    pl_executor *h = create_from(ro, size, resolve_dl, handle, err, err_size);
+    if (h) h->dl_handle = handle;
+    else dlclose(handle);
+    return h;
+}
+
+API pl_executor *pl_create_unchecked(char *err, size_t err_size) {
+    return pl_create(err, err_size);
+}
+
+/* An executor over .ro bytes the caller gives (Executable.load_exec), the kernels
+ * resolved in this library; ro is copied from (the caller may free it after). */
+API pl_executor *pl_vm_load(const uint8_t *ro, size_t size, char *err, size_t err_size) {
+    void *handle = self_library(err, err_size);
+    if (!handle) return NULL;
+    pl_executor *h = create_from(ro, size, resolve_dl, handle, err, err_size);
+    if (h) h->dl_handle = handle;
+    else dlclose(handle);
+    return h;
+}
+
+API void pl_destroy(pl_executor *h) {
+    if (!h) return;
+    for (uint32_t o = 0; h->outputs && o < h->funcs[0].n_results; o++)
+        obj_clear(h, &h->outputs[o]);
+    for (uint32_t f = 0; h->funcs && f < h->n_funcs; f++) {
+        for (uint32_t k = 0; h->funcs[f].regs && k < h->funcs[f].n_regs; k++)
+            obj_clear(h, &h->funcs[f].regs[k]);
+        for (uint32_t k = 0; h->funcs[f].out && k < h->funcs[f].n_results; k++)
+            obj_clear(h, &h->funcs[f].out[k]);
+        free(h->funcs[f].regs), free(h->funcs[f].out);
+    }
+    for (uint32_t i = 0; h->inputs && i < h->funcs[0].n_params; i++)
+        storage_release(h, h->inputs[i]);
+    for (uint32_t c = 0; h->consts && c < h->n_consts; c++) storage_release(h, h->consts[c]);
+    while (h->pool) {
+        struct storage *s = h->pool;
+        h->pool = s->next;
+        free(s->data), free(s);
+    }
+    free(h->inputs), free(h->outputs), free(h->consts), free(h->const_types), free(h->kernels);
+    free(h->words), free(h->arg_pool), free(h->ins_pool), free(h->type_pool), free(h->funcs);
+    if (h->dl_handle) dlclose(h->dl_handle);
+    free(h);
+}
+
+API const char *pl_last_error(const pl_executor *h) { return h ? h->error : "no executor"; }
+API int pl_num_inputs(const pl_executor *h) { return (int)h->funcs[0].n_params; }
+API int pl_num_params(const pl_executor *h) { (void)h; return 0; }
+API int pl_num_outputs(const pl_executor *h) { return (int)h->funcs[0].n_results; }
+API int pl_num_functions(const pl_executor *h) { return (int)h->n_funcs; }
+
+API int pl_get_input_index(const pl_executor *h, const char *name) {
+    for (uint32_t i = 0; i < h->funcs[0].n_params; i++)
+        if (strcmp(h->funcs[0].params[i].name, name) == 0) return (int)i;
+    return -1;
+}
+
+static void describe(const struct type *t, pl_tensor_info *info) {
+    *info = (pl_tensor_info){t->name, DTYPES[t->dtype].name, t->ndim, t->shape, t->nbytes};
+}
+
+API int pl_input_info(const pl_executor *h, int i, pl_tensor_info *info) {
+    if (i < 0 || (uint32_t)i >= h->funcs[0].n_params) return -1;
+    describe(&h->funcs[0].params[i], info);
+    return 0;
+}
+
+/* Before a run: the declared type; after: the shape the run returned. */
+API int pl_output_info(const pl_executor *h, int i, pl_tensor_info *info) {
+    if (i < 0 || (uint32_t)i >= h->funcs[0].n_results) return -1;
+    describe(&h->funcs[0].results[i], info);
+    const struct obj *o = &h->outputs[i];
+    if (h->ran && o->kind == 2)
+        info->dtype = DTYPES[o->dtype].name, info->ndim = o->ndim, info->shape = o->shape,
+        info->nbytes = o->nbytes;
+    return 0;
+}
+
+static const struct type *io_type(pl_executor *h, int out, int i, size_t nbytes) {
+    const struct func *m = &h->funcs[0];
+    uint32_t n = out ? m->n_results : m->n_params;
+    if (i < 0 || (uint32_t)i >= n) {
+        fail(h, "%s index %d out of range: the function has %u", out ? "output" : "input", i, n);
+        return NULL;
+    }
+    const struct type *t = out ? &m->results[i] : &m->params[i];
+    size_t have = out && h->ran ? h->outputs[i].nbytes : t->nbytes;
+    if (nbytes != have) {
+        fail(h, "%s '%s': %zu bytes of %s expected, given %zu", out ? "output" : "input",
+             t->name, have, DTYPES[t->dtype].name, nbytes);
+        return NULL;
+    }
+    return t;
+}
+
+API int pl_set_input(pl_executor *h, int i, const void *data, size_t nbytes) {
+    if (!io_type(h, 0, i, nbytes)) return -1;
+    memcpy(h->inputs[i]->data, data, nbytes);
+    return 0;
+}
+
+API int pl_get_input(pl_executor *h, int i, void *data, size_t nbytes) {
+    if (!io_type(h, 0, i, nbytes)) return -1;
+    memcpy(data, h->inputs[i]->data, nbytes);
+    return 0;
+}
+
+API int pl_get_output(pl_executor *h, int i, void *data, size_t nbytes) {
+    if (!io_type(h, 1, i, nbytes)) return -1;
+    if (!h->ran) return fail(h, "output %d: the VM has not run", i);
+    memcpy(data, h->outputs[i].data, nbytes);
+    return 0;
+}
+
+API int pl_set_num_threads(pl_executor *h, int n) {
+    if (n < 0) return fail(h, "the thread count must be >= 0, got %d", n);
+    h->num_threads = n;
+    return 0;
+}
+
+/* Invoke main on the inputs set; its results stay until the next run. */
+API int pl_run(pl_executor *h) {
+    struct func *m = &h->funcs[0];
+    if (h->num_threads > 0 && omp_set_num_threads) omp_set_num_threads(h->num_threads);
+    for (uint32_t o = 0; o < m->n_results; o++) obj_clear(h, &h->outputs[o]);
+    h->ran = 0, h->steps = 0, h->depth = 0;
+    for (uint32_t i = 0; i < m->n_params; i++) {
+        const struct type *t = &m->params[i];
+        struct obj in = {2, t->dtype, t->ndim, h->inputs[i], h->inputs[i]->data, t->nbytes, {0}};
+        memcpy(in.shape, t->shape, sizeof in.shape);
+        obj_set(h, &m->regs[i], &in);
+    }
+    if (run_func(h, m, h->outputs)) return -1;
+    for (uint32_t o = 0; o < m->n_results; o++)
+        if (h->outputs[o].kind != 2) return fail(h, "VM: main's result %u is not a tensor", o);
+    h->ran = 1;
+    return 0;
+}

@@ -1,0 +1,239 @@
+"""The VM's Python API, modelled on TVM's `tvm.runtime.vm` (docs/vm.md):
+
+    exe = Executable.load_exec(ro_bytes, "model.so")   # or Executable.load("model.so")
+    vm = VirtualMachine(exe)                           # or VirtualMachine("model.so")
+    outputs = vm.run(x)                                # numpy arrays, ONNX output order
+    vm.set_input("main", x); outputs = vm.invoke("main")
+    print(vm.benchmark("main", x, repeat=5))
+
+A VM library (`executor: vm`) holds the kernels, the .ro (pipeline/vm/format.py,
+under its own symbol) and the C interpreter (pipeline/runtime/c/vm.c), whose
+pl_* API this module calls through ctypes. The .ro's checksum and content are
+checked in Python before the C side reads it, as the graph executor's blob is.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+from typing import Any
+
+import numpy as np
+
+from pipeline.errors import FormatError, PipelineError
+from pipeline.link.integrity import verify_code_digest
+from pipeline.runtime.graph_executor import _TensorInfo
+from pipeline.runtime.machine import check_machine
+from pipeline.runtime.module import _check_segments
+from pipeline.runtime.threads import limit_idle_spin
+from pipeline.runtime.timing import BenchmarkResult, time_evaluator
+from pipeline.vm import compile as vm_compile
+from pipeline.vm.format import RO_SYMBOL, read_ro
+
+__all__ = ["Executable", "VMError", "VirtualMachine", "is_vm_library"]
+
+_PREFIX = 24  # magic, version, reserved, total length: format.py
+
+
+class VMError(PipelineError, RuntimeError):
+    """A VM run or input refused; the message is one line."""
+
+
+def is_vm_library(path: str | os.PathLike) -> bool:
+    """Whether the library file at `path` was built with `executor: vm` (it names
+    the .ro symbol, which only a VM library's symbol table holds)."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        return data.find(RO_SYMBOL.encode() + b"\0") >= 0
+
+
+def _load_library(path: str | os.PathLike) -> tuple[str, ctypes.CDLL]:
+    """dlopen a VM library after the loader's checks (suffix, machine, truncation, the
+    code digest the link stamped after its .ro)."""
+    path = os.path.abspath(os.fspath(path))
+    if not path.endswith(".so"):
+        raise ValueError(f"cannot load {path}: a VM library is a .so file")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"library not found: {path}")
+    check_machine(path, path)
+    _check_segments(path, path)
+    verify_code_digest(path, path)  # before dlopen: no byte of damaged code runs
+    limit_idle_spin()
+    try:
+        return path, ctypes.CDLL(path, mode=os.RTLD_LOCAL | os.RTLD_NOW)
+    except OSError as err:
+        raise OSError(f"cannot load {path}: {err}") from None
+
+
+def _packed_ro(lib: ctypes.CDLL, path: str) -> bytes:
+    """The .ro packed into a VM library."""
+    try:
+        addr = ctypes.addressof(ctypes.c_char.in_dll(lib, RO_SYMBOL))
+    except ValueError:
+        raise FormatError(f"{path}: no {RO_SYMBOL} symbol: not a VM library (built with "
+                          "executor: vm); load a graph library with load_module") from None
+    total = int.from_bytes(ctypes.string_at(addr + 16, 8), "little")
+    if total > os.path.getsize(path):
+        raise FormatError(f"{path}: VM executable truncated: {total} bytes, the file has "
+                          f"{os.path.getsize(path)}")
+    return ctypes.string_at(addr, max(total, _PREFIX))
+
+
+class Executable:
+    """A VM executable: the functions, constants and kernel names of a .ro (read and
+    verified) with the VM library whose kernels and interpreter run it."""
+
+    def __init__(self, ro: bytes, lib: ctypes.CDLL, path: str):
+        self.ro = bytes(ro)
+        self.content: vm_compile.Executable = read_ro(self.ro, path)
+        self.lib, self.path = lib, path
+
+    @classmethod
+    def load_exec(cls, ro_bytes: bytes, lib: str | os.PathLike) -> Executable:
+        """The executable of `ro_bytes` (a .ro file's content) over the VM library
+        `lib` (a path), whose kernels it calls (TVM: Executable.load_exec).
+        FormatError for another magic or version or a corrupted file."""
+        path, handle = _load_library(lib)
+        return cls(ro_bytes, handle, path)
+
+    @classmethod
+    def load(cls, lib: str | os.PathLike) -> Executable:
+        """The executable packed into the VM library `lib`."""
+        path, handle = _load_library(lib)
+        return cls(_packed_ro(handle, path), handle, path)
+
+    def save(self) -> tuple[bytes, str]:
+        """(the .ro bytes, the library path), as TVM's Executable.save."""
+        return self.ro, self.path
+
+    @property
+    def kernels(self) -> tuple[str, ...]:
+        return self.content.kernels
+
+    @property
+    def bytecode(self) -> str:
+        """Every function's instructions, one a line."""
+        lines = []
+        for fn in self.content.functions:
+            lines.append(f"def {fn.name}({', '.join(p.name for p in fn.params)}): "
+                         f"{fn.num_regs} registers")
+            lines += [f"  {k}: {ins}" for k, ins in enumerate(fn.code)]
+        return "\n".join(lines)
+
+
+def _bind(lib: ctypes.CDLL) -> dict[str, Any]:
+    """The VM's C functions, typed."""
+    p, i, s = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
+    types = {"pl_create_unchecked": (p, [ctypes.c_char_p, s]),
+             "pl_vm_load": (p, [ctypes.c_char_p, s, ctypes.c_char_p, s]),
+             "pl_destroy": (None, [p]), "pl_last_error": (ctypes.c_char_p, [p]),
+             "pl_num_inputs": (i, [p]), "pl_num_outputs": (i, [p]),
+             "pl_input_info": (i, [p, i, ctypes.POINTER(_TensorInfo)]),
+             "pl_output_info": (i, [p, i, ctypes.POINTER(_TensorInfo)]),
+             "pl_set_input": (i, [p, i, p, s]), "pl_get_output": (i, [p, i, p, s]),
+             "pl_set_num_threads": (i, [p, i]), "pl_run": (i, [p])}
+    api = {}
+    for name, (restype, argtypes) in types.items():
+        try:
+            fn = lib[name]
+        except AttributeError:
+            raise FormatError(f"{lib._name}: no {name}: not a VM library") from None
+        fn.restype, fn.argtypes = restype, argtypes
+        api[name] = fn
+    return api
+
+
+class VirtualMachine:
+    """Runs a VM executable: VirtualMachine(exe) or VirtualMachine("model.so") (the
+    .ro packed in the library). Each VM has its own storage pool and copy of the
+    constants; one VM must not be used by two threads at once."""
+
+    def __init__(self, lib_or_exe: Executable | str | os.PathLike, device: Any = None):
+        del device  # the CPU: accepted for TVM's VirtualMachine(exe, dev) signature
+        exe = lib_or_exe if isinstance(lib_or_exe, Executable) else Executable.load(lib_or_exe)
+        self.executable = exe
+        self._api = _bind(exe.lib)
+        err = ctypes.create_string_buffer(512)
+        self._handle = self._api["pl_vm_load"](exe.ro, len(exe.ro), err, len(err))
+        if not self._handle:
+            raise FormatError(f"{exe.path}: {err.value.decode(errors='replace')}")
+        main = exe.content.functions[0]
+        self._params = main.params
+        self._inputs: list[np.ndarray | None] = [None] * len(main.params)
+
+    def __del__(self):
+        handle, self._handle = getattr(self, "_handle", None), None
+        if handle:
+            self._api["pl_destroy"](handle)
+
+    def _check(self, rc: int) -> None:
+        if rc != 0:
+            raise VMError(self._api["pl_last_error"](self._handle).decode(errors="replace"))
+
+    def _function(self, func_name: str) -> None:
+        if func_name != "main":
+            raise VMError(f"function {func_name!r}: only 'main' is callable; the executable's "
+                          f"other functions are subgraph bodies")
+
+    def set_input(self, func_name: str = "main", *args: Any, **kwargs: Any) -> None:
+        """Inputs of `func_name` by position, then by name; each checked for its
+        dtype and shape (VMError naming the input)."""
+        self._function(func_name)
+        names = [p.name for p in self._params]
+        if len(args) > len(names):
+            raise VMError(f"{func_name} takes {len(names)} inputs, {len(args)} given")
+        given = dict(zip(names, args, strict=False))
+        for name, value in kwargs.items():
+            if name not in names:
+                raise VMError(f"{func_name} has no input {name!r}; inputs: {names}")
+            given[name] = value
+        for name, value in given.items():
+            k = names.index(name)
+            want = self._params[k]
+            array = np.asarray(value)  # (ascontiguousarray makes a scalar 1-d)
+            if not array.flags.c_contiguous:
+                array = array.copy()
+            if array.dtype != np.dtype(want.dtype) or array.shape != tuple(want.shape):
+                raise VMError(f"input {name!r}: expected {want.dtype} {list(want.shape)}, "
+                              f"given {array.dtype} {list(array.shape)}")
+            self._check(self._api["pl_set_input"](self._handle, k, array.ctypes.data,
+                                                  array.nbytes))
+            self._inputs[k] = array
+
+    def invoke(self, func_name: str = "main", *args: Any, **kwargs: Any) -> list[np.ndarray]:
+        """Run `func_name` (inputs as set_input takes them, or set before) and
+        return its outputs, in ONNX output order, as new numpy arrays."""
+        if args or kwargs:
+            self.set_input(func_name, *args, **kwargs)
+        self._function(func_name)
+        missing = [p.name for p, x in zip(self._params, self._inputs, strict=True) if x is None]
+        if missing:
+            raise VMError(f"inputs not set: {missing}")
+        self._check(self._api["pl_run"](self._handle))
+        return [self._output(k) for k in range(self._api["pl_num_outputs"](self._handle))]
+
+    def run(self, *args: Any, **kwargs: Any) -> list[np.ndarray]:
+        """invoke("main", ...)."""
+        return self.invoke("main", *args, **kwargs)
+
+    def _output(self, k: int) -> np.ndarray:
+        info = _TensorInfo()
+        self._api["pl_output_info"](self._handle, k, ctypes.byref(info))
+        out = np.empty(tuple(info.shape[d] for d in range(info.ndim)),
+                       np.dtype(info.dtype.decode()))
+        self._check(self._api["pl_get_output"](self._handle, k, out.ctypes.data, out.nbytes))
+        return out
+
+    def set_num_threads(self, num_threads: int) -> None:
+        """Threads of the parallel kernels (0: libgomp's own choice)."""
+        self._check(self._api["pl_set_num_threads"](self._handle, num_threads))
+
+    def benchmark(self, func_name: str = "main", *args: Any, number: int = 10,
+                  repeat: int = 1, min_repeat_ms: float = 0, **kwargs: Any) -> BenchmarkResult:
+        """Time `func_name` on the given (or set) inputs as TVM's VirtualMachine.benchmark:
+        `repeat` results, each the mean seconds of `number` runs (time_evaluator)."""
+        if args or kwargs:
+            self.set_input(func_name, *args, **kwargs)
+        self._function(func_name)
+        return time_evaluator(lambda: self._check(self._api["pl_run"](self._handle)),
+                              number, repeat, min_repeat_ms)()

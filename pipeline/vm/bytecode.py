@@ -1,0 +1,308 @@
+"""The VM's instructions and functions (docs/vm.md).
+
+Every instruction is an opcode and a list of signed 64-bit operands; registers are
+numbered per function, a function's parameters are its first registers. The C
+interpreter (pipeline/runtime/c/vm.c) reads the same encoding (format.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+from pipeline.errors import FormatError
+
+__all__ = ["DTYPES", "FAILURES", "OPCODES", "AddImm", "AllocStorage", "AllocTensor", "Copy",
+           "CopyAt", "Fail", "Function", "Goto", "If", "Instruction", "Invoke", "InvokePacked",
+           "Less", "LoadConst", "Move", "Ret", "Scalar", "TensorType", "View", "ViewAt",
+           "decode", "verify"]
+
+# The dtype codes of the plan (pipeline/link/plan.py DTYPES; kept equal there).
+DTYPES = ("float32", "float64", "int32", "int64", "bool", "float16", "int8", "int16",
+          "uint8", "uint16", "uint32", "uint64")
+
+
+@dataclass(frozen=True)
+class TensorType:
+    """A parameter's or result's name, dtype and static shape."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class AllocStorage:
+    """dst = a pooled buffer of nbytes bytes, aligned to `alignment`."""
+
+    dst: int
+    nbytes: int
+    alignment: int = 64
+
+
+@dataclass(frozen=True)
+class AllocTensor:
+    """dst = a tensor at byte `offset` of the storage in register `storage`."""
+
+    dst: int
+    storage: int
+    offset: int
+    dtype: int
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class LoadConst:
+    """dst = constant `index` (a param of the constant section)."""
+
+    dst: int
+    index: int
+
+
+@dataclass(frozen=True)
+class InvokePacked:
+    """Call kernel `kernel` (an index in the kernel names) with the data pointers of
+    the tensors in `args`: its inputs, then the outputs it writes."""
+
+    kernel: int
+    args: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Copy:
+    """Copy the bytes of tensor `src` into tensor `dst` (same size; may overlap)."""
+
+    dst: int
+    src: int
+
+
+@dataclass(frozen=True)
+class View:
+    """dst = tensor `src`'s memory from byte `offset`, seen with another dtype and
+    shape (a reshape, a slice of a concat written in place); no copy."""
+
+    dst: int
+    src: int
+    offset: int
+    dtype: int
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Move:
+    """dst = src (the same object)."""
+
+    dst: int
+    src: int
+
+
+@dataclass(frozen=True)
+class If:
+    """Go to instruction `then` if the bool tensor `cond` holds true, else to `orelse`."""
+
+    cond: int
+    then: int
+    orelse: int
+
+
+@dataclass(frozen=True)
+class Goto:
+    """Go to instruction `target` of the function."""
+
+    target: int
+
+
+@dataclass(frozen=True)
+class Invoke:
+    """Call VM function `func` with registers `args`; its results go to `dsts`."""
+
+    func: int
+    args: tuple[int, ...]
+    dsts: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Scalar:
+    """dst = a new scalar tensor of dtype `dtype` (an index in DTYPES: int64 or bool)
+    holding `value` (a loop's counter, an absent condition)."""
+
+    dst: int
+    dtype: int
+    value: int
+
+
+@dataclass(frozen=True)
+class AddImm:
+    """dst = a new int64 scalar: the int64 scalar `src` plus `imm`."""
+
+    dst: int
+    src: int
+    imm: int
+
+
+@dataclass(frozen=True)
+class Less:
+    """dst = a new bool scalar: whether int64 scalar `a` < int64 scalar `b`."""
+
+    dst: int
+    a: int
+    b: int
+
+
+@dataclass(frozen=True)
+class CopyAt:
+    """Copy tensor `src` into tensor `dst` at byte offset row * (src's bytes), row the
+    int64 scalar in register `row` (a Loop's or Scan's output row)."""
+
+    dst: int
+    src: int
+    row: int
+
+
+@dataclass(frozen=True)
+class ViewAt:
+    """dst = row `row` (an int64 scalar register) of tensor `src`, seen with dtype and
+    shape: src's memory from row * that shape's bytes (a Scan's input row)."""
+
+    dst: int
+    src: int
+    row: int
+    dtype: int
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Fail:
+    """Stop the run with error `reason` (FAILURES): what static shapes cannot hold."""
+
+    reason: int
+
+
+# Fail's reasons, by index (vm.c has the same list).
+FAILURES = ("a Loop ended before its trip count: its scan outputs would be shorter than "
+            "planned (needs dynamic shapes)",)
+
+
+@dataclass(frozen=True)
+class Ret:
+    """Return the objects in `results`."""
+
+    results: tuple[int, ...]
+
+
+Instruction = (AllocStorage | AllocTensor | LoadConst | InvokePacked | Copy | View | Move | If
+               | Goto | Invoke | Ret | Scalar | AddImm | Less | CopyAt | ViewAt | Fail)
+OPCODES: dict[type, int] = {AllocStorage: 1, AllocTensor: 2, LoadConst: 3, InvokePacked: 4,
+                            Copy: 5, View: 6, Move: 7, If: 8, Goto: 9, Invoke: 10, Ret: 11,
+                            Scalar: 12, AddImm: 13, Less: 14, CopyAt: 15, ViewAt: 16,
+                            Fail: 17}
+_BY_CODE = {code: kind for kind, code in OPCODES.items()}
+
+
+def operands(ins: Instruction) -> list[int]:
+    """The instruction's operands as encoded: fields in order, a tuple as its length
+    then its items."""
+    out: list[int] = []
+    for f in fields(ins):
+        value = getattr(ins, f.name)
+        out += [len(value), *value] if isinstance(value, tuple) else [value]
+    return out
+
+
+def decode(opcode: int, words: list[int]) -> Instruction:
+    """The instruction of `opcode` with operands `words` (operands' inverse);
+    FormatError if they do not fit."""
+    kind = _BY_CODE.get(opcode)
+    if kind is None:
+        raise FormatError(f"VM bytecode: unknown opcode {opcode}")
+    values, at = [], 0
+    for f in fields(kind):
+        if at >= len(words):
+            raise FormatError(f"VM bytecode: {kind.__name__} has too few operands")
+        if f.type.startswith("tuple"):
+            n = words[at]
+            if not 0 <= n <= len(words) - at - 1:
+                raise FormatError(f"VM bytecode: {kind.__name__}: bad length {n}")
+            values.append(tuple(words[at + 1:at + 1 + n]))
+            at += 1 + n
+        else:
+            values.append(words[at])
+            at += 1
+    if at != len(words):
+        raise FormatError(f"VM bytecode: {kind.__name__} has {len(words) - at} extra operands")
+    return kind(*values)
+
+
+@dataclass(frozen=True)
+class Function:
+    """A VM function: its parameters (registers 0..len(params)-1), register count,
+    code and the types of what it returns."""
+
+    name: str
+    params: tuple[TensorType, ...]
+    results: tuple[TensorType, ...]
+    num_regs: int
+    code: tuple[Instruction, ...] = field(default=())
+
+
+def _regs(ins: Instruction) -> list[int]:
+    """Every register the instruction reads or writes."""
+    if isinstance(ins, InvokePacked):
+        return list(ins.args)
+    if isinstance(ins, Invoke):
+        return [*ins.args, *ins.dsts]
+    if isinstance(ins, Ret):
+        return list(ins.results)
+    names = {"dst", "src", "storage", "cond", "a", "b", "row"}
+    return [getattr(ins, f.name) for f in fields(ins) if f.name in names]
+
+
+def _check(fn: Function, k: int, ins: Instruction, functions: list[Function], n_kernels: int,
+           n_constants: int) -> str | None:
+    """What is wrong with instruction k of fn, or None."""
+    if any(not 0 <= r < fn.num_regs for r in _regs(ins)):
+        return f"register out of range 0..{fn.num_regs - 1}"
+    if isinstance(ins, (AllocTensor, View, ViewAt)) and (
+            not 0 <= ins.dtype < len(DTYPES) or any(d < 0 for d in ins.shape)
+            or getattr(ins, "offset", 0) < 0 or len(ins.shape) > 32):
+        return "bad dtype, shape or offset"
+    if isinstance(ins, Scalar) and DTYPES[ins.dtype:ins.dtype + 1] not in (("int64",),
+                                                                         ("bool",)):
+        return "a scalar is int64 or bool"
+    if isinstance(ins, AllocStorage) and (ins.nbytes < 0 or ins.alignment not in (1, 64)):
+        return "bad size or alignment"
+    if isinstance(ins, Fail) and not 0 <= ins.reason < len(FAILURES):
+        return f"unknown failure {ins.reason}"
+    if isinstance(ins, LoadConst) and not 0 <= ins.index < n_constants:
+        return f"constant {ins.index} of {n_constants}"
+    if isinstance(ins, InvokePacked) and not 0 <= ins.kernel < n_kernels:
+        return f"kernel {ins.kernel} of {n_kernels}"
+    targets = ([ins.then, ins.orelse] if isinstance(ins, If)
+               else [ins.target] if isinstance(ins, Goto) else [])
+    if any(not 0 <= t < len(fn.code) for t in targets):
+        return "jump out of the function"
+    if isinstance(ins, Invoke):
+        if not 0 <= ins.func < len(functions):
+            return f"function {ins.func} of {len(functions)}"
+        callee = functions[ins.func]
+        if len(ins.args) != len(callee.params) or len(ins.dsts) != len(callee.results):
+            return f"calls {callee.name} with the wrong number of arguments or results"
+    if isinstance(ins, Ret) and len(ins.results) != len(fn.results):
+        return f"returns {len(ins.results)} values, the function declares {len(fn.results)}"
+    return None
+
+
+def verify(functions: list[Function], n_kernels: int, n_constants: int) -> None:
+    """Check every instruction of every function: registers, constant, kernel and
+    function indices, jump targets and call arities in range, and each function
+    ending in Ret or Goto. FormatError naming the function and instruction."""
+    for fn in functions:
+        if fn.num_regs < len(fn.params) or not fn.code:
+            raise FormatError(f"VM function {fn.name!r}: no code, or fewer registers than "
+                              "parameters")
+        if not isinstance(fn.code[-1], (Ret, Goto, Fail)):
+            raise FormatError(f"VM function {fn.name!r} does not end in Ret or Goto")
+        for k, ins in enumerate(fn.code):
+            problem = _check(fn, k, ins, functions, n_kernels, n_constants)
+            if problem:
+                raise FormatError(f"VM function {fn.name!r}, instruction {k} "
+                                  f"({type(ins).__name__}): {problem}")

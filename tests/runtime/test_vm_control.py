@@ -1,0 +1,165 @@
+"""Control flow in the VM (docs/vm.md): If, Loop and Scan models built with
+pipeline.build(..., executor="vm") against onnxruntime: branches with their own
+constants and captured outer tensors, loops with a trip count, a condition,
+loop-carried values and scan outputs, a Scan with two states, an If inside a Loop.
+A Loop that stops early with scan outputs is one clear run-time error."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as T
+from onnx import helper
+
+import pipeline
+from pipeline.errors import UnsupportedOperatorError
+from pipeline.runtime.vm import VirtualMachine, VMError
+
+TARGET = "llvm -mcpu=native"
+t = helper.make_tensor_value_info
+
+
+def _model(nodes, inputs, outputs, inits=()):
+    model = helper.make_model(helper.make_graph(nodes, "cf", inputs, outputs, list(inits)),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _vm(model, tmp_path) -> VirtualMachine:
+    graph, params = pipeline.frontend.from_onnx(model, control_flow=True)
+    with pipeline.transform.PassContext(opt_level=3):
+        factory = pipeline.build(graph, target=TARGET, params=params, executor="vm")
+    return VirtualMachine(factory.export_library(tmp_path / "cf.so"))
+
+
+def _check(model, tmp_path, *feeds: dict) -> None:
+    vm = _vm(model, tmp_path)
+    for feed in feeds:
+        want = ort.InferenceSession(model.SerializeToString(),
+                                    providers=["CPUExecutionProvider"]).run(None, feed)
+        got = vm.run(**feed)
+        for g, w in zip(got, want, strict=True):
+            assert g.shape == w.shape and g.dtype == w.dtype
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def _const(name, values, shape):
+    return helper.make_node("Constant", [], [name], value=helper.make_tensor(
+        name + "v", T.FLOAT, shape, values))
+
+
+def _if_model():
+    """y = If c: (x + k) * w else x - k, each branch its own constant k; w outer."""
+    then = helper.make_graph([_const("k", [1, 2, 3], [3]),
+                              helper.make_node("Add", ["x", "k"], ["s"]),
+                              helper.make_node("Mul", ["s", "w"], ["y1"])],
+                             "then", [], [t("y1", T.FLOAT, [2, 3])])
+    orelse = helper.make_graph([_const("k", [5, 5, 5], [3]),
+                                helper.make_node("Sub", ["x", "k"], ["y2"])],
+                               "else", [], [t("y2", T.FLOAT, [2, 3])])
+    return _model([helper.make_node("Relu", ["x0"], ["x"]),
+                   helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=orelse),
+                   helper.make_node("Neg", ["y"], ["z"])],
+                  [t("c", T.BOOL, []), t("x0", T.FLOAT, [2, 3])], [t("z", T.FLOAT, [2, 3])],
+                  [helper.make_tensor("w", T.FLOAT, [3], [0.5, -1, 2])])
+
+
+def test_if_takes_either_branch(tmp_path):
+    x = np.linspace(-2, 3, 6, dtype=np.float32).reshape(2, 3)
+    _check(_if_model(), tmp_path, {"c": np.array(True), "x0": x}, {"c": np.array(False), "x0": x})
+
+
+def _loop_body(cond_out: str = "c_in"):
+    """(i, c_in, acc) -> (cond, acc + x * i, scan: acc + x * i); x captured."""
+    nodes = [helper.make_node("Cast", ["i"], ["fi"], to=T.FLOAT),
+             helper.make_node("Mul", ["x", "fi"], ["xi"]),
+             helper.make_node("Add", ["acc", "xi"], ["acc2"]),
+             helper.make_node("Identity", ["acc2"], ["row"])]
+    if cond_out != "c_in":  # stop once the sum passes 10
+        nodes += [helper.make_node("ReduceSum", ["acc2"], ["total"], keepdims=0),
+                  helper.make_node("Less", ["total", "ten"], [cond_out])]
+    return helper.make_graph(
+        nodes, "body", [t("i", T.INT64, []), t("c_in", T.BOOL, []), t("acc", T.FLOAT, [2])],
+        [t(cond_out, T.BOOL, []), t("acc2", T.FLOAT, [2]), t("row", T.FLOAT, [2])])
+
+
+def test_loop_with_trip_count_carried_value_and_scan_output(tmp_path):
+    model = _model([helper.make_node("Loop", ["m", "", "a0"], ["a", "rows"],
+                                     body=_loop_body())],
+                   [t("x", T.FLOAT, [2]), t("a0", T.FLOAT, [2])],
+                   [t("a", T.FLOAT, [2]), t("rows", T.FLOAT, [4, 2])],
+                   [helper.make_tensor("m", T.INT64, [], [4])])
+    _check(model, tmp_path, {"x": np.array([1.0, -0.5], np.float32),
+                             "a0": np.array([0.25, 2.0], np.float32)})
+
+
+def test_while_loop_stops_on_its_condition(tmp_path):
+    body = _loop_body("go")
+    body.node.insert(0, _const("ten", [10.0], []))
+    body.output.pop()  # no scan output: the iteration count may vary
+    model = _model([helper.make_node("Loop", ["", "c", "a0"], ["a"], body=body)],
+                   [t("c", T.BOOL, []), t("x", T.FLOAT, [2]), t("a0", T.FLOAT, [2])],
+                   [t("a", T.FLOAT, [2])])
+    one = np.array([1.0, 0.5], np.float32)
+    _check(model, tmp_path, {"c": np.array(True), "x": one, "a0": np.zeros(2, np.float32)},
+           {"c": np.array(False), "x": one, "a0": np.ones(2, np.float32)})
+
+
+def test_loop_stopping_early_with_scan_outputs_is_one_error(tmp_path):
+    body = _loop_body("go")
+    body.node.insert(0, _const("ten", [10.0], []))
+    model = _model([helper.make_node("Loop", ["m", "c", "a0"], ["a", "rows"], body=body)],
+                   [t("c", T.BOOL, []), t("x", T.FLOAT, [2]), t("a0", T.FLOAT, [2])],
+                   [t("a", T.FLOAT, [2]), t("rows", T.FLOAT, [8, 2])],
+                   [helper.make_tensor("m", T.INT64, [], [8])])
+    vm = _vm(model, tmp_path)
+    x = np.array([1.0, 1.0], np.float32)
+    feed = {"c": np.array(True), "x": x * 0.01, "a0": np.zeros(2, np.float32)}
+    _check(model, tmp_path, feed)  # all 8 turns: fine
+    with pytest.raises(VMError, match="a Loop ended before its trip count") as err:
+        vm.run(c=np.array(True), x=x, a0=np.zeros(2, np.float32))
+    assert "\n" not in str(err.value)
+
+
+def test_scan_with_two_states_and_an_if_inside_a_loop(tmp_path):
+    body = helper.make_graph(
+        [helper.make_node("Add", ["s", "e"], ["s2"]), helper.make_node("Mul", ["p", "e"], ["p2"]),
+         helper.make_node("Max", ["s2", "p2"], ["o"])], "scan",
+        [t("s", T.FLOAT, [2]), t("p", T.FLOAT, [2]), t("e", T.FLOAT, [2])],
+        [t("s2", T.FLOAT, [2]), t("p2", T.FLOAT, [2]), t("o", T.FLOAT, [2])])
+    inner_if = helper.make_node("If", ["odd"], ["v"], then_branch=helper.make_graph(
+        [helper.make_node("Neg", ["acc"], ["n"])], "t", [], [t("n", T.FLOAT, [2])]),
+        else_branch=helper.make_graph([helper.make_node("Identity", ["acc"], ["n2"])], "e", [],
+                                      [t("n2", T.FLOAT, [2])]))
+    loop_body = helper.make_graph(
+        [helper.make_node("Mod", ["i", "two"], ["r"]), helper.make_node("Cast", ["r"], ["odd"],
+                                                                          to=T.BOOL),
+         inner_if, helper.make_node("Add", ["v", "x"], ["acc2"])], "lb",
+        [t("i", T.INT64, []), t("c", T.BOOL, []), t("acc", T.FLOAT, [2])],
+        [t("c", T.BOOL, []), t("acc2", T.FLOAT, [2])])
+    model = _model([helper.make_node("Scan", ["s0", "p0", "xs"], ["s", "p", "os"], body=body,
+                                     num_scan_inputs=1),
+                    helper.make_node("Loop", ["m", "", "s"], ["acc"], body=loop_body)],
+                   [t("s0", T.FLOAT, [2]), t("p0", T.FLOAT, [2]), t("xs", T.FLOAT, [3, 2]),
+                    t("x", T.FLOAT, [2])],
+                   [t("s", T.FLOAT, [2]), t("p", T.FLOAT, [2]), t("os", T.FLOAT, [3, 2]),
+                    t("acc", T.FLOAT, [2])],
+                   [helper.make_tensor("m", T.INT64, [], [5]),
+                    helper.make_tensor("two", T.INT64, [], [2])])
+    rng = np.random.default_rng(0)
+    _check(model, tmp_path, {"s0": rng.standard_normal(2).astype(np.float32),
+                             "p0": np.ones(2, np.float32),
+                             "xs": rng.standard_normal((3, 2)).astype(np.float32),
+                             "x": np.array([0.5, -1.5], np.float32)})
+
+
+def test_graph_executor_still_refuses_control_flow():
+    with pytest.raises(UnsupportedOperatorError,
+                       match=r"If \(control flow: subgraphs are not compiled\)"):
+        pipeline.frontend.from_onnx(_if_model())
+    graph, params = pipeline.frontend.from_onnx(_if_model(), control_flow=True)
+    with pytest.raises(UnsupportedOperatorError, match=r"control flow at node\(s\) If_1 \(if\): "
+                                                       r"subgraphs run only in the VM"):
+        pipeline.build(graph, target=TARGET, params=params)
