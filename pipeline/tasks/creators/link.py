@@ -1,8 +1,9 @@
 """The link family: an entry's kernel objects into lib0.o (lib0), its graph and
-params into devc.o (devc), each target's C runtime (runtime), the shared library
-(export; a VM entry's devc.o holds its .ro and it links vm.o); for an entry of executor aot instead of devc and export, the static
-library, header and Model Library Format (aot) and its sizes against the board's
-budgets (budget); and `build`, every selected entry's library."""
+params into devc.o (devc; a VM entry's devc.o holds its .ro), each target's C
+runtime (runtime), the shared library (export; a VM entry links vm.o); for an
+entry of executor aot instead of devc and export, the static library, header and
+Model Library Format (aot) and its sizes against the board's budgets (budget); and
+`build`, every selected entry's library."""
 
 from __future__ import annotations
 
