@@ -185,6 +185,37 @@ def _products(kb, u, v, mm, dims, tiling, ocgs) -> None:
                 kb.vstore(mm, off, kb.get(accs[k][t]))
 
 
+def _transform_input(kb, x, v, where: tuple, geometry: tuple) -> None:
+    """Step 1 of a work item: Bᵀ d B of every input tile (n, first + tile for tile <
+    n_tiles: `where`) and input channel block into the scratch `v`, tiles and blocks
+    in run-time loops (one copy of the code). geometry: (m, top pad, left pad, tiles
+    per row, tiles per item, channels)."""
+    n, first, n_tiles = where
+    m, pt, pl, tw_n, span, c_n = geometry
+    _, icb_n, h, wd, ib = x.type.shape
+    a = m + 2
+    bt = MATRICES[m][0]
+    with kb.loop(0, n_tiles, "tile_in") as tile, kb.loop(0, icb_n, "icb") as icb:
+        plane = (n * icb_n + icb) * (h * wd * ib)
+        q = first + tile
+        ih0, iw0 = (q // tw_n) * m - pt, (q % tw_n) * m - pl
+        rows_ok = [kb.below(ih0 + i, h) for i in range(a)]
+        cols_ok = [kb.below(iw0 + j, wd) for j in range(a)]
+        d = []
+        for i in range(a):
+            ih = kb.clamp(ih0 + i, h)
+            row = []
+            for j in range(a):
+                iw = kb.clamp(iw0 + j, wd)
+                val = kb.vload(x, plane + (kb.index(ih) * wd + iw) * ib, ib)
+                ok = kb.and_(rows_ok[i], cols_ok[j])
+                row.append(kb.select(ok, val, zeros(ib)))
+            d.append(row)
+        for pi, vrow in enumerate(_transform(kb, bt, d)):
+            for pj, val in enumerate(vrow):
+                kb.vstore(v, ((pi * a + pj) * span + tile) * c_n + icb * ib, val)
+
+
 def _lower(kb, node, ins, out, epilogue):
     x, u = ins[0], ins[1]
     bias = ins[2] if len(ins) > 2 else None
@@ -234,25 +265,7 @@ def _lower(kb, node, ins, out, epilogue):
         n_tiles = s_end * t_n
         n_tiles = (min(n_tiles, count - first) if isinstance(first, int)
                    else kb.smin(n_tiles, first * -1 + count))
-        with kb.loop(0, n_tiles, "tile_in") as tile, kb.loop(0, icb_n, "icb") as icb:
-            plane = (n * icb_n + icb) * (h * wd * ib)
-            q = first + tile
-            ih0, iw0 = (q // tw_n) * m - pt, (q % tw_n) * m - pl
-            rows_ok = [kb.below(ih0 + i, h) for i in range(a)]
-            cols_ok = [kb.below(iw0 + j, wd) for j in range(a)]
-            d = []
-            for i in range(a):
-                ih = kb.clamp(ih0 + i, h)
-                row = []
-                for j in range(a):
-                    iw = kb.clamp(iw0 + j, wd)
-                    val = kb.vload(x, plane + (kb.index(ih) * wd + iw) * ib, ib)
-                    ok = kb.and_(rows_ok[i], cols_ok[j])
-                    row.append(kb.select(ok, val, zeros(ib)))
-                d.append(row)
-            for pi, vrow in enumerate(_transform(kb, bt, d)):
-                for pj, val in enumerate(vrow):
-                    kb.vstore(v, ((pi * a + pj) * span + tile) * c_n + icb * ib, val)
+        _transform_input(kb, x, v, (n, first, n_tiles), (m, pt, pl, tw_n, span, c_n))
         # 2. the P GEMMs
         _products(kb, u, v, mm, (p_n, ocg_n, c_n, kob, ob), (s_end, t_n, k_n, span), ocgs)
         # 3. output transform and epilogue, one tile and block at a time
