@@ -38,7 +38,7 @@ def test_executor_precedence_and_bare_metal_default(tmp_path: Path):
 
 @pytest.mark.parametrize(("models", "targets", "message"), [
     ("  a: {path: m.onnx, executor: tvm}\n", '  h: {target: "llvm -mcpu=native"}\n',
-     r"models\.a\.executor: 'tvm' is not an executor; allowed: graph, aot"),
+     r"models\.a\.executor: 'tvm' is not an executor; allowed: graph, aot, vm"),
     ("  a: {path: m.onnx}\n", f"  m4: {M4}, executor: graph}}\n",
      r"targets\.m4\.executor: .* only executor aot runs there"),
     ("  a: {path: m.onnx}\n", f"  m4: {M4}, ram_kib: -1}}\n",
