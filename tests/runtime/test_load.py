@@ -8,9 +8,10 @@ PIPELINE_LOAD_SECONDS (default 10) sets how long the threads run; by hand:
 from __future__ import annotations
 
 import gc
+import json
 import os
-import threading
-import time
+import subprocess
+import sys
 import weakref
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import pytest
 
 import pipeline
 from pipeline.runtime import GraphModule, load_module
+from tests.support import REPO
 from tests.support.onnx_models import tiny_convnet
 
 SECONDS = float(os.environ.get("PIPELINE_LOAD_SECONDS", "10"))
@@ -55,42 +57,22 @@ def test_threads_running_one_library_agree_with_one_thread(lib):
     for x, y in zip(inputs, expected, strict=True):  # the single thread is right, too
         np.testing.assert_allclose(y, session.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
 
-    stop, warm = threading.Event(), threading.Barrier(THREADS + 1)
-    runs, errors = [0] * THREADS, []
-
-    def worker(k: int) -> None:
-        try:
-            m = GraphModule(module["default"]())  # every thread its own executor
-            m.set_input("x", inputs[k])
-            m.run()
-            warm.wait()
-            while not stop.is_set():
-                m.run()
-                got = m.get_output(0)
-                if not np.array_equal(got, expected[k]):
-                    errors.append(f"thread {k}, run {runs[k]}: {got} != {expected[k]}")
-                    return
-                runs[k] += 1
-        except Exception as err:  # noqa: BLE001 - reported by the main thread
-            errors.append(f"thread {k}: {err!r}")
-            warm.abort()
-
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(THREADS)]
-    for t in threads:
-        t.start()
-    warm.wait()
-    time.sleep(min(2.0, SECONDS / 5))  # warm-up: allocator pools, OpenMP teams
-    rss_warm = rss_bytes()
-    time.sleep(SECONDS - min(2.0, SECONDS / 5))
-    rss_end = rss_bytes()
-    stop.set()
-    for t in threads:
-        t.join()
-    assert not errors, errors[:3]
-    assert all(n > 0 for n in runs), runs
-    growth = rss_end - rss_warm
-    print(f"\n{sum(runs)} runs in {SECONDS:.0f} s on {THREADS} threads; "
-          f"RSS {rss_warm / 2**20:.1f} -> {rss_end / 2**20:.1f} MiB")
+    # In a process of its own: this one's RSS moves with what earlier tests left.
+    tmp = onnx_path.parent
+    lib_path = str(tmp / "tiny.so")  # the fixture's export
+    np.savez(tmp / "inputs.npz", *inputs)
+    np.savez(tmp / "expected.npz", *expected)
+    proc = subprocess.run([sys.executable, "-m", "tests.support.soak", lib_path,
+                           str(tmp / "inputs.npz"), str(tmp / "expected.npz"), str(SECONDS)],
+                          capture_output=True, text=True, timeout=SECONDS + 120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert not result["errors"], result["errors"]
+    assert all(n > 0 for n in result["runs"]), result["runs"]
+    growth = result["rss_end"] - result["rss_warm"]
+    print(f"\n{sum(result['runs'])} runs in {SECONDS:.0f} s on {THREADS} threads; "
+          f"RSS {result['rss_warm'] / 2**20:.1f} -> {result['rss_end'] / 2**20:.1f} MiB")
     assert growth < 8 * 2**20, f"RSS grew by {growth / 2**20:.1f} MiB after warm-up"
 
 

@@ -7,6 +7,7 @@
 - build_outputs: what a build left in out/ (build report, kernel hashes, bytes).
 - op_cases: the operator test cases (also compiled for every CPU by the sweep).
 - nn_cases, fast_kernels: helpers of the neural-network and fast-kernel op tests.
+- soak: one library run from many threads in a process of its own (test_load).
 - toolchains, servers, browser: external tools (skipped when missing, failed under CI).
 """
 
