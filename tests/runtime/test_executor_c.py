@@ -5,7 +5,6 @@ libFuzzer run over the executor's blob/plan/params reader (tests/runtime/fuzz_bl
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -22,6 +21,7 @@ import pipeline
 from pipeline.link.blob import BLOB_MAGIC, BLOB_VERSION, pack_blob
 from pipeline.link.runtime_c import C_DIR, build_pipeline_run
 from pipeline.runtime.params import save_params
+from tests.support.fuzz_seeds import stub_graph_json
 
 TARGET = "llvm -mcpu=native"
 FUZZ_BLOB = Path(__file__).with_name("fuzz_blob.c")  # the reader's libFuzzer target
@@ -233,25 +233,9 @@ def test_pipeline_run_refuses_a_flipped_weight_byte(tools, tmp_path):
 
 
 def _seed_blobs(offsets: list[int] | None = None) -> list[bytes]:
-    """Valid blobs for the fuzzer to mutate: kernels (named k_*, which the fuzz
-    target resolves to a stub), a copy, an alias, params of two dtypes, every
-    argument kind. `offsets`: the entries' storage_offset, if any."""
-    shapes = [[2, 3], [3], [2, 3], [2, 3], [2, 3], [6], []]
-    dtypes = ["float32", "int64", "float32", "float32", "float32", "float32", "bool"]
-    nodes = [{"op": "null", "name": "x", "inputs": []},
-             {"op": "null", "name": "idx", "inputs": []}]
-    for name, func, ins in (("n0", "k_add", [0, 1]), ("n1", "__copy", [2]),
-                            ("n2", "k_relu", [3]), ("n3", "__nop", [4]),
-                            ("n4", "k_any", [5])):
-        nodes.append({"op": "tvm_op", "name": name, "inputs": [[i, 0, 0] for i in ins],
-                      "attrs": {"func_name": func, "num_inputs": str(len(ins)),
-                                "num_outputs": "1"}})
-    graph = json.dumps({
-        "nodes": nodes, "arg_nodes": [0, 1], "heads": [[4, 0, 0], [6, 0, 0], [5, 0, 0]],
-        "node_row_ptr": list(range(len(nodes) + 1)),
-        "attrs": {"shape": ["list_shape", shapes], "dltype": ["list_str", dtypes],
-                  "storage_id": ["list_int", [0, 1, 2, 3, 2, 2, 4]],
-                  **({"storage_offset": ["list_int", offsets]} if offsets else {})}})
+    """Valid blobs of tests.support.fuzz_seeds' graph for the fuzzer to mutate.
+    `offsets`: the entries' storage_offset, if any."""
+    graph = stub_graph_json(offsets)
     params = save_params({"idx": np.array([1, -2, 3], dtype=np.int64)})
     return [pack_blob(graph, params, ["k_add", "k_relu", "k_any"], TARGET),
             pack_blob(graph, b"", ["k_add"], TARGET)]

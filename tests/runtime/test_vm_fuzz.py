@@ -8,7 +8,6 @@ executable with If, Goto, Invoke, Move and View."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import struct
@@ -45,6 +44,7 @@ from pipeline.vm.bytecode import (
 )
 from pipeline.vm.compile import Executable, compile_plan
 from pipeline.vm.format import read_ro, write_ro
+from tests.support.fuzz_seeds import stub_graph_json
 
 FUZZ_RO = Path(__file__).with_name("fuzz_ro.c")
 FUZZ_SECONDS = int(os.environ.get("PIPELINE_FUZZ_SECONDS", "20"))
@@ -53,21 +53,7 @@ EXAMPLES = int(os.environ.get("PIPELINE_FUZZ_EXAMPLES", "150"))
 
 def _plan_seed() -> bytes:
     """compile_plan over a graph JSON of kernels k_*, a copy, an alias and a param."""
-    shapes = [[2, 3], [3], [2, 3], [2, 3], [2, 3], [6], []]
-    dtypes = ["float32", "int64", "float32", "float32", "float32", "float32", "bool"]
-    nodes = [{"op": "null", "name": "x", "inputs": []},
-             {"op": "null", "name": "idx", "inputs": []}]
-    for name, func, ins in (("n0", "k_add", [0, 1]), ("n1", "__copy", [2]),
-                            ("n2", "k_relu", [3]), ("n3", "__nop", [4]),
-                            ("n4", "k_any", [5])):
-        nodes.append({"op": "tvm_op", "name": name, "inputs": [[i, 0, 0] for i in ins],
-                      "attrs": {"func_name": func, "num_inputs": str(len(ins)),
-                                "num_outputs": "1"}})
-    graph = json.dumps({
-        "nodes": nodes, "arg_nodes": [0, 1], "heads": [[4, 0, 0], [6, 0, 0], [5, 0, 0]],
-        "node_row_ptr": list(range(len(nodes) + 1)),
-        "attrs": {"shape": ["list_shape", shapes], "dltype": ["list_str", dtypes],
-                  "storage_id": ["list_int", [0, 1, 2, 3, 2, 2, 4]]}})
+    graph = stub_graph_json()
     return write_ro(compile_plan(graph, {"idx": np.array([1, -2, 3], dtype=np.int64)}))
 
 

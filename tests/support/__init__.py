@@ -8,6 +8,7 @@
 - op_cases: the operator test cases (also compiled for every CPU by the sweep).
 - nn_cases, fast_kernels: helpers of the neural-network and fast-kernel op tests.
 - soak: one library run from many threads in a process of its own (test_load).
+- fuzz_seeds: the graph the blob and .ro fuzzers start from.
 - toolchains, servers, browser: external tools (skipped when missing, failed under CI).
 """
 
