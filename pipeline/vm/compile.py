@@ -18,6 +18,7 @@ import numpy as np
 from pipeline.errors import FormatError
 from pipeline.vm.bytecode import (
     DTYPES,
+    OPCODES,
     AllocStorage,
     AllocTensor,
     Copy,
@@ -28,10 +29,12 @@ from pipeline.vm.bytecode import (
     Ret,
     TensorType,
     View,
+    decode,
+    operands,
     verify,
 )
 
-__all__ = ["Executable", "compile_plan"]
+__all__ = ["PROGRAM_KEY", "Executable", "compile_plan", "program_from_json", "program_json"]
 
 _NOP, _COPY = "__nop", "__copy"
 
@@ -136,5 +139,45 @@ def compile_plan(graph_json: str, params: dict[str, np.ndarray],
                     max(reg.values(), default=-1) + 1, tuple(code))
     constants = {nodes[nid]["name"]: np.asarray(params[nodes[nid]["name"]]) for nid in consts}
     exe = Executable((main,), constants, tuple(kernels))
+    exe.verify()
+    return exe
+
+
+# The doit build's optimize stage writes a program's functions as JSON (its params
+# beside it), the devc stage the .ro from them: the key marking such a document.
+PROGRAM_KEY = "vm_program"
+
+
+def program_json(exe: Executable) -> str:
+    """The functions, kernel symbols and constant names (in LoadConst order) of `exe`
+    as JSON text; the constants' values are kept apart (program_from_json)."""
+    def types(ts):
+        return [[t.name, t.dtype, list(t.shape)] for t in ts]
+
+    functions = [{"name": fn.name, "params": types(fn.params), "results": types(fn.results),
+                  "num_regs": fn.num_regs,
+                  "code": [[OPCODES[type(ins)], *operands(ins)] for ins in fn.code]}
+                 for fn in exe.functions]
+    doc = {PROGRAM_KEY: 1, "functions": functions, "kernels": list(exe.kernels),
+           "constants": list(exe.constants)}
+    return json.dumps(doc, indent=1)
+
+
+def program_from_json(text: str, constants: dict[str, np.ndarray]) -> Executable:
+    """The executable of program_json's text, with the constants' values by name;
+    FormatError if a constant is missing or the program is inconsistent."""
+    doc = json.loads(text)
+    missing = [n for n in doc["constants"] if n not in constants]
+    if missing:
+        raise FormatError(f"VM program: constant {missing[0]!r} has no value")
+
+    def types(ts):
+        return tuple(TensorType(n, d, tuple(s)) for n, d, s in ts)
+
+    functions = tuple(Function(f["name"], types(f["params"]), types(f["results"]),
+                               f["num_regs"], tuple(decode(c[0], c[1:]) for c in f["code"]))
+                      for f in doc["functions"])
+    exe = Executable(functions, {n: np.asarray(constants[n]) for n in doc["constants"]},
+                     tuple(doc["kernels"]))
     exe.verify()
     return exe

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from pipeline.tasks.config import executor_of
 from pipeline.tasks.explain import options_changed
 from pipeline.tasks.paths import imported, onnx_path
 from pipeline.tasks.selection import Selection, code_of
@@ -38,10 +39,21 @@ def task_import(sel: Selection):
     for m in sel.models:
         ir, weights = imported(m)
         shapes = {k: list(v) for k, v in m.inputs.items()}
+        # If, Loop and Scan are kept (as nodes holding subgraphs) for a model the VM
+        # runs somewhere in the config, whatever this run selects; the flag is passed
+        # only then, so the other models' imports are as before.
+        flow = [True] if _runs_in_vm(sel, m) else []
         yield sel.cached_stage(
-            m.name, "tasks.stages:import_model", [onnx_path(m), shapes, ir, weights],
+            m.name, "tasks.stages:import_model", [onnx_path(m), shapes, ir, weights, *flow],
             [onnx_path(m), *front_src], [ir, weights],
-            [options_changed({"inputs": shapes}, "input"), sel.fetched])
+            [options_changed({"inputs": shapes, **({"control_flow": True} if flow else {})},
+                             "input"), sel.fetched])
+
+
+def _runs_in_vm(sel: Selection, m) -> bool:
+    """Whether an entry of model m, in the whole config, is built for the VM."""
+    targets = sel.config.targets.values() if sel.config is not None else sel.targets
+    return any(executor_of(m, t) == "vm" for t in targets)
 
 
 CREATORS = (task_model, task_import)
