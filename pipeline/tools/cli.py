@@ -86,15 +86,15 @@ def compile_model(model: str, output: str, target: str = DEFAULT_TARGET, opt_lev
     each distinct kernel's object from the kernel cache `cache` (None: cache_dir's
     default), compiled into it from that IR when missing or damaged, and the export
     path of export_library with the target's `cc`; executor "vm" links a VM library
-    (docs/vm.md).
+    (docs/vm.md), and a model with If, Loop or Scan is lowered by lower_program, its
+    kernels coming from the same cache.
     """
-    from pipeline.driver.build import lower_graph
+    from pipeline.driver.build import lower_graph, lower_program
     from pipeline.driver.factory import GraphExecutorFactory, unique_specs
-    from pipeline.files import atomic_write
     from pipeline.frontend import from_onnx
     from pipeline.ir.target import TargetError, parse_target
     from pipeline.link.export import LIBRARY_SUFFIXES, resolve_cc
-    from pipeline.tasks.cache import entry_ir, entry_path, is_valid, object_for_link
+    from pipeline.tasks.cache import entry_ir
     from pipeline.tasks.paths import cache_dir
     from pipeline.transform import PassContext
     from pipeline.vm.program import has_control_flow
@@ -116,29 +116,48 @@ def compile_model(model: str, output: str, target: str = DEFAULT_TARGET, opt_lev
     cc = resolve_cc(resolved, cc, "--cc")
     graph, params = from_onnx(model, shapes or {}, control_flow=executor == "vm")
     root = cache_dir(cache)
-    if has_control_flow(graph):  # If, Loop, Scan: the VM's program of several graphs
-        return _compile_program(graph, params, output, target, opt_level, cc, root, start)
+
+    def known(spec):
+        return entry_ir(root, spec.hash, spec.symbol)
 
     with PassContext(opt_level=opt_level):
-        lowered = lower_graph(graph, params, resolved, opt_level,
-                              lambda spec: entry_ir(root, spec.hash, spec.symbol))
-    os.makedirs(root, exist_ok=True)
-    objects, compiled = {}, 0
-    for spec in unique_specs(lowered.specs.values()):
-        spec_path = entry_path(root, spec.hash, ".json")
-        if not os.path.exists(spec_path):  # content-addressed: an existing one is this spec
-            atomic_write(spec_path, spec.to_json().encode())
-        if not is_valid(root, spec.hash):  # compile_entry compiles the IR beside the spec
-            atomic_write(entry_path(root, spec.hash, ".ll"), lowered.ir[spec.hash].encode())
-        obj, fresh = object_for_link(root, spec.hash)
-        objects[spec.symbol] = Path(obj).read_bytes()
-        compiled += fresh
+        if has_control_flow(graph):  # If, Loop, Scan: the VM's program of several graphs
+            lowered = lower_program(graph, params, resolved, opt_level, known)
+            specs = lowered.specs
+        else:
+            lowered = lower_graph(graph, params, resolved, opt_level, known)
+            specs = unique_specs(lowered.specs.values())
+    objects, compiled = _cached_objects(root, specs, lowered.ir)
     if executor == "aot":
         _export_aot(lowered, objects, target, output, cc)
+    elif has_control_flow(graph):
+        GraphExecutorFactory(None, target, objects, executor, lowered.program,
+                             specs).export_library(output, cc=cc)
     else:
         GraphExecutorFactory(lowered, target, objects, executor).export_library(output, cc=cc)
     return {"kernels": len(objects), "compiled": compiled, "cache": root,
             "seconds": round(time.perf_counter() - start, 2)}
+
+
+def _cached_objects(root: str, specs, ir: dict[str, str]) -> tuple[dict[str, bytes], int]:
+    """(symbol -> object bytes, how many were compiled) of the kernels `specs` (their
+    LLVM IR by hash in `ir`), from the kernel cache `root`: a kernel missing or
+    damaged there is compiled into it, as the doit build's kernel task does."""
+    from pipeline.files import atomic_write
+    from pipeline.tasks.cache import entry_path, is_valid, object_for_link
+
+    os.makedirs(root, exist_ok=True)
+    objects, compiled = {}, 0
+    for spec in specs:
+        spec_path = entry_path(root, spec.hash, ".json")
+        if not os.path.exists(spec_path):  # content-addressed: an existing one is this spec
+            atomic_write(spec_path, spec.to_json().encode())
+        if not is_valid(root, spec.hash):  # compile_entry compiles the IR beside the spec
+            atomic_write(entry_path(root, spec.hash, ".ll"), ir[spec.hash].encode())
+        obj, fresh = object_for_link(root, spec.hash)
+        objects[spec.symbol] = Path(obj).read_bytes()
+        compiled += fresh
+    return objects, compiled
 
 
 def _export_aot(lowered, objects: dict[str, bytes], target: str, output: str,
@@ -171,21 +190,6 @@ def _export_aot(lowered, objects: dict[str, bytes], target: str, output: str,
                   {"mlf": output, "archive": os.path.join(folder, f"lib{name}.a"),
                    "header": os.path.join(folder, f"{name}.h")}, cc, params_file,
                   kernel_metadata(lowered.graph_json))
-
-
-def _compile_program(graph, params: dict, output: str, target: str, opt_level: int,
-                     cc: str | None, root: str, start: float) -> dict:
-    """compile_model of a graph with control flow (docs/vm.md): pipeline.build's VM
-    program; its kernels are compiled here, not read from the kernel cache yet."""
-    from pipeline.driver.build import build
-    from pipeline.transform import PassContext
-
-    with PassContext(opt_level=opt_level):
-        factory = build(graph, target=target, params=params, executor="vm")
-    factory.export_library(output, cc=cc)
-    n = len(factory.kernels)
-    return {"kernels": n, "compiled": n, "cache": root,
-            "seconds": round(time.perf_counter() - start, 2)}
 
 
 def _compile(args: argparse.Namespace) -> None:
