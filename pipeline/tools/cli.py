@@ -24,7 +24,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -227,6 +227,25 @@ def _load(library: str):
             "out/runtime/<target>/pipeline-run)") from None
 
 
+def _open(library: str) -> tuple[dict, int, Callable[[dict], list]]:
+    """(input shapes by name, the number of outputs, a function running the library
+    on feeds and returning its outputs) of a graph or VM library of this machine."""
+    from pipeline.runtime.vm import VirtualMachine, is_vm_library
+
+    if os.path.isfile(library) and is_vm_library(library):
+        vm = VirtualMachine(library)
+        main = vm.executable.content.functions[0]
+        return ({p.name: tuple(p.shape) for p in main.params}, len(main.results),
+                lambda feeds: vm.run(**feeds))
+    _, gm = _load(library)
+
+    def run(feeds: dict) -> list:
+        gm.run(**feeds)
+        return [gm.get_output(i) for i in range(gm.get_num_outputs())]
+
+    return gm.get_input_info()[0], gm.get_num_outputs(), run
+
+
 def _read_npy(name: str, path: str) -> np.ndarray:
     try:
         return np.load(path, allow_pickle=False)
@@ -307,21 +326,19 @@ def _validate(args: argparse.Namespace) -> None:
     from pipeline.frontend.onnx.shapes import with_input_shapes
     from pipeline.tools.validate import compare, random_inputs, reference_outputs
 
-    _, gm = _load(args.library)
+    shapes, n_outputs, run = _open(args.library)
     # The library was built for its input shapes: the reference runs at them too.
-    shapes = gm.get_input_info()[0]
     model = with_input_shapes(load_model(args.model), shapes)
     feeds = random_inputs(model, shapes, args.seed)
     names = [o.name for o in model.graph.output]
-    if len(names) != gm.get_num_outputs():
-        raise CommandError(f"{args.library}: has {gm.get_num_outputs()} outputs, "
+    if len(names) != n_outputs:
+        raise CommandError(f"{args.library}: has {n_outputs} outputs, "
                            f"{args.model} has {len(names)}: not built from this model?")
     try:
-        gm.run(**feeds)
-    except (KeyError, ValueError) as err:
+        ours = run(feeds)
+    except (KeyError, ValueError, PipelineError) as err:
         raise CommandError(f"{args.library}: {err.args[0]} (not built from "
                            f"{args.model}?)") from None
-    ours = [gm.get_output(i) for i in range(len(names))]
     reference = _reference(args.reference)
     rows = compare(names, ours, reference_outputs(model, feeds, reference), args.rtol,
                    args.atol)
@@ -338,15 +355,20 @@ def _validate(args: argparse.Namespace) -> None:
 
 
 def _bench(args: argparse.Namespace) -> None:
+    from pipeline.runtime.vm import is_vm_library
     from pipeline.tools.bench import bench_library
 
-    lib, gm = _load(args.library)
-    shapes = {k: list(v) for k, v in gm.get_input_info()[0].items()}
-    del gm  # the timed runs load the library in processes of their own
+    if os.path.isfile(args.library) and is_vm_library(args.library):
+        shapes, target = _open(args.library)[0], "vm"  # a VM library records no target
+    else:
+        lib, gm = _load(args.library)
+        shapes, target = gm.get_input_info()[0], lib.target
+        del gm  # the timed runs load the library in processes of their own
     with tempfile.TemporaryDirectory(prefix="pipeline-bench-") as tmp:
         report = args.report or os.path.join(tmp, "bench.json")
-        bench_library(args.library, args.model, shapes, Path(args.model).stem,
-                      lib.target, report, args.peak_file, args.threads, args.rounds,
+        bench_library(args.library, args.model, {k: list(v) for k, v in shapes.items()},
+                      Path(args.model).stem, target, report, args.peak_file, args.threads,
+                      args.rounds,
                       args.runs, args.warmup, "1" if args.profile else "0",
                       peers=args.peers)
 

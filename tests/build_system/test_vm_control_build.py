@@ -1,9 +1,10 @@
 """Control flow in the doit build (docs/vm.md): a model with a Loop and an If as a VM
 entry builds (its subgraphs imported, its kernels compiled by the kernel tasks),
-runs like onnxruntime, validates, rebuilds to the same bytes (also under `doit -n
-2`), a rerun runs nothing, `doit explain` names why the .ro changed, and the action
-cache (local and remote tier) restores every artifact in a clean checkout. A graph
-entry of such a model fails with one line naming the node."""
+runs like onnxruntime, rebuilds to the same bytes (also under `doit -n 2`), a rerun
+runs nothing, `doit validate` and `doit bench` run it, `doit explain` names why the
+.ro changed, and the action cache (local and remote tier) restores every artifact
+in a clean checkout. A graph entry of such a model fails with one line naming the
+node."""
 
 from __future__ import annotations
 
@@ -79,6 +80,10 @@ def test_loop_if_entry_builds_validates_and_rebuilds(tmp_path: Path):
     assert sorted(p.name for p in (one / OUT / "validation").iterdir()) == [
         "in_x.npy", "output_0.npy", "output_1.npy"]
     assert np.load(one / OUT / "validation" / "output_1.npy").shape == (3, 1, 4)
+    _build(one, f"cache={tmp_path / 'cache1'}", "threads=1", "rounds=1", "runs=2", "warmup=0",
+           command="bench")
+    row = json.loads((one / OUT / "bench.json").read_text())["threads"]["1"]
+    assert row["ours_ms"] > 0 and row["onnxruntime_ms"] > 0
 
     # Another folder, its own cache, two workers: the same bytes.
     two = _checkout(tmp_path / "two")

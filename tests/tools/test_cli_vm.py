@@ -1,0 +1,93 @@
+"""The `pipeline` command on VM libraries (docs/vm.md): a Loop/If model compiled by
+`pipeline compile --executor vm` through the kernel cache, described by `pipeline
+info`, checked by `pipeline validate` against onnxruntime and timed by `pipeline
+bench` against it, each command a subprocess as a user runs it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline.runtime.vm import Executable
+from pipeline.vm import bytecode
+from tests.support.onnx_models import tiny_loop_if
+from tests.tools.test_cli import pipeline
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """nets/loop.onnx compiled twice for the VM into one kernel cache: (folder, runs)."""
+    tmp = tmp_path_factory.mktemp("cli_vm")
+    tiny_loop_if(tmp / "loop.onnx")
+    runs = [pipeline("compile", "loop.onnx", "-o", name, "--executor", "vm", "--cache",
+                     "kcache", cwd=tmp) for name in ("loop.so", "again.so")]
+    return tmp, runs
+
+
+def test_compile_takes_the_control_flow_kernels_from_the_cache(compiled):
+    tmp, (first, second) = compiled
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    n = int(first.stdout.split(": ")[1].split()[0])
+    assert n >= 5 and f"({n} compiled, 0 reused" in first.stdout
+    assert f"(0 compiled, {n} reused" in second.stdout
+    assert len(list((tmp / "kcache").glob("*.o"))) == n
+    assert (tmp / "loop.so").read_bytes() == (tmp / "again.so").read_bytes()
+
+
+def test_info_shows_the_executor_functions_constants_and_kernels(compiled):
+    tmp = compiled[0]
+    proc = pipeline("info", "loop.so", "--json", cwd=tmp)
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)
+    exe = Executable.load(tmp / "loop.so").content
+    assert info["executor"] == "vm" and info["machine"] == "x86_64"
+    assert len(info["build_id"]) == 40 and info["ro_version"] == 1
+    assert info["inputs"] == [{"name": "x", "shape": [1, 4], "dtype": "float32"}]
+    assert [(o["name"], o["shape"]) for o in info["outputs"]] == [("y", [1, 4]),
+                                                                  ("hs", [3, 1, 4])]
+    names = [f["name"] for f in info["functions"]]
+    assert names[0] == "main" and any(n.endswith("rnn.body") for n in names)
+    assert any(n.endswith("then_branch") for n in names) and \
+        any(n.endswith("else_branch") for n in names)
+    assert [f["instructions"] for f in info["functions"]] == [len(f.code) for f in exe.functions]
+    assert info["constants"]["count"] == len(exe.constants) > 0
+    assert [k["symbol"] for k in info["kernels"]] == list(exe.kernels)
+    assert sum(k["calls"] for k in info["kernels"]) == sum(
+        isinstance(i, bytecode.InvokePacked) for f in exe.functions for i in f.code)
+    assert info["memory"]["planned_activation_bytes"] > 0
+    proc = pipeline("info", "loop.so", cwd=tmp)
+    assert proc.returncode == 0, proc.stderr
+    assert "executor  vm (machine x86_64)" in proc.stdout
+    assert "output 1  hs  [3, 1, 4]  float32" in proc.stdout
+    assert f"functions {len(exe.functions)}, " in proc.stdout
+
+
+def test_validate_compares_with_onnxruntime(compiled):
+    pytest.importorskip("onnxruntime")
+    tmp = compiled[0]
+    proc = pipeline("validate", "loop.onnx", "loop.so", "--reference", "onnxruntime", cwd=tmp)
+    assert proc.returncode == 0, proc.stderr
+    assert "hs: max abs error" in proc.stdout and "matches onnxruntime" in proc.stdout
+    # Other weights, same shapes: the library no longer matches.
+    tiny_loop_if(tmp / "other.onnx", seed=1)
+    proc = pipeline("validate", "other.onnx", "loop.so", "--reference", "onnxruntime", cwd=tmp)
+    assert proc.returncode == 1 and "MISMATCH" in proc.stdout
+    assert proc.stderr.count("\n") == 1 and "differs from onnxruntime" in proc.stderr
+
+
+def test_bench_times_the_vm_against_onnxruntime(compiled):
+    pytest.importorskip("onnxruntime")
+    tmp = compiled[0]
+    proc = pipeline("bench", "loop.onnx", "loop.so", "--threads", "1", "--rounds", "1",
+                    "--runs", "2", "--warmup", "0", "--peers", "onnxruntime", "--report",
+                    "bench.json", "--peak-file", "peak.json", cwd=tmp)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp / "bench.json").read_text())
+    row = report["threads"]["1"]
+    assert row["ours_ms"] > 0 and row["onnxruntime_ms"] > 0 and row["ratio"] > 0
+    assert report["library_target"] == "vm" and report["memory"]["planned_activation_bytes"] > 0
+    assert row["ours_peak_rss_bytes"] > 0  # measured in a process of its own
+    proc = pipeline("bench", "loop.onnx", "loop.so", "--profile", cwd=Path(tmp))
+    assert proc.returncode == 1 and "a VM library" in proc.stderr
