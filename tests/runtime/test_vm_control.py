@@ -163,3 +163,50 @@ def test_graph_executor_still_refuses_control_flow():
     with pytest.raises(UnsupportedOperatorError, match=r"control flow at node\(s\) If_1 \(if\): "
                                                        r"subgraphs run only in the VM"):
         pipeline.build(graph, target=TARGET, params=params)
+
+
+@pytest.mark.slow  # 10,000 runs in a process of its own
+def test_ten_thousand_runs_keep_rss_flat(tmp_path):
+    """The pooled allocator: a Loop/If model run 10,000 times in one process, inputs
+    taking either branch in turn, gives the same outputs every time and its RSS does
+    not grow after warm-up (each run allocates the storages of main, the loop body
+    three times and a branch: without reuse, kilobytes a run)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.support import REPO
+    from tests.support.onnx_models import tiny_loop_if
+
+    tiny_loop_if(tmp_path / "loop.onnx")
+    graph, params = pipeline.frontend.from_onnx(tmp_path / "loop.onnx", control_flow=True)
+    with pipeline.transform.PassContext(opt_level=3):
+        factory = pipeline.build(graph, target=TARGET, params=params, executor="vm")
+    lib = factory.export_library(tmp_path / "loop.so")
+    session = ort.InferenceSession(str(tmp_path / "loop.onnx"))
+    vm = VirtualMachine(lib)
+    inputs = [np.full((1, 4), v, np.float32) for v in (3, -3)]
+    inputs += [np.random.default_rng(s).standard_normal((1, 4), dtype=np.float32)
+               for s in range(4)]
+    expected, branches = {}, set()
+    for k, x in enumerate(inputs):
+        want = session.run(None, {"x": x})
+        branches.add(bool(want[1][-1].sum() > 0))
+        for j, (got, ref) in enumerate(zip(vm.run(x), want, strict=True)):
+            np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+            expected[f"y{k}_{j}"] = got
+    assert branches == {True, False}
+    np.savez(tmp_path / "inputs.npz", **{f"x{k}": x for k, x in enumerate(inputs)})
+    np.savez(tmp_path / "expected.npz", **expected)
+    proc = subprocess.run([sys.executable, "-m", "tests.support.vm_soak", str(lib),
+                           str(tmp_path / "inputs.npz"), str(tmp_path / "expected.npz"),
+                           "10000", "1000"], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert not result["errors"] and result["runs"] == 10000, result
+    growth = result["rss_end"] - result["rss_warm"]
+    print(f"\n10000 VM runs; RSS {result['rss_warm'] / 2**20:.2f} -> "
+          f"{result['rss_end'] / 2**20:.2f} MiB after 1000 runs of warm-up")
+    assert growth < 2**20, f"RSS grew by {growth / 2**10:.0f} KiB after warm-up"

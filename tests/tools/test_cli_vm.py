@@ -12,8 +12,8 @@ import pytest
 
 from pipeline.runtime.vm import Executable
 from pipeline.vm import bytecode
+from tests.support.cli_runner import pipeline
 from tests.support.onnx_models import tiny_loop_if
-from tests.tools.test_cli import pipeline
 
 
 @pytest.fixture(scope="module")
