@@ -155,6 +155,50 @@ def test_scan_with_two_states_and_an_if_inside_a_loop(tmp_path):
                              "x": np.array([0.5, -1.5], np.float32)})
 
 
+def test_zero_copy_input_is_read_in_place(tmp_path):
+    """set_input_zero_copy: runs read the caller's array as it is at each run (a Scan
+    takes its rows, a Reshape of it is an output), until set_input copies again."""
+    from pipeline.runtime import empty_aligned
+
+    body = helper.make_graph(
+        [helper.make_node("Add", ["s", "e"], ["s2"]), helper.make_node("Mul", ["e", "e"], ["o"])],
+        "scan", [t("s", T.FLOAT, [2]), t("e", T.FLOAT, [2])],
+        [t("s2", T.FLOAT, [2]), t("o", T.FLOAT, [2])])
+    model = _model([helper.make_node("Scan", ["s0", "xs"], ["s", "os"], body=body,
+                                     num_scan_inputs=1),
+                    helper.make_node("Reshape", ["xs", "six"], ["flat"])],
+                   [t("s0", T.FLOAT, [2]), t("xs", T.FLOAT, [3, 2])],
+                   [t("s", T.FLOAT, [2]), t("os", T.FLOAT, [3, 2]), t("flat", T.FLOAT, [6])],
+                   [helper.make_tensor("six", T.INT64, [1], [6])])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    vm = _vm(model, tmp_path)
+    rng = np.random.default_rng(3)
+    s0 = rng.standard_normal(2).astype(np.float32)
+    xs = empty_aligned((3, 2), np.float32)
+    xs[:] = rng.standard_normal((3, 2))
+    vm.set_input("main", s0=s0)
+    vm.set_input_zero_copy("xs", xs)
+
+    def agrees(feed_xs):
+        want = session.run(None, {"s0": s0, "xs": feed_xs})
+        for got, ref in zip(vm.invoke("main"), want, strict=True):
+            np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
+
+    agrees(xs.copy())
+    xs[:] = rng.standard_normal((3, 2))  # written in place: the next run reads it
+    agrees(xs.copy())
+    before = xs.copy()
+    vm.set_input("main", xs=before)  # a copy again: the array no longer matters
+    xs[:] = 0
+    agrees(before)
+    with pytest.raises(VMError, match="64-byte aligned"):
+        vm.set_input_zero_copy("xs", empty_aligned((7,), np.float32)[1:].reshape(3, 2))
+    with pytest.raises(VMError, match=r"expected float32 \[3, 2\], given float32 \[2, 3\]"):
+        vm.set_input_zero_copy("xs", empty_aligned((2, 3), np.float32))
+    with pytest.raises(VMError, match="no input 'ys'"):
+        vm.set_input_zero_copy("ys", xs)
+
+
 def test_graph_executor_still_refuses_control_flow():
     with pytest.raises(UnsupportedOperatorError,
                        match=r"If \(control flow: subgraphs are not compiled\)"):

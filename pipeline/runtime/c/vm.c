@@ -66,6 +66,7 @@ struct storage {
     size_t size;
     void *data;
     struct storage *next; /* in the pool's free list */
+    int borrowed;         /* a caller's zero-copy buffer: never pooled, data never freed */
 };
 
 struct obj { /* a register: nothing, a storage, or a tensor viewing a storage */
@@ -101,6 +102,7 @@ struct pl_executor {
     struct ins *ins_pool;
     struct type *type_pool;
     struct storage **inputs; /* main's parameters, set by pl_set_input */
+    struct storage **zero_copy; /* per input, the caller's buffer runs read, or NULL */
     struct obj *outputs;     /* main's results of the last run */
     int ran, num_threads, depth;
     uint64_t steps;
@@ -214,7 +216,10 @@ static struct storage *storage_new(pl_executor *h, size_t size) {
 }
 
 static void storage_release(pl_executor *h, struct storage *s) {
-    if (s && --s->refs == 0) s->next = h->pool, h->pool = s;
+    if (s && --s->refs == 0) {
+        if (s->borrowed) free(s);
+        else s->next = h->pool, h->pool = s;
+    }
 }
 
 static void obj_clear(pl_executor *h, struct obj *o) {
@@ -409,7 +414,8 @@ static int open_ro(pl_executor *h, const uint8_t *ro, size_t size,
     const struct func *main_fn = &h->funcs[0];
     h->inputs = calloc(main_fn->n_params + 1, sizeof *h->inputs);
     h->outputs = calloc(main_fn->n_results + 1, sizeof *h->outputs);
-    if (!h->inputs || !h->outputs) return fail(h, "out of memory");
+    h->zero_copy = calloc(main_fn->n_params + 1, sizeof *h->zero_copy);
+    if (!h->inputs || !h->outputs || !h->zero_copy) return fail(h, "out of memory");
     for (uint32_t i = 0; i < main_fn->n_params; i++)
         if (!(h->inputs[i] = storage_new(h, main_fn->params[i].nbytes))) return -1;
     return 0;
@@ -666,14 +672,14 @@ API void pl_destroy(pl_executor *h) {
         free(h->funcs[f].regs), free(h->funcs[f].out);
     }
     for (uint32_t i = 0; h->inputs && i < h->funcs[0].n_params; i++)
-        storage_release(h, h->inputs[i]);
+        storage_release(h, h->inputs[i]), storage_release(h, h->zero_copy[i]);
     for (uint32_t c = 0; h->consts && c < h->n_consts; c++) storage_release(h, h->consts[c]);
     while (h->pool) {
         struct storage *s = h->pool;
         h->pool = s->next;
         free(s->data), free(s);
     }
-    free(h->inputs), free(h->outputs), free(h->consts), free(h->const_types), free(h->kernels);
+    free(h->inputs), free(h->zero_copy), free(h->outputs), free(h->consts), free(h->const_types), free(h->kernels);
     free(h->words), free(h->arg_pool), free(h->ins_pool), free(h->type_pool), free(h->funcs);
     if (h->dl_handle) dlclose(h->dl_handle);
     free(h);
@@ -729,15 +735,39 @@ static const struct type *io_type(pl_executor *h, int out, int i, size_t nbytes)
     return t;
 }
 
+/* Where input i's runs read it: the caller's zero-copy buffer or the VM's storage. */
+static struct storage *input_storage(pl_executor *h, int i) {
+    return h->zero_copy[i] ? h->zero_copy[i] : h->inputs[i];
+}
+
 API int pl_set_input(pl_executor *h, int i, const void *data, size_t nbytes) {
     if (!io_type(h, 0, i, nbytes)) return -1;
     memcpy(h->inputs[i]->data, data, nbytes);
+    storage_release(h, h->zero_copy[i]); /* its own storage again */
+    h->zero_copy[i] = NULL;
+    return 0;
+}
+
+/* As the graph executor's: runs read the caller's buffer (64-byte aligned, the
+ * input's size) in place until the next pl_set_input(_zero_copy) of that input. It
+ * becomes a borrowed storage (views of it stay inside it); no instruction writes a
+ * parameter's tensor, so the buffer is only read. */
+API int pl_set_input_zero_copy(pl_executor *h, int i, void *data, size_t nbytes) {
+    if (!io_type(h, 0, i, nbytes)) return -1;
+    if (!data || (uintptr_t)data % 64)
+        return fail(h, "input '%s': a zero-copy buffer must be 64-byte aligned",
+                    h->funcs[0].params[i].name);
+    struct storage *s = calloc(1, sizeof *s);
+    if (!s) return fail(h, "out of memory");
+    *s = (struct storage){1, nbytes, data, NULL, 1};
+    storage_release(h, h->zero_copy[i]);
+    h->zero_copy[i] = s;
     return 0;
 }
 
 API int pl_get_input(pl_executor *h, int i, void *data, size_t nbytes) {
     if (!io_type(h, 0, i, nbytes)) return -1;
-    memcpy(data, h->inputs[i]->data, nbytes);
+    memcpy(data, input_storage(h, i)->data, nbytes);
     return 0;
 }
 
@@ -762,7 +792,8 @@ API int pl_run(pl_executor *h) {
     h->ran = 0, h->steps = 0, h->depth = 0;
     for (uint32_t i = 0; i < m->n_params; i++) {
         const struct type *t = &m->params[i];
-        struct obj in = {2, t->dtype, t->ndim, h->inputs[i], h->inputs[i]->data, t->nbytes, {0}};
+        struct storage *st = input_storage(h, (int)i);
+        struct obj in = {2, t->dtype, t->ndim, st, st->data, t->nbytes, {0}};
         memcpy(in.shape, t->shape, sizeof in.shape);
         obj_set(h, &m->regs[i], &in);
     }
