@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 
-from pipeline.tasks.config import executor_of
 from pipeline.tasks.explain import options_changed
 from pipeline.tasks.paths import imported, onnx_path
 from pipeline.tasks.selection import Selection, code_of
@@ -51,9 +50,12 @@ def task_import(sel: Selection):
 
 
 def _runs_in_vm(sel: Selection, m) -> bool:
-    """Whether an entry of model m, in the whole config, is built for the VM."""
+    """Whether an entry of model m, in the whole config, is built for the VM (the
+    model's executor, else a target's: executor_of's rule, without its check of
+    entries this run may not build)."""
     targets = sel.config.targets.values() if sel.config is not None else sel.targets
-    return any(executor_of(m, t) == "vm" for t in targets)
+    return m.executor == "vm" or (m.executor is None
+                                  and any(t.executor == "vm" for t in targets))
 
 
 CREATORS = (task_model, task_import)
