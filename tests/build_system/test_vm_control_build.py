@@ -21,6 +21,7 @@ from tests.support.checkouts import matrix
 from tests.support.doit_runner import doit
 from tests.support.onnx_models import tiny_loop_if
 from tests.support.servers import nginx
+from tests.support.toolchains import require_tools
 
 VM_TARGET = 'vmt: {target: "llvm -mcpu=native", executor: vm}\n'
 # onnx.reference stacks a Loop's scan outputs wrongly ([3, 4] for rows of [1, 4]).
@@ -142,3 +143,19 @@ def test_graph_entries_of_a_control_flow_model_fail_naming_the_node(tmp_path: Pa
     assert code != 0 and "Traceback" not in out, out
     assert lines and "control flow at node(s) rnn (loop), choose (if)" in lines[0], out
     assert "executor='vm'" in lines[0]
+
+
+def test_arm64_entry_validates_under_qemu(tmp_path: Path):
+    """The Loop/If model for arm64: `doit validate` runs the VM library with the
+    target's pipeline-run under qemu, against onnxruntime here."""
+    require_tools("aarch64-linux-gnu-gcc", "qemu-aarch64")
+    tiny_loop_if(tmp_path / "nets" / "loop.onnx")
+    matrix(tmp_path, "loop: {path: nets/loop.onnx, executor: vm, validate: {reference: "
+           "onnxruntime}}\n",
+           'arm64: {target: "llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a76", '
+           'cc: aarch64-linux-gnu-gcc, run: "qemu-aarch64 -L /usr/aarch64-linux-gnu"}\n')
+    _build(tmp_path, command="validate")
+    report = json.loads((tmp_path / "out/loop/arm64/validation.json").read_text())
+    assert report["passed"] and report["ran_on"] == "target", report
+    assert [o["name"] for o in report["outputs"]] == ["y", "hs"]
+    assert (tmp_path / "out/loop/arm64/loop.ro").read_bytes()[:8] == RO_MAGIC
