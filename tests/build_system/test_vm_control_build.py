@@ -24,7 +24,6 @@ from tests.support.servers import nginx
 from tests.support.toolchains import require_tools
 
 VM_TARGET = 'vmt: {target: "llvm -mcpu=native", executor: vm}\n'
-# onnx.reference stacks a Loop's scan outputs wrongly ([3, 4] for rows of [1, 4]).
 LOOP = "loop: {path: nets/loop.onnx, validate: {reference: onnxruntime}}\n"
 OUT = Path("out/loop/vmt")
 ARTIFACTS = ("loop.ro", "devc.o", "lib0.o", "loop.so", "loop.json", "loop.params",

@@ -70,6 +70,9 @@ def test_validate_compares_with_onnxruntime(compiled):
     proc = pipeline("validate", "loop.onnx", "loop.so", "--reference", "onnxruntime", cwd=tmp)
     assert proc.returncode == 0, proc.stderr
     assert "hs: max abs error" in proc.stdout and "matches onnxruntime" in proc.stdout
+    # onnx.reference too: its Loop corrected (plain onnx 1.23 makes hs [3, 4]).
+    proc = pipeline("validate", "loop.onnx", "loop.so", "--reference", "onnx", cwd=tmp)
+    assert proc.returncode == 0 and "matches onnx on" in proc.stdout, proc.stdout + proc.stderr
     # Other weights, same shapes: the library no longer matches.
     tiny_loop_if(tmp / "other.onnx", seed=1)
     proc = pipeline("validate", "other.onnx", "loop.so", "--reference", "onnxruntime", cwd=tmp)
@@ -91,3 +94,47 @@ def test_bench_times_the_vm_against_onnxruntime(compiled):
     assert row["ours_peak_rss_bytes"] > 0  # measured in a process of its own
     proc = pipeline("bench", "loop.onnx", "loop.so", "--profile", cwd=Path(tmp))
     assert proc.returncode == 1 and "a VM library" in proc.stderr
+
+
+@pytest.mark.parametrize("row", [(), (4,), (1, 4), (2, 1, 3)])
+def test_the_onnx_reference_stacks_loop_scan_outputs_as_onnxruntime(row):
+    """validate's onnx.reference (with its Loop correction) runs a Loop without a
+    condition input and gives its scan outputs the shape and values onnxruntime
+    gives: (iterations, *row)."""
+    ort = pytest.importorskip("onnxruntime")
+    import numpy as np
+    from onnx import TensorProto, helper
+    from onnx.reference import ReferenceEvaluator
+
+    from pipeline.tools.validate import reference_outputs
+
+    f = TensorProto.FLOAT
+    body = helper.make_graph(
+        [helper.make_node("Add", ["v_in", "x"], ["v_out"]),
+         helper.make_node("Identity", ["c_in"], ["c_out"]),
+         helper.make_node("Identity", ["v_out"], ["row"])],
+        "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                 helper.make_tensor_value_info("c_in", TensorProto.BOOL, []),
+                 helper.make_tensor_value_info("v_in", f, list(row))],
+        [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v_out", f, list(row)),
+         helper.make_tensor_value_info("row", f, list(row))])
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["m", "", "v0"], ["v", "rows"], body=body)], "g",
+        [helper.make_tensor_value_info("x", f, list(row)),
+         helper.make_tensor_value_info("v0", f, list(row))],
+        [helper.make_tensor_value_info("v", f, list(row)),
+         helper.make_tensor_value_info("rows", f, [3, *row])],
+        [helper.make_tensor("m", TensorProto.INT64, [], [3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    rng = np.random.default_rng(1)
+    feeds = {n: rng.standard_normal(row).astype(np.float32) for n in ("x", "v0")}
+    want = ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = reference_outputs(model, feeds, "onnx")
+    assert [np.shape(g) for g in got] == [w.shape for w in want] == [row, (3, *row)]
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-6)
+    with pytest.raises(ValueError):  # onnx's own: no iteration without a condition input
+        ReferenceEvaluator(model).run(None, feeds)
