@@ -12,11 +12,12 @@ import contextlib
 import json
 import mmap
 import os
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pipeline.driver.build import lower_graph, lower_program, refuse_control_flow
-from pipeline.driver.factory import unique_specs
+from pipeline.driver.factory import LoweredGraph, unique_specs
 from pipeline.files import atomic_write
 from pipeline.frontend import from_onnx
 from pipeline.ir.graph import Graph
@@ -115,7 +116,7 @@ def optimize_model(graph_path: str, weights_path: str, target: dict, spec_dir: s
     return {"passes": timing.timings}
 
 
-def _manifest(target: str, specs: list[KernelSpec], parts) -> dict:
+def _manifest(target: str, specs: list[KernelSpec], parts: Sequence[LoweredGraph]) -> dict:
     """kernels.json of the kernels `specs` of the lowered graphs `parts` (one, or a
     VM program's): each kernel's metadata summed over the parts, their memory too."""
     metadata: dict[str, dict] = {}
@@ -187,7 +188,7 @@ def pack_vm(graph_json_path: str, params_path: str, kernels_path: str, ro_path: 
     <m>.ro (pipeline/vm/) and devc.o holding it (pack, cc: as pack_devc's)."""
     manifest = json.loads(Path(kernels_path).read_text())
     text, params = Path(graph_json_path).read_text(), load_params(Path(params_path).read_bytes())
-    # A graph with control flow: optimize wrote the program (optimize_model's vm).
+    # A graph with control flow: optimize wrote the VM program (optimize_model).
     exe = (program_from_json(text, params) if PROGRAM_KEY in json.loads(text)
            else compile_plan(text, params, [k["symbol"] for k in manifest["kernels"]]))
     ro = write_ro(exe)
