@@ -28,7 +28,7 @@ from pipeline.lower.kernel import KernelSpec, kernel_spec
 from pipeline.plan import MemoryPlan, graph_json, plan_memory
 from pipeline.transform import PassContext, optimize
 from pipeline.vm.compile import Executable
-from pipeline.vm.program import CONTROL_OPS, compile_program, has_control_flow
+from pipeline.vm.program import compile_program, has_control_flow
 
 
 def lower_specs(graph: Graph, params: dict, target: Target, opt_level: int
@@ -148,13 +148,16 @@ def lower_program(graph: Graph, params: dict, target: Target, opt_level: int,
 
 
 def refuse_control_flow(graph: Graph) -> None:
-    """UnsupportedOperatorError naming the If, Loop and Scan nodes of `graph`, which
-    only the VM runs; nothing if it has none."""
-    nodes = [f"{n.name} ({n.op})" for n in graph.nodes if n.op in CONTROL_OPS]
+    """UnsupportedOperatorError naming the If, Loop and Scan nodes of `graph` and those
+    whose output shapes depend on values, which only the VM runs; nothing if it has
+    none."""
+    nodes = [f"{n.name} ({n.op})" for n in graph.nodes
+             if has_control_flow(graph.replace(nodes=(n,)))]
     if nodes:
         raise UnsupportedOperatorError(
             f"unsupported operator(s) for the graph executor: control flow at node(s) "
-            f"{', '.join(nodes[:5])}: subgraphs run only in the VM (executor='vm')")
+            f"{', '.join(nodes[:5])}: subgraphs run only in the VM (executor='vm'), as do "
+            "data-dependent shapes")
 
 
 def _build_program(graph: Graph, params: dict, target: str, llvm_level: int,

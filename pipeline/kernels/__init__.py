@@ -12,6 +12,8 @@ from pipeline.kernels import (  # noqa: F401  (registration)
     conv_winograd,
     dense_packed,
     depthwise_blocked,
+    dynamic,
+    dynamic_movement,
     elementwise,
     index,
     layout,

@@ -57,6 +57,9 @@ def _topk_lower(kb, node, ins, out, epilogue):
     x = ins[0]
     outer, length, inner = _axis_split(x.type.shape, node.attr("axis"))
     k_n = node.attr("k")
+    if len(ins) > 1:  # a runtime k: written at its runtime shape, [outer, k, inner]
+        k_n = kb.index(kb.load(ins[1], 0))
+        kb.fail_unless(kb.inside(k_n, 0, length + 1))
     better = ">" if node.attr("largest") else "<"
     with kb.loop(0, outer, "r") as r, kb.loop(0, inner, "q") as q:
         base = r * (length * inner) + q
@@ -71,6 +74,9 @@ def _topk_lower(kb, node, ins, out, epilogue):
             with kb.if_(kb.index(kb.get(rank)) < k_n):
                 o = out_base + kb.index(kb.get(rank)) * inner
                 kb.store(out, o, v if node.op == "topk_values" else i)
+    if len(ins) > 1:  # past the runtime result: zeros (valid indices for row-wise readers)
+        with kb.loop(outer * k_n * inner, out.type.size, "z") as z:
+            kb.store(out, z, kb.const(0, out.elem))
 
 
 for _op in ("topk_values", "topk_indices"):

@@ -11,6 +11,8 @@ from pipeline.ops import (  # noqa: F401  (registration)
     conv_winograd,
     dense_packed,
     depthwise_blocked,
+    dynamic,
+    dynamic_movement,
     elementwise,
     index,
     layout,

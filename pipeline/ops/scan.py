@@ -52,6 +52,8 @@ for _op in _CUMULATIVE:
 def _topk_infer(types, node):
     _numeric(types, node)
     x, axis, k = types[0], node.attr("axis"), node.attr("k")
+    if len(types) > 1:  # a runtime k (an int64 input): the bound is the axis length
+        k = x.shape[axis]
     if not 0 <= k <= x.shape[axis]:
         raise ModelError(f"node {node.name!r} ({node.op}): k {k} is outside [0, "
                          f"{x.shape[axis]}] (axis {axis} of {list(x.shape)})")
@@ -61,6 +63,8 @@ def _topk_infer(types, node):
 
 def _topk_np(xs, node):
     x, axis, k = xs[0], node.attr("axis"), node.attr("k")
+    if len(xs) > 1:
+        k = int(xs[1].reshape(-1)[0])
     order = np.argsort(-x if node.attr("largest") else x, axis=axis, kind="stable")
     idx = np.take(order, np.arange(k), axis=axis)
     return [np.take_along_axis(x, idx, axis) if node.op == "topk_values" else

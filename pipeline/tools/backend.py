@@ -168,14 +168,17 @@ def compile_model(model: onnx.ModelProto, opt_level: int = 3, target: str = TARG
                   shape: dict[str, tuple[int, ...]] | None = None,
                   freeze: dict[str, np.ndarray] | None = None):
     """Import, optimise, compile, link and load `model`; returns its GraphModule (a
-    _VMModule for a model with If, Loop or Scan, which the VM runs: docs/vm.md)."""
+    _VMModule for a model with If, Loop or Scan or an output shape that depends on
+    values, which the VM runs: docs/vm.md)."""
     from pipeline.driver.build import build
     from pipeline.frontend import from_onnx
     from pipeline.runtime import GraphModule, load_module
     from pipeline.transform import PassContext
+    from pipeline.vm.program import has_control_flow
 
     vm = any(n.op_type in CONTROL_FLOW for n in model.graph.node)
     graph, params = from_onnx(model, shape=shape, freeze=freeze, control_flow=vm)
+    vm = vm or has_control_flow(graph)  # data-dependent shapes (NonZero, NMS...) too
     with PassContext(opt_level=opt_level):
         factory = build(graph, target=target, params=params, kernel_cache=_KERNELS,
                         executor="vm" if vm else "graph")
@@ -262,12 +265,19 @@ class PipelineRep(BackendRep):
         return [gmod.get_output(k) for k in range(gmod.get_num_outputs())]
 
 
+# Operators the VM runs with their shape-giving inputs at run time (docs/vm.md): not
+# frozen when only graph outputs read their results (a static kernel could not).
+_RUNTIME_SHAPES = ("TopK", "Range", "ConstantOfShape", "Expand", "Reshape", "Slice", "Tile")
+
+
 def _build_time_inputs(graph: onnx.GraphProto, input_names: set[str],
                        opset: int) -> set[str]:
     """Graph inputs whose values a converter's build_time_inputs depend on (directly,
     or through the nodes computing them; Shape and Size read only their input's shape)."""
     converters = {node.op_type: onnx_converter(node.op_type, opset) for node in graph.node}
+    read = {name for node in graph.node for name in node.input}
     needed = {node.input[pos] for node in graph.node if converters[node.op_type] is not None
+              and not (node.op_type in _RUNTIME_SHAPES and read.isdisjoint(node.output))
               for pos in converters[node.op_type].build_time_inputs
               if pos < len(node.input) and node.input[pos]}
     # A Loop with scan outputs needs its trip count: their length (frontend/onnx/control.py).

@@ -116,6 +116,10 @@ def compile_model(model: str, output: str, target: str = DEFAULT_TARGET, opt_lev
     cc = resolve_cc(resolved, cc, "--cc")
     graph, params = from_onnx(model, shapes or {}, control_flow=executor == "vm")
     root = cache_dir(cache)
+    if has_control_flow(graph) and executor != "vm":  # control flow is refused at import
+        raise CommandError(f"{model}: output shapes that depend on values (NonZero, "
+                           "NonMaxSuppression, Unique, runtime shape inputs) run only in the "
+                           "VM: compile with --executor vm")
 
     def known(spec):
         return entry_ir(root, spec.hash, spec.symbol)

@@ -14,7 +14,7 @@ from pipeline.errors import FormatError
 __all__ = ["DTYPES", "FAILURES", "OPCODES", "AddImm", "AllocStorage", "AllocTensor", "Copy",
            "CopyAt", "Fail", "Function", "Goto", "If", "Instruction", "Invoke", "InvokePacked",
            "Less", "LoadConst", "Move", "Ret", "Scalar", "TensorType", "View", "ViewAt",
-           "decode", "verify"]
+           "decode", "verify", "ViewShape", "AllocShaped", "ViewRows"]
 
 # The dtype codes of the plan (pipeline/link/plan.py DTYPES; kept equal there).
 DTYPES = ("float32", "float64", "int32", "int64", "bool", "float16", "int8", "int16",
@@ -177,6 +177,40 @@ class Fail:
     reason: int
 
 
+@dataclass(frozen=True)
+class ViewShape:
+    """dst = tensor `src`'s memory seen with its dtype and the shape held by the 1-d
+    int64 tensor `shape` (a data-dependent result: a kernel wrote it at that shape
+    into storage sized for its upper bound); fails if it does not fit src."""
+
+    dst: int
+    src: int
+    shape: int
+
+
+@dataclass(frozen=True)
+class AllocShaped:
+    """dst = a new tensor of dtype `dtype` and the shape held by the 1-d int64 tensor
+    `shape`, its storage allocated now (Range, ConstantOfShape, Expand with runtime
+    shapes); fails over $PIPELINE_MAX_TENSOR_ELEMENTS elements."""
+
+    dst: int
+    shape: int
+    dtype: int
+
+
+@dataclass(frozen=True)
+class ViewRows:
+    """dst = tensor `src` with dimension 0 set to dimension `axis` of tensor `like` (a
+    row-wise kernel ran over the upper bound of a data-dependent input: its first
+    rows are the result); fails if that is more than src's dimension 0."""
+
+    dst: int
+    src: int
+    like: int
+    axis: int
+
+
 # Fail's reasons, by index (vm.c has the same list).
 FAILURES = ("a Loop ended before its trip count: its scan outputs would be shorter than "
             "planned (needs dynamic shapes)",)
@@ -190,11 +224,14 @@ class Ret:
 
 
 Instruction = (AllocStorage | AllocTensor | LoadConst | InvokePacked | Copy | View | Move | If
-               | Goto | Invoke | Ret | Scalar | AddImm | Less | CopyAt | ViewAt | Fail)
+               | Goto | Invoke | Ret | Scalar | AddImm | Less | CopyAt | ViewAt | Fail
+               | ViewShape | AllocShaped | ViewRows)
 OPCODES: dict[type, int] = {AllocStorage: 1, AllocTensor: 2, LoadConst: 3, InvokePacked: 4,
                             Copy: 5, View: 6, Move: 7, If: 8, Goto: 9, Invoke: 10, Ret: 11,
                             Scalar: 12, AddImm: 13, Less: 14, CopyAt: 15, ViewAt: 16,
-                            Fail: 17}
+                            Fail: 17,
+                            # 30-39: data-dependent shapes (docs/vm.md)
+                            ViewShape: 30, AllocShaped: 31, ViewRows: 32}
 _BY_CODE = {code: kind for kind, code in OPCODES.items()}
 
 
@@ -252,8 +289,9 @@ def _regs(ins: Instruction) -> list[int]:
         return [*ins.args, *ins.dsts]
     if isinstance(ins, Ret):
         return list(ins.results)
-    names = {"dst", "src", "storage", "cond", "a", "b", "row"}
-    return [getattr(ins, f.name) for f in fields(ins) if f.name in names]
+    names = {"dst", "src", "storage", "cond", "a", "b", "row", "shape", "like"}
+    return [getattr(ins, f.name) for f in fields(ins)
+            if f.name in names and isinstance(getattr(ins, f.name), int)]
 
 
 def _check(fn: Function, k: int, ins: Instruction, functions: list[Function], n_kernels: int,
@@ -261,6 +299,10 @@ def _check(fn: Function, k: int, ins: Instruction, functions: list[Function], n_
     """What is wrong with instruction k of fn, or None."""
     if any(not 0 <= r < fn.num_regs for r in _regs(ins)):
         return f"register out of range 0..{fn.num_regs - 1}"
+    if isinstance(ins, AllocShaped) and not 0 <= ins.dtype < len(DTYPES):
+        return "bad dtype"
+    if isinstance(ins, ViewRows) and not 0 <= ins.axis < 32:
+        return "bad axis"
     if isinstance(ins, (AllocTensor, View, ViewAt)) and (
             not 0 <= ins.dtype < len(DTYPES) or any(d < 0 for d in ins.shape)
             or getattr(ins, "offset", 0) < 0 or len(ins.shape) > 32):

@@ -17,9 +17,11 @@ from collections.abc import Callable
 import numpy as np
 
 from pipeline.ir.graph import Graph, Node
+from pipeline.ops.dynamic import data_dependent
 from pipeline.vm import bytecode as bc
 from pipeline.vm.compile import Executable, compile_plan
 from pipeline.vm.control import emit_control
+from pipeline.vm.dynamic import emit_data, row_outputs
 
 __all__ = ["CONTROL_OPS", "Lower", "compile_program", "has_control_flow"]
 
@@ -29,8 +31,13 @@ Lower = Callable[[Graph, dict[str, np.ndarray]], tuple[str, dict[str, np.ndarray
 
 
 def has_control_flow(graph: Graph) -> bool:
-    """Whether `graph` holds an If, Loop or Scan node (only the VM runs it)."""
-    return any(n.op in CONTROL_OPS for n in graph.nodes)
+    """Whether `graph` holds an If, Loop or Scan node or one whose output shape
+    depends on values (only the VM runs it)."""
+    return any(_vm_only(n) for n in graph.nodes)
+
+
+def _vm_only(node: Node) -> bool:
+    return node.op in CONTROL_OPS or data_dependent(node) is not None
 
 
 class _Program:
@@ -60,7 +67,7 @@ class _Program:
         """A function of a graph without control flow: lowered, then compile_plan."""
         text, lowered_params, symbols = self.lower(graph, params)
         part = compile_plan(text, lowered_params, symbols)
-        kernels = [self._kernel(k) for k in part.kernels]
+        kernels = [self.kernel_index(k) for k in part.kernels]
         consts = [self.constant(n, v) for n, v in part.constants.items()]
 
         def remap(ins):
@@ -74,7 +81,8 @@ class _Program:
         return self.add(dataclasses.replace(fn, name=name,
                                             code=tuple(remap(i) for i in fn.code)))
 
-    def _kernel(self, symbol: str) -> int:
+    def kernel_index(self, symbol: str) -> int:
+        """The index of kernel `symbol` in the executable's kernels (added if new)."""
         if symbol not in self.kernels:
             self.kernels.append(symbol)
         return self.kernels.index(symbol)
@@ -103,7 +111,7 @@ def _graph_function(program: _Program, graph: Graph, params: dict, name: str,
     emit = _Emitter(program, graph, params, name)
     segment: list[Node] = []
     for k, node in enumerate(graph.nodes):
-        if node.op not in CONTROL_OPS:
+        if not _vm_only(node):
             segment.append(node)
             continue
         emit.segment(segment, graph.nodes[k:])
@@ -122,6 +130,11 @@ class _Emitter:
         self.next = len(graph.inputs)
         self.code: list = []
         self.count = 0
+        # data-dependent tensors (vm/dynamic.py): -> (register, axis) of their runtime
+        # row count if that is their only runtime dimension, else None; and the
+        # registers of those held at their bound, which segments read
+        self.dynamic: dict[str, tuple[int, int] | None] = {}
+        self.bound: dict[str, int] = {}
 
     def new(self) -> int:
         """A fresh register."""
@@ -157,10 +170,15 @@ class _Emitter:
         sub = Graph(tuple(inputs), tuple(consts), tuple(outputs), tuple(nodes),
                     {k: t for k, t in self.graph.types.items()
                      if k in made or k in reads})
+        rows = row_outputs(self, nodes, outputs)
         self.count += 1
         fn = self.p.plan_function(sub, {c: self.params[c] for c in consts},
                                   f"{self.name}/{self.count}")
-        self.call(fn, [self.get(i) for i in inputs], outputs)
+        self.call(fn, [self.bound.get(i, self.get(i)) for i in inputs], outputs)
+        for name, (like, axis) in rows.items():  # the first rows of what ran at the bound
+            self.bound[name], self.reg[name] = self.reg[name], self.new()
+            self.code.append(bc.ViewRows(self.reg[name], self.bound[name], like, axis))
+            self.dynamic[name] = (self.reg[name], 0)
 
     def call(self, fn: int, args: list[int], outputs: list[str]) -> list[int]:
         """Invoke function `fn`; its results become the registers of `outputs`."""
@@ -182,5 +200,9 @@ class _Emitter:
         return fn, [self.get(c) for c in runtime]
 
     def control(self, node: Node) -> None:
-        """The code of an If, Loop or Scan node (pipeline/vm/control.py)."""
-        emit_control(self, node)
+        """The code of an If, Loop or Scan node (pipeline/vm/control.py) or of a
+        data-dependent one (pipeline/vm/dynamic.py)."""
+        if node.op in CONTROL_OPS:
+            emit_control(self, node)
+        else:
+            emit_data(self, node)

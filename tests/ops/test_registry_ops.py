@@ -67,10 +67,16 @@ def kernel_cache() -> dict[str, bytes]:
 def _run(graph: Graph, inputs: dict[str, np.ndarray], cache: dict) -> list[np.ndarray]:
     from pipeline import build
     from pipeline.runtime import GraphModule, load_module
+    from pipeline.runtime.vm import VirtualMachine
     from pipeline.transform import PassContext
+    from pipeline.vm.program import has_control_flow
 
+    vm = has_control_flow(graph)  # an output shape that depends on values (ops/dynamic.py)
     with PassContext(opt_level=0):  # no fusion or layout change: the op's own kernel
-        factory = build(graph, target=TARGET, params={}, kernel_cache=cache)
+        factory = build(graph, target=TARGET, params={}, kernel_cache=cache,
+                        executor="vm" if vm else "graph")
+    if vm:
+        return VirtualMachine(factory.export_library(lib_path())).run(**inputs)
     gmod = GraphModule(load_module(factory.export_library(lib_path()))["default"]())
     gmod.run(**inputs)
     return [gmod.get_output(k) for k in range(gmod.get_num_outputs())]

@@ -23,6 +23,7 @@ from pipeline.errors import FormatError, PipelineError
 from pipeline.link.runtime_c import C_DIR
 from pipeline.vm.bytecode import (
     AddImm,
+    AllocShaped,
     AllocStorage,
     AllocTensor,
     Copy,
@@ -41,6 +42,8 @@ from pipeline.vm.bytecode import (
     TensorType,
     View,
     ViewAt,
+    ViewRows,
+    ViewShape,
 )
 from pipeline.vm.compile import Executable, compile_plan
 from pipeline.vm.format import read_ro, write_ro
@@ -60,14 +63,15 @@ def _plan_seed() -> bytes:
 def _control_seed() -> bytes:
     """main(c: bool) = If c then f_then(w) else f_else(w), through Invoke, with a Goto
     over dead code, a Move, a View and a Copy; then a counted loop (Scalar, Less,
-    AddImm) writing rows of a tensor (ViewAt, CopyAt), and a Fail it never reaches."""
+    AddImm) writing rows of a tensor (ViewAt, CopyAt), and a Fail it never reaches;
+    then the data-dependent shapes' ViewShape, AllocShaped and ViewRows."""
     f32 = TensorType("t", "float32", (2, 2))
     body = (AllocStorage(1, 16), AllocTensor(2, 1, 0, 0, (2, 2)), InvokePacked(0, (0, 2)),
             View(3, 2, 0, 0, (4,)), AllocStorage(4, 16), AllocTensor(5, 4, 0, 0, (4,)),
             Copy(5, 3), View(6, 5, 0, 0, (2, 2)), Ret((6,)))
     then = Function("then", (f32,), (f32,), 7, body)
     orelse = Function("else", (f32,), (f32,), 7, body)
-    main = Function("main", (TensorType("c", "bool", ()),), (f32,), 12, (
+    main = Function("main", (TensorType("c", "bool", ()),), (f32,), 15, (
         LoadConst(1, 0), If(0, 2, 4),
         Invoke(1, (1,), (2,)), Goto(5),
         Invoke(2, (1,), (2,)),
@@ -76,8 +80,10 @@ def _control_seed() -> bytes:
         Less(8, 4, 5), If(8, 12, 16),
         ViewAt(9, 3, 4, 0, (2,)), CopyAt(7, 9, 4), AddImm(4, 4, 1), Goto(10),
         Less(10, 4, 5), If(10, 18, 19), Fail(0),
+        LoadConst(11, 1), ViewShape(12, 7, 11), AllocShaped(13, 11, 0), ViewRows(14, 12, 9, 0),
         Ret((7,))))
-    return write_ro(Executable((main, then, orelse), {"w": np.ones((2, 2), np.float32)},
+    return write_ro(Executable((main, then, orelse), {"w": np.ones((2, 2), np.float32),
+                                                      "s": np.array([4], np.int64)},
                                ("k_stub",)))
 
 

@@ -6,6 +6,7 @@ from pipeline.frontend.onnx import (  # noqa: F401  (registration)
     control,
     conv,
     conv_transpose,
+    dynamic,
     elementwise,
     index,
     linalg,

@@ -28,6 +28,7 @@ from pipeline.frontend.onnx.shapes import onnx_shape_inference
 from pipeline.ir.graph import DTYPES, ONNX_DTYPES, Graph, Node, TensorType, add_param
 from pipeline.ops import get
 from pipeline.ops import infer_types as infer_op_types
+from pipeline.ops.dynamic import data_dependent
 from pipeline.vm.program import CONTROL_OPS
 
 
@@ -254,7 +255,7 @@ def _convert_nodes(model: onnx.ModelProto, opset: int, ctx: ImportContext,
                 for name, t in zip(node.outputs, out_types, strict=True):
                     check_elements(t.shape, f"{source}: node {node.name!r} output {name!r}")
                     want = onnx_shapes.get(name)
-                    if want is not None and want != t.shape:
+                    if want is not None and want != t.shape and data_dependent(node) is None:
                         raise ModelError(f"{source}: node {node.name!r} ({onode.op_type}): "
                                          f"output {name!r} has shape {list(t.shape)} here but "
                                          f"{list(want)} by ONNX shape inference")

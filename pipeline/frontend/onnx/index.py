@@ -37,10 +37,25 @@ def _slice_args(ctx, n):
     return starts, ends, axes, steps or [1] * len(starts)
 
 
-@onnx_op("Slice", 1, emits=("slice",), build_time_inputs=(1, 2, 3, 4))
+@onnx_op("Slice", 1, emits=("slice", "slice_to"), build_time_inputs=(1, 2, 3, 4))
 def _slice(ctx, n):
     shape = ctx.type(n.inputs[0]).shape
+    runtime = [i for i in n.inputs[1:5] if i and ctx.const(i) is None]
+    if n.opset >= 10 and runtime:  # runtime starts, ends or steps: only the VM runs it
+        return _runtime_slice(ctx, n, shape)
     return [slice_node(n.name, n.inputs[0], n.outputs[0], shape, *_slice_args(ctx, n))]
+
+
+def _runtime_slice(ctx, n, shape) -> list[Node]:
+    """slice_to (ops/dynamic_movement.py): absent axes are 0..k-1, absent steps ones."""
+    count = ctx.type(n.inputs[1]).size
+
+    def given(pos: int) -> str:
+        return n.inputs[pos] if len(n.inputs) > pos else ""
+
+    axes = given(3) or ctx.add_param(f"{n.name}_axes", np.arange(count, dtype=np.int64))
+    steps = given(4) or ctx.add_param(f"{n.name}_steps", np.ones(count, np.int64))
+    return [Node.make("slice_to", n.name, (*n.inputs[:3], axes, steps), n.outputs[:1])]
 
 
 @onnx_op("Split", 1, emits=("slice",), build_time_inputs=(1,))

@@ -18,8 +18,10 @@ def _transpose(ctx, n):
     return [Node.make("transpose", n.name, n.inputs[:1], n.outputs[:1], perm=perm)]
 
 
-@onnx_op("Tile", 6, emits=("tile",), build_time_inputs=(1,))
+@onnx_op("Tile", 6, emits=("tile", "tile_to"), build_time_inputs=(1,))
 def _tile(ctx, n):
+    if ctx.const(n.inputs[1]) is None:  # runtime repeats: only the VM runs it
+        return [Node.make("tile_to", n.name, n.inputs[:2], n.outputs[:1])]
     reps = need_const(ctx, n, 1, "the repeats input").tolist()
     if len(reps) != len(ctx.type(n.inputs[0]).shape) or min(reps, default=0) < 0:
         raise ModelError(f"node {n.name!r} (Tile): repeats {reps} do not fit input "

@@ -30,16 +30,22 @@ onnx_op("CumProd", 26, emits=("cumprod",), build_time_inputs=(1,))(_cumulative_c
 
 @onnx_op("TopK", 1, emits=("topk_values", "topk_indices"), build_time_inputs=(1,))
 def _topk(ctx, n):
+    """A constant K is an attribute; a runtime one (opset 10+) an input the VM reads
+    (the outputs then hold their bound, the axis length: pipeline/ops/dynamic.py).
+    K stays a build-time input for the ONNX backend, which freezes it: its readers
+    may be static kernels (as for Range, ConstantOfShape and Expand)."""
     rank = len(ctx.type(n.inputs[0]).shape)
+    inputs = tuple(n.inputs[:1])
     if n.opset >= 10:
-        k = need_const(ctx, n, 1, "the K input")
-        k = int(np.asarray(k).reshape(-1)[0])
+        k = ctx.const(n.inputs[1])
+        inputs = inputs if k is not None else tuple(n.inputs[:2])
+        k = -1 if k is None else int(np.asarray(k).reshape(-1)[0])
     else:
         k = int(n.attrs["k"])
     attrs = {"axis": norm_axis(n, int(n.attrs.get("axis", -1)), rank), "k": k,
              "largest": int(n.attrs.get("largest", 1))}
     return [Node.make(op, f"{n.name}__{op}" if op == "topk_indices" else n.name,
-                      n.inputs[:1], (out,), **attrs)
+                      inputs, (out,), **attrs)
             for op, out in zip(("topk_values", "topk_indices"), n.outputs, strict=False)
             if out]
 

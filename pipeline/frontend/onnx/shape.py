@@ -61,8 +61,11 @@ def _reshape_v1(ctx, n):
     return reshape(n, resolve_reshape(n.name, ctx.type(n.inputs[0]).shape, n.attrs["shape"]))
 
 
-@onnx_op("Reshape", 5, emits=("reshape",), build_time_inputs=(1,))
+@onnx_op("Reshape", 5, emits=("reshape", "reshape_to"), build_time_inputs=(1,))
 def _reshape_v5(ctx, n):
+    if ctx.const(n.inputs[1]) is None:  # a runtime shape: only the VM runs it
+        return [Node.make("reshape_to", n.name, n.inputs[:2], n.outputs[:1],
+                          allowzero=int(n.attrs.get("allowzero", 0)))]
     target = need_const(ctx, n, 1, "the shape input")
     return reshape(n, resolve_reshape(n.name, ctx.type(n.inputs[0]).shape, target.tolist(),
                                       bool(n.attrs.get("allowzero", 0))))
@@ -117,9 +120,11 @@ def _concat(ctx, n):
     return [Node.make("concat", n.name, inputs, n.outputs, axis=axis)]
 
 
-@onnx_op("Expand", 8, emits=("expand",), build_time_inputs=(1,))
+@onnx_op("Expand", 8, emits=("expand", "expand_to"), build_time_inputs=(1,))
 def _expand(ctx, n):
-    shape = need_const(ctx, n, 1, "the shape input")
+    shape = ctx.const(n.inputs[1])
+    if shape is None:  # a runtime shape: only the VM runs it (ops/dynamic.py)
+        return [Node.make("expand_to", n.name, n.inputs[:2], n.outputs[:1])]
     return [Node.make("expand", n.name, n.inputs[:1], n.outputs[:1],
                       shape=tuple(int(d) for d in shape))]
 
@@ -140,22 +145,26 @@ def _size(ctx, n):
     return []
 
 
-@onnx_op("ConstantOfShape", 9, emits=(), build_time_inputs=(0,))
+@onnx_op("ConstantOfShape", 9, emits=("fill",), build_time_inputs=(0,))
 def _constant_of_shape(ctx, n):
     from onnx import numpy_helper  # converters run at import, where onnx is loaded
 
-    shape = need_const(ctx, n, 0, "the shape input")
+    shape = ctx.const(n.inputs[0])
     value = n.attrs.get("value")
     fill = numpy_helper.to_array(value).reshape(-1) if value is not None else \
         np.zeros(1, np.float32)
+    if shape is None:  # a runtime shape: only the VM runs it (ops/dynamic.py)
+        return [Node.make("fill", n.name, n.inputs[:1], n.outputs[:1],
+                          value=fill[0].item(), dtype=str(fill.dtype))]
     ctx.set_const(n.outputs[0], np.full(tuple(int(d) for d in shape), fill[0], fill.dtype))
     return []
 
 
-@onnx_op("Range", 11, emits=(), build_time_inputs=(0, 1, 2))
+@onnx_op("Range", 11, emits=("range",), build_time_inputs=(0, 1, 2))
 def _range(ctx, n):
-    start, limit, delta = (need_const(ctx, n, k, what) for k, what in
-                           enumerate(("start", "limit", "delta")))
+    start, limit, delta = (ctx.const(i) for i in n.inputs[:3])
+    if start is None or limit is None or delta is None:  # only the VM runs it
+        return [Node.make("range", n.name, n.inputs[:3], n.outputs[:1])]
     count = max(math.ceil((limit.item() - start.item()) / delta.item()), 0)
     ctx.set_const(n.outputs[0], (start + np.arange(count) * delta).astype(start.dtype))
     return []

@@ -41,7 +41,9 @@
 #endif
 #define MAX_DEPTH 64 /* nested function calls (If and Loop bodies nest, never recurse) */
 enum { ALLOC_STORAGE = 1, ALLOC_TENSOR, LOAD_CONST, INVOKE_PACKED, COPY, VIEW, MOVE, IF, GOTO,
-       INVOKE, RET, SCALAR, ADD_IMM, LESS, COPY_AT, VIEW_AT, FAIL };
+       INVOKE, RET, SCALAR, ADD_IMM, LESS, COPY_AT, VIEW_AT, FAIL,
+       /* 30-39: data-dependent shapes */
+       VIEW_SHAPE = 30, ALLOC_SHAPED, VIEW_ROWS };
 /* FAIL's reasons (pipeline/vm/bytecode.py FAILURES) */
 static const char *const FAILURES[] = {
     "a Loop ended before its trip count: its scan outputs would be shorter than planned "
@@ -97,6 +99,7 @@ struct pl_executor {
     struct storage **consts; /* the constants, each in its own storage */
     struct type *const_types;
     kernel_fn *kernels;
+    const char **kernel_names; /* into the .ro, which outlives the executor */
     int64_t *words;          /* every instruction's operands */
     void **arg_pool;
     struct ins *ins_pool;
@@ -240,10 +243,12 @@ static int read_kernels(pl_executor *h, struct reader *r, void *(*resolve)(void 
                         void *ctx) {
     if (read_count(h, r, 5, &h->n_kernels)) return -1;
     h->kernels = calloc(h->n_kernels + 1, sizeof *h->kernels);
-    if (!h->kernels) return fail(h, "out of memory");
+    h->kernel_names = calloc(h->n_kernels + 1, sizeof *h->kernel_names);
+    if (!h->kernels || !h->kernel_names) return fail(h, "out of memory");
     for (uint32_t k = 0; k < h->n_kernels; k++) {
         const char *name;
         if (read_str(h, r, &name)) return -1;
+        h->kernel_names[k] = name;
         if (!(*(void **)&h->kernels[k] = resolve(ctx, name)))
             return fail(h, "kernel symbol '%s' not found in the library", name);
     }
@@ -309,6 +314,13 @@ static int check_ins(const pl_executor *h, const struct func *fn, const struct i
     case SCALAR: return n == 3 && reg_ok(fn, w[0]) && (w[1] == DT_INT64 || w[1] == DT_BOOL);
     case FAIL: return n == 1 && w[0] >= 0 && (uint64_t)w[0] < N_FAILURES;
     case ADD_IMM: return n == 3 && reg_ok(fn, w[0]) && reg_ok(fn, w[1]);
+    case VIEW_SHAPE: return n == 3 && reg_ok(fn, w[0]) && reg_ok(fn, w[1]) && reg_ok(fn, w[2]);
+    case ALLOC_SHAPED:
+        return n == 3 && reg_ok(fn, w[0]) && reg_ok(fn, w[1]) && w[2] >= 0 &&
+               (uint64_t)w[2] < N_DTYPES;
+    case VIEW_ROWS:
+        return n == 4 && reg_ok(fn, w[0]) && reg_ok(fn, w[1]) && reg_ok(fn, w[2]) && w[3] >= 0 &&
+               w[3] < (int64_t)MAX_NDIM;
     case LESS: case COPY_AT:
         return n == 3 && reg_ok(fn, w[0]) && reg_ok(fn, w[1]) && reg_ok(fn, w[2]);
     case VIEW_AT:
@@ -495,6 +507,70 @@ static int indexed(pl_executor *h, struct func *fn, const struct ins *in) {
     return 0;
 }
 
+/* ---- data-dependent shapes (ViewShape, AllocShaped, ViewRows) ---- */
+
+/* The element limit of a tensor allocated at run time: $PIPELINE_MAX_TENSOR_ELEMENTS
+ * (default 2^34), as the compiler's check_elements. */
+static uint64_t max_elements(void) {
+    const char *env = getenv("PIPELINE_MAX_TENSOR_ELEMENTS");
+    char *end = NULL;
+    unsigned long long v = env && *env ? strtoull(env, &end, 10) : 0;
+    return env && *env && end && *end == 0 ? (uint64_t)v : (uint64_t)1 << 34;
+}
+
+/* The shape a 1-d int64 tensor holds, into t->ndim and t->shape (the data pointer,
+ * dtype and sizes are the caller's); -1 with the error set if it is not one. */
+static int shape_from(pl_executor *h, const struct obj *s, struct obj *t) {
+    if (s->kind != 2 || s->dtype != DT_INT64 || s->ndim != 1 || s->shape[0] > (int64_t)MAX_NDIM)
+        return fail(h, "VM: a runtime shape is not a 1-d int64 tensor of at most %u values",
+                    MAX_NDIM);
+    t->ndim = (uint8_t)s->shape[0];
+    memcpy(t->shape, s->data, (size_t)t->ndim * sizeof *t->shape);
+    uint64_t count = 1;
+    for (uint8_t d = 0; d < t->ndim; d++) {
+        if (t->shape[d] < 0) return fail(h, "VM: runtime shape has a negative dimension");
+        count = t->shape[d] && count > UINT64_MAX / (uint64_t)t->shape[d]
+                    ? UINT64_MAX : count * (uint64_t)t->shape[d];
+    }
+    if (count > max_elements())
+        return fail(h, "VM: a runtime shape of %llu elements is more than the limit of %llu "
+                    "($PIPELINE_MAX_TENSOR_ELEMENTS)", (unsigned long long)count,
+                    (unsigned long long)max_elements());
+    t->nbytes = (size_t)count * DTYPES[t->dtype].size;
+    return 0;
+}
+
+static int dynamic_shape(pl_executor *h, struct func *fn, const struct ins *in) {
+    struct obj *r = fn->regs;
+    const int64_t *w = in->w;
+    if (in->op == ALLOC_SHAPED) {
+        struct obj t = {2, (uint8_t)w[2], 0, NULL, NULL, 0, {0}};
+        if (shape_from(h, &r[w[1]], &t) || !(t.st = storage_new(h, t.nbytes))) return -1;
+        t.data = t.st->data;
+        obj_clear(h, &r[w[0]]);
+        r[w[0]] = t; /* takes storage_new's reference */
+        return 0;
+    }
+    const struct obj *src = &r[w[1]];
+    if (src->kind != 2) return fail(h, "VM: a runtime view of a non-tensor");
+    struct obj t = *src;
+    if (in->op == VIEW_SHAPE) {
+        if (shape_from(h, &r[w[2]], &t)) return -1;
+    } else {
+        const struct obj *like = &r[w[2]];
+        if (like->kind != 2 || w[3] >= like->ndim || src->ndim == 0)
+            return fail(h, "VM: ViewRows of a tensor without that dimension");
+        size_t row = src->shape[0] ? src->nbytes / (size_t)src->shape[0] : 0;
+        t.shape[0] = like->shape[w[3]];
+        t.nbytes = row * (size_t)t.shape[0];
+    }
+    if (t.nbytes > src->nbytes || (in->op == VIEW_ROWS && t.shape[0] > src->shape[0]))
+        return fail(h, "VM: a data-dependent result of %zu bytes exceeds its %zu-byte bound",
+                    t.nbytes, src->nbytes);
+    obj_set(h, &r[w[0]], &t);
+    return 0;
+}
+
 static int invoke_packed(pl_executor *h, struct func *fn, struct ins *in) {
     for (int64_t a = 0; a < in->w[1]; a++) {
         const struct obj *o = &fn->regs[in->w[2 + a]];
@@ -502,7 +578,8 @@ static int invoke_packed(pl_executor *h, struct func *fn, struct ins *in) {
         in->args[a] = o->data;
     }
     int32_t rc = h->kernels[in->w[0]](in->args);
-    return rc ? fail(h, "kernel %lld returned an error (%d)", (long long)in->w[0], (int)rc) : 0;
+    return rc ? fail(h, "kernel %s returned an error (%d): an input value out of its range",
+                     h->kernel_names[in->w[0]], (int)rc) : 0;
 }
 
 static int call(pl_executor *h, struct func *fn, const struct ins *in) {
@@ -563,6 +640,7 @@ static int step(pl_executor *h, struct func *fn, uint32_t *pc, struct obj *resul
     case SCALAR: return new_scalar(h, &r[w[0]], (int)w[1], w[2]);
     case FAIL: return fail(h, "VM: %s", FAILURES[w[0]]);
     case ADD_IMM: case LESS: case COPY_AT: case VIEW_AT: return indexed(h, fn, in);
+    case VIEW_SHAPE: case ALLOC_SHAPED: case VIEW_ROWS: return dynamic_shape(h, fn, in);
     case RET:
         for (int64_t k = 0; k < w[0]; k++) obj_set(h, &results[k], &r[w[1 + k]]);
         *done = 1;
@@ -680,6 +758,7 @@ API void pl_destroy(pl_executor *h) {
         free(s->data), free(s);
     }
     free(h->inputs), free(h->zero_copy), free(h->outputs), free(h->consts), free(h->const_types), free(h->kernels);
+    free(h->kernel_names);
     free(h->words), free(h->arg_pool), free(h->ins_pool), free(h->type_pool), free(h->funcs);
     if (h->dl_handle) dlclose(h->dl_handle);
     free(h);
