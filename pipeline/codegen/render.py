@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import llvmlite.ir as ir
 
+from pipeline.codegen.rows import render_rows
 from pipeline.dsl.builder import KernelBuilder
 from pipeline.dsl.elementwise import vector_elementwise, vectorizable
 from pipeline.dsl.epilogue import Epilogue
@@ -21,11 +22,22 @@ from pipeline.ops import OpKind, get, infer_types
 
 
 def render(spec: KernelSpec) -> str:
-    """LLVM IR text of a module that defines the kernel `spec.symbol`."""
+    """LLVM IR text of a module that defines the kernel `spec.symbol`: `int32_t
+    f(void **args)`, or for a spec with symbolic dimensions `int32_t f(void **args,
+    const int64_t *dims)` over its rows (codegen/rows.py)."""
     module = ir.Module(name=spec.symbol)
     module.triple = spec.target.triple
     module.data_layout = str(spec.target.target_machine(spec.opt_level).target_data)
-    kb = KernelBuilder(module, spec.symbol, list(spec.params))
+    if spec.symbols:
+        render_rows(module, spec, _render_static)
+    else:
+        _render_static(module, spec, spec.symbol)
+    return str(module)
+
+
+def _render_static(module: ir.Module, spec: KernelSpec, symbol: str) -> ir.Function:
+    """Define the static kernel `spec` in `module` as function `symbol`."""
+    kb = KernelBuilder(module, symbol, list(spec.params))
     args = {f"a{i}": buf for i, buf in enumerate(kb.buffers[:-1])}
     out = kb.buffers[-1]
     anchor, chain = spec.ops[0], spec.ops[1:]
@@ -60,4 +72,4 @@ def render(spec: KernelSpec) -> str:
         lowering.lower(kb, anchor, [args[i] for i in anchor.inputs], out,
                     epilogue if chain else None)
     kb.finish()
-    return str(module)
+    return kb.function

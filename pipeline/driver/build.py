@@ -19,13 +19,15 @@ import numpy as np
 from pipeline.codegen.compile import compile_ir
 from pipeline.codegen.render import render
 from pipeline.driver.factory import EXECUTORS, GraphExecutorFactory, LoweredGraph, unique_specs
-from pipeline.errors import UnsupportedOperatorError
+from pipeline.errors import GraphError, UnsupportedOperatorError
+from pipeline.ir.dims import check_bounds, parse_bounds, symbols_of
 from pipeline.ir.graph import Graph
 from pipeline.ir.target import Target, parse_target
 from pipeline.lower.cost import bytes_moved, kernel_flops, stack_bytes
 from pipeline.lower.kernel import KernelSpec, kernel_spec
 from pipeline.plan import MemoryPlan, graph_json, plan_memory
 from pipeline.transform import PassContext, optimize
+from pipeline.vm.compile import compile_plan
 from pipeline.vm.program import CONTROL_OPS, compile_program, has_control_flow
 
 
@@ -82,7 +84,7 @@ def compile_kernel(spec: KernelSpec, text: str | None = None) -> tuple[str, byte
 def build(graph: Graph, target: str = "llvm", params: dict | None = None,
           opt_level: int | None = None,
           kernel_cache: dict[str, bytes] | None = None,
-          executor: str = "graph") -> GraphExecutorFactory:
+          executor: str = "graph", dims=None) -> GraphExecutorFactory:
     """Optimise and compile `graph` for `target` under the current PassContext.
 
     opt_level is LLVM's (0..3); it defaults to the PassContext's opt_level.
@@ -90,6 +92,9 @@ def build(graph: Graph, target: str = "llvm", params: dict | None = None,
     found there is not compiled again (its hash names everything that decides
     its machine code, as for the doit kernel cache). executor: "graph" (the graph
     executor) or "vm" (export_library links a VM library with the .ro, docs/vm.md).
+    dims: bounds of the graph's symbolic dimensions, {"seq": (1, 512)} (or
+    ["seq=1:512"]); a graph with symbolic dimensions runs in the VM only, and each
+    of its symbols needs bounds (GraphError naming the first that has none).
     """
     if executor not in EXECUTORS:
         raise ValueError(f"executor {executor!r}: allowed {', '.join(EXECUTORS)}")
@@ -97,6 +102,10 @@ def build(graph: Graph, target: str = "llvm", params: dict | None = None,
     resolved = parse_target(target)
     llvm_level = cfg.opt_level if opt_level is None else opt_level
     cache = {} if kernel_cache is None else kernel_cache
+    names = symbols_of(*(graph.types[n].shape for n in graph.inputs))
+    if names:
+        return _build_symbolic(graph, dict(params or {}), target, llvm_level, cache, executor,
+                               parse_bounds(dims or {}, "build(dims=...)"))
     if has_control_flow(graph):
         return _build_program(graph, dict(params or {}), target, llvm_level, cache, executor)
     lowered = lower_graph(graph, dict(params or {}), resolved, llvm_level)
@@ -136,3 +145,35 @@ def _build_program(graph: Graph, params: dict, target: str, llvm_level: int,
             cache[spec.hash] = compile_kernel(spec, ir[spec.hash])[1]
         objects[spec.symbol] = cache[spec.hash]
     return GraphExecutorFactory(None, target, objects, executor, program, specs)
+
+
+def _build_symbolic(graph: Graph, params: dict, target: str, llvm_level: int,
+                    cache: dict[str, bytes], executor: str,
+                    bounds: dict[str, tuple[int, int]]) -> GraphExecutorFactory:
+    """build() of a graph with symbolic dimensions (docs/vm.md): optimised as any
+    graph (passes that need static shapes skip what has symbols), planned at the
+    upper bounds, each kernel over its symbolic rows (pipeline/lower/rows.py), and
+    one VM executable whose tensors take their runtime shapes."""
+    names = symbols_of(*(graph.types[n].shape for n in graph.inputs))
+    if executor != "vm":
+        raise GraphError(f"symbolic dimension(s) {', '.join(map(repr, names))}: only the VM "
+                         "executor runs them (executor='vm'), or fix them with a shape override")
+    if has_control_flow(graph):
+        raise GraphError("symbolic dimensions together with If/Loop/Scan are not supported yet")
+    check_bounds(names, bounds)
+    resolved = parse_target(target)
+    graph, params = optimize(graph, params, target=resolved)
+    plan = plan_memory(graph, {n: bounds[n][1] for n in names})
+    specs = {node.name: kernel_spec(node, graph, resolved, llvm_level) for node in graph.nodes
+             if node.name not in plan.aliases}
+    objects = {}
+    for spec in unique_specs(specs.values()):
+        if spec.hash not in cache:
+            cache[spec.hash] = compile_kernel(spec)[1]
+        objects[spec.symbol] = cache[spec.hash]
+    symbols = {name: s.symbol for name, s in specs.items()}
+    text = graph_json(graph, {**symbols, **dict.fromkeys(plan.aliases, "__nop")}, plan)
+    program = compile_plan(text, params, [s.symbol for s in unique_specs(specs.values())],
+                           {n: bounds[n] for n in names})
+    return GraphExecutorFactory(None, target, objects, executor, program,
+                                list(specs.values()))

@@ -28,17 +28,27 @@ DTYPES = tuple(ONNX_DTYPES.values())
 
 @dataclass(frozen=True)
 class TensorType:
-    """Static shape and dtype of one tensor."""
+    """Shape and dtype of one tensor. A dimension is an int, or for the VM executor a
+    symbolic one (a str: pipeline/ir/dims.py)."""
 
-    shape: tuple[int, ...]
+    shape: tuple[int | str, ...]
     dtype: str = "float32"
 
     @property
     def size(self) -> int:
+        """The element count of a static shape (GraphError for a symbolic one: code
+        that needs it does not handle symbols)."""
         n = 1
         for d in self.shape:
+            if isinstance(d, str):
+                raise GraphError(f"shape {list(self.shape)} is symbolic: no static size")
             n *= d
         return n
+
+    @property
+    def symbolic(self) -> bool:
+        """Whether a dimension is symbolic."""
+        return any(isinstance(d, str) for d in self.shape)
 
     def to_json(self) -> list:
         return [list(self.shape), self.dtype]

@@ -164,7 +164,8 @@ def from_onnx(model: onnx.ModelProto | str | Path,
               shape: dict[str, tuple[int, ...]] | None = None,
               source: str | None = None,
               freeze: dict[str, np.ndarray] | None = None,
-              control_flow: bool = False) -> tuple[Graph, dict[str, np.ndarray]]:
+              control_flow: bool = False,
+              symbolic: bool = False) -> tuple[Graph, dict[str, np.ndarray]]:
     """Import an ONNX model (or file path) into (graph, params).
 
     `shape` overrides or fixes input shapes by input name. `source` names the
@@ -174,12 +175,15 @@ def from_onnx(model: onnx.ModelProto | str | Path,
     control_flow: import If, Loop and Scan as nodes holding their subgraphs
     (frontend/onnx/control.py), which only the VM runs (docs/vm.md); without it
     they are refused as unsupported operators.
+    symbolic: keep an input's symbolic dimension (a dim_param, or a name in a `shape`
+    override) as a named dimension (pipeline/ir/dims.py), which only the VM runs;
+    without it such an input is refused unless `shape` fixes it.
     """
     if not isinstance(model, onnx.ModelProto):
         source = source or str(model)
         model = load_model(model)
     try:
-        return _import(model, shape, source, freeze, control_flow)
+        return _import(model, shape, source, freeze, control_flow, symbolic)
     except UnicodeDecodeError:
         # protobuf decodes string fields when they are read, not when parsed
         raise ModelError(f"{source or '<model>'}: a name or string in the model is not "
@@ -188,7 +192,8 @@ def from_onnx(model: onnx.ModelProto | str | Path,
 
 def _import(model: onnx.ModelProto, shape: dict[str, tuple[int, ...]] | None,
             source: str | None, freeze: dict[str, np.ndarray] | None,
-            control_flow: bool = False) -> tuple[Graph, dict[str, np.ndarray]]:
+            control_flow: bool = False,
+            symbolic: bool = False) -> tuple[Graph, dict[str, np.ndarray]]:
     """from_onnx on a parsed model."""
     source = source or model.graph.name or "<model>"
     if freeze:
@@ -207,7 +212,7 @@ def _import(model: onnx.ModelProto, shape: dict[str, tuple[int, ...]] | None,
         raise ModelError(f"{source}: shape given for unknown input(s) {sorted(unknown)}; "
                          f"inputs are {[vi.name for vi in inputs]}")
     for vi in inputs:
-        types[vi.name] = _input_type(vi, shape.get(vi.name), source)
+        types[vi.name] = _input_type(vi, shape.get(vi.name), source, symbolic)
         check_elements(types[vi.name].shape, f"{source}: input {vi.name!r}")
     _check_defined(g, source)
 
@@ -412,7 +417,7 @@ def _dtype_name(dtype, name: str) -> str:
     return text
 
 
-def _input_type(vi, override, source: str) -> TensorType:
+def _input_type(vi, override, source: str, symbolic: bool = False) -> TensorType:
     tt = vi.type.tensor_type
     dtype = ONNX_DTYPES.get(tt.elem_type)
     if dtype is None:
@@ -423,7 +428,15 @@ def _input_type(vi, override, source: str) -> TensorType:
         if dims and len(override) != len(dims):
             raise ModelError(f"{source}: shape override {list(override)} for input "
                              f"{vi.name!r} has rank {len(override)}, the model says {len(dims)}")
-        return TensorType(tuple(int(d) for d in override), dtype)
+        if not symbolic and any(isinstance(d, str) for d in override):
+            raise ModelError(f"{source}: shape override {list(override)} for input "
+                             f"{vi.name!r} names a dimension: only the VM executor keeps "
+                             "symbolic dimensions")
+        return TensorType(tuple(d if isinstance(d, str) else int(d) for d in override), dtype)
+    if symbolic and tt.HasField("shape") and all(
+            d.HasField("dim_value") or d.dim_param for d in tt.shape.dim):
+        return TensorType(tuple(d.dim_value if d.HasField("dim_value") else d.dim_param
+                                for d in tt.shape.dim), dtype)
     if None in dims or not tt.HasField("shape"):
         named = [d.dim_param or "?" if not d.HasField("dim_value") else d.dim_value
                  for d in tt.shape.dim]

@@ -8,6 +8,7 @@ import numpy as np
 
 from pipeline.errors import GraphError, ModelError
 from pipeline.frontend.onnx.registry import onnx_converter, onnx_op
+from pipeline.ir.dims import dim_product, dim_quotient, is_symbolic
 from pipeline.ir.graph import ONNX_DTYPES, Node
 
 
@@ -37,7 +38,7 @@ def norm_axis(n, axis: int, rank: int) -> int:
 
 def reshape(n, shape) -> list[Node]:
     return [Node.make("reshape", n.name, n.inputs[:1], n.outputs[:1],
-                      shape=tuple(int(d) for d in shape))]
+                      shape=tuple(d if isinstance(d, str) else int(d) for d in shape))]
 
 
 def resolve_reshape(name: str, in_shape: tuple[int, ...], target, allowzero: bool = False):
@@ -46,6 +47,12 @@ def resolve_reshape(name: str, in_shape: tuple[int, ...], target, allowzero: boo
            for i, d in enumerate(target)]
     if out.count(-1) > 1:
         raise ModelError(f"node {name!r} (Reshape): more than one -1 in {list(target)}")
+    if -1 in out and is_symbolic([*in_shape, *out]):
+        rest = dim_quotient(dim_product(in_shape), dim_product(d for d in out if d != -1))
+        if rest is None:
+            raise ModelError(f"node {name!r} (Reshape): cannot reshape {list(in_shape)} "
+                             f"to {list(target)} (symbolic dimensions)")
+        out[out.index(-1)] = rest
     if -1 in out:
         known = math.prod(d for d in out if d != -1)
         total = math.prod(in_shape)
@@ -73,7 +80,7 @@ def _flatten(ctx, n):
     in_shape = ctx.type(n.inputs[0]).shape
     axis = int(n.attrs.get("axis", 1))
     axis = axis + len(in_shape) if axis < 0 else axis  # ONNX: axis in [-rank, rank]
-    return reshape(n, (math.prod(in_shape[:axis]), math.prod(in_shape[axis:])))
+    return reshape(n, (dim_product(in_shape[:axis]), dim_product(in_shape[axis:])))
 
 
 def _axes(ctx, n, since_input: int):
@@ -127,6 +134,9 @@ def _expand(ctx, n):
 @onnx_op("Shape", 1, emits=())
 def _shape(ctx, n):
     shape = ctx.type(n.inputs[0]).shape
+    if is_symbolic(shape):
+        raise ModelError(f"node {n.name!r} (Shape): the shape {list(shape)} is symbolic: "
+                         "shape computations at run time are not supported yet")
     rank = len(shape)
     start, end = int(n.attrs.get("start", 0)), int(n.attrs.get("end", rank))
     start, end = (min(max(v + rank if v < 0 else v, 0), rank) for v in (start, end))

@@ -25,8 +25,9 @@ def with_input_shapes(model: onnx.ModelProto,
     for vi in model.graph.input:
         if vi.name in shapes:
             dims = vi.type.tensor_type.shape.dim
-            declared = [d.dim_value if d.HasField("dim_value") else None for d in dims]
-            if declared != [int(d) for d in shapes[vi.name]]:
+            declared = [d.dim_value if d.HasField("dim_value") else d.dim_param or None
+                        for d in dims]
+            if declared != [d if isinstance(d, str) else int(d) for d in shapes[vi.name]]:
                 changed[vi.name] = shapes[vi.name]
     if not changed:
         return model
@@ -44,7 +45,10 @@ def _set_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]
             dims = vi.type.tensor_type.shape.dim
             del dims[:]
             for d in shapes[vi.name]:
-                dims.add().dim_value = int(d)
+                if isinstance(d, str):  # a symbolic dimension (the VM's)
+                    dims.add().dim_param = d
+                else:
+                    dims.add().dim_value = int(d)
     for vi in model.graph.output:
         if vi.type.tensor_type.HasField("shape"):
             vi.type.tensor_type.ClearField("shape")
@@ -55,7 +59,7 @@ def onnx_shape_inference(model, types, inputs, source) -> dict[str, tuple[int, .
     """Shapes ONNX infers once our input shapes are set, by tensor name."""
     model = _without_large_initializers(model)  # a copy: changed in place below
     names = {i.name for i in inputs}
-    declared = {vi.name: [d.dim_value if d.HasField("dim_value") else None
+    declared = {vi.name: [d.dim_value if d.HasField("dim_value") else d.dim_param or None
                           for d in vi.type.tensor_type.shape.dim]
                 for vi in model.graph.input if vi.name in names}
     if any(declared[n] != list(types[n].shape) for n in names):
