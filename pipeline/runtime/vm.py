@@ -131,6 +131,7 @@ def _bind(lib: ctypes.CDLL) -> dict[str, Any]:
              "pl_input_info": (i, [p, i, ctypes.POINTER(_TensorInfo)]),
              "pl_output_info": (i, [p, i, ctypes.POINTER(_TensorInfo)]),
              "pl_set_input": (i, [p, i, p, s]), "pl_get_output": (i, [p, i, p, s]),
+             "pl_set_input_shape": (i, [p, i, i, ctypes.POINTER(ctypes.c_int64)]),
              "pl_set_num_threads": (i, [p, i]), "pl_run": (i, [p])}
     api = {}
     for name, (restype, argtypes) in types.items():
@@ -193,12 +194,29 @@ class VirtualMachine:
             array = np.asarray(value)  # (ascontiguousarray makes a scalar 1-d)
             if not array.flags.c_contiguous:
                 array = array.copy()
-            if array.dtype != np.dtype(want.dtype) or array.shape != tuple(want.shape):
-                raise VMError(f"input {name!r}: expected {want.dtype} {list(want.shape)}, "
-                              f"given {array.dtype} {list(array.shape)}")
+            self._check_input(want, array)
+            shape = (ctypes.c_int64 * max(array.ndim, 1))(*array.shape)
+            self._check(self._api["pl_set_input_shape"](self._handle, k, array.ndim, shape))
             self._check(self._api["pl_set_input"](self._handle, k, array.ctypes.data,
                                                   array.nbytes))
             self._inputs[k] = array
+
+    def _check_input(self, want, array: np.ndarray) -> None:
+        """VMError (one line naming the input) unless `array` has the input's dtype,
+        rank and static dimensions, and each symbolic one within its bounds."""
+        bounds = self.executable.content.dims
+        declared = [f"{d} ({bounds[d][0]}..{bounds[d][1]})" if isinstance(d, str) else str(d)
+                    for d in want.shape]
+        expected = f"expected {want.dtype} [{', '.join(declared)}]"
+        if array.dtype != np.dtype(want.dtype) or array.ndim != len(want.shape) or any(
+                not isinstance(d, str) and d != n for d, n in zip(want.shape, array.shape,
+                                                                  strict=True)):
+            raise VMError(f"input {want.name!r}: {expected}, given {array.dtype} "
+                          f"{list(array.shape)}")
+        for d, n in zip(want.shape, array.shape, strict=True):
+            if isinstance(d, str) and not bounds[d][0] <= n <= bounds[d][1]:
+                raise VMError(f"input {want.name!r}: dimension {d!r} = {n} is outside its "
+                              f"bounds {bounds[d][0]}..{bounds[d][1]}")
 
     def invoke(self, func_name: str = "main", *args: Any, **kwargs: Any) -> list[np.ndarray]:
         """Run `func_name` (inputs as set_input takes them, or set before) and

@@ -48,6 +48,8 @@ static struct {
     int (*get_output)(pl_executor *, int, void *, size_t);
     int (*set_num_threads)(pl_executor *, int);
     int (*run)(pl_executor *);
+    /* VM libraries only (NULL for a graph library): an input's runtime shape */
+    int (*set_input_shape)(pl_executor *, int, int, const int64_t *);
 } api;
 
 static void *sym(void *lib, const char *path, const char *name) {
@@ -111,6 +113,7 @@ static void load_api(const char *path) {
     *(void **)&api.get_output = sym(lib, path, "pl_get_output");
     *(void **)&api.set_num_threads = sym(lib, path, "pl_set_num_threads");
     *(void **)&api.run = sym(lib, path, "pl_run");
+    *(void **)&api.set_input_shape = dlsym(lib, "pl_set_input_shape");
 }
 
 /* numpy's dtype names <-> .npy descr strings (little endian, '|' for bytes). */
@@ -170,6 +173,23 @@ static void read_npy(pl_executor *h, int index, const char *name, const char *pa
     size_t k = 0;
     for (size_t i = 0; i < hlen; i++)
         if (header[i] != ' ' && header[i] != '\n') squeezed[k++] = header[i];
+    int symbolic = 0; /* a VM library's input with symbolic dimensions (-1 in its info) */
+    for (int d = 0; d < t.ndim; d++) symbolic |= t.shape[d] < 0;
+    if (symbolic && api.set_input_shape) { /* the file's shape, checked against bounds */
+        int64_t dims[32];
+        int ndim = 0;
+        const char *p = field(squeezed, "'shape':");
+        if (!p || *p != '(') die("input '%s': %s has no shape in its header", name, path);
+        for (p++; *p && *p != ')' && ndim < 32; ndim++) {
+            char *end;
+            dims[ndim] = strtoll(p, &end, 10);
+            if (end == p) die("input '%s': %s has a malformed shape", name, path);
+            p = *end == ',' ? end + 1 : end;
+        }
+        if (api.set_input_shape(h, index, ndim, dims))
+            die("%s: %s", path, api.last_error(h));
+        api.input_info(h, index, &t);
+    }
     char want[512], shape[400];
     shape_text(&t, shape, sizeof shape);
     const char *descr = field(squeezed, "'descr':"), *order = field(squeezed, "'fortran_order':");
