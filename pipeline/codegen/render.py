@@ -12,12 +12,14 @@ from __future__ import annotations
 import llvmlite.ir as ir
 
 from pipeline.codegen.rows import render_rows
+from pipeline.errors import GraphError
 from pipeline.dsl.builder import KernelBuilder
 from pipeline.dsl.elementwise import vector_elementwise, vectorizable
 from pipeline.dsl.epilogue import Epilogue
 from pipeline.dsl.vector import ELEMENT_WORK, parallel_nest
 from pipeline.kernels import lowering_of
 from pipeline.lower.kernel import KernelSpec
+from pipeline.lower.rows import row_prefix
 from pipeline.ops import OpKind, get, infer_types
 
 
@@ -29,10 +31,27 @@ def render(spec: KernelSpec) -> str:
     module.triple = spec.target.triple
     module.data_layout = str(spec.target.target_machine(spec.opt_level).target_data)
     if spec.symbols:
-        render_rows(module, spec, _render_static)
+        _render_symbolic(module, spec)
     else:
         _render_static(module, spec, spec.symbol)
     return str(module)
+
+
+def _render_symbolic(module: ir.Module, spec: KernelSpec) -> None:
+    """A kernel with symbolic dimensions: over its symbolic rows (codegen/rows.py), or
+    else by its operator's runtime-dimension lowering (`lower_dims`) if it has one."""
+    try:
+        row_prefix(spec)
+    except GraphError:
+        lower_dims = lowering_of(spec.ops[0].op).lower_dims
+        if lower_dims is None or len(spec.ops) > 1:
+            raise
+        kb = KernelBuilder(module, spec.symbol, list(spec.params), spec.symbols)
+        anchor = spec.ops[0]
+        lower_dims(kb, anchor, kb.buffers[:len(anchor.inputs)], kb.buffers[-1])
+        kb.finish()
+        return
+    render_rows(module, spec, _render_static)
 
 
 def _render_static(module: ir.Module, spec: KernelSpec, symbol: str) -> ir.Function:
