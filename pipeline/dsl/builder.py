@@ -19,6 +19,7 @@ from contextlib import contextmanager
 
 import llvmlite.ir as ir
 
+from pipeline.dsl.dims import runtime_shapes
 from pipeline.dsl.fastmath import exp_f32
 from pipeline.dsl.index import Index, raw
 from pipeline.dsl.types import (
@@ -46,38 +47,20 @@ class KernelBuilder:
 
     def __init__(self, module: ir.Module, symbol: str, params: list[TensorType],
                  symbols: tuple[str, ...] = ()):
-        """symbols: the params' symbolic dimensions (KernelSpec.symbols): the function
-        then is `i32 @symbol(ptr %args, ptr %dims)` and each buffer's shape holds the
-        i64 Index of dims[k] where it had symbol k (a kernel with runtime dimensions;
-        its loops must not be parallel_for's, whose outlined body cannot see them)."""
+        """symbols (KernelSpec.symbols): `(ptr %args, ptr %dims)`, shapes in dsl/dims.py."""
         self.module = module
-        fn = ir.Function(module, ir.FunctionType(I32, [PTR] * (2 if symbols else 1)),
-                         name=symbol)
+        fn = ir.Function(module, ir.FunctionType(I32, [PTR, PTR][:1 + bool(symbols)]), symbol)
         fn.args[0].name = "args"
         fn.args[0].add_attribute("noalias")
         self.function = fn
         self.b = ir.IRBuilder(fn.append_basic_block("entry"))
         if symbols:
             fn.args[1].name = "dims"
-            values = {name: Index(self, self.b.load(
-                self.b.gep(fn.args[1], [raw(k)], source_etype=I64), typ=I64, name=name))
-                for k, name in enumerate(symbols)}
-            params = [TensorType(tuple(self._dim(d, values) for d in t.shape), t.dtype)
-                      for t in params]
+            params = runtime_shapes(self, fn.args[1], params, symbols)
         self.buffers = []
         for i, t in enumerate(params):
             slot = self.b.gep(fn.args[0], [raw(i)], source_etype=PTR, inbounds=True)
             self.buffers.append(Buffer(self.b.load(slot, typ=PTR, name=f"buf{i}"), t))
-
-    @staticmethod
-    def _dim(d, values: dict):
-        """Dimension d (an int, a symbol, a product "2*s0*s1") as an int or an Index."""
-        if not isinstance(d, str):
-            return d
-        acc = 1
-        for f in d.split("*"):
-            acc = acc * (int(f) if f.isdigit() else values[f])
-        return acc
 
     def finish(self) -> None:
         self.b.ret(ir.Constant(I32, 0))
