@@ -25,53 +25,71 @@ from pipeline.ir.graph import Graph
 from pipeline.ir.target import Target, parse_target
 from pipeline.lower.cost import bytes_moved, kernel_flops, stack_bytes
 from pipeline.lower.kernel import KernelSpec, kernel_spec
+from pipeline.lower.rows import at_values
 from pipeline.plan import MemoryPlan, graph_json, plan_memory
 from pipeline.transform import PassContext, optimize
-from pipeline.vm.compile import compile_plan
 from pipeline.vm.program import CONTROL_OPS, compile_program, has_control_flow
 
 
-def lower_specs(graph: Graph, params: dict, target: Target, opt_level: int
+def lower_specs(graph: Graph, params: dict, target: Target, opt_level: int,
+                dims: dict[str, tuple[int, int]] | None = None
                 ) -> tuple[Graph, dict, MemoryPlan, dict[str, KernelSpec]]:
     """Optimise under the current PassContext and describe every kernel: (the graph,
     its params, the memory plan, node name -> spec; the plan's aliases have none).
-    Nothing is rendered (what a caller that only wants the specs needs)."""
+    Nothing is rendered (what a caller that only wants the specs needs). dims: the
+    bounds of a symbolic graph's dimensions (the plan is made at the highs)."""
     graph, params = optimize(graph, params, target=target)
-    plan = plan_memory(graph)
+    plan = plan_memory(graph, {n: high for n, (_, high) in (dims or {}).items()})
     specs = {node.name: kernel_spec(node, graph, target, opt_level) for node in graph.nodes
              if node.name not in plan.aliases}
     return graph, params, plan, specs
 
 
 def lower_graph(graph: Graph, params: dict, target: Target, opt_level: int,
-                known_ir: Callable[[KernelSpec], str | None] | None = None) -> LoweredGraph:
+                known_ir: Callable[[KernelSpec], str | None] | None = None,
+                dims: dict[str, tuple[int, int]] | None = None) -> LoweredGraph:
     """Optimise under the current PassContext, describe every kernel and render each
     distinct one to LLVM IR once (its stack scratch is metadata; the kernel is
     compiled from that text: `ir` of the result, hash -> text).
 
     known_ir: spec -> its IR rendered earlier, None if not at hand (doit's out/specs,
-    the kernel cache), so a warm rerun renders nothing.
+    the kernel cache), so a warm rerun renders nothing. dims: bounds per symbolic
+    dimension of the graph (GraphError naming one without), kept in the graph JSON
+    for the VM (docs/vm.md).
     """
-    graph, params, plan, specs = lower_specs(graph, params, target, opt_level)
+    names = symbols_of(*(graph.types[n].shape for n in graph.inputs))
+    check_bounds(names, dims or {})
+    dims = {n: tuple(dims[n]) for n in names}
+    graph, params, plan, specs = lower_specs(graph, params, target, opt_level, dims)
     ir = {s.hash: (known_ir and known_ir(s)) or render(s) for s in unique_specs(specs.values())}
     symbols = {name: s.symbol for name, s in specs.items()}
     text = graph_json(graph, {**symbols, **dict.fromkeys(plan.aliases, "__nop")}, plan,
-                      _metadata(graph, params, specs, ir))
+                      _metadata(graph, params, specs, ir, dims), dims)
     return LoweredGraph(graph, params, specs, text, plan, ir)
 
 
 def _metadata(graph: Graph, params: dict, specs: dict[str, KernelSpec],
-              ir: dict[str, str]) -> dict[str, dict]:
+              ir: dict[str, str], dims: dict[str, tuple[int, int]]) -> dict[str, dict]:
     """Node name -> its call's flops, bytes_moved, stack_bytes (pipeline/lower/cost.py;
     the stack from the kernel's IR, `ir`: hash -> text) and constant_bytes (the
-    parameters it reads)."""
+    parameters it reads); a kernel with symbolic dimensions counted at their highs."""
     nodes = {n.name: n for n in graph.nodes}
     stack = {h: stack_bytes(text) for h, text in ir.items()}
-    return {name: {"flops": kernel_flops(s), "bytes_moved": bytes_moved(s),
+    high = {name: _at_highs(s, graph, nodes[name], dims) for name, s in specs.items()}
+    return {name: {"flops": kernel_flops(high[name]), "bytes_moved": bytes_moved(high[name]),
                    "stack_bytes": stack[s.hash],
                    "constant_bytes": sum(np.asarray(params[i]).nbytes
                                          for i in set(nodes[name].inputs) if i in params)}
             for name, s in specs.items()}
+
+
+def _at_highs(spec: KernelSpec, graph: Graph, node, dims: dict) -> KernelSpec:
+    """`spec` with its symbols at their upper bounds (for its costs); a static spec
+    as it is."""
+    if not spec.symbols:
+        return spec
+    names = symbols_of(*(graph.types[i].shape for i in (*node.inputs, node.outputs[0])))
+    return at_values(spec, {f"s{k}": dims[n][1] for k, n in enumerate(names)})
 
 
 def compile_kernel(spec: KernelSpec, text: str | None = None) -> tuple[str, bytes]:
@@ -160,20 +178,10 @@ def _build_symbolic(graph: Graph, params: dict, target: str, llvm_level: int,
                          "executor runs them (executor='vm'), or fix them with a shape override")
     if has_control_flow(graph):
         raise GraphError("symbolic dimensions together with If/Loop/Scan are not supported yet")
-    check_bounds(names, bounds)
-    resolved = parse_target(target)
-    graph, params = optimize(graph, params, target=resolved)
-    plan = plan_memory(graph, {n: bounds[n][1] for n in names})
-    specs = {node.name: kernel_spec(node, graph, resolved, llvm_level) for node in graph.nodes
-             if node.name not in plan.aliases}
+    lowered = lower_graph(graph, params, parse_target(target), llvm_level, dims=bounds)
     objects = {}
-    for spec in unique_specs(specs.values()):
+    for spec in unique_specs(lowered.specs.values()):
         if spec.hash not in cache:
-            cache[spec.hash] = compile_kernel(spec)[1]
+            cache[spec.hash] = compile_kernel(spec, lowered.ir[spec.hash])[1]
         objects[spec.symbol] = cache[spec.hash]
-    symbols = {name: s.symbol for name, s in specs.items()}
-    text = graph_json(graph, {**symbols, **dict.fromkeys(plan.aliases, "__nop")}, plan)
-    program = compile_plan(text, params, [s.symbol for s in unique_specs(specs.values())],
-                           {n: bounds[n] for n in names})
-    return GraphExecutorFactory(None, target, objects, executor, program,
-                                list(specs.values()))
+    return GraphExecutorFactory(lowered, target, objects, executor)

@@ -23,7 +23,7 @@ from pipeline.ir.graph import Node, TensorType
 from pipeline.lower.kernel import KernelSpec
 from pipeline.ops import OpKind, get
 
-__all__ = ["ROW_BLOCK", "at_rows", "row_prefix"]
+__all__ = ["ROW_BLOCK", "at_rows", "at_values", "row_prefix"]
 
 ROW_BLOCK = 8  # rows per call of the block kernel; the rest go one row at a time
 
@@ -98,7 +98,11 @@ def row_prefix(spec: KernelSpec) -> tuple[str, ...]:
 def at_rows(spec: KernelSpec, prefix: tuple[str, ...], rows: int) -> KernelSpec:
     """The static kernel computing `rows` consecutive rows of `spec`: its first
     prefix symbol `rows`, the others 1 (the same bytes as `rows` flattened rows)."""
-    values = {s: (rows if k == 0 else 1) for k, s in enumerate(prefix)}
+    return at_values(spec, {s: (rows if k == 0 else 1) for k, s in enumerate(prefix)})
+
+
+def at_values(spec: KernelSpec, values: dict[str, int]) -> KernelSpec:
+    """`spec` with each symbol (its s0, s1, ...) given its value in `values`."""
 
     def typ(t: TensorType) -> TensorType:
         return TensorType(substitute(t.shape, values), t.dtype)

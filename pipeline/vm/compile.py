@@ -166,6 +166,7 @@ def compile_plan(graph_json: str, params: dict[str, np.ndarray],
     storages sized at the highs; a kernel with symbols gets their runtime values).
     FormatError for a graph JSON the VM cannot run."""
     doc = json.loads(graph_json)
+    dims = {k: tuple(v) for k, v in (dims or doc.get("dims") or {}).items()}
     nodes, row_ptr = doc["nodes"], doc["node_row_ptr"]
     if any(b - a != 1 for a, b in zip(row_ptr, row_ptr[1:], strict=False)):
         raise FormatError("VM compile: every node must have one output")
