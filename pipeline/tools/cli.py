@@ -38,12 +38,11 @@ class CommandError(PipelineError):
     """A mistake in what the command was given, worded for the user."""
 
 
-def _dims(text: str) -> tuple[int, ...]:
-    try:
-        dims = tuple(int(d) for d in text.split(","))
-    except ValueError:
-        dims = ()
-    if not dims or min(dims) < 1:
+def _dims(text: str) -> tuple[int | str, ...]:
+    """"1,3,224,224" as a shape; a name ("batch,16") keeps that dimension symbolic
+    (the VM's, pipeline/ir/dims.py)."""
+    dims = tuple(d if d.isidentifier() else int(d) for d in text.split(","))
+    if not dims or min((d for d in dims if isinstance(d, int)), default=1) < 1:
         raise ValueError
     return dims
 
@@ -75,7 +74,8 @@ def input_shapes(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
 
 def compile_model(model: str, output: str, target: str = DEFAULT_TARGET, opt_level: int = 3,
                   shapes: dict | None = None, cc: str | None = None,
-                  cache: str | None = None, executor: str = "graph") -> dict:
+                  cache: str | None = None, executor: str = "graph",
+                  dims: Sequence[str] = ()) -> dict:
     """Compile the ONNX file `model` into the library `output` (.so, .tar or .o by its
     suffix); returns {"kernels", "compiled", "cache", "seconds"}. With executor "aot"
     `output` is the Model Library Format tar, lib<name>.a and <name>.h are written
@@ -86,7 +86,7 @@ def compile_model(model: str, output: str, target: str = DEFAULT_TARGET, opt_lev
     each distinct kernel's object from the kernel cache `cache` (None: cache_dir's
     default), compiled into it from that IR when missing or damaged, and the export
     path of export_library with the target's `cc`; executor "vm" links a VM library
-    (docs/vm.md).
+    (docs/vm.md), keeping symbolic dimensions with bounds `dims` ("seq=1:512").
     """
     from pipeline.driver.build import lower_graph
     from pipeline.driver.factory import GraphExecutorFactory, unique_specs
@@ -114,14 +114,21 @@ def compile_model(model: str, output: str, target: str = DEFAULT_TARGET, opt_lev
         raise CommandError(f"--target {target!r}: a bare-metal target loads no shared "
                            "library; compile with --executor aot")
     cc = resolve_cc(resolved, cc, "--cc")
-    graph, params = from_onnx(model, shapes or {}, control_flow=executor == "vm")
+    from pipeline.ir.dims import parse_bounds
+
+    try:
+        bounds = parse_bounds(dims, "--dims")
+    except ValueError as err:
+        raise CommandError(str(err)) from None
+    graph, params = from_onnx(model, shapes or {}, control_flow=executor == "vm",
+                              symbolic=executor == "vm")
     root = cache_dir(cache)
     if has_control_flow(graph):  # If, Loop, Scan: the VM's program of several graphs
         return _compile_program(graph, params, output, target, opt_level, cc, root, start)
 
     with PassContext(opt_level=opt_level):
         lowered = lower_graph(graph, params, resolved, opt_level,
-                              lambda spec: entry_ir(root, spec.hash, spec.symbol))
+                              lambda spec: entry_ir(root, spec.hash, spec.symbol), bounds)
     os.makedirs(root, exist_ok=True)
     objects, compiled = {}, 0
     for spec in unique_specs(lowered.specs.values()):
@@ -190,7 +197,8 @@ def _compile_program(graph, params: dict, output: str, target: str, opt_level: i
 
 def _compile(args: argparse.Namespace) -> None:
     done = compile_model(args.model, args.output, args.target, args.opt_level,
-                         input_shapes(args.input), args.cc, args.cache, args.executor)
+                         input_shapes(args.input), args.cc, args.cache, args.executor,
+                         args.dims)
     print(f"{args.output}: {done['kernels']} kernels ({done['compiled']} compiled, "
           f"{done['kernels'] - done['compiled']} reused from {done['cache']}), "
           f"{done['seconds']:.1f} s")
@@ -376,7 +384,10 @@ def parser() -> argparse.ArgumentParser:
                    "library whose .ro the VM runs: control flow) or aot (a Model "
                    "Library Format .tar, lib<name>.a and <name>.h)")
     p.add_argument("--input", action="append", default=[], metavar="NAME=1,3,224,224",
-                   help="fix an input's shape (any batch; a symbolic dim needs one)")
+                   help="fix an input's shape (any batch; a symbolic dim needs one, or "
+                   "--executor vm: a name keeps it symbolic)")
+    p.add_argument("--dims", action="append", default=[], metavar="NAME=LOW:HIGH",
+                   help="bounds of a symbolic dimension (--executor vm)")
     p.add_argument("--cc", help="the target's C compiler, which links (default $CC or cc; "
                    "required for another machine's target)")
     p.add_argument("--cache", metavar="DIR", help="the kernel cache (default "

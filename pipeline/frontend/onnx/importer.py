@@ -445,7 +445,8 @@ def _input_type(vi, override, source: str, symbolic: bool = False) -> TensorType
                 else "no declared shape")
         raise ModelError(f"{source}: input {vi.name!r} has {what}: give its shape (config: "
                          f"models.<name>.inputs.{vi.name}; command line: --input "
-                         f"{vi.name}=d0,d1,...; Python: from_onnx(shape=...))")
+                         f"{vi.name}=d0,d1,...; Python: from_onnx(shape=...)), or keep "
+                         "it symbolic with the VM executor (executor: vm and dims: bounds)")
     return TensorType(tuple(dims), dtype)
 
 

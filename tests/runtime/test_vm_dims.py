@@ -1,0 +1,159 @@
+"""Symbolic dimensions in the VM (docs/vm.md): one VM library, built once, runs a
+BERT-style encoder exported with dynamic axes [batch, seq] at every shape within its
+bounds, through the Python VirtualMachine and through pipeline-run, matching
+onnxruntime; an input outside the bounds, of the wrong rank or dtype is one clear
+error and nothing is written."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import pipeline
+from pipeline.errors import GraphError, ModelError
+from pipeline.link.runtime_c import build_pipeline_run
+from pipeline.runtime.vm import VirtualMachine, VMError
+from tests.runtime.dims_models import VOCAB, encoder, token_mlp
+
+TARGET = "llvm -mcpu=native"
+SHAPES = ((1, 7), (2, 33), (4, 128))
+BOUNDS = {"batch": (1, 4), "seq": (1, 128)}
+
+
+def _ort(model, ids: np.ndarray) -> np.ndarray:
+    return ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, {"ids": ids})[0]
+
+
+def _ids(shape, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, VOCAB, shape).astype(np.int64)
+
+
+def _library(model, path, dims=BOUNDS, shape=None):
+    graph, params = pipeline.frontend.from_onnx(model, shape, symbolic=True)
+    with pipeline.transform.PassContext(opt_level=3):
+        factory = pipeline.build(graph, target=TARGET, params=params, executor="vm",
+                                 dims=dims)
+    return factory.export_library(path), factory
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory):
+    """(the encoder, its VM library for batch 1..4 and seq 1..128, the factory)."""
+    model = encoder()
+    so, factory = _library(model, tmp_path_factory.mktemp("dims") / "bert.so")
+    return model, so, factory
+
+
+def test_one_library_runs_every_shape(bert):
+    model, so, factory = bert
+    assert factory.get_executable().dims == BOUNDS
+    vm = VirtualMachine(so)
+    for k, shape in enumerate((*SHAPES, (3, 1), *SHAPES[:1])):  # and back to a small one
+        ids = _ids(shape, k)
+        (got,) = vm.run(ids)
+        assert got.shape == (*shape, 32)
+        np.testing.assert_allclose(got, _ort(model, ids), rtol=1e-4, atol=1e-5)
+
+
+def test_kernels_take_runtime_dims(bert):
+    """Every kernel's symbols are its runtime dims: the symbolic ones are called with
+    InvokePackedDims, the attention by its runtime-length lowering; a kernel hash names
+    which dims are symbolic (s0, s1), not the bounds."""
+    _, _, factory = bert
+    specs = factory.kernels
+    assert all(s.symbols for s in specs) and {"attention", "layer_norm"} <= {
+        s.ops[0].op for s in specs}
+    assert all(set(s.symbols) <= {"s0", "s1"} for s in specs)
+    code = factory.get_executable().functions[0].code
+    names = {type(i).__name__ for i in code}
+    assert {"ShapeOf", "AllocTensorDims", "InvokePackedDims"} <= names
+    assert "InvokePacked" not in names
+
+
+def test_other_bounds_compile_the_same_kernels(bert, tmp_path):
+    """The kernels do not depend on the bounds: wider ones give the same kernel hashes."""
+    model, _, factory = bert
+    _, wider = _library(model, tmp_path / "wide.so", {"batch": (1, 8), "seq": (2, 512)})
+    assert {s.hash for s in wider.kernels} == {s.hash for s in factory.kernels}
+    assert wider.get_executable().dims == {"batch": (1, 8), "seq": (2, 512)}
+
+
+def test_bad_inputs_are_one_line_errors(bert):
+    _, so, _ = bert
+    vm = VirtualMachine(so)
+    for bad, needle in ((_ids((5, 7)), "dimension 'batch' = 5 is outside its bounds 1..4"),
+                        (_ids((1, 129)), "dimension 'seq' = 129 is outside its bounds 1..128"),
+                        (_ids((2, 3, 4)), "expected int64 [batch (1..4), seq (1..128)], "
+                                          "given int64 [2, 3, 4]"),
+                        (_ids((2, 3)).astype(np.int32), "given int32 [2, 3]")):
+        with pytest.raises(VMError, match=re.escape(needle)) as err:
+            vm.run(bad)
+        assert "\n" not in str(err.value)
+    np.testing.assert_equal(vm.run(_ids((1, 7)))[0].shape, (1, 7, 32))  # still usable
+
+
+def test_pipeline_run_takes_the_runtime_shapes(bert, tmp_path):
+    model, so, _ = bert
+    run = tmp_path / "pipeline-run"
+    build_pipeline_run(run)
+    for shape in SHAPES:
+        ids = _ids(shape, 7)
+        np.save(tmp_path / "ids.npy", ids)
+        out = tmp_path / f"y{shape[0]}x{shape[1]}"
+        proc = subprocess.run([run, so, "--input", f"ids={tmp_path / 'ids.npy'}",
+                               "--output-dir", out], capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        got = np.load(out / "output_0.npy")
+        assert got.shape == (*shape, 32)
+        np.testing.assert_allclose(got, _ort(model, ids), rtol=1e-4, atol=1e-5)
+    for bad, needle in ((_ids((1, 200)), "dimension 'seq' = 200 is outside its bounds 1..128"),
+                        (_ids((2, 3, 1)), "rank 3 given, expected [batch (1..4), seq (1..128)]")):
+        np.save(tmp_path / "bad.npy", bad)
+        proc = subprocess.run([run, so, "--input", f"ids={tmp_path / 'bad.npy'}",
+                               "--output-dir", tmp_path / "z"], capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+        assert needle in proc.stderr
+        assert not (tmp_path / "z").exists()
+
+
+def test_an_override_fixes_a_dimension(tmp_path):
+    """`shape` fixes seq; batch stays symbolic; the graph executor refuses symbols."""
+    model = token_mlp()
+    so, factory = _library(model, tmp_path / "mlp.so", {"batch": (1, 3)}, {"ids": ("batch", 5)})
+    vm = VirtualMachine(so)
+    for batch in (1, 3):
+        ids = _ids((batch, 5), batch)
+        np.testing.assert_allclose(vm.run(ids)[0], _ort(model, ids), rtol=1e-4, atol=1e-5)
+    with pytest.raises(VMError, match=re.escape("expected int64 [batch (1..3), 5]")):
+        vm.run(_ids((1, 6)))
+    graph, params = pipeline.frontend.from_onnx(model, symbolic=True)
+    with pytest.raises(GraphError, match="'seq' has no bounds"):
+        pipeline.build(graph, TARGET, params, executor="vm", dims={"batch": (1, 2)})
+    with pytest.raises(GraphError, match="only the VM executor runs them"):
+        pipeline.build(graph, TARGET, params, dims=BOUNDS)
+    with pytest.raises(ModelError, match="symbolic dimension 'batch', 'seq'"):
+        pipeline.frontend.from_onnx(model)
+
+
+def test_pipeline_compile_dims(tmp_path):
+    """`pipeline compile --executor vm --dims`: the CLI's path (kernel cache) too."""
+    import onnx
+
+    from pipeline.tools.cli import compile_model
+
+    model = token_mlp()
+    onnx.save(model, tmp_path / "mlp.onnx")
+    so = tmp_path / "mlp.so"
+    compile_model(str(tmp_path / "mlp.onnx"), str(so), TARGET, executor="vm",
+                  cache=str(tmp_path / "cache"), dims=["batch=1:2", "seq=1:64"])
+    vm = VirtualMachine(so)
+    for shape in ((1, 1), (2, 64)):
+        ids = _ids(shape)
+        np.testing.assert_allclose(vm.run(ids)[0], _ort(model, ids), rtol=1e-4, atol=1e-5)
