@@ -12,11 +12,11 @@ from __future__ import annotations
 import llvmlite.ir as ir
 
 from pipeline.codegen.rows import render_rows
-from pipeline.errors import GraphError
 from pipeline.dsl.builder import KernelBuilder
 from pipeline.dsl.elementwise import vector_elementwise, vectorizable
 from pipeline.dsl.epilogue import Epilogue
 from pipeline.dsl.vector import ELEMENT_WORK, parallel_nest
+from pipeline.errors import GraphError
 from pipeline.kernels import lowering_of
 from pipeline.lower.kernel import KernelSpec
 from pipeline.lower.rows import row_prefix

@@ -7,8 +7,6 @@ Their ONNX converters: pipeline/frontend/onnx/shape.py
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from pipeline.errors import ModelError
