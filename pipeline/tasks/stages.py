@@ -49,16 +49,19 @@ def reweight_model(src: str, dst: str, seed: int) -> None:
     random_weights(src, dst, seed)
 
 
-def import_model(onnx_path: str, shapes: dict, graph_path: str, weights_path: str) -> None:
-    """ONNX file -> graph IR JSON + weights (.params)."""
-    graph, params = from_onnx(onnx_path, {k: tuple(v) for k, v in shapes.items()})
+def import_model(onnx_path: str, shapes: dict, graph_path: str, weights_path: str,
+                 dims: dict | None = None) -> None:
+    """ONNX file -> graph IR JSON + weights (.params); with `dims` (the model's bounds,
+    executor vm) its symbolic dimensions stay symbolic."""
+    graph, params = from_onnx(onnx_path, {k: tuple(v) for k, v in shapes.items()},
+                              symbolic=bool(dims))
     atomic_write(graph_path, graph.to_json().encode())
     atomic_write(weights_path, param_chunks(params))
 
 
 def optimize_model(graph_path: str, weights_path: str, target: dict, spec_dir: str,
                    graph_json_path: str, params_path: str, kernels_path: str,
-                   cache: str | None = None) -> dict:
+                   cache: str | None = None, dims: dict | None = None) -> dict:
     """Graph IR -> optimised graph JSON, params, and per kernel its spec and LLVM IR
     (spec_dir/<hash>.json, .ll: content-addressed, written when absent).
 
@@ -66,7 +69,7 @@ def optimize_model(graph_path: str, weights_path: str, target: dict, spec_dir: s
     Each distinct kernel is rendered once, here: its stack scratch is metadata, and
     the kernel task compiles the .ll (pipeline.tasks.cache.compile_entry). IR
     rendered before is read instead: the .ll in spec_dir, or a valid entry's of
-    the kernel cache `cache`.
+    the kernel cache `cache`. dims: the bounds of a symbolic model's dimensions (its `dims:`).
     kernels.json lists, per kernel, its hash and symbol (the manifest the per-kernel
     tasks are created from) and its metadata (pipeline.runtime.metadata.kernel_metadata:
     calls, flops, bytes_moved, stack_bytes, constant_bytes). Returns {"passes":
@@ -79,7 +82,8 @@ def optimize_model(graph_path: str, weights_path: str, target: dict, spec_dir: s
                       target["config"], instruments=[timing])
     with ctx:
         lowered = lower_graph(graph, params, parse_target(target["target"]),
-                              target["opt_level"], lambda s: _rendered(s, spec_dir, cache))
+                              target["opt_level"], lambda s: _rendered(s, spec_dir, cache),
+                              {k: tuple(v) for k, v in (dims or {}).items()})
     specs = unique_specs(lowered.specs.values())
     Path(spec_dir).mkdir(parents=True, exist_ok=True)
     for spec in specs:

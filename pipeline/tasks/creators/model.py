@@ -38,10 +38,14 @@ def task_import(sel: Selection):
     for m in sel.models:
         ir, weights = imported(m)
         shapes = {k: list(v) for k, v in m.inputs.items()}
+        # A model with dims: keeps its symbolic dimensions (the argument only then, so
+        # every other model's action key is as before).
+        dims = [{k: list(v) for k, v in m.dims.items()}] if m.dims else []
         yield sel.cached_stage(
-            m.name, "tasks.stages:import_model", [onnx_path(m), shapes, ir, weights],
+            m.name, "tasks.stages:import_model", [onnx_path(m), shapes, ir, weights, *dims],
             [onnx_path(m), *front_src], [ir, weights],
-            [options_changed({"inputs": shapes}, "input"), sel.fetched])
+            [options_changed({"inputs": shapes, **({"dims": dims[0]} if dims else {})},
+                             "input"), sel.fetched])
 
 
 CREATORS = (task_model, task_import)

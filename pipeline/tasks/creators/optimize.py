@@ -35,12 +35,15 @@ def task_optimize(sel: Selection):
         a = artifacts(m, t)
         opts = t.to_dict()
         outs = [a["graph_json"], a["params"], a["kernels"]]
+        dims = [{k: list(v) for k, v in m.dims.items()}] if m.dims else []  # symbolic ones
         yield sel.cached_stage(
             f"{m.name}@{t.name}", "tasks.stages:optimize_model",
-            [*imported(m), opts, SPECS, *outs, sel.settings.root], [*imported(m), *opt_src], outs,
+            [*imported(m), opts, SPECS, *outs, sel.settings.root, *dims],
+            [*imported(m), *opt_src], outs,
             # The specs and IR it wrote are outputs too (shared by entries, so not
             # doit targets): a missing one reruns it.
-            [options_changed(opts), SpecsPresent(a["kernels"]), sel.fetched],
+            [options_changed({**opts, **({"dims": dims[0]} if dims else {})}),
+             SpecsPresent(a["kernels"]), sel.fetched],
             specs_of=a["kernels"],
             # read to create the kernel tasks; graph JSON is a deliverable
             fetch=(a["kernels"], a["graph_json"]))
