@@ -843,8 +843,10 @@ API int pl_set_input_shape(pl_executor *h, int i, int ndim, const int64_t *shape
                         t->name, h->dims[k].name, (long long)shape[d],
                         (long long)h->dims[k].low, (long long)h->dims[k].high);
     }
+    int64_t size = size_of(t->dtype, ndim, shape);
+    if (size < 0) return fail(h, "input '%s': shape too large", t->name);
     memcpy(h->in_shape[i], shape, (size_t)ndim * sizeof *shape);
-    h->in_nbytes[i] = (size_t)size_of(t->dtype, ndim, shape);
+    h->in_nbytes[i] = (size_t)size;
     return 0;
 }
 
