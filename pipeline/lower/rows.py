@@ -15,6 +15,7 @@ refused in one line naming the kernel.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from pipeline.errors import GraphError
@@ -60,24 +61,40 @@ def _axes_outside(node: Node, rank: int, k: int, inputs: list[TensorType]) -> bo
     return all(a % rank >= k for a in axes)
 
 
+def _rows_of(shape) -> tuple[tuple[str, ...], int] | None:
+    """(its row symbols, the elements of one row) if `shape`'s dims up to its last
+    symbol are symbols or 1, else None."""
+    k = max((d for d, v in enumerate(shape) if isinstance(v, str)), default=-1) + 1
+    if any(d != 1 for d in shape[:k] if not isinstance(d, str)):
+        return None
+    return tuple(d for d in shape[:k] if isinstance(d, str)), math.prod(shape[k:])
+
+
 def row_prefix(spec: KernelSpec) -> tuple[str, ...]:
-    """The symbols of the output's row prefix (module doc), () for a static kernel;
-    GraphError naming the kernel when it has symbols but cannot run by rows."""
+    """The symbols of the output's row prefix (module doc; static 1s may sit between
+    them), () for a static kernel; GraphError naming the kernel when it has symbols
+    but cannot run by rows."""
     if not spec.symbols:
         return ()
     out = spec.params[-1].shape
-    k = next((d for d, v in enumerate(out) if not isinstance(v, str)), len(out))
+    # the rows: the output's dims up to its last symbol ([batch, 1, 1, seq] too: 1s
+    # between symbols do not change the bytes)
+    k = max((d for d, v in enumerate(out) if isinstance(v, str)), default=-1) + 1
     prefix = tuple(out[:k])
+    names = tuple(d for d in prefix if isinstance(d, str))
     anchor = spec.ops[0]
 
     def why() -> str | None:
-        if not prefix or any(isinstance(d, str) for d in out[k:]):
+        if not names or any(d != 1 for d in prefix if not isinstance(d, str)):
             return "its output's symbolic dimensions are not all leading"
-        if any("*" in d for d in prefix) or len(set(prefix)) != k:
+        if any("*" in d for d in names) or len(set(names)) != len(names):
             return "its leading dimensions are not distinct symbols"
-        for t in spec.params[:-1]:
-            if t.symbolic and (tuple(t.shape[:k]) != prefix
-                               or any(isinstance(d, str) for d in t.shape[k:])):
+        for i, t in enumerate(spec.params[:-1]):
+            same = (tuple(t.shape[:k]) == prefix
+                    and not any(isinstance(d, str) for d in t.shape[k:]))
+            if anchor.op == "reshape" and i == 0:  # the same bytes per row, any layout
+                same = _rows_of(t.shape) == (names, math.prod(out[k:]))
+            if t.symbolic and not same:
                 return f"an input {list(t.shape)} does not share the output's leading rows"
         if get(anchor.op).kind != OpKind.ELEMENTWISE and anchor.op not in _ROW_OPS:
             return f"{anchor.op} is not computed row by row"
@@ -92,7 +109,7 @@ def row_prefix(spec: KernelSpec) -> tuple[str, ...]:
         shapes = [list(t.shape) for t in spec.params]
         raise GraphError(f"kernel {spec.name} {shapes}: symbolic dimensions are supported "
                          f"on leading rows only; {problem}")
-    return prefix
+    return names
 
 
 def at_rows(spec: KernelSpec, prefix: tuple[str, ...], rows: int) -> KernelSpec:

@@ -48,10 +48,13 @@ class _Net:
         half = self.op("Mul", x, self.const(np.float32(0.5)))
         return self.op("Mul", half, self.op("Add", erf, self.const(np.float32(1.0))))
 
-    def model(self, out: str) -> onnx.ModelProto:
+    def model(self, out: str, mask: bool = False) -> onnx.ModelProto:
+        inputs = [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "seq"])]
+        if mask:
+            inputs.append(helper.make_tensor_value_info("attention_mask", TensorProto.FLOAT,
+                                                        ["batch", "seq"]))
         graph = helper.make_graph(
-            self.nodes, "dims", [helper.make_tensor_value_info("ids", TensorProto.INT64,
-                                                               ["batch", "seq"])],
+            self.nodes, "dims", inputs,
             [helper.make_tensor_value_info(out, TensorProto.FLOAT, ["batch", "seq", HIDDEN])],
             self.inits)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -60,9 +63,11 @@ class _Net:
         return model
 
 
-def encoder() -> onnx.ModelProto:
+def encoder(mask: bool = False) -> onnx.ModelProto:
     """A BERT-style encoder layer over ids [batch, seq] (the heads split with Reshape
-    [0, 0, heads, d] as exporters write it)."""
+    [0, 0, heads, d] as exporters write it); with `mask`, a second input
+    attention_mask [batch, seq] (1 keep, 0 pad) added to the scores as
+    (1 - mask) * -10000 over [batch, 1, 1, seq]."""
     net = _Net(0)
     d = HIDDEN // HEADS
     x = net.layer_norm(net.op("Gather", net.weight(VOCAB, HIDDEN, scale=1.0), "ids", axis=0))
@@ -72,12 +77,17 @@ def encoder() -> onnx.ModelProto:
     kt = net.op("Transpose", k, perm=[0, 2, 3, 1])
     v = net.op("Transpose", v, perm=[0, 2, 1, 3])
     scores = net.op("Div", net.op("MatMul", q, kt), net.const(np.float32(np.sqrt(d))))
+    if mask:
+        m = net.op("Unsqueeze", "attention_mask", net.const(np.array([1, 2], np.int64)))
+        m = net.op("Mul", net.op("Sub", net.const(np.float32(1.0)), m),
+                   net.const(np.float32(-10000.0)))
+        scores = net.op("Add", scores, m)
     attn = net.op("MatMul", net.op("Softmax", scores, axis=-1), v)
     merged = net.op("Reshape", net.op("Transpose", attn, perm=[0, 2, 1, 3]),
                     net.const(np.array([0, 0, HIDDEN], np.int64)))
     x = net.layer_norm(net.op("Add", x, net.linear(merged, HIDDEN, HIDDEN)))
     ffn = net.linear(net.gelu(net.linear(x, HIDDEN, 4 * HIDDEN)), 4 * HIDDEN, HIDDEN)
-    return net.model(net.layer_norm(net.op("Add", x, ffn)))
+    return net.model(net.layer_norm(net.op("Add", x, ffn)), mask)
 
 
 def token_mlp() -> onnx.ModelProto:

@@ -157,3 +157,21 @@ def test_pipeline_compile_dims(tmp_path):
     for shape in ((1, 1), (2, 64)):
         ids = _ids(shape)
         np.testing.assert_allclose(vm.run(ids)[0], _ort(model, ids), rtol=1e-4, atol=1e-5)
+
+
+def test_attention_mask_and_inputs_sharing_a_dimension(tmp_path):
+    """The encoder with attention_mask [batch, seq] (padding masked out over
+    [batch, 1, 1, seq]); two inputs that disagree on seq are refused in one line."""
+    model = encoder(mask=True)
+    so, _ = _library(model, tmp_path / "masked.so")
+    vm = VirtualMachine(so)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(3)
+    for shape in SHAPES:
+        ids = _ids(shape, shape[1])
+        mask = (rng.random(shape) < 0.7).astype(np.float32)
+        mask[:, 0] = 1
+        want = session.run(None, {"ids": ids, "attention_mask": mask})[0]
+        np.testing.assert_allclose(vm.run(ids, mask)[0], want, rtol=1e-4, atol=1e-5)
+    with pytest.raises(VMError, match="inputs disagree on dimension 'seq': 5 and 6"):
+        vm.run(_ids((2, 5)), np.ones((2, 6), np.float32))
