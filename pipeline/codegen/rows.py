@@ -3,10 +3,11 @@ convention `int32_t f(void **args, const int64_t *dims)`, dims[k] the value of t
 spec's symbol s<k>.
 
 The function multiplies the row prefix's symbols into a row count, then calls the
-static kernel for ROW_BLOCK rows on each whole block and the one-row kernel on the
-rest, each argument that has the rows advanced by its row's bytes (an argument
-without them, a weight, is passed as it is). Both static kernels are private
-functions of the same module, rendered as any static kernel.
+static kernel for ROW_BLOCKS[0] rows on each whole block of that many, the next
+size's on the whole blocks of the rest, and so on down to one row, each argument
+that has the rows advanced by its row's bytes (an argument without them, a weight,
+is passed as it is). The static kernels are private functions of the same module,
+rendered as any static kernel.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 from pipeline.dsl.types import I32, I64, PTR
 from pipeline.ir.dims import substitute
 from pipeline.lower.kernel import KernelSpec
-from pipeline.lower.rows import ROW_BLOCK, at_rows, row_prefix
+from pipeline.lower.rows import ROW_BLOCKS, at_rows, row_prefix
 
 __all__ = ["render_rows"]
 
@@ -37,7 +38,7 @@ def render_rows(module: ir.Module, spec: KernelSpec,
     renders a static kernel as function `name`."""
     prefix = row_prefix(spec)
     inner = {}
-    for rows in (ROW_BLOCK, 1):
+    for rows in ROW_BLOCKS:
         fn = body(module, at_rows(spec, prefix, rows), f"{spec.symbol}.rows{rows}")
         fn.linkage = "internal"
         inner[rows] = fn
@@ -54,10 +55,13 @@ def render_rows(module: ir.Module, spec: KernelSpec,
         k = spec.symbols.index(s)
         rows = b.mul(rows, b.load(b.gep(dims, [ir.Constant(I64, k)], source_etype=I64),
                                   typ=I64))
-    blocks = b.mul(b.udiv(rows, ir.Constant(I64, ROW_BLOCK)), ir.Constant(I64, ROW_BLOCK))
     sizes = _row_bytes(spec, prefix)
-    for step, start, stop in ((ROW_BLOCK, ir.Constant(I64, 0), blocks), (1, blocks, rows)):
+    start = ir.Constant(I64, 0)
+    for step in ROW_BLOCKS:  # [start, stop): the whole blocks of `step` rows left
+        block = ir.Constant(I64, step)
+        stop = b.add(start, b.mul(b.udiv(b.sub(rows, start), block), block))
         _row_loop(fn, b, inner[step], step, start, stop, argv, bases, sizes)
+        start = stop
     b.ret(ir.Constant(I32, 0))
 
 

@@ -24,9 +24,12 @@ from pipeline.ir.graph import Node, TensorType
 from pipeline.lower.kernel import KernelSpec
 from pipeline.ops import OpKind, get
 
-__all__ = ["ROW_BLOCK", "at_rows", "at_values", "row_prefix"]
+__all__ = ["ROW_BLOCKS", "at_rows", "at_values", "row_prefix"]
 
-ROW_BLOCK = 8  # rows per call of the block kernel; the rest go one row at a time
+# Rows per call of the static kernels a rows kernel is made of, largest first: whole
+# blocks of 32 (a dense layer reads its weights once per call), then of 4, then one
+# at a time (at most 3 single rows).
+ROW_BLOCKS = (32, 4, 1)
 
 # Operators (besides elementwise ones) that compute each row of a leading prefix
 # alone, given the axis checks of _axes_outside.
