@@ -38,10 +38,10 @@ class CommandError(PipelineError):
     """A mistake in what the command was given, worded for the user."""
 
 
-def _dims(text: str) -> tuple[int | str, ...]:
-    """"1,3,224,224" as a shape; a name ("batch,16") keeps that dimension symbolic
-    (the VM's, pipeline/ir/dims.py)."""
-    dims = tuple(d if d.isidentifier() else int(d) for d in text.split(","))
+def _dims(text: str, symbolic: bool = False) -> tuple[int | str, ...]:
+    """"1,3,224,224" as a shape; with `symbolic` a name ("batch,16") keeps that
+    dimension symbolic (the VM's, pipeline/ir/dims.py)."""
+    dims = tuple(d if symbolic and d.isidentifier() else int(d) for d in text.split(","))
     if not dims or min((d for d in dims if isinstance(d, int)), default=1) < 1:
         raise ValueError
     return dims
@@ -58,12 +58,12 @@ def _pairs(items: Sequence[str], what: str) -> dict[str, str]:
     return pairs
 
 
-def input_shapes(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
-    """--input NAME=1,3,224,224 options as {name: shape}."""
+def input_shapes(items: Sequence[str], symbolic: bool = False) -> dict[str, tuple[int, ...]]:
+    """--input NAME=1,3,224,224 options as {name: shape} (names too, for --executor vm)."""
     shapes = {}
     for name, text in _pairs(items, "NAME=d0,d1,... (positive integers)").items():
         try:
-            shapes[name] = _dims(text)
+            shapes[name] = _dims(text, symbolic)
         except ValueError:
             raise CommandError(f"--input {name}={text}: the shape must be positive integers "
                                "separated by commas, e.g. 1,3,224,224") from None
@@ -197,8 +197,8 @@ def _compile_program(graph, params: dict, output: str, target: str, opt_level: i
 
 def _compile(args: argparse.Namespace) -> None:
     done = compile_model(args.model, args.output, args.target, args.opt_level,
-                         input_shapes(args.input), args.cc, args.cache, args.executor,
-                         args.dims)
+                         input_shapes(args.input, args.executor == "vm"), args.cc, args.cache,
+                         args.executor, args.dims)
     print(f"{args.output}: {done['kernels']} kernels ({done['compiled']} compiled, "
           f"{done['kernels'] - done['compiled']} reused from {done['cache']}), "
           f"{done['seconds']:.1f} s")

@@ -175,3 +175,24 @@ def test_attention_mask_and_inputs_sharing_a_dimension(tmp_path):
         np.testing.assert_allclose(vm.run(ids, mask)[0], want, rtol=1e-4, atol=1e-5)
     with pytest.raises(VMError, match="inputs disagree on dimension 'seq': 5 and 6"):
         vm.run(_ids((2, 5)), np.ones((2, 6), np.float32))
+
+
+def test_convnet_with_a_symbolic_batch(tmp_path):
+    """conv, batch norm, residual, global pool, gemm over a symbolic batch N: the conv
+    kernels run over batch rows."""
+    import onnx
+
+    from tests.support.onnx_models import tiny_convnet
+
+    tiny_convnet(tmp_path / "tiny.onnx")
+    model = onnx.load(tmp_path / "tiny.onnx")
+    for vi in (model.graph.input[0], model.graph.output[0]):
+        vi.type.tensor_type.shape.dim[0].dim_param = "N"
+    so, factory = _library(model, tmp_path / "tiny.so", {"N": (1, 40)})
+    assert any(s.ops[0].op.startswith("conv") for s in factory.kernels)
+    vm = VirtualMachine(so)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for n in (1, 5, 37):
+        x = np.random.default_rng(n).standard_normal((n, 3, 16, 16)).astype(np.float32)
+        np.testing.assert_allclose(vm.run(x)[0], session.run(None, {"x": x})[0], rtol=1e-4,
+                                   atol=1e-5)
