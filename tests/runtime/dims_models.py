@@ -63,15 +63,26 @@ class _Net:
         return model
 
 
-def encoder(mask: bool = False) -> onnx.ModelProto:
+def encoder(mask: bool = False, shape_ops: bool = False) -> onnx.ModelProto:
     """A BERT-style encoder layer over ids [batch, seq] (the heads split with Reshape
     [0, 0, heads, d] as exporters write it); with `mask`, a second input
     attention_mask [batch, seq] (1 keep, 0 pad) added to the scores as
-    (1 - mask) * -10000 over [batch, 1, 1, seq]."""
+    (1 - mask) * -10000 over [batch, 1, 1, seq]; with `shape_ops` the Reshapes' targets
+    come from Shape -> Gather -> Unsqueeze -> Concat, as torch.onnx exports `view`."""
     net = _Net(0)
     d = HIDDEN // HEADS
     x = net.layer_norm(net.op("Gather", net.weight(VOCAB, HIDDEN, scale=1.0), "ids", axis=0))
-    split = net.const(np.array([0, 0, HEADS, d], np.int64))
+    if shape_ops:  # torch.onnx's x.view(x.size(0), x.size(1), heads, d)
+        size = net.op("Shape", x)
+        batch, seq = (net.op("Unsqueeze", net.op("Gather", size, net.const(np.int64(k)), axis=0),
+                             net.const(np.array([0], np.int64))) for k in (0, 1))
+        split = net.op("Concat", batch, seq, net.const(np.array([HEADS, d], np.int64)), axis=0)
+        merge = net.op("Concat", batch, seq, net.op(
+            "Mul", net.const(np.array([HEADS], np.int64)), net.const(np.array([d], np.int64))),
+            axis=0)
+    else:
+        split = net.const(np.array([0, 0, HEADS, d], np.int64))
+        merge = net.const(np.array([0, 0, HIDDEN], np.int64))
     q, k, v = (net.op("Reshape", net.linear(x, HIDDEN, HIDDEN), split) for _ in range(3))
     q = net.op("Transpose", q, perm=[0, 2, 1, 3])
     kt = net.op("Transpose", k, perm=[0, 2, 3, 1])
@@ -83,8 +94,7 @@ def encoder(mask: bool = False) -> onnx.ModelProto:
                    net.const(np.float32(-10000.0)))
         scores = net.op("Add", scores, m)
     attn = net.op("MatMul", net.op("Softmax", scores, axis=-1), v)
-    merged = net.op("Reshape", net.op("Transpose", attn, perm=[0, 2, 1, 3]),
-                    net.const(np.array([0, 0, HIDDEN], np.int64)))
+    merged = net.op("Reshape", net.op("Transpose", attn, perm=[0, 2, 1, 3]), merge)
     x = net.layer_norm(net.op("Add", x, net.linear(merged, HIDDEN, HIDDEN)))
     ffn = net.linear(net.gelu(net.linear(x, HIDDEN, 4 * HIDDEN)), 4 * HIDDEN, HIDDEN)
     return net.model(net.layer_norm(net.op("Add", x, ffn)), mask)

@@ -161,8 +161,10 @@ def test_pipeline_compile_dims(tmp_path):
 
 def test_attention_mask_and_inputs_sharing_a_dimension(tmp_path):
     """The encoder with attention_mask [batch, seq] (padding masked out over
-    [batch, 1, 1, seq]); two inputs that disagree on seq are refused in one line."""
-    model = encoder(mask=True)
+    [batch, 1, 1, seq]) and its heads split by Reshapes whose targets come from
+    Shape -> Gather -> Concat, as torch.onnx exports `view`; two inputs that disagree
+    on seq are refused in one line."""
+    model = encoder(mask=True, shape_ops=True)
     so, _ = _library(model, tmp_path / "masked.so")
     vm = VirtualMachine(so)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])

@@ -99,9 +99,26 @@ def test_import_keeps_dim_params_for_the_vm_only():
         from_onnx(model)
     with pytest.raises(ModelError, match="only the VM executor keeps symbolic"):
         from_onnx(model, {"x": ("batch", 3, 8)})
-    shape_of = _model([helper.make_node("Shape", ["x"], ["y"])], [], [3], TensorProto.INT64)
-    with pytest.raises(ModelError, match="Shape.*symbolic"):
-        from_onnx(shape_of, symbolic=True)
+    # Shape -> Gather -> Concat -> Reshape (torch.onnx's view) folds to symbols ...
+    view = _model([helper.make_node("Shape", ["x"], ["s"]),
+                   helper.make_node("Gather", ["s", "zero"], ["b"], axis=0),
+                   helper.make_node("Unsqueeze", ["b", "a"], ["b1"]),
+                   helper.make_node("Concat", ["b1", "rest"], ["t"], axis=0),
+                   helper.make_node("Reshape", ["x", "t"], ["y"])],
+                  [helper.make_tensor("zero", TensorProto.INT64, [], [0]),
+                   helper.make_tensor("a", TensorProto.INT64, [1], [0]),
+                   helper.make_tensor("rest", TensorProto.INT64, [2], [-1, 4])],
+                  ["batch", None, 4])
+    graph, _ = from_onnx(view, symbolic=True)
+    assert graph.types["y"] == TensorType(("batch", "2*seq", 4))
+    assert [n.op for n in graph.nodes] == ["reshape"]
+    # ... and any other use of such a value is refused in one line
+    fill = _model([helper.make_node("Shape", ["x"], ["s"]),
+                   helper.make_node("ConstantOfShape", ["s"], ["y"])], [],
+                  ["batch", "seq", 8])
+    with pytest.raises(ModelError, match="depends on a symbolic dimension") as err:
+        from_onnx(fill, symbolic=True)
+    assert "\n" not in str(err.value)
 
 
 def _spec(op: str, ins: list[TensorType], out: TensorType, **attrs):

@@ -24,7 +24,8 @@ from pipeline.errors import (
     check_elements,
 )
 from pipeline.frontend.onnx.registry import onnx_converter
-from pipeline.frontend.onnx.shapes import onnx_shape_inference
+from pipeline.frontend.onnx.shapes import input_type, onnx_shape_inference
+from pipeline.frontend.onnx.symbolic import symbolic_numpy
 from pipeline.ir.graph import DTYPES, ONNX_DTYPES, Graph, Node, TensorType, add_param
 from pipeline.ops import get
 from pipeline.ops import infer_types as infer_op_types
@@ -106,33 +107,50 @@ class ImportContext:
         # converter asks (a Reshape's shape from Shape -> Gather -> Concat, say).
         self.pending: dict[str, Node] = {}
         self.values: dict[str, np.ndarray] = {}
+        self.symbolic: dict[str, np.ndarray] = {}  # shape values with symbols (symbolic.py)
 
     def type(self, name: str) -> TensorType:
         return self.types[name]
 
-    def const(self, name: str) -> np.ndarray | None:
-        """The value of `name` if it is known at build time, else None."""
+    def const(self, name: str, symbolic: bool = False) -> np.ndarray | None:
+        """The value of `name` if it is known at build time, else None; with
+        `symbolic` also a shape value with symbolic dimensions (an object array)."""
         if name in self.params:
             return self.params[name]
         node = self.pending.pop(name, None)
         if node is not None:
-            args = [self.const(i) for i in node.inputs]
-            results = get(node.op).numpy(args, node)
-            for out, value in zip(node.outputs, results, strict=True):
+            args = [self.const(i, True) for i in node.inputs]
+            if any(a is None for a in args):
+                return None
+            dynamic = any(a.dtype == object for a in args)
+            results = (symbolic_numpy(node, args) if dynamic else get(node.op).numpy(args, node))
+            for out, value in zip(node.outputs if results else (), results or (), strict=True):
                 self.pending.pop(out, None)
-                self.values[out] = np.asarray(value).astype(self.types[out].dtype)
+                value = np.asarray(value)
+                if value.dtype == object and any(isinstance(v, str) for v in value.flat):
+                    self.symbolic[out] = value
+                else:
+                    self.values[out] = value.astype(self.types[out].dtype)
+        if name in self.symbolic:
+            return self.symbolic[name] if symbolic else None
         return self.values.get(name)
 
     def track(self, node: Node) -> None:
         """Note `node`'s outputs as computable at build time if its op has a numpy
         implementation and its inputs are all constants or computable."""
         def known(name):
-            return name in self.params or name in self.pending or name in self.values
+            return (name in self.params or name in self.pending or name in self.values
+                    or name in self.symbolic)
 
         if node.op in CONTROL_OPS:  # run by the VM, never at build time
             return
         if get(node.op).numpy is not None and all(known(i) for i in node.inputs):
             self.pending.update(dict.fromkeys(node.outputs, node))
+
+    def set_symbolic(self, name: str, shape: tuple) -> None:
+        """Define tensor `name` as the shape value `shape` holding symbols."""
+        self.symbolic[name] = np.array(shape, dtype=object)
+        self.types[name] = TensorType((len(shape),), "int64")
 
     def set_const(self, name: str, value: np.ndarray) -> None:
         """Define tensor `name` as a build-time constant (Shape's output, say)."""
@@ -212,7 +230,7 @@ def _import(model: onnx.ModelProto, shape: dict[str, tuple[int, ...]] | None,
         raise ModelError(f"{source}: shape given for unknown input(s) {sorted(unknown)}; "
                          f"inputs are {[vi.name for vi in inputs]}")
     for vi in inputs:
-        types[vi.name] = _input_type(vi, shape.get(vi.name), source, symbolic)
+        types[vi.name] = input_type(vi, shape.get(vi.name), source, symbolic)
         check_elements(types[vi.name].shape, f"{source}: input {vi.name!r}")
     _check_defined(g, source)
 
@@ -415,39 +433,6 @@ def _dtype_name(dtype, name: str) -> str:
         raise ModelError(f"tensor {name!r}: dtype {text} is not supported "
                          f"({', '.join(DTYPES)} are)")
     return text
-
-
-def _input_type(vi, override, source: str, symbolic: bool = False) -> TensorType:
-    tt = vi.type.tensor_type
-    dtype = ONNX_DTYPES.get(tt.elem_type)
-    if dtype is None:
-        raise ModelError(f"{source}: input {vi.name!r} has unsupported element type "
-                         f"{onnx.TensorProto.DataType.Name(tt.elem_type)}")
-    dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
-    if override is not None:
-        if dims and len(override) != len(dims):
-            raise ModelError(f"{source}: shape override {list(override)} for input "
-                             f"{vi.name!r} has rank {len(override)}, the model says {len(dims)}")
-        if not symbolic and any(isinstance(d, str) for d in override):
-            raise ModelError(f"{source}: shape override {list(override)} for input "
-                             f"{vi.name!r} names a dimension: only the VM executor keeps "
-                             "symbolic dimensions")
-        return TensorType(tuple(d if isinstance(d, str) else int(d) for d in override), dtype)
-    if symbolic and tt.HasField("shape") and all(
-            d.HasField("dim_value") or d.dim_param for d in tt.shape.dim):
-        return TensorType(tuple(d.dim_value if d.HasField("dim_value") else d.dim_param
-                                for d in tt.shape.dim), dtype)
-    if None in dims or not tt.HasField("shape"):
-        named = [d.dim_param or "?" if not d.HasField("dim_value") else d.dim_value
-                 for d in tt.shape.dim]
-        symbols = ", ".join(repr(d) for d in named if isinstance(d, str))
-        what = (f"symbolic dimension {symbols} (shape {named})" if tt.HasField("shape")
-                else "no declared shape")
-        raise ModelError(f"{source}: input {vi.name!r} has {what}: give its shape (config: "
-                         f"models.<name>.inputs.{vi.name}; command line: --input "
-                         f"{vi.name}=d0,d1,...; Python: from_onnx(shape=...)), or keep "
-                         "it symbolic with the VM executor (executor: vm and dims: bounds)")
-    return TensorType(tuple(dims), dtype)
 
 
 def _decode(proto, k: int, opset: int, used_names: set[str]) -> OnnxNode:

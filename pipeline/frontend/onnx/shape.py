@@ -12,20 +12,23 @@ from pipeline.ir.dims import dim_product, dim_quotient, is_symbolic
 from pipeline.ir.graph import ONNX_DTYPES, Node
 
 
-def need_const(ctx, n, pos: int, what: str) -> np.ndarray | None:
+def need_const(ctx, n, pos: int, what: str, symbolic: bool = False) -> np.ndarray | None:
     """Input `pos` of ONNX node `n` as a build-time value (None if absent);
     ModelError naming the node if it is present but not constant. GraphError if the
     converter does not declare `pos` in its onnx_op(build_time_inputs=...): the
-    backend would not freeze such an input when a model feeds it."""
+    backend would not freeze such an input when a model feeds it. symbolic: a shape
+    value with symbolic dimensions is accepted (an object array; Reshape's)."""
     if pos not in onnx_converter(n.op_type, n.opset).build_time_inputs:
         raise GraphError(f"node {n.name!r} ({n.op_type}): the converter reads input {pos} at "
                          "build time but its onnx_op(build_time_inputs=...) does not list it")
     if len(n.inputs) <= pos or not n.inputs[pos]:
         return None
-    value = ctx.const(n.inputs[pos])
+    value = ctx.const(n.inputs[pos], symbolic)
     if value is None:
+        dynamic = " (it depends on a symbolic dimension)" if ctx.const(
+            n.inputs[pos], True) is not None else ""
         raise ModelError(f"node {n.name!r} ({n.op_type}): {what} {n.inputs[pos]!r} must be "
-                         "known at build time")
+                         f"known at build time{dynamic}")
     return value
 
 
@@ -43,8 +46,8 @@ def reshape(n, shape) -> list[Node]:
 
 def resolve_reshape(name: str, in_shape: tuple[int, ...], target, allowzero: bool = False):
     """ONNX Reshape semantics: 0 copies the input dim (unless allowzero), -1 is inferred."""
-    out = [in_shape[i] if (d == 0 and not allowzero) else int(d)
-           for i, d in enumerate(target)]
+    out = [in_shape[i] if (not isinstance(d, str) and d == 0 and not allowzero)
+           else d if isinstance(d, str) else int(d) for i, d in enumerate(target)]
     if out.count(-1) > 1:
         raise ModelError(f"node {name!r} (Reshape): more than one -1 in {list(target)}")
     if -1 in out and is_symbolic([*in_shape, *out]):
@@ -70,7 +73,7 @@ def _reshape_v1(ctx, n):
 
 @onnx_op("Reshape", 5, emits=("reshape",), build_time_inputs=(1,))
 def _reshape_v5(ctx, n):
-    target = need_const(ctx, n, 1, "the shape input")
+    target = need_const(ctx, n, 1, "the shape input", symbolic=True)
     return reshape(n, resolve_reshape(n.name, ctx.type(n.inputs[0]).shape, target.tolist(),
                                       bool(n.attrs.get("allowzero", 0))))
 
@@ -134,12 +137,12 @@ def _expand(ctx, n):
 @onnx_op("Shape", 1, emits=())
 def _shape(ctx, n):
     shape = ctx.type(n.inputs[0]).shape
-    if is_symbolic(shape):
-        raise ModelError(f"node {n.name!r} (Shape): the shape {list(shape)} is symbolic: "
-                         "shape computations at run time are not supported yet")
     rank = len(shape)
     start, end = int(n.attrs.get("start", 0)), int(n.attrs.get("end", rank))
     start, end = (min(max(v + rank if v < 0 else v, 0), rank) for v in (start, end))
+    if is_symbolic(shape[start:end]):  # a value of symbols: frontend/onnx/symbolic.py
+        ctx.set_symbolic(n.outputs[0], shape[start:end])
+        return []
     ctx.set_const(n.outputs[0], np.array(shape[start:end], np.int64))
     return []
 
