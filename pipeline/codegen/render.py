@@ -39,24 +39,24 @@ def render(spec: KernelSpec) -> str:
 
 def _render_symbolic(module: ir.Module, spec: KernelSpec) -> None:
     """A kernel with symbolic dimensions: over its symbolic rows (codegen/rows.py), or
-    else by its operator's runtime-dimension lowering (`lower_dims`) if it has one."""
+    else with runtime dimensions inside: an elementwise chain as a loop nest, another
+    anchor by its operator's `lower_dims` if it has one (else the rows' GraphError)."""
     try:
         row_prefix(spec)
     except GraphError:
-        lower_dims = lowering_of(spec.ops[0].op).lower_dims
-        if lower_dims is None or len(spec.ops) > 1:
+        kind = get(spec.ops[0].op).kind
+        if kind != OpKind.ELEMENTWISE and lowering_of(spec.ops[0].op).lower_dims is None:
             raise
-        kb = KernelBuilder(module, spec.symbol, list(spec.params), spec.symbols)
-        anchor = spec.ops[0]
-        lower_dims(kb, anchor, kb.buffers[:len(anchor.inputs)], kb.buffers[-1])
-        kb.finish()
+        _render_static(module, spec, spec.symbol, spec.symbols)
         return
     render_rows(module, spec, _render_static)
 
 
-def _render_static(module: ir.Module, spec: KernelSpec, symbol: str) -> ir.Function:
-    """Define the static kernel `spec` in `module` as function `symbol`."""
-    kb = KernelBuilder(module, symbol, list(spec.params))
+def _render_static(module: ir.Module, spec: KernelSpec, symbol: str,
+                   symbols: tuple[str, ...] = ()) -> ir.Function:
+    """Define the kernel `spec` in `module` as function `symbol`: a static one, or
+    with `symbols` (spec.symbols) one whose shapes are runtime (dsl/dims.py)."""
+    kb = KernelBuilder(module, symbol, list(spec.params), symbols)
     args = {f"a{i}": buf for i, buf in enumerate(kb.buffers[:-1])}
     out = kb.buffers[-1]
     anchor, chain = spec.ops[0], spec.ops[1:]
@@ -76,7 +76,16 @@ def _render_static(module: ir.Module, spec: KernelSpec, symbol: str) -> ir.Funct
 
     kind = get(anchor.op).kind
     lowering = lowering_of(anchor.op)
-    if kind == OpKind.ELEMENTWISE and out.type.shape and vectorizable(spec.ops, dtypes):
+    if symbols and kind == OpKind.ELEMENTWISE:  # runtime shapes: a plain loop nest
+        with kb.nest(out.type.shape) as index:
+            value = lowering.scalar(kb, [kb.load_broadcast(args[i], index)
+                                         for i in anchor.inputs], anchor)
+            kb.store(out, kb.dot(index, out.strides), epilogue(value, index) if chain
+                     else value)
+    elif symbols:
+        lowering.lower_dims(kb, anchor, [args[i] for i in anchor.inputs], out,
+                            epilogue if chain else None)
+    elif kind == OpKind.ELEMENTWISE and out.type.shape and vectorizable(spec.ops, dtypes):
         vector_elementwise(kb, spec.ops, args, out, scalar_of, dtypes,
                            spec.target.vector_width)
     elif kind == OpKind.ELEMENTWISE:

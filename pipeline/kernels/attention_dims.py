@@ -15,9 +15,11 @@ from __future__ import annotations
 from pipeline.ops.geometry import logical_shapes
 
 
-def lower_attention_dims(kb, node, ins, out) -> None:
+def lower_attention_dims(kb, node, ins, out, epilogue=None) -> None:
     """out = softmax(Q Kᵀ * scale [+ mask]) V for the operands in their perms
-    (pipeline/kernels/attention.py); shapes may hold Index values."""
+    (pipeline/kernels/attention.py); shapes may hold Index values. (FuseOps never
+    gives attention an epilogue: it is opaque.)"""
+    assert epilogue is None, "attention has no epilogue"
     q, k, v = ins[:3]
     mask = ins[3] if len(ins) > 3 else None
     (bn, hn, sq, d), (_, _, _, sk), (_, _, _, dv) = logical_shapes(

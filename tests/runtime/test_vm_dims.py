@@ -33,9 +33,9 @@ def _ids(shape, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, VOCAB, shape).astype(np.int64)
 
 
-def _library(model, path, dims=BOUNDS, shape=None):
+def _library(model, path, dims=BOUNDS, shape=None, disabled=()):
     graph, params = pipeline.frontend.from_onnx(model, shape, symbolic=True)
-    with pipeline.transform.PassContext(opt_level=3):
+    with pipeline.transform.PassContext(opt_level=3, disabled_pass=list(disabled)):
         factory = pipeline.build(graph, target=TARGET, params=params, executor="vm",
                                  dims=dims)
     return factory.export_library(path), factory
@@ -159,13 +159,18 @@ def test_pipeline_compile_dims(tmp_path):
         np.testing.assert_allclose(vm.run(ids)[0], _ort(model, ids), rtol=1e-4, atol=1e-5)
 
 
-def test_attention_mask_and_inputs_sharing_a_dimension(tmp_path):
+@pytest.mark.parametrize("fused", [True, False])
+def test_attention_mask_and_inputs_sharing_a_dimension(tmp_path, fused):
     """The encoder with attention_mask [batch, seq] (padding masked out over
     [batch, 1, 1, seq]) and its heads split by Reshapes whose targets come from
     Shape -> Gather -> Concat, as torch.onnx exports `view`; two inputs that disagree
-    on seq are refused in one line."""
+    on seq are refused in one line. Unfused (FuseAttention disabled), the scores'
+    matmul, softmax and transposes run with runtime dimensions inside."""
     model = encoder(mask=True, shape_ops=True)
-    so, _ = _library(model, tmp_path / "masked.so")
+    so, factory = _library(model, tmp_path / "masked.so",
+                           disabled=() if fused else ("FuseAttention",))
+    ops = {s.ops[0].op for s in factory.kernels}
+    assert ("attention" in ops) == fused and ("softmax" in ops) != fused
     vm = VirtualMachine(so)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(3)
@@ -198,3 +203,22 @@ def test_convnet_with_a_symbolic_batch(tmp_path):
         x = np.random.default_rng(n).standard_normal((n, 3, 16, 16)).astype(np.float32)
         np.testing.assert_allclose(vm.run(x)[0], session.run(None, {"x": x})[0], rtol=1e-4,
                                    atol=1e-5)
+
+
+def test_elementwise_with_an_interior_symbol(tmp_path):
+    """x [batch, 4, seq] + y [4, seq], then relu: an elementwise kernel whose symbol is
+    not leading runs as a loop nest over its runtime shape."""
+    from pipeline.ir.graph import Graph, Node, TensorType
+
+    x, y = TensorType(("batch", 4, "seq")), TensorType((4, "seq"))
+    graph = Graph(("x", "y"), (), ("z",), (
+        Node.make("add", "a", ["x", "y"], ["s"]), Node.make("relu", "r", ["s"], ["z"])),
+        {"x": x, "y": y, "s": x, "z": x})
+    with pipeline.transform.PassContext(opt_level=3):
+        factory = pipeline.build(graph, TARGET, {}, executor="vm",
+                                 dims={"batch": (1, 3), "seq": (1, 50)})
+    vm = VirtualMachine(factory.export_library(tmp_path / "add.so"))
+    rng = np.random.default_rng(0)
+    for b, s in ((1, 1), (3, 50), (2, 17)):
+        a, c = (rng.standard_normal(shape).astype(np.float32) for shape in ((b, 4, s), (4, s)))
+        np.testing.assert_allclose(vm.run(a, c)[0], np.maximum(a + c, 0), rtol=1e-6)
