@@ -2,9 +2,9 @@
 `"batch"`) beside the integers, for the VM executor (docs/vm.md).
 
 The expression type is as small as the shape rules need: a dimension is an int, a
-symbol name, or a product of an int and symbols written canonically as
-`"2*batch*seq"` (factors sorted, the coefficient first, omitted when 1). Sums are
-not needed yet (Concat along a symbolic axis is refused). A shape's symbols get
+symbol name, or a sum of products of ints and symbols written canonically as
+`"2*batch*seq"` or `"past+1"` (factors sorted, a coefficient first and omitted when
+1, the constant term last): Reshape multiplies and divides, Concat adds. A shape's symbols get
 values at run time; `bounds` give each symbol's [low, high] at build time.
 """
 
@@ -16,32 +16,59 @@ from collections.abc import Iterable, Mapping
 
 from pipeline.errors import GraphError
 
-__all__ = ["check_bounds", "dim_product", "dim_quotient", "is_symbolic", "parse_bounds",
-           "substitute", "symbols_of"]
+__all__ = ["check_bounds", "dim_product", "dim_quotient", "dim_sum", "dim_terms", "is_symbol",
+           "is_symbolic", "parse_bounds", "rename_dim", "substitute", "symbols_of"]
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
-def _factors(d) -> tuple[int, tuple[str, ...]]:
-    """(coefficient, sorted symbol names) of a dimension."""
+def _terms(d) -> dict[tuple[str, ...], int]:
+    """A dimension as a polynomial: sorted symbol names of each term -> coefficient."""
     if not isinstance(d, str):
-        return int(d), ()
-    coeff, names = 1, []
-    for part in str(d).split("*"):
-        if part.isdigit():
-            coeff *= int(part)
-        elif _NAME.match(part):
-            names.append(part)
-        else:
-            raise GraphError(f"dimension {d!r}: a symbol is a name of letters, digits and _")
-    return coeff, tuple(sorted(names))
+        return {(): int(d)} if int(d) else {}
+    terms: dict[tuple[str, ...], int] = {}
+    for term in str(d).split("+"):
+        coeff, names = 1, []
+        for part in term.split("*"):
+            if part.isdigit():
+                coeff *= int(part)
+            elif _NAME.match(part):
+                names.append(part)
+            else:
+                raise GraphError(f"dimension {d!r}: a symbol is a name of letters, digits "
+                                 "and _")
+        key = tuple(sorted(names))
+        terms[key] = terms.get(key, 0) + coeff
+    return {k: c for k, c in terms.items() if c}
 
 
-def _make(coeff: int, names: Iterable[str]):
-    names = tuple(sorted(names))
-    if not names or coeff == 0:
-        return coeff
-    return "*".join(([str(coeff)] if coeff != 1 else []) + list(names))
+def _make(terms: dict[tuple[str, ...], int]):
+    """The canonical dimension of a polynomial: an int, or "2*a*b+c+1" (terms sorted,
+    the constant last, a coefficient of 1 omitted)."""
+    if not any(terms):
+        return terms.get((), 0)
+    parts = ["*".join(([str(c)] if c != 1 else []) + list(k))
+             for k, c in sorted(terms.items()) if k]
+    return "+".join(parts + ([str(terms[()])] if terms.get(()) else []))
+
+
+def dim_terms(d) -> list[tuple[tuple[str, ...], int]]:
+    """Dimension d as its terms: (symbol names, coefficient) each, () for the constant."""
+    return sorted(_terms(d).items())
+
+
+def is_symbol(d) -> bool:
+    """Whether d is one bare symbol ("seq"; not "2*seq", "seq+1")."""
+    return isinstance(d, str) and _NAME.match(d) is not None
+
+
+def rename_dim(d, rename: Mapping[str, str]):
+    """Dimension d with its symbols renamed by `rename`, canonical again."""
+    out: dict[tuple[str, ...], int] = {}
+    for key, c in _terms(d).items():
+        new = tuple(sorted(rename.get(n, n) for n in key))
+        out[new] = out.get(new, 0) + c
+    return _make(out)
 
 
 def is_symbolic(shape) -> bool:
@@ -54,32 +81,51 @@ def symbols_of(*shapes) -> list[str]:
     found: dict[str, None] = {}
     for shape in shapes:
         for d in shape:
-            found.update(dict.fromkeys(_factors(d)[1]))
+            for key in _terms(d):
+                found.update(dict.fromkeys(key))
     return list(found)
 
 
 def dim_product(dims: Iterable) -> int | str:
     """The product of `dims` (ints and symbolic dimensions), canonical."""
-    coeff, names = 1, []
+    acc: dict[tuple[str, ...], int] = {(): 1}
     for d in dims:
-        c, n = _factors(d)
-        coeff *= c
-        names += n
-    return _make(coeff, names)
+        nxt: dict[tuple[str, ...], int] = {}
+        for ka, ca in acc.items():
+            for kb, cb in _terms(d).items():
+                key = tuple(sorted(ka + kb))
+                nxt[key] = nxt.get(key, 0) + ca * cb
+        acc = {k: c for k, c in nxt.items() if c}
+    return _make(acc)
+
+
+def dim_sum(dims: Iterable) -> int | str:
+    """The sum of `dims`, canonical (a Concat along a symbolic axis)."""
+    acc: dict[tuple[str, ...], int] = {}
+    for d in dims:
+        for key, c in _terms(d).items():
+            acc[key] = acc.get(key, 0) + c
+    return _make({k: c for k, c in acc.items() if c})
 
 
 def dim_quotient(a, b) -> int | str | None:
-    """a / b when it is exact in this expression type (b's symbols all in a and its
-    coefficient dividing a's), else None."""
-    (ca, na), (cb, nb) = _factors(a), _factors(b)
-    rest = list(na)
-    for name in nb:
-        if name not in rest:
-            return None
-        rest.remove(name)
-    if cb == 0 or ca % cb:
+    """a / b when it is exact in this expression type (b one term whose symbols are
+    in every term of a and whose coefficient divides theirs), else None."""
+    tb = _terms(b)
+    if len(tb) != 1:
         return None
-    return _make(ca // cb, rest)
+    ((kb, cb),) = tb.items()
+    out = {}
+    for ka, ca in _terms(a).items():
+        rest = list(ka)
+        for name in kb:
+            if name not in rest:
+                return None
+            rest.remove(name)
+        if ca % cb:
+            return None
+        out[tuple(rest)] = ca // cb
+    return _make(out)
 
 
 def substitute(shape, values: Mapping[str, int]) -> tuple[int, ...]:
@@ -87,11 +133,13 @@ def substitute(shape, values: Mapping[str, int]) -> tuple[int, ...]:
     naming a symbol that has none)."""
     out = []
     for d in shape:
-        coeff, names = _factors(d)
-        missing = [n for n in names if n not in values]
-        if missing:
-            raise GraphError(f"symbolic dimension {missing[0]!r} has no value")
-        out.append(coeff * math.prod(int(values[n]) for n in names))
+        total = 0
+        for names, coeff in _terms(d).items():
+            missing = [n for n in names if n not in values]
+            if missing:
+                raise GraphError(f"symbolic dimension {missing[0]!r} has no value")
+            total += coeff * math.prod(int(values[n]) for n in names)
+        out.append(total)
     return tuple(out)
 
 

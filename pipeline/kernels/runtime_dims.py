@@ -90,3 +90,15 @@ def transpose_dims(kb, node, ins, out, epilogue) -> None:
         value = kb.load(x, kb.dot(index, [x.strides[p] for p in perm]))
         kb.store(out, kb.dot(index, out.strides),
                  epilogue(value, index) if epilogue is not None else value)
+
+
+def concat_dims(kb, node, ins, out, epilogue) -> None:
+    """out = the inputs one after another along `axis` (a KV cache growing by a step)."""
+    axis, shape = node.attr("axis"), out.type.shape
+    outer, inner = _prod(shape[:axis]), _prod(shape[axis + 1:])
+    row, offset = shape[axis] * inner, 0
+    for k, x in enumerate(ins):
+        width = x.type.shape[axis] * inner
+        with kb.loop(0, outer, f"o{k}") as o, kb.loop(0, width, f"j{k}") as j:
+            kb.store(out, o * row + offset + j, kb.load(x, o * width + j))
+        offset = offset + width

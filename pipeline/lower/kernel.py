@@ -18,7 +18,7 @@ from functools import cache
 import llvmlite
 
 from pipeline.errors import GraphError
-from pipeline.ir.dims import dim_product, symbols_of
+from pipeline.ir.dims import rename_dim, symbols_of
 from pipeline.ir.graph import Graph, Node, TensorType
 from pipeline.ir.target import Target
 from pipeline.kernels import lowering_of
@@ -146,6 +146,5 @@ def kernel_spec(node: Node, graph: Graph, target: Target, opt_level: int) -> Ker
 
 
 def _renamed(shape, rename: dict[str, str]) -> tuple:
-    """`shape` with each symbol (also inside a product "a*b") renamed by `rename`."""
-    return tuple(dim_product([rename.get(f, f) for f in d.split("*")]) if isinstance(d, str)
-                 else d for d in shape)
+    """`shape` with each symbol (also inside "a*b", "a+1") renamed by `rename`."""
+    return tuple(rename_dim(d, rename) if isinstance(d, str) else d for d in shape)

@@ -19,7 +19,7 @@ import math
 from dataclasses import replace
 
 from pipeline.errors import GraphError
-from pipeline.ir.dims import substitute
+from pipeline.ir.dims import is_symbol, substitute
 from pipeline.ir.graph import Node, TensorType
 from pipeline.lower.kernel import KernelSpec
 from pipeline.ops import OpKind, get
@@ -90,7 +90,7 @@ def row_prefix(spec: KernelSpec) -> tuple[str, ...]:
     def why() -> str | None:
         if not names or any(d != 1 for d in prefix if not isinstance(d, str)):
             return "its output's symbolic dimensions are not all leading"
-        if any("*" in d for d in names) or len(set(names)) != len(names):
+        if not all(is_symbol(d) for d in names) or len(set(names)) != len(names):
             return "its leading dimensions are not distinct symbols"
         for i, t in enumerate(spec.params[:-1]):
             same = (tuple(t.shape[:k]) == prefix

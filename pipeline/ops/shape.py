@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.errors import ModelError
-from pipeline.ir.dims import dim_product
+from pipeline.ir.dims import dim_product, dim_sum
 from pipeline.ir.graph import TensorType
 from pipeline.ops.registry import OpKind, broadcast_shape, register
 
@@ -38,10 +38,7 @@ def _concat_infer(types, node):
                 if d != axis):
             raise ModelError(f"node {node.name!r} (concat): inputs "
                              f"{[t.to_json() for t in types]} differ off axis {axis}")
-    if any(isinstance(t.shape[axis], str) for t in types):
-        raise ModelError(f"node {node.name!r} (concat): axis {axis} is symbolic in "
-                         f"{[list(t.shape) for t in types]}: not supported yet")
-    total = sum(t.shape[axis] for t in types)
+    total = dim_sum(t.shape[axis] for t in types)
     return [TensorType(first[:axis] + (total,) + first[axis + 1:], types[0].dtype)]
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields
 
 from pipeline.errors import FormatError
 
-__all__ = ["DTYPES", "FAILURES", "OPCODES", "AddImm", "AllocStorage", "AllocTensor",
+__all__ = ["DTYPES", "FAILURES", "OPCODES", "AddDim", "AddImm", "AllocStorage", "AllocTensor",
            "AllocTensorDims", "Copy", "CopyAt", "Fail", "Function", "Goto", "If", "Instruction",
            "Invoke", "InvokePacked", "InvokePackedDims", "Less", "LoadConst", "Move", "MulDim",
            "Ret", "Scalar", "ShapeOf", "TensorType", "View", "ViewAt", "ViewDims", "decode",
@@ -203,6 +203,15 @@ class MulDim:
     b: int
 
 
+@dataclass(frozen=True)
+class AddDim:
+    """dst = a new int64 scalar: a + b, each a dim operand (DIMS below)."""
+
+    dst: int
+    a: int
+    b: int
+
+
 # DIMS: in AllocTensorDims, ViewDims, InvokePackedDims and MulDim a dim operand d >= 0
 # is that constant, d < 0 the int64 scalar in register -1 - d (a runtime dimension).
 
@@ -248,12 +257,12 @@ class Ret:
 
 Instruction = (AllocStorage | AllocTensor | LoadConst | InvokePacked | Copy | View | Move | If
                | Goto | Invoke | Ret | Scalar | AddImm | Less | CopyAt | ViewAt | Fail | ShapeOf
-               | MulDim | AllocTensorDims | ViewDims | InvokePackedDims)
+               | MulDim | AllocTensorDims | ViewDims | InvokePackedDims | AddDim)
 OPCODES: dict[type, int] = {AllocStorage: 1, AllocTensor: 2, LoadConst: 3, InvokePacked: 4,
                             Copy: 5, View: 6, Move: 7, If: 8, Goto: 9, Invoke: 10, Ret: 11,
                             Scalar: 12, AddImm: 13, Less: 14, CopyAt: 15, ViewAt: 16,
                             Fail: 17, ShapeOf: 18, MulDim: 19, AllocTensorDims: 20,
-                            ViewDims: 21, InvokePackedDims: 22}
+                            ViewDims: 21, InvokePackedDims: 22, AddDim: 23}
 _BY_CODE = {code: kind for kind, code in OPCODES.items()}
 
 
@@ -316,7 +325,7 @@ def _regs(ins: Instruction) -> list[int]:
         return [*ins.args, *_dim_regs(ins.dims)]
     if isinstance(ins, (AllocTensorDims, ViewDims)):
         return [ins.dst, getattr(ins, "storage", getattr(ins, "src", 0)), *_dim_regs(ins.shape)]
-    if isinstance(ins, MulDim):
+    if isinstance(ins, (MulDim, AddDim)):
         return [ins.dst, *_dim_regs((ins.a, ins.b))]
     if isinstance(ins, Invoke):
         return [*ins.args, *ins.dsts]

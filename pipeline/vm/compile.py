@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipeline.errors import FormatError
-from pipeline.ir.dims import is_symbolic, substitute, symbols_of
+from pipeline.ir.dims import dim_terms, is_symbol, is_symbolic, substitute, symbols_of
 from pipeline.vm.bytecode import (
     DTYPES,
+    AddDim,
     AllocStorage,
     AllocTensor,
     AllocTensorDims,
@@ -59,8 +60,7 @@ class Executable:
         verify(list(self.functions), len(self.kernels), len(self.constants))
         for fn in self.functions:
             for t in (*fn.params, *fn.results):
-                unknown = [d for d in symbols_of(t.shape) if d not in self.dims]
-                if unknown or any("*" in d for d in t.shape if isinstance(d, str)):
+                if any(isinstance(d, str) and d not in self.dims for d in t.shape):
                     raise FormatError(f"VM function {fn.name!r}: {t.name!r} has shape "
                                       f"{list(t.shape)}: a dimension without bounds")
 
@@ -71,7 +71,8 @@ def _nbytes(dtype: str, shape: list[int]) -> int:
 
 class _Dims:
     """Runtime dimensions of one function: each symbol's register (ShapeOf of the
-    first argument that has it) and the MulDim code of products, in `code`."""
+    first argument that has it) and the MulDim / AddDim code of expressions, in
+    `code`."""
 
     def __init__(self, args: list[tuple[int, tuple]], next_reg: int):
         self.code: list[Instruction] = []
@@ -79,7 +80,7 @@ class _Dims:
         self.next = next_reg
         for r, shape in args:
             for axis, d in enumerate(shape):
-                if isinstance(d, str) and "*" not in d and d not in self.reg:
+                if is_symbol(d) and d not in self.reg:
                     self.reg[d] = self._new()
                     self.code.append(ShapeOf(self.reg[d], r, axis))
 
@@ -92,16 +93,24 @@ class _Dims:
         if not isinstance(d, str):
             return int(d)
         if d not in self.reg:
-            factors = d.split("*")
-            if len(factors) == 1:
+            if is_symbol(d):
                 raise FormatError(f"VM compile: dimension {d!r} is not known from the inputs")
-            acc = self.operand(factors[0])
-            for f in factors[1:]:
-                dst = self._new()
-                self.code.append(MulDim(dst, acc, self.operand(int(f) if f.isdigit() else f)))
-                acc = -1 - dst
-            self.reg[d] = -1 - acc
+            total = None
+            for names, coeff in dim_terms(d):
+                term = coeff
+                for name in names:
+                    term = self._binary(MulDim, term, self.operand(name))
+                total = term if total is None else self._binary(AddDim, total, term)
+            self.reg[d] = -1 - total
         return -1 - self.reg[d]
+
+    def _binary(self, kind, a: int, b: int) -> int:
+        """The dim operand of `kind`(a, b) (MulDim, AddDim), 1 * x folded."""
+        if kind is MulDim and a == 1:
+            return b
+        dst = self._new()
+        self.code.append(kind(dst, a, b))
+        return -1 - dst
 
     def shape(self, shape) -> tuple[int, ...]:
         return tuple(self.operand(d) for d in shape)
@@ -207,6 +216,18 @@ def compile_plan(graph_json: str, params: dict[str, np.ndarray],
                     tuple(typ(row_ptr[nid], nodes[nid]["name"]) for nid, _, *_ in doc["heads"]),
                     max(runtime.next, max(reg.values(), default=-1) + 1), tuple(code))
     constants = {nodes[nid]["name"]: np.asarray(params[nodes[nid]["name"]]) for nid in consts}
-    exe = Executable((main,), constants, tuple(kernels), dict(dims or {}))
+    exe = Executable((main,), constants, tuple(kernels), _with_derived(dims, main))
     exe.verify()
     return exe
+
+
+def _with_derived(dims: dict, main: Function) -> dict[str, tuple[int, int]]:
+    """The bounds of the symbols, plus those of each expression main's results have
+    ("past+1": a Concat's), at the symbols' lows and highs (coefficients are > 0)."""
+    out = dict(dims)
+    for t in main.results:
+        for d in t.shape:
+            if isinstance(d, str) and d not in out:
+                low, high = ({n: b[k] for n, b in dims.items()} for k in (0, 1))
+                out[d] = (substitute((d,), low)[0], substitute((d,), high)[0])
+    return out

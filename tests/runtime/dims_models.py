@@ -110,3 +110,38 @@ def token_mlp() -> onnx.ModelProto:
     y = net.op("Reshape", net.op("Softmax", y, axis=-1),
                net.const(np.array([0, -1, HIDDEN], np.int64)))
     return net.model(net.op("Cast", y, to=TensorProto.FLOAT))
+
+
+def decoder_step() -> onnx.ModelProto:
+    """One decode step with a KV cache: x [batch, 1, hidden] attends over the cache
+    past_k, past_v [batch, heads, past, d] plus its own key and value; outputs y and
+    the grown cache present_k, present_v [batch, heads, past + 1, d]."""
+    net = _Net(2)
+    d = HIDDEN // HEADS
+    split = net.const(np.array([0, 0, HEADS, d], np.int64))
+    heads = [net.op("Transpose", net.op("Reshape", net.linear("x", HIDDEN, HIDDEN), split),
+                    perm=[0, 2, 1, 3]) for _ in range(3)]
+    q, k, v = heads
+    k_all = net.op("Concat", "past_k", k, axis=2)
+    v_all = net.op("Concat", "past_v", v, axis=2)
+    scores = net.op("Div", net.op("MatMul", q, net.op("Transpose", k_all, perm=[0, 1, 3, 2])),
+                    net.const(np.float32(np.sqrt(d))))
+    attn = net.op("MatMul", net.op("Softmax", scores, axis=-1), v_all)
+    merged = net.op("Reshape", net.op("Transpose", attn, perm=[0, 2, 1, 3]),
+                    net.const(np.array([0, 0, HIDDEN], np.int64)))
+    y = net.linear(merged, HIDDEN, HIDDEN)
+    f = TensorProto.FLOAT
+    cache = ["batch", HEADS, "past", d]
+    grown = ["batch", HEADS, "past_plus_1", d]
+    graph = helper.make_graph(
+        net.nodes, "decode",
+        [helper.make_tensor_value_info("x", f, ["batch", 1, HIDDEN]),
+         helper.make_tensor_value_info("past_k", f, cache),
+         helper.make_tensor_value_info("past_v", f, cache)],
+        [helper.make_tensor_value_info(y, f, ["batch", 1, HIDDEN]),
+         helper.make_tensor_value_info(k_all, f, grown),
+         helper.make_tensor_value_info(v_all, f, grown)], net.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model

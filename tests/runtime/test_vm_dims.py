@@ -17,7 +17,7 @@ import pipeline
 from pipeline.errors import GraphError, ModelError
 from pipeline.link.runtime_c import build_pipeline_run
 from pipeline.runtime.vm import VirtualMachine, VMError
-from tests.runtime.dims_models import VOCAB, encoder, token_mlp
+from tests.runtime.dims_models import HIDDEN, VOCAB, decoder_step, encoder, token_mlp
 
 TARGET = "llvm -mcpu=native"
 SHAPES = ((1, 7), (2, 33), (4, 128))
@@ -222,3 +222,27 @@ def test_elementwise_with_an_interior_symbol(tmp_path):
     for b, s in ((1, 1), (3, 50), (2, 17)):
         a, c = (rng.standard_normal(shape).astype(np.float32) for shape in ((b, 4, s), (4, s)))
         np.testing.assert_allclose(vm.run(a, c)[0], np.maximum(a + c, 0), rtol=1e-6)
+
+
+def test_kv_cache_grows_by_one_every_step(tmp_path):
+    """A decode step: the cache [batch, heads, past, d] and the step's key and value
+    concatenated along the symbolic axis ("past+1"); the outputs fed back as the next
+    step's cache, one library for every step, each matching onnxruntime."""
+    model = decoder_step()
+    so, factory = _library(model, tmp_path / "decode.so", {"batch": (1, 4), "past": (1, 16)})
+    assert factory.get_executable().dims["past+1"] == (2, 17)
+    vm = VirtualMachine(so)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(5)
+    past_k, past_v = (rng.standard_normal((3, 4, 1, 8)).astype(np.float32) for _ in range(2))
+    for _ in range(16):
+        x = rng.standard_normal((3, 1, HIDDEN)).astype(np.float32)
+        feeds = {"x": x, "past_k": past_k, "past_v": past_v}
+        got = vm.run(**feeds)
+        for g, w in zip(got, session.run(None, feeds), strict=True):
+            assert g.shape == w.shape
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+        past_k, past_v = got[1], got[2]
+    assert past_k.shape == (3, 4, 17, 8)
+    with pytest.raises(VMError, match="dimension 'past' = 17 is outside its bounds 1..16"):
+        vm.run(x, past_k, past_v)

@@ -4,7 +4,7 @@ UndefinedBehaviorSanitizer) and the Python reader (pipeline/vm/format.py, Hypoth
 Any input is accepted or refused with a one-line message, never a crash. Seeds: a
 compiled executor plan (kernels, a copy, an alias, a param), a hand-written
 executable with If, Goto, Invoke, Move and View, and one with symbolic dimensions
-(ShapeOf, MulDim, AllocTensorDims, ViewDims, InvokePackedDims)."""
+(ShapeOf, AddDim, MulDim, AllocTensorDims, ViewDims, InvokePackedDims)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from pipeline.errors import FormatError, PipelineError
 from pipeline.link.runtime_c import C_DIR
 from pipeline.vm.bytecode import (
+    AddDim,
     AddImm,
     AllocStorage,
     AllocTensor,
@@ -88,12 +89,12 @@ def _control_seed() -> bytes:
 
 
 def _dims_seed() -> bytes:
-    """main(x: float32 [n, 4], n in 1..8): ShapeOf binds n, MulDim makes 4n, a tensor of
+    """main(x: float32 [n, 4], n in 1..8): ShapeOf binds n, AddDim n + 0, MulDim 4n, a tensor of
     runtime shape in a storage planned at the bound, a kernel called with its dims, a
     ViewDims of its result."""
     main = Function("main", (TensorType("x", "float32", ("n", 4)),),
-                    (TensorType("y", "float32", ("n", 4)),), 7, (
-        ShapeOf(1, 0, 0), MulDim(2, -2, 4), AllocStorage(3, 128),
+                    (TensorType("y", "float32", ("n", 4)),), 8, (
+        ShapeOf(1, 0, 0), AddDim(7, -2, 0), MulDim(2, -8, 4), AllocStorage(3, 128),
         AllocTensorDims(4, 3, 0, 0, (-2, 4)), InvokePackedDims(0, (0, 4), (-2,)),
         ViewDims(5, 4, 0, 0, (-3,)), ViewDims(6, 5, 0, 0, (-2, 4)), Ret((6,))))
     return write_ro(Executable((main,), {}, ("k_stub",), {"n": (1, 8)}))

@@ -13,6 +13,7 @@ from pipeline.frontend import from_onnx
 from pipeline.ir.dims import (
     dim_product,
     dim_quotient,
+    dim_sum,
     parse_bounds,
     substitute,
     symbols_of,
@@ -31,7 +32,9 @@ def test_expressions():
     assert dim_product([3, 4]) == 12 and dim_product(["n", 1]) == "n"
     assert dim_quotient("2*batch*seq", "batch") == "2*seq"
     assert dim_quotient("batch*seq", 2) is None and dim_quotient("seq", "batch") is None
-    assert dim_quotient("4*n", 4) == "n"
+    assert dim_quotient("4*n", 4) == "n" and dim_quotient("2*past+2", 2) == "past+1"
+    assert dim_sum(["past", 1]) == "past+1" and dim_sum(["past+1", "past"]) == "2*past+1"
+    assert dim_product(["past+1", 2]) == "2*past+2" and dim_sum([2, 3]) == 5
     assert substitute(("batch", "2*seq", 3), {"batch": 2, "seq": 5}) == (2, 10, 3)
     with pytest.raises(GraphError, match="'seq' has no value"):
         substitute(("seq",), {})
@@ -68,8 +71,8 @@ def test_shape_rules_compute_with_symbols():
     ids = TensorType(("batch", "seq"), "int64")
     assert _node_types("gather", [TensorType((50, 32)), ids], axis=0) == [x]
     assert _node_types("cast", [x], to="float16") == [TensorType(x.shape, "float16")]
-    with pytest.raises(ModelError, match="axis 1 is symbolic"):
-        _node_types("concat", [x, x], axis=1)
+    assert _node_types("concat", [x, TensorType(("batch", 1, 32))], axis=1) == [
+        TensorType(("batch", "seq+1", 32))]
     with pytest.raises(GraphError, match="no static size"):
         _ = x.size
 

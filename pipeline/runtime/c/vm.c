@@ -42,7 +42,7 @@
 #define MAX_DEPTH 64 /* nested function calls (If and Loop bodies nest, never recurse) */
 enum { ALLOC_STORAGE = 1, ALLOC_TENSOR, LOAD_CONST, INVOKE_PACKED, COPY, VIEW, MOVE, IF, GOTO,
        INVOKE, RET, SCALAR, ADD_IMM, LESS, COPY_AT, VIEW_AT, FAIL, SHAPE_OF, MUL_DIM,
-       ALLOC_TENSOR_DIMS, VIEW_DIMS, INVOKE_PACKED_DIMS };
+       ALLOC_TENSOR_DIMS, VIEW_DIMS, INVOKE_PACKED_DIMS, ADD_DIM };
 /* FAIL's reasons (pipeline/vm/bytecode.py FAILURES) */
 static const char *const FAILURES[] = {
     "a Loop ended before its trip count: its scan outputs would be shorter than planned "
@@ -334,7 +334,7 @@ static int check_ins(const pl_executor *h, const struct func *fn, const struct i
                reg_ok(fn, w[2]) && size_of(w[3], w[4], w + 5) >= 0;
     case SHAPE_OF:
         return n == 3 && reg_ok(fn, w[0]) && reg_ok(fn, w[1]) && w[2] >= 0 && w[2] < MAX_NDIM;
-    case MUL_DIM: return n == 3 && reg_ok(fn, w[0]) && dims_ok(fn, w + 1, 2);
+    case MUL_DIM: case ADD_DIM: return n == 3 && reg_ok(fn, w[0]) && dims_ok(fn, w + 1, 2);
     case ALLOC_TENSOR_DIMS: case VIEW_DIMS:
         return n >= 5 && (uint64_t)w[4] == n - 5 && w[4] <= MAX_NDIM && reg_ok(fn, w[0]) &&
                reg_ok(fn, w[1]) && w[2] >= 0 && (uint64_t)w[2] <= PL_MAX_STORAGE && w[3] >= 0 &&
@@ -636,6 +636,13 @@ static int step(pl_executor *h, struct func *fn, uint32_t *pc, struct obj *resul
         if (dim_values(h, fn, w + 1, 2, v)) return -1;
         if (v[0] && v[1] > (int64_t)PL_MAX_STORAGE / v[0]) return fail(h, "VM: dimension overflow");
         return new_scalar(h, &r[w[0]], DT_INT64, v[0] * v[1]);
+    }
+    case ADD_DIM: {
+        int64_t v[2];
+        if (dim_values(h, fn, w + 1, 2, v)) return -1;
+        if (v[0] > (int64_t)PL_MAX_STORAGE || v[1] > (int64_t)PL_MAX_STORAGE)
+            return fail(h, "VM: dimension overflow");
+        return new_scalar(h, &r[w[0]], DT_INT64, v[0] + v[1]);
     }
     case LOAD_CONST: {
         const struct type *t = &h->const_types[w[1]];
