@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import llvmlite.ir as ir
 
-from pipeline.codegen.rows import render_rows
+from pipeline.codegen.rows import render_dims_call, render_rows
 from pipeline.dsl.builder import KernelBuilder
+from pipeline.dsl.dims import reload_shapes
 from pipeline.dsl.elementwise import vector_elementwise, vectorizable
 from pipeline.dsl.epilogue import Epilogue
 from pipeline.dsl.vector import ELEMENT_WORK, parallel_nest
@@ -47,7 +48,9 @@ def _render_symbolic(module: ir.Module, spec: KernelSpec) -> None:
         kind = get(spec.ops[0].op).kind
         if kind != OpKind.ELEMENTWISE and lowering_of(spec.ops[0].op).lower_dims is None:
             raise
-        _render_static(module, spec, spec.symbol, spec.symbols)
+        body = _render_static(module, spec, f"{spec.symbol}.body", spec.symbols)
+        body.linkage = "internal"
+        render_dims_call(module, spec, body)
         return
     render_rows(module, spec, _render_static)
 
@@ -57,8 +60,9 @@ def _render_static(module: ir.Module, spec: KernelSpec, symbol: str,
     """Define the kernel `spec` in `module` as function `symbol`: a static one, or
     with `symbols` (spec.symbols) one whose shapes are runtime (dsl/dims.py)."""
     kb = KernelBuilder(module, symbol, list(spec.params), symbols)
-    args = {f"a{i}": buf for i, buf in enumerate(kb.buffers[:-1])}
-    out = kb.buffers[-1]
+    n = len(spec.params)  # (a kernel with symbols has its dims as one buffer more)
+    args = {f"a{i}": buf for i, buf in enumerate(kb.buffers[:n - 1])}
+    out = kb.buffers[n - 1]
     anchor, chain = spec.ops[0], spec.ops[1:]
     # Each op's result dtype: a float16 / int8 / uint8 result is rounded to its dtype
     # before the next op of the chain uses it (kb.narrow), as unfused ops would store it.
@@ -84,7 +88,8 @@ def _render_static(module: ir.Module, spec: KernelSpec, symbol: str,
                      else value)
     elif symbols:
         lowering.lower_dims(kb, anchor, [args[i] for i in anchor.inputs], out,
-                            epilogue if chain else None)
+                            epilogue if chain else None,
+                            lambda: reload_shapes(kb, list(spec.params), symbols))
     elif kind == OpKind.ELEMENTWISE and out.type.shape and vectorizable(spec.ops, dtypes):
         vector_elementwise(kb, spec.ops, args, out, scalar_of, dtypes,
                            spec.target.vector_width)

@@ -2,7 +2,10 @@
 convention `int32_t f(void **args, const int64_t *dims)`, dims[k] the value of the
 spec's symbol s<k>.
 
-The function multiplies the row prefix's symbols into a row count, then calls the
+A kernel with runtime dimensions inside (not over rows) is a body function whose
+buffers end with the dims array (dsl/dims.py), called by render_dims_call.
+
+The rows function multiplies the row prefix's symbols into a row count, then calls the
 static kernel for ROW_BLOCKS[0] rows on each whole block of that many, the next
 size's on the whole blocks of the rest, and so on down to one row, each argument
 that has the rows advanced by its row's bytes (an argument without them, a weight,
@@ -22,7 +25,7 @@ from pipeline.ir.dims import substitute
 from pipeline.lower.kernel import KernelSpec
 from pipeline.lower.rows import ROW_BLOCKS, at_rows, row_prefix
 
-__all__ = ["render_rows"]
+__all__ = ["render_dims_call", "render_rows"]
 
 
 def _row_bytes(spec: KernelSpec, prefix: tuple[str, ...]) -> list[int]:
@@ -91,3 +94,19 @@ def _row_loop(fn: ir.Function, b: ir.IRBuilder, kernel: ir.Function, step: int, 
     b.position_at_end(failed)
     b.ret(rc)
     b.position_at_end(done)
+
+
+def render_dims_call(module: ir.Module, spec: KernelSpec, body: ir.Function) -> None:
+    """Define `spec.symbol(args, dims)` calling `body` (a kernel with runtime dimensions
+    inside, dsl/dims.py) with its buffers and the dims array as one more buffer."""
+    fn = ir.Function(module, ir.FunctionType(I32, [PTR, PTR]), name=spec.symbol)
+    args, dims = fn.args
+    args.name, dims.name = "args", "dims"
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    n = len(spec.params)
+    argv = b.alloca(PTR, size=ir.Constant(I64, n + 1), name="argv")
+    for i in range(n):
+        ptr = b.load(b.gep(args, [ir.Constant(I64, i)], source_etype=PTR), typ=PTR)
+        b.store(ptr, b.gep(argv, [ir.Constant(I64, i)], source_etype=PTR))
+    b.store(dims, b.gep(argv, [ir.Constant(I64, n)], source_etype=PTR))
+    b.ret(b.call(body, [argv]))

@@ -47,16 +47,15 @@ class KernelBuilder:
 
     def __init__(self, module: ir.Module, symbol: str, params: list[TensorType],
                  symbols: tuple[str, ...] = ()):
-        """symbols (KernelSpec.symbols): `(ptr %args, ptr %dims)`, shapes in dsl/dims.py."""
+        """symbols (KernelSpec.symbols): args end with the dims; shapes: dsl/dims.py."""
         self.module = module
-        fn = ir.Function(module, ir.FunctionType(I32, [PTR, PTR][:1 + bool(symbols)]), symbol)
+        fn = ir.Function(module, ir.FunctionType(I32, [PTR]), name=symbol)
         fn.args[0].name = "args"
         fn.args[0].add_attribute("noalias")
         self.function = fn
         self.b = ir.IRBuilder(fn.append_basic_block("entry"))
         if symbols:
-            fn.args[1].name = "dims"
-            params = runtime_shapes(self, fn.args[1], params, symbols)
+            params = runtime_shapes(self, params, symbols)
         self.buffers = []
         for i, t in enumerate(params):
             slot = self.b.gep(fn.args[0], [raw(i)], source_etype=PTR, inbounds=True)

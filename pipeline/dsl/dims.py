@@ -1,22 +1,26 @@
-"""Runtime dimensions in a kernel: the shapes of a kernel with symbolic dimensions
-(`int32_t f(void **args, const int64_t *dims)`) with each symbol replaced by the i64
-Index its `dims` argument holds, so strides and loop bounds become runtime products
-(dsl/index.py: Index arithmetic mixes with ints). Such a kernel's loops must not be
-parallel_for's: its outlined body is another function, which cannot see them."""
+"""Runtime dimensions in a kernel: the shapes of a kernel with symbolic dimensions with
+each symbol replaced by an i64 Index, so strides and loop bounds become runtime
+products (dsl/index.py: Index arithmetic mixes with ints).
+
+Such a kernel's body is `i32 @f.body(ptr %args)` whose args hold its buffers and,
+last, the dims array (codegen/rows.py's wrapper `f(args, dims)` builds that array):
+the dims then travel like a buffer, so a parallel_for body (another function, whose
+buffers are re-read from the same args) re-reads them with `reload_shapes`. An Index
+is a value of the function that made it: inside a parallel_for, use that function's.
+"""
 
 from __future__ import annotations
 
 from pipeline.dsl.index import I64, Index, raw
+from pipeline.dsl.types import PTR
 from pipeline.ir.dims import dim_terms
 from pipeline.ir.graph import TensorType
 
 
-def runtime_shapes(kb, dims, params: list[TensorType], symbols: tuple[str, ...]
-                   ) -> list[TensorType]:
-    """`params` with symbol k (`symbols[k]`, also inside "2*s0*s1" or "s0+1") the Index
-    of dims[k], loaded in the entry block of kb's function."""
-    values = {name: Index(kb, kb.b.load(kb.b.gep(dims, [raw(k)], source_etype=I64), typ=I64,
-                                        name=name))
+def _apply(kb, dims_ptr, params: list[TensorType], symbols: tuple[str, ...]
+           ) -> list[TensorType]:
+    values = {name: Index(kb, kb.b.load(kb.b.gep(dims_ptr, [raw(k)], source_etype=I64),
+                                        typ=I64, name=name))
               for k, name in enumerate(symbols)}
 
     def dim(d):
@@ -31,3 +35,19 @@ def runtime_shapes(kb, dims, params: list[TensorType], symbols: tuple[str, ...]
         return total
 
     return [TensorType(tuple(dim(d) for d in t.shape), t.dtype) for t in params]
+
+
+def runtime_shapes(kb, params: list[TensorType], symbols: tuple[str, ...]
+                   ) -> list[TensorType]:
+    """The buffer types of a kernel body (module doc) in kb's entry block: `params`
+    with Index shapes, then the dims array's own type."""
+    slot = kb.b.gep(kb.function.args[0], [raw(len(params))], source_etype=PTR, inbounds=True)
+    dims_ptr = kb.b.load(slot, typ=PTR, name="dims")
+    return [*_apply(kb, dims_ptr, params, symbols), TensorType((len(symbols),), "int64")]
+
+
+def reload_shapes(kb, params: list[TensorType], symbols: tuple[str, ...]
+                  ) -> list[TensorType]:
+    """`params` with Index shapes valid in the function kb builds now (inside a
+    parallel_for body: from its rebound dims buffer)."""
+    return _apply(kb, kb.buffers[len(params)].ptr, params, symbols)

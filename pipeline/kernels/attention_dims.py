@@ -15,7 +15,7 @@ from __future__ import annotations
 from pipeline.ops.geometry import logical_shapes
 
 
-def lower_attention_dims(kb, node, ins, out, epilogue=None) -> None:
+def lower_attention_dims(kb, node, ins, out, epilogue=None, shapes=None) -> None:
     """out = softmax(Q Kᵀ * scale [+ mask]) V for the operands in their perms
     (pipeline/kernels/attention.py); shapes may hold Index values. (FuseOps never
     gives attention an epilogue: it is opaque.)"""

@@ -22,8 +22,9 @@ class Lowering:
     module: str                     # the pipeline.kernels module that registered it
     lower: Callable | None = None   # (kb, node, ins: list[Buffer], out: Buffer, epilogue)
     scalar: Callable | None = None  # (kb, args: list[ir.Value], node) -> ir.Value
-    # (kb, node, ins, out, epilogue): the kernel with runtime dimensions (shapes hold
-    # Index values where the spec has symbols), for what rows kernels cannot do
+    # (kb, node, ins, out, epilogue, shapes): the kernel with runtime dimensions (shapes
+    # hold Index values where the spec has symbols; shapes() gives them again inside a
+    # parallel_for body, dsl/dims.py), for what rows kernels cannot do
     lower_dims: Callable | None = None
 
 

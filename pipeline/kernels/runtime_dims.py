@@ -29,7 +29,7 @@ def _batch_offset(index, shape, strides, rank: int):
     return total
 
 
-def matmul_dims(kb, node, ins, out, epilogue) -> None:
+def matmul_dims(kb, node, ins, out, epilogue, shapes=None) -> None:
     """out[..., i, j] = sum_k a[..., i, k] b[..., k, j] (trans_a, trans_b swap a
     matrix's dims), batch dims broadcast."""
     a, b = ins
@@ -55,7 +55,7 @@ def matmul_dims(kb, node, ins, out, epilogue) -> None:
                  epilogue(value, index) if epilogue is not None else value)
 
 
-def softmax_dims(kb, node, ins, out, epilogue) -> None:
+def softmax_dims(kb, node, ins, out, epilogue, shapes=None) -> None:
     """softmax / log_softmax along `axis` (with `flatten`: over everything from it)."""
     x = ins[0]
     shape, axis = x.type.shape, node.attr("axis")
@@ -83,7 +83,7 @@ def softmax_dims(kb, node, ins, out, epilogue) -> None:
             kb.store(out, base + j * inner, value)
 
 
-def transpose_dims(kb, node, ins, out, epilogue) -> None:
+def transpose_dims(kb, node, ins, out, epilogue, shapes=None) -> None:
     """out[index] = x[index permuted back]."""
     x, perm = ins[0], node.attr("perm")
     with kb.nest(out.type.shape) as index:
@@ -92,7 +92,7 @@ def transpose_dims(kb, node, ins, out, epilogue) -> None:
                  epilogue(value, index) if epilogue is not None else value)
 
 
-def concat_dims(kb, node, ins, out, epilogue) -> None:
+def concat_dims(kb, node, ins, out, epilogue, shapes=None) -> None:
     """out = the inputs one after another along `axis` (a KV cache growing by a step)."""
     axis, shape = node.attr("axis"), out.type.shape
     outer, inner = _prod(shape[:axis]), _prod(shape[axis + 1:])
