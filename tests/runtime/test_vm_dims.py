@@ -246,3 +246,30 @@ def test_kv_cache_grows_by_one_every_step(tmp_path):
     assert past_k.shape == (3, 4, 17, 8)
     with pytest.raises(VMError, match="dimension 'past' = 17 is outside its bounds 1..16"):
         vm.run(x, past_k, past_v)
+
+
+def test_pooling_over_the_sequence(tmp_path):
+    """A classifier's poolings over a symbolic seq: the first token (Gather along
+    seq, with an elementwise epilogue), ReduceMean and ReduceMax over seq."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [helper.make_node("Gather", ["x", "zero"], ["cls"], axis=1),
+             helper.make_node("ReduceMean", ["x"], ["mean"], axes=[1], keepdims=0),
+             helper.make_node("ReduceMax", ["x"], ["top"], axes=[1], keepdims=0),
+             helper.make_node("Add", ["cls", "mean"], ["s"]),
+             helper.make_node("Add", ["s", "top"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "pool", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                      ["batch", "seq", 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 32])],
+        [numpy_helper.from_array(np.array(0, np.int64), "zero")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    so, factory = _library(model, tmp_path / "pool.so")
+    assert {s.ops[0].op for s in factory.kernels} == {"gather", "reduce_mean", "reduce_max"}
+    vm = VirtualMachine(so)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for shape in ((1, 1), (3, 50), (4, 128)):
+        x = np.random.default_rng(shape[1]).standard_normal((*shape, 32)).astype(np.float32)
+        np.testing.assert_allclose(vm.run(x)[0], session.run(None, {"x": x})[0], rtol=1e-5,
+                                   atol=1e-5)
