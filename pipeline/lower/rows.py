@@ -35,7 +35,7 @@ ROW_BLOCKS = (32, 4, 1)
 # alone, given the axis checks of _axes_outside.
 _ROW_OPS = {"matmul", "dense", "dense_packed", "softmax", "log_softmax", "hardmax",
             "layer_norm", "rms_norm", "transpose", "reshape", "gather", "concat",
-            "attention", "cumsum", "cumprod", "argmax", "argmin",
+            "attention", "cumsum", "cumprod", "argmax", "argmin", "slice",
             "conv1d", "conv2d", "conv3d", "conv2d_nchwc", "conv2d_pointwise",
             "depthwise_conv2d_nchwc", "max_pool2d", "avg_pool2d", "global_avg_pool",
             "global_max_pool", "batch_norm", "instance_norm", "group_norm",
@@ -52,6 +52,9 @@ def _axes_outside(node: Node, rank: int, k: int, inputs: list[TensorType]) -> bo
         return node.attr("axis") == 0 and not inputs[0].symbolic
     if node.op == "transpose":
         return tuple(node.attr("perm")[:k]) == tuple(range(k))
+    if node.op == "slice":  # the rows kept whole
+        return all(s == 0 for s in node.attr("starts")[:k]) and all(
+            s == 1 for s in node.attr("steps")[:k])
     if node.op == "matmul":
         a, b = inputs
         return (not node.attr("trans_a") or k <= len(a.shape) - 2) and (

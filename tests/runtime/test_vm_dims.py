@@ -273,3 +273,30 @@ def test_pooling_over_the_sequence(tmp_path):
         x = np.random.default_rng(shape[1]).standard_normal((*shape, 32)).astype(np.float32)
         np.testing.assert_allclose(vm.run(x)[0], session.run(None, {"x": x})[0], rtol=1e-5,
                                    atol=1e-5)
+
+
+def test_slices_keep_symbolic_axes_whole(tmp_path):
+    """x[:, :, 8:24] and x[:, 0:] (ends INT64_MAX, as torch exports it) keep batch and
+    seq; slicing a symbolic axis is refused in one line."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    def model(starts, ends, axes):
+        consts = [numpy_helper.from_array(np.array(v, np.int64), n)
+                  for n, v in (("s", starts), ("e", ends), ("a", axes))]
+        graph = helper.make_graph(
+            [helper.make_node("Slice", ["x", "s", "e", "a"], ["t"]),
+             helper.make_node("Relu", ["t"], ["y"])], "slice",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 32])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], consts)
+        m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+        m.ir_version = 8
+        return m
+
+    ok = model([8, 0], [24, 2 ** 63 - 1], [2, 1])
+    vm = VirtualMachine(_library(ok, tmp_path / "slice.so")[0])
+    session = ort.InferenceSession(ok.SerializeToString(), providers=["CPUExecutionProvider"])
+    for shape in ((1, 1), (3, 50)):
+        x = np.random.default_rng(shape[1]).standard_normal((*shape, 32)).astype(np.float32)
+        np.testing.assert_allclose(vm.run(x)[0], session.run(None, {"x": x})[0])
+    with pytest.raises(ModelError, match="axis 1 is symbolic .seq.: only its whole range"):
+        pipeline.frontend.from_onnx(model([1], [2 ** 63 - 1], [1]), symbolic=True)
