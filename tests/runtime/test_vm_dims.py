@@ -300,3 +300,21 @@ def test_slices_keep_symbolic_axes_whole(tmp_path):
         np.testing.assert_allclose(vm.run(x)[0], session.run(None, {"x": x})[0])
     with pytest.raises(ModelError, match="axis 1 is symbolic .seq.: only its whole range"):
         pipeline.frontend.from_onnx(model([1], [2 ** 63 - 1], [1]), symbolic=True)
+
+
+def test_random_shapes_keep_memory_flat(bert):
+    """Runs at random shapes allocate nothing new after warm-up: the storages are
+    planned at the bounds and pooled, the runtime dimensions are pooled scalars."""
+    _, so, _ = bert
+    vm = VirtualMachine(so)
+    rng = np.random.default_rng(11)
+
+    def resident_kib() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * 4096 // 1024
+
+    for k in range(2000):
+        vm.run(_ids((int(rng.integers(1, 5)), int(rng.integers(1, 129))), k))
+        if k == 300:
+            warm = resident_kib()
+    assert resident_kib() - warm < 2048, (warm, resident_kib())
