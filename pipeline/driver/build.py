@@ -13,6 +13,7 @@ a time (pipeline/tasks/stages.py).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -28,6 +29,7 @@ from pipeline.lower.kernel import KernelSpec, kernel_spec
 from pipeline.lower.rows import at_values
 from pipeline.plan import MemoryPlan, graph_json, plan_memory
 from pipeline.transform import PassContext, optimize
+from pipeline.vm.compile import Executable
 from pipeline.vm.program import CONTROL_OPS, compile_program, has_control_flow
 
 
@@ -135,34 +137,68 @@ def build(graph: Graph, target: str = "llvm", params: dict | None = None,
     return GraphExecutorFactory(lowered, target, objects, executor)
 
 
-def _build_program(graph: Graph, params: dict, target: str, llvm_level: int,
-                   cache: dict[str, bytes], executor: str) -> GraphExecutorFactory:
-    """build() of a graph with If, Loop or Scan nodes: each part without control flow
-    is lowered as a graph of its own, and the VM executable joins them
-    (pipeline/vm/program.py). Only the VM runs it: UnsupportedOperatorError for
-    executor "graph", naming the nodes as the importer does."""
-    if executor != "vm":
-        nodes = [f"{n.name} ({n.op})" for n in graph.nodes if n.op in CONTROL_OPS]
-        raise UnsupportedOperatorError(
-            f"unsupported operator(s) for the graph executor: control flow at node(s) "
-            f"{', '.join(nodes[:5])}: subgraphs run only in the VM (executor='vm')")
-    resolved, pieces = parse_target(target), []
+@dataclass(frozen=True)
+class LoweredProgram:
+    """A graph with If, Loop or Scan lowered for the VM: its executable and each part
+    without control flow as lowered (their specs and IR are the program's kernels)."""
+
+    program: Executable
+    parts: tuple[LoweredGraph, ...]
+
+    @property
+    def specs(self) -> list[KernelSpec]:
+        """The distinct kernels of all the parts, in link order."""
+        return unique_specs(s for part in self.parts for s in part.specs.values())
+
+    @property
+    def ir(self) -> dict[str, str]:
+        """Kernel hash -> its LLVM IR."""
+        return {h: text for part in self.parts for h, text in part.ir.items()}
+
+
+def lower_program(graph: Graph, params: dict, target: Target, opt_level: int,
+                  known_ir: Callable[[KernelSpec], str | None] | None = None
+                  ) -> LoweredProgram:
+    """lower_graph for a graph with If, Loop or Scan nodes: each part without control
+    flow is lowered as a graph of its own (known_ir as lower_graph's), and the VM
+    executable joins them (pipeline/vm/program.py). Nothing is compiled."""
+    parts: list[LoweredGraph] = []
 
     def lower(part: Graph, part_params: dict) -> tuple[str, dict, list[str]]:
-        lowered = lower_graph(part, dict(part_params), resolved, llvm_level)
-        pieces.append(lowered)
+        lowered = lower_graph(part, dict(part_params), target, opt_level, known_ir)
+        parts.append(lowered)
         return (lowered.graph_json, lowered.params,
                 [s.symbol for s in unique_specs(lowered.specs.values())])
 
     program = compile_program(graph, params, lower)
-    specs = [s for lowered in pieces for s in lowered.specs.values()]
-    ir = {h: text for lowered in pieces for h, text in lowered.ir.items()}
+    return LoweredProgram(program, tuple(parts))
+
+
+def refuse_control_flow(graph: Graph) -> None:
+    """UnsupportedOperatorError naming the If, Loop and Scan nodes of `graph`, which
+    only the VM runs; nothing if it has none."""
+    nodes = [f"{n.name} ({n.op})" for n in graph.nodes if n.op in CONTROL_OPS]
+    if nodes:
+        raise UnsupportedOperatorError(
+            f"unsupported operator(s) for the graph executor: control flow at node(s) "
+            f"{', '.join(nodes[:5])}: subgraphs run only in the VM (executor='vm')")
+
+
+def _build_program(graph: Graph, params: dict, target: str, llvm_level: int,
+                   cache: dict[str, bytes], executor: str) -> GraphExecutorFactory:
+    """build() of a graph with If, Loop or Scan nodes (lower_program). Only the VM
+    runs it: UnsupportedOperatorError for executor "graph", naming the nodes as the
+    importer does."""
+    if executor != "vm":
+        refuse_control_flow(graph)
+    lowered = lower_program(graph, params, parse_target(target), llvm_level)
     objects = {}
-    for spec in unique_specs(specs):
+    for spec in lowered.specs:
         if spec.hash not in cache:
-            cache[spec.hash] = compile_kernel(spec, ir[spec.hash])[1]
+            cache[spec.hash] = compile_kernel(spec, lowered.ir[spec.hash])[1]
         objects[spec.symbol] = cache[spec.hash]
-    return GraphExecutorFactory(None, target, objects, executor, program, specs)
+    specs = [s for part in lowered.parts for s in part.specs.values()]
+    return GraphExecutorFactory(None, target, objects, executor, lowered.program, specs)
 
 
 def _build_symbolic(graph: Graph, params: dict, target: str, llvm_level: int,

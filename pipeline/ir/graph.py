@@ -132,7 +132,9 @@ class Graph:
     def verify(self, infer_types=None) -> None:
         """Check the invariants every pass must keep; raise GraphError if broken.
 
-        Every tensor is defined exactly once and before use and has a type. Given
+        Every tensor is defined exactly once and before use and has a type; the
+        subgraphs control-flow nodes hold (Graph attributes) are checked the same
+        way, an error naming the node and the subgraph. Given
         `infer_types` (node, input types -> output types: pipeline.ops.infer_types,
         which the IR cannot import, being below the operators), every op must
         also be registered and its shape rule reproduce the recorded output types.
@@ -165,27 +167,25 @@ class Graph:
         for name in self.outputs:
             if name not in defined:
                 raise GraphError(f"graph output {name!r} is never defined")
+        for node in self.nodes:  # an If's branches, a Loop's body: graphs of their own
+            for key, value in node.attrs:
+                if isinstance(value, Graph):
+                    try:
+                        value.verify(infer_types)
+                    except GraphError as err:
+                        raise GraphError(f"node {node.name!r} ({node.op}), subgraph {key}: "
+                                         f"{err}") from None
 
     # -- serialisation: the import stage writes this, the optimize stage reads it --
 
     def to_json(self) -> str:
-        doc = {
-            "inputs": list(self.inputs), "params": list(self.params),
-            "outputs": list(self.outputs),
-            "nodes": [_node_to_json(n) for n in self.nodes],
-            "types": {k: t.to_json() for k, t in sorted(self.types.items())},
-        }
-        return json.dumps(doc, sort_keys=True, indent=1)
+        """The graph as JSON text (subgraphs nested in their nodes' attributes)."""
+        return json.dumps(_graph_to_json(self), sort_keys=True, indent=1)
 
     @staticmethod
     def from_json(text: str) -> Graph:
-        doc = json.loads(text)
-        return Graph(
-            inputs=tuple(doc["inputs"]), params=tuple(doc["params"]),
-            outputs=tuple(doc["outputs"]),
-            nodes=tuple(_node_from_json(n) for n in doc["nodes"]),
-            types={k: TensorType(tuple(s), d) for k, (s, d) in doc["types"].items()},
-        )
+        """The graph of `to_json`'s text."""
+        return _graph_from_json(json.loads(text))
 
 
 def fresh_name(hint: str, *tables: dict) -> str:
@@ -207,10 +207,30 @@ def add_param(types: dict, params: dict, hint: str, value) -> str:
     return name
 
 
+def _graph_to_json(graph: Graph) -> dict:
+    return {
+        "inputs": list(graph.inputs), "params": list(graph.params),
+        "outputs": list(graph.outputs),
+        "nodes": [_node_to_json(n) for n in graph.nodes],
+        "types": {k: t.to_json() for k, t in sorted(graph.types.items())},
+    }
+
+
+def _graph_from_json(doc: dict) -> Graph:
+    return Graph(
+        inputs=tuple(doc["inputs"]), params=tuple(doc["params"]),
+        outputs=tuple(doc["outputs"]),
+        nodes=tuple(_node_from_json(n) for n in doc["nodes"]),
+        types={k: TensorType(tuple(s), d) for k, (s, d) in doc["types"].items()},
+    )
+
+
 def _node_to_json(node: Node) -> dict:
     def enc(v):
         if isinstance(v, Node):
             return {"__node__": _node_to_json(v)}
+        if isinstance(v, Graph):  # a control-flow node's subgraph
+            return {"__graph__": _graph_to_json(v)}
         if isinstance(v, tuple):
             return [enc(x) for x in v]
         return v
@@ -223,6 +243,8 @@ def _node_from_json(doc: dict) -> Node:
     def dec(v):
         if isinstance(v, dict) and "__node__" in v:
             return _node_from_json(v["__node__"])
+        if isinstance(v, dict) and "__graph__" in v:
+            return _graph_from_json(v["__graph__"])
         if isinstance(v, list):
             return tuple(dec(x) for x in v)
         return v

@@ -4,6 +4,7 @@
     vm = VirtualMachine(exe)                           # or VirtualMachine("model.so")
     outputs = vm.run(x)                                # numpy arrays, ONNX output order
     vm.set_input("main", x); outputs = vm.invoke("main")
+    vm.set_input_zero_copy("x", a)     # a = empty_aligned(...): runs read it in place
     print(vm.benchmark("main", x, repeat=5))
 
 A VM library (`executor: vm`) holds the kernels, the .ro (pipeline/vm/format.py,
@@ -190,16 +191,20 @@ class VirtualMachine:
             given[name] = value
         for name, value in given.items():
             k = names.index(name)
-            want = self._params[k]
             array = np.asarray(value)  # (ascontiguousarray makes a scalar 1-d)
             if not array.flags.c_contiguous:
                 array = array.copy()
-            self._check_input(want, array)
-            shape = (ctypes.c_int64 * max(array.ndim, 1))(*array.shape)
-            self._check(self._api["pl_set_input_shape"](self._handle, k, array.ndim, shape))
+            self._set_shape(k, array)
             self._check(self._api["pl_set_input"](self._handle, k, array.ctypes.data,
                                                   array.nbytes))
             self._inputs[k] = array
+
+    def _set_shape(self, k: int, array: np.ndarray) -> None:
+        """Check `array` against main's input `k` (_check_input) and give the VM its
+        shape (pl_set_input_shape), which the next set_input(_zero_copy) sizes by."""
+        self._check_input(self._params[k], array)
+        shape = (ctypes.c_int64 * max(array.ndim, 1))(*array.shape)
+        self._check(self._api["pl_set_input_shape"](self._handle, k, array.ndim, shape))
 
     def _check_input(self, want, array: np.ndarray) -> None:
         """VMError (one line naming the input) unless `array` has the input's dtype,
@@ -217,6 +222,37 @@ class VirtualMachine:
             if isinstance(d, str) and not bounds[d][0] <= n <= bounds[d][1]:
                 raise VMError(f"input {want.name!r}: dimension {d!r} = {n} is outside its "
                               f"bounds {bounds[d][0]}..{bounds[d][1]}")
+
+    def set_input_zero_copy(self, name: str, value: np.ndarray) -> None:
+        """Make `value`'s buffer main's input `name` without copying it, as the graph
+        executor's set_input_zero_copy: every run reads the array as it is then,
+        until the next set_input or set_input_zero_copy of that input; the array is
+        kept alive meanwhile and never written. It must have the input's dtype and
+        shape (a symbolic dimension within its bounds: the VM then takes that
+        shape), be C-contiguous and 64-byte aligned (pipeline.runtime.empty_aligned
+        makes one): VMError naming the input otherwise."""
+        names = [p.name for p in self._params]
+        if name not in names:
+            raise VMError(f"main has no input {name!r}; inputs: {names}")
+        if not isinstance(value, np.ndarray) or not value.flags.c_contiguous:
+            raise VMError(f"input {name!r}: a zero-copy input must be a C-contiguous numpy "
+                          "array")
+        k = names.index(name)
+        self._check_input(self._params[k], value)
+        if value.ctypes.data % 64:
+            raise VMError(f"input {name!r}: a zero-copy array must be 64-byte aligned (its "
+                          f"data is at {value.ctypes.data:#x}); allocate it with "
+                          "pipeline.runtime.empty_aligned")
+        try:
+            fn = self.executable.lib["pl_set_input_zero_copy"]
+        except AttributeError:
+            raise VMError(f"{self.executable.path}: built before the VM had zero-copy "
+                          "inputs; rebuild it") from None
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t]
+        self._set_shape(k, value)  # first: the VM sizes the buffer by the shape
+        self._check(fn(self._handle, k, value.ctypes.data, value.nbytes))
+        self._inputs[k] = value  # the VM reads it from now on
 
     def invoke(self, func_name: str = "main", *args: Any, **kwargs: Any) -> list[np.ndarray]:
         """Run `func_name` (inputs as set_input takes them, or set before) and

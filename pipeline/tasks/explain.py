@@ -22,8 +22,8 @@ from doit.tools import config_changed
 from pipeline.tasks import lazy
 from pipeline.tasks.paths import OUT
 
-# Option keys that describe the machine rather than the passes.
-TARGET_KEYS = {"target", "resolved"}
+# Option keys that describe the machine (and what runs the model) rather than the passes.
+TARGET_KEYS = {"target", "resolved", "executor"}
 
 
 class options_changed(config_changed):  # noqa: N801 (named like doit's own checkers)

@@ -12,11 +12,13 @@ import contextlib
 import json
 import mmap
 import os
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from pipeline.driver.build import lower_graph
-from pipeline.driver.factory import unique_specs
+from pipeline.driver.build import lower_graph, lower_program, refuse_control_flow
+from pipeline.driver.factory import LoweredGraph, unique_specs
+from pipeline.errors import GraphError
 from pipeline.files import atomic_write
 from pipeline.frontend import from_onnx
 from pipeline.ir.graph import Graph
@@ -31,8 +33,9 @@ from pipeline.runtime.params import load_params, param_chunks
 from pipeline.tasks.cache import entry_ir, object_for_link, read_ir
 from pipeline.tasks.paths import SPECS, ir_path, listed_kernels, spec_path
 from pipeline.transform import PassContext, PassTimingInstrument
-from pipeline.vm.compile import compile_plan
+from pipeline.vm.compile import PROGRAM_KEY, compile_plan, program_from_json, program_json
 from pipeline.vm.format import write_ro
+from pipeline.vm.program import has_control_flow
 
 
 def generate_model(name: str, path: str, args: dict | None = None) -> None:
@@ -50,26 +53,33 @@ def reweight_model(src: str, dst: str, seed: int) -> None:
 
 
 def import_model(onnx_path: str, shapes: dict, graph_path: str, weights_path: str,
-                 dims: dict | None = None) -> None:
-    """ONNX file -> graph IR JSON + weights (.params); with `dims` (the model's bounds,
-    executor vm) its symbolic dimensions stay symbolic."""
+                 control_flow: bool = False, dims: dict | None = None) -> None:
+    """ONNX file -> graph IR JSON + weights (.params); control_flow: If, Loop and Scan
+    become nodes holding their subgraphs (a model with a VM entry, docs/vm.md); with
+    `dims` (the model's bounds, executor vm) its symbolic dimensions stay symbolic."""
     graph, params = from_onnx(onnx_path, {k: tuple(v) for k, v in shapes.items()},
-                              symbolic=bool(dims))
+                              control_flow=control_flow, symbolic=bool(dims))
     atomic_write(graph_path, graph.to_json().encode())
     atomic_write(weights_path, param_chunks(params))
 
 
 def optimize_model(graph_path: str, weights_path: str, target: dict, spec_dir: str,
                    graph_json_path: str, params_path: str, kernels_path: str,
-                   cache: str | None = None, dims: dict | None = None) -> dict:
+                   cache: str | None = None) -> dict:
     """Graph IR -> optimised graph JSON, params, and per kernel its spec and LLVM IR
     (spec_dir/<hash>.json, .ll: content-addressed, written when absent).
 
-    target: TargetEntry.to_dict() (target string, opt_level, passes, config).
+    target: TargetEntry.to_dict() (target string, opt_level, passes, config), with
+    "executor": "vm" for an entry the VM runs.
     Each distinct kernel is rendered once, here: its stack scratch is metadata, and
     the kernel task compiles the .ll (pipeline.tasks.cache.compile_entry). IR
     rendered before is read instead: the .ll in spec_dir, or a valid entry's of
-    the kernel cache `cache`. dims: the bounds of a symbolic model's dimensions (its `dims:`).
+    the kernel cache `cache`.
+    A graph with If, Loop or Scan is lowered, for a VM entry, as a VM program
+    (pipeline.driver.build.lower_program): the graph JSON file holds its functions
+    (pipeline.vm.compile.program_json), the params file its constants; for another
+    entry it is an UnsupportedOperatorError naming the nodes. target["dims"], if
+    present: the bounds of a symbolic model's dimensions (its `dims:`).
     kernels.json lists, per kernel, its hash and symbol (the manifest the per-kernel
     tasks are created from) and its metadata (pipeline.runtime.metadata.kernel_metadata:
     calls, flops, bytes_moved, stack_bytes, constant_bytes). Returns {"passes":
@@ -80,11 +90,24 @@ def optimize_model(graph_path: str, weights_path: str, target: dict, spec_dir: s
     timing = PassTimingInstrument()
     ctx = PassContext(target["opt_level"], target["required_pass"], target["disabled_pass"],
                       target["config"], instruments=[timing])
+    resolved = parse_target(target["target"])
+    dims = {k: tuple(v) for k, v in (target.get("dims") or {}).items()}
     with ctx:
-        lowered = lower_graph(graph, params, parse_target(target["target"]),
-                              target["opt_level"], lambda s: _rendered(s, spec_dir, cache),
-                              {k: tuple(v) for k, v in (dims or {}).items()})
-    specs = unique_specs(lowered.specs.values())
+        if has_control_flow(graph):
+            if target.get("executor") != "vm":
+                refuse_control_flow(graph)
+            if dims:
+                raise GraphError("symbolic dimensions together with If/Loop/Scan are not "
+                                 "supported yet")
+            program = lower_program(graph, params, resolved, target["opt_level"],
+                                    lambda s: _rendered(s, spec_dir, cache))
+            text, out_params = program_json(program.program), program.program.constants
+            parts, specs, ir = program.parts, program.specs, program.ir
+        else:
+            lowered = lower_graph(graph, params, resolved, target["opt_level"],
+                                  lambda s: _rendered(s, spec_dir, cache), dims)
+            text, out_params, parts = lowered.graph_json, lowered.params, (lowered,)
+            specs, ir = unique_specs(lowered.specs.values()), lowered.ir
     Path(spec_dir).mkdir(parents=True, exist_ok=True)
     for spec in specs:
         spec_file = spec_path(spec_dir, spec.hash)
@@ -92,18 +115,31 @@ def optimize_model(graph_path: str, weights_path: str, target: dict, spec_dir: s
         if not os.path.exists(spec_file):
             atomic_write(spec_file, spec.to_json().encode())
         if not os.path.exists(ir_path(spec_file)):
-            atomic_write(ir_path(spec_file), lowered.ir[spec.hash].encode())
-    metadata = {k["symbol"]: k for k in kernel_metadata(lowered.graph_json)}
-    manifest = {
-        "target": target["target"],
-        "kernels": [{"hash": s.hash, **metadata[s.symbol]} for s in specs],
-        "memory": {"planned_bytes": lowered.memory.planned_bytes,
-                   "intermediate_bytes": lowered.memory.intermediate_bytes},
-    }
-    atomic_write(kernels_path, json.dumps(manifest, indent=1).encode())
-    atomic_write(graph_json_path, lowered.graph_json.encode())
-    atomic_write(params_path, param_chunks(lowered.params))
+            atomic_write(ir_path(spec_file), ir[spec.hash].encode())
+    atomic_write(kernels_path, json.dumps(_manifest(target["target"], specs, parts),
+                                          indent=1).encode())
+    atomic_write(graph_json_path, text.encode())
+    atomic_write(params_path, param_chunks(out_params))
     return {"passes": timing.timings}
+
+
+def _manifest(target: str, specs: list[KernelSpec], parts: Sequence[LoweredGraph]) -> dict:
+    """kernels.json of the kernels `specs` of the lowered graphs `parts` (one, or a
+    VM program's): each kernel's metadata summed over the parts, their memory too."""
+    metadata: dict[str, dict] = {}
+    for part in parts:
+        for k in kernel_metadata(part.graph_json):
+            have = metadata.setdefault(k["symbol"], {**k, "calls": 0, "constant_bytes": (
+                None if k["constant_bytes"] is None else 0)})
+            have["calls"] += k["calls"]
+            if have["constant_bytes"] is not None:
+                have["constant_bytes"] += k["constant_bytes"]
+    return {
+        "target": target,
+        "kernels": [{"hash": s.hash, **metadata[s.symbol]} for s in specs],
+        "memory": {key: sum(getattr(p.memory, key) for p in parts)
+                   for key in ("planned_bytes", "intermediate_bytes")},
+    }
 
 
 def _rendered(spec: KernelSpec, spec_dir: str, cache: str | None) -> str | None:
@@ -158,9 +194,10 @@ def pack_vm(graph_json_path: str, params_path: str, kernels_path: str, ro_path: 
     """A VM entry's devc stage: graph JSON + params + kernel list -> the VM executable
     <m>.ro (pipeline/vm/) and devc.o holding it (pack, cc: as pack_devc's)."""
     manifest = json.loads(Path(kernels_path).read_text())
-    exe = compile_plan(Path(graph_json_path).read_text(),
-                       load_params(Path(params_path).read_bytes()),
-                       [k["symbol"] for k in manifest["kernels"]])
+    text, params = Path(graph_json_path).read_text(), load_params(Path(params_path).read_bytes())
+    # A graph with control flow: optimize wrote the VM program (optimize_model).
+    exe = (program_from_json(text, params) if PROGRAM_KEY in json.loads(text)
+           else compile_plan(text, params, [k["symbol"] for k in manifest["kernels"]]))
     ro = write_ro(exe)
     atomic_write(ro_path, ro)
     export.pack_ro(ro, manifest["target"], devc_path, pack, cc)

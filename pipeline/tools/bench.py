@@ -55,16 +55,22 @@ from pipeline.frontend.onnx.importer import load_model
 from pipeline.frontend.onnx.shapes import with_input_shapes
 from pipeline.runtime import GraphModule, load_module
 from pipeline.runtime.profile import format_profile, profile_nodes
+from pipeline.runtime.vm import Executable as VMExecutable
+from pipeline.runtime.vm import is_vm_library
 from pipeline.tools.bench_runner import PEERS
 from pipeline.tools.bench_table import format_report
 from pipeline.tools.on_target import require_run, run_on_target
 from pipeline.tools.peak import best_peak_gflops, best_read_gbps, core_to_core_ns
 from pipeline.tools.validate import random_inputs
+from pipeline.vm import bytecode
+from pipeline.vm.bytecode import DTYPES
+from pipeline.vm.compile import Executable
 
 _ROOT = str(Path(__file__).resolve().parents[2])  # holds pipeline/: the runner's code
 
 
-__all__ = ["BenchError", "bench_library", "bench_emulated", "memory_plan", "model_flops"]
+__all__ = ["BenchError", "bench_library", "bench_emulated", "memory_plan", "model_flops",
+           "vm_memory_plan"]
 
 
 class BenchError(PipelineError):
@@ -135,6 +141,28 @@ def memory_plan(graph_json: str) -> dict:
             total += size
             storage[sids[eid]] = max(storage.get(sids[eid], 0), offsets[eid] + size)
     return {"planned_activation_bytes": sum(storage.values()), "intermediate_bytes": total}
+
+
+def vm_memory_plan(exe: Executable) -> dict:
+    """memory_plan of a VM executable: the bytes its AllocStorage instructions take
+    from the pool vs the sum of the tensors its AllocTensor(Dims) instructions place
+    (a tensor of runtime shape counted at its symbols' highs, as the pool is sized)."""
+    total = 0
+    for fn in exe.functions:
+        high: dict[int, int] = {}  # register -> its dimension's value at the highs
+        for ins in fn.code:
+            if isinstance(ins, bytecode.ShapeOf) and ins.src < len(fn.params):
+                d = fn.params[ins.src].shape[ins.axis]
+                high[ins.dst] = exe.dims[d][1] if isinstance(d, str) else d
+            elif isinstance(ins, (bytecode.MulDim, bytecode.AddDim)):
+                a, b = (x if x >= 0 else high.get(-1 - x, 0) for x in (ins.a, ins.b))
+                high[ins.dst] = a * b if isinstance(ins, bytecode.MulDim) else a + b
+            elif isinstance(ins, (bytecode.AllocTensor, bytecode.AllocTensorDims)):
+                shape = [x if x >= 0 else high.get(-1 - x, 0) for x in ins.shape]
+                total += math.prod(shape) * np.dtype(DTYPES[ins.dtype]).itemsize
+    return {"planned_activation_bytes": sum(i.nbytes for fn in exe.functions for i in fn.code
+                                            if isinstance(i, bytecode.AllocStorage)),
+            "intermediate_bytes": total}
 
 
 def _require_onnxruntime() -> None:
@@ -296,6 +324,10 @@ def bench_library(lib_path: str, onnx_path: str, shapes: dict, model: str, targe
     if on_target is not None:
         return bench_emulated(lib_path, onnx_path, shapes, model, target, report_path,
                               threads, rounds, runs, on_target)
+    vm = is_vm_library(lib_path)
+    if profile and vm:
+        raise BenchError("profile=1: per-node profiles come from the graph executor; a VM "
+                         f"library ({lib_path}) has none")
     sides = ["ours", *_peers(peers)]
     shapes = {k: tuple(v) for k, v in shapes.items()}
     original = load_model(onnx_path)
@@ -313,11 +345,16 @@ def bench_library(lib_path: str, onnx_path: str, shapes: dict, model: str, targe
         del onnx_model, original
         rows, about = _time_sides(paths, inputs, flops, model, peak_path, threads, rounds,
                                   runs, warmup)
-    lib = load_module(lib_path)
-    report = {"model": model, "target": target, "library_target": lib.target,
+    if vm:  # a VM library records no target string: its executor instead
+        lib, library_target = None, "vm"
+        memory = vm_memory_plan(VMExecutable.load(lib_path).content)
+    else:
+        lib = load_module(lib_path)
+        library_target, memory = lib.target, memory_plan(lib.graph_json)
+    report = {"model": model, "target": target, "library_target": library_target,
               "gflop": round(flops / 1e9, 4), "rounds": rounds, "runs": runs,
               "warmup": warmup, "peers": about, "threads": rows,
-              "memory": {**memory_plan(lib.graph_json),
+              "memory": {**memory,
                          **{f"{side}_peak_rss_bytes": max(r[f"{side}_peak_rss_bytes"]
                                                           for r in rows.values()
                                                           if f"{side}_peak_rss_bytes" in r)

@@ -70,9 +70,17 @@ Loaded = tuple[Callable[[], object], Callable[[], int], dict]
 
 
 def _ours(lib_path: str, feeds: dict, threads: int) -> Loaded:
-    """Our library with `threads` threads on `feeds`; runs alone: pl_runs_alone."""
+    """Our library with `threads` threads on `feeds`; runs alone: pl_runs_alone. A VM
+    library (`executor: vm`) runs in the VM, each run returning its outputs as
+    onnxruntime's does (runs alone: 0, the VM has no one-thread choice)."""
     from pipeline.runtime import GraphModule, load_module
+    from pipeline.runtime.vm import VirtualMachine, is_vm_library
 
+    if is_vm_library(lib_path):
+        vm = VirtualMachine(lib_path)
+        vm.set_num_threads(threads)
+        vm.set_input("main", **feeds)
+        return vm.invoke, lambda: 0, {"executor": "vm"}
     gm = GraphModule(load_module(lib_path)["default"](), num_threads=threads)
     gm.set_input(**feeds)
     return gm.run, lambda: gm.module.runs_alone, {}

@@ -24,7 +24,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -86,16 +86,19 @@ def compile_model(model: str, output: str, target: str = DEFAULT_TARGET, opt_lev
     each distinct kernel's object from the kernel cache `cache` (None: cache_dir's
     default), compiled into it from that IR when missing or damaged, and the export
     path of export_library with the target's `cc`; executor "vm" links a VM library
-    (docs/vm.md), keeping symbolic dimensions with bounds `dims` ("seq=1:512").
+    (docs/vm.md), keeping symbolic dimensions with bounds `dims` ("seq=1:512"), and a
+    model with If, Loop or Scan is lowered by lower_program, its kernels coming from
+    the same cache.
     """
-    from pipeline.driver.build import lower_graph
+    from pipeline.driver.build import lower_graph, lower_program
     from pipeline.driver.factory import GraphExecutorFactory, unique_specs
-    from pipeline.files import atomic_write
     from pipeline.frontend import from_onnx
+    from pipeline.ir.dims import parse_bounds, symbols_of
     from pipeline.ir.target import TargetError, parse_target
     from pipeline.link.export import LIBRARY_SUFFIXES, resolve_cc
-    from pipeline.tasks.cache import entry_ir, entry_path, is_valid, object_for_link
+    from pipeline.tasks.cache import entry_ir
     from pipeline.tasks.paths import cache_dir
+    from pipeline.tools.compile_output import cached_objects, export_aot
     from pipeline.transform import PassContext
     from pipeline.vm.program import has_control_flow
 
@@ -114,8 +117,6 @@ def compile_model(model: str, output: str, target: str = DEFAULT_TARGET, opt_lev
         raise CommandError(f"--target {target!r}: a bare-metal target loads no shared "
                            "library; compile with --executor aot")
     cc = resolve_cc(resolved, cc, "--cc")
-    from pipeline.ir.dims import parse_bounds
-
     try:
         bounds = parse_bounds(dims, "--dims")
     except ValueError as err:
@@ -123,75 +124,29 @@ def compile_model(model: str, output: str, target: str = DEFAULT_TARGET, opt_lev
     graph, params = from_onnx(model, shapes or {}, control_flow=executor == "vm",
                               symbolic=executor == "vm")
     root = cache_dir(cache)
-    if has_control_flow(graph):  # If, Loop, Scan: the VM's program of several graphs
-        return _compile_program(graph, params, output, target, opt_level, cc, root, start)
+
+    def known(spec):
+        return entry_ir(root, spec.hash, spec.symbol)
 
     with PassContext(opt_level=opt_level):
-        lowered = lower_graph(graph, params, resolved, opt_level,
-                              lambda spec: entry_ir(root, spec.hash, spec.symbol), bounds)
-    os.makedirs(root, exist_ok=True)
-    objects, compiled = {}, 0
-    for spec in unique_specs(lowered.specs.values()):
-        spec_path = entry_path(root, spec.hash, ".json")
-        if not os.path.exists(spec_path):  # content-addressed: an existing one is this spec
-            atomic_write(spec_path, spec.to_json().encode())
-        if not is_valid(root, spec.hash):  # compile_entry compiles the IR beside the spec
-            atomic_write(entry_path(root, spec.hash, ".ll"), lowered.ir[spec.hash].encode())
-        obj, fresh = object_for_link(root, spec.hash)
-        objects[spec.symbol] = Path(obj).read_bytes()
-        compiled += fresh
+        if has_control_flow(graph):  # If, Loop, Scan: the VM's program of several graphs
+            if bounds or symbols_of(*(graph.types[n].shape for n in graph.inputs)):
+                raise CommandError(f"{model}: symbolic dimensions together with If/Loop/"
+                                   "Scan are not supported yet: fix them with --input")
+            lowered = lower_program(graph, params, resolved, opt_level, known)
+            specs = lowered.specs
+        else:
+            lowered = lower_graph(graph, params, resolved, opt_level, known, bounds)
+            specs = unique_specs(lowered.specs.values())
+    objects, compiled = cached_objects(root, specs, lowered.ir)
     if executor == "aot":
-        _export_aot(lowered, objects, target, output, cc)
+        export_aot(lowered, objects, target, output, cc)
+    elif has_control_flow(graph):
+        GraphExecutorFactory(None, target, objects, executor, lowered.program,
+                             specs).export_library(output, cc=cc)
     else:
         GraphExecutorFactory(lowered, target, objects, executor).export_library(output, cc=cc)
     return {"kernels": len(objects), "compiled": compiled, "cache": root,
-            "seconds": round(time.perf_counter() - start, 2)}
-
-
-def _export_aot(lowered, objects: dict[str, bytes], target: str, output: str,
-                cc: str | None) -> None:
-    """The AOT executor's deliverables of `lowered` (kernel objects by symbol): the MLF
-    tar `output`, lib<name>.a and <name>.h beside it."""
-    import tempfile
-
-    from pipeline.driver.factory import unique_specs
-    from pipeline.link.cc import link_relocatable
-    from pipeline.link.mlf import build_aot
-    from pipeline.runtime.metadata import kernel_metadata
-    from pipeline.runtime.params import param_chunks
-
-    folder = os.path.dirname(os.path.abspath(output))
-    name = os.path.splitext(os.path.basename(output))[0]
-    os.makedirs(folder, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=folder) as tmp:
-        paths = []
-        for spec in unique_specs(lowered.specs.values()):
-            paths.append(os.path.join(tmp, f"{spec.hash}.o"))
-            Path(paths[-1]).write_bytes(objects[spec.symbol])
-        lib0 = os.path.join(tmp, "lib0.o") if paths else None
-        if lib0:
-            link_relocatable(lib0, paths, cc)
-        params_file = os.path.join(tmp, f"{name}.params")
-        with open(params_file, "wb") as f:
-            f.writelines(param_chunks(lowered.params))
-        build_aot(name, lowered.graph_json, lowered.params, lib0, target,
-                  {"mlf": output, "archive": os.path.join(folder, f"lib{name}.a"),
-                   "header": os.path.join(folder, f"{name}.h")}, cc, params_file,
-                  kernel_metadata(lowered.graph_json))
-
-
-def _compile_program(graph, params: dict, output: str, target: str, opt_level: int,
-                     cc: str | None, root: str, start: float) -> dict:
-    """compile_model of a graph with control flow (docs/vm.md): pipeline.build's VM
-    program; its kernels are compiled here, not read from the kernel cache yet."""
-    from pipeline.driver.build import build
-    from pipeline.transform import PassContext
-
-    with PassContext(opt_level=opt_level):
-        factory = build(graph, target=target, params=params, executor="vm")
-    factory.export_library(output, cc=cc)
-    n = len(factory.kernels)
-    return {"kernels": n, "compiled": n, "cache": root,
             "seconds": round(time.perf_counter() - start, 2)}
 
 
@@ -229,6 +184,27 @@ def _load(library: str):
             f"e.g. qemu-{arch} -L /usr/{arch}-linux-gnu out/runtime/<target>/pipeline-run "
             f"{library} --input NAME=FILE.npy --output-dir DIR (doit build writes "
             "out/runtime/<target>/pipeline-run)") from None
+
+
+def _open(library: str) -> tuple[dict, int, Callable[[dict], list]]:
+    """(input shapes by name, the number of outputs, a function running the library
+    on feeds and returning its outputs) of a graph or VM library of this machine; a
+    VM library's symbolic dimensions at their bounds' highs (as doit validate runs)."""
+    from pipeline.runtime.vm import VirtualMachine, is_vm_library
+
+    if os.path.isfile(library) and is_vm_library(library):
+        vm = VirtualMachine(library)
+        exe = vm.executable.content
+        main = exe.functions[0]
+        return ({p.name: tuple(exe.dims[d][1] if isinstance(d, str) else d for d in p.shape)
+                 for p in main.params}, len(main.results), lambda feeds: vm.run(**feeds))
+    _, gm = _load(library)
+
+    def run(feeds: dict) -> list:
+        gm.run(**feeds)
+        return [gm.get_output(i) for i in range(gm.get_num_outputs())]
+
+    return gm.get_input_info()[0], gm.get_num_outputs(), run
 
 
 def _read_npy(name: str, path: str) -> np.ndarray:
@@ -311,21 +287,19 @@ def _validate(args: argparse.Namespace) -> None:
     from pipeline.frontend.onnx.shapes import with_input_shapes
     from pipeline.tools.validate import compare, random_inputs, reference_outputs
 
-    _, gm = _load(args.library)
+    shapes, n_outputs, run = _open(args.library)
     # The library was built for its input shapes: the reference runs at them too.
-    shapes = gm.get_input_info()[0]
     model = with_input_shapes(load_model(args.model), shapes)
     feeds = random_inputs(model, shapes, args.seed)
     names = [o.name for o in model.graph.output]
-    if len(names) != gm.get_num_outputs():
-        raise CommandError(f"{args.library}: has {gm.get_num_outputs()} outputs, "
+    if len(names) != n_outputs:
+        raise CommandError(f"{args.library}: has {n_outputs} outputs, "
                            f"{args.model} has {len(names)}: not built from this model?")
     try:
-        gm.run(**feeds)
-    except (KeyError, ValueError) as err:
+        ours = run(feeds)
+    except (KeyError, ValueError, PipelineError) as err:
         raise CommandError(f"{args.library}: {err.args[0]} (not built from "
                            f"{args.model}?)") from None
-    ours = [gm.get_output(i) for i in range(len(names))]
     reference = _reference(args.reference)
     rows = compare(names, ours, reference_outputs(model, feeds, reference), args.rtol,
                    args.atol)
@@ -342,15 +316,20 @@ def _validate(args: argparse.Namespace) -> None:
 
 
 def _bench(args: argparse.Namespace) -> None:
+    from pipeline.runtime.vm import is_vm_library
     from pipeline.tools.bench import bench_library
 
-    lib, gm = _load(args.library)
-    shapes = {k: list(v) for k, v in gm.get_input_info()[0].items()}
-    del gm  # the timed runs load the library in processes of their own
+    if os.path.isfile(args.library) and is_vm_library(args.library):
+        shapes, target = _open(args.library)[0], "vm"  # a VM library records no target
+    else:
+        lib, gm = _load(args.library)
+        shapes, target = gm.get_input_info()[0], lib.target
+        del gm  # the timed runs load the library in processes of their own
     with tempfile.TemporaryDirectory(prefix="pipeline-bench-") as tmp:
         report = args.report or os.path.join(tmp, "bench.json")
-        bench_library(args.library, args.model, shapes, Path(args.model).stem,
-                      lib.target, report, args.peak_file, args.threads, args.rounds,
+        bench_library(args.library, args.model, {k: list(v) for k, v in shapes.items()},
+                      Path(args.model).stem, target, report, args.peak_file, args.threads,
+                      args.rounds,
                       args.runs, args.warmup, "1" if args.profile else "0",
                       peers=args.peers)
 

@@ -4,6 +4,9 @@ for another machine can be described too): `pipeline info`.
     describe_library("m.so") -> {"path", "format", "target", "blob_version",
         "blob_sha256", "build_id", "inputs", "outputs", "params", "kernels", "memory"}
 
+A VM library (`executor: vm`, docs/vm.md) is described from its .ro instead
+(describe_vm_library): its functions, instruction and constant counts, kernels.
+
 The blob (pipeline/link/blob.py) is found through the ELF symbol table of the
 .so or the relocatable .o, or in the devc.o member of a .tar, and verified by
 its sha256 before anything in it is read (pipeline/runtime/blob.py). The build
@@ -24,13 +27,17 @@ import numpy as np
 
 from pipeline.errors import FormatError
 from pipeline.link.blob import BLOB_CODE_DIGEST_SIZE, BLOB_DIGEST_SIZE, BLOB_PREFIX_SIZE
-from pipeline.link.integrity import blob_offset, elf_sections
+from pipeline.link.elf import MACHINES
+from pipeline.link.integrity import blob_offset, elf_sections, symbol_offset
 from pipeline.runtime.blob import Blob, BlobError, read_blob_header_length, unpack_blob
 from pipeline.runtime.metadata import kernel_metadata
 from pipeline.runtime.params import load_params
-from pipeline.tools.bench import memory_plan
+from pipeline.tools.bench import memory_plan, vm_memory_plan
+from pipeline.vm import bytecode
+from pipeline.vm.format import RO_SYMBOL, RO_VERSION, read_ro
 
-__all__ = ["describe_library", "format_info", "graph_tensors", "kernel_rows", "read_blob"]
+__all__ = ["describe_library", "describe_vm_library", "format_info", "graph_tensors",
+           "kernel_rows", "read_blob", "read_vm_ro"]
 
 _NT_GNU_BUILD_ID = 3
 
@@ -165,12 +172,108 @@ def format_mlf(info: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def read_vm_ro(path: str) -> tuple[bytes, str, str | None] | None:
+    """(the .ro bytes, the ELF machine, the build id hex or None) of a VM library at
+    `path` (.so, .o, or a .tar's devc.o), without loading it; None for a library
+    without a .ro. The .ro is not verified here (read_ro does that)."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no such file")
+    if path.endswith(".tar"):
+        data = _tar_member(path, "devc.o")
+        found = _ro_of_object(data, path)
+        return None if found is None else (found[0], found[1], None)
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size < 64:
+            return None
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            found = _ro_of_object(data, path)
+            if found is None:
+                return None
+            return found[0], found[1], _build_id(data, elf_sections(data, path))
+
+
+def _ro_of_object(data, path: str) -> tuple[bytes, str] | None:
+    sections = elf_sections(data, path)
+    start = symbol_offset(data, sections, RO_SYMBOL)
+    if start is None:
+        return None
+    total = int.from_bytes(data[start + 16:start + 24], "little")
+    machine = int.from_bytes(data[18:20], "little")
+    arch = next((a for a, m in MACHINES.items() if m == machine), f"machine {machine}")
+    return bytes(data[start:start + total]), arch
+
+
+def describe_vm_library(path: str, ro: bytes, arch: str, build_id: str | None
+                        ) -> dict[str, Any]:
+    """What `pipeline info` shows of a VM library: its machine, the .ro's version and
+    checksum, inputs and outputs (main's), its symbolic dimensions with their bounds
+    (the .ro's dims table), its functions (parameters, results,
+    registers, instructions), constants, kernels (with the InvokePacked instructions
+    naming each) and its memory (bench.vm_memory_plan)."""
+    exe = read_ro(ro, path)
+    main = exe.functions[0]
+    calls = [ins.kernel for fn in exe.functions for ins in fn.code
+             if isinstance(ins, (bytecode.InvokePacked, bytecode.InvokePackedDims))]
+
+    def rows(types):
+        return [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype} for t in types]
+
+    return {
+        "path": path, "format": os.path.splitext(path)[1].lstrip("."), "executor": "vm",
+        "file_bytes": os.path.getsize(path), "machine": arch, "ro_version": RO_VERSION,
+        "ro_sha256": ro[-32:].hex(), "ro_bytes": len(ro), "build_id": build_id,
+        "inputs": rows(main.params), "outputs": rows(main.results),
+        "dims": [{"name": d, "low": low, "high": high} for d, (low, high) in exe.dims.items()],
+        "functions": [{"name": fn.name, "params": len(fn.params), "results": len(fn.results),
+                       "registers": fn.num_regs, "instructions": len(fn.code)}
+                      for fn in exe.functions],
+        "constants": {"count": len(exe.constants),
+                      "bytes": int(sum(a.nbytes for a in exe.constants.values()))},
+        "kernels": [{"symbol": k, "calls": calls.count(i)} for i, k in enumerate(exe.kernels)],
+        "memory": vm_memory_plan(exe),
+    }
+
+
+def format_vm_info(info: dict[str, Any]) -> str:
+    """describe_vm_library's dict as text."""
+    lines = [f"library   {info['path']} ({info['format']}, "
+             f"{info['file_bytes'] / 2 ** 20:.2f} MiB)",
+             f"executor  vm (machine {info['machine']})",
+             f"format    .ro version {info['ro_version']}, {info['ro_bytes']:,} bytes, "
+             f"sha256 {info['ro_sha256']}",
+             f"build id  {info['build_id'] or '(none: a .o or .tar gets one when linked)'}"]
+    lines += [f"input     {_tensor(r)}" for r in info["inputs"]]
+    lines += [f"output {i:<2} {_tensor(r)}" for i, r in enumerate(info["outputs"])]
+    if info["dims"]:  # symbolic dimensions (.ro version 2's table), with their bounds
+        lines.append("dims      " + ", ".join(f"{d['name']} {d['low']}..{d['high']}"
+                                              for d in info["dims"]))
+    c = info["constants"]
+    m = info["memory"]
+    lines += [f"constants {c['count']} tensors, {c['bytes']:,} bytes",
+              f"memory    {m['planned_activation_bytes']:,} bytes of pooled storage for "
+              f"{m['intermediate_bytes']:,} bytes of tensors",
+              f"functions {len(info['functions'])}, "
+              f"{sum(f['instructions'] for f in info['functions'])} instructions"]
+    width = max(len(f["name"]) for f in info["functions"])
+    lines.append(f"  {'name':<{width}}  params  results  registers  instructions")
+    lines += [f"  {f['name']:<{width}}  {f['params']:>6}  {f['results']:>7}  "
+              f"{f['registers']:>9}  {f['instructions']:>12}" for f in info["functions"]]
+    lines.append(f"kernels   {len(info['kernels'])}")
+    lines += [f"  {k['symbol']}  ({k['calls']} call{'s' if k['calls'] != 1 else ''})"
+              for k in info["kernels"]]
+    return "\n".join(lines)
+
+
 def describe_library(path: str) -> dict[str, Any]:
     """Everything `pipeline info` shows about the library at `path` (module doc); a
-    Model Library Format tar (executor aot) is described by describe_mlf."""
+    Model Library Format tar (executor aot) is described by describe_mlf, a VM
+    library by describe_vm_library."""
     metadata = _mlf_metadata(path)
     if metadata is not None:
         return describe_mlf(path, metadata)
+    vm = read_vm_ro(path)
+    if vm is not None:
+        return describe_vm_library(path, *vm)
     blob, version, digest, build_id = read_blob(path)
     params = load_params(blob.params)
     inputs, outputs = graph_tensors(blob.graph_json, set(params))
@@ -195,6 +298,8 @@ def format_info(info: dict[str, Any]) -> str:
     """describe_library's dict as the text `pipeline info` prints."""
     if info["format"] == "mlf":
         return format_mlf(info)
+    if info.get("executor") == "vm":
+        return format_vm_info(info)
     mib = 2 ** 20
     lines = [f"library   {info['path']} ({info['format']}, {info['file_bytes'] / mib:.2f} MiB)",
              f"target    {info['target']}",

@@ -4,7 +4,10 @@ The reference is onnx.reference.ReferenceEvaluator (or onnxruntime when the
 config asks for it). onnx 1.23's evaluator gets inference-mode
 BatchNormalization wrong for opsets 9-14 (it mixes in the batch statistics;
 onnx/onnx PR #8442), so we hand it a BatchNormalization that follows the spec:
-y = scale * (x - mean) / sqrt(var + epsilon) + bias.
+y = scale * (x - mean) / sqrt(var + epsilon) + bias. It also joins a Loop's scan
+outputs with np.vstack, which gives [3, 4] for three rows of [1, 4] where the spec
+stacks them into [3, 1, 4], and runs no iteration without a condition input: our
+Loop reshapes them to (iterations, *row shape) and takes an absent condition as true.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import numpy as np
 import onnx
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
+from onnx.reference.ops.op_loop import Loop as _OnnxLoop
 
 from pipeline.errors import PipelineError
 from pipeline.files import atomic_write
@@ -46,6 +50,38 @@ class BatchNormalization(OpRun):
         eps = 1e-5 if epsilon is None else epsilon
         y = (x - mean.reshape(shape)) / np.sqrt(var.reshape(shape) + eps)
         return ((y * scale.reshape(shape) + bias.reshape(shape)).astype(x.dtype),)
+
+
+class Loop(_OnnxLoop):
+    """onnx's Loop with each scan output stacked as the spec says: (iterations, *the
+    shape of a row), from the rows its body gave (N loop-carried values come first);
+    and an absent condition input taken as true, as the spec says (onnx runs no
+    iteration then)."""
+
+    op_domain = ""
+
+    def __init__(self, onnx_node, run_params):
+        super().__init__(onnx_node, run_params)
+        # onnx binds the body's runner to the instance: wrapped to see each row.
+        run_body = self._run_body
+
+        def recording(*args, **kwargs):
+            outputs = run_body(*args, **kwargs)
+            self._row_shapes.append([np.shape(o) for o in outputs[len(outputs) - self.K:]])
+            return outputs
+
+        self._run_body = recording
+
+    def _run(self, trip_count, cond, *args, **kwargs):
+        self._row_shapes: list[list[tuple]] = []
+        # No condition input means "run the trip count" (onnx's runs no iteration).
+        cond = np.array(True) if cond is None else cond
+        results = list(super()._run(trip_count, cond, *args, **kwargs))
+        if self._row_shapes and self.K:
+            n = len(self._row_shapes)
+            for k, shape in enumerate(self._row_shapes[0]):
+                results[self.N + k] = np.asarray(results[self.N + k]).reshape(n, *shape)
+        return tuple(results)
 
 
 def random_inputs(model: onnx.ModelProto, shapes: dict[str, tuple], seed: int) -> dict:
@@ -94,7 +130,7 @@ def reference_outputs(model: onnx.ModelProto, feeds: dict, reference: str) -> li
         sess = ort.InferenceSession(model.SerializeToString(),
                                     providers=["CPUExecutionProvider"])
         return sess.run(None, feeds)
-    return ReferenceEvaluator(model, new_ops=[BatchNormalization]).run(None, feeds)
+    return ReferenceEvaluator(model, new_ops=[BatchNormalization, Loop]).run(None, feeds)
 
 
 def output_scales(model: onnx.ModelProto) -> dict[str, float]:

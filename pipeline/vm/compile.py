@@ -20,6 +20,7 @@ from pipeline.errors import FormatError
 from pipeline.ir.dims import dim_terms, is_symbol, is_symbolic, substitute, symbols_of
 from pipeline.vm.bytecode import (
     DTYPES,
+    OPCODES,
     AddDim,
     AllocStorage,
     AllocTensor,
@@ -36,10 +37,12 @@ from pipeline.vm.bytecode import (
     TensorType,
     View,
     ViewDims,
+    decode,
+    operands,
     verify,
 )
 
-__all__ = ["Executable", "compile_plan"]
+__all__ = ["PROGRAM_KEY", "Executable", "compile_plan", "program_from_json", "program_json"]
 
 _NOP, _COPY = "__nop", "__copy"
 
@@ -231,3 +234,43 @@ def _with_derived(dims: dict, main: Function) -> dict[str, tuple[int, int]]:
                 low, high = ({n: b[k] for n, b in dims.items()} for k in (0, 1))
                 out[d] = (substitute((d,), low)[0], substitute((d,), high)[0])
     return out
+
+
+# The doit build's optimize stage writes a program's functions as JSON (its params
+# beside it), the devc stage the .ro from them: the key marking such a document.
+PROGRAM_KEY = "vm_program"
+
+
+def program_json(exe: Executable) -> str:
+    """The functions, kernel symbols and constant names (in LoadConst order) of `exe`
+    as JSON text; the constants' values are kept apart (program_from_json)."""
+    def types(ts):
+        return [[t.name, t.dtype, list(t.shape)] for t in ts]
+
+    functions = [{"name": fn.name, "params": types(fn.params), "results": types(fn.results),
+                  "num_regs": fn.num_regs,
+                  "code": [[OPCODES[type(ins)], *operands(ins)] for ins in fn.code]}
+                 for fn in exe.functions]
+    doc = {PROGRAM_KEY: 1, "functions": functions, "kernels": list(exe.kernels),
+           "constants": list(exe.constants)}
+    return json.dumps(doc, indent=1)
+
+
+def program_from_json(text: str, constants: dict[str, np.ndarray]) -> Executable:
+    """The executable of program_json's text, with the constants' values by name;
+    FormatError if a constant is missing or the program is inconsistent."""
+    doc = json.loads(text)
+    missing = [n for n in doc["constants"] if n not in constants]
+    if missing:
+        raise FormatError(f"VM program: constant {missing[0]!r} has no value")
+
+    def types(ts):
+        return tuple(TensorType(n, d, tuple(s)) for n, d, s in ts)
+
+    functions = tuple(Function(f["name"], types(f["params"]), types(f["results"]),
+                               f["num_regs"], tuple(decode(c[0], c[1:]) for c in f["code"]))
+                      for f in doc["functions"])
+    exe = Executable(functions, {n: np.asarray(constants[n]) for n in doc["constants"]},
+                     tuple(doc["kernels"]))
+    exe.verify()
+    return exe

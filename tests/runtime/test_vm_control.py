@@ -155,6 +155,50 @@ def test_scan_with_two_states_and_an_if_inside_a_loop(tmp_path):
                              "x": np.array([0.5, -1.5], np.float32)})
 
 
+def test_zero_copy_input_is_read_in_place(tmp_path):
+    """set_input_zero_copy: runs read the caller's array as it is at each run (a Scan
+    takes its rows, a Reshape of it is an output), until set_input copies again."""
+    from pipeline.runtime import empty_aligned
+
+    body = helper.make_graph(
+        [helper.make_node("Add", ["s", "e"], ["s2"]), helper.make_node("Mul", ["e", "e"], ["o"])],
+        "scan", [t("s", T.FLOAT, [2]), t("e", T.FLOAT, [2])],
+        [t("s2", T.FLOAT, [2]), t("o", T.FLOAT, [2])])
+    model = _model([helper.make_node("Scan", ["s0", "xs"], ["s", "os"], body=body,
+                                     num_scan_inputs=1),
+                    helper.make_node("Reshape", ["xs", "six"], ["flat"])],
+                   [t("s0", T.FLOAT, [2]), t("xs", T.FLOAT, [3, 2])],
+                   [t("s", T.FLOAT, [2]), t("os", T.FLOAT, [3, 2]), t("flat", T.FLOAT, [6])],
+                   [helper.make_tensor("six", T.INT64, [1], [6])])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    vm = _vm(model, tmp_path)
+    rng = np.random.default_rng(3)
+    s0 = rng.standard_normal(2).astype(np.float32)
+    xs = empty_aligned((3, 2), np.float32)
+    xs[:] = rng.standard_normal((3, 2))
+    vm.set_input("main", s0=s0)
+    vm.set_input_zero_copy("xs", xs)
+
+    def agrees(feed_xs):
+        want = session.run(None, {"s0": s0, "xs": feed_xs})
+        for got, ref in zip(vm.invoke("main"), want, strict=True):
+            np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
+
+    agrees(xs.copy())
+    xs[:] = rng.standard_normal((3, 2))  # written in place: the next run reads it
+    agrees(xs.copy())
+    before = xs.copy()
+    vm.set_input("main", xs=before)  # a copy again: the array no longer matters
+    xs[:] = 0
+    agrees(before)
+    with pytest.raises(VMError, match="64-byte aligned"):
+        vm.set_input_zero_copy("xs", empty_aligned((7,), np.float32)[1:].reshape(3, 2))
+    with pytest.raises(VMError, match=r"expected float32 \[3, 2\], given float32 \[2, 3\]"):
+        vm.set_input_zero_copy("xs", empty_aligned((2, 3), np.float32))
+    with pytest.raises(VMError, match="no input 'ys'"):
+        vm.set_input_zero_copy("ys", xs)
+
+
 def test_graph_executor_still_refuses_control_flow():
     with pytest.raises(UnsupportedOperatorError,
                        match=r"If \(control flow: subgraphs are not compiled\)"):
@@ -163,3 +207,50 @@ def test_graph_executor_still_refuses_control_flow():
     with pytest.raises(UnsupportedOperatorError, match=r"control flow at node\(s\) If_1 \(if\): "
                                                        r"subgraphs run only in the VM"):
         pipeline.build(graph, target=TARGET, params=params)
+
+
+@pytest.mark.slow  # 10,000 runs in a process of its own
+def test_ten_thousand_runs_keep_rss_flat(tmp_path):
+    """The pooled allocator: a Loop/If model run 10,000 times in one process, inputs
+    taking either branch in turn, gives the same outputs every time and its RSS does
+    not grow after warm-up (each run allocates the storages of main, the loop body
+    three times and a branch: without reuse, kilobytes a run)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.support import REPO
+    from tests.support.onnx_models import tiny_loop_if
+
+    tiny_loop_if(tmp_path / "loop.onnx")
+    graph, params = pipeline.frontend.from_onnx(tmp_path / "loop.onnx", control_flow=True)
+    with pipeline.transform.PassContext(opt_level=3):
+        factory = pipeline.build(graph, target=TARGET, params=params, executor="vm")
+    lib = factory.export_library(tmp_path / "loop.so")
+    session = ort.InferenceSession(str(tmp_path / "loop.onnx"))
+    vm = VirtualMachine(lib)
+    inputs = [np.full((1, 4), v, np.float32) for v in (3, -3)]
+    inputs += [np.random.default_rng(s).standard_normal((1, 4), dtype=np.float32)
+               for s in range(4)]
+    expected, branches = {}, set()
+    for k, x in enumerate(inputs):
+        want = session.run(None, {"x": x})
+        branches.add(bool(want[1][-1].sum() > 0))
+        for j, (got, ref) in enumerate(zip(vm.run(x), want, strict=True)):
+            np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+            expected[f"y{k}_{j}"] = got
+    assert branches == {True, False}
+    np.savez(tmp_path / "inputs.npz", **{f"x{k}": x for k, x in enumerate(inputs)})
+    np.savez(tmp_path / "expected.npz", **expected)
+    proc = subprocess.run([sys.executable, "-m", "tests.support.vm_soak", str(lib),
+                           str(tmp_path / "inputs.npz"), str(tmp_path / "expected.npz"),
+                           "10000", "1000"], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert not result["errors"] and result["runs"] == 10000, result
+    growth = result["rss_end"] - result["rss_warm"]
+    print(f"\n10000 VM runs; RSS {result['rss_warm'] / 2**20:.2f} -> "
+          f"{result['rss_end'] / 2**20:.2f} MiB after 1000 runs of warm-up")
+    assert growth < 2**20, f"RSS grew by {growth / 2**10:.0f} KiB after warm-up"

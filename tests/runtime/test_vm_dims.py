@@ -97,6 +97,32 @@ def test_bad_inputs_are_one_line_errors(bert):
     np.testing.assert_equal(vm.run(_ids((1, 7)))[0].shape, (1, 7, 32))  # still usable
 
 
+def test_zero_copy_input_of_a_symbolic_shape(bert):
+    """set_input_zero_copy at any shape within the bounds: the VM takes its shape and
+    reads the array in place; a buffer smaller than a shape set after it is refused."""
+    import ctypes
+
+    from pipeline.runtime import empty_aligned
+
+    model, so, _ = bert
+    vm = VirtualMachine(so)
+    for k, shape in enumerate(((2, 33), (1, 7), (4, 128))):
+        ids = empty_aligned(shape, np.int64)
+        ids[...] = _ids(shape, k)
+        vm.set_input_zero_copy("ids", ids)
+        np.testing.assert_allclose(vm.run()[0], _ort(model, ids), rtol=1e-4, atol=1e-5)
+        ids[...] = _ids(shape, k + 10)  # changed in place: the next run reads it
+        np.testing.assert_allclose(vm.run()[0], _ort(model, ids), rtol=1e-4, atol=1e-5)
+    with pytest.raises(VMError, match=re.escape("dimension 'seq' = 129 is outside")):
+        vm.set_input_zero_copy("ids", empty_aligned((1, 129), np.int64))
+    vm.set_input_zero_copy("ids", empty_aligned((1, 7), np.int64))
+    # In C, a larger shape set after the buffer: the run refuses, reading nothing.
+    shape = (ctypes.c_int64 * 2)(4, 128)
+    assert vm._api["pl_set_input_shape"](vm._handle, 0, 2, shape) == 0
+    with pytest.raises(VMError, match="zero-copy buffer has 56 bytes, its shape needs 4096"):
+        vm.run()
+
+
 def test_pipeline_run_takes_the_runtime_shapes(bert, tmp_path):
     model, so, _ = bert
     run = tmp_path / "pipeline-run"

@@ -84,3 +84,54 @@ def tiny_bench_model() -> onnx.ModelProto:
              node("GlobalAveragePool", ["r"], ["g"]), node("Flatten", ["g"], ["f"]),
              node("Gemm", ["f", "fc", "fcb"], ["y"], transB=1)]
     return make_model(nodes, [("x", (1, 16, 12, 12))], [("y", None)], inits)
+
+
+def tiny_loop_if(path: Path, seed: int = 0) -> None:
+    """A recurrent cell as an ONNX Loop, then an If on the result (the VM's doit tests).
+
+    x [1, 4] -> Loop 3 times: h = tanh(h @ w + x), each h a scan output -> hs [3, 1, 4];
+    y = If sum(h) > 0: h * 2 (a branch constant) else h - c (c an outer initializer).
+    `seed` changes the weights only.
+    """
+    rng = np.random.default_rng(seed)
+    f = TensorProto.FLOAT
+    body = helper.make_graph(
+        [helper.make_node("MatMul", ["h_in", "w"], ["hw"], name="cell_matmul"),
+         helper.make_node("Add", ["hw", "x"], ["pre"], name="cell_add"),
+         helper.make_node("Tanh", ["pre"], ["h_out"], name="cell_tanh"),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"], name="cell_cond"),
+         helper.make_node("Identity", ["h_out"], ["h_row"], name="cell_row")],
+        "cell", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                 helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+                 helper.make_tensor_value_info("h_in", f, [1, 4])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("h_out", f, [1, 4]),
+         helper.make_tensor_value_info("h_row", f, [1, 4])])
+    two = helper.make_node("Constant", [], ["two"], name="two",
+                           value=numpy_helper.from_array(np.full(4, 2, np.float32), "two"))
+    then = helper.make_graph([two, helper.make_node("Mul", ["h", "two"], ["y_then"])],
+                             "then", [], [helper.make_tensor_value_info("y_then", f, [1, 4])])
+    orelse = helper.make_graph([helper.make_node("Sub", ["h", "c"], ["y_else"])],
+                               "else", [], [helper.make_tensor_value_info("y_else", f, [1, 4])])
+    inits = [numpy_helper.from_array((rng.standard_normal((4, 4)) * 0.8).astype(np.float32),
+                                     "w"),
+             numpy_helper.from_array(rng.uniform(0, 1, 4).astype(np.float32), "c"),
+             numpy_helper.from_array(np.array(3, np.int64), "trip"),
+             numpy_helper.from_array(np.array(True), "go"),
+             numpy_helper.from_array(np.zeros((1, 4), np.float32), "h0"),
+             numpy_helper.from_array(np.array(0, np.float32), "zero")]
+    nodes = [helper.make_node("Loop", ["trip", "go", "h0"], ["h", "hs"], body=body,
+                              name="rnn"),
+             helper.make_node("ReduceSum", ["h"], ["total"], keepdims=0, name="total"),
+             helper.make_node("Greater", ["total", "zero"], ["positive"], name="positive"),
+             helper.make_node("If", ["positive"], ["y"], then_branch=then, else_branch=orelse,
+                              name="choose")]
+    graph = helper.make_graph(
+        nodes, "loop_if", [helper.make_tensor_value_info("x", f, [1, 4])],
+        [helper.make_tensor_value_info("y", f, [1, 4]),
+         helper.make_tensor_value_info("hs", f, [3, 1, 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))

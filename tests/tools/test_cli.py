@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,18 +23,11 @@ from pipeline.link.blob import BLOB_VERSION
 from pipeline.tasks.cache import is_valid
 from pipeline.tools import cli
 from tests.support import REPO
+from tests.support.cli_runner import pipeline
 from tests.support.toolchains import require_tools
 
 MODEL = Path(__file__).parent / "data" / "torch_cnn.onnx"
 BATCH_SHAPE = (2, 3, 32, 32)
-
-
-def pipeline(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    """`pipeline ARGS` as a subprocess (python -m of the console script's module)."""
-    full_env = {k: v for k, v in os.environ.items() if k != "PIPELINE_KERNEL_CACHE"}
-    full_env.update({"PYTHONPATH": str(REPO), **(env or {})})
-    return subprocess.run([sys.executable, "-m", "pipeline.tools.cli", *args], cwd=cwd,
-                          capture_output=True, text=True, env=full_env, timeout=600)
 
 
 def test_the_console_script_is_this_module():

@@ -76,3 +76,48 @@ def test_bytecode_verify_and_ro_round_trip():
         bad = Executable((bc.Function("main", (f32,), (f32,), 4, code),), {}, ())
         with pytest.raises(FormatError, match=re.escape(needle)):
             bad.verify()
+
+
+def test_graph_json_nests_subgraphs_and_verify_checks_them(tmp_path):
+    """The import stage's format keeps a Loop's body and an If's branches: the graph
+    comes back equal, its JSON the same text; Graph.verify (without shape rules too)
+    names the node and subgraph of a broken one."""
+    from tests.support.onnx_models import tiny_loop_if
+
+    tiny_loop_if(tmp_path / "loop.onnx")
+    graph, _ = pipeline.frontend.from_onnx(tmp_path / "loop.onnx", control_flow=True)
+    text = graph.to_json()
+    again = Graph.from_json(text)
+    assert again == graph and again.to_json() == text
+    loop = next(n for n in again.nodes if n.op == "loop")
+    assert isinstance(loop.attr("body"), Graph) and loop.attr("body").outputs
+    verify_graph(again)
+    body = loop.attr("body")
+    broken = body.replace(outputs=(*body.outputs[:-1], "missing"))
+    bad = again.replace(nodes=tuple(
+        Node(n.op, n.name, n.inputs, n.outputs,
+             tuple((k, broken if k == "body" else v) for k, v in n.attrs)) if n is loop else n
+        for n in again.nodes))
+    with pytest.raises(GraphError, match=r"node 'rnn' \(loop\), subgraph body: graph output "
+                                         r"'missing' is never defined"):
+        Graph.from_json(bad.to_json()).verify()
+
+
+def test_program_json_round_trip_keeps_the_constant_order():
+    """What optimize writes for a VM program (functions as JSON, constants apart)
+    gives the same executable back; a constant without a value is one error."""
+    from pipeline.vm.compile import program_from_json, program_json
+
+    f32 = bc.TensorType("x", "float32", (2,))
+    main = bc.Function("main", (f32,), (f32, f32), 4, (
+        bc.LoadConst(1, 0), bc.LoadConst(2, 1), bc.View(3, 0, 0, 0, (2,)), bc.Ret((1, 2))))
+    # LoadConst indexes the pool in its order, which is not the names' sorted order
+    constants = {f"{k}:c": np.full(2, k, np.float32) for k in (10, 2)}
+    exe = Executable((main,), constants, ("kernel_a",))
+    text = program_json(exe)
+    back = program_from_json(text, dict(sorted(constants.items())))
+    assert back.functions == exe.functions and back.kernels == exe.kernels
+    assert list(back.constants) == ["10:c", "2:c"]
+    assert write_ro(back) == write_ro(exe)
+    with pytest.raises(FormatError, match="constant '2:c' has no value"):
+        program_from_json(text, {"10:c": constants["10:c"]})

@@ -84,17 +84,9 @@ def infer_types(node: Node, inputs: list[TensorType]) -> list[TensorType]:
 
 
 def verify_graph(graph: Graph) -> None:
-    """graph.verify with every shape rule, then each control-flow node's subgraphs the
-    same way; GraphError naming the node and subgraph."""
+    """graph.verify with every shape rule, the control-flow nodes' included: it checks
+    their subgraphs the same way (GraphError naming the node and subgraph)."""
     graph.verify(infer_types)
-    for node in graph.nodes:
-        for key, value in node.attrs:
-            if isinstance(value, Graph):
-                try:
-                    verify_graph(value)
-                except GraphError as err:
-                    raise GraphError(f"node {node.name!r} ({node.op}), subgraph {key}: "
-                                     f"{err}") from None
 
 
 class ImportContext:

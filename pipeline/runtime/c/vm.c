@@ -69,6 +69,7 @@ struct storage {
     size_t size;
     void *data;
     struct storage *next; /* in the pool's free list */
+    int borrowed;         /* a caller's zero-copy buffer: never pooled, data never freed */
 };
 
 struct obj { /* a register: nothing, a storage, or a tensor viewing a storage */
@@ -110,6 +111,7 @@ struct pl_executor {
     struct ins *ins_pool;
     struct type *type_pool;
     struct storage **inputs; /* main's parameters, set by pl_set_input */
+    struct storage **zero_copy; /* per input, the caller's buffer runs read, or NULL */
     struct obj *outputs;     /* main's results of the last run */
     int ran, num_threads, depth;
     uint64_t steps;
@@ -228,7 +230,10 @@ static struct storage *storage_new(pl_executor *h, size_t size) {
 }
 
 static void storage_release(pl_executor *h, struct storage *s) {
-    if (s && --s->refs == 0) s->next = h->pool, h->pool = s;
+    if (s && --s->refs == 0) {
+        if (s->borrowed) free(s);
+        else s->next = h->pool, h->pool = s;
+    }
 }
 
 static void obj_clear(pl_executor *h, struct obj *o) {
@@ -460,7 +465,8 @@ static int open_ro(pl_executor *h, const uint8_t *ro, size_t size,
     const struct func *main_fn = &h->funcs[0];
     h->inputs = calloc(main_fn->n_params + 1, sizeof *h->inputs);
     h->outputs = calloc(main_fn->n_results + 1, sizeof *h->outputs);
-    if (!h->inputs || !h->outputs) return fail(h, "out of memory");
+    h->zero_copy = calloc(main_fn->n_params + 1, sizeof *h->zero_copy);
+    if (!h->inputs || !h->outputs || !h->zero_copy) return fail(h, "out of memory");
     h->in_shape = calloc(main_fn->n_params + 1, sizeof *h->in_shape);
     h->in_nbytes = calloc(main_fn->n_params + 1, sizeof *h->in_nbytes);
     if (!h->in_shape || !h->in_nbytes) return fail(h, "out of memory");
@@ -777,14 +783,14 @@ API void pl_destroy(pl_executor *h) {
         free(h->funcs[f].regs), free(h->funcs[f].out);
     }
     for (uint32_t i = 0; h->inputs && i < h->funcs[0].n_params; i++)
-        storage_release(h, h->inputs[i]);
+        storage_release(h, h->inputs[i]), storage_release(h, h->zero_copy[i]);
     for (uint32_t c = 0; h->consts && c < h->n_consts; c++) storage_release(h, h->consts[c]);
     while (h->pool) {
         struct storage *s = h->pool;
         h->pool = s->next;
         free(s->data), free(s);
     }
-    free(h->in_shape), free(h->in_nbytes), free(h->dims);
+    free(h->in_shape), free(h->in_nbytes), free(h->dims), free(h->zero_copy);
     free(h->inputs), free(h->outputs), free(h->consts), free(h->const_types), free(h->kernels);
     free(h->words), free(h->arg_pool), free(h->ins_pool), free(h->type_pool), free(h->funcs);
     if (h->dl_handle) dlclose(h->dl_handle);
@@ -890,15 +896,42 @@ static const struct type *io_type(pl_executor *h, int out, int i, size_t nbytes)
     return t;
 }
 
+/* Where input i's runs read it: the caller's zero-copy buffer or the VM's storage. */
+static struct storage *input_storage(pl_executor *h, int i) {
+    return h->zero_copy[i] ? h->zero_copy[i] : h->inputs[i];
+}
+
 API int pl_set_input(pl_executor *h, int i, const void *data, size_t nbytes) {
     if (!io_type(h, 0, i, nbytes)) return -1;
     memcpy(h->inputs[i]->data, data, nbytes);
+    storage_release(h, h->zero_copy[i]); /* its own storage again */
+    h->zero_copy[i] = NULL;
+    return 0;
+}
+
+/* As the graph executor's: runs read the caller's buffer (64-byte aligned, the
+ * input's size) in place until the next pl_set_input(_zero_copy) of that input. It
+ * becomes a borrowed storage (views of it stay inside it); no instruction writes a
+ * parameter's tensor, so the buffer is only read. */
+API int pl_set_input_zero_copy(pl_executor *h, int i, void *data, size_t nbytes) {
+    if (!io_type(h, 0, i, nbytes)) return -1;
+    if (!data || (uintptr_t)data % 64)
+        return fail(h, "input '%s': a zero-copy buffer must be 64-byte aligned",
+                    h->funcs[0].params[i].name);
+    struct storage *s = calloc(1, sizeof *s);
+    if (!s) return fail(h, "out of memory");
+    *s = (struct storage){1, nbytes, data, NULL, 1};
+    storage_release(h, h->zero_copy[i]);
+    h->zero_copy[i] = s;
     return 0;
 }
 
 API int pl_get_input(pl_executor *h, int i, void *data, size_t nbytes) {
     if (!io_type(h, 0, i, nbytes)) return -1;
-    memcpy(data, h->inputs[i]->data, nbytes);
+    if (input_storage(h, i)->size < nbytes)
+        return fail(h, "input '%s': its zero-copy buffer is smaller than its shape: set it "
+                    "again after pl_set_input_shape", h->funcs[0].params[i].name);
+    memcpy(data, input_storage(h, i)->data, nbytes);
     return 0;
 }
 
@@ -928,6 +961,11 @@ API int pl_run(pl_executor *h) {
         if (h->in_nbytes[i] == (size_t)-1)
             return fail(h, "input '%s' has symbolic dimensions: give its shape first "
                         "(pl_set_input_shape)", t->name);
+        struct storage *st = input_storage(h, (int)i);
+        if (st->size < h->in_nbytes[i]) /* a zero-copy buffer set before a larger shape */
+            return fail(h, "input '%s': its zero-copy buffer has %zu bytes, its shape needs "
+                        "%zu: set it again after pl_set_input_shape", t->name, st->size,
+                        h->in_nbytes[i]);
         for (uint32_t d = 0; d < t->ndim; d++) {
             int64_t k = -1 - t->shape[d], v = h->in_shape[i][d];
             if (t->shape[d] >= 0 || k >= (int64_t)MAX_NDIM) continue;
@@ -936,8 +974,7 @@ API int pl_run(pl_executor *h) {
                             h->dims[k].name, (long long)bound[k], (long long)v, t->name);
             bound[k] = v;
         }
-        struct obj in = {2, t->dtype, t->ndim, h->inputs[i], h->inputs[i]->data,
-                         h->in_nbytes[i], {0}};
+        struct obj in = {2, t->dtype, t->ndim, st, st->data, h->in_nbytes[i], {0}};
         memcpy(in.shape, h->in_shape[i], sizeof in.shape);
         obj_set(h, &m->regs[i], &in);
     }

@@ -73,8 +73,9 @@ def task_bench(sel: Selection):
     opts = [get_var(k, d) for k, d in (("threads", "1,2"), ("rounds", "3"), ("runs", "10"),
                                        ("warmup", "10"), ("profile", "0"))]
     reports, peak = [], path(OUT, "bench-peak.json")
-    # An entry of executor aot has no .so to time (its sizes are the budget task's).
-    timed = [(m, t) for m, t in sel.entries if executor_of(m, t) == "graph"]
+    # An entry of executor aot has no .so to time (its sizes are the budget task's);
+    # a VM entry's .so runs in the VM.
+    timed = [(m, t) for m, t in sel.entries if executor_of(m, t) in ("graph", "vm")]
     for m, t in timed:
         a = artifacts(m, t)
         reports.append(path(OUT, m.name, t.name, "bench.json"))

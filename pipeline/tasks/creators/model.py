@@ -38,14 +38,28 @@ def task_import(sel: Selection):
     for m in sel.models:
         ir, weights = imported(m)
         shapes = {k: list(v) for k, v in m.inputs.items()}
-        # A model with dims: keeps its symbolic dimensions (the argument only then, so
-        # every other model's action key is as before).
-        dims = [{k: list(v) for k, v in m.dims.items()}] if m.dims else []
+        # If, Loop and Scan are kept (as nodes holding subgraphs) for a model the VM
+        # runs somewhere in the config, whatever this run selects; a model with dims:
+        # keeps its symbolic dimensions. Each argument is passed only when set, so the
+        # other models' imports are as before.
+        flow = _runs_in_vm(sel, m)
+        dims = {k: list(v) for k, v in m.dims.items()} if m.dims else None
+        extra = [flow, dims] if dims else [True] if flow else []
+        opts = {"inputs": shapes, **({"control_flow": True} if flow else {}),
+                **({"dims": dims} if dims else {})}
         yield sel.cached_stage(
-            m.name, "tasks.stages:import_model", [onnx_path(m), shapes, ir, weights, *dims],
+            m.name, "tasks.stages:import_model", [onnx_path(m), shapes, ir, weights, *extra],
             [onnx_path(m), *front_src], [ir, weights],
-            [options_changed({"inputs": shapes, **({"dims": dims[0]} if dims else {})},
-                             "input"), sel.fetched])
+            [options_changed(opts, "input"), sel.fetched])
+
+
+def _runs_in_vm(sel: Selection, m) -> bool:
+    """Whether an entry of model m, in the whole config, is built for the VM (the
+    model's executor, else a target's: executor_of's rule, without its check of
+    entries this run may not build)."""
+    targets = sel.config.targets.values() if sel.config is not None else sel.targets
+    return m.executor == "vm" or (m.executor is None
+                                  and any(t.executor == "vm" for t in targets))
 
 
 CREATORS = (task_model, task_import)

@@ -11,6 +11,7 @@ from doit import create_after
 from pipeline.lower.sources import CODEGEN_ROOTS
 from pipeline.tasks import cache, lazy, tiered
 from pipeline.tasks.cluster import prefetch
+from pipeline.tasks.config import executor_of
 from pipeline.tasks.explain import options_changed
 from pipeline.tasks.paths import (
     SPECS,
@@ -33,17 +34,19 @@ def task_optimize(sel: Selection):
                       *(r.removeprefix("pipeline.") for r in CODEGEN_ROOTS))
     for m, t in sel.entries:
         a = artifacts(m, t)
-        opts = t.to_dict()
         outs = [a["graph_json"], a["params"], a["kernels"]]
-        dims = [{k: list(v) for k, v in m.dims.items()}] if m.dims else []  # symbolic ones
+        # A VM entry says so in its options (a graph with control flow becomes a VM
+        # program; a switch to graph reruns it, to refuse the control flow), a model
+        # with dims: gives their bounds; a graph entry's are as before.
+        opts = {**t.to_dict(), **({"executor": "vm"} if executor_of(m, t) == "vm" else {}),
+                **({"dims": {k: list(v) for k, v in m.dims.items()}} if m.dims else {})}
         yield sel.cached_stage(
             f"{m.name}@{t.name}", "tasks.stages:optimize_model",
-            [*imported(m), opts, SPECS, *outs, sel.settings.root, *dims],
-            [*imported(m), *opt_src], outs,
+            [*imported(m), opts, SPECS, *outs, sel.settings.root], [*imported(m), *opt_src],
+            outs,
             # The specs and IR it wrote are outputs too (shared by entries, so not
             # doit targets): a missing one reruns it.
-            [options_changed({**opts, **({"dims": dims[0]} if dims else {})}),
-             SpecsPresent(a["kernels"]), sel.fetched],
+            [options_changed(opts), SpecsPresent(a["kernels"]), sel.fetched],
             specs_of=a["kernels"],
             # read to create the kernel tasks; graph JSON is a deliverable
             fetch=(a["kernels"], a["graph_json"]))
