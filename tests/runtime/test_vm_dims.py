@@ -344,3 +344,36 @@ def test_random_shapes_keep_memory_flat(bert):
         if k == 300:
             warm = resident_kib()
     assert resident_kib() - warm < 2048, (warm, resident_kib())
+
+
+def test_symbols_with_control_flow_are_refused_in_one_line(tmp_path):
+    """An If over an input [batch, 4]: pipeline.build and `pipeline compile` refuse
+    symbols together with If/Loop/Scan (not supported yet), each in one line."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from pipeline.tools.cli import CommandError, compile_model
+
+    f = TensorProto.FLOAT
+    branches = [helper.make_graph([helper.make_node(op, ["x"], [f"y_{op}"])], op, [],
+                                  [helper.make_tensor_value_info(f"y_{op}", f, ["batch", 4])])
+                for op in ("Relu", "Neg")]
+    zero = numpy_helper.from_array(np.float32(0), "zero")
+    graph = helper.make_graph(
+        [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+         helper.make_node("Constant", [], ["zero"], value=zero),
+         helper.make_node("Greater", ["s", "zero"], ["c"]),
+         helper.make_node("If", ["c"], ["y"], then_branch=branches[0],
+                          else_branch=branches[1])],
+        "if", [helper.make_tensor_value_info("x", f, ["batch", 4])],
+        [helper.make_tensor_value_info("y", f, ["batch", 4])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+              tmp_path / "if.onnx")
+    graph, params = pipeline.frontend.from_onnx(tmp_path / "if.onnx", symbolic=True,
+                                                control_flow=True)
+    with pytest.raises(GraphError, match="together with If/Loop/Scan are not supported"):
+        pipeline.build(graph, TARGET, params, executor="vm", dims={"batch": (1, 4)})
+    with pytest.raises(CommandError, match="together with If/Loop/Scan") as err:
+        compile_model(str(tmp_path / "if.onnx"), str(tmp_path / "if.so"), TARGET,
+                      executor="vm", cache=str(tmp_path / "cache"), dims=["batch=1:4"])
+    assert "\n" not in str(err.value)
