@@ -21,6 +21,7 @@ import llvmlite.ir as ir
 
 from pipeline.dsl.fastmath import exp_f32
 from pipeline.dsl.index import Index, raw
+from pipeline.dsl.minifloat import decode, encode
 from pipeline.dsl.types import (
     _SIGNED,
     F32,
@@ -32,6 +33,7 @@ from pipeline.dsl.types import (
     I32,
     I64,
     LLVM_TYPES,
+    MINIFLOATS,
     NARROW,
     PTR,
     STORAGE_TYPES,
@@ -189,7 +191,7 @@ class KernelBuilder:
         """buf[offset] = value (a value of the compute type, narrowed to storage)."""
         value = raw(value)
         if buf.type.dtype in NARROW:
-            value = self._to_storage(value, buf.storage)
+            value = self._to_storage(value, buf.storage, buf.type.dtype)
         self.b.store(value, self.gep(buf, offset))
 
     def vload(self, buf: Buffer, offset, n: int) -> ir.Value:
@@ -201,14 +203,15 @@ class KernelBuilder:
 
     def vstore(self, buf: Buffer, offset, value: ir.Value) -> None:
         if buf.type.dtype in NARROW:
-            value = self._to_storage(value, ir.VectorType(buf.storage, value.type.count))
+            value = self._to_storage(value, ir.VectorType(buf.storage, value.type.count),
+                                     buf.type.dtype)
         self.b.store(value, self.gep(buf, offset), align=_align(buf.storage))
 
     def widen(self, v: ir.Value, dtype: str) -> ir.Value:
-        """A value (scalar or vector) of `dtype`'s storage type in its compute type:
-        half -> float (exact), int8/int16 sign- and unsigned ones zero-extended."""
-        if dtype not in NARROW:
-            return v
+        """A value (scalar or vector) of `dtype`'s storage type in its compute type: half,
+        bfloat16, float8 -> float (exact), int8/int16 sign-, unsigned zero-extended."""
+        if dtype in MINIFLOATS or dtype not in NARROW:
+            return decode(self, v, dtype) if dtype in MINIFLOATS else v
         to = LLVM_TYPES[dtype]
         if isinstance(v.type, ir.VectorType):
             to = ir.VectorType(to, v.type.count)
@@ -216,11 +219,10 @@ class KernelBuilder:
             return self.b.fpext(v, to)
         return (self.b.sext if dtype in _SIGNED else self.b.zext)(v, to)
 
-    def _to_storage(self, v: ir.Value, to: ir.Type) -> ir.Value:
-        """A compute-type value converted to the storage type `to` (fptrunc rounds to
-        nearest even; integers keep their low bits, i.e. wrap)."""
-        if v.type == to:
-            return v
+    def _to_storage(self, v: ir.Value, to: ir.Type, dtype: str, saturate: bool = False):
+        """A `dtype` compute value as storage type `to` (floats round to even, ints wrap)."""
+        if dtype in MINIFLOATS or v.type == to:
+            return encode(self, v, dtype, saturate) if dtype in MINIFLOATS else v
         elem = v.type.element if isinstance(v.type, ir.VectorType) else v.type
         return self.b.fptrunc(v, to) if isinstance(elem, ir.FloatType | ir.DoubleType) \
             else self.b.trunc(v, to)
@@ -230,10 +232,10 @@ class KernelBuilder:
         `dtype` (same storage width), in `dtype`'s compute type: ONNX BitCast."""
         v = raw(v)
         if source in NARROW:
-            v = self._to_storage(v, STORAGE_TYPES[source])
+            v = self._to_storage(v, STORAGE_TYPES[source], source)
         return self.widen(self.b.bitcast(v, STORAGE_TYPES[dtype]), dtype)
 
-    def narrow(self, v, dtype: str) -> ir.Value:
+    def narrow(self, v, dtype: str, saturate: bool = False) -> ir.Value:
         """A computed value (scalar or vector) rounded to what `dtype` can hold, still
         in the compute type: float16 rounds to nearest even, integers wrap. Other
         dtypes are returned as they are. Applied after each fused op of a narrow
@@ -245,7 +247,7 @@ class KernelBuilder:
         store = STORAGE_TYPES[dtype]
         if isinstance(v.type, ir.VectorType):
             store = ir.VectorType(store, v.type.count)
-        return self.widen(self._to_storage(v, store), dtype)
+        return self.widen(self._to_storage(v, store, dtype, saturate), dtype)
 
     def splat(self, scalar: ir.Value, n: int) -> ir.Value:
         """The vector with every lane `scalar` (LLVM folds this into a broadcast load)."""
@@ -431,17 +433,19 @@ class KernelBuilder:
         """An i1 as the index 0 or 1."""
         return Index(self, self.b.zext(flag, I64))
 
-    def cast(self, v, dtype: str | ir.Type) -> ir.Value:
-        """Convert `v` (a value in its compute type) to `dtype` (a dtype name or an
-        LLVM compute type; i8 is bool) with ONNX Cast semantics (float -> int
-        truncates toward zero; to float16 rounds to nearest even, to a narrow
-        integer keeps the low bits), as a value of `dtype`'s compute type."""
+    def cast(self, v, dtype: str | ir.Type, saturate: bool = True) -> ir.Value:
+        """`v` (in its compute type) as `dtype` (a name or an LLVM compute type; i8 is
+        bool) with ONNX Cast semantics (float -> int truncates toward zero; to float16,
+        bfloat16, float8 rounds to nearest even, float8 saturating unless not
+        `saturate`; to narrow ints keeps the low bits), in `dtype`'s compute type."""
         if isinstance(dtype, ir.Type):
             dtype = next(k for k, t in LLVM_TYPES.items() if t == dtype)
         v = raw(v)
         to = LLVM_TYPES[dtype]
         if dtype == "bool":
             return self.as_bool(self.truth(v))
+        if dtype in MINIFLOATS:
+            return self.narrow(self.cast(v, "float32"), dtype, saturate)
         if dtype == "float16":  # one rounding, from whatever precision v has
             if v.type in FLOATS:
                 half = self.b.fptrunc(v, HALF)

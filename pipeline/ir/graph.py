@@ -18,11 +18,15 @@ from dataclasses import dataclass, field
 from pipeline.errors import GraphError
 
 # The element types the IR has, by ONNX TensorProto code (FLOAT, DOUBLE, INT64, INT32,
-# BOOL, FLOAT16, INT8, UINT8, INT16, UINT16, UINT32): the one table the ONNX import,
-# Cast and the backend read. Plain ints, as the IR does not import onnx. Kernels
-# compute the narrow ones in a wider type: pipeline/dsl/builder.py.
+# BOOL, FLOAT16, INT8, UINT8, INT16, UINT16, UINT32, BFLOAT16, FLOAT8E4M3FN,
+# FLOAT8E4M3FNUZ, FLOAT8E5M2, FLOAT8E5M2FNUZ): the one table the ONNX import, Cast and
+# the backend read. Plain ints, as the IR does not import onnx. The names are numpy's,
+# ml_dtypes' for bfloat16 and float8 (ml_dtypes, which onnx needs, registers them with
+# numpy). Kernels compute the narrow ones in a wider type: pipeline/dsl/builder.py.
 ONNX_DTYPES = {1: "float32", 11: "float64", 7: "int64", 6: "int32", 9: "bool",
-               10: "float16", 3: "int8", 2: "uint8", 5: "int16", 4: "uint16", 12: "uint32"}
+               10: "float16", 3: "int8", 2: "uint8", 5: "int16", 4: "uint16", 12: "uint32",
+               16: "bfloat16", 17: "float8_e4m3fn", 18: "float8_e4m3fnuz", 19: "float8_e5m2",
+               20: "float8_e5m2fnuz"}
 DTYPES = tuple(ONNX_DTYPES.values())
 
 

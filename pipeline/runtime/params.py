@@ -14,6 +14,8 @@ Layout (all integers little endian):
         i64 shape[ndim]
         i64 data size in bytes, then the raw C-contiguous data
 
+bfloat16 and the float8 types (ml_dtypes' numpy types) carry DLPack's codes: kDLBfloat
+(4) with 16 bits, kDLFloat8_e4m3fn, _e4m3fnuz, _e5m2, _e5m2fnuz (10-13) with 8 bits.
 bool arrays are written as TVM writes them: type code 1 (uint) with 1 bit,
 one byte per element; that is what TVM's loader expects for "bool". On load,
 uint/1 and DLPack's kDLBool (code 6, 8 bits) both come back as numpy bool.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import struct
 
+import ml_dtypes
 import numpy as np
 
 from pipeline.errors import FormatError, check_elements
@@ -39,6 +42,10 @@ _TO_DL = {
     np.dtype("int8"): (0, 8), np.dtype("int16"): (0, 16), np.dtype("int32"): (0, 32),
     np.dtype("int64"): (0, 64), np.dtype("uint8"): (1, 8), np.dtype("uint16"): (1, 16),
     np.dtype("uint32"): (1, 32), np.dtype("uint64"): (1, 64), np.dtype("bool"): (1, 1),
+    # DLPack's kDLBfloat and kDLFloat8_* codes (ml_dtypes' numpy types)
+    np.dtype(ml_dtypes.bfloat16): (4, 16), np.dtype(ml_dtypes.float8_e4m3fn): (10, 8),
+    np.dtype(ml_dtypes.float8_e4m3fnuz): (11, 8), np.dtype(ml_dtypes.float8_e5m2): (12, 8),
+    np.dtype(ml_dtypes.float8_e5m2fnuz): (13, 8),
 }
 _FROM_DL = {v: k for k, v in _TO_DL.items()}
 _FROM_DL[(6, 8)] = np.dtype("bool")  # DLPack >= 0.8 kDLBool

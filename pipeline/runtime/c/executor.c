@@ -52,6 +52,9 @@ static const struct { const char *name; uint8_t size, dl_code, dl_bits; } DTYPES
     {"float32", 4, 2, 32}, {"float64", 8, 2, 64}, {"int32", 4, 0, 32}, {"int64", 8, 0, 64},
     {"bool", 1, 1, 1},     {"float16", 2, 2, 16}, {"int8", 1, 0, 8},   {"int16", 2, 0, 16},
     {"uint8", 1, 1, 8},    {"uint16", 2, 1, 16},  {"uint32", 4, 1, 32}, {"uint64", 8, 1, 64},
+    /* appended, never renumbered: DLPack's kDLBfloat and kDLFloat8_* codes */
+    {"bfloat16", 2, 4, 16}, {"float8_e4m3fn", 1, 10, 8}, {"float8_e4m3fnuz", 1, 11, 8},
+    {"float8_e5m2", 1, 12, 8}, {"float8_e5m2fnuz", 1, 13, 8},
 };
 #define N_DTYPES (sizeof DTYPES / sizeof DTYPES[0])
 

@@ -4,7 +4,8 @@
  *                [--threads T] [--repeat N] [--print-time] [--no-check]
  *
  * Loads the library, sets each input from a .npy file (C order, little endian;
- * float32/float64/int64/int32/bool and the library's other dtypes), runs it,
+ * float32/float64/int64/int32/bool and the library's other dtypes; bfloat16 and
+ * float8 as their bits, see DESCR), runs it,
  * writes output i to DIR/output_<i>.npy (DIR and its missing parents are
  * created, as mkdir -p does) and with --repeat N prints the
  * median milliseconds per run of N more runs. --print-time prints instead one line
@@ -113,16 +114,22 @@ static void load_api(const char *path) {
     *(void **)&api.run = sym(lib, path, "pl_run");
 }
 
-/* numpy's dtype names <-> .npy descr strings (little endian, '|' for bytes). */
-static const char *const DESCR[][2] = {
-    {"float32", "<f4"}, {"float64", "<f8"}, {"int32", "<i4"}, {"int64", "<i8"},
-    {"bool", "|b1"},    {"float16", "<f2"}, {"int8", "|i1"},  {"int16", "<i2"},
-    {"uint8", "|u1"},   {"uint16", "<u2"},  {"uint32", "<u4"}, {"uint64", "<u8"},
+/* numpy's dtype names <-> .npy descr strings (little endian, '|' for bytes), and a
+ * second descr also read. numpy has no bfloat16 or float8: they are written as their
+ * bits (uint16, uint8; `.view(ml_dtypes.bfloat16)` in Python gives the values), and
+ * read from such files or from what np.save writes for ml_dtypes' arrays (void). */
+static const char *const DESCR[][3] = {
+    {"float32", "<f4", ""}, {"float64", "<f8", ""}, {"int32", "<i4", ""}, {"int64", "<i8", ""},
+    {"bool", "|b1", ""},    {"float16", "<f2", ""}, {"int8", "|i1", ""},  {"int16", "<i2", ""},
+    {"uint8", "|u1", ""},   {"uint16", "<u2", ""},  {"uint32", "<u4", ""}, {"uint64", "<u8", ""},
+    {"bfloat16", "<u2", "<V2"},    {"float8_e4m3fn", "|u1", "|V1"},
+    {"float8_e4m3fnuz", "|u1", "|V1"}, {"float8_e5m2", "|u1", "|V1"},
+    {"float8_e5m2fnuz", "|u1", "|V1"},
 };
 
-static const char *descr_of(const char *dtype) {
+static const char *descr_of(const char *dtype, int alternative) {
     for (size_t i = 0; i < sizeof DESCR / sizeof DESCR[0]; i++)
-        if (strcmp(DESCR[i][0], dtype) == 0) return DESCR[i][1];
+        if (strcmp(DESCR[i][0], dtype) == 0) return DESCR[i][1 + alternative];
     return "?";
 }
 
@@ -179,8 +186,11 @@ static void read_npy(pl_executor *h, int index, const char *name, const char *pa
     for (const char *c = shape; *c; c++)
         if (*c != ' ') shape_squeezed[k++] = *c;
     shape_squeezed[k] = 0;
-    snprintf(want, sizeof want, "'%s'", descr_of(t.dtype));
-    if (!descr || strncmp(descr, want, strlen(want)) != 0)
+    snprintf(want, sizeof want, "'%s'", descr_of(t.dtype, 0));
+    char also[16];
+    snprintf(also, sizeof also, "'%s'", descr_of(t.dtype, 1));
+    if (!descr || (strncmp(descr, want, strlen(want)) != 0 &&
+                   (strlen(also) == 2 || strncmp(descr, also, strlen(also)) != 0)))
         die("input '%s': %s has dtype %.*s, expected %s %s", name, path,
             until(descr, 1, '\''), descr ? descr : "?", t.dtype, want);
     if (!order || strncmp(order, "False", 5) != 0)
@@ -202,7 +212,7 @@ static void write_npy(pl_executor *h, int index, const char *dir) {
     api.output_info(h, index, &t);
     shape_text(&t, shape, sizeof shape);
     int n = snprintf(header, sizeof header, "{'descr': '%s', 'fortran_order': False, "
-                     "'shape': %s, }", descr_of(t.dtype), shape);
+                     "'shape': %s, }", descr_of(t.dtype, 0), shape);
     /* Pad with spaces so the data starts 64-byte aligned; the header ends in '\n'. */
     int total = (10 + n + 1 + 63) / 64 * 64;
     memset(header + n, ' ', (size_t)(total - 10 - n - 1));

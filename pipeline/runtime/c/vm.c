@@ -53,6 +53,9 @@ static const char *const FAILURES[] = {
 static const struct { const char *name; uint8_t size; } DTYPES[] = {
     {"float32", 4}, {"float64", 8}, {"int32", 4}, {"int64", 8}, {"bool", 1}, {"float16", 2},
     {"int8", 1},    {"int16", 2},   {"uint8", 1}, {"uint16", 2}, {"uint32", 4}, {"uint64", 8},
+    /* appended, never renumbered (pipeline/vm/bytecode.py DTYPES) */
+    {"bfloat16", 2}, {"float8_e4m3fn", 1}, {"float8_e4m3fnuz", 1}, {"float8_e5m2", 1},
+    {"float8_e5m2fnuz", 1},
 };
 #define N_DTYPES (sizeof DTYPES / sizeof DTYPES[0])
 
