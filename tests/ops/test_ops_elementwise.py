@@ -44,7 +44,8 @@ def test_unsupported_input_dtype_names_the_input_and_node(elem):
     model = make_model([node("Relu", ["x"], ["y"], name="r")], [x],
                        [helper.make_tensor_value_info("y", elem, None)])
     with pytest.raises(ModelError, match=r"input 'x' \(used by node 'r' \(Relu\)\) has "
-                                         r"unsupported element type (UINT2|FLOAT8E8M0|FLOAT4E2M1) "):
+                                         r"unsupported element type "
+                                         r"(UINT2|FLOAT8E8M0|FLOAT4E2M1) "):
         from_onnx(model)
 
 
