@@ -1,16 +1,14 @@
 """KernelBuilder: the few LLVM-IR building blocks every operator lowering uses.
 
-A kernel is one function `i32 @symbol(ptr %args)`: `args` points to an array of
-buffer pointers (the kernel's inputs, then its outputs), the calling
-convention the graph executor uses. Buffers are dense, row-major and hold
-their TensorType's dtype. The builder offers counted loops, row-major and
-broadcasting index arithmetic (GEP on element types, never pointer integers),
-float math with the fast-math flags we allow, and LLVM intrinsics.
+A kernel is one function `i32 @symbol(ptr %args)`: `args` points to an array of buffer
+pointers (the kernel's inputs, then its outputs), the graph executor's calling
+convention. Buffers are dense, row-major and hold their TensorType's dtype. The
+builder offers counted loops, row-major and broadcasting index arithmetic (GEP on
+element types, never pointer integers), fast-math float math, LLVM intrinsics.
 
 Index values (loop variables, `i64`, `index`) carry their own operators, so
-offsets read as arithmetic: `kb.load(x, (n * c + ic) * plane + p)`; see
-pipeline.dsl.index. Float and data values stay llvmlite values and go through
-the named methods here (fadd, select, compare, ...), which also accept Index.
+offsets read as arithmetic: `kb.load(x, (n * c + ic) * plane + p)` (dsl/index.py);
+data values stay llvmlite values and go through the methods here (fadd, select...).
 """
 
 from __future__ import annotations
@@ -22,6 +20,7 @@ import llvmlite.ir as ir
 from pipeline.dsl.fastmath import exp_f32
 from pipeline.dsl.index import Index, raw
 from pipeline.dsl.minifloat import decode, encode
+from pipeline.dsl.nibbles import SUB_BYTE, load4, store4, vload4, vstore4, widen4
 from pipeline.dsl.types import (
     _SIGNED,
     F32,
@@ -99,8 +98,7 @@ class KernelBuilder:
             flat = flat // size
         return [flat, *reversed(index)]
 
-    def smax(self, a, b) -> Index:
-        """The signed maximum of two indices."""
+    def smax(self, a, b) -> Index:  # the signed maximum of two indices
         return self.index(self.select(self.index(a) > b, a, b))
 
     def smin(self, a, b) -> Index:
@@ -184,12 +182,16 @@ class KernelBuilder:
 
     def load(self, buf: Buffer, offset) -> ir.Value:
         """buf[offset], in the buffer's compute type (`Buffer.elem`)."""
+        if buf.type.dtype in SUB_BYTE:
+            return load4(self, buf, offset)
         return self.widen(self.b.load(self.gep(buf, offset), typ=buf.storage),
                           buf.type.dtype)
 
     def store(self, buf: Buffer, offset, value) -> None:
         """buf[offset] = value (a value of the compute type, narrowed to storage)."""
         value = raw(value)
+        if buf.type.dtype in SUB_BYTE:
+            return store4(self, buf, offset, value)
         if buf.type.dtype in NARROW:
             value = self._to_storage(value, buf.storage, buf.type.dtype)
         self.b.store(value, self.gep(buf, offset))
@@ -197,11 +199,15 @@ class KernelBuilder:
     def vload(self, buf: Buffer, offset, n: int) -> ir.Value:
         """`n` consecutive elements of `buf` from `offset` as a vector of the compute
         type (aligned to one element)."""
+        if buf.type.dtype in SUB_BYTE:
+            return vload4(self, buf, offset, n)
         typ = ir.VectorType(buf.storage, n)
         return self.widen(self.b.load(self.gep(buf, offset), typ=typ,
                                       align=_align(buf.storage)), buf.type.dtype)
 
     def vstore(self, buf: Buffer, offset, value: ir.Value) -> None:
+        if buf.type.dtype in SUB_BYTE:
+            return vstore4(self, buf, offset, value)
         if buf.type.dtype in NARROW:
             value = self._to_storage(value, ir.VectorType(buf.storage, value.type.count),
                                      buf.type.dtype)
@@ -210,8 +216,9 @@ class KernelBuilder:
     def widen(self, v: ir.Value, dtype: str) -> ir.Value:
         """A value (scalar or vector) of `dtype`'s storage type in its compute type: half,
         bfloat16, float8 -> float (exact), int8/int16 sign-, unsigned zero-extended."""
-        if dtype in MINIFLOATS or dtype not in NARROW:
-            return decode(self, v, dtype) if dtype in MINIFLOATS else v
+        if dtype in MINIFLOATS or dtype in SUB_BYTE or dtype not in NARROW:
+            return decode(self, v, dtype) if dtype in MINIFLOATS else \
+                widen4(self, v, dtype) if dtype in SUB_BYTE else v
         to = LLVM_TYPES[dtype]
         if isinstance(v.type, ir.VectorType):
             to = ir.VectorType(to, v.type.count)
@@ -474,25 +481,20 @@ class KernelBuilder:
         typ = args[0].type
         if typ == F64:
             name = name.removesuffix("f")
-        fn = self.module.globals.get(name)
-        if fn is None:
-            fn = ir.Function(self.module, ir.FunctionType(typ, [typ] * len(args)), name=name)
+        fn = self.module.globals.get(name) or \
+            ir.Function(self.module, ir.FunctionType(typ, [typ] * len(args)), name=name)
         return self.b.call(fn, list(args))
 
-    # -- constant tables (index maps computed at build time) --
-
     def table(self, values, typ: ir.Type = I64) -> ir.GlobalVariable:
-        """A private constant array holding `values`, for `load_table`."""
+        """A private constant array of `values` (a build-time index map), for load_table."""
         array = ir.ArrayType(typ, len(values))
         g = ir.GlobalVariable(self.module, array, self.module.get_unique_name("table"))
-        g.global_constant = True
-        g.linkage = "private"
+        g.global_constant, g.linkage = True, "private"
         g.initializer = ir.Constant(array, [self.const(v, typ) for v in values])
         return g
 
     def load_table(self, table: ir.GlobalVariable, i):
         """table[i]: an Index from an i64 table, else an llvmlite value."""
-        ptr = self.b.gep(table, [raw(0), raw(i)], source_etype=table.value_type,
-                         inbounds=True)
+        ptr = self.b.gep(table, [raw(0), raw(i)], source_etype=table.value_type, inbounds=True)
         value = self.b.load(ptr, typ=table.value_type.element)
         return Index(self, value) if value.type == I64 else value

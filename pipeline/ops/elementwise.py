@@ -203,7 +203,7 @@ register("where", OpKind.ELEMENTWISE, _where_infer, float64=True,
 
 
 def _cast_infer(types, node):
-    _check(node, types, NUMERIC + ("bool",))
+    _check(node, types, NUMERIC + ("bool", "int4", "uint4"))
     return [TensorType(types[0].shape, node.attr("to"))]
 
 

@@ -28,9 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from pipeline.ir.graph import Graph, Node
+from pipeline.ir.graph import Graph, Node, nbytes
 
 # The byte boundary of an in-place concat's slices: the executor aligns every storage
 # to it (runtime/c/executor_internal.h ALIGN), so a kernel writing a slice sees an
@@ -49,7 +47,7 @@ class MemoryPlan:
 
 
 def _nbytes(t) -> int:
-    return t.size * np.dtype(t.dtype).itemsize
+    return nbytes(t.dtype, t.size)
 
 
 def _lone_body(node: Node) -> Node | None:

@@ -16,6 +16,8 @@ Layout (all integers little endian):
 
 bfloat16 and the float8 types (ml_dtypes' numpy types) carry DLPack's codes: kDLBfloat
 (4) with 16 bits, kDLFloat8_e4m3fn, _e4m3fnuz, _e5m2, _e5m2fnuz (10-13) with 8 bits.
+int4 and uint4 (ml_dtypes' one-a-byte numpy types) are written packed, two to a byte,
+as DLPack and TVM do (codes 0 and 1 with 4 bits; element 2i in the low nibble).
 bool arrays are written as TVM writes them: type code 1 (uint) with 1 bit,
 one byte per element; that is what TVM's loader expects for "bool". On load,
 uint/1 and DLPack's kDLBool (code 6, 8 bits) both come back as numpy bool.
@@ -30,7 +32,8 @@ import numpy as np
 
 from pipeline.errors import FormatError, check_elements
 
-__all__ = ["load_params", "param_chunks", "param_names", "save_params"]
+__all__ = ["load_params", "pack_nibbles", "param_chunks", "param_names", "save_params",
+           "unpack_nibbles"]
 
 LIST_MAGIC = 0xF7E58D4F05049CB7
 ARRAY_MAGIC = 0xDD5E40F096B4A13F
@@ -46,9 +49,29 @@ _TO_DL = {
     np.dtype(ml_dtypes.bfloat16): (4, 16), np.dtype(ml_dtypes.float8_e4m3fn): (10, 8),
     np.dtype(ml_dtypes.float8_e4m3fnuz): (11, 8), np.dtype(ml_dtypes.float8_e5m2): (12, 8),
     np.dtype(ml_dtypes.float8_e5m2fnuz): (13, 8),
+    np.dtype(ml_dtypes.int4): (0, 4), np.dtype(ml_dtypes.uint4): (1, 4),
 }
+_PACKED = (np.dtype(ml_dtypes.int4), np.dtype(ml_dtypes.uint4))
 _FROM_DL = {v: k for k, v in _TO_DL.items()}
 _FROM_DL[(6, 8)] = np.dtype("bool")  # DLPack >= 0.8 kDLBool
+
+
+def pack_nibbles(arr: np.ndarray) -> np.ndarray:
+    """An int4 or uint4 array (one element a byte) as its packed uint8 bytes: element
+    2i in the low nibble of byte i, 2i + 1 in the high one (an odd count: 0 after)."""
+    flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8) & 15
+    if flat.size % 2:
+        flat = np.append(flat, np.uint8(0))
+    return (flat[0::2] | (flat[1::2] << 4)).astype(np.uint8)
+
+
+def unpack_nibbles(raw: np.ndarray, dtype, shape) -> np.ndarray:
+    """pack_nibbles' inverse: packed uint8 bytes -> a new int4/uint4 array of `shape`."""
+    count = int(np.prod(shape, dtype=np.int64))
+    nibbles = np.stack([raw & 15, raw >> 4], axis=-1).reshape(-1)[:count]
+    if np.dtype(dtype) == np.dtype(ml_dtypes.int4):
+        nibbles = (nibbles.astype(np.int8) << 4) >> 4  # sign-extend bit 3
+    return nibbles.astype(np.int8).astype(dtype).reshape(shape)
 
 
 def save_params(params: dict[str, np.ndarray]) -> bytes:
@@ -80,7 +103,8 @@ def param_chunks(params: dict[str, np.ndarray]) -> list:
             raise ValueError(f"parameter {name!r}: unsupported dtype {arr.dtype} "
                              f"(supported: {', '.join(sorted(map(str, _TO_DL)))})")
         # Little endian on disk whatever the host byte order.
-        data = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
+        data = pack_nibbles(arr) if arr.dtype in _PACKED else \
+            np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
         parts.append(struct.pack("<QQiiiBBH", ARRAY_MAGIC, 0, _CPU, 0, arr.ndim,
                                  code_bits[0], code_bits[1], 1))
         parts.append(struct.pack(f"<{arr.ndim}q", *arr.shape))
@@ -164,11 +188,14 @@ def _read_array(r: _Reader, name: str) -> np.ndarray:
     (size,) = r.unpack("<q", f"data size of array {name!r}")
     if any(d < 0 for d in shape):
         raise FormatError(f"array {name!r}: negative dimension in shape {list(shape)}")
-    expected = check_elements(shape, f"param dict: array {name!r}") * dtype.itemsize
+    count = check_elements(shape, f"param dict: array {name!r}")
+    expected = (count + 1) // 2 if dtype in _PACKED else count * dtype.itemsize
     if size != expected:
         raise FormatError(f"array {name!r}: shape {list(shape)} of {dtype} needs {expected} "
                          f"bytes, header says {size}")
     raw = r.take(size, f"data of array {name!r}")
+    if dtype in _PACKED:
+        return unpack_nibbles(np.frombuffer(raw, np.uint8), dtype, shape)
     arr = np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(shape)
     # Copy: the result must be writable, native-endian and not pin `data`.
     return arr.astype(dtype, copy=True)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.errors import FormatError
+from pipeline.ir.graph import nbytes
 from pipeline.vm.bytecode import (
     DTYPES,
     OPCODES,
@@ -54,7 +55,7 @@ class Executable:
 
 
 def _nbytes(dtype: str, shape: list[int]) -> int:
-    return int(np.dtype(dtype).itemsize * int(np.prod(shape, dtype=np.int64)))
+    return nbytes(dtype, int(np.prod(shape, dtype=np.int64)))
 
 
 def _entries(doc: dict) -> list[tuple[int, int, str, tuple[int, ...]]]:

@@ -12,7 +12,8 @@ from pipeline.ops.geometry import LINEAR_QTYPES
 
 # ONNX TensorProto codes of the quantized types (output_dtype attribute)
 _ONNX_QTYPES = {2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 17: "float8_e4m3fn",
-                18: "float8_e4m3fnuz", 19: "float8_e5m2", 20: "float8_e5m2fnuz"}
+                18: "float8_e4m3fnuz", 19: "float8_e5m2", 20: "float8_e5m2fnuz", 21: "uint4",
+                22: "int4"}
 
 
 def const_of(ctx, n, pos: int, what: str) -> np.ndarray | None:
