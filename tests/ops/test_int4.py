@@ -77,6 +77,36 @@ def test_blocked_int4_weights_feeding_matmul():
                     helper.make_tensor("z", T.INT4, zp.shape, zp.flatten().tolist())])
     want = ReferenceEvaluator(model).run(None, {"x": x})[0]
     np.testing.assert_allclose(run_ours(model, {"x": x})[0], want, rtol=1e-5, atol=1e-5)
+    # the pair became one matmul_nbits over the 4-bit values (no float copy of them)
+    graph, params = pipeline.frontend.from_onnx(model)
+    assert [n.op for n in graph.nodes] == ["matmul_nbits"]
+    assert not [v for v in params.values() if v.dtype == np.float32 and v.size >= k * n]
+
+
+def test_onnxruntime_qdq_4bit_form_matches_onnxruntime():
+    """The QDQ form onnxruntime's quantizer writes (its quantize_qdq_matmul_4bits
+    kernel: int4 [K, N] packed, scales [K / 32, N], block_size 32 along K, symmetric)."""
+    pytest.importorskip("onnxruntime")
+    from onnxruntime.capi import _pybind_state as ort_c
+
+    from tests.support.compare import run_ort
+
+    rng = np.random.default_rng(5)
+    k, n = 128, 40
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    packed = np.zeros((k * n + 1) // 2, np.uint8)
+    zero = np.zeros((n * (k // 32) + 1) // 2, np.uint8)
+    scales = np.zeros((k // 32, n), np.float32)
+    ort_c.quantize_qdq_matmul_4bits(packed, w, scales, zero, 32, n, k, True)
+    weight = helper.make_tensor("w", T.INT4, [k, n], packed.tobytes(), raw=True)
+    model = _model([helper.make_node("DequantizeLinear", ["w", "s"], ["wf"], axis=0,
+                                     block_size=32),
+                    helper.make_node("MatMul", ["x", "wf"], ["y"])],
+                   [t("x", T.FLOAT, [3, k])], [t("y", T.FLOAT, [3, n])],
+                   [weight, helper.make_tensor("s", T.FLOAT, scales.shape, scales.flatten())])
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    np.testing.assert_allclose(run_ours(model, {"x": x})[0], run_ort(model, {"x": x})[0],
+                               rtol=1e-4, atol=1e-4)
 
 
 def test_params_hold_4_bit_values_packed():

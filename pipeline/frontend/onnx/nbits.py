@@ -62,3 +62,49 @@ def _matmul_nbits(ctx, n):
         inputs.append(ctx.add_param(f"{n.name}.bias", bias.astype(np.float32).reshape(cols)))
     return [Node.make("matmul_nbits", n.name, inputs, n.outputs[:1], k=k, bits=bits,
                       block=block, zero_points=kind, bias=int(bias is not None))]
+
+
+def _blocks_of(value: np.ndarray, block: int) -> bool:
+    """Whether `value` [K, N] is constant over each run of `block` rows."""
+    firsts = value[::block]
+    return np.array_equal(np.repeat(firsts, block, axis=0)[:value.shape[0]], value)
+
+
+def _pack_rows(values: np.ndarray) -> np.ndarray:
+    """uint values < 16 [N, L] -> [N, ceil(L / 2)] bytes, the even ones in the low nibble."""
+    if values.shape[1] % 2:
+        values = np.pad(values, ((0, 0), (0, 1)))
+    return (values[:, 0::2] | (values[:, 1::2] << 4)).astype(np.uint8)
+
+
+def from_dequantized(ctx, name: str, a: str, b: str, out: str) -> list[Node] | None:
+    """MatMul(a, DequantizeLinear(q)) -> `out`, with q a constant int4/uint4 [K, N] whose scale and
+    zero point are constant over blocks of K (blocked along K, per column, or per
+    tensor: the QDQ form of onnxruntime's 4-bit quantizer) as one matmul_nbits with the
+    weights repacked to MatMulNBits' layout at 4 bits, else None. Without it the
+    weights become float at import (the MatMul converter evaluates a constant B)."""
+    dq = ctx.pending.get(b)
+    if dq is None or dq.op != "dequantize_linear" or \
+            not all(i in ctx.params for i in dq.inputs) or ctx.type(a).dtype != "float32":
+        return None
+    q = ctx.params[dq.inputs[0]]
+    if str(q.dtype) not in ("int4", "uint4") or q.ndim != 2 or \
+            ctx.type(a).shape[-1:] != q.shape[:1]:
+        return None
+    k, cols = q.shape
+    scale = np.broadcast_to(ctx.params[dq.inputs[1]], q.shape)
+    zero = np.broadcast_to(ctx.params[dq.inputs[2]], q.shape).astype(np.int32)
+    block = next((s for s in (256, 128, 64, 32, 16)
+                  if _blocks_of(scale, s) and _blocks_of(zero, s)), None)
+    if block is None:
+        return None
+    offset = 8 if str(q.dtype) == "int4" else 0  # (q + 8) - (z + 8): unsigned nibbles
+    nb = -(-k // block)
+    values = np.zeros((cols, nb * block), np.int32)
+    values[:, :k] = q.astype(np.int32).T + offset
+    inputs = [a, ctx.add_param(f"{name}.b", _pack_rows(values).reshape(cols, nb, block // 2)),
+              ctx.add_param(f"{name}.scales",
+                            np.ascontiguousarray(scale[::block].T, dtype=np.float32)),
+              ctx.add_param(f"{name}.zero_points", _pack_rows(zero[::block].T + offset))]
+    return [Node.make("matmul_nbits", name, inputs, (out,), k=k, bits=4,
+                      block=block, zero_points="packed", bias=0)]
