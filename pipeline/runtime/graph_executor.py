@@ -20,8 +20,9 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import FormatError
+from pipeline.ir.nibbles import PACKED, pack_nibbles, unpack_nibbles
 from pipeline.runtime.params import load_params as _parse_params
-from pipeline.runtime.params import pack_nibbles, param_names, unpack_nibbles
+from pipeline.runtime.params import param_names
 from pipeline.runtime.threads import check_num_threads, default_num_threads
 from pipeline.runtime.timing import BenchmarkResult, time_evaluator
 
@@ -81,9 +82,6 @@ def empty_aligned(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     raw = np.empty(nbytes + ALIGNMENT, np.uint8)
     start = -raw.ctypes.data % ALIGNMENT
     return raw[start:start + nbytes].view(dtype).reshape(shape)
-
-
-PACKED = (np.dtype("int4"), np.dtype("uint4"))  # two elements a byte in the library
 
 
 def library_size(shape: tuple[int, ...], dtype: np.dtype) -> int:

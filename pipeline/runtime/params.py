@@ -31,6 +31,7 @@ import ml_dtypes
 import numpy as np
 
 from pipeline.errors import FormatError, check_elements
+from pipeline.ir.nibbles import PACKED, pack_nibbles, unpack_nibbles
 
 __all__ = ["load_params", "pack_nibbles", "param_chunks", "param_names", "save_params",
            "unpack_nibbles"]
@@ -51,27 +52,9 @@ _TO_DL = {
     np.dtype(ml_dtypes.float8_e5m2fnuz): (13, 8),
     np.dtype(ml_dtypes.int4): (0, 4), np.dtype(ml_dtypes.uint4): (1, 4),
 }
-_PACKED = (np.dtype(ml_dtypes.int4), np.dtype(ml_dtypes.uint4))
+_PACKED = PACKED
 _FROM_DL = {v: k for k, v in _TO_DL.items()}
 _FROM_DL[(6, 8)] = np.dtype("bool")  # DLPack >= 0.8 kDLBool
-
-
-def pack_nibbles(arr: np.ndarray) -> np.ndarray:
-    """An int4 or uint4 array (one element a byte) as its packed uint8 bytes: element
-    2i in the low nibble of byte i, 2i + 1 in the high one (an odd count: 0 after)."""
-    flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8) & 15
-    if flat.size % 2:
-        flat = np.append(flat, np.uint8(0))
-    return (flat[0::2] | (flat[1::2] << 4)).astype(np.uint8)
-
-
-def unpack_nibbles(raw: np.ndarray, dtype, shape) -> np.ndarray:
-    """pack_nibbles' inverse: packed uint8 bytes -> a new int4/uint4 array of `shape`."""
-    count = int(np.prod(shape, dtype=np.int64))
-    nibbles = np.stack([raw & 15, raw >> 4], axis=-1).reshape(-1)[:count]
-    if np.dtype(dtype) == np.dtype(ml_dtypes.int4):
-        nibbles = (nibbles.astype(np.int8) << 4) >> 4  # sign-extend bit 3
-    return nibbles.astype(np.int8).astype(dtype).reshape(shape)
 
 
 def save_params(params: dict[str, np.ndarray]) -> bytes:

@@ -17,6 +17,7 @@ from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
 import pipeline
+from pipeline.ir.nibbles import pack_nibbles
 from pipeline.link.runtime_c import build_pipeline_run
 from pipeline.runtime.params import load_params, save_params
 from tests.support.compare import run_ours
@@ -143,3 +144,23 @@ def test_pipeline_run_reads_and_writes_int4_one_value_a_byte(tmp_path):
         got = np.load(tmp_path / f"o{k}" / "output_0.npy")
         assert got.dtype == np.int8
         np.testing.assert_array_equal(got, want.astype(np.int8))
+
+
+def test_ro_constants_hold_int4_packed():
+    """A VM executable's constants (the params of a control-flow model) keep int4 two
+    to a byte in the .ro file and come back as they were."""
+    from pipeline.vm import bytecode as bc
+    from pipeline.vm.compile import Executable
+    from pipeline.vm.format import read_ro, write_ro
+
+    f32 = bc.TensorType("x", "float32", (2,))
+    main = bc.Function("main", (f32,), (f32,), 1, (bc.Ret((0,)),))
+    q = np.array([[-8, 7, 1], [0, -1, 5], [3, 3, -4]], ml_dtypes.int4)
+    b16 = np.array([1.5, -2.0], ml_dtypes.bfloat16)
+    exe = Executable((main,), {"q": q, "h": b16}, ())
+    ro = write_ro(exe)
+    back = read_ro(ro).constants
+    assert back["q"].dtype == q.dtype and back["h"].dtype == b16.dtype
+    np.testing.assert_array_equal(back["q"].astype(np.int8), q.astype(np.int8))
+    np.testing.assert_array_equal(back["h"].view(np.uint16), b16.view(np.uint16))
+    assert pack_nibbles(q).tobytes() in ro and q.view(np.uint8).tobytes() not in ro
