@@ -164,3 +164,23 @@ def test_ro_constants_hold_int4_packed():
     np.testing.assert_array_equal(back["q"].astype(np.int8), q.astype(np.int8))
     np.testing.assert_array_equal(back["h"].view(np.uint16), b16.view(np.uint16))
     assert pack_nibbles(q).tobytes() in ro and q.view(np.uint8).tobytes() not in ro
+
+
+def test_aot_constants_hold_int4_packed():
+    """The AOT executor's constants (the params its entry point passes the kernels)
+    hold int4 weights two to a byte, as the kernels read them."""
+    from pipeline.driver.build import lower_graph
+    from pipeline.ir.target import parse_target
+    from pipeline.link.aot import render_aot
+
+    w = np.array([-8, 7, 1, 0, -1, 5, 3], ml_dtypes.int4)
+    model = _model([helper.make_node("Cast", ["w"], ["wf"], to=T.FLOAT),
+                    helper.make_node("Add", ["x", "wf"], ["y"])],
+                   [t("x", T.FLOAT, [7])], [t("y", T.FLOAT, [7])],
+                   [helper.make_tensor("w", T.INT4, [7], w.astype(np.int8).tolist())])
+    graph, params = pipeline.frontend.from_onnx(model)
+    with pipeline.transform.PassContext(opt_level=0):
+        lowered = lower_graph(graph, params, parse_target("llvm -mcpu=native"), 0, None)
+    aot = render_aot("q", lowered.graph_json, lowered.params)
+    assert pack_nibbles(w).tobytes() in aot.constants
+    assert w.view(np.uint8).tobytes() not in aot.constants
