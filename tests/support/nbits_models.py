@@ -1,9 +1,10 @@
 """Models with com.microsoft.MatMulNBits, quantized by onnxruntime's own code.
 
-onnxruntime's MatMulNBitsQuantizer (onnxruntime.quantization.matmul_nbits_quantizer)
-needs the onnx_ir package; where that is missing, its default algorithm is run
-directly: the C++ blockwise quantizers it calls (quantize_matmul_4bits / _8bits of
-onnxruntime's bindings) on the float weight, and the MatMulNBits node it writes."""
+onnxruntime 1.32's MatMulNBitsQuantizer (onnxruntime.quantization.matmul_nbits_quantizer)
+imports the onnx_ir package, which this machine lacks, so its default (round to
+nearest) algorithm is run here step by step as that module does: the C++ blockwise
+quantizers it calls (quantize_matmul_4bits / _8bits of onnxruntime's bindings) on the
+float weight of a MatMul, and the MatMulNBits node it writes in that MatMul's place."""
 
 from __future__ import annotations
 
