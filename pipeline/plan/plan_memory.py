@@ -28,10 +28,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from pipeline.ir.dims import substitute
-from pipeline.ir.graph import Graph, Node
+from pipeline.ir.graph import Graph, Node, nbytes
 
 # The byte boundary of an in-place concat's slices: the executor aligns every storage
 # to it (runtime/c/executor_internal.h ALIGN), so a kernel writing a slice sees an
@@ -52,8 +50,8 @@ class MemoryPlan:
 def _nbytes(t, bounds: dict[str, int] | None = None) -> int:
     """Bytes of a tensor of type t; a symbolic one at its upper `bounds`."""
     if bounds and t.symbolic:
-        return math.prod(substitute(t.shape, bounds)) * np.dtype(t.dtype).itemsize
-    return t.size * np.dtype(t.dtype).itemsize
+        return nbytes(t.dtype, math.prod(substitute(t.shape, bounds)))
+    return nbytes(t.dtype, t.size)
 
 
 def _lone_body(node: Node) -> Node | None:

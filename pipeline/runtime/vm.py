@@ -24,7 +24,13 @@ import numpy as np
 
 from pipeline.errors import FormatError, PipelineError
 from pipeline.link.integrity import verify_code_digest
-from pipeline.runtime.graph_executor import _TensorInfo
+from pipeline.runtime.graph_executor import (
+    PACKED,
+    _TensorInfo,
+    from_library,
+    library_size,
+    to_library,
+)
 from pipeline.runtime.machine import check_machine
 from pipeline.runtime.module import _check_segments
 from pipeline.runtime.threads import limit_idle_spin
@@ -195,8 +201,9 @@ class VirtualMachine:
             if not array.flags.c_contiguous:
                 array = array.copy()
             self._set_shape(k, array)
-            self._check(self._api["pl_set_input"](self._handle, k, array.ctypes.data,
-                                                  array.nbytes))
+            raw = to_library(array)  # int4 / uint4: packed two to a byte
+            self._check(self._api["pl_set_input"](self._handle, k, raw.ctypes.data, raw.nbytes))
+            array = raw
             self._inputs[k] = array
 
     def _set_shape(self, k: int, array: np.ndarray) -> None:
@@ -234,9 +241,10 @@ class VirtualMachine:
         names = [p.name for p in self._params]
         if name not in names:
             raise VMError(f"main has no input {name!r}; inputs: {names}")
-        if not isinstance(value, np.ndarray) or not value.flags.c_contiguous:
+        if not isinstance(value, np.ndarray) or not value.flags.c_contiguous or \
+                value.dtype in PACKED:
             raise VMError(f"input {name!r}: a zero-copy input must be a C-contiguous numpy "
-                          "array")
+                          "array (not int4 or uint4, which the library holds packed)")
         k = names.index(name)
         self._check_input(self._params[k], value)
         if value.ctypes.data % 64:
@@ -273,10 +281,10 @@ class VirtualMachine:
     def _output(self, k: int) -> np.ndarray:
         info = _TensorInfo()
         self._api["pl_output_info"](self._handle, k, ctypes.byref(info))
-        out = np.empty(tuple(info.shape[d] for d in range(info.ndim)),
-                       np.dtype(info.dtype.decode()))
+        shape, dtype = tuple(info.shape[d] for d in range(info.ndim)), np.dtype(info.dtype.decode())
+        out = np.empty(library_size(shape, dtype), np.uint8)
         self._check(self._api["pl_get_output"](self._handle, k, out.ctypes.data, out.nbytes))
-        return out
+        return from_library(out, shape, dtype)
 
     def set_num_threads(self, num_threads: int) -> None:
         """Threads of the parallel kernels (0: libgomp's own choice)."""

@@ -19,7 +19,10 @@ __all__ = ["DTYPES", "FAILURES", "OPCODES", "AddDim", "AddImm", "AllocStorage", 
 
 # The dtype codes of the plan (pipeline/link/plan.py DTYPES; kept equal there).
 DTYPES = ("float32", "float64", "int32", "int64", "bool", "float16", "int8", "int16",
-          "uint8", "uint16", "uint32", "uint64")
+          "uint8", "uint16", "uint32", "uint64",
+          # appended (codes are never renumbered): ml_dtypes' names
+          "bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
+          "uint4", "int4")
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import numpy as np
 
 from pipeline.errors import FormatError
 from pipeline.ir.dims import dim_terms, is_symbol, is_symbolic, substitute, symbols_of
+from pipeline.ir.graph import nbytes
 from pipeline.vm.bytecode import (
     DTYPES,
     OPCODES,
@@ -69,7 +70,7 @@ class Executable:
 
 
 def _nbytes(dtype: str, shape: list[int]) -> int:
-    return int(np.dtype(dtype).itemsize * math.prod(shape))
+    return nbytes(dtype, math.prod(shape))
 
 
 class _Dims:

@@ -29,6 +29,8 @@ import struct
 import numpy as np
 
 from pipeline.errors import FormatError
+from pipeline.ir.graph import nbytes as tensor_bytes
+from pipeline.ir.nibbles import PACKED, pack_nibbles, unpack_nibbles
 from pipeline.vm.bytecode import DTYPES, OPCODES, Function, TensorType, decode, operands
 from pipeline.vm.compile import Executable
 
@@ -76,9 +78,9 @@ def _functions(exe: Executable) -> tuple[bytes, bytes]:
 
 def _constants(exe: Executable, start: int) -> list[bytes]:
     """The constants section starting at file offset `start` (64-byte aligned)."""
-    arrays = [np.ascontiguousarray(a) for a in exe.constants.values()]
-    types = [TensorType(n, str(a.dtype), tuple(a.shape)) for n, a in zip(exe.constants, arrays,
-                                                                        strict=True)]
+    types = [TensorType(n, str(a.dtype), tuple(np.shape(a))) for n, a in exe.constants.items()]
+    arrays = [pack_nibbles(a) if a.dtype in PACKED else np.ascontiguousarray(a)
+              for a in map(np.asarray, exe.constants.values())]  # int4: two a byte
     table_size = 4 + sum(len(_type(t)) + 16 for t in types)
     at = start + table_size
     table, data = [struct.pack("<I", len(arrays))], []
@@ -188,11 +190,14 @@ def _read_sections(data: bytes, total: int, source: str) -> Executable:
     for _ in range(r.take("<I")[0]):
         t = r.type()
         nbytes, at = r.take("<QQ")
-        want = np.dtype(t.dtype).itemsize * int(np.prod(t.shape, dtype=np.int64))
-        if nbytes != want or at + nbytes > total - _DIGEST:
+        count = int(np.prod(t.shape, dtype=np.int64))
+        if nbytes != tensor_bytes(t.dtype, count) or at + nbytes > total - _DIGEST:
             raise FormatError(f"{source}: constant {t.name!r} corrupted")
-        constants[t.name] = np.frombuffer(data, t.dtype, int(np.prod(t.shape)), at
-                                          ).reshape(t.shape).copy()
+        if np.dtype(t.dtype) in PACKED:
+            raw = np.frombuffer(data, np.uint8, nbytes, at)
+            constants[t.name] = unpack_nibbles(raw, t.dtype, t.shape)
+            continue
+        constants[t.name] = np.frombuffer(data, t.dtype, count, at).reshape(t.shape).copy()
     r = sections["functions"]
     dims = {}
     for _ in range(r.take("<I")[0]):

@@ -11,6 +11,7 @@ from pipeline.frontend.onnx import (  # noqa: F401  (registration)
     linalg,
     loss,
     movement,
+    nbits,
     norm,
     pool,
     quant,

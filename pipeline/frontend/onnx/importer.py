@@ -26,6 +26,7 @@ from pipeline.errors import (
 from pipeline.frontend.onnx.registry import onnx_converter
 from pipeline.frontend.onnx.shapes import input_type, onnx_shape_inference
 from pipeline.frontend.onnx.symbolic import symbolic_numpy
+from pipeline.frontend.onnx.widen import widen
 from pipeline.ir.graph import DTYPES, ONNX_DTYPES, Graph, Node, TensorType, add_param
 from pipeline.ops import get
 from pipeline.ops import infer_types as infer_op_types
@@ -252,7 +253,7 @@ def _convert_nodes(model: onnx.ModelProto, opset: int, ctx: ImportContext,
                    onnx_shapes: dict[str, tuple[int, ...]], source: str) -> list[Node]:
     """Every node of the model through its converter, in order: the graph nodes they
     produce, each output's type recorded in ctx.types and checked against ONNX's."""
-    g, types = model.graph, ctx.types
+    g = model.graph
     nodes: list[Node] = []
     used_names: set[str] = set()
     for k, proto in enumerate(g.node):
@@ -266,6 +267,9 @@ def _convert_nodes(model: onnx.ModelProto, opset: int, ctx: ImportContext,
                 continue
             converter = (None if onode.op_type in CONTROL_FLOW
                          else onnx_converter(onode.op_type, opset))
+            onode, before, after = (converter and widen(ctx, onode)) or (onode, [], [])
+            for node in before:
+                nodes.append(_record(node, ctx, onnx_shapes, onode.op_type))
             made = (CONTROL_CONVERTERS[onode.op_type](ctx, onode, source) if converter is None
                     else converter.fn(ctx, onode))
             for node in made:
@@ -273,17 +277,9 @@ def _convert_nodes(model: onnx.ModelProto, opset: int, ctx: ImportContext,
                     raise GraphError(f"{source}: node {onode.name!r}: the {onode.op_type} "
                                      f"converter (opset {converter.since}) produced "
                                      f"{node.op!r}, which its onnx_op(emits=...) does not list")
-                out_types = infer_types(node, [types[i] for i in node.inputs])
-                for name, t in zip(node.outputs, out_types, strict=True):
-                    check_elements(t.shape, f"{source}: node {node.name!r} output {name!r}")
-                    want = onnx_shapes.get(name)
-                    if want is not None and want != t.shape:
-                        raise ModelError(f"{source}: node {node.name!r} ({onode.op_type}): "
-                                         f"output {name!r} has shape {list(t.shape)} here but "
-                                         f"{list(want)} by ONNX shape inference")
-                    types[name] = t
-                ctx.track(node)
-                nodes.append(node)
+                nodes.append(_record(node, ctx, onnx_shapes, onode.op_type))
+            for node in after:
+                nodes.append(_record(node, ctx, onnx_shapes, onode.op_type))
         except PipelineError as err:
             if str(err).startswith(source):
                 raise
@@ -295,6 +291,20 @@ def _convert_nodes(model: onnx.ModelProto, opset: int, ctx: ImportContext,
             raise ModelError(f"{source}: node {what}: cannot import it "
                              f"({type(err).__name__}: {err})") from err
     return nodes
+
+
+def _record(node: Node, ctx: ImportContext, onnx_shapes: dict, op_type: str) -> Node:
+    """`node`, its output types inferred, checked against ONNX's shapes and recorded."""
+    out_types = infer_types(node, [ctx.types[i] for i in node.inputs])
+    for name, t in zip(node.outputs, out_types, strict=True):
+        check_elements(t.shape, f"node {node.name!r} output {name!r}")
+        want = onnx_shapes.get(name)
+        if want is not None and want != t.shape:
+            raise ModelError(f"node {node.name!r} ({op_type}): output {name!r} has shape "
+                             f"{list(t.shape)} here but {list(want)} by ONNX shape inference")
+        ctx.types[name] = t
+    ctx.track(node)
+    return node
 
 
 def _initializers(g: onnx.GraphProto, source: str) -> dict[str, np.ndarray]:

@@ -54,6 +54,10 @@ static const char *const FAILURES[] = {
 static const struct { const char *name; uint8_t size; } DTYPES[] = {
     {"float32", 4}, {"float64", 8}, {"int32", 4}, {"int64", 8}, {"bool", 1}, {"float16", 2},
     {"int8", 1},    {"int16", 2},   {"uint8", 1}, {"uint16", 2}, {"uint32", 4}, {"uint64", 8},
+    /* appended, never renumbered (pipeline/vm/bytecode.py DTYPES) */
+    {"bfloat16", 2}, {"float8_e4m3fn", 1}, {"float8_e4m3fnuz", 1}, {"float8_e5m2", 1},
+    {"float8_e5m2fnuz", 1},
+    {"uint4", 0}, {"int4", 0}, /* size 0: two elements a byte, element 2i in the low nibble */
 };
 #define N_DTYPES (sizeof DTYPES / sizeof DTYPES[0])
 
@@ -177,12 +181,12 @@ static int read_str(pl_executor *h, struct reader *r, const char **s) {
 static int64_t size_of(int64_t dtype, int64_t ndim, const int64_t *shape) {
     if (dtype < 0 || (uint64_t)dtype >= N_DTYPES || ndim < 0 || ndim > (int64_t)MAX_NDIM)
         return -1;
-    uint64_t n = DTYPES[dtype].size;
+    uint64_t n = DTYPES[dtype].size ? DTYPES[dtype].size : 1;
     for (int64_t d = 0; d < ndim; d++) {
         if (shape[d] < 0 || (shape[d] && n > PL_MAX_STORAGE / (uint64_t)shape[d])) return -1;
         n *= (uint64_t)shape[d];
     }
-    return (int64_t)n;
+    return (int64_t)(DTYPES[dtype].size ? n : (n + 1) / 2);
 }
 
 static int read_type(pl_executor *h, struct reader *r, struct type *t) {
