@@ -20,6 +20,10 @@ library needs) pulls in neither llvmlite nor onnx.
 
 import importlib
 
+# Registers the names of bfloat16 and the float8 dtypes (the IR's, pipeline/ir/graph.py)
+# with numpy, so np.dtype("bfloat16") works wherever a dtype name becomes an array type.
+import ml_dtypes  # noqa: F401
+
 __all__ = ["build", "frontend", "runtime", "transform"]
 
 

@@ -20,58 +20,78 @@ import numpy as np
 from pipeline.codegen.compile import compile_ir
 from pipeline.codegen.render import render
 from pipeline.driver.factory import EXECUTORS, GraphExecutorFactory, LoweredGraph, unique_specs
-from pipeline.errors import UnsupportedOperatorError
+from pipeline.errors import GraphError, UnsupportedOperatorError
+from pipeline.ir.dims import check_bounds, parse_bounds, symbols_of
 from pipeline.ir.graph import Graph
 from pipeline.ir.target import Target, parse_target
 from pipeline.lower.cost import bytes_moved, kernel_flops, stack_bytes
 from pipeline.lower.kernel import KernelSpec, kernel_spec
+from pipeline.lower.rows import at_values
 from pipeline.plan import MemoryPlan, graph_json, plan_memory
 from pipeline.transform import PassContext, optimize
 from pipeline.vm.compile import Executable
 from pipeline.vm.program import compile_program, has_control_flow
 
 
-def lower_specs(graph: Graph, params: dict, target: Target, opt_level: int
+def lower_specs(graph: Graph, params: dict, target: Target, opt_level: int,
+                dims: dict[str, tuple[int, int]] | None = None
                 ) -> tuple[Graph, dict, MemoryPlan, dict[str, KernelSpec]]:
     """Optimise under the current PassContext and describe every kernel: (the graph,
     its params, the memory plan, node name -> spec; the plan's aliases have none).
-    Nothing is rendered (what a caller that only wants the specs needs)."""
+    Nothing is rendered (what a caller that only wants the specs needs). dims: the
+    bounds of a symbolic graph's dimensions (the plan is made at the highs)."""
     graph, params = optimize(graph, params, target=target)
-    plan = plan_memory(graph)
+    plan = plan_memory(graph, {n: high for n, (_, high) in (dims or {}).items()})
     specs = {node.name: kernel_spec(node, graph, target, opt_level) for node in graph.nodes
              if node.name not in plan.aliases}
     return graph, params, plan, specs
 
 
 def lower_graph(graph: Graph, params: dict, target: Target, opt_level: int,
-                known_ir: Callable[[KernelSpec], str | None] | None = None) -> LoweredGraph:
+                known_ir: Callable[[KernelSpec], str | None] | None = None,
+                dims: dict[str, tuple[int, int]] | None = None) -> LoweredGraph:
     """Optimise under the current PassContext, describe every kernel and render each
     distinct one to LLVM IR once (its stack scratch is metadata; the kernel is
     compiled from that text: `ir` of the result, hash -> text).
 
     known_ir: spec -> its IR rendered earlier, None if not at hand (doit's out/specs,
-    the kernel cache), so a warm rerun renders nothing.
+    the kernel cache), so a warm rerun renders nothing. dims: bounds per symbolic
+    dimension of the graph (GraphError naming one without), kept in the graph JSON
+    for the VM (docs/vm.md).
     """
-    graph, params, plan, specs = lower_specs(graph, params, target, opt_level)
+    names = symbols_of(*(graph.types[n].shape for n in graph.inputs))
+    check_bounds(names, dims or {})
+    dims = {n: tuple(dims[n]) for n in names}
+    graph, params, plan, specs = lower_specs(graph, params, target, opt_level, dims)
     ir = {s.hash: (known_ir and known_ir(s)) or render(s) for s in unique_specs(specs.values())}
     symbols = {name: s.symbol for name, s in specs.items()}
     text = graph_json(graph, {**symbols, **dict.fromkeys(plan.aliases, "__nop")}, plan,
-                      _metadata(graph, params, specs, ir))
+                      _metadata(graph, params, specs, ir, dims), dims)
     return LoweredGraph(graph, params, specs, text, plan, ir)
 
 
 def _metadata(graph: Graph, params: dict, specs: dict[str, KernelSpec],
-              ir: dict[str, str]) -> dict[str, dict]:
+              ir: dict[str, str], dims: dict[str, tuple[int, int]]) -> dict[str, dict]:
     """Node name -> its call's flops, bytes_moved, stack_bytes (pipeline/lower/cost.py;
     the stack from the kernel's IR, `ir`: hash -> text) and constant_bytes (the
-    parameters it reads)."""
+    parameters it reads); a kernel with symbolic dimensions counted at their highs."""
     nodes = {n.name: n for n in graph.nodes}
     stack = {h: stack_bytes(text) for h, text in ir.items()}
-    return {name: {"flops": kernel_flops(s), "bytes_moved": bytes_moved(s),
+    high = {name: _at_highs(s, graph, nodes[name], dims) for name, s in specs.items()}
+    return {name: {"flops": kernel_flops(high[name]), "bytes_moved": bytes_moved(high[name]),
                    "stack_bytes": stack[s.hash],
                    "constant_bytes": sum(np.asarray(params[i]).nbytes
                                          for i in set(nodes[name].inputs) if i in params)}
             for name, s in specs.items()}
+
+
+def _at_highs(spec: KernelSpec, graph: Graph, node, dims: dict) -> KernelSpec:
+    """`spec` with its symbols at their upper bounds (for its costs); a static spec
+    as it is."""
+    if not spec.symbols:
+        return spec
+    names = symbols_of(*(graph.types[i].shape for i in (*node.inputs, node.outputs[0])))
+    return at_values(spec, {f"s{k}": dims[n][1] for k, n in enumerate(names)})
 
 
 def compile_kernel(spec: KernelSpec, text: str | None = None) -> tuple[str, bytes]:
@@ -84,7 +104,7 @@ def compile_kernel(spec: KernelSpec, text: str | None = None) -> tuple[str, byte
 def build(graph: Graph, target: str = "llvm", params: dict | None = None,
           opt_level: int | None = None,
           kernel_cache: dict[str, bytes] | None = None,
-          executor: str = "graph") -> GraphExecutorFactory:
+          executor: str = "graph", dims=None) -> GraphExecutorFactory:
     """Optimise and compile `graph` for `target` under the current PassContext.
 
     opt_level is LLVM's (0..3); it defaults to the PassContext's opt_level.
@@ -92,6 +112,9 @@ def build(graph: Graph, target: str = "llvm", params: dict | None = None,
     found there is not compiled again (its hash names everything that decides
     its machine code, as for the doit kernel cache). executor: "graph" (the graph
     executor) or "vm" (export_library links a VM library with the .ro, docs/vm.md).
+    dims: bounds of the graph's symbolic dimensions, {"seq": (1, 512)} (or
+    ["seq=1:512"]); a graph with symbolic dimensions runs in the VM only, and each
+    of its symbols needs bounds (GraphError naming the first that has none).
     """
     if executor not in EXECUTORS:
         raise ValueError(f"executor {executor!r}: allowed {', '.join(EXECUTORS)}")
@@ -99,6 +122,10 @@ def build(graph: Graph, target: str = "llvm", params: dict | None = None,
     resolved = parse_target(target)
     llvm_level = cfg.opt_level if opt_level is None else opt_level
     cache = {} if kernel_cache is None else kernel_cache
+    names = symbols_of(*(graph.types[n].shape for n in graph.inputs))
+    if names:
+        return _build_symbolic(graph, dict(params or {}), target, llvm_level, cache, executor,
+                               parse_bounds(dims or {}, "build(dims=...)"))
     if has_control_flow(graph):
         return _build_program(graph, dict(params or {}), target, llvm_level, cache, executor)
     lowered = lower_graph(graph, dict(params or {}), resolved, llvm_level)
@@ -175,3 +202,26 @@ def _build_program(graph: Graph, params: dict, target: str, llvm_level: int,
         objects[spec.symbol] = cache[spec.hash]
     specs = [s for part in lowered.parts for s in part.specs.values()]
     return GraphExecutorFactory(None, target, objects, executor, lowered.program, specs)
+
+
+def _build_symbolic(graph: Graph, params: dict, target: str, llvm_level: int,
+                    cache: dict[str, bytes], executor: str,
+                    bounds: dict[str, tuple[int, int]]) -> GraphExecutorFactory:
+    """build() of a graph with symbolic dimensions (docs/vm.md): optimised as any
+    graph (passes that need static shapes skip what has symbols), planned at the
+    upper bounds, each kernel over its symbolic rows (pipeline/lower/rows.py), and
+    one VM executable whose tensors take their runtime shapes."""
+    names = symbols_of(*(graph.types[n].shape for n in graph.inputs))
+    if executor != "vm":
+        raise GraphError(f"symbolic dimension(s) {', '.join(map(repr, names))}: only the VM "
+                         "executor runs them (executor='vm'), or fix them with a shape override")
+    if has_control_flow(graph):
+        raise GraphError("symbolic dimensions together with If/Loop/Scan are not supported "
+                         "yet, nor with data-dependent shapes")
+    lowered = lower_graph(graph, params, parse_target(target), llvm_level, dims=bounds)
+    objects = {}
+    for spec in unique_specs(lowered.specs.values()):
+        if spec.hash not in cache:
+            cache[spec.hash] = compile_kernel(spec, lowered.ir[spec.hash])[1]
+        objects[spec.symbol] = cache[spec.hash]
+    return GraphExecutorFactory(lowered, target, objects, executor)

@@ -1,16 +1,14 @@
 """KernelBuilder: the few LLVM-IR building blocks every operator lowering uses.
 
-A kernel is one function `i32 @symbol(ptr %args)`: `args` points to an array of
-buffer pointers (the kernel's inputs, then its outputs), the calling
-convention the graph executor uses. Buffers are dense, row-major and hold
-their TensorType's dtype. The builder offers counted loops, row-major and
-broadcasting index arithmetic (GEP on element types, never pointer integers),
-float math with the fast-math flags we allow, and LLVM intrinsics.
+A kernel is one function `i32 @symbol(ptr %args)`: `args` points to an array of buffer
+pointers (the kernel's inputs, then its outputs), the graph executor's calling
+convention. Buffers are dense, row-major and hold their TensorType's dtype. The
+builder offers counted loops, row-major and broadcasting index arithmetic (GEP on
+element types, never pointer integers), fast-math float math, LLVM intrinsics.
 
 Index values (loop variables, `i64`, `index`) carry their own operators, so
-offsets read as arithmetic: `kb.load(x, (n * c + ic) * plane + p)`; see
-pipeline.dsl.index. Float and data values stay llvmlite values and go through
-the named methods here (fadd, select, compare, ...), which also accept Index.
+offsets read as arithmetic: `kb.load(x, (n * c + ic) * plane + p)` (dsl/index.py);
+data values stay llvmlite values and go through the methods here (fadd, select...).
 """
 
 from __future__ import annotations
@@ -19,8 +17,11 @@ from contextlib import contextmanager
 
 import llvmlite.ir as ir
 
+from pipeline.dsl.dims import runtime_shapes
 from pipeline.dsl.fastmath import exp_f32
 from pipeline.dsl.index import Index, raw
+from pipeline.dsl.minifloat import decode, encode
+from pipeline.dsl.nibbles import SUB_BYTE, load4, store4, vload4, vstore4, widen4
 from pipeline.dsl.types import (
     _SIGNED,
     F32,
@@ -32,6 +33,7 @@ from pipeline.dsl.types import (
     I32,
     I64,
     LLVM_TYPES,
+    MINIFLOATS,
     NARROW,
     PTR,
     STORAGE_TYPES,
@@ -44,13 +46,17 @@ from pipeline.ir.graph import TensorType
 class KernelBuilder:
     """Builds one kernel function in `module`; see the module docstring."""
 
-    def __init__(self, module: ir.Module, symbol: str, params: list[TensorType]):
+    def __init__(self, module: ir.Module, symbol: str, params: list[TensorType],
+                 symbols: tuple[str, ...] = ()):
+        """symbols (KernelSpec.symbols): args end with the dims; shapes: dsl/dims.py."""
         self.module = module
         fn = ir.Function(module, ir.FunctionType(I32, [PTR]), name=symbol)
         fn.args[0].name = "args"
         fn.args[0].add_attribute("noalias")
         self.function = fn
         self.b = ir.IRBuilder(fn.append_basic_block("entry"))
+        if symbols:
+            params = runtime_shapes(self, params, symbols)
         self.buffers = []
         for i, t in enumerate(params):
             slot = self.b.gep(fn.args[0], [raw(i)], source_etype=PTR, inbounds=True)
@@ -97,8 +103,7 @@ class KernelBuilder:
             flat = flat // size
         return [flat, *reversed(index)]
 
-    def smax(self, a, b) -> Index:
-        """The signed maximum of two indices."""
+    def smax(self, a, b) -> Index:  # the signed maximum of two indices
         return self.index(self.select(self.index(a) > b, a, b))
 
     def smin(self, a, b) -> Index:
@@ -182,33 +187,43 @@ class KernelBuilder:
 
     def load(self, buf: Buffer, offset) -> ir.Value:
         """buf[offset], in the buffer's compute type (`Buffer.elem`)."""
+        if buf.type.dtype in SUB_BYTE:
+            return load4(self, buf, offset)
         return self.widen(self.b.load(self.gep(buf, offset), typ=buf.storage),
                           buf.type.dtype)
 
     def store(self, buf: Buffer, offset, value) -> None:
         """buf[offset] = value (a value of the compute type, narrowed to storage)."""
         value = raw(value)
+        if buf.type.dtype in SUB_BYTE:
+            return store4(self, buf, offset, value)
         if buf.type.dtype in NARROW:
-            value = self._to_storage(value, buf.storage)
+            value = self._to_storage(value, buf.storage, buf.type.dtype)
         self.b.store(value, self.gep(buf, offset))
 
     def vload(self, buf: Buffer, offset, n: int) -> ir.Value:
         """`n` consecutive elements of `buf` from `offset` as a vector of the compute
         type (aligned to one element)."""
+        if buf.type.dtype in SUB_BYTE:
+            return vload4(self, buf, offset, n)
         typ = ir.VectorType(buf.storage, n)
         return self.widen(self.b.load(self.gep(buf, offset), typ=typ,
                                       align=_align(buf.storage)), buf.type.dtype)
 
     def vstore(self, buf: Buffer, offset, value: ir.Value) -> None:
+        if buf.type.dtype in SUB_BYTE:
+            return vstore4(self, buf, offset, value)
         if buf.type.dtype in NARROW:
-            value = self._to_storage(value, ir.VectorType(buf.storage, value.type.count))
+            value = self._to_storage(value, ir.VectorType(buf.storage, value.type.count),
+                                     buf.type.dtype)
         self.b.store(value, self.gep(buf, offset), align=_align(buf.storage))
 
     def widen(self, v: ir.Value, dtype: str) -> ir.Value:
-        """A value (scalar or vector) of `dtype`'s storage type in its compute type:
-        half -> float (exact), int8/int16 sign- and unsigned ones zero-extended."""
-        if dtype not in NARROW:
-            return v
+        """A value (scalar or vector) of `dtype`'s storage type in its compute type: half,
+        bfloat16, float8 -> float (exact), int8/int16 sign-, unsigned zero-extended."""
+        if dtype in MINIFLOATS or dtype in SUB_BYTE or dtype not in NARROW:
+            return decode(self, v, dtype) if dtype in MINIFLOATS else \
+                widen4(self, v, dtype) if dtype in SUB_BYTE else v
         to = LLVM_TYPES[dtype]
         if isinstance(v.type, ir.VectorType):
             to = ir.VectorType(to, v.type.count)
@@ -216,11 +231,10 @@ class KernelBuilder:
             return self.b.fpext(v, to)
         return (self.b.sext if dtype in _SIGNED else self.b.zext)(v, to)
 
-    def _to_storage(self, v: ir.Value, to: ir.Type) -> ir.Value:
-        """A compute-type value converted to the storage type `to` (fptrunc rounds to
-        nearest even; integers keep their low bits, i.e. wrap)."""
-        if v.type == to:
-            return v
+    def _to_storage(self, v: ir.Value, to: ir.Type, dtype: str, saturate: bool = False):
+        """A `dtype` compute value as storage type `to` (floats round to even, ints wrap)."""
+        if dtype in MINIFLOATS or v.type == to:
+            return encode(self, v, dtype, saturate) if dtype in MINIFLOATS else v
         elem = v.type.element if isinstance(v.type, ir.VectorType) else v.type
         return self.b.fptrunc(v, to) if isinstance(elem, ir.FloatType | ir.DoubleType) \
             else self.b.trunc(v, to)
@@ -230,22 +244,20 @@ class KernelBuilder:
         `dtype` (same storage width), in `dtype`'s compute type: ONNX BitCast."""
         v = raw(v)
         if source in NARROW:
-            v = self._to_storage(v, STORAGE_TYPES[source])
+            v = self._to_storage(v, STORAGE_TYPES[source], source)
         return self.widen(self.b.bitcast(v, STORAGE_TYPES[dtype]), dtype)
 
-    def narrow(self, v, dtype: str) -> ir.Value:
-        """A computed value (scalar or vector) rounded to what `dtype` can hold, still
-        in the compute type: float16 rounds to nearest even, integers wrap. Other
-        dtypes are returned as they are. Applied after each fused op of a narrow
-        dtype, so a chain gives what the ops one by one would (for float16 add, sub,
-        mul, div and sqrt, float32 then rounding to half is the exact half result)."""
+    def narrow(self, v, dtype: str, saturate: bool = False) -> ir.Value:
+        """A computed value rounded to what `dtype` can hold, in the compute type (half
+        to nearest even, ints wrap; other dtypes as they are). Applied after each fused
+        op, so a chain gives what the ops one by one would (exact for half +-*/sqrt)."""
         v = raw(v)
         if dtype not in NARROW:
             return v
         store = STORAGE_TYPES[dtype]
         if isinstance(v.type, ir.VectorType):
             store = ir.VectorType(store, v.type.count)
-        return self.widen(self._to_storage(v, store), dtype)
+        return self.widen(self._to_storage(v, store, dtype, saturate), dtype)
 
     def splat(self, scalar: ir.Value, n: int) -> ir.Value:
         """The vector with every lane `scalar` (LLVM folds this into a broadcast load)."""
@@ -255,19 +267,16 @@ class KernelBuilder:
         return self.b.shuffle_vector(one, ir.Constant(t, None),
                                      ir.Constant(ir.VectorType(I32, n), None))
 
-    def lane(self, v: ir.Value, k: int) -> ir.Value:
-        """Lane `k` of the vector `v`."""
+    def lane(self, v: ir.Value, k: int) -> ir.Value:  # lane k of the vector v
         return self.b.extract_element(v, ir.Constant(I32, k))
 
-    def with_lane(self, v: ir.Value, k: int, x: ir.Value) -> ir.Value:
-        """The vector `v` with lane `k` replaced by `x`."""
+    def with_lane(self, v: ir.Value, k: int, x: ir.Value) -> ir.Value:  # v, lane k = x
         return self.b.insert_element(v, x, ir.Constant(I32, k))
 
     def load_broadcast(self, buf: Buffer, index: list, lanes: int | None = None) -> ir.Value:
-        """Load `buf` at the output `index` under numpy broadcasting rules: a scalar,
-        or with `lanes` an n-lane vector along the last output dimension (index[-1]
-        is the first lane): a vector load when buf varies along that dimension,
-        else its one element splat to all lanes."""
+        """Load `buf` at the output `index` under numpy broadcasting: a scalar, or with
+        `lanes` an n-lane vector along the last output dimension (index[-1] the first
+        lane): a vector load when buf varies along it, else its element splat."""
         shape = buf.type.shape
         lead = len(index) - len(shape)
         strides = [0 if d == 1 else s for d, s in zip(shape, buf.strides, strict=True)]
@@ -431,17 +440,19 @@ class KernelBuilder:
         """An i1 as the index 0 or 1."""
         return Index(self, self.b.zext(flag, I64))
 
-    def cast(self, v, dtype: str | ir.Type) -> ir.Value:
-        """Convert `v` (a value in its compute type) to `dtype` (a dtype name or an
-        LLVM compute type; i8 is bool) with ONNX Cast semantics (float -> int
-        truncates toward zero; to float16 rounds to nearest even, to a narrow
-        integer keeps the low bits), as a value of `dtype`'s compute type."""
+    def cast(self, v, dtype: str | ir.Type, saturate: bool = True) -> ir.Value:
+        """`v` (in its compute type) as `dtype` (a name or an LLVM compute type; i8 is
+        bool) with ONNX Cast semantics (float -> int truncates toward zero; to float16,
+        bfloat16, float8 rounds to nearest even, float8 saturating unless not
+        `saturate`; to narrow ints keeps the low bits), in `dtype`'s compute type."""
         if isinstance(dtype, ir.Type):
             dtype = next(k for k, t in LLVM_TYPES.items() if t == dtype)
         v = raw(v)
         to = LLVM_TYPES[dtype]
         if dtype == "bool":
             return self.as_bool(self.truth(v))
+        if dtype in MINIFLOATS:
+            return self.narrow(self.cast(v, "float32"), dtype, saturate)
         if dtype == "float16":  # one rounding, from whatever precision v has
             if v.type in FLOATS:
                 half = self.b.fptrunc(v, HALF)
@@ -470,25 +481,20 @@ class KernelBuilder:
         typ = args[0].type
         if typ == F64:
             name = name.removesuffix("f")
-        fn = self.module.globals.get(name)
-        if fn is None:
-            fn = ir.Function(self.module, ir.FunctionType(typ, [typ] * len(args)), name=name)
+        fn = self.module.globals.get(name) or \
+            ir.Function(self.module, ir.FunctionType(typ, [typ] * len(args)), name=name)
         return self.b.call(fn, list(args))
 
-    # -- constant tables (index maps computed at build time) --
-
     def table(self, values, typ: ir.Type = I64) -> ir.GlobalVariable:
-        """A private constant array holding `values`, for `load_table`."""
+        """A private constant array of `values` (a build-time index map), for load_table."""
         array = ir.ArrayType(typ, len(values))
         g = ir.GlobalVariable(self.module, array, self.module.get_unique_name("table"))
-        g.global_constant = True
-        g.linkage = "private"
+        g.global_constant, g.linkage = True, "private"
         g.initializer = ir.Constant(array, [self.const(v, typ) for v in values])
         return g
 
     def load_table(self, table: ir.GlobalVariable, i):
         """table[i]: an Index from an i64 table, else an llvmlite value."""
-        ptr = self.b.gep(table, [raw(0), raw(i)], source_etype=table.value_type,
-                         inbounds=True)
+        ptr = self.b.gep(table, [raw(0), raw(i)], source_etype=table.value_type, inbounds=True)
         value = self.b.load(ptr, typ=table.value_type.element)
         return Index(self, value) if value.type == I64 else value

@@ -18,27 +18,53 @@ from dataclasses import dataclass, field
 from pipeline.errors import GraphError
 
 # The element types the IR has, by ONNX TensorProto code (FLOAT, DOUBLE, INT64, INT32,
-# BOOL, FLOAT16, INT8, UINT8, INT16, UINT16, UINT32): the one table the ONNX import,
-# Cast and the backend read. Plain ints, as the IR does not import onnx. Kernels
-# compute the narrow ones in a wider type: pipeline/dsl/builder.py.
+# BOOL, FLOAT16, INT8, UINT8, INT16, UINT16, UINT32, BFLOAT16, FLOAT8E4M3FN,
+# FLOAT8E4M3FNUZ, FLOAT8E5M2, FLOAT8E5M2FNUZ, UINT4, INT4): the one table the ONNX import, Cast and
+# the backend read. Plain ints, as the IR does not import onnx. The names are numpy's,
+# ml_dtypes' for bfloat16 and float8 (ml_dtypes, which onnx needs, registers them with
+# numpy). Kernels compute the narrow ones in a wider type: pipeline/dsl/builder.py.
 ONNX_DTYPES = {1: "float32", 11: "float64", 7: "int64", 6: "int32", 9: "bool",
-               10: "float16", 3: "int8", 2: "uint8", 5: "int16", 4: "uint16", 12: "uint32"}
+               10: "float16", 3: "int8", 2: "uint8", 5: "int16", 4: "uint16", 12: "uint32",
+               16: "bfloat16", 17: "float8_e4m3fn", 18: "float8_e4m3fnuz", 19: "float8_e5m2",
+               20: "float8_e5m2fnuz", 21: "uint4", 22: "int4"}
 DTYPES = tuple(ONNX_DTYPES.values())
+# Bits per element. int4 and uint4 are stored two to a byte, as ONNX and DLPack store
+# them (element 2i in the low nibble of byte i, 2i + 1 in the high one), in params,
+# buffers and library inputs and outputs alike; numpy (ml_dtypes) holds them one a byte.
+BITS = {"float32": 32, "float64": 64, "int64": 64, "int32": 32, "bool": 8, "float16": 16,
+        "int8": 8, "uint8": 8, "int16": 16, "uint16": 16, "uint32": 32, "uint64": 64,
+        "bfloat16": 16, "float8_e4m3fn": 8, "float8_e4m3fnuz": 8, "float8_e5m2": 8,
+        "float8_e5m2fnuz": 8, "uint4": 4, "int4": 4}
+
+
+def nbytes(dtype: str, count: int) -> int:
+    """Bytes of `count` elements of `dtype` as buffers hold them (int4: packed)."""
+    return (count * BITS[dtype] + 7) // 8
 
 
 @dataclass(frozen=True)
 class TensorType:
-    """Static shape and dtype of one tensor."""
+    """Shape and dtype of one tensor. A dimension is an int, or for the VM executor a
+    symbolic one (a str: pipeline/ir/dims.py)."""
 
-    shape: tuple[int, ...]
+    shape: tuple[int | str, ...]
     dtype: str = "float32"
 
     @property
     def size(self) -> int:
+        """The element count of a static shape (GraphError for a symbolic one: code
+        that needs it does not handle symbols)."""
         n = 1
         for d in self.shape:
+            if isinstance(d, str):
+                raise GraphError(f"shape {list(self.shape)} is symbolic: no static size")
             n *= d
         return n
+
+    @property
+    def symbolic(self) -> bool:
+        """Whether a dimension is symbolic."""
+        return any(isinstance(d, str) for d in self.shape)
 
     def to_json(self) -> list:
         return [list(self.shape), self.dtype]

@@ -20,6 +20,7 @@ from pipeline.kernels import (  # noqa: F401  (registration)
     linalg,
     loss,
     movement,
+    nbits,
     norm,
     pool,
     pool_blocked,

@@ -25,6 +25,7 @@ import math
 import numpy as np
 
 from pipeline.dsl.vector import fma, parallel_for, reduce_lanes, vconst, vmax, zeros
+from pipeline.kernels.attention_dims import lower_attention_dims
 from pipeline.kernels.registry import lowering
 from pipeline.ops.geometry import logical_shapes
 
@@ -177,4 +178,4 @@ def _store_row(kb, out, at, stride: int, value, c0, dv: int) -> None:
                 kb.store(out, at + lane * stride, kb.lane(value, lane))
 
 
-lowering("attention", lower=_lower)
+lowering("attention", lower=_lower, lower_dims=lower_attention_dims)

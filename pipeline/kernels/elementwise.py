@@ -106,4 +106,5 @@ lowering("bit_shift", scalar=_bit_shift)
 
 lowering("where", scalar=lambda kb, a, node: kb.select(kb.truth(a[0]), a[1], a[2]))
 
-lowering("cast", scalar=lambda kb, a, node: kb.cast(a[0], node.attr("to")))
+lowering("cast", scalar=lambda kb, a, node: kb.cast(a[0], node.attr("to"),
+                                                   saturate=bool(node.attr("saturate", 1))))

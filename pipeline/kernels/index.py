@@ -15,7 +15,7 @@ from pipeline.kernels.registry import lowering
 from pipeline.ops.index_tables import pad_tables, slice_tables
 
 
-def _gather_lower(kb, node, ins, out, epilogue):
+def _gather_lower(kb, node, ins, out, epilogue, shapes=None):
     """Per (outer, index) position: load and check the index once, then copy the
     contiguous row of trailing elements (a branch-free, vectorisable inner loop)."""
     data, indices = ins
@@ -34,7 +34,8 @@ def _gather_lower(kb, node, ins, out, epilogue):
             kb.store(out, dst + kb.dot(rest, out.strides[axis + rank:]), value)
 
 
-lowering("gather", lower=_gather_lower)
+# (the same loops serve runtime shapes: docs/vm.md, "Symbolic dimensions")
+lowering("gather", lower=_gather_lower, lower_dims=_gather_lower)
 
 lowering("slice", lower=remap_lower(slice_tables))
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pipeline.dsl.gemm_tile import tiled_gemm
 from pipeline.kernels.registry import lowering
+from pipeline.kernels.runtime_dims import matmul_dims
 from pipeline.ops.geometry import matrix_shapes
 from pipeline.ops.registry import broadcast_shape
 
@@ -93,4 +94,4 @@ def _batch_offset(kb, buf, matrix_shape, bidx):
     return kb.dot(bidx[lead:], strides)
 
 
-lowering("matmul", lower=_matmul_lower)
+lowering("matmul", lower=_matmul_lower, lower_dims=matmul_dims)

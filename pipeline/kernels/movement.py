@@ -16,6 +16,7 @@ import numpy as np
 from pipeline.dsl.vector import ELEMENT_WORK, parallel_nest
 from pipeline.ir.graph import row_major_strides
 from pipeline.kernels.registry import lowering
+from pipeline.kernels.runtime_dims import transpose_dims
 from pipeline.ops.movement_tables import (
     depth_to_space_tables,
     space_to_depth_tables,
@@ -84,7 +85,7 @@ def axis_term(kb, table: np.ndarray, i):
     return kb.load_table(kb.table(table.tolist()), i)
 
 
-lowering("transpose", lower=remap_lower(transpose_tables))
+lowering("transpose", lower=remap_lower(transpose_tables), lower_dims=transpose_dims)
 
 lowering("tile", lower=remap_lower(tile_tables))
 

@@ -64,7 +64,7 @@ def _combine(kb, how: str, acc, v):
     return kb.select(empty, hi, kb.fadd(hi, tail))
 
 
-def _reduce_lower(kb, node, ins, out, epilogue):
+def _reduce_lower(kb, node, ins, out, epilogue, shapes=None):
     """Accumulate into the output in the input's own loop order, so every read
     is contiguous whichever axes are reduced.
 
@@ -118,7 +118,9 @@ def _reduce_lower(kb, node, ins, out, epilogue):
     with kb.nest(out.type.shape, "e") as index:
         o = kb.dot(index, out.strides)
         v = kb.load(out, o)
-        if finish == "mean":
+        if finish == "mean" and not isinstance(count, int):  # a runtime count (VM)
+            v = kb.fdiv(v, kb.b.sitofp(count.value, v.type))
+        elif finish == "mean":
             v = kb.fmul(v, kb.fconst(1.0 / count, v))
         elif finish is not None:
             v = kb.intrinsic(finish, v)
@@ -128,7 +130,8 @@ def _reduce_lower(kb, node, ins, out, epilogue):
 
 
 for _kind in _KINDS:
-    lowering(f"reduce_{_kind}", lower=_reduce_lower)
+    # (the same loops serve runtime shapes: docs/vm.md, "Symbolic dimensions")
+    lowering(f"reduce_{_kind}", lower=_reduce_lower, lower_dims=_reduce_lower)
 
 
 def _arg_lower(kb, node, ins, out, epilogue):

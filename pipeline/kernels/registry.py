@@ -22,20 +22,24 @@ class Lowering:
     module: str                     # the pipeline.kernels module that registered it
     lower: Callable | None = None   # (kb, node, ins: list[Buffer], out: Buffer, epilogue)
     scalar: Callable | None = None  # (kb, args: list[ir.Value], node) -> ir.Value
+    # (kb, node, ins, out, epilogue, shapes): the kernel with runtime dimensions (shapes
+    # hold Index values where the spec has symbols; shapes() gives them again inside a
+    # parallel_for body, dsl/dims.py), for what rows kernels cannot do
+    lower_dims: Callable | None = None
 
 
 LOWERINGS: dict[str, Lowering] = {}
 
 
 def lowering(op: str, *, lower: Callable | None = None,
-             scalar: Callable | None = None) -> Lowering:
+             scalar: Callable | None = None, lower_dims: Callable | None = None) -> Lowering:
     """Register graph operator `op`'s lowering (exactly one of `lower`, `scalar`),
     recorded with the module calling this (the caller's frame: the one place that
     knows it without every family repeating `__name__`)."""
     assert (lower is None) != (scalar is None), op
     assert op not in LOWERINGS, f"lowering of {op} registered twice"
     module = sys._getframe(1).f_globals["__name__"]
-    LOWERINGS[op] = Lowering(op, module, lower, scalar)
+    LOWERINGS[op] = Lowering(op, module, lower, scalar, lower_dims)
     return LOWERINGS[op]
 
 

@@ -14,6 +14,7 @@ import math
 
 from pipeline.dsl.vector import ELEMENT_WORK, parallel_for
 from pipeline.kernels.registry import lowering
+from pipeline.kernels.runtime_dims import concat_dims
 
 
 def _copy_lower(kb, node, ins, out, epilogue):
@@ -52,6 +53,6 @@ def _concat_lower(kb, node, ins, out, epilogue):
         offset += width
 
 
-lowering("concat", lower=_concat_lower)
+lowering("concat", lower=_concat_lower, lower_dims=concat_dims)
 
 lowering("expand", scalar=lambda kb, a, node: a[0])

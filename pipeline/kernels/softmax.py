@@ -14,6 +14,7 @@ from contextlib import contextmanager
 
 from pipeline.dsl.vector import reduce_lanes, vconst, vmax, zeros
 from pipeline.kernels.registry import lowering
+from pipeline.kernels.runtime_dims import softmax_dims
 
 # Softmax (and ArgMax/ArgMin) along a non-last axis keep per-column state for
 # this many columns at a time in stack buffers.
@@ -177,9 +178,9 @@ def _softmax_columns(kb, node, x, out, outer, length, inner):
             kb.store(out, o, y)
 
 
-lowering("softmax", lower=_softmax_lower)
+lowering("softmax", lower=_softmax_lower, lower_dims=softmax_dims)
 
-lowering("log_softmax", lower=_softmax_lower)
+lowering("log_softmax", lower=_softmax_lower, lower_dims=softmax_dims)
 
 
 def _hardmax_lower(kb, node, ins, out, epilogue):

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.ir.nibbles import PACKED, pack_nibbles
 from pipeline.plan.workspace import ALIGN, entry_bytes, plan_workspace
 
 __all__ = ["AotModel", "c_name", "render_aot"]
@@ -65,7 +66,9 @@ def _layout_constants(names: list[str], params: dict[str, np.ndarray]
     """The params one after another, each at an ALIGN boundary: (bytes, name -> offset)."""
     chunks, offset, at = [], {}, 0
     for name in names:
-        raw = np.ascontiguousarray(params[name]).tobytes()
+        value = np.asarray(params[name])  # int4 / uint4: two a byte, as the kernels read
+        raw = (pack_nibbles(value) if value.dtype in PACKED else
+               np.ascontiguousarray(value)).tobytes()
         offset[name] = at
         pad = -len(raw) % ALIGN
         chunks.append(raw + b"\0" * pad)

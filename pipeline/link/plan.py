@@ -28,7 +28,10 @@ from pipeline.errors import FormatError, PipelineError, check_elements
 __all__ = ["DTYPES", "encode_plan"]
 
 DTYPES = ("float32", "float64", "int32", "int64", "bool", "float16", "int8", "int16",
-          "uint8", "uint16", "uint32", "uint64")
+          "uint8", "uint16", "uint32", "uint64",
+          # appended (codes are never renumbered): ml_dtypes' names
+          "bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
+          "uint4", "int4")
 _NOP, _COPY = "__nop", "__copy"
 
 

@@ -26,9 +26,7 @@ from __future__ import annotations
 import math
 import re
 
-import numpy as np
-
-from pipeline.ir.graph import TensorType
+from pipeline.ir.graph import TensorType, nbytes
 from pipeline.lower.kernel import KernelSpec
 from pipeline.ops import OpKind, get, infer_types
 
@@ -90,7 +88,7 @@ def kernel_flops(spec: KernelSpec) -> int:
 
 
 def _nbytes(t: TensorType) -> int:
-    return t.size * np.dtype("bool" if t.dtype == "bool" else t.dtype).itemsize
+    return nbytes(t.dtype, t.size)
 
 
 def bytes_moved(spec: KernelSpec) -> int:

@@ -18,6 +18,7 @@ from functools import cache
 import llvmlite
 
 from pipeline.errors import GraphError
+from pipeline.ir.dims import rename_dim, symbols_of
 from pipeline.ir.graph import Graph, Node, TensorType
 from pipeline.ir.target import Target
 from pipeline.kernels import lowering_of
@@ -87,6 +88,12 @@ class KernelSpec:
                           target, doc["opt_level"], doc["version"])
 
     @property
+    def symbols(self) -> tuple[str, ...]:
+        """The symbolic dimensions of the arguments (s0, s1, ... by kernel_spec), in
+        the order the kernel's `dims` argument holds their values; () if static."""
+        return tuple(symbols_of(*(t.shape for t in self.params)))
+
+    @property
     def hash(self) -> str:
         return hashlib.sha256(self.to_json().encode()).hexdigest()[:20]
 
@@ -126,7 +133,18 @@ def kernel_spec(node: Node, graph: Graph, target: Target, opt_level: int) -> Ker
         names[inner.outputs[0]] = f"t{k}"
         ops.append(Node(inner.op, "", inputs, (f"t{k}",), inner.attrs))
     params = tuple(graph.types[i] for i in node.inputs) + (graph.types[node.outputs[0]],)
+    names = symbols_of(*(t.shape for t in params))
+    if names:  # s0, s1, ...: the hash says which dims are symbolic, not what they are called
+        rename = {n: f"s{k}" for k, n in enumerate(names)}
+        params = tuple(TensorType(_renamed(t.shape, rename), t.dtype) for t in params)
+        ops = [Node(n.op, n.name, n.inputs, n.outputs, tuple(
+            (k, _renamed(v, rename) if k == "shape" else v) for k, v in n.attrs)) for n in ops]
     spec = KernelSpec(tuple(ops), params, target, opt_level,
                       kernel_version(tuple(n.op for n in ops)))
     spec.verify()
     return spec
+
+
+def _renamed(shape, rename: dict[str, str]) -> tuple:
+    """`shape` with each symbol (also inside "a*b", "a+1") renamed by `rename`."""
+    return tuple(rename_dim(d, rename) if isinstance(d, str) else d for d in shape)

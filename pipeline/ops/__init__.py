@@ -19,6 +19,7 @@ from pipeline.ops import (  # noqa: F401  (registration)
     linalg,
     loss,
     movement,
+    nbits,
     norm,
     pool,
     pool_blocked,

@@ -7,14 +7,16 @@ Their ONNX converters: pipeline/frontend/onnx/elementwise.py
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
+from pipeline.dsl.minifloat import FLOAT8, MINIFLOATS
 from pipeline.errors import ModelError
 from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.registry import OpKind, broadcast_shape, register
 
 NUMERIC = ("float32", "float64", "int64", "int32", "float16", "int8", "uint8", "int16",
-           "uint16", "uint32")
+           "uint16", "uint32", *MINIFLOATS)
 
 
 def _check(node: Node, types: list[TensorType], allowed: tuple[str, ...],
@@ -201,13 +203,16 @@ register("where", OpKind.ELEMENTWISE, _where_infer, float64=True,
 
 
 def _cast_infer(types, node):
-    _check(node, types, NUMERIC + ("bool",))
+    _check(node, types, NUMERIC + ("bool", "int4", "uint4"))
     return [TensorType(types[0].shape, node.attr("to"))]
 
 
 def _cast_np(xs, node):
     x, to = xs[0], node.attr("to")
-    if np.dtype(to).kind in "bf" or x.dtype.kind != "f":
+    if to in FLOAT8 and node.attr("saturate", 1):  # ml_dtypes' casts do not saturate
+        top = float(ml_dtypes.finfo(to).max)
+        x = np.where(np.isnan(x), x, np.clip(x.astype(np.float32), -top, top))
+    if np.dtype(to).kind in "bf" or to in MINIFLOATS or x.dtype.kind != "f":
         return [x.astype(to)]
     # float -> int truncates toward zero; narrow ints keep the low bits, as the kernel
     # does (through int64: numpy's direct float -> int8 cast is platform-defined)

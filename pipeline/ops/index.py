@@ -45,6 +45,11 @@ def _slice_infer(types, node):
     out = tuple(node.attr("shape"))
     for d, (size, start, step, count) in enumerate(zip(shape, node.attr("starts"),
                                                        node.attr("steps"), out, strict=True)):
+        if isinstance(size, str) or isinstance(count, str):  # a whole symbolic axis
+            if (start, step, count) != (0, 1, size):
+                raise ModelError(f"node {node.name!r} (slice): symbolic axis {d} is not "
+                                 "kept whole")
+            continue
         if count and not (0 <= start < size and 0 <= start + (count - 1) * step < size):
             raise ModelError(f"node {node.name!r} (slice): axis {d} reads outside "
                              f"[0, {size})")
@@ -65,6 +70,11 @@ def slice_node(name: str, x: str, out: str, shape, starts, ends, axes, steps) ->
         dim = shape[axis]
         if step == 0:
             raise ModelError(f"node {name!r} (Slice): step 0 on axis {axis}")
+        if isinstance(dim, str):  # a symbolic axis (the VM's) is kept whole, or refused
+            if start != 0 or step != 1 or end < 2 ** 62:
+                raise ModelError(f"node {name!r} (Slice): axis {axis} is symbolic ({dim}): "
+                                 "only its whole range is supported yet")
+            continue
         start, end = (v + dim if v < 0 else v for v in (start, end))
         if step > 0:
             start, end = min(max(start, 0), dim), min(max(end, 0), dim)

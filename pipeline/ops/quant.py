@@ -7,15 +7,23 @@ Their ONNX converters: pipeline/frontend/onnx/quant.py
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
+from pipeline.dsl.minifloat import FLOAT8
 from pipeline.errors import ModelError
 from pipeline.ir.graph import TensorType
 from pipeline.ops.geometry import LINEAR_QTYPES
 from pipeline.ops.registry import OpKind, broadcast_shape, register
 
 
-def quantize_np(x: np.ndarray, scale, zp, dtype: str) -> np.ndarray:
+def quantize_np(x: np.ndarray, scale, zp, dtype: str, saturate: int = 1) -> np.ndarray:
+    if dtype in FLOAT8:  # no rounding to integers: the float8 cast rounds; zp is 0
+        q = np.asarray(x, np.float32) / np.asarray(scale, np.float32)
+        if saturate:
+            top = float(ml_dtypes.finfo(dtype).max)
+            q = np.where(np.isnan(q), q, np.clip(q, -top, top))
+        return q.astype(dtype)
     lo, hi = LINEAR_QTYPES[dtype]
     q = np.rint(np.asarray(x, np.float32) / np.asarray(scale, np.float32))
     return np.clip(q + np.asarray(zp, np.float32), lo, hi).astype(dtype)
@@ -32,7 +40,7 @@ def _q_infer(types, node):
 
 
 register("quantize_linear", OpKind.ELEMENTWISE, _q_infer,
-         numpy=lambda xs, node: [quantize_np(*xs, node.attr("dtype"))],
+         numpy=lambda xs, node: [quantize_np(*xs, node.attr("dtype"), node.attr("saturate", 1))],
          sample=lambda rng, dtype: ([(rng.standard_normal((2, 3, 4)) * 3).astype(np.float32),
                                      np.array([[0.05], [0.02], [0.1]], np.float32),
                                      np.array([[3], [128], [0]], np.uint8)],
@@ -50,6 +58,9 @@ def _dq_infer(types, node):
 
 
 def dequantize_np(x, scale, zp) -> np.ndarray:
+    if str(np.asarray(x).dtype) in FLOAT8:
+        diff = np.asarray(x).astype(np.float32) - np.asarray(zp).astype(np.float32)
+        return (diff * np.asarray(scale, np.float32)).astype(np.float32)
     diff = np.asarray(x).astype(np.int32) - np.asarray(zp).astype(np.int32)
     return (diff.astype(np.float32) * np.asarray(scale, np.float32)).astype(np.float32)
 

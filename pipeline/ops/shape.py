@@ -7,18 +7,17 @@ Their ONNX converters: pipeline/frontend/onnx/shape.py
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from pipeline.errors import ModelError
+from pipeline.ir.dims import dim_product, dim_sum
 from pipeline.ir.graph import TensorType
 from pipeline.ops.registry import OpKind, broadcast_shape, register
 
 
 def _reshape_infer(types, node):
     shape = tuple(node.attr("shape"))
-    if math.prod(shape) != types[0].size:
+    if dim_product(shape) != dim_product(types[0].shape):
         raise ModelError(f"node {node.name!r} (reshape): cannot reshape "
                          f"{list(types[0].shape)} to {list(shape)}")
     return [TensorType(shape, types[0].dtype)]
@@ -39,7 +38,7 @@ def _concat_infer(types, node):
                 if d != axis):
             raise ModelError(f"node {node.name!r} (concat): inputs "
                              f"{[t.to_json() for t in types]} differ off axis {axis}")
-    total = sum(t.shape[axis] for t in types)
+    total = dim_sum(t.shape[axis] for t in types)
     return [TensorType(first[:axis] + (total,) + first[axis + 1:], types[0].dtype)]
 
 

@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from pipeline.errors import ModelError
-from pipeline.ir.graph import Node, TensorType
+from pipeline.ir.graph import BITS, Node, TensorType
 from pipeline.ops.registry import OpKind, register
 
 _INT_TOO = ("relu", "leaky_relu", "neg", "abs", "clip", "sign")
@@ -168,7 +168,7 @@ register("isinf", OpKind.ELEMENTWISE, _predicate_infer, float64=True,
 
 def _bitcast_infer(types, node):
     source, to = types[0].dtype, node.attr("to")
-    if source != node.attr("source") or np.dtype(source).itemsize != np.dtype(to).itemsize:
+    if source != node.attr("source") or BITS[source] != BITS[to]:
         raise ModelError(f"node {node.name!r} (BitCast): {source} and {to} differ in width")
     return [TensorType(types[0].shape, to)]
 

@@ -16,12 +16,15 @@ from pipeline.plan.plan_memory import MemoryPlan
 
 
 def graph_json(graph: Graph, symbols: dict[str, str], plan: MemoryPlan,
-               metadata: dict[str, dict[str, int]] | None = None) -> str:
+               metadata: dict[str, dict[str, int]] | None = None,
+               dims: dict[str, tuple[int, int]] | None = None) -> str:
     """Serialise `graph` (after fusion) for the executor.
 
     symbols: node name -> kernel symbol the node calls; metadata: node name ->
     {"flops", "bytes_moved", "stack_bytes", "constant_bytes"} of its call, kept in the node's
     attrs as strings (TVM's attrs are strings; its readers skip unknown ones).
+    dims: the bounds of the symbolic dimensions its shapes name (a VM graph,
+    docs/vm.md), kept under "dims".
     """
     nodes, entry_of = [], {}
     for name in (*graph.inputs, *graph.params):
@@ -49,6 +52,8 @@ def graph_json(graph: Graph, symbols: dict[str, str], plan: MemoryPlan,
             "storage_id": ["list_int", [plan.storage_id[n] for n in names]],
         },
     }
+    if dims:
+        doc["dims"] = {name: list(bounds) for name, bounds in sorted(dims.items())}
     if plan.offset:
         doc["attrs"]["storage_offset"] = ["list_int", [plan.offset.get(n, 0) for n in names]]
     return json.dumps(doc, indent=1, sort_keys=True)

@@ -28,9 +28,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from pipeline.ir.graph import Graph, Node
+from pipeline.ir.dims import substitute
+from pipeline.ir.graph import Graph, Node, nbytes
 
 # The byte boundary of an in-place concat's slices: the executor aligns every storage
 # to it (runtime/c/executor_internal.h ALIGN), so a kernel writing a slice sees an
@@ -48,8 +47,11 @@ class MemoryPlan:
     offset: dict[str, int] = field(default_factory=dict)  # tensor -> byte offset, if not 0
 
 
-def _nbytes(t) -> int:
-    return t.size * np.dtype(t.dtype).itemsize
+def _nbytes(t, bounds: dict[str, int] | None = None) -> int:
+    """Bytes of a tensor of type t; a symbolic one at its upper `bounds`."""
+    if bounds and t.symbolic:
+        return nbytes(t.dtype, math.prod(substitute(t.shape, bounds)))
+    return nbytes(t.dtype, t.size)
 
 
 def _lone_body(node: Node) -> Node | None:
@@ -68,6 +70,8 @@ def _concat_slices(graph: Graph, node: Node, parent: dict, pinned: set
     out = graph.types[node.outputs[0]]
     axis = op.attr("axis") % len(out.shape)
     names = op.inputs
+    if out.symbolic or any(graph.types[n].symbolic for n in names):
+        return None  # slice offsets would depend on runtime dimensions
     if (math.prod(out.shape[:axis]) != 1 or node.outputs[0] in pinned
             or len(set(names)) != len(names)
             or any(n in pinned or n in parent for n in names)):
@@ -81,14 +85,15 @@ def _concat_slices(graph: Graph, node: Node, parent: dict, pinned: set
     return slices
 
 
-def plan_memory(graph: Graph) -> MemoryPlan:
+def plan_memory(graph: Graph, bounds: dict[str, int] | None = None) -> MemoryPlan:
     """Storage ids, offsets and sizes for every tensor of `graph` (nodes in execution
-    order)."""
+    order). bounds: symbol -> upper bound, for a graph with symbolic dimensions (the
+    VM's): its storages are sized for the largest shapes, allocated once."""
     sizes: list[int] = []
     sid: dict[str, int] = {}
     for name in (*graph.inputs, *graph.params):
         sid[name] = len(sizes)
-        sizes.append(_nbytes(graph.types[name]))
+        sizes.append(_nbytes(graph.types[name], bounds))
     pinned = set(graph.outputs) | set(graph.inputs) | set(graph.params)
     parent: dict[str, tuple[str, int]] = {}  # tensor -> (tensor it lives in, byte offset)
     aliases = set()
@@ -120,14 +125,14 @@ def plan_memory(graph: Graph) -> MemoryPlan:
     intermediate = 0
     for k, node in enumerate(graph.nodes):
         for name in node.outputs:
-            intermediate += _nbytes(graph.types[name])
+            intermediate += _nbytes(graph.types[name], bounds)
             owner, at = place(name)
             if at:
                 offset[name] = at
             if owner in sid:  # an alias, or a slice of a concat begun earlier
                 sid[name] = sid[owner]
                 continue
-            need = _nbytes(graph.types[owner])
+            need = _nbytes(graph.types[owner], bounds)
             if free and owner not in pinned:
                 best = min(free, key=lambda s: abs(sizes[s] - need))
                 free.remove(best)

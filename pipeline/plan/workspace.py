@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.ir.graph import nbytes
+
 # Buffers start on this boundary: what the kernels' vector loads like on every
 # target (they assume no alignment, so it is speed only), at little cost in bytes.
 ALIGN = 16
@@ -45,7 +47,7 @@ def _round_up(n: int) -> int:
 
 def entry_bytes(shape: list[int], dtype: str) -> int:
     """Bytes of one graph JSON entry."""
-    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    return nbytes(dtype, int(np.prod(shape, dtype=np.int64)))
 
 
 def _lives(graph: dict, kept: set[int]) -> dict[int, list[int]]:

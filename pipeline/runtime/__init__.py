@@ -1,6 +1,6 @@
-"""Runtime: load exported libraries and run their graphs. Imports only `errors`,
-`link` (the blob format, the linker for a .tar) and `vm.format` (the .ro reader of
-runtime/vm.py): no llvmlite, onnx or compiler."""
+"""Runtime: load exported libraries and run their graphs. Imports only `errors`, `ir`
+(dtype sizes, int4 packing), `link` (the blob format, the linker for a .tar) and
+`vm.format` (the .ro reader of runtime/vm.py): no llvmlite, onnx or compiler."""
 
 from pipeline.runtime.blob import BlobError
 from pipeline.runtime.graph_executor import GraphExecutor, GraphModule, empty_aligned

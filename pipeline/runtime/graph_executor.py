@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import FormatError
+from pipeline.ir.nibbles import PACKED, pack_nibbles, unpack_nibbles
 from pipeline.runtime.params import load_params as _parse_params
 from pipeline.runtime.params import param_names
 from pipeline.runtime.threads import check_num_threads, default_num_threads
@@ -81,6 +82,25 @@ def empty_aligned(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     raw = np.empty(nbytes + ALIGNMENT, np.uint8)
     start = -raw.ctypes.data % ALIGNMENT
     return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def library_size(shape: tuple[int, ...], dtype: np.dtype) -> int:
+    """Bytes of a library tensor of `shape` and `dtype` (int4 and uint4 packed)."""
+    count = int(np.prod(shape, dtype=np.int64))
+    return (count + 1) // 2 if dtype in PACKED else count * dtype.itemsize
+
+
+def to_library(value: np.ndarray) -> np.ndarray:
+    """`value` (checked for shape and dtype) as the library holds it: C-contiguous,
+    int4 and uint4 packed two to a byte."""
+    return pack_nibbles(value) if value.dtype in PACKED else np.ascontiguousarray(value)
+
+
+def from_library(raw: np.ndarray, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A library tensor's bytes (uint8) as an array of `shape` and `dtype`."""
+    if dtype in PACKED:
+        return unpack_nibbles(raw, dtype, shape)
+    return raw.view(dtype).reshape(shape)
 
 
 def bind_api(lib: ctypes.CDLL) -> dict[str, Any]:
@@ -235,16 +255,16 @@ class GraphExecutor:
         if value.shape != shape or value.dtype != dtype:
             raise ValueError(f"input {name!r}: the library was built for shape {list(shape)} "
                              f"{dtype}, given shape {list(value.shape)} {value.dtype}")
-        value = np.ascontiguousarray(value)
+        value = to_library(value)
         self._api["pl_set_input"](self._h, slot, value.ctypes.data, value.nbytes)
 
     def get_input(self, key: int | str) -> np.ndarray:
         """A copy of the current value of an input or param."""
         slot = self._resolve(key)
         _, shape, dtype = self._slots[slot]
-        out = np.empty(shape, dtype)
+        out = np.empty(library_size(shape, dtype), np.uint8)
         self._api["pl_get_input"](self._h, slot, out.ctypes.data, out.nbytes)
-        return out
+        return from_library(out, shape, dtype)
 
     def get_output(self, index: int, out: np.ndarray | None = None) -> np.ndarray:
         """A copy of output `index` (or copy it into `out` and return that)."""
@@ -253,10 +273,13 @@ class GraphExecutor:
                              f"{len(self._outputs)} outputs")
         _, shape, dtype = self._outputs[index]
         direct = out is not None and out.shape == shape and out.dtype == dtype and \
-            out.flags.c_contiguous and out.flags.writeable
-        dst = out if direct else np.empty(shape, dtype)
+            out.flags.c_contiguous and out.flags.writeable and dtype not in PACKED
+        dst = out if direct else np.empty(library_size(shape, dtype), np.uint8)
         self._api["pl_get_output"](self._h, index, dst.ctypes.data, dst.nbytes)
-        if out is None or direct:
+        if direct:
+            return dst
+        dst = from_library(dst, shape, dtype)
+        if out is None:
             return dst
         np.copyto(out, dst)
         return out
@@ -319,8 +342,9 @@ class GraphExecutor:
         if value.shape != shape or value.dtype != dtype:
             raise ValueError(f"input {name!r}: expected shape {list(shape)} {dtype}, given "
                              f"shape {list(value.shape)} {value.dtype} (zero-copy cannot convert)")
-        if not value.flags.c_contiguous:
-            raise ValueError(f"input {name!r}: a zero-copy array must be C-contiguous")
+        if not value.flags.c_contiguous or dtype in PACKED:
+            raise ValueError(f"input {name!r}: a zero-copy array must be C-contiguous "
+                             "(and not int4 or uint4, which the library holds packed)")
         if value.ctypes.data % ALIGNMENT:
             raise ValueError(f"input {name!r}: a zero-copy array must be {ALIGNMENT}-byte aligned "
                              f"(its data is at {value.ctypes.data:#x}); allocate it with "

@@ -14,6 +14,10 @@ Layout (all integers little endian):
         i64 shape[ndim]
         i64 data size in bytes, then the raw C-contiguous data
 
+bfloat16 and the float8 types (ml_dtypes' numpy types) carry DLPack's codes: kDLBfloat
+(4) with 16 bits, kDLFloat8_e4m3fn, _e4m3fnuz, _e5m2, _e5m2fnuz (10-13) with 8 bits.
+int4 and uint4 (ml_dtypes' one-a-byte numpy types) are written packed, two to a byte,
+as DLPack and TVM do (codes 0 and 1 with 4 bits; element 2i in the low nibble).
 bool arrays are written as TVM writes them: type code 1 (uint) with 1 bit,
 one byte per element; that is what TVM's loader expects for "bool". On load,
 uint/1 and DLPack's kDLBool (code 6, 8 bits) both come back as numpy bool.
@@ -23,11 +27,14 @@ from __future__ import annotations
 
 import struct
 
+import ml_dtypes
 import numpy as np
 
 from pipeline.errors import FormatError, check_elements
+from pipeline.ir.nibbles import PACKED, pack_nibbles, unpack_nibbles
 
-__all__ = ["load_params", "param_chunks", "param_names", "save_params"]
+__all__ = ["load_params", "pack_nibbles", "param_chunks", "param_names", "save_params",
+           "unpack_nibbles"]
 
 LIST_MAGIC = 0xF7E58D4F05049CB7
 ARRAY_MAGIC = 0xDD5E40F096B4A13F
@@ -39,7 +46,13 @@ _TO_DL = {
     np.dtype("int8"): (0, 8), np.dtype("int16"): (0, 16), np.dtype("int32"): (0, 32),
     np.dtype("int64"): (0, 64), np.dtype("uint8"): (1, 8), np.dtype("uint16"): (1, 16),
     np.dtype("uint32"): (1, 32), np.dtype("uint64"): (1, 64), np.dtype("bool"): (1, 1),
+    # DLPack's kDLBfloat and kDLFloat8_* codes (ml_dtypes' numpy types)
+    np.dtype(ml_dtypes.bfloat16): (4, 16), np.dtype(ml_dtypes.float8_e4m3fn): (10, 8),
+    np.dtype(ml_dtypes.float8_e4m3fnuz): (11, 8), np.dtype(ml_dtypes.float8_e5m2): (12, 8),
+    np.dtype(ml_dtypes.float8_e5m2fnuz): (13, 8),
+    np.dtype(ml_dtypes.int4): (0, 4), np.dtype(ml_dtypes.uint4): (1, 4),
 }
+_PACKED = PACKED
 _FROM_DL = {v: k for k, v in _TO_DL.items()}
 _FROM_DL[(6, 8)] = np.dtype("bool")  # DLPack >= 0.8 kDLBool
 
@@ -73,7 +86,8 @@ def param_chunks(params: dict[str, np.ndarray]) -> list:
             raise ValueError(f"parameter {name!r}: unsupported dtype {arr.dtype} "
                              f"(supported: {', '.join(sorted(map(str, _TO_DL)))})")
         # Little endian on disk whatever the host byte order.
-        data = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
+        data = pack_nibbles(arr) if arr.dtype in _PACKED else \
+            np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
         parts.append(struct.pack("<QQiiiBBH", ARRAY_MAGIC, 0, _CPU, 0, arr.ndim,
                                  code_bits[0], code_bits[1], 1))
         parts.append(struct.pack(f"<{arr.ndim}q", *arr.shape))
@@ -157,11 +171,14 @@ def _read_array(r: _Reader, name: str) -> np.ndarray:
     (size,) = r.unpack("<q", f"data size of array {name!r}")
     if any(d < 0 for d in shape):
         raise FormatError(f"array {name!r}: negative dimension in shape {list(shape)}")
-    expected = check_elements(shape, f"param dict: array {name!r}") * dtype.itemsize
+    count = check_elements(shape, f"param dict: array {name!r}")
+    expected = (count + 1) // 2 if dtype in _PACKED else count * dtype.itemsize
     if size != expected:
         raise FormatError(f"array {name!r}: shape {list(shape)} of {dtype} needs {expected} "
                          f"bytes, header says {size}")
     raw = r.take(size, f"data of array {name!r}")
+    if dtype in _PACKED:
+        return unpack_nibbles(np.frombuffer(raw, np.uint8), dtype, shape)
     arr = np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(shape)
     # Copy: the result must be writable, native-endian and not pin `data`.
     return arr.astype(dtype, copy=True)

@@ -24,7 +24,13 @@ import numpy as np
 
 from pipeline.errors import FormatError, PipelineError
 from pipeline.link.integrity import verify_code_digest
-from pipeline.runtime.graph_executor import _TensorInfo
+from pipeline.runtime.graph_executor import (
+    PACKED,
+    _TensorInfo,
+    from_library,
+    library_size,
+    to_library,
+)
 from pipeline.runtime.machine import check_machine
 from pipeline.runtime.module import _check_segments
 from pipeline.runtime.threads import limit_idle_spin
@@ -132,6 +138,7 @@ def _bind(lib: ctypes.CDLL) -> dict[str, Any]:
              "pl_input_info": (i, [p, i, ctypes.POINTER(_TensorInfo)]),
              "pl_output_info": (i, [p, i, ctypes.POINTER(_TensorInfo)]),
              "pl_set_input": (i, [p, i, p, s]), "pl_get_output": (i, [p, i, p, s]),
+             "pl_set_input_shape": (i, [p, i, i, ctypes.POINTER(ctypes.c_int64)]),
              "pl_set_num_threads": (i, [p, i]), "pl_run": (i, [p])}
     api = {}
     for name, (restype, argtypes) in types.items():
@@ -193,31 +200,53 @@ class VirtualMachine:
             array = np.asarray(value)  # (ascontiguousarray makes a scalar 1-d)
             if not array.flags.c_contiguous:
                 array = array.copy()
-            self._check_type(name, array)
-            self._check(self._api["pl_set_input"](self._handle, k, array.ctypes.data,
-                                                  array.nbytes))
+            self._set_shape(k, array)
+            raw = to_library(array)  # int4 / uint4: packed two to a byte
+            self._check(self._api["pl_set_input"](self._handle, k, raw.ctypes.data, raw.nbytes))
+            array = raw
             self._inputs[k] = array
 
-    def _check_type(self, name: str, array: np.ndarray) -> None:
-        want = self._params[[p.name for p in self._params].index(name)]
-        if array.dtype != np.dtype(want.dtype) or array.shape != tuple(want.shape):
-            raise VMError(f"input {name!r}: expected {want.dtype} {list(want.shape)}, "
-                          f"given {array.dtype} {list(array.shape)}")
+    def _set_shape(self, k: int, array: np.ndarray) -> None:
+        """Check `array` against main's input `k` (_check_input) and give the VM its
+        shape (pl_set_input_shape), which the next set_input(_zero_copy) sizes by."""
+        self._check_input(self._params[k], array)
+        shape = (ctypes.c_int64 * max(array.ndim, 1))(*array.shape)
+        self._check(self._api["pl_set_input_shape"](self._handle, k, array.ndim, shape))
+
+    def _check_input(self, want, array: np.ndarray) -> None:
+        """VMError (one line naming the input) unless `array` has the input's dtype,
+        rank and static dimensions, and each symbolic one within its bounds."""
+        bounds = self.executable.content.dims
+        declared = [f"{d} ({bounds[d][0]}..{bounds[d][1]})" if isinstance(d, str) else str(d)
+                    for d in want.shape]
+        expected = f"expected {want.dtype} [{', '.join(declared)}]"
+        if array.dtype != np.dtype(want.dtype) or array.ndim != len(want.shape) or any(
+                not isinstance(d, str) and d != n for d, n in zip(want.shape, array.shape,
+                                                                  strict=True)):
+            raise VMError(f"input {want.name!r}: {expected}, given {array.dtype} "
+                          f"{list(array.shape)}")
+        for d, n in zip(want.shape, array.shape, strict=True):
+            if isinstance(d, str) and not bounds[d][0] <= n <= bounds[d][1]:
+                raise VMError(f"input {want.name!r}: dimension {d!r} = {n} is outside its "
+                              f"bounds {bounds[d][0]}..{bounds[d][1]}")
 
     def set_input_zero_copy(self, name: str, value: np.ndarray) -> None:
         """Make `value`'s buffer main's input `name` without copying it, as the graph
         executor's set_input_zero_copy: every run reads the array as it is then,
         until the next set_input or set_input_zero_copy of that input; the array is
         kept alive meanwhile and never written. It must have the input's dtype and
-        shape, be C-contiguous and 64-byte aligned (pipeline.runtime.empty_aligned
+        shape (a symbolic dimension within its bounds: the VM then takes that
+        shape), be C-contiguous and 64-byte aligned (pipeline.runtime.empty_aligned
         makes one): VMError naming the input otherwise."""
         names = [p.name for p in self._params]
         if name not in names:
             raise VMError(f"main has no input {name!r}; inputs: {names}")
-        if not isinstance(value, np.ndarray) or not value.flags.c_contiguous:
+        if not isinstance(value, np.ndarray) or not value.flags.c_contiguous or \
+                value.dtype in PACKED:
             raise VMError(f"input {name!r}: a zero-copy input must be a C-contiguous numpy "
-                          "array")
-        self._check_type(name, value)
+                          "array (not int4 or uint4, which the library holds packed)")
+        k = names.index(name)
+        self._check_input(self._params[k], value)
         if value.ctypes.data % 64:
             raise VMError(f"input {name!r}: a zero-copy array must be 64-byte aligned (its "
                           f"data is at {value.ctypes.data:#x}); allocate it with "
@@ -229,7 +258,7 @@ class VirtualMachine:
                           "inputs; rebuild it") from None
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t]
-        k = names.index(name)
+        self._set_shape(k, value)  # first: the VM sizes the buffer by the shape
         self._check(fn(self._handle, k, value.ctypes.data, value.nbytes))
         self._inputs[k] = value  # the VM reads it from now on
 
@@ -252,10 +281,10 @@ class VirtualMachine:
     def _output(self, k: int) -> np.ndarray:
         info = _TensorInfo()
         self._api["pl_output_info"](self._handle, k, ctypes.byref(info))
-        out = np.empty(tuple(info.shape[d] for d in range(info.ndim)),
-                       np.dtype(info.dtype.decode()))
+        shape, dtype = tuple(info.shape[d] for d in range(info.ndim)), np.dtype(info.dtype.decode())
+        out = np.empty(library_size(shape, dtype), np.uint8)
         self._check(self._api["pl_get_output"](self._handle, k, out.ctypes.data, out.nbytes))
-        return out
+        return from_library(out, shape, dtype)
 
     def set_num_threads(self, num_threads: int) -> None:
         """Threads of the parallel kernels (0: libgomp's own choice)."""

@@ -11,6 +11,11 @@
         inputs: {input.1: [1, 3, 224, 224]}             # optional shape overrides
         validate: {rtol: 1.0e-3}                        # optional overrides
         executor: vm                                    # run by the VM (docs/vm.md)
+      bert:                                             # dynamic axes, run by the VM:
+        path: nets/bert.onnx
+        executor: vm
+        dims: {batch: [1, 8], seq: [1, 512]}            # bounds of symbolic dimensions
+        inputs: {input_ids: [batch, 128]}               # a name keeps a dim symbolic
     targets:
       llvm: {target: "llvm -mcpu=native", opt_level: 3,
              disabled_pass: [], required_pass: [], config: {FuseOps.max_depth: 256}}
@@ -84,6 +89,7 @@ class ModelEntry:
     validate: ValidateOptions = ValidateOptions()
     random_weights: int | None = None  # a path model's weights made random, this seed
     executor: str | None = None   # EXECUTORS; None: the target's
+    dims: dict = field(default_factory=dict)     # symbolic dimension -> (low, high)
 
     @property
     def written(self) -> bool:
@@ -158,6 +164,10 @@ def executor_of(m: ModelEntry, t: TargetEntry) -> str:
     """The executor entry m x t is built for: the model's, else the target's, else
     aot on a bare-metal target and graph elsewhere."""
     executor = m.executor or t.executor or ("aot" if t.bare_metal else "graph")
+    if m.dims and executor != "vm":
+        raise ConfigError(f"{t.path}: models.{m.name}.dims: symbolic dimensions run only in "
+                          f"the VM, and target {t.name} builds it with executor {executor}; "
+                          f"give models.{m.name}.executor: vm")
     if executor != "aot" and t.bare_metal:
         raise ConfigError(f"{t.path}: models.{m.name}.executor: target {t.name} has no "
                           "operating system to load a shared library: only executor aot "
@@ -307,7 +317,7 @@ def _model(where: _Where, name: str, spec, validate: ValidateOptions) -> ModelEn
 
     key = f"models.{name}"
     spec = where.mapping(spec, key, {"path", "generator", "args", "inputs", "validate",
-                                     "random_weights", "executor"})
+                                     "random_weights", "executor", "dims"})
     if ("path" in spec) == ("generator" in spec):
         where.fail(key, "give exactly one of 'path' (an ONNX file) or 'generator' "
                    f"(one of {', '.join(GENERATORS)})")
@@ -335,17 +345,30 @@ def _model(where: _Where, name: str, spec, validate: ValidateOptions) -> ModelEn
             where.fail(f"{key}.generator", f"unknown generator {generator!r}; allowed: "
                        f"{', '.join(GENERATORS)}")
     args = _generator_args(where, spec.get("args") or {}, f"{key}.args")
+    dims = _dims(where, spec, key)
     inputs = {}
     for inp, shape in where.mapping(spec.get("inputs") or {}, f"{key}.inputs").items():
         if not isinstance(shape, list) or not all(
-                isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
-            where.fail(f"{key}.inputs.{inp}", f"must be a list of positive integers, "
-                       f"got {shape!r}")
+                (isinstance(d, int) and not isinstance(d, bool) and d > 0) or d in dims
+                for d in shape):
+            where.fail(f"{key}.inputs.{inp}", f"must be a list of positive integers (or "
+                       f"names of its dims:), got {shape!r}")
         inputs[inp] = tuple(shape)
     return ModelEntry(name, path, generator, args, inputs,
                       _validate_options(where, spec.get("validate") or {},
                                         f"{key}.validate", validate), seed,
-                      _executor(where, spec, key))
+                      _executor(where, spec, key), dims)
+
+
+def _dims(where: _Where, spec: dict, key: str) -> dict:
+    """The model's `dims:` (pipeline/ir/dims.py): name -> (low, high)."""
+    from pipeline.ir.dims import parse_bounds
+
+    doc = where.mapping(spec.get("dims") or {}, f"{key}.dims")
+    try:
+        return parse_bounds(doc, f"{key}.dims")
+    except ValueError as err:
+        where.fail(f"{key}.dims", str(err).removeprefix(f"{key}.dims: "))
 
 
 def _budgets(where: _Where, spec: dict, key: str) -> dict:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from pipeline.driver.build import lower_graph, lower_program, refuse_control_flow
 from pipeline.driver.factory import LoweredGraph, unique_specs
+from pipeline.errors import GraphError
 from pipeline.files import atomic_write
 from pipeline.frontend import from_onnx
 from pipeline.ir.graph import Graph
@@ -52,11 +53,12 @@ def reweight_model(src: str, dst: str, seed: int) -> None:
 
 
 def import_model(onnx_path: str, shapes: dict, graph_path: str, weights_path: str,
-                 control_flow: bool = False) -> None:
+                 control_flow: bool = False, dims: dict | None = None) -> None:
     """ONNX file -> graph IR JSON + weights (.params); control_flow: If, Loop and Scan
-    become nodes holding their subgraphs (a model with a VM entry, docs/vm.md)."""
+    become nodes holding their subgraphs (a model with a VM entry, docs/vm.md); with
+    `dims` (the model's bounds, executor vm) its symbolic dimensions stay symbolic."""
     graph, params = from_onnx(onnx_path, {k: tuple(v) for k, v in shapes.items()},
-                              control_flow=control_flow)
+                              control_flow=control_flow, symbolic=bool(dims))
     atomic_write(graph_path, graph.to_json().encode())
     atomic_write(weights_path, param_chunks(params))
 
@@ -76,7 +78,8 @@ def optimize_model(graph_path: str, weights_path: str, target: dict, spec_dir: s
     A graph with If, Loop or Scan is lowered, for a VM entry, as a VM program
     (pipeline.driver.build.lower_program): the graph JSON file holds its functions
     (pipeline.vm.compile.program_json), the params file its constants; for another
-    entry it is an UnsupportedOperatorError naming the nodes.
+    entry it is an UnsupportedOperatorError naming the nodes. target["dims"], if
+    present: the bounds of a symbolic model's dimensions (its `dims:`).
     kernels.json lists, per kernel, its hash and symbol (the manifest the per-kernel
     tasks are created from) and its metadata (pipeline.runtime.metadata.kernel_metadata:
     calls, flops, bytes_moved, stack_bytes, constant_bytes). Returns {"passes":
@@ -88,17 +91,21 @@ def optimize_model(graph_path: str, weights_path: str, target: dict, spec_dir: s
     ctx = PassContext(target["opt_level"], target["required_pass"], target["disabled_pass"],
                       target["config"], instruments=[timing])
     resolved = parse_target(target["target"])
+    dims = {k: tuple(v) for k, v in (target.get("dims") or {}).items()}
     with ctx:
         if has_control_flow(graph):
             if target.get("executor") != "vm":
                 refuse_control_flow(graph)
+            if dims:
+                raise GraphError("symbolic dimensions together with If/Loop/Scan are not "
+                                 "supported yet, nor with data-dependent shapes")
             program = lower_program(graph, params, resolved, target["opt_level"],
                                     lambda s: _rendered(s, spec_dir, cache))
             text, out_params = program_json(program.program), program.program.constants
             parts, specs, ir = program.parts, program.specs, program.ir
         else:
             lowered = lower_graph(graph, params, resolved, target["opt_level"],
-                                  lambda s: _rendered(s, spec_dir, cache))
+                                  lambda s: _rendered(s, spec_dir, cache), dims)
             text, out_params, parts = lowered.graph_json, lowered.params, (lowered,)
             specs, ir = unique_specs(lowered.specs.values()), lowered.ir
     Path(spec_dir).mkdir(parents=True, exist_ok=True)

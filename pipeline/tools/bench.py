@@ -145,12 +145,24 @@ def memory_plan(graph_json: str) -> dict:
 
 def vm_memory_plan(exe: Executable) -> dict:
     """memory_plan of a VM executable: the bytes its AllocStorage instructions take
-    from the pool vs the sum of the tensors its AllocTensor instructions place."""
-    code = [ins for fn in exe.functions for ins in fn.code]
-    return {"planned_activation_bytes": sum(i.nbytes for i in code
+    from the pool vs the sum of the tensors its AllocTensor(Dims) instructions place
+    (a tensor of runtime shape counted at its symbols' highs, as the pool is sized)."""
+    total = 0
+    for fn in exe.functions:
+        high: dict[int, int] = {}  # register -> its dimension's value at the highs
+        for ins in fn.code:
+            if isinstance(ins, bytecode.ShapeOf) and ins.src < len(fn.params):
+                d = fn.params[ins.src].shape[ins.axis]
+                high[ins.dst] = exe.dims[d][1] if isinstance(d, str) else d
+            elif isinstance(ins, (bytecode.MulDim, bytecode.AddDim)):
+                a, b = (x if x >= 0 else high.get(-1 - x, 0) for x in (ins.a, ins.b))
+                high[ins.dst] = a * b if isinstance(ins, bytecode.MulDim) else a + b
+            elif isinstance(ins, (bytecode.AllocTensor, bytecode.AllocTensorDims)):
+                shape = [x if x >= 0 else high.get(-1 - x, 0) for x in ins.shape]
+                total += math.prod(shape) * np.dtype(DTYPES[ins.dtype]).itemsize
+    return {"planned_activation_bytes": sum(i.nbytes for fn in exe.functions for i in fn.code
                                             if isinstance(i, bytecode.AllocStorage)),
-            "intermediate_bytes": sum(math.prod(i.shape) * np.dtype(DTYPES[i.dtype]).itemsize
-                                      for i in code if isinstance(i, bytecode.AllocTensor))}
+            "intermediate_bytes": total}
 
 
 def _require_onnxruntime() -> None:

@@ -38,12 +38,11 @@ class CommandError(PipelineError):
     """A mistake in what the command was given, worded for the user."""
 
 
-def _dims(text: str) -> tuple[int, ...]:
-    try:
-        dims = tuple(int(d) for d in text.split(","))
-    except ValueError:
-        dims = ()
-    if not dims or min(dims) < 1:
+def _dims(text: str, symbolic: bool = False) -> tuple[int | str, ...]:
+    """"1,3,224,224" as a shape; with `symbolic` a name ("batch,16") keeps that
+    dimension symbolic (the VM's, pipeline/ir/dims.py)."""
+    dims = tuple(d if symbolic and d.isidentifier() else int(d) for d in text.split(","))
+    if not dims or min((d for d in dims if isinstance(d, int)), default=1) < 1:
         raise ValueError
     return dims
 
@@ -59,12 +58,12 @@ def _pairs(items: Sequence[str], what: str) -> dict[str, str]:
     return pairs
 
 
-def input_shapes(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
-    """--input NAME=1,3,224,224 options as {name: shape}."""
+def input_shapes(items: Sequence[str], symbolic: bool = False) -> dict[str, tuple[int, ...]]:
+    """--input NAME=1,3,224,224 options as {name: shape} (names too, for --executor vm)."""
     shapes = {}
     for name, text in _pairs(items, "NAME=d0,d1,... (positive integers)").items():
         try:
-            shapes[name] = _dims(text)
+            shapes[name] = _dims(text, symbolic)
         except ValueError:
             raise CommandError(f"--input {name}={text}: the shape must be positive integers "
                                "separated by commas, e.g. 1,3,224,224") from None
@@ -75,7 +74,8 @@ def input_shapes(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
 
 def compile_model(model: str, output: str, target: str = DEFAULT_TARGET, opt_level: int = 3,
                   shapes: dict | None = None, cc: str | None = None,
-                  cache: str | None = None, executor: str = "graph") -> dict:
+                  cache: str | None = None, executor: str = "graph",
+                  dims: Sequence[str] = ()) -> dict:
     """Compile the ONNX file `model` into the library `output` (.so, .tar or .o by its
     suffix); returns {"kernels", "compiled", "cache", "seconds"}. With executor "aot"
     `output` is the Model Library Format tar, lib<name>.a and <name>.h are written
@@ -86,16 +86,19 @@ def compile_model(model: str, output: str, target: str = DEFAULT_TARGET, opt_lev
     each distinct kernel's object from the kernel cache `cache` (None: cache_dir's
     default), compiled into it from that IR when missing or damaged, and the export
     path of export_library with the target's `cc`; executor "vm" links a VM library
-    (docs/vm.md), and a model with If, Loop or Scan is lowered by lower_program, its
-    kernels coming from the same cache.
+    (docs/vm.md), keeping symbolic dimensions with bounds `dims` ("seq=1:512"), and a
+    model with If, Loop or Scan is lowered by lower_program, its kernels coming from
+    the same cache.
     """
     from pipeline.driver.build import lower_graph, lower_program
     from pipeline.driver.factory import GraphExecutorFactory, unique_specs
     from pipeline.frontend import from_onnx
+    from pipeline.ir.dims import parse_bounds, symbols_of
     from pipeline.ir.target import TargetError, parse_target
     from pipeline.link.export import LIBRARY_SUFFIXES, resolve_cc
     from pipeline.tasks.cache import entry_ir
     from pipeline.tasks.paths import cache_dir
+    from pipeline.tools.compile_output import cached_objects, export_aot
     from pipeline.transform import PassContext
     from pipeline.vm.program import has_control_flow
 
@@ -114,7 +117,12 @@ def compile_model(model: str, output: str, target: str = DEFAULT_TARGET, opt_lev
         raise CommandError(f"--target {target!r}: a bare-metal target loads no shared "
                            "library; compile with --executor aot")
     cc = resolve_cc(resolved, cc, "--cc")
-    graph, params = from_onnx(model, shapes or {}, control_flow=executor == "vm")
+    try:
+        bounds = parse_bounds(dims, "--dims")
+    except ValueError as err:
+        raise CommandError(str(err)) from None
+    graph, params = from_onnx(model, shapes or {}, control_flow=executor == "vm",
+                              symbolic=executor == "vm")
     root = cache_dir(cache)
     if has_control_flow(graph) and executor != "vm":  # control flow is refused at import
         raise CommandError(f"{model}: output shapes that depend on values (NonZero, "
@@ -126,14 +134,18 @@ def compile_model(model: str, output: str, target: str = DEFAULT_TARGET, opt_lev
 
     with PassContext(opt_level=opt_level):
         if has_control_flow(graph):  # If, Loop, Scan: the VM's program of several graphs
+            if bounds or symbols_of(*(graph.types[n].shape for n in graph.inputs)):
+                raise CommandError(f"{model}: symbolic dimensions together with If/Loop/"
+                                   "Scan are not supported yet, nor with data-dependent "
+                                   "shapes: fix them with --input")
             lowered = lower_program(graph, params, resolved, opt_level, known)
             specs = lowered.specs
         else:
-            lowered = lower_graph(graph, params, resolved, opt_level, known)
+            lowered = lower_graph(graph, params, resolved, opt_level, known, bounds)
             specs = unique_specs(lowered.specs.values())
-    objects, compiled = _cached_objects(root, specs, lowered.ir)
+    objects, compiled = cached_objects(root, specs, lowered.ir)
     if executor == "aot":
-        _export_aot(lowered, objects, target, output, cc)
+        export_aot(lowered, objects, target, output, cc)
     elif has_control_flow(graph):
         GraphExecutorFactory(None, target, objects, executor, lowered.program,
                              specs).export_library(output, cc=cc)
@@ -143,62 +155,10 @@ def compile_model(model: str, output: str, target: str = DEFAULT_TARGET, opt_lev
             "seconds": round(time.perf_counter() - start, 2)}
 
 
-def _cached_objects(root: str, specs, ir: dict[str, str]) -> tuple[dict[str, bytes], int]:
-    """(symbol -> object bytes, how many were compiled) of the kernels `specs` (their
-    LLVM IR by hash in `ir`), from the kernel cache `root`: a kernel missing or
-    damaged there is compiled into it, as the doit build's kernel task does."""
-    from pipeline.files import atomic_write
-    from pipeline.tasks.cache import entry_path, is_valid, object_for_link
-
-    os.makedirs(root, exist_ok=True)
-    objects, compiled = {}, 0
-    for spec in specs:
-        spec_path = entry_path(root, spec.hash, ".json")
-        if not os.path.exists(spec_path):  # content-addressed: an existing one is this spec
-            atomic_write(spec_path, spec.to_json().encode())
-        if not is_valid(root, spec.hash):  # compile_entry compiles the IR beside the spec
-            atomic_write(entry_path(root, spec.hash, ".ll"), ir[spec.hash].encode())
-        obj, fresh = object_for_link(root, spec.hash)
-        objects[spec.symbol] = Path(obj).read_bytes()
-        compiled += fresh
-    return objects, compiled
-
-
-def _export_aot(lowered, objects: dict[str, bytes], target: str, output: str,
-                cc: str | None) -> None:
-    """The AOT executor's deliverables of `lowered` (kernel objects by symbol): the MLF
-    tar `output`, lib<name>.a and <name>.h beside it."""
-    import tempfile
-
-    from pipeline.driver.factory import unique_specs
-    from pipeline.link.cc import link_relocatable
-    from pipeline.link.mlf import build_aot
-    from pipeline.runtime.metadata import kernel_metadata
-    from pipeline.runtime.params import param_chunks
-
-    folder = os.path.dirname(os.path.abspath(output))
-    name = os.path.splitext(os.path.basename(output))[0]
-    os.makedirs(folder, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=folder) as tmp:
-        paths = []
-        for spec in unique_specs(lowered.specs.values()):
-            paths.append(os.path.join(tmp, f"{spec.hash}.o"))
-            Path(paths[-1]).write_bytes(objects[spec.symbol])
-        lib0 = os.path.join(tmp, "lib0.o") if paths else None
-        if lib0:
-            link_relocatable(lib0, paths, cc)
-        params_file = os.path.join(tmp, f"{name}.params")
-        with open(params_file, "wb") as f:
-            f.writelines(param_chunks(lowered.params))
-        build_aot(name, lowered.graph_json, lowered.params, lib0, target,
-                  {"mlf": output, "archive": os.path.join(folder, f"lib{name}.a"),
-                   "header": os.path.join(folder, f"{name}.h")}, cc, params_file,
-                  kernel_metadata(lowered.graph_json))
-
-
 def _compile(args: argparse.Namespace) -> None:
     done = compile_model(args.model, args.output, args.target, args.opt_level,
-                         input_shapes(args.input), args.cc, args.cache, args.executor)
+                         input_shapes(args.input, args.executor == "vm"), args.cc, args.cache,
+                         args.executor, args.dims)
     print(f"{args.output}: {done['kernels']} kernels ({done['compiled']} compiled, "
           f"{done['kernels'] - done['compiled']} reused from {done['cache']}), "
           f"{done['seconds']:.1f} s")
@@ -233,14 +193,16 @@ def _load(library: str):
 
 def _open(library: str) -> tuple[dict, int, Callable[[dict], list]]:
     """(input shapes by name, the number of outputs, a function running the library
-    on feeds and returning its outputs) of a graph or VM library of this machine."""
+    on feeds and returning its outputs) of a graph or VM library of this machine; a
+    VM library's symbolic dimensions at their bounds' highs (as doit validate runs)."""
     from pipeline.runtime.vm import VirtualMachine, is_vm_library
 
     if os.path.isfile(library) and is_vm_library(library):
         vm = VirtualMachine(library)
-        main = vm.executable.content.functions[0]
-        return ({p.name: tuple(p.shape) for p in main.params}, len(main.results),
-                lambda feeds: vm.run(**feeds))
+        exe = vm.executable.content
+        main = exe.functions[0]
+        return ({p.name: tuple(exe.dims[d][1] if isinstance(d, str) else d for d in p.shape)
+                 for p in main.params}, len(main.results), lambda feeds: vm.run(**feeds))
     _, gm = _load(library)
 
     def run(feeds: dict) -> list:
@@ -406,7 +368,10 @@ def parser() -> argparse.ArgumentParser:
                    "library whose .ro the VM runs: control flow) or aot (a Model "
                    "Library Format .tar, lib<name>.a and <name>.h)")
     p.add_argument("--input", action="append", default=[], metavar="NAME=1,3,224,224",
-                   help="fix an input's shape (any batch; a symbolic dim needs one)")
+                   help="fix an input's shape (any batch; a symbolic dim needs one, or "
+                   "--executor vm: a name keeps it symbolic)")
+    p.add_argument("--dims", action="append", default=[], metavar="NAME=LOW:HIGH",
+                   help="bounds of a symbolic dimension (--executor vm)")
     p.add_argument("--cc", help="the target's C compiler, which links (default $CC or cc; "
                    "required for another machine's target)")
     p.add_argument("--cache", metavar="DIR", help="the kernel cache (default "

@@ -206,13 +206,14 @@ def _ro_of_object(data, path: str) -> tuple[bytes, str] | None:
 def describe_vm_library(path: str, ro: bytes, arch: str, build_id: str | None
                         ) -> dict[str, Any]:
     """What `pipeline info` shows of a VM library: its machine, the .ro's version and
-    checksum, inputs and outputs (main's), its functions (parameters, results,
+    checksum, inputs and outputs (main's), its symbolic dimensions with their bounds
+    (the .ro's dims table), its functions (parameters, results,
     registers, instructions), constants, kernels (with the InvokePacked instructions
     naming each) and its memory (bench.vm_memory_plan)."""
     exe = read_ro(ro, path)
     main = exe.functions[0]
     calls = [ins.kernel for fn in exe.functions for ins in fn.code
-             if isinstance(ins, bytecode.InvokePacked)]
+             if isinstance(ins, (bytecode.InvokePacked, bytecode.InvokePackedDims))]
 
     def rows(types):
         return [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype} for t in types]
@@ -222,6 +223,7 @@ def describe_vm_library(path: str, ro: bytes, arch: str, build_id: str | None
         "file_bytes": os.path.getsize(path), "machine": arch, "ro_version": RO_VERSION,
         "ro_sha256": ro[-32:].hex(), "ro_bytes": len(ro), "build_id": build_id,
         "inputs": rows(main.params), "outputs": rows(main.results),
+        "dims": [{"name": d, "low": low, "high": high} for d, (low, high) in exe.dims.items()],
         "functions": [{"name": fn.name, "params": len(fn.params), "results": len(fn.results),
                        "registers": fn.num_regs, "instructions": len(fn.code)}
                       for fn in exe.functions],
@@ -242,6 +244,9 @@ def format_vm_info(info: dict[str, Any]) -> str:
              f"build id  {info['build_id'] or '(none: a .o or .tar gets one when linked)'}"]
     lines += [f"input     {_tensor(r)}" for r in info["inputs"]]
     lines += [f"output {i:<2} {_tensor(r)}" for i, r in enumerate(info["outputs"])]
+    if info["dims"]:  # symbolic dimensions (.ro version 2's table), with their bounds
+        lines.append("dims      " + ", ".join(f"{d['name']} {d['low']}..{d['high']}"
+                                              for d in info["dims"]))
     c = info["constants"]
     m = info["memory"]
     lines += [f"constants {c['count']} tensors, {c['bytes']:,} bytes",

@@ -236,9 +236,23 @@ def _run_here(lib_path: str, feeds: dict, vm: bool) -> tuple[list, float]:
     return [gm.get_output(i) for i in range(gm.get_num_outputs())], run_s
 
 
+def _at_highs(model: onnx.ModelProto, shapes: dict, dims: dict) -> dict:
+    """Every graph input's shape (the override in `shapes`, else as declared) with
+    each symbolic dimension at its upper bound in `dims`."""
+    inits = {i.name for i in model.graph.initializer}
+    out = {}
+    for vi in model.graph.input:
+        if vi.name not in inits:
+            declared = shapes.get(vi.name) or tuple(
+                d.dim_value if d.HasField("dim_value") else d.dim_param
+                for d in vi.type.tensor_type.shape.dim)
+            out[vi.name] = tuple(dims[d][1] if isinstance(d, str) else d for d in declared)
+    return out
+
+
 def validate_library(lib_path: str, onnx_path: str, shapes: dict, options: dict,
                      model: str, target: str, report_path: str,
-                     on_target: dict | None = None) -> None:
+                     on_target: dict | None = None, dims: dict | None = None) -> None:
     """Run the library on seeded inputs, compare with the reference, write the
     report (always) and the inputs and outputs to validation/ beside it
     (in_<name>.npy, output_<i>.npy), and raise ValidationError naming model and
@@ -251,8 +265,11 @@ def validate_library(lib_path: str, onnx_path: str, shapes: dict, options: dict,
     library is loaded here. Either way its code digest and blob sha256 are checked.
     For a model of executor aot, lib_path is its program (aot_main.c) and on_target
     also holds "metadata", its metadata.json: the program runs through the run
-    prefix, if any."""
+    prefix, if any. dims: the bounds of a symbolic model's dimensions (its `dims:`):
+    it is validated at their highs."""
     shapes = {k: tuple(v) for k, v in shapes.items()}
+    if dims:
+        shapes = _at_highs(load_model(onnx_path), shapes, dims)
     # The reference runs the model at the shapes the library was built for.
     onnx_model = with_input_shapes(load_model(onnx_path), shapes)
     feeds = random_inputs(onnx_model, shapes, options["seed"])

@@ -87,7 +87,10 @@ def _match(scores: Node, graph: Graph, params: dict, consumers: dict, outputs: s
             types[v].shape[:2] != batch:
         return None  # broadcast batch or head dims: leave it to matmul
     (_, _, sq, d), (_, _, _, sk), dv = types[q].shape, types[kt].shape, types[v].shape[3]
-    if panel_floats(sq, d, sk, dv) > MAX_PANEL_FLOATS:
+    if isinstance(d, str) or isinstance(dv, str):
+        return None
+    if (isinstance(sq, int) and isinstance(sk, int)  # symbolic: attention_dims.py, no panels
+            and panel_floats(sq, d, sk, dv) > MAX_PANEL_FLOATS):
         return None
     # Fold the Transposes that only feed this chain; the one after it, if it is the
     # only reader of the result.

@@ -11,23 +11,28 @@ from dataclasses import dataclass, field, fields
 
 from pipeline.errors import FormatError
 
-__all__ = ["DTYPES", "FAILURES", "OPCODES", "AddImm", "AllocStorage", "AllocTensor", "Copy",
-           "CopyAt", "Fail", "Function", "Goto", "If", "Instruction", "Invoke", "InvokePacked",
-           "Less", "LoadConst", "Move", "Ret", "Scalar", "TensorType", "View", "ViewAt",
-           "decode", "verify", "ViewShape", "AllocShaped", "ViewRows"]
+__all__ = ["DTYPES", "FAILURES", "OPCODES", "AddDim", "AddImm", "AllocShaped", "AllocStorage",
+           "AllocTensor", "AllocTensorDims", "Copy", "CopyAt", "Fail", "Function", "Goto", "If",
+           "Instruction", "Invoke", "InvokePacked", "InvokePackedDims", "Less", "LoadConst",
+           "Move", "MulDim", "Ret", "Scalar", "ShapeOf", "TensorType", "View", "ViewAt",
+           "ViewDims", "ViewRows", "ViewShape", "decode", "verify"]
 
 # The dtype codes of the plan (pipeline/link/plan.py DTYPES; kept equal there).
 DTYPES = ("float32", "float64", "int32", "int64", "bool", "float16", "int8", "int16",
-          "uint8", "uint16", "uint32", "uint64")
+          "uint8", "uint16", "uint32", "uint64",
+          # appended (codes are never renumbered): ml_dtypes' names
+          "bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
+          "uint4", "int4")
 
 
 @dataclass(frozen=True)
 class TensorType:
-    """A parameter's or result's name, dtype and static shape."""
+    """A parameter's or result's name, dtype and shape: ints, or symbolic dimensions
+    (str names of the executable's `dims`)."""
 
     name: str
     dtype: str
-    shape: tuple[int, ...]
+    shape: tuple[int | str, ...]
 
 
 @dataclass(frozen=True)
@@ -217,6 +222,70 @@ FAILURES = ("a Loop ended before its trip count: its scan outputs would be short
 
 
 @dataclass(frozen=True)
+class ShapeOf:
+    """dst = a new int64 scalar: dimension `axis` of tensor `src` (binds a symbolic
+    dimension from an input)."""
+
+    dst: int
+    src: int
+    axis: int
+
+
+@dataclass(frozen=True)
+class MulDim:
+    """dst = a new int64 scalar: a * b, each a dim operand (DIMS below)."""
+
+    dst: int
+    a: int
+    b: int
+
+
+@dataclass(frozen=True)
+class AddDim:
+    """dst = a new int64 scalar: a + b, each a dim operand (DIMS below)."""
+
+    dst: int
+    a: int
+    b: int
+
+
+# DIMS: in AllocTensorDims, ViewDims, InvokePackedDims and MulDim a dim operand d >= 0
+# is that constant, d < 0 the int64 scalar in register -1 - d (a runtime dimension).
+
+
+@dataclass(frozen=True)
+class AllocTensorDims:
+    """AllocTensor whose shape holds dim operands (DIMS): a tensor of runtime shape."""
+
+    dst: int
+    storage: int
+    offset: int
+    dtype: int
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ViewDims:
+    """View whose shape holds dim operands (DIMS)."""
+
+    dst: int
+    src: int
+    offset: int
+    dtype: int
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class InvokePackedDims:
+    """`int32_t kernel(void **args, const int64_t *dims)`: InvokePacked, plus the values
+    of the kernel's symbolic dimensions (dim operands, DIMS) in its symbol order."""
+
+    kernel: int
+    args: tuple[int, ...]
+    dims: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Ret:
     """Return the objects in `results`."""
 
@@ -224,12 +293,16 @@ class Ret:
 
 
 Instruction = (AllocStorage | AllocTensor | LoadConst | InvokePacked | Copy | View | Move | If
-               | Goto | Invoke | Ret | Scalar | AddImm | Less | CopyAt | ViewAt | Fail
+               | Goto | Invoke | Ret | Scalar | AddImm | Less | CopyAt | ViewAt | Fail | ShapeOf
+               | MulDim | AllocTensorDims | ViewDims | InvokePackedDims | AddDim
                | ViewShape | AllocShaped | ViewRows)
 OPCODES: dict[type, int] = {AllocStorage: 1, AllocTensor: 2, LoadConst: 3, InvokePacked: 4,
                             Copy: 5, View: 6, Move: 7, If: 8, Goto: 9, Invoke: 10, Ret: 11,
                             Scalar: 12, AddImm: 13, Less: 14, CopyAt: 15, ViewAt: 16,
                             Fail: 17,
+                            # 18-23: symbolic dimensions (docs/vm.md)
+                            ShapeOf: 18, MulDim: 19, AllocTensorDims: 20,
+                            ViewDims: 21, InvokePackedDims: 22, AddDim: 23,
                             # 30-39: data-dependent shapes (docs/vm.md)
                             ViewShape: 30, AllocShaped: 31, ViewRows: 32}
 _BY_CODE = {code: kind for kind, code in OPCODES.items()}
@@ -281,10 +354,21 @@ class Function:
     code: tuple[Instruction, ...] = field(default=())
 
 
+def _dim_regs(dims) -> list[int]:
+    """The registers the runtime dimensions among dim operands (DIMS) read."""
+    return [-1 - d for d in dims if d < 0]
+
+
 def _regs(ins: Instruction) -> list[int]:
     """Every register the instruction reads or writes."""
     if isinstance(ins, InvokePacked):
         return list(ins.args)
+    if isinstance(ins, InvokePackedDims):
+        return [*ins.args, *_dim_regs(ins.dims)]
+    if isinstance(ins, (AllocTensorDims, ViewDims)):
+        return [ins.dst, getattr(ins, "storage", getattr(ins, "src", 0)), *_dim_regs(ins.shape)]
+    if isinstance(ins, (MulDim, AddDim)):
+        return [ins.dst, *_dim_regs((ins.a, ins.b))]
     if isinstance(ins, Invoke):
         return [*ins.args, *ins.dsts]
     if isinstance(ins, Ret):
@@ -299,10 +383,15 @@ def _check(fn: Function, k: int, ins: Instruction, functions: list[Function], n_
     """What is wrong with instruction k of fn, or None."""
     if any(not 0 <= r < fn.num_regs for r in _regs(ins)):
         return f"register out of range 0..{fn.num_regs - 1}"
+    if isinstance(ins, (AllocTensorDims, ViewDims)) and (
+            not 0 <= ins.dtype < len(DTYPES) or ins.offset < 0 or len(ins.shape) > 32):
+        return "bad dtype, shape or offset"
     if isinstance(ins, AllocShaped) and not 0 <= ins.dtype < len(DTYPES):
         return "bad dtype"
-    if isinstance(ins, ViewRows) and not 0 <= ins.axis < 32:
+    if isinstance(ins, (ShapeOf, ViewRows)) and not 0 <= ins.axis < 32:
         return "bad axis"
+    if isinstance(ins, InvokePackedDims) and not 0 <= ins.kernel < n_kernels:
+        return f"kernel {ins.kernel} of {n_kernels}"
     if isinstance(ins, (AllocTensor, View, ViewAt)) and (
             not 0 <= ins.dtype < len(DTYPES) or any(d < 0 for d in ins.shape)
             or getattr(ins, "offset", 0) < 0 or len(ins.shape) > 32):

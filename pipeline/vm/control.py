@@ -7,9 +7,7 @@ the registers of its captures) and e.graph (for the types)."""
 
 from __future__ import annotations
 
-import numpy as np
-
-from pipeline.ir.graph import Node
+from pipeline.ir.graph import Node, nbytes
 from pipeline.vm import bytecode as bc
 
 __all__ = ["emit_control"]
@@ -41,7 +39,7 @@ def _scan_buffers(e, names) -> list[int]:
     for name in names:
         t = e.graph.types[name]
         storage, reg = e.new(), e.new()
-        e.code += [bc.AllocStorage(storage, t.size * np.dtype(t.dtype).itemsize),
+        e.code += [bc.AllocStorage(storage, nbytes(t.dtype, t.size)),
                    bc.AllocTensor(reg, storage, 0, bc.DTYPES.index(t.dtype), tuple(t.shape))]
         regs.append(reg)
     return regs

@@ -1,13 +1,15 @@
 """The `.ro` file: a VM executable serialized (writer and Python reader; the C
 reader is pipeline/runtime/c/vm.c). Byte by byte in docs/vm.md. Integers are little
 endian; str = u32 length, the UTF-8 bytes, a NUL byte; a type = str name, u8 dtype
-(bytecode.DTYPES index), u8 ndim, u16 0, i64 shape[ndim].
+(bytecode.DTYPES index), u8 ndim, u16 0, i64 shape[ndim] (a dimension -1 - k is
+symbolic dimension k of the functions section's table; version 2 added that table).
 
     magic "PLVMEXE\\0" (8) | u32 version | u32 0 | u64 total length |
     u64 offset, u64 size of each section: functions, constants, kernels, bytecode |
     the sections | sha256 of everything before it (32)
 
-    functions: u32 count; per function: str name, u32 params, u32 results,
+    functions: u32 dims; per symbolic dimension: str name, i64 low, i64 high;
+               u32 count; per function: str name, u32 params, u32 results,
                u32 registers, u32 0, u64 first instruction, u64 instructions,
                then a type per param and per result
     constants: u32 count; per constant: a type, u64 nbytes, u64 data offset from
@@ -27,13 +29,15 @@ import struct
 import numpy as np
 
 from pipeline.errors import FormatError
+from pipeline.ir.graph import nbytes as tensor_bytes
+from pipeline.ir.nibbles import PACKED, pack_nibbles, unpack_nibbles
 from pipeline.vm.bytecode import DTYPES, OPCODES, Function, TensorType, decode, operands
 from pipeline.vm.compile import Executable
 
 __all__ = ["RO_MAGIC", "RO_SYMBOL", "RO_VERSION", "read_ro", "write_ro"]
 
 RO_MAGIC = b"PLVMEXE\0"
-RO_VERSION = 1
+RO_VERSION = 2
 RO_SYMBOL = "__pipeline_vm_exec"  # the .ro packed into a VM library
 _PREFIX = struct.Struct("<8sIIQ")
 _TABLE = struct.Struct("<8Q")
@@ -47,18 +51,23 @@ def _str(text: str) -> bytes:
     return struct.pack("<I", len(raw)) + raw + b"\0"
 
 
-def _type(t: TensorType) -> bytes:
+def _type(t: TensorType, dims: list[str] = ()) -> bytes:
+    shape = [-1 - dims.index(d) if isinstance(d, str) else d for d in t.shape]
     return (_str(t.name) + struct.pack("<BBH", DTYPES.index(t.dtype), len(t.shape), 0)
-            + struct.pack(f"<{len(t.shape)}q", *t.shape))
+            + struct.pack(f"<{len(shape)}q", *shape))
 
 
 def _functions(exe: Executable) -> tuple[bytes, bytes]:
     """The functions and bytecode sections."""
-    table, code, first = [struct.pack("<I", len(exe.functions))], [], 0
+    dims = list(exe.dims)
+    table = [struct.pack("<I", len(dims))]
+    table += [_str(d) + struct.pack("<qq", *exe.dims[d]) for d in dims]
+    table.append(struct.pack("<I", len(exe.functions)))
+    code, first = [], 0
     for fn in exe.functions:
         table.append(_str(fn.name) + struct.pack("<IIIIQQ", len(fn.params), len(fn.results),
                                                  fn.num_regs, 0, first, len(fn.code)))
-        table += [_type(t) for t in (*fn.params, *fn.results)]
+        table += [_type(t, dims) for t in (*fn.params, *fn.results)]
         for ins in fn.code:
             words = operands(ins)
             code.append(struct.pack(f"<HHI{len(words)}q", OPCODES[type(ins)], 0, len(words),
@@ -69,9 +78,9 @@ def _functions(exe: Executable) -> tuple[bytes, bytes]:
 
 def _constants(exe: Executable, start: int) -> list[bytes]:
     """The constants section starting at file offset `start` (64-byte aligned)."""
-    arrays = [np.ascontiguousarray(a) for a in exe.constants.values()]
-    types = [TensorType(n, str(a.dtype), tuple(a.shape)) for n, a in zip(exe.constants, arrays,
-                                                                        strict=True)]
+    types = [TensorType(n, str(a.dtype), tuple(np.shape(a))) for n, a in exe.constants.items()]
+    arrays = [pack_nibbles(a) if a.dtype in PACKED else np.ascontiguousarray(a)
+              for a in map(np.asarray, exe.constants.values())]  # int4: two a byte
     table_size = 4 + sum(len(_type(t)) + 16 for t in types)
     at = start + table_size
     table, data = [struct.pack("<I", len(arrays))], []
@@ -123,12 +132,16 @@ class _Reader:
             raise FormatError(f".ro {self.what} section: a name is not NUL-terminated")
         return raw[0].decode("utf-8", "replace")
 
-    def type(self) -> TensorType:
+    def type(self, dims: list[str] = ()) -> TensorType:
         name = self.str()
         dtype, ndim, _ = self.take("<BBH")
         if dtype >= len(DTYPES):
             raise FormatError(f".ro {self.what} section: bad dtype {dtype}")
-        return TensorType(name, DTYPES[dtype], self.take(f"<{ndim}q"))
+        shape = self.take(f"<{ndim}q")
+        if any(d < -len(dims) for d in shape):
+            raise FormatError(f".ro {self.what} section: {name!r} has an unknown dimension")
+        return TensorType(name, DTYPES[dtype], tuple(dims[-1 - d] if d < 0 else d
+                                                     for d in shape))
 
 
 def _check_prefix(data: bytes, source: str) -> int:
@@ -177,18 +190,28 @@ def _read_sections(data: bytes, total: int, source: str) -> Executable:
     for _ in range(r.take("<I")[0]):
         t = r.type()
         nbytes, at = r.take("<QQ")
-        want = np.dtype(t.dtype).itemsize * int(np.prod(t.shape, dtype=np.int64))
-        if nbytes != want or at + nbytes > total - _DIGEST:
+        count = int(np.prod(t.shape, dtype=np.int64))
+        if nbytes != tensor_bytes(t.dtype, count) or at + nbytes > total - _DIGEST:
             raise FormatError(f"{source}: constant {t.name!r} corrupted")
-        constants[t.name] = np.frombuffer(data, t.dtype, int(np.prod(t.shape)), at
-                                          ).reshape(t.shape).copy()
-    exe = Executable(_read_functions(sections["functions"], sections["bytecode"]), constants,
-                     kernels)
+        if np.dtype(t.dtype) in PACKED:
+            raw = np.frombuffer(data, np.uint8, nbytes, at)
+            constants[t.name] = unpack_nibbles(raw, t.dtype, t.shape)
+            continue
+        constants[t.name] = np.frombuffer(data, t.dtype, count, at).reshape(t.shape).copy()
+    r = sections["functions"]
+    dims = {}
+    for _ in range(r.take("<I")[0]):
+        name = r.str()
+        dims[name] = r.take("<qq")
+        if not 1 <= dims[name][0] <= dims[name][1]:
+            raise FormatError(f"{source}: dimension {name!r} has bad bounds {dims[name]}")
+    exe = Executable(_read_functions(r, sections["bytecode"], list(dims)), constants,
+                     kernels, dims)
     exe.verify()
     return exe
 
 
-def _read_functions(r: _Reader, code: _Reader) -> tuple[Function, ...]:
+def _read_functions(r: _Reader, code: _Reader, dims: list[str]) -> tuple[Function, ...]:
     instructions = []
     while code.at < code.end:
         opcode, _, n = code.take("<HHI")
@@ -197,8 +220,8 @@ def _read_functions(r: _Reader, code: _Reader) -> tuple[Function, ...]:
     for _ in range(r.take("<I")[0]):
         name = r.str()
         n_params, n_results, regs, _, first, count = r.take("<IIIIQQ")
-        params = tuple(r.type() for _ in range(n_params))
-        results = tuple(r.type() for _ in range(n_results))
+        params = tuple(r.type(dims) for _ in range(n_params))
+        results = tuple(r.type(dims) for _ in range(n_results))
         if first + count > len(instructions):
             raise FormatError(f".ro function {name!r}: code out of bounds")
         functions.append(Function(name, params, results, regs,

@@ -79,3 +79,37 @@ def test_bad_executor_is_one_config_line(tmp_path: Path):
     lines = [line for line in out.splitlines() if "executor" in line]
     want = "models.tiny.executor: 'interpreter' is not an executor; allowed: graph, aot, vm"
     assert lines and want in lines[0], out
+
+
+def test_symbolic_model_builds_once_and_runs_at_any_shape(tmp_path: Path):
+    """A model with `dims:` (executor vm): the import keeps [batch, seq], one library
+    runs at two shapes; a rebuild is a no-op; validate runs it at the highs; the same
+    model on a graph-executor target is one ConfigError line."""
+    import onnx
+
+    from tests.runtime.dims_models import VOCAB, token_mlp
+
+    (tmp_path / "nets").mkdir()
+    model = token_mlp()
+    onnx.save(model, tmp_path / "nets" / "mlp.onnx")
+    matrix(tmp_path, "mlp: {path: nets/mlp.onnx, executor: vm, "
+                     "dims: {batch: [1, 2], seq: [1, 40]}}\n")
+    code, executed, out = doit(tmp_path, "build", "config=matrix.yaml")
+    assert code == 0, out
+    so = tmp_path / "out" / "mlp" / "llvm" / "mlp.so"
+    ort = pytest.importorskip("onnxruntime")
+    session = ort.InferenceSession(model.SerializeToString())
+    vm = VirtualMachine(so)
+    for shape in ((1, 3), (2, 40)):
+        ids = np.random.default_rng(shape[1]).integers(0, VOCAB, shape).astype(np.int64)
+        np.testing.assert_allclose(vm.run(ids)[0], session.run(None, {"ids": ids})[0],
+                                   rtol=1e-4, atol=1e-5)
+    code, executed, out = doit(tmp_path, "build", "config=matrix.yaml")
+    assert code == 0 and executed == set(), executed
+    code, executed, out = doit(tmp_path, "validate", "config=matrix.yaml")
+    assert code == 0, out
+    assert json.loads((tmp_path / "out" / "mlp" / "llvm" / "validation.json").read_text(
+        ))["passed"]
+    matrix(tmp_path, "mlp: {path: nets/mlp.onnx, dims: {batch: [1, 2], seq: [1, 40]}}\n")
+    code, _, out = doit(tmp_path, "build", "config=matrix.yaml")
+    assert code != 0 and "models.mlp.dims: symbolic dimensions run only in the VM" in out, out

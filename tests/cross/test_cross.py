@@ -494,3 +494,40 @@ def test_vm_control_flow_under_qemu(tmp_path: Path, arch: str):
     got = _vm_on_target(tmp_path, arch, model, {"x": x})
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-6)
+
+
+@pytest.mark.parametrize("arch", ["aarch64", "riscv64"])
+def test_symbolic_encoder_runs_at_two_shapes_under_qemu(tmp_path: Path, arch: str):
+    """One VM library of the BERT-style encoder with dynamic [batch, seq], built for
+    arch, run by pipeline-run under qemu at two shapes (the outputs take them),
+    against onnxruntime; an input past the bounds is refused in one line."""
+    ort = pytest.importorskip("onnxruntime")
+    from tests.runtime.dims_models import VOCAB, encoder
+
+    entry = cross(arch)
+    require_tools(entry["run"].split()[0])
+    model = encoder()
+    graph, params = from_onnx(model, symbolic=True)
+    with PassContext(opt_level=3):
+        factory = pipeline.build(graph, target=entry["target"], params=params, executor="vm",
+                                 dims={"batch": (1, 4), "seq": (1, 64)})
+    so = factory.export_library(tmp_path / "bert.so", cc=entry["cc"])
+    run = tmp_path / "pipeline-run"
+    build_pipeline_run(run, entry["cc"])
+    session = ort.InferenceSession(model.SerializeToString())
+    for shape in ((1, 5), (3, 64), (1, 65)):
+        ids = np.random.default_rng(shape[1]).integers(0, VOCAB, shape).astype(np.int64)
+        np.save(tmp_path / "ids.npy", ids)
+        out = tmp_path / f"out{shape[1]}"
+        proc = subprocess.run([*entry["run"].split(), str(run), str(so), "--input",
+                               f"ids={tmp_path / 'ids.npy'}", "--output-dir", str(out)],
+                              capture_output=True, text=True, timeout=600)
+        if shape[1] > 64:
+            assert proc.returncode == 1 and "'seq' = 65 is outside its bounds 1..64" in \
+                proc.stderr and proc.stderr.count("\n") == 1 and not out.exists()
+            continue
+        assert proc.returncode == 0, proc.stderr
+        got = np.load(out / "output_0.npy")
+        assert got.shape == (*shape, 32)
+        np.testing.assert_allclose(got, session.run(None, {"ids": ids})[0], rtol=1e-4,
+                                   atol=1e-5)

@@ -24,6 +24,18 @@ static void *resolve_stub(void *ctx, const char *symbol) {
     return symbol[0] == 'k' ? (void *)stub_kernel : NULL; /* other names: "not found" */
 }
 
+/* Each input with symbolic dimensions at their upper bounds (pl_set_input_shape). */
+static void set_shapes(pl_executor *h) {
+    const struct func *m = &h->funcs[0];
+    for (uint32_t i = 0; i < m->n_params; i++) {
+        const struct type *t = &m->params[i];
+        int64_t shape[MAX_NDIM];
+        for (uint32_t d = 0; d < t->ndim; d++)
+            shape[d] = t->shape[d] < 0 ? h->dims[-1 - t->shape[d]].high : t->shape[d];
+        if (pl_set_input_shape(h, (int)i, t->ndim, shape) && !pl_last_error(h)[0]) abort();
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     /* The length field must equal the bytes given: set it, so mutations that change
      * the size still reach the sections. (The sha256 is the Python loader's check.) */
@@ -36,6 +48,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         pl_tensor_info info;
         for (int i = 0; i < pl_num_inputs(h); i++)
             if (pl_input_info(h, i, &info) || pl_get_input_index(h, info.name) < 0) abort();
+        set_shapes(h);
         for (int r = 0; r < 2; r++) { /* twice: the second run reuses the pool */
             if (pl_run(h) == 0) {
                 static uint8_t out[1 << 16];
@@ -65,6 +78,7 @@ int main(int argc, char **argv) {
         if (f) fclose(f);
         char err[256] = "";
         pl_executor *h = create_from(buf, n, resolve_stub, NULL, err, sizeof err);
+        if (h) set_shapes(h);
         if (h && pl_run(h)) printf("run: %s\n", pl_last_error(h));
         else printf("%s\n", h ? "ok" : err);
         pl_destroy(h);

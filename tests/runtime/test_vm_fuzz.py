@@ -2,8 +2,9 @@
 (tests/runtime/fuzz_ro.c under libFuzzer with AddressSanitizer and
 UndefinedBehaviorSanitizer) and the Python reader (pipeline/vm/format.py, Hypothesis).
 Any input is accepted or refused with a one-line message, never a crash. Seeds: a
-compiled executor plan (kernels, a copy, an alias, a param) and a hand-written
-executable with If, Goto, Invoke, Move and View."""
+compiled executor plan (kernels, a copy, an alias, a param), a hand-written
+executable with If, Goto, Invoke, Move and View, and one with symbolic dimensions
+(ShapeOf, AddDim, MulDim, AllocTensorDims, ViewDims, InvokePackedDims)."""
 
 from __future__ import annotations
 
@@ -22,10 +23,12 @@ from hypothesis import strategies as st
 from pipeline.errors import FormatError, PipelineError
 from pipeline.link.runtime_c import C_DIR
 from pipeline.vm.bytecode import (
+    AddDim,
     AddImm,
     AllocShaped,
     AllocStorage,
     AllocTensor,
+    AllocTensorDims,
     Copy,
     CopyAt,
     Fail,
@@ -34,14 +37,18 @@ from pipeline.vm.bytecode import (
     If,
     Invoke,
     InvokePacked,
+    InvokePackedDims,
     Less,
     LoadConst,
     Move,
+    MulDim,
     Ret,
     Scalar,
+    ShapeOf,
     TensorType,
     View,
     ViewAt,
+    ViewDims,
     ViewRows,
     ViewShape,
 )
@@ -87,6 +94,18 @@ def _control_seed() -> bytes:
                                ("k_stub",)))
 
 
+def _dims_seed() -> bytes:
+    """main(x: float32 [n, 4], n in 1..8): ShapeOf binds n, AddDim n + 0, MulDim 4n, a tensor of
+    runtime shape in a storage planned at the bound, a kernel called with its dims, a
+    ViewDims of its result."""
+    main = Function("main", (TensorType("x", "float32", ("n", 4)),),
+                    (TensorType("y", "float32", ("n", 4)),), 8, (
+        ShapeOf(1, 0, 0), AddDim(7, -2, 0), MulDim(2, -8, 4), AllocStorage(3, 128),
+        AllocTensorDims(4, 3, 0, 0, (-2, 4)), InvokePackedDims(0, (0, 4), (-2,)),
+        ViewDims(5, 4, 0, 0, (-3,)), ViewDims(6, 5, 0, 0, (-2, 4)), Ret((6,))))
+    return write_ro(Executable((main,), {}, ("k_stub",), {"n": (1, 8)}))
+
+
 def _restamp(ro: bytes) -> bytes:
     """The sha256 trailer made right again (what a mutation would break first)."""
     return ro[:-32] + hashlib.sha256(ro[:-32]).digest()
@@ -100,7 +119,7 @@ def _clang() -> str | None:
 
 
 def test_python_reader_round_trips_the_seeds():
-    for seed in (_plan_seed(), _control_seed()):
+    for seed in (_plan_seed(), _control_seed(), _dims_seed()):
         assert write_ro(read_ro(seed)) == seed
 
 
@@ -111,10 +130,10 @@ def test_c_reader_accepts_seeds_and_explains_bad_files(tmp_path):
     seed = _control_seed()
     opcode_at = seed.index(struct.pack("<HHI", 8, 0, 3))  # the If
     cases = {
-        "plan": (_plan_seed(), "ok"), "control": (seed, "ok"),
+        "plan": (_plan_seed(), "ok"), "control": (seed, "ok"), "dims": (_dims_seed(), "ok"),
         "truncated": (seed[:-1], "VM executable truncated or corrupted"),
         "foreign": (b"\x7fELF" + seed[4:], "not a pipeline VM executable"),
-        "version": (seed[:8] + b"\x02" + seed[9:], "VM executable format version 2"),
+        "version": (seed[:8] + b"\x09" + seed[9:], "VM executable format version 9"),
         "opcode": (seed[:opcode_at] + b"\x63" + seed[opcode_at + 1:],
                    ".ro bytecode corrupted: function 'main', instruction 1 (opcode 99)"),
         "empty": (b"", "not a pipeline VM executable"),
@@ -138,7 +157,7 @@ def test_fuzz_ro_reader(tmp_path):
                     "-o", str(fuzzer)], check=True, capture_output=True)
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    for k, seed in enumerate((_plan_seed(), _control_seed())):
+    for k, seed in enumerate((_plan_seed(), _control_seed(), _dims_seed())):
         (corpus / f"seed{k}").write_bytes(seed)
     proc = subprocess.run([str(fuzzer), f"-max_total_time={FUZZ_SECONDS}", "-timeout=10",
                            "-rss_limit_mb=2048", "-print_final_stats=1",
@@ -153,7 +172,7 @@ def test_fuzz_ro_reader(tmp_path):
 @st.composite
 def _mutated(draw) -> bytes:
     """A seed with a few bytes changed or cut, its checksum made right again."""
-    data = bytearray(draw(st.sampled_from([_plan_seed(), _control_seed()])))
+    data = bytearray(draw(st.sampled_from([_plan_seed(), _control_seed(), _dims_seed()])))
     for _ in range(draw(st.integers(1, 4))):
         at = draw(st.integers(24, len(data) - 33))
         if draw(st.booleans()):

@@ -43,7 +43,7 @@ def test_info_shows_the_executor_functions_constants_and_kernels(compiled):
     info = json.loads(proc.stdout)
     exe = Executable.load(tmp / "loop.so").content
     assert info["executor"] == "vm" and info["machine"] == "x86_64"
-    assert len(info["build_id"]) == 40 and info["ro_version"] == 1
+    assert len(info["build_id"]) == 40 and info["ro_version"] == 2
     assert info["inputs"] == [{"name": "x", "shape": [1, 4], "dtype": "float32"}]
     assert [(o["name"], o["shape"]) for o in info["outputs"]] == [("y", [1, 4]),
                                                                   ("hs", [3, 1, 4])]
@@ -138,3 +138,35 @@ def test_the_onnx_reference_stacks_loop_scan_outputs_as_onnxruntime(row):
         np.testing.assert_allclose(g, w, rtol=1e-6)
     with pytest.raises(ValueError):  # onnx's own: no iteration without a condition input
         ReferenceEvaluator(model).run(None, feeds)
+
+
+def test_info_validate_and_bench_of_a_symbolic_library(tmp_path):
+    """A library with symbolic dimensions: info shows the .ro's dims table with the
+    bounds, validate and bench run it at the bounds' highs."""
+    pytest.importorskip("onnxruntime")
+    import onnx
+
+    from tests.runtime.dims_models import token_mlp
+
+    onnx.save(token_mlp(), tmp_path / "mlp.onnx")
+    proc = pipeline("compile", "mlp.onnx", "-o", "mlp.so", "--executor", "vm", "--dims",
+                    "batch=1:2", "--dims", "seq=1:5", "--cache", "kcache", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    proc = pipeline("info", "mlp.so", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)
+    assert info["dims"] == [{"name": "batch", "low": 1, "high": 2},
+                            {"name": "seq", "low": 1, "high": 5}]
+    assert info["inputs"][0]["shape"] == ["batch", "seq"]
+    assert info["memory"]["intermediate_bytes"] > 0
+    assert sum(k["calls"] for k in info["kernels"]) > 0  # InvokePackedDims count too
+    proc = pipeline("info", "mlp.so", cwd=tmp_path)
+    assert proc.returncode == 0 and "dims      batch 1..2, seq 1..5" in proc.stdout
+    proc = pipeline("validate", "mlp.onnx", "mlp.so", "--reference", "onnxruntime",
+                    cwd=tmp_path)
+    assert proc.returncode == 0 and "matches onnxruntime" in proc.stdout, proc.stderr
+    proc = pipeline("bench", "mlp.onnx", "mlp.so", "--threads", "1", "--rounds", "1",
+                    "--runs", "2", "--warmup", "0", "--peers", "onnxruntime", "--report",
+                    "bench.json", "--peak-file", "peak.json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "bench.json").read_text())["threads"]["1"]["ours_ms"] > 0

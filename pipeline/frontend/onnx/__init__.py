@@ -12,6 +12,7 @@ from pipeline.frontend.onnx import (  # noqa: F401  (registration)
     linalg,
     loss,
     movement,
+    nbits,
     norm,
     pool,
     quant,

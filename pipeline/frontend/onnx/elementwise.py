@@ -172,13 +172,18 @@ def _cast_to(n, code: int) -> str:
     return dtype
 
 
+def _cast_node(n, to: str) -> Node:
+    """cast to `to`; a float8 target keeps Cast's saturate attribute (opset 19) when 0."""
+    extra = {"saturate": 0} if to.startswith("float8") and not n.attrs.get("saturate", 1) \
+        else {}
+    return Node.make("cast", n.name, n.inputs[:1], n.outputs[:1], to=to, **extra)
+
+
 @onnx_op("Cast", 6, emits=("cast",))
 def _cast(ctx, n):
-    return [Node.make("cast", n.name, n.inputs[:1], n.outputs[:1],
-                      to=_cast_to(n, int(n.attrs["to"])))]
+    return [_cast_node(n, _cast_to(n, int(n.attrs["to"])))]
 
 
 @onnx_op("CastLike", 15, emits=("cast",))
 def _cast_like(ctx, n):
-    return [Node.make("cast", n.name, n.inputs[:1], n.outputs[:1],
-                      to=ctx.type(n.inputs[1]).dtype)]
+    return [_cast_node(n, ctx.type(n.inputs[1]).dtype)]

@@ -24,7 +24,9 @@ from pipeline.errors import (
     check_elements,
 )
 from pipeline.frontend.onnx.registry import onnx_converter
-from pipeline.frontend.onnx.shapes import onnx_shape_inference
+from pipeline.frontend.onnx.shapes import input_type, onnx_shape_inference
+from pipeline.frontend.onnx.symbolic import symbolic_numpy
+from pipeline.frontend.onnx.widen import widen
 from pipeline.ir.graph import DTYPES, ONNX_DTYPES, Graph, Node, TensorType, add_param
 from pipeline.ops import get
 from pipeline.ops import infer_types as infer_op_types
@@ -99,33 +101,50 @@ class ImportContext:
         # converter asks (a Reshape's shape from Shape -> Gather -> Concat, say).
         self.pending: dict[str, Node] = {}
         self.values: dict[str, np.ndarray] = {}
+        self.symbolic: dict[str, np.ndarray] = {}  # shape values with symbols (symbolic.py)
 
     def type(self, name: str) -> TensorType:
         return self.types[name]
 
-    def const(self, name: str) -> np.ndarray | None:
-        """The value of `name` if it is known at build time, else None."""
+    def const(self, name: str, symbolic: bool = False) -> np.ndarray | None:
+        """The value of `name` if it is known at build time, else None; with
+        `symbolic` also a shape value with symbolic dimensions (an object array)."""
         if name in self.params:
             return self.params[name]
         node = self.pending.pop(name, None)
         if node is not None:
-            args = [self.const(i) for i in node.inputs]
-            results = get(node.op).numpy(args, node)
-            for out, value in zip(node.outputs, results, strict=True):
+            args = [self.const(i, True) for i in node.inputs]
+            if any(a is None for a in args):
+                return None
+            dynamic = any(a.dtype == object for a in args)
+            results = (symbolic_numpy(node, args) if dynamic else get(node.op).numpy(args, node))
+            for out, value in zip(node.outputs if results else (), results or (), strict=True):
                 self.pending.pop(out, None)
-                self.values[out] = np.asarray(value).astype(self.types[out].dtype)
+                value = np.asarray(value)
+                if value.dtype == object and any(isinstance(v, str) for v in value.flat):
+                    self.symbolic[out] = value
+                else:
+                    self.values[out] = value.astype(self.types[out].dtype)
+        if name in self.symbolic:
+            return self.symbolic[name] if symbolic else None
         return self.values.get(name)
 
     def track(self, node: Node) -> None:
         """Note `node`'s outputs as computable at build time if its op has a numpy
         implementation and its inputs are all constants or computable."""
         def known(name):
-            return name in self.params or name in self.pending or name in self.values
+            return (name in self.params or name in self.pending or name in self.values
+                    or name in self.symbolic)
 
         if node.op in CONTROL_OPS:  # run by the VM, never at build time
             return
         if get(node.op).numpy is not None and all(known(i) for i in node.inputs):
             self.pending.update(dict.fromkeys(node.outputs, node))
+
+    def set_symbolic(self, name: str, shape: tuple) -> None:
+        """Define tensor `name` as the shape value `shape` holding symbols."""
+        self.symbolic[name] = np.array(shape, dtype=object)
+        self.types[name] = TensorType((len(shape),), "int64")
 
     def set_const(self, name: str, value: np.ndarray) -> None:
         """Define tensor `name` as a build-time constant (Shape's output, say)."""
@@ -157,7 +176,8 @@ def from_onnx(model: onnx.ModelProto | str | Path,
               shape: dict[str, tuple[int, ...]] | None = None,
               source: str | None = None,
               freeze: dict[str, np.ndarray] | None = None,
-              control_flow: bool = False) -> tuple[Graph, dict[str, np.ndarray]]:
+              control_flow: bool = False,
+              symbolic: bool = False) -> tuple[Graph, dict[str, np.ndarray]]:
     """Import an ONNX model (or file path) into (graph, params).
 
     `shape` overrides or fixes input shapes by input name. `source` names the
@@ -167,12 +187,15 @@ def from_onnx(model: onnx.ModelProto | str | Path,
     control_flow: import If, Loop and Scan as nodes holding their subgraphs
     (frontend/onnx/control.py), which only the VM runs (docs/vm.md); without it
     they are refused as unsupported operators.
+    symbolic: keep an input's symbolic dimension (a dim_param, or a name in a `shape`
+    override) as a named dimension (pipeline/ir/dims.py), which only the VM runs;
+    without it such an input is refused unless `shape` fixes it.
     """
     if not isinstance(model, onnx.ModelProto):
         source = source or str(model)
         model = load_model(model)
     try:
-        return _import(model, shape, source, freeze, control_flow)
+        return _import(model, shape, source, freeze, control_flow, symbolic)
     except UnicodeDecodeError:
         # protobuf decodes string fields when they are read, not when parsed
         raise ModelError(f"{source or '<model>'}: a name or string in the model is not "
@@ -181,7 +204,8 @@ def from_onnx(model: onnx.ModelProto | str | Path,
 
 def _import(model: onnx.ModelProto, shape: dict[str, tuple[int, ...]] | None,
             source: str | None, freeze: dict[str, np.ndarray] | None,
-            control_flow: bool = False) -> tuple[Graph, dict[str, np.ndarray]]:
+            control_flow: bool = False,
+            symbolic: bool = False) -> tuple[Graph, dict[str, np.ndarray]]:
     """from_onnx on a parsed model."""
     source = source or model.graph.name or "<model>"
     if freeze:
@@ -200,7 +224,7 @@ def _import(model: onnx.ModelProto, shape: dict[str, tuple[int, ...]] | None,
         raise ModelError(f"{source}: shape given for unknown input(s) {sorted(unknown)}; "
                          f"inputs are {[vi.name for vi in inputs]}")
     for vi in inputs:
-        types[vi.name] = _input_type(vi, shape.get(vi.name), source)
+        types[vi.name] = input_type(vi, shape.get(vi.name), source, symbolic)
         check_elements(types[vi.name].shape, f"{source}: input {vi.name!r}")
     _check_defined(g, source)
 
@@ -230,7 +254,7 @@ def _convert_nodes(model: onnx.ModelProto, opset: int, ctx: ImportContext,
                    onnx_shapes: dict[str, tuple[int, ...]], source: str) -> list[Node]:
     """Every node of the model through its converter, in order: the graph nodes they
     produce, each output's type recorded in ctx.types and checked against ONNX's."""
-    g, types = model.graph, ctx.types
+    g = model.graph
     nodes: list[Node] = []
     used_names: set[str] = set()
     for k, proto in enumerate(g.node):
@@ -244,6 +268,9 @@ def _convert_nodes(model: onnx.ModelProto, opset: int, ctx: ImportContext,
                 continue
             converter = (None if onode.op_type in CONTROL_FLOW
                          else onnx_converter(onode.op_type, opset))
+            onode, before, after = (converter and widen(ctx, onode)) or (onode, [], [])
+            for node in before:
+                nodes.append(_record(node, ctx, onnx_shapes, onode.op_type))
             made = (CONTROL_CONVERTERS[onode.op_type](ctx, onode, source) if converter is None
                     else converter.fn(ctx, onode))
             for node in made:
@@ -251,17 +278,9 @@ def _convert_nodes(model: onnx.ModelProto, opset: int, ctx: ImportContext,
                     raise GraphError(f"{source}: node {onode.name!r}: the {onode.op_type} "
                                      f"converter (opset {converter.since}) produced "
                                      f"{node.op!r}, which its onnx_op(emits=...) does not list")
-                out_types = infer_types(node, [types[i] for i in node.inputs])
-                for name, t in zip(node.outputs, out_types, strict=True):
-                    check_elements(t.shape, f"{source}: node {node.name!r} output {name!r}")
-                    want = onnx_shapes.get(name)
-                    if want is not None and want != t.shape and data_dependent(node) is None:
-                        raise ModelError(f"{source}: node {node.name!r} ({onode.op_type}): "
-                                         f"output {name!r} has shape {list(t.shape)} here but "
-                                         f"{list(want)} by ONNX shape inference")
-                    types[name] = t
-                ctx.track(node)
-                nodes.append(node)
+                nodes.append(_record(node, ctx, onnx_shapes, onode.op_type))
+            for node in after:
+                nodes.append(_record(node, ctx, onnx_shapes, onode.op_type))
         except PipelineError as err:
             if str(err).startswith(source):
                 raise
@@ -273,6 +292,20 @@ def _convert_nodes(model: onnx.ModelProto, opset: int, ctx: ImportContext,
             raise ModelError(f"{source}: node {what}: cannot import it "
                              f"({type(err).__name__}: {err})") from err
     return nodes
+
+
+def _record(node: Node, ctx: ImportContext, onnx_shapes: dict, op_type: str) -> Node:
+    """`node`, its output types inferred, checked against ONNX's shapes and recorded."""
+    out_types = infer_types(node, [ctx.types[i] for i in node.inputs])
+    for name, t in zip(node.outputs, out_types, strict=True):
+        check_elements(t.shape, f"node {node.name!r} output {name!r}")
+        want = onnx_shapes.get(name)
+        if want is not None and want != t.shape and data_dependent(node) is None:
+            raise ModelError(f"node {node.name!r} ({op_type}): output {name!r} has shape "
+                             f"{list(t.shape)} here but {list(want)} by ONNX shape inference")
+        ctx.types[name] = t
+    ctx.track(node)
+    return node
 
 
 def _initializers(g: onnx.GraphProto, source: str) -> dict[str, np.ndarray]:
@@ -403,30 +436,6 @@ def _dtype_name(dtype, name: str) -> str:
         raise ModelError(f"tensor {name!r}: dtype {text} is not supported "
                          f"({', '.join(DTYPES)} are)")
     return text
-
-
-def _input_type(vi, override, source: str) -> TensorType:
-    tt = vi.type.tensor_type
-    dtype = ONNX_DTYPES.get(tt.elem_type)
-    if dtype is None:
-        raise ModelError(f"{source}: input {vi.name!r} has unsupported element type "
-                         f"{onnx.TensorProto.DataType.Name(tt.elem_type)}")
-    dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
-    if override is not None:
-        if dims and len(override) != len(dims):
-            raise ModelError(f"{source}: shape override {list(override)} for input "
-                             f"{vi.name!r} has rank {len(override)}, the model says {len(dims)}")
-        return TensorType(tuple(int(d) for d in override), dtype)
-    if None in dims or not tt.HasField("shape"):
-        named = [d.dim_param or "?" if not d.HasField("dim_value") else d.dim_value
-                 for d in tt.shape.dim]
-        symbols = ", ".join(repr(d) for d in named if isinstance(d, str))
-        what = (f"symbolic dimension {symbols} (shape {named})" if tt.HasField("shape")
-                else "no declared shape")
-        raise ModelError(f"{source}: input {vi.name!r} has {what}: give its shape (config: "
-                         f"models.<name>.inputs.{vi.name}; command line: --input "
-                         f"{vi.name}=d0,d1,...; Python: from_onnx(shape=...))")
-    return TensorType(tuple(dims), dtype)
 
 
 def _decode(proto, k: int, opset: int, used_names: set[str]) -> OnnxNode:

@@ -8,7 +8,7 @@ import numpy as np
 
 from pipeline.errors import ModelError
 from pipeline.frontend.onnx.registry import onnx_op
-from pipeline.frontend.onnx.shape import need_const, norm_axis
+from pipeline.frontend.onnx.shape import const_or_runtime, need_const, norm_axis
 from pipeline.ir.graph import Node
 from pipeline.ops.index import slice_node
 
@@ -40,7 +40,7 @@ def _slice_args(ctx, n):
 @onnx_op("Slice", 1, emits=("slice", "slice_to"), build_time_inputs=(1, 2, 3, 4))
 def _slice(ctx, n):
     shape = ctx.type(n.inputs[0]).shape
-    runtime = [i for i in n.inputs[1:5] if i and ctx.const(i) is None]
+    runtime = [i for i in n.inputs[1:5] if i and const_or_runtime(ctx, i, n) is None]
     if n.opset >= 10 and runtime:  # runtime starts, ends or steps: only the VM runs it
         return _runtime_slice(ctx, n, shape)
     return [slice_node(n.name, n.inputs[0], n.outputs[0], shape, *_slice_args(ctx, n))]

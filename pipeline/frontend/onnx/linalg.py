@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.errors import ModelError
+from pipeline.frontend.onnx.nbits import from_dequantized
 from pipeline.frontend.onnx.registry import onnx_op
 from pipeline.ir.graph import Node
 
@@ -65,9 +66,12 @@ def _gemm(ctx, n):
     return nodes
 
 
-@onnx_op("MatMul", 1, emits=("dense", "matmul"))
+@onnx_op("MatMul", 1, emits=("dense", "matmul", "matmul_nbits"))
 def _matmul(ctx, n):
     a, b = n.inputs[:2]
+    packed = from_dequantized(ctx, n.name, a, b, n.outputs[0])  # 4-bit weights stay so
+    if packed is not None:
+        return packed
     w = ctx.const(b)
     if w is not None and w.ndim == 2 and len(ctx.type(a).shape) >= 2:
         weight = ctx.add_param(f"{b}_nk", np.ascontiguousarray(w.T))

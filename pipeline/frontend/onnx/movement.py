@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pipeline.errors import ModelError
 from pipeline.frontend.onnx.registry import onnx_op
-from pipeline.frontend.onnx.shape import need_const
+from pipeline.frontend.onnx.shape import const_or_runtime, need_const
 from pipeline.ir.graph import Node
 
 
@@ -20,7 +20,7 @@ def _transpose(ctx, n):
 
 @onnx_op("Tile", 6, emits=("tile", "tile_to"), build_time_inputs=(1,))
 def _tile(ctx, n):
-    if ctx.const(n.inputs[1]) is None:  # runtime repeats: only the VM runs it
+    if const_or_runtime(ctx, n.inputs[1], n) is None:  # runtime repeats: only the VM runs it
         return [Node.make("tile_to", n.name, n.inputs[:2], n.outputs[:1])]
     reps = need_const(ctx, n, 1, "the repeats input").tolist()
     if len(reps) != len(ctx.type(n.inputs[0]).shape) or min(reps, default=0) < 0:

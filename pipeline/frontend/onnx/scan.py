@@ -6,7 +6,7 @@ import numpy as np
 
 from pipeline.errors import ModelError
 from pipeline.frontend.onnx.registry import onnx_op
-from pipeline.frontend.onnx.shape import need_const, norm_axis
+from pipeline.frontend.onnx.shape import const_or_runtime, need_const, norm_axis
 from pipeline.ir.graph import Node
 
 
@@ -37,7 +37,7 @@ def _topk(ctx, n):
     rank = len(ctx.type(n.inputs[0]).shape)
     inputs = tuple(n.inputs[:1])
     if n.opset >= 10:
-        k = ctx.const(n.inputs[1])
+        k = const_or_runtime(ctx, n.inputs[1], n)
         inputs = inputs if k is not None else tuple(n.inputs[:2])
         k = -1 if k is None else int(np.asarray(k).reshape(-1)[0])
     else:

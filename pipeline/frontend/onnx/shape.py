@@ -8,23 +8,39 @@ import numpy as np
 
 from pipeline.errors import GraphError, ModelError
 from pipeline.frontend.onnx.registry import onnx_converter, onnx_op
+from pipeline.ir.dims import dim_product, dim_quotient, is_symbolic
 from pipeline.ir.graph import ONNX_DTYPES, Node
 
 
-def need_const(ctx, n, pos: int, what: str) -> np.ndarray | None:
+def need_const(ctx, n, pos: int, what: str, symbolic: bool = False) -> np.ndarray | None:
     """Input `pos` of ONNX node `n` as a build-time value (None if absent);
     ModelError naming the node if it is present but not constant. GraphError if the
     converter does not declare `pos` in its onnx_op(build_time_inputs=...): the
-    backend would not freeze such an input when a model feeds it."""
+    backend would not freeze such an input when a model feeds it. symbolic: a shape
+    value with symbolic dimensions is accepted (an object array; Reshape's)."""
     if pos not in onnx_converter(n.op_type, n.opset).build_time_inputs:
         raise GraphError(f"node {n.name!r} ({n.op_type}): the converter reads input {pos} at "
                          "build time but its onnx_op(build_time_inputs=...) does not list it")
     if len(n.inputs) <= pos or not n.inputs[pos]:
         return None
-    value = ctx.const(n.inputs[pos])
+    value = ctx.const(n.inputs[pos], symbolic)
     if value is None:
+        dynamic = " (it depends on a symbolic dimension)" if ctx.const(
+            n.inputs[pos], True) is not None else ""
         raise ModelError(f"node {n.name!r} ({n.op_type}): {what} {n.inputs[pos]!r} must be "
-                         "known at build time")
+                         f"known at build time{dynamic}")
+    return value
+
+
+def const_or_runtime(ctx, name: str, n) -> np.ndarray | None:
+    """Tensor `name` (an input of ONNX node `n`) as a build-time value, or None when
+    only a run knows it (the VM's data-dependent shapes: pipeline/ops/dynamic.py).
+    ModelError naming the node if its value holds symbolic dimensions: only Reshape
+    takes those (frontend/onnx/symbolic.py)."""
+    value = ctx.const(name)
+    if value is None and ctx.const(name, True) is not None:
+        raise ModelError(f"node {n.name!r} ({n.op_type}): input {name!r} depends on a "
+                         "symbolic dimension; only Reshape reads such a shape value")
     return value
 
 
@@ -37,15 +53,21 @@ def norm_axis(n, axis: int, rank: int) -> int:
 
 def reshape(n, shape) -> list[Node]:
     return [Node.make("reshape", n.name, n.inputs[:1], n.outputs[:1],
-                      shape=tuple(int(d) for d in shape))]
+                      shape=tuple(d if isinstance(d, str) else int(d) for d in shape))]
 
 
 def resolve_reshape(name: str, in_shape: tuple[int, ...], target, allowzero: bool = False):
     """ONNX Reshape semantics: 0 copies the input dim (unless allowzero), -1 is inferred."""
-    out = [in_shape[i] if (d == 0 and not allowzero) else int(d)
-           for i, d in enumerate(target)]
+    out = [in_shape[i] if (not isinstance(d, str) and d == 0 and not allowzero)
+           else d if isinstance(d, str) else int(d) for i, d in enumerate(target)]
     if out.count(-1) > 1:
         raise ModelError(f"node {name!r} (Reshape): more than one -1 in {list(target)}")
+    if -1 in out and is_symbolic([*in_shape, *out]):
+        rest = dim_quotient(dim_product(in_shape), dim_product(d for d in out if d != -1))
+        if rest is None:
+            raise ModelError(f"node {name!r} (Reshape): cannot reshape {list(in_shape)} "
+                             f"to {list(target)} (symbolic dimensions)")
+        out[out.index(-1)] = rest
     if -1 in out:
         known = math.prod(d for d in out if d != -1)
         total = math.prod(in_shape)
@@ -63,10 +85,10 @@ def _reshape_v1(ctx, n):
 
 @onnx_op("Reshape", 5, emits=("reshape", "reshape_to"), build_time_inputs=(1,))
 def _reshape_v5(ctx, n):
-    if ctx.const(n.inputs[1]) is None:  # a runtime shape: only the VM runs it
+    if ctx.const(n.inputs[1], True) is None:  # a runtime shape: only the VM runs it
         return [Node.make("reshape_to", n.name, n.inputs[:2], n.outputs[:1],
                           allowzero=int(n.attrs.get("allowzero", 0)))]
-    target = need_const(ctx, n, 1, "the shape input")
+    target = need_const(ctx, n, 1, "the shape input", symbolic=True)
     return reshape(n, resolve_reshape(n.name, ctx.type(n.inputs[0]).shape, target.tolist(),
                                       bool(n.attrs.get("allowzero", 0))))
 
@@ -76,7 +98,7 @@ def _flatten(ctx, n):
     in_shape = ctx.type(n.inputs[0]).shape
     axis = int(n.attrs.get("axis", 1))
     axis = axis + len(in_shape) if axis < 0 else axis  # ONNX: axis in [-rank, rank]
-    return reshape(n, (math.prod(in_shape[:axis]), math.prod(in_shape[axis:])))
+    return reshape(n, (dim_product(in_shape[:axis]), dim_product(in_shape[axis:])))
 
 
 def _axes(ctx, n, since_input: int):
@@ -122,7 +144,7 @@ def _concat(ctx, n):
 
 @onnx_op("Expand", 8, emits=("expand", "expand_to"), build_time_inputs=(1,))
 def _expand(ctx, n):
-    shape = ctx.const(n.inputs[1])
+    shape = const_or_runtime(ctx, n.inputs[1], n)
     if shape is None:  # a runtime shape: only the VM runs it (ops/dynamic.py)
         return [Node.make("expand_to", n.name, n.inputs[:2], n.outputs[:1])]
     return [Node.make("expand", n.name, n.inputs[:1], n.outputs[:1],
@@ -135,6 +157,9 @@ def _shape(ctx, n):
     rank = len(shape)
     start, end = int(n.attrs.get("start", 0)), int(n.attrs.get("end", rank))
     start, end = (min(max(v + rank if v < 0 else v, 0), rank) for v in (start, end))
+    if is_symbolic(shape[start:end]):  # a value of symbols: frontend/onnx/symbolic.py
+        ctx.set_symbolic(n.outputs[0], shape[start:end])
+        return []
     ctx.set_const(n.outputs[0], np.array(shape[start:end], np.int64))
     return []
 
@@ -149,7 +174,7 @@ def _size(ctx, n):
 def _constant_of_shape(ctx, n):
     from onnx import numpy_helper  # converters run at import, where onnx is loaded
 
-    shape = ctx.const(n.inputs[0])
+    shape = const_or_runtime(ctx, n.inputs[0], n)
     value = n.attrs.get("value")
     fill = numpy_helper.to_array(value).reshape(-1) if value is not None else \
         np.zeros(1, np.float32)
@@ -162,7 +187,7 @@ def _constant_of_shape(ctx, n):
 
 @onnx_op("Range", 11, emits=("range",), build_time_inputs=(0, 1, 2))
 def _range(ctx, n):
-    start, limit, delta = (ctx.const(i) for i in n.inputs[:3])
+    start, limit, delta = (const_or_runtime(ctx, i, n) for i in n.inputs[:3])
     if start is None or limit is None or delta is None:  # only the VM runs it
         return [Node.make("range", n.name, n.inputs[:3], n.outputs[:1])]
     count = max(math.ceil((limit.item() - start.item()) / delta.item()), 0)

@@ -10,6 +10,7 @@ import re
 import onnx
 
 from pipeline.errors import ModelError
+from pipeline.ir.graph import ONNX_DTYPES, TensorType
 
 
 def with_input_shapes(model: onnx.ModelProto,
@@ -25,8 +26,9 @@ def with_input_shapes(model: onnx.ModelProto,
     for vi in model.graph.input:
         if vi.name in shapes:
             dims = vi.type.tensor_type.shape.dim
-            declared = [d.dim_value if d.HasField("dim_value") else None for d in dims]
-            if declared != [int(d) for d in shapes[vi.name]]:
+            declared = [d.dim_value if d.HasField("dim_value") else d.dim_param or None
+                        for d in dims]
+            if declared != [d if isinstance(d, str) else int(d) for d in shapes[vi.name]]:
                 changed[vi.name] = shapes[vi.name]
     if not changed:
         return model
@@ -44,7 +46,10 @@ def _set_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]
             dims = vi.type.tensor_type.shape.dim
             del dims[:]
             for d in shapes[vi.name]:
-                dims.add().dim_value = int(d)
+                if isinstance(d, str):  # a symbolic dimension (the VM's)
+                    dims.add().dim_param = d
+                else:
+                    dims.add().dim_value = int(d)
     for vi in model.graph.output:
         if vi.type.tensor_type.HasField("shape"):
             vi.type.tensor_type.ClearField("shape")
@@ -55,7 +60,7 @@ def onnx_shape_inference(model, types, inputs, source) -> dict[str, tuple[int, .
     """Shapes ONNX infers once our input shapes are set, by tensor name."""
     model = _without_large_initializers(model)  # a copy: changed in place below
     names = {i.name for i in inputs}
-    declared = {vi.name: [d.dim_value if d.HasField("dim_value") else None
+    declared = {vi.name: [d.dim_value if d.HasField("dim_value") else d.dim_param or None
                           for d in vi.type.tensor_type.shape.dim]
                 for vi in model.graph.input if vi.name in names}
     if any(declared[n] != list(types[n].shape) for n in names):
@@ -118,3 +123,39 @@ def _function_op_failed(message: str) -> bool:
     match = re.match(r".*?\(op_type:(\w+)\)", message)
     return bool(match) and onnx.defs.has(match.group(1)) and \
         onnx.defs.get_schema(match.group(1)).has_function
+
+
+def input_type(vi, override, source: str, symbolic: bool = False) -> TensorType:
+    """The type of graph input `vi`: its declared shape, or `override`; a symbolic
+    dimension (dim_param, or a name in the override) kept with `symbolic` (the VM's),
+    else a ModelError saying how to fix it."""
+    tt = vi.type.tensor_type
+    dtype = ONNX_DTYPES.get(tt.elem_type)
+    if dtype is None:
+        raise ModelError(f"{source}: input {vi.name!r} has unsupported element type "
+                         f"{onnx.TensorProto.DataType.Name(tt.elem_type)}")
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+    if override is not None:
+        if dims and len(override) != len(dims):
+            raise ModelError(f"{source}: shape override {list(override)} for input "
+                             f"{vi.name!r} has rank {len(override)}, the model says {len(dims)}")
+        if not symbolic and any(isinstance(d, str) for d in override):
+            raise ModelError(f"{source}: shape override {list(override)} for input "
+                             f"{vi.name!r} names a dimension: only the VM executor keeps "
+                             "symbolic dimensions")
+        return TensorType(tuple(d if isinstance(d, str) else int(d) for d in override), dtype)
+    if symbolic and tt.HasField("shape") and all(
+            d.HasField("dim_value") or d.dim_param for d in tt.shape.dim):
+        return TensorType(tuple(d.dim_value if d.HasField("dim_value") else d.dim_param
+                                for d in tt.shape.dim), dtype)
+    if None in dims or not tt.HasField("shape"):
+        named = [d.dim_param or "?" if not d.HasField("dim_value") else d.dim_value
+                 for d in tt.shape.dim]
+        symbols = ", ".join(repr(d) for d in named if isinstance(d, str))
+        what = (f"symbolic dimension {symbols} (shape {named})" if tt.HasField("shape")
+                else "no declared shape")
+        raise ModelError(f"{source}: input {vi.name!r} has {what}: give its shape (config: "
+                         f"models.<name>.inputs.{vi.name}; command line: --input "
+                         f"{vi.name}=d0,d1,...; Python: from_onnx(shape=...)), or keep "
+                         "it symbolic with the VM executor (executor: vm and dims: bounds)")
+    return TensorType(tuple(dims), dtype)

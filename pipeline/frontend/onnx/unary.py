@@ -6,7 +6,7 @@ import numpy as np
 
 from pipeline.errors import ModelError
 from pipeline.frontend.onnx.registry import Limit, onnx_op
-from pipeline.ir.graph import ONNX_DTYPES, Node
+from pipeline.ir.graph import BITS, ONNX_DTYPES, Node
 from pipeline.ops.unary import ONNX_UNARY
 
 
@@ -66,7 +66,7 @@ onnx_op("IsInf", 10, emits=("isinf",))(
 def _bitcast(ctx, n):
     to = ONNX_DTYPES.get(int(n.attrs["to"]))
     source = ctx.type(n.inputs[0]).dtype
-    if to is None or np.dtype(source).itemsize != np.dtype(to).itemsize:
+    if to is None or BITS[source] != BITS[to]:
         raise ModelError(f"node {n.name!r} (BitCast): cannot reinterpret {source} as "
                          f"{to or n.attrs['to']} (same-width {', '.join(ONNX_DTYPES.values())} "
                          "only)")

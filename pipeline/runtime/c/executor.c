@@ -52,6 +52,11 @@ static const struct { const char *name; uint8_t size, dl_code, dl_bits; } DTYPES
     {"float32", 4, 2, 32}, {"float64", 8, 2, 64}, {"int32", 4, 0, 32}, {"int64", 8, 0, 64},
     {"bool", 1, 1, 1},     {"float16", 2, 2, 16}, {"int8", 1, 0, 8},   {"int16", 2, 0, 16},
     {"uint8", 1, 1, 8},    {"uint16", 2, 1, 16},  {"uint32", 4, 1, 32}, {"uint64", 8, 1, 64},
+    /* appended, never renumbered: DLPack's kDLBfloat and kDLFloat8_* codes */
+    {"bfloat16", 2, 4, 16}, {"float8_e4m3fn", 1, 10, 8}, {"float8_e4m3fnuz", 1, 11, 8},
+    {"float8_e5m2", 1, 12, 8}, {"float8_e5m2fnuz", 1, 13, 8},
+    /* size 0: two elements a byte (element 2i in the low nibble of byte i) */
+    {"uint4", 0, 1, 4},     {"int4", 0, 0, 4},
 };
 #define N_DTYPES (sizeof DTYPES / sizeof DTYPES[0])
 
@@ -146,7 +151,7 @@ static int read_entries(pl_executor *h, struct reader *r) {
                         (unsigned long long)ndim, (unsigned long long)offset);
         t->sid = (uint32_t)sid, t->dtype = (uint8_t)dtype, t->ndim = (uint8_t)ndim;
         t->offset = (size_t)offset;
-        uint64_t nbytes = DTYPES[dtype].size;
+        uint64_t nbytes = DTYPES[dtype].size ? DTYPES[dtype].size : 1;
         for (uint32_t d = 0; d < ndim; d++) {
             if (read_u(h, r, 8, &dim)) return -1;
             /* Overflow-safe product, capped: PL_MAX_STORAGE is far below 2^63. */
@@ -155,7 +160,7 @@ static int read_entries(pl_executor *h, struct reader *r) {
             t->shape[d] = (int64_t)dim;
             nbytes *= dim;
         }
-        t->nbytes = (size_t)nbytes;
+        t->nbytes = (size_t)(DTYPES[dtype].size ? nbytes : (nbytes + 1) / 2);
         if (sid + 1 > h->n_storage) h->n_storage = (uint32_t)sid + 1;
     }
     return 0;

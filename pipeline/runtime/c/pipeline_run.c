@@ -4,7 +4,8 @@
  *                [--threads T] [--repeat N] [--print-time] [--no-check]
  *
  * Loads the library, sets each input from a .npy file (C order, little endian;
- * float32/float64/int64/int32/bool and the library's other dtypes), runs it,
+ * float32/float64/int64/int32/bool and the library's other dtypes; bfloat16 and
+ * float8 as their bits, see DESCR), runs it,
  * writes output i to DIR/output_<i>.npy (DIR and its missing parents are
  * created, as mkdir -p does) and with --repeat N prints the
  * median milliseconds per run of N more runs. --print-time prints instead one line
@@ -48,6 +49,8 @@ static struct {
     int (*get_output)(pl_executor *, int, void *, size_t);
     int (*set_num_threads)(pl_executor *, int);
     int (*run)(pl_executor *);
+    /* VM libraries only (NULL for a graph library): an input's runtime shape */
+    int (*set_input_shape)(pl_executor *, int, int, const int64_t *);
 } api;
 
 static void *sym(void *lib, const char *path, const char *name) {
@@ -111,19 +114,52 @@ static void load_api(const char *path) {
     *(void **)&api.get_output = sym(lib, path, "pl_get_output");
     *(void **)&api.set_num_threads = sym(lib, path, "pl_set_num_threads");
     *(void **)&api.run = sym(lib, path, "pl_run");
+    *(void **)&api.set_input_shape = dlsym(lib, "pl_set_input_shape");
 }
 
-/* numpy's dtype names <-> .npy descr strings (little endian, '|' for bytes). */
-static const char *const DESCR[][2] = {
-    {"float32", "<f4"}, {"float64", "<f8"}, {"int32", "<i4"}, {"int64", "<i8"},
-    {"bool", "|b1"},    {"float16", "<f2"}, {"int8", "|i1"},  {"int16", "<i2"},
-    {"uint8", "|u1"},   {"uint16", "<u2"},  {"uint32", "<u4"}, {"uint64", "<u8"},
+/* numpy's dtype names <-> .npy descr strings (little endian, '|' for bytes), and a
+ * second descr also read. numpy has no bfloat16 or float8: they are written as their
+ * bits (uint16, uint8; `.view(ml_dtypes.bfloat16)` in Python gives the values), and
+ * read from such files or from what np.save writes for ml_dtypes' arrays (void). */
+static const char *const DESCR[][3] = {
+    {"float32", "<f4", ""}, {"float64", "<f8", ""}, {"int32", "<i4", ""}, {"int64", "<i8", ""},
+    {"bool", "|b1", ""},    {"float16", "<f2", ""}, {"int8", "|i1", ""},  {"int16", "<i2", ""},
+    {"uint8", "|u1", ""},   {"uint16", "<u2", ""},  {"uint32", "<u4", ""}, {"uint64", "<u8", ""},
+    {"bfloat16", "<u2", "<V2"},    {"float8_e4m3fn", "|u1", "<V1"},
+    {"float8_e4m3fnuz", "|u1", "<V1"}, {"float8_e5m2", "|u1", "<V1"},
+    {"float8_e5m2fnuz", "|u1", "<V1"}, {"uint4", "|u1", "<V1"}, {"int4", "|i1", "<V1"},
 };
 
-static const char *descr_of(const char *dtype) {
+static const char *descr_of(const char *dtype, int alternative) {
     for (size_t i = 0; i < sizeof DESCR / sizeof DESCR[0]; i++)
-        if (strcmp(DESCR[i][0], dtype) == 0) return DESCR[i][1];
+        if (strcmp(DESCR[i][0], dtype) == 0) return DESCR[i][1 + alternative];
     return "?";
+}
+
+/* int4 and uint4: one element a byte in .npy files (what numpy and ml_dtypes hold),
+ * two a byte in the library (element 2i in the low nibble of byte i). */
+static int packed(const pl_tensor_info *t) {
+    return strcmp(t->dtype, "int4") == 0 || strcmp(t->dtype, "uint4") == 0;
+}
+
+static size_t file_bytes(const pl_tensor_info *t) {
+    size_t n = 1;
+    for (int d = 0; d < t->ndim; d++) n *= (size_t)t->shape[d];
+    return packed(t) ? n : t->nbytes;
+}
+
+static void pack(const pl_tensor_info *t, const unsigned char *one, unsigned char *two) {
+    size_t n = file_bytes(t);
+    memset(two, 0, t->nbytes);
+    for (size_t i = 0; i < n; i++) two[i / 2] |= (unsigned char)((one[i] & 15) << (i % 2 * 4));
+}
+
+static void unpack(const pl_tensor_info *t, const unsigned char *two, unsigned char *one) {
+    int sign = strcmp(t->dtype, "int4") == 0;
+    for (size_t i = 0; i < file_bytes(t); i++) {
+        unsigned v = two[i / 2] >> (i % 2 * 4) & 15;
+        one[i] = (unsigned char)(sign && v >= 8 ? v | 0xF0 : v);
+    }
 }
 
 static void shape_text(const pl_tensor_info *t, char *out, size_t n) {
@@ -170,6 +206,23 @@ static void read_npy(pl_executor *h, int index, const char *name, const char *pa
     size_t k = 0;
     for (size_t i = 0; i < hlen; i++)
         if (header[i] != ' ' && header[i] != '\n') squeezed[k++] = header[i];
+    int symbolic = 0; /* a VM library's input with symbolic dimensions (-1 in its info) */
+    for (int d = 0; d < t.ndim; d++) symbolic |= t.shape[d] < 0;
+    if (symbolic && api.set_input_shape) { /* the file's shape, checked against bounds */
+        int64_t dims[32];
+        int ndim = 0;
+        const char *p = field(squeezed, "'shape':");
+        if (!p || *p != '(') die("input '%s': %s has no shape in its header", name, path);
+        for (p++; *p && *p != ')' && ndim < 32; ndim++) {
+            char *end;
+            dims[ndim] = strtoll(p, &end, 10);
+            if (end == p) die("input '%s': %s has a malformed shape", name, path);
+            p = *end == ',' ? end + 1 : end;
+        }
+        if (api.set_input_shape(h, index, ndim, dims))
+            die("%s: %s", path, api.last_error(h));
+        api.input_info(h, index, &t);
+    }
     char want[512], shape[400];
     shape_text(&t, shape, sizeof shape);
     const char *descr = field(squeezed, "'descr':"), *order = field(squeezed, "'fortran_order':");
@@ -179,8 +232,11 @@ static void read_npy(pl_executor *h, int index, const char *name, const char *pa
     for (const char *c = shape; *c; c++)
         if (*c != ' ') shape_squeezed[k++] = *c;
     shape_squeezed[k] = 0;
-    snprintf(want, sizeof want, "'%s'", descr_of(t.dtype));
-    if (!descr || strncmp(descr, want, strlen(want)) != 0)
+    snprintf(want, sizeof want, "'%s'", descr_of(t.dtype, 0));
+    char also[16];
+    snprintf(also, sizeof also, "'%s'", descr_of(t.dtype, 1));
+    if (!descr || (strncmp(descr, want, strlen(want)) != 0 &&
+                   (strlen(also) == 2 || strncmp(descr, also, strlen(also)) != 0)))
         die("input '%s': %s has dtype %.*s, expected %s %s", name, path,
             until(descr, 1, '\''), descr ? descr : "?", t.dtype, want);
     if (!order || strncmp(order, "False", 5) != 0)
@@ -188,10 +244,14 @@ static void read_npy(pl_executor *h, int index, const char *name, const char *pa
     if (!dims || strncmp(dims, shape_squeezed, strlen(shape_squeezed)) != 0)
         die("input '%s': %s has shape %.*s, expected %s", name, path, until(dims, 0, ')'),
             dims ? dims : "?", shape);
-    void *data = malloc(t.nbytes ? t.nbytes : 1);
-    if (!data || fread(data, 1, t.nbytes, f) != t.nbytes || fgetc(f) != EOF)
-        die("input '%s': %s does not hold exactly %zu bytes of data", name, path, t.nbytes);
-    if (api.set_input(h, index, data, t.nbytes)) die("input '%s': %s", name, api.last_error(h));
+    size_t size = file_bytes(&t);
+    unsigned char *data = malloc(size ? size : 1), *two = malloc(t.nbytes ? t.nbytes : 1);
+    if (!data || !two || fread(data, 1, size, f) != size || fgetc(f) != EOF)
+        die("input '%s': %s does not hold exactly %zu bytes of data", name, path, size);
+    if (packed(&t)) pack(&t, data, two);
+    if (api.set_input(h, index, packed(&t) ? two : data, t.nbytes))
+        die("input '%s': %s", name, api.last_error(h));
+    free(two);
     fclose(f);
     free(data), free(header), free(squeezed);
 }
@@ -202,22 +262,25 @@ static void write_npy(pl_executor *h, int index, const char *dir) {
     api.output_info(h, index, &t);
     shape_text(&t, shape, sizeof shape);
     int n = snprintf(header, sizeof header, "{'descr': '%s', 'fortran_order': False, "
-                     "'shape': %s, }", descr_of(t.dtype), shape);
+                     "'shape': %s, }", descr_of(t.dtype, 0), shape);
     /* Pad with spaces so the data starts 64-byte aligned; the header ends in '\n'. */
     int total = (10 + n + 1 + 63) / 64 * 64;
     memset(header + n, ' ', (size_t)(total - 10 - n - 1));
     header[total - 10 - 1] = '\n';
-    void *data = malloc(t.nbytes ? t.nbytes : 1);
-    if (!data || api.get_output(h, index, data, t.nbytes))
+    size_t size = file_bytes(&t);
+    unsigned char *data = malloc(t.nbytes ? t.nbytes : 1), *one = malloc(size ? size : 1);
+    if (!data || !one || api.get_output(h, index, data, t.nbytes))
         die("output %d: %s", index, data ? api.last_error(h) : "out of memory");
+    if (packed(&t)) unpack(&t, data, one);
     snprintf(path, sizeof path, "%s/output_%d.npy", dir, index);
     FILE *f = fopen(path, "wb");
     unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(total - 10),
                              (unsigned char)((total - 10) >> 8)};
     if (!f || fwrite(pre, 1, 10, f) != 10 || fwrite(header, 1, (size_t)(total - 10), f) !=
-        (size_t)(total - 10) || fwrite(data, 1, t.nbytes, f) != t.nbytes || fclose(f))
+        (size_t)(total - 10) || fwrite(packed(&t) ? one : data, 1, size, f) != size ||
+        fclose(f))
         die("cannot write %s", path);
-    free(data);
+    free(data), free(one);
 }
 
 /* Create `dir` and its missing parents, as mkdir -p does (existing ones are fine). */

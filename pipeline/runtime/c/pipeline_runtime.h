@@ -64,6 +64,11 @@ int pl_output_info(const pl_executor *h, int index, pl_tensor_info *info);
 
 /* Copy C-contiguous data in or out; nbytes must equal the tensor's nbytes. */
 int pl_set_input(pl_executor *h, int index, const void *data, size_t nbytes);
+/* VM libraries only: the runtime shape of an input with symbolic dimensions (rank and
+ * static dims as declared, each symbolic one within its bounds), before pl_set_input
+ * or pl_set_input_zero_copy (a run refuses a zero-copy buffer smaller than a shape
+ * set after it); pl_input_info then describes that shape. */
+int pl_set_input_shape(pl_executor *h, int index, int ndim, const int64_t *shape);
 int pl_get_input(pl_executor *h, int index, void *data, size_t nbytes);
 int pl_get_output(pl_executor *h, int index, void *data, size_t nbytes);
 

@@ -26,7 +26,7 @@
 #define API __attribute__((visibility("default")))
 #define MAX_NDIM 32u
 #define RO_SYMBOL "__pipeline_vm_exec"
-#define RO_VERSION 1u
+#define RO_VERSION 2u
 #define RO_HEAD 88u
 #define RO_DIGEST 32u
 #ifndef PL_MAX_STORAGE /* the fuzzer lowers it: a fuzzed size must not allocate GBs */
@@ -41,7 +41,8 @@
 #endif
 #define MAX_DEPTH 64 /* nested function calls (If and Loop bodies nest, never recurse) */
 enum { ALLOC_STORAGE = 1, ALLOC_TENSOR, LOAD_CONST, INVOKE_PACKED, COPY, VIEW, MOVE, IF, GOTO,
-       INVOKE, RET, SCALAR, ADD_IMM, LESS, COPY_AT, VIEW_AT, FAIL,
+       INVOKE, RET, SCALAR, ADD_IMM, LESS, COPY_AT, VIEW_AT, FAIL, SHAPE_OF, MUL_DIM,
+       ALLOC_TENSOR_DIMS, VIEW_DIMS, INVOKE_PACKED_DIMS, ADD_DIM,
        /* 30-39: data-dependent shapes */
        VIEW_SHAPE = 30, ALLOC_SHAPED, VIEW_ROWS };
 /* FAIL's reasons (pipeline/vm/bytecode.py FAILURES) */
@@ -55,6 +56,10 @@ static const char *const FAILURES[] = {
 static const struct { const char *name; uint8_t size; } DTYPES[] = {
     {"float32", 4}, {"float64", 8}, {"int32", 4}, {"int64", 8}, {"bool", 1}, {"float16", 2},
     {"int8", 1},    {"int16", 2},   {"uint8", 1}, {"uint16", 2}, {"uint32", 4}, {"uint64", 8},
+    /* appended, never renumbered (pipeline/vm/bytecode.py DTYPES) */
+    {"bfloat16", 2}, {"float8_e4m3fn", 1}, {"float8_e4m3fnuz", 1}, {"float8_e5m2", 1},
+    {"float8_e5m2fnuz", 1},
+    {"uint4", 0}, {"int4", 0}, /* size 0: two elements a byte, element 2i in the low nibble */
 };
 #define N_DTYPES (sizeof DTYPES / sizeof DTYPES[0])
 
@@ -62,6 +67,8 @@ static const struct { const char *name; uint8_t size; } DTYPES[] = {
 extern void omp_set_num_threads(int) __attribute__((weak));
 
 typedef int32_t (*kernel_fn)(void **args);
+/* A kernel over symbolic rows: dims holds the values of its symbols (docs/vm.md). */
+typedef int32_t (*kernel_dims_fn)(void **args, const int64_t *dims);
 
 struct storage {
     long refs;
@@ -79,7 +86,10 @@ struct obj { /* a register: nothing, a storage, or a tensor viewing a storage */
     int64_t shape[MAX_NDIM];
 };
 
+/* A declared type; shape[d] = -1 - k for symbolic dimension k (main's parameters and
+ * results only), nbytes then at the dimensions' upper bounds. */
 struct type { const char *name; uint8_t dtype, ndim; int64_t shape[MAX_NDIM]; size_t nbytes; };
+struct dim { const char *name; int64_t low, high; };
 
 struct ins { uint16_t op; uint32_t n; const int64_t *w; void **args; };
 
@@ -94,7 +104,10 @@ struct func {
 };
 
 struct pl_executor {
-    uint32_t n_funcs, n_consts, n_kernels;
+    uint32_t n_funcs, n_consts, n_kernels, n_dims;
+    struct dim *dims;        /* the symbolic dimensions and their bounds */
+    int64_t (*in_shape)[MAX_NDIM]; /* each input's shape: pl_set_input_shape's */
+    size_t *in_nbytes;       /* its bytes; (size_t)-1 until a symbolic one is set */
     struct func *funcs;
     struct storage **consts; /* the constants, each in its own storage */
     struct type *const_types;
@@ -171,15 +184,16 @@ static int read_str(pl_executor *h, struct reader *r, const char **s) {
 static int64_t size_of(int64_t dtype, int64_t ndim, const int64_t *shape) {
     if (dtype < 0 || (uint64_t)dtype >= N_DTYPES || ndim < 0 || ndim > (int64_t)MAX_NDIM)
         return -1;
-    uint64_t n = DTYPES[dtype].size;
+    uint64_t n = DTYPES[dtype].size ? DTYPES[dtype].size : 1;
     for (int64_t d = 0; d < ndim; d++) {
         if (shape[d] < 0 || (shape[d] && n > PL_MAX_STORAGE / (uint64_t)shape[d])) return -1;
         n *= (uint64_t)shape[d];
     }
-    return (int64_t)n;
+    return (int64_t)(DTYPES[dtype].size ? n : (n + 1) / 2);
 }
 
 static int read_type(pl_executor *h, struct reader *r, struct type *t) {
+    int64_t high[MAX_NDIM];
     uint64_t dtype, ndim, pad, dim;
     if (read_str(h, r, &t->name) || read_u(h, r, 1, &dtype) || read_u(h, r, 1, &ndim) ||
         read_u(h, r, 2, &pad))
@@ -190,8 +204,12 @@ static int read_type(pl_executor *h, struct reader *r, struct type *t) {
     for (uint32_t d = 0; d < ndim; d++) {
         if (read_u(h, r, 8, &dim)) return -1;
         t->shape[d] = (int64_t)dim;
+        int64_t k = -1 - t->shape[d]; /* a symbolic dimension (the constants have none) */
+        if (t->shape[d] < 0 && (k >= (int64_t)h->n_dims || r->what[0] == 'c'))
+            return fail(h, ".ro %s section corrupted: shape of '%s'", r->what, t->name);
+        high[d] = t->shape[d] < 0 ? h->dims[k].high : t->shape[d];
     }
-    int64_t n = size_of(t->dtype, t->ndim, t->shape);
+    int64_t n = size_of(t->dtype, t->ndim, high);
     if (n < 0) return fail(h, ".ro %s section corrupted: shape of '%s'", r->what, t->name);
     t->nbytes = (size_t)n;
     return 0;
@@ -283,6 +301,15 @@ static int check_list(const struct func *fn, const struct ins *in, uint32_t at, 
     return 1;
 }
 
+/* Dim operands (docs/vm.md): a constant >= 0, or -1 - r for the int64 in register r. */
+static int dims_ok(const struct func *fn, const int64_t *w, int64_t n) {
+    for (int64_t k = 0; k < n; k++)
+        if (w[k] < 0 ? w[k] == INT64_MIN || !reg_ok(fn, -1 - w[k])
+                     : (uint64_t)w[k] > PL_MAX_STORAGE)
+            return 0;
+    return 1;
+}
+
 static int check_ins(const pl_executor *h, const struct func *fn, const struct ins *in) {
     const int64_t *w = in->w;
     uint32_t n = in->n;
@@ -326,6 +353,19 @@ static int check_ins(const pl_executor *h, const struct func *fn, const struct i
     case VIEW_AT:
         return n >= 5 && (uint64_t)w[4] == n - 5 && reg_ok(fn, w[0]) && reg_ok(fn, w[1]) &&
                reg_ok(fn, w[2]) && size_of(w[3], w[4], w + 5) >= 0;
+    case SHAPE_OF:
+        return n == 3 && reg_ok(fn, w[0]) && reg_ok(fn, w[1]) && w[2] >= 0 && w[2] < MAX_NDIM;
+    case MUL_DIM: case ADD_DIM: return n == 3 && reg_ok(fn, w[0]) && dims_ok(fn, w + 1, 2);
+    case ALLOC_TENSOR_DIMS: case VIEW_DIMS:
+        return n >= 5 && (uint64_t)w[4] == n - 5 && w[4] <= MAX_NDIM && reg_ok(fn, w[0]) &&
+               reg_ok(fn, w[1]) && w[2] >= 0 && (uint64_t)w[2] <= PL_MAX_STORAGE && w[3] >= 0 &&
+               (uint64_t)w[3] < N_DTYPES && dims_ok(fn, w + 5, w[4]);
+    case INVOKE_PACKED_DIMS: {
+        if (n < 3 || w[0] < 0 || w[0] >= h->n_kernels || !check_list(fn, in, 1, 1)) return 0;
+        uint32_t at = 2 + (uint32_t)w[1];
+        return check_list(fn, in, at, 0) && (uint64_t)w[at] == n - at - 1 &&
+               w[at] <= MAX_NDIM && dims_ok(fn, w + at + 1, w[at]);
+    }
     default: return 0;
     }
 }
@@ -358,8 +398,23 @@ static int read_code(pl_executor *h, struct reader *r, struct ins **all, uint32_
     return 0;
 }
 
+static int read_dims(pl_executor *h, struct reader *r) {
+    if (read_count(h, r, 21, &h->n_dims)) return -1;
+    h->dims = calloc(h->n_dims + 1, sizeof *h->dims);
+    if (!h->dims) return fail(h, "out of memory");
+    for (uint32_t k = 0; k < h->n_dims; k++) {
+        uint64_t low, high;
+        if (read_str(h, r, &h->dims[k].name) || read_u(h, r, 8, &low) || read_u(h, r, 8, &high))
+            return -1;
+        if ((int64_t)low < 1 || (int64_t)high < (int64_t)low || high > PL_MAX_STORAGE)
+            return fail(h, ".ro functions section corrupted: bounds of '%s'", h->dims[k].name);
+        h->dims[k].low = (int64_t)low, h->dims[k].high = (int64_t)high;
+    }
+    return 0;
+}
+
 static int read_funcs(pl_executor *h, struct reader *r, struct ins *all, uint32_t n_ins) {
-    if (read_count(h, r, 37, &h->n_funcs)) return -1;
+    if (read_dims(h, r) || read_count(h, r, 37, &h->n_funcs)) return -1;
     if (h->n_funcs == 0) return fail(h, ".ro has no function");
     h->funcs = calloc(h->n_funcs, sizeof *h->funcs);
     /* Every type takes at least 9 bytes of the section. */
@@ -428,8 +483,18 @@ static int open_ro(pl_executor *h, const uint8_t *ro, size_t size,
     h->outputs = calloc(main_fn->n_results + 1, sizeof *h->outputs);
     h->zero_copy = calloc(main_fn->n_params + 1, sizeof *h->zero_copy);
     if (!h->inputs || !h->outputs || !h->zero_copy) return fail(h, "out of memory");
-    for (uint32_t i = 0; i < main_fn->n_params; i++)
-        if (!(h->inputs[i] = storage_new(h, main_fn->params[i].nbytes))) return -1;
+    h->in_shape = calloc(main_fn->n_params + 1, sizeof *h->in_shape);
+    h->in_nbytes = calloc(main_fn->n_params + 1, sizeof *h->in_nbytes);
+    if (!h->in_shape || !h->in_nbytes) return fail(h, "out of memory");
+    for (uint32_t i = 0; i < main_fn->n_params; i++) {
+        const struct type *t = &main_fn->params[i];
+        if (!(h->inputs[i] = storage_new(h, t->nbytes))) return -1;
+        h->in_nbytes[i] = t->nbytes; /* at the bounds: storage for the largest shape */
+        for (uint32_t d = 0; d < t->ndim; d++) {
+            h->in_shape[i][d] = t->shape[d] < 0 ? -1 : t->shape[d];
+            if (t->shape[d] < 0) h->in_nbytes[i] = (size_t)-1; /* set by pl_set_input_shape */
+        }
+    }
     return 0;
 }
 
@@ -438,19 +503,41 @@ static int open_ro(pl_executor *h, const uint8_t *ro, size_t size,
 static int run_func(pl_executor *h, struct func *fn, struct obj *results);
 
 static int make_tensor(pl_executor *h, struct obj *dst, const struct obj *base,
-                       const int64_t *w, int view) {
+                       const int64_t *w, int view, const int64_t *shape) {
     if (base->kind == 0)
         return fail(h, "VM: %s of an empty register", view ? "view" : "tensor");
     struct obj t = {2, (uint8_t)w[3], (uint8_t)w[4], base->st, NULL, 0, {0}};
-    t.nbytes = (size_t)size_of(w[3], w[4], w + 5);
+    int64_t size = size_of(w[3], w[4], shape);
+    if (size < 0) return fail(h, "VM: a tensor of a bad runtime shape");
+    t.nbytes = (size_t)size;
     size_t start = (size_t)((char *)base->data - (char *)base->st->data) * (base->kind == 2 && view);
     if (start + (size_t)w[2] + t.nbytes > base->st->size)
         return fail(h, "VM: a tensor of %zu bytes at offset %lld does not fit its %zu-byte "
                     "storage", t.nbytes, (long long)w[2], base->st->size);
     t.data = (char *)base->st->data + start + w[2];
-    memcpy(t.shape, w + 5, (size_t)w[4] * sizeof *t.shape);
+    memcpy(t.shape, shape, (size_t)w[4] * sizeof *t.shape);
     obj_set(h, dst, &t);
     return 0;
+}
+
+static int int64_of(pl_executor *h, const struct obj *o, int64_t *v);
+
+/* The values of n dim operands (docs/vm.md) into out. */
+static int dim_values(pl_executor *h, const struct func *fn, const int64_t *w, int64_t n,
+                      int64_t *out) {
+    for (int64_t k = 0; k < n; k++) {
+        if (w[k] >= 0) out[k] = w[k];
+        else if (int64_of(h, &fn->regs[-1 - w[k]], &out[k])) return -1;
+        if (out[k] < 0) return fail(h, "VM: a negative runtime dimension");
+    }
+    return 0;
+}
+
+/* AllocTensorDims, ViewDims: make_tensor of the runtime shape. */
+static int make_tensor_dims(pl_executor *h, struct func *fn, const int64_t *w, int view) {
+    int64_t shape[MAX_NDIM];
+    if (dim_values(h, fn, w + 5, w[4], shape)) return -1;
+    return make_tensor(h, &fn->regs[w[0]], &fn->regs[w[1]], w, view, shape);
 }
 
 /* dst = a new scalar tensor (int64 or bool) holding value. */
@@ -536,7 +623,9 @@ static int shape_from(pl_executor *h, const struct obj *s, struct obj *t) {
         return fail(h, "VM: a runtime shape of %llu elements is more than the limit of %llu "
                     "($PIPELINE_MAX_TENSOR_ELEMENTS)", (unsigned long long)count,
                     (unsigned long long)max_elements());
-    t->nbytes = (size_t)count * DTYPES[t->dtype].size;
+    int64_t nbytes = size_of(t->dtype, t->ndim, t->shape); /* int4: two elements a byte */
+    if (nbytes < 0) return fail(h, "VM: a runtime shape too large for a storage");
+    t->nbytes = (size_t)nbytes;
     return 0;
 }
 
@@ -560,9 +649,10 @@ static int dynamic_shape(pl_executor *h, struct func *fn, const struct ins *in) 
         const struct obj *like = &r[w[2]];
         if (like->kind != 2 || w[3] >= like->ndim || src->ndim == 0)
             return fail(h, "VM: ViewRows of a tensor without that dimension");
-        size_t row = src->shape[0] ? src->nbytes / (size_t)src->shape[0] : 0;
         t.shape[0] = like->shape[w[3]];
-        t.nbytes = row * (size_t)t.shape[0];
+        int64_t nbytes = size_of(t.dtype, t.ndim, t.shape); /* int4: two elements a byte */
+        if (nbytes < 0) return fail(h, "VM: ViewRows of a bad shape");
+        t.nbytes = (size_t)nbytes;
     }
     if (t.nbytes > src->nbytes || (in->op == VIEW_ROWS && t.shape[0] > src->shape[0]))
         return fail(h, "VM: a data-dependent result of %zu bytes exceeds its %zu-byte bound",
@@ -577,7 +667,15 @@ static int invoke_packed(pl_executor *h, struct func *fn, struct ins *in) {
         if (o->kind != 2) return fail(h, "VM: kernel argument %lld is not a tensor", (long long)a);
         in->args[a] = o->data;
     }
-    int32_t rc = h->kernels[in->w[0]](in->args);
+    int32_t rc;
+    if (in->op == INVOKE_PACKED_DIMS) {
+        int64_t dims[MAX_NDIM];
+        const int64_t *d = in->w + 2 + in->w[1];
+        if (dim_values(h, fn, d + 1, d[0], dims)) return -1;
+        rc = ((kernel_dims_fn)(void *)h->kernels[in->w[0]])(in->args, dims);
+    } else {
+        rc = h->kernels[in->w[0]](in->args);
+    }
     return rc ? fail(h, "kernel %s returned an error (%d): an input value out of its range",
                      h->kernel_names[in->w[0]], (int)rc) : 0;
 }
@@ -614,8 +712,28 @@ static int step(pl_executor *h, struct func *fn, uint32_t *pc, struct obj *resul
         r[w[0]] = s; /* takes storage_new's reference */
         return 0;
     }
-    case ALLOC_TENSOR: return make_tensor(h, &r[w[0]], &r[w[1]], w, 0);
-    case VIEW: return make_tensor(h, &r[w[0]], &r[w[1]], w, 1);
+    case ALLOC_TENSOR: return make_tensor(h, &r[w[0]], &r[w[1]], w, 0, w + 5);
+    case VIEW: return make_tensor(h, &r[w[0]], &r[w[1]], w, 1, w + 5);
+    case ALLOC_TENSOR_DIMS: return make_tensor_dims(h, fn, w, 0);
+    case VIEW_DIMS: return make_tensor_dims(h, fn, w, 1);
+    case INVOKE_PACKED_DIMS: return invoke_packed(h, fn, in);
+    case SHAPE_OF:
+        if (r[w[1]].kind != 2 || w[2] >= r[w[1]].ndim)
+            return fail(h, "VM: shape of a non-tensor or past its rank");
+        return new_scalar(h, &r[w[0]], DT_INT64, r[w[1]].shape[w[2]]);
+    case MUL_DIM: {
+        int64_t v[2];
+        if (dim_values(h, fn, w + 1, 2, v)) return -1;
+        if (v[0] && v[1] > (int64_t)PL_MAX_STORAGE / v[0]) return fail(h, "VM: dimension overflow");
+        return new_scalar(h, &r[w[0]], DT_INT64, v[0] * v[1]);
+    }
+    case ADD_DIM: {
+        int64_t v[2];
+        if (dim_values(h, fn, w + 1, 2, v)) return -1;
+        if (v[0] > (int64_t)PL_MAX_STORAGE || v[1] > (int64_t)PL_MAX_STORAGE)
+            return fail(h, "VM: dimension overflow");
+        return new_scalar(h, &r[w[0]], DT_INT64, v[0] + v[1]);
+    }
     case LOAD_CONST: {
         const struct type *t = &h->const_types[w[1]];
         struct obj c = {2, t->dtype, t->ndim, h->consts[w[1]], h->consts[w[1]]->data, t->nbytes,
@@ -757,7 +875,8 @@ API void pl_destroy(pl_executor *h) {
         h->pool = s->next;
         free(s->data), free(s);
     }
-    free(h->inputs), free(h->zero_copy), free(h->outputs), free(h->consts), free(h->const_types), free(h->kernels);
+    free(h->in_shape), free(h->in_nbytes), free(h->dims), free(h->zero_copy);
+    free(h->inputs), free(h->outputs), free(h->consts), free(h->const_types), free(h->kernels);
     free(h->kernel_names);
     free(h->words), free(h->arg_pool), free(h->ins_pool), free(h->type_pool), free(h->funcs);
     if (h->dl_handle) dlclose(h->dl_handle);
@@ -780,9 +899,53 @@ static void describe(const struct type *t, pl_tensor_info *info) {
     *info = (pl_tensor_info){t->name, DTYPES[t->dtype].name, t->ndim, t->shape, t->nbytes};
 }
 
+/* The shape of input i: as pl_set_input_shape set it (a symbolic dimension not set yet
+ * is -1, and nbytes then 0). */
 API int pl_input_info(const pl_executor *h, int i, pl_tensor_info *info) {
     if (i < 0 || (uint32_t)i >= h->funcs[0].n_params) return -1;
     describe(&h->funcs[0].params[i], info);
+    info->shape = h->in_shape[i];
+    info->nbytes = h->in_nbytes[i] == (size_t)-1 ? 0 : h->in_nbytes[i];
+    return 0;
+}
+
+/* The runtime shape of input i: its rank and static dimensions as declared, each
+ * symbolic one within its bounds; else -1 and one line in pl_last_error. */
+API int pl_set_input_shape(pl_executor *h, int i, int ndim, const int64_t *shape) {
+    const struct func *m = &h->funcs[0];
+    if (i < 0 || (uint32_t)i >= m->n_params)
+        return fail(h, "input index %d out of range: the function has %u", i, m->n_params);
+    const struct type *t = &m->params[i];
+    char want[256];
+    size_t used = (size_t)snprintf(want, sizeof want, "[");
+    for (uint32_t d = 0; d < t->ndim && used < sizeof want; d++) {
+        if (t->shape[d] < 0) {
+            const struct dim *s = &h->dims[-1 - t->shape[d]];
+            used += (size_t)snprintf(want + used, sizeof want - used, "%s%s (%lld..%lld)",
+                                     d ? ", " : "", s->name, (long long)s->low,
+                                     (long long)s->high);
+        } else {
+            used += (size_t)snprintf(want + used, sizeof want - used, "%s%lld", d ? ", " : "",
+                                     (long long)t->shape[d]);
+        }
+    }
+    if (used < sizeof want) snprintf(want + used, sizeof want - used, "]");
+    if (ndim != t->ndim)
+        return fail(h, "input '%s': rank %d given, expected %s", t->name, ndim, want);
+    for (int d = 0; d < ndim; d++) {
+        int64_t k = -1 - t->shape[d];
+        if (t->shape[d] >= 0 && shape[d] != t->shape[d])
+            return fail(h, "input '%s': dimension %d is %lld, expected %s", t->name, d,
+                        (long long)shape[d], want);
+        if (t->shape[d] < 0 && (shape[d] < h->dims[k].low || shape[d] > h->dims[k].high))
+            return fail(h, "input '%s': dimension '%s' = %lld is outside its bounds %lld..%lld",
+                        t->name, h->dims[k].name, (long long)shape[d],
+                        (long long)h->dims[k].low, (long long)h->dims[k].high);
+    }
+    int64_t size = size_of(t->dtype, ndim, shape);
+    if (size < 0) return fail(h, "input '%s': shape too large", t->name);
+    memcpy(h->in_shape[i], shape, (size_t)ndim * sizeof *shape);
+    h->in_nbytes[i] = (size_t)size;
     return 0;
 }
 
@@ -805,7 +968,12 @@ static const struct type *io_type(pl_executor *h, int out, int i, size_t nbytes)
         return NULL;
     }
     const struct type *t = out ? &m->results[i] : &m->params[i];
-    size_t have = out && h->ran ? h->outputs[i].nbytes : t->nbytes;
+    size_t have = out && h->ran ? h->outputs[i].nbytes : out ? t->nbytes : h->in_nbytes[i];
+    if (!out && have == (size_t)-1) {
+        fail(h, "input '%s' has symbolic dimensions: give its shape first "
+             "(pl_set_input_shape)", t->name);
+        return NULL;
+    }
     if (nbytes != have) {
         fail(h, "%s '%s': %zu bytes of %s expected, given %zu", out ? "output" : "input",
              t->name, have, DTYPES[t->dtype].name, nbytes);
@@ -846,6 +1014,9 @@ API int pl_set_input_zero_copy(pl_executor *h, int i, void *data, size_t nbytes)
 
 API int pl_get_input(pl_executor *h, int i, void *data, size_t nbytes) {
     if (!io_type(h, 0, i, nbytes)) return -1;
+    if (input_storage(h, i)->size < nbytes)
+        return fail(h, "input '%s': its zero-copy buffer is smaller than its shape: set it "
+                    "again after pl_set_input_shape", h->funcs[0].params[i].name);
     memcpy(data, input_storage(h, i)->data, nbytes);
     return 0;
 }
@@ -869,11 +1040,28 @@ API int pl_run(pl_executor *h) {
     if (h->num_threads > 0 && omp_set_num_threads) omp_set_num_threads(h->num_threads);
     for (uint32_t o = 0; o < m->n_results; o++) obj_clear(h, &h->outputs[o]);
     h->ran = 0, h->steps = 0, h->depth = 0;
+    int64_t bound[MAX_NDIM]; /* each symbolic dimension's value, from the first input */
+    for (uint32_t k = 0; k < h->n_dims && k < MAX_NDIM; k++) bound[k] = -1;
     for (uint32_t i = 0; i < m->n_params; i++) {
         const struct type *t = &m->params[i];
+        if (h->in_nbytes[i] == (size_t)-1)
+            return fail(h, "input '%s' has symbolic dimensions: give its shape first "
+                        "(pl_set_input_shape)", t->name);
         struct storage *st = input_storage(h, (int)i);
-        struct obj in = {2, t->dtype, t->ndim, st, st->data, t->nbytes, {0}};
-        memcpy(in.shape, t->shape, sizeof in.shape);
+        if (st->size < h->in_nbytes[i]) /* a zero-copy buffer set before a larger shape */
+            return fail(h, "input '%s': its zero-copy buffer has %zu bytes, its shape needs "
+                        "%zu: set it again after pl_set_input_shape", t->name, st->size,
+                        h->in_nbytes[i]);
+        for (uint32_t d = 0; d < t->ndim; d++) {
+            int64_t k = -1 - t->shape[d], v = h->in_shape[i][d];
+            if (t->shape[d] >= 0 || k >= (int64_t)MAX_NDIM) continue;
+            if (bound[k] >= 0 && bound[k] != v)
+                return fail(h, "inputs disagree on dimension '%s': %lld and %lld (input '%s')",
+                            h->dims[k].name, (long long)bound[k], (long long)v, t->name);
+            bound[k] = v;
+        }
+        struct obj in = {2, t->dtype, t->ndim, st, st->data, h->in_nbytes[i], {0}};
+        memcpy(in.shape, h->in_shape[i], sizeof in.shape);
         obj_set(h, &m->regs[i], &in);
     }
     if (run_func(h, m, h->outputs)) return -1;

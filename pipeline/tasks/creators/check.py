@@ -50,7 +50,8 @@ def task_validate(sel: Selection):
         # validation is never stored, so it reruns until it passes.
         yield sel.cached_stage(
             f"{m.name}@{t.name}", "tools.validate:validate_library",
-            [lib, onnx_path(m), shapes, opts, m.name, t.name, a["validation"], on_target],
+            [lib, onnx_path(m), shapes, opts, m.name, t.name, a["validation"], on_target,
+             *([{k: list(v) for k, v in m.dims.items()}] if m.dims else [])],
             deps, [a["validation"]],
             [options_changed({"validate": opts, "inputs": shapes, "run": t.run}, "validation")],
             extra=reference, fetch=(a["validation"],), clean=False)

@@ -39,14 +39,18 @@ def task_import(sel: Selection):
         ir, weights = imported(m)
         shapes = {k: list(v) for k, v in m.inputs.items()}
         # If, Loop and Scan are kept (as nodes holding subgraphs) for a model the VM
-        # runs somewhere in the config, whatever this run selects; the flag is passed
-        # only then, so the other models' imports are as before.
-        flow = [True] if _runs_in_vm(sel, m) else []
+        # runs somewhere in the config, whatever this run selects; a model with dims:
+        # keeps its symbolic dimensions. Each argument is passed only when set, so the
+        # other models' imports are as before.
+        flow = _runs_in_vm(sel, m)
+        dims = {k: list(v) for k, v in m.dims.items()} if m.dims else None
+        extra = [flow, dims] if dims else [True] if flow else []
+        opts = {"inputs": shapes, **({"control_flow": True} if flow else {}),
+                **({"dims": dims} if dims else {})}
         yield sel.cached_stage(
-            m.name, "tasks.stages:import_model", [onnx_path(m), shapes, ir, weights, *flow],
+            m.name, "tasks.stages:import_model", [onnx_path(m), shapes, ir, weights, *extra],
             [onnx_path(m), *front_src], [ir, weights],
-            [options_changed({"inputs": shapes, **({"control_flow": True} if flow else {})},
-                             "input"), sel.fetched])
+            [options_changed(opts, "input"), sel.fetched])
 
 
 def _runs_in_vm(sel: Selection, m) -> bool:

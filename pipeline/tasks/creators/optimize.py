@@ -36,9 +36,10 @@ def task_optimize(sel: Selection):
         a = artifacts(m, t)
         outs = [a["graph_json"], a["params"], a["kernels"]]
         # A VM entry says so in its options (a graph with control flow becomes a VM
-        # program; a switch to graph reruns it, to refuse the control flow); a graph
-        # entry's are as before.
-        opts = {**t.to_dict(), **({"executor": "vm"} if executor_of(m, t) == "vm" else {})}
+        # program; a switch to graph reruns it, to refuse the control flow), a model
+        # with dims: gives their bounds; a graph entry's are as before.
+        opts = {**t.to_dict(), **({"executor": "vm"} if executor_of(m, t) == "vm" else {}),
+                **({"dims": {k: list(v) for k, v in m.dims.items()}} if m.dims else {})}
         yield sel.cached_stage(
             f"{m.name}@{t.name}", "tasks.stages:optimize_model",
             [*imported(m), opts, SPECS, *outs, sel.settings.root], [*imported(m), *opt_src],

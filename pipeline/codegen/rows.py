@@ -1,0 +1,112 @@
+"""Render a kernel over symbolic rows (pipeline/lower/rows.py): the calling
+convention `int32_t f(void **args, const int64_t *dims)`, dims[k] the value of the
+spec's symbol s<k>.
+
+A kernel with runtime dimensions inside (not over rows) is a body function whose
+buffers end with the dims array (dsl/dims.py), called by render_dims_call.
+
+The rows function multiplies the row prefix's symbols into a row count, then calls the
+static kernel for ROW_BLOCKS[0] rows on each whole block of that many, the next
+size's on the whole blocks of the rest, and so on down to one row, each argument
+that has the rows advanced by its row's bytes (an argument without them, a weight,
+is passed as it is). The static kernels are private functions of the same module,
+rendered as any static kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import llvmlite.ir as ir
+import numpy as np
+
+from pipeline.dsl.types import I32, I64, PTR
+from pipeline.ir.dims import substitute
+from pipeline.lower.kernel import KernelSpec
+from pipeline.lower.rows import ROW_BLOCKS, at_rows, row_prefix
+
+__all__ = ["render_dims_call", "render_rows"]
+
+
+def _row_bytes(spec: KernelSpec, prefix: tuple[str, ...]) -> list[int]:
+    """Bytes one row of each argument spans (0 for an argument without the rows)."""
+    ones = dict.fromkeys(prefix, 1)
+    return [int(np.prod(substitute(t.shape, ones), dtype=np.int64)) * np.dtype(t.dtype).itemsize
+            if t.symbolic else 0 for t in spec.params]
+
+
+def render_rows(module: ir.Module, spec: KernelSpec,
+                body: Callable[[ir.Module, KernelSpec, str], ir.Function]) -> None:
+    """Define `spec.symbol` in `module` (module doc); `body(module, spec, name)`
+    renders a static kernel as function `name`."""
+    prefix = row_prefix(spec)
+    inner = {}
+    for rows in ROW_BLOCKS:
+        fn = body(module, at_rows(spec, prefix, rows), f"{spec.symbol}.rows{rows}")
+        fn.linkage = "internal"
+        inner[rows] = fn
+    fn = ir.Function(module, ir.FunctionType(I32, [PTR, PTR]), name=spec.symbol)
+    args, dims = fn.args
+    args.name, dims.name = "args", "dims"
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    n = len(spec.params)
+    argv = b.alloca(PTR, size=ir.Constant(I64, n), name="argv")
+    bases = [b.load(b.gep(args, [ir.Constant(I64, i)], source_etype=PTR), typ=PTR)
+             for i in range(n)]
+    rows = ir.Constant(I64, 1)
+    for s in prefix:
+        k = spec.symbols.index(s)
+        rows = b.mul(rows, b.load(b.gep(dims, [ir.Constant(I64, k)], source_etype=I64),
+                                  typ=I64))
+    sizes = _row_bytes(spec, prefix)
+    start = ir.Constant(I64, 0)
+    for step in ROW_BLOCKS:  # [start, stop): the whole blocks of `step` rows left
+        block = ir.Constant(I64, step)
+        stop = b.add(start, b.mul(b.udiv(b.sub(rows, start), block), block))
+        _row_loop(fn, b, inner[step], step, start, stop, argv, bases, sizes)
+        start = stop
+    b.ret(ir.Constant(I32, 0))
+
+
+def _row_loop(fn: ir.Function, b: ir.IRBuilder, kernel: ir.Function, step: int, start,
+              stop, argv, bases: list, sizes: list[int]) -> None:
+    """for (r = start; r < stop; r += step) { argv = bases + r rows; rc = kernel(argv);
+    if (rc) return rc; }"""
+    pre = b.block
+    head = fn.append_basic_block(f"rows{step}.head")
+    body = fn.append_basic_block(f"rows{step}.body")
+    failed = fn.append_basic_block(f"rows{step}.fail")
+    done = fn.append_basic_block(f"rows{step}.exit")
+    b.branch(head)
+    b.position_at_end(head)
+    r = b.phi(I64, name=f"r{step}")
+    r.add_incoming(start, pre)
+    b.cbranch(b.icmp_signed("<", r, stop), body, done)
+    b.position_at_end(body)
+    for i, (base, size) in enumerate(zip(bases, sizes, strict=True)):
+        ptr = (b.gep(base, [b.mul(r, ir.Constant(I64, size))], source_etype=ir.IntType(8))
+               if size else base)
+        b.store(ptr, b.gep(argv, [ir.Constant(I64, i)], source_etype=PTR))
+    rc = b.call(kernel, [argv])
+    nxt = b.add(r, ir.Constant(I64, step))
+    r.add_incoming(nxt, body)
+    b.cbranch(b.icmp_signed("!=", rc, ir.Constant(I32, 0)), failed, head)
+    b.position_at_end(failed)
+    b.ret(rc)
+    b.position_at_end(done)
+
+
+def render_dims_call(module: ir.Module, spec: KernelSpec, body: ir.Function) -> None:
+    """Define `spec.symbol(args, dims)` calling `body` (a kernel with runtime dimensions
+    inside, dsl/dims.py) with its buffers and the dims array as one more buffer."""
+    fn = ir.Function(module, ir.FunctionType(I32, [PTR, PTR]), name=spec.symbol)
+    args, dims = fn.args
+    args.name, dims.name = "args", "dims"
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    n = len(spec.params)
+    argv = b.alloca(PTR, size=ir.Constant(I64, n + 1), name="argv")
+    for i in range(n):
+        ptr = b.load(b.gep(args, [ir.Constant(I64, i)], source_etype=PTR), typ=PTR)
+        b.store(ptr, b.gep(argv, [ir.Constant(I64, i)], source_etype=PTR))
+    b.store(dims, b.gep(argv, [ir.Constant(I64, n)], source_etype=PTR))
+    b.ret(b.call(body, [argv]))

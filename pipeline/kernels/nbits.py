@@ -1,0 +1,123 @@
+"""matmul_nbits (pipeline/ops/nbits.py): y = a @ W + bias with W's 4- or 8-bit values
+read packed, in onnxruntime's MatMulNBits layout, and dequantized in the inner loop.
+
+The weights stay as the model stores them: a column's K values in blocks, each block a
+run of `blob` bytes (4-bit: two values a byte, the even one in the low nibble), so the
+library's weights are a quarter (4-bit) or half (8-bit) of float16's and an eighth or
+quarter of float32's, and every weight byte is read once per call: a batch-1 product
+(a decoder's token step) is bound by that stream.
+
+The work items are the N output columns, split over the threads. Per column, the rows
+of `a` go R at a time: per block, each V-lane vector of V weights is loaded once (V/2
+bytes for 4 bits: unpacked with a mask, a shift and one interleaving shuffle,
+converted to float and less the block's zero point) and multiplied into the R rows'
+block sums; a block sum then meets its scale in one FMA into the row's accumulator, so
+per weight the kernel does the unpacking and R FMAs, and per block R more. A last
+partial block (K not a multiple of the block size) runs value by value. Each output
+gets the bias and the fused epilogue and is stored as one float.
+"""
+
+from __future__ import annotations
+
+import llvmlite.ir as ir
+
+from pipeline.dsl.builder import F32, I32
+from pipeline.dsl.index import raw
+from pipeline.dsl.vector import fma, parallel_for, reduce_lanes, zeros
+from pipeline.kernels.registry import lowering
+
+LANES = 16  # one AVX-512 register of floats; two AVX2 ones, which LLVM splits it into
+ROWS = 4    # rows of `a` sharing each dequantized weight vector
+
+
+def _weights(kb, b, at, bits: int) -> ir.Value:
+    """LANES consecutive weights (as float, not yet less their zero point) of the
+    packed bytes of `b` from byte offset `at`."""
+    n_bytes = LANES * bits // 8
+    raw = kb.b.load(kb.gep(b, at), typ=ir.VectorType(ir.IntType(8), n_bytes), align=1)
+    wide = kb.b.zext(raw, ir.VectorType(I32, n_bytes))
+    if bits == 4:
+        lo = kb.b.and_(wide, ir.Constant(wide.type, 15))
+        hi = kb.b.lshr(wide, ir.Constant(wide.type, 4))
+        order = [k // 2 + (n_bytes if k % 2 else 0) for k in range(LANES)]
+        wide = kb.b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, LANES), order))
+    return kb.b.uitofp(wide, ir.VectorType(F32, LANES))
+
+
+def _value(kb, b, at, index, bits: int) -> ir.Value:
+    """The `index`-th `bits`-bit value of the packed bytes of `b` from byte `at`, as
+    float (an Index `index`)."""
+    if bits == 8:
+        return kb.b.uitofp(kb.load(b, at + index), F32)
+    byte = kb.load(b, at + index // 2)
+    shift = kb.b.trunc(raw((index % 2) * 4), I32)
+    return kb.b.uitofp(kb.b.and_(kb.b.lshr(byte, shift), ir.Constant(I32, 15)), F32)
+
+
+def _zero_point(kb, node, zp, col, blk, nb: int) -> ir.Value:
+    """Column `col`'s zero point of block `blk`, as float."""
+    bits, kind = node.attr("bits"), node.attr("zero_points")
+    if kind == "none":
+        return kb.f32(2.0 ** (bits - 1))
+    if kind == "float":
+        return kb.load(zp, col * nb + blk)
+    return _value(kb, zp, col * zp.type.shape[1], blk, bits)
+
+
+def _tile(kb, node, ins, col, m0, rows_n: int):
+    """The sums over K of rows m0 .. m0 + rows_n of `a` times column `col` of W."""
+    a, b, scales = ins[:3]
+    zp = ins[3] if node.attr("zero_points") != "none" else None
+    bits, block, k_n = node.attr("bits"), node.attr("block"), node.attr("k")
+    _, nb, blob = b.type.shape
+    full, tail = k_n // block, k_n % block
+    accs = [kb.local(zeros(LANES)) for _ in range(rows_n)]
+    with kb.loop(0, full, "blk") as blk:
+        zv = kb.splat(_zero_point(kb, node, zp, col, blk, nb), LANES)
+        parts = [zeros(LANES)] * rows_n
+        for step in range(block // LANES):
+            w = kb.b.fsub(_weights(kb, b, (col * nb + blk) * blob + step * LANES * bits // 8,
+                                   bits), zv)
+            for r in range(rows_n):
+                av = kb.vload(a, (m0 + r) * k_n + blk * block + step * LANES, LANES)
+                parts[r] = fma(kb, av, w, parts[r])
+        sv = kb.splat(kb.load(scales, col * nb + blk), LANES)
+        for r in range(rows_n):
+            kb.set(accs[r], fma(kb, parts[r], sv, kb.get(accs[r])))
+    sums = [reduce_lanes(kb, kb.get(acc), lambda x, y: kb.fadd(x, y)) for acc in accs]
+    if not tail:
+        return sums
+    z = _zero_point(kb, node, zp, col, full, nb)
+    parts = [kb.local(kb.f32(0.0)) for _ in range(rows_n)]
+    with kb.loop(0, tail, "t") as t:
+        w = kb.fsub(_value(kb, b, (col * nb + full) * blob, t, bits), z)
+        for r in range(rows_n):
+            x = kb.load(a, (m0 + r) * k_n + full * block + t)
+            kb.set(parts[r], kb.fadd(kb.get(parts[r]), kb.fmul(x, w)))
+    s = kb.load(scales, col * nb + full)
+    return [kb.fadd(total, kb.fmul(kb.get(p), s)) for total, p in zip(sums, parts, strict=True)]
+
+
+def _lower(kb, node, ins, out, epilogue):
+    k_n, n_n = node.attr("k"), out.type.shape[-1]
+    rows = ins[0].type.size // k_n
+    bias = ins[-1] if node.attr("bias") else None
+
+    def finish(col, m0, rows_n: int) -> None:
+        for r, y in enumerate(_tile(kb, node, ins, col, m0, rows_n)):
+            if bias is not None:
+                y = kb.fadd(y, kb.load(bias, col))
+            at = (m0 + r) * n_n + col
+            if epilogue is not None:
+                y = epilogue(y, kb.unflatten(at, out.type.shape))
+            kb.store(out, at, y)
+
+    with parallel_for(kb, n_n, "cols", work=rows * n_n * k_n) as col:
+        if rows >= ROWS:
+            with kb.loop(0, rows // ROWS, "rt") as rt:
+                finish(col, rt * ROWS, ROWS)
+        if rows % ROWS:
+            finish(col, rows // ROWS * ROWS, rows % ROWS)
+
+
+lowering("matmul_nbits", lower=_lower)

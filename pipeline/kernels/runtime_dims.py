@@ -1,0 +1,104 @@
+"""Lowerings with runtime dimensions inside (docs/vm.md, "Symbolic dimensions"): for
+kernels a symbol reaches off their leading rows (a batched matmul, softmax or
+transpose over a symbolic sequence length when FuseAttention did not fuse them).
+Shapes hold i64 Index values where the spec has symbols (pipeline/dsl/dims.py), so
+these are plain scalar loop nests, correct for every shape within bounds; the fast
+paths are the rows kernels and attention_dims.py. No thread team: its outlined body
+could not read the runtime dimensions.
+"""
+
+from __future__ import annotations
+
+from functools import reduce
+
+from pipeline.errors import GraphError
+
+
+def _prod(dims):
+    return reduce(lambda a, b: a * b, dims, 1)
+
+
+def _batch_offset(index, shape, strides, rank: int):
+    """The offset of the batch dims of an operand of `shape` (numpy broadcasting
+    against an output of `rank` dims, its two matrix dims last) for output `index`."""
+    lead = rank - len(shape)
+    total = 0
+    for d in range(len(shape) - 2):
+        if not (isinstance(shape[d], int) and shape[d] == 1):
+            total = total + index[lead + d] * strides[d]
+    return total
+
+
+def matmul_dims(kb, node, ins, out, epilogue, shapes=None) -> None:
+    """out[..., i, j] = sum_k a[..., i, k] b[..., k, j] (trans_a, trans_b swap a
+    matrix's dims), batch dims broadcast."""
+    a, b = ins
+    sa, sb, rank = a.type.shape, b.type.shape, len(out.type.shape)
+    if len(sa) < 2 or len(sb) < 2 or a.type.dtype != "float32":
+        raise GraphError(f"node {node.name!r} (matmul): runtime dimensions need float32 "
+                         "operands of rank 2 or more")
+    ta, tb = node.attr("trans_a"), node.attr("trans_b")
+    k_n = sa[-2] if ta else sa[-1]
+    ra, ka = (a.strides[-1], a.strides[-2]) if ta else (a.strides[-2], a.strides[-1])
+    kb_, cb = (b.strides[-1], b.strides[-2]) if tb else (b.strides[-2], b.strides[-1])
+    acc = kb.local(kb.f32(0.0))
+    with kb.nest(out.type.shape) as index:
+        i, j = index[-2], index[-1]
+        a0 = _batch_offset(index, sa, a.strides, rank) + i * ra
+        b0 = _batch_offset(index, sb, b.strides, rank) + j * cb
+        kb.set(acc, kb.f32(0.0))
+        with kb.loop(0, k_n, "k") as k:
+            kb.set(acc, kb.fadd(kb.get(acc), kb.fmul(kb.load(a, a0 + k * ka),
+                                                     kb.load(b, b0 + k * kb_))))
+        value = kb.get(acc)
+        kb.store(out, kb.dot(index, out.strides),
+                 epilogue(value, index) if epilogue is not None else value)
+
+
+def softmax_dims(kb, node, ins, out, epilogue, shapes=None) -> None:
+    """softmax / log_softmax along `axis` (with `flatten`: over everything from it)."""
+    x = ins[0]
+    shape, axis = x.type.shape, node.attr("axis")
+    if epilogue is not None or x.type.dtype != "float32":
+        raise GraphError(f"node {node.name!r} ({node.op}): runtime dimensions need a float32 "
+                         "input and no fused epilogue")
+    outer = _prod(shape[:axis])
+    length = _prod(shape[axis:]) if node.attr("flatten") else shape[axis]
+    inner = 1 if node.attr("flatten") else _prod(shape[axis + 1:])
+    top, total = kb.local(kb.f32(0.0)), kb.local(kb.f32(0.0))
+    with kb.loop(0, outer, "o") as o, kb.loop(0, inner, "c") as c:
+        base = o * length * inner + c
+        kb.set(top, kb.f32(-3.0e38))
+        kb.set(total, kb.f32(0.0))
+        with kb.loop(0, length, "j") as j:
+            kb.set(top, kb.fmax(kb.get(top), kb.load(x, base + j * inner)))
+        with kb.loop(0, length, "j") as j:
+            shifted = kb.fsub(kb.load(x, base + j * inner), kb.get(top))
+            kb.set(total, kb.fadd(kb.get(total), kb.exp(shifted)))
+        log_total = kb.intrinsic("log", kb.get(total))
+        with kb.loop(0, length, "j") as j:
+            shifted = kb.fsub(kb.load(x, base + j * inner), kb.get(top))
+            value = (kb.fsub(shifted, log_total) if node.op == "log_softmax"
+                     else kb.fdiv(kb.exp(shifted), kb.get(total)))
+            kb.store(out, base + j * inner, value)
+
+
+def transpose_dims(kb, node, ins, out, epilogue, shapes=None) -> None:
+    """out[index] = x[index permuted back]."""
+    x, perm = ins[0], node.attr("perm")
+    with kb.nest(out.type.shape) as index:
+        value = kb.load(x, kb.dot(index, [x.strides[p] for p in perm]))
+        kb.store(out, kb.dot(index, out.strides),
+                 epilogue(value, index) if epilogue is not None else value)
+
+
+def concat_dims(kb, node, ins, out, epilogue, shapes=None) -> None:
+    """out = the inputs one after another along `axis` (a KV cache growing by a step)."""
+    axis, shape = node.attr("axis"), out.type.shape
+    outer, inner = _prod(shape[:axis]), _prod(shape[axis + 1:])
+    row, offset = shape[axis] * inner, 0
+    for k, x in enumerate(ins):
+        width = x.type.shape[axis] * inner
+        with kb.loop(0, outer, f"o{k}") as o, kb.loop(0, width, f"j{k}") as j:
+            kb.store(out, o * row + offset + j, kb.load(x, o * width + j))
+        offset = offset + width

@@ -1,0 +1,94 @@
+"""matmul_nbits: a float matrix times weights quantized blockwise to 4 or 8 bits, in
+onnxruntime's MatMulNBits layout, kept packed (the graph op of com.microsoft.MatMulNBits).
+
+  a       [..., K]             float32 (run time)
+  b       [N, nb, blob]        uint8: column n's K weights in nb = ceil(K / block) blocks
+                               of `block` values, 4-bit ones two to a byte (the even
+                               index in the low nibble), blob = block * bits / 8 bytes
+  scales  [N, nb]              float32
+  [zero_points]                zero_points="packed": uint8 [N, ceil(nb * bits / 8)], 4-bit
+                               ones two to a byte like b; "float": float32 [N, nb];
+                               "none": 2^(bits - 1) (8 or 128)
+  [bias   [N]]                 float32 (bias=1)
+  out     [..., N]             a @ W + bias, W[k, n] = (q[n, k] - z[n, k // block]) *
+                               scales[n, k // block]
+
+Its lowering: pipeline/kernels/nbits.py. Its ONNX converter: pipeline/frontend/onnx/nbits.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.errors import ModelError
+from pipeline.ir.graph import TensorType
+from pipeline.ops.registry import OpKind, register
+
+
+def unpack_nbits(b: np.ndarray, bits: int, count: int) -> np.ndarray:
+    """uint8 rows [N, ...] holding `bits`-bit values (4: two to a byte, the first in
+    the low nibble) -> their first `count` values per row, as int32 [N, count]."""
+    b = np.asarray(b, np.uint8).reshape(b.shape[0], -1)
+    if bits == 4:
+        b = np.stack([b & 15, b >> 4], axis=-1).reshape(b.shape[0], -1)
+    return b[:, :count].astype(np.int32)
+
+
+def dequantize_nbits(b, scales, zero_points, node) -> np.ndarray:
+    """The float32 weights W [K, N] a matmul_nbits node multiplies by."""
+    bits, block, k = node.attr("bits"), node.attr("block"), node.attr("k")
+    n, nb = scales.shape
+    q = unpack_nbits(b, bits, nb * block).reshape(n, nb, block)
+    kind = node.attr("zero_points")
+    if kind == "packed":
+        z = unpack_nbits(zero_points, bits, nb).astype(np.float32)
+    elif kind == "float":
+        z = np.asarray(zero_points, np.float32)
+    else:
+        z = np.full((n, nb), 2.0 ** (bits - 1), np.float32)
+    w = (q.astype(np.float32) - z[..., None]) * np.asarray(scales, np.float32)[..., None]
+    return w.reshape(n, nb * block)[:, :k].T
+
+
+def _numpy(xs, node):
+    a, b, scales = xs[:3]
+    zp = xs[3] if node.attr("zero_points") != "none" else None
+    y = np.asarray(a, np.float32) @ dequantize_nbits(b, scales, zp, node)
+    if node.attr("bias"):
+        y = y + xs[-1]
+    return [y.astype(np.float32)]
+
+
+def _infer(types, node):
+    a, b, scales = types[:3]
+    k, bits, block = node.attr("k"), node.attr("bits"), node.attr("block")
+    n, nb = b.shape[0], -(-k // block)
+    want = [("a", a, None, "float32"), ("b", b, (n, nb, block * bits // 8), "uint8"),
+            ("scales", scales, (n, nb), "float32")]
+    if node.attr("zero_points") == "packed":
+        want.append(("zero_points", types[3], (n, -(-nb * bits // 8)), "uint8"))
+    elif node.attr("zero_points") == "float":
+        want.append(("zero_points", types[3], (n, nb), "float32"))
+    if node.attr("bias"):
+        want.append(("bias", types[-1], (n,), "float32"))
+    for what, t, shape, dtype in want:
+        if t.dtype != dtype or (shape is not None and t.shape != shape) or \
+                (shape is None and (not t.shape or t.shape[-1] != k)):
+            raise ModelError(f"node {node.name!r} (matmul_nbits): {what} is {t.dtype} "
+                             f"{list(t.shape)}, expected {dtype} "
+                             f"{list(shape) if shape else ['...', k]}")
+    return [TensorType(a.shape[:-1] + (n,), "float32")]
+
+
+def _sample(rng, dtype):
+    k, n, block = 40, 6, 16  # a partial last block
+    nb = -(-k // block)
+    b = rng.integers(0, 256, (n, nb, block // 2)).astype(np.uint8)
+    zp = rng.integers(0, 256, (n, -(-nb // 2))).astype(np.uint8)
+    return ([rng.uniform(-1, 1, (3, k)).astype(np.float32), b,
+             rng.uniform(0.01, 0.1, (n, nb)).astype(np.float32), zp,
+             rng.uniform(-1, 1, n).astype(np.float32)],
+            {"k": k, "bits": 4, "block": block, "zero_points": "packed", "bias": 1})
+
+
+register("matmul_nbits", OpKind.ANCHOR, _infer, numpy=_numpy, sample=_sample)
