@@ -102,6 +102,9 @@ class ImportContext:
         self.pending: dict[str, Node] = {}
         self.values: dict[str, np.ndarray] = {}
         self.symbolic: dict[str, np.ndarray] = {}  # shape values with symbols (symbolic.py)
+        # Tensors typed with a bound: data-dependent results and what reads them
+        # (a widening's narrowing cast, a row-wise op), not ONNX's shape (ops/dynamic.py)
+        self.bounded: set[str] = set()
 
     def type(self, name: str) -> TensorType:
         return self.types[name]
@@ -297,10 +300,12 @@ def _convert_nodes(model: onnx.ModelProto, opset: int, ctx: ImportContext,
 def _record(node: Node, ctx: ImportContext, onnx_shapes: dict, op_type: str) -> Node:
     """`node`, its output types inferred, checked against ONNX's shapes and recorded."""
     out_types = infer_types(node, [ctx.types[i] for i in node.inputs])
+    if data_dependent(node) is not None or not ctx.bounded.isdisjoint(node.inputs):
+        ctx.bounded.update(node.outputs)
     for name, t in zip(node.outputs, out_types, strict=True):
         check_elements(t.shape, f"node {node.name!r} output {name!r}")
         want = onnx_shapes.get(name)
-        if want is not None and want != t.shape and data_dependent(node) is None:
+        if want is not None and want != t.shape and name not in ctx.bounded:
             raise ModelError(f"node {node.name!r} ({op_type}): output {name!r} has shape "
                              f"{list(t.shape)} here but {list(want)} by ONNX shape inference")
         ctx.types[name] = t
