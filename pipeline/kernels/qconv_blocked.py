@@ -12,8 +12,10 @@ One step of the micro-kernel takes four input channels of a pixel (one 32-bit
 broadcast) against four weights of each of b output channels (a 4b-byte vector):
 per output lane, the sum of four u8 x s8 products, added to an int32 accumulator
 -- AVX-512 VNNI's or AVX-VNNI's vpdpbusd (attr dot="vnni"), AArch64's sdot with +dotprod
-(dot="sdot", s8 x s8), else the same sum written with widening multiplies and
-shuffles (dot="portable", which any target legalises). A tile keeps T output
+(dot="sdot", s8 x s8), an Arm M-profile core's DSP extension (dot="smlad": SXTB16 and
+SMLAD, qarm_dsp.py; one output column per tile, as its 13 registers hold), else the
+same sum written with widening multiplies and shuffles (dot="portable", which any target
+legalises). A tile keeps T output
 columns x K channel blocks of accumulators in registers, like conv2d_nchwc.
 
 Operand signs and zero points: vpdpbusd multiplies unsigned by signed bytes, so an
@@ -35,6 +37,7 @@ import numpy as np
 
 from pipeline.dsl.builder import F32, I32
 from pipeline.dsl.vector import parallel_for
+from pipeline.kernels import qarm_dsp
 from pipeline.kernels.conv_blocked import registers
 from pipeline.kernels.registry import lowering
 from pipeline.ops.geometry import QTYPES
@@ -42,7 +45,7 @@ from pipeline.ops.geometry import QTYPES
 I8 = ir.IntType(8)
 
 
-DOTS = ("vnni", "sdot", "portable")
+DOTS = ("vnni", "sdot", "smlad", "portable")
 
 
 # x86 CPUs with AVX-512 VNNI, for targets that name one without -mattr.
@@ -65,7 +68,7 @@ _DOTPROD_CPUS = {"cortex-a55", "cortex-a65", "cortex-a75", "cortex-a76", "cortex
 def dot_kind(target) -> str:
     """The dot product a target has: "vnni" (x86 with AVX-512 VNNI at 16 lanes, or
     AVX-VNNI's VEX form at 8), "sdot" (AArch64 with +dotprod, given or implied by its
-    cpu), else "portable"."""
+    cpu), "smlad" (an Arm M-profile core with the DSP extension), else "portable"."""
     feats = set(target.features.split(","))
     if target.vector_width == 16 and "-avx512vnni" not in feats and (
             "+avx512vnni" in feats or target.cpu in _VNNI_CPUS):
@@ -76,11 +79,16 @@ def dot_kind(target) -> str:
     if target.arch == "aarch64" and "-dotprod" not in feats and (
             "+dotprod" in feats or target.cpu in _DOTPROD_CPUS):
         return "sdot"
+    if qarm_dsp.has_dsp(target):
+        return "smlad"
     return "portable"
 
 
 def offset_of(dot: str, x_dtype: str) -> int:
-    """What the kernel adds to every input byte so the dot instruction's signs fit."""
+    """What the kernel adds to every input byte so the dot instruction's signs fit
+    (smlad widens either sign: nothing)."""
+    if dot == "smlad":
+        return 0
     if dot == "sdot":
         return -128 if x_dtype == "uint8" else 0
     return 128 if x_dtype == "int8" else 0
@@ -92,8 +100,11 @@ def input_block(channels: int, vw: int) -> int:
     return next(b for b in (vw, 16, 8, 4) if b <= vw and c4 % b == 0)
 
 
-def tile(ow: int, oc_blocks: int, vw: int) -> tuple[int, int]:
-    """(K, T): channel blocks and output columns per register tile."""
+def tile(ow: int, oc_blocks: int, vw: int, dot: str = "portable") -> tuple[int, int]:
+    """(K, T): channel blocks and output columns per register tile (smlad: one of
+    each, its accumulators are general-purpose registers)."""
+    if dot == "smlad":
+        return 1, 1
     best = None
     for k in (1, 2, 4):
         if oc_blocks % k:
@@ -165,8 +176,11 @@ def _declare(module, name, ret, args):
     return fn if fn is not None else ir.Function(module, ir.FunctionType(ret, args), name=name)
 
 
-def dot(kb, kind: str, acc, xv, wv):
-    """acc[l] + sum over j < 4 of x[4l + j] * w[4l + j], both <4L x i8>."""
+def dot(kb, kind: str, acc, xv, wv, x_signed: bool = False):
+    """acc[l] + sum over j < 4 of x[4l + j] * w[4l + j], both <4L x i8> (x unsigned
+    but for smlad with x_signed)."""
+    if kind == "smlad":
+        return qarm_dsp.dot4_lanes(kb, acc, xv, wv, x_signed)
     lanes = acc.type.count
     v8 = ir.VectorType(I8, 4 * lanes)
     if kind == "vnni":  # 512, 256 or 128 bits (AVX512VL or AVX-VNNI's VEX encoding)
@@ -193,7 +207,7 @@ def _lower(kb, node, ins, out, epilogue):
     _, ocb_n, oh_n, ow_n, ob = out.type.shape
     sh, sw = node.attr("strides")
     kind, k_n = node.attr("dot"), kob // ob
-    _, t = tile(ow_n, ocb_n, ob)
+    _, t = tile(ow_n, ocb_n, ob, kind)
     flip = node.attr("offset") != 0
     acc_t, v8 = ir.VectorType(I32, ob), ir.VectorType(I8, 4 * ob)
     work = out.type.size * cb_n * ib * kh_n * kw_n
@@ -233,7 +247,8 @@ def _tile(kb, node, bufs, where, width, k_n, kind, flip, acc_t, v8):
                     word = kb.b.xor(word, ir.Constant(I32, 0x80808080 - (1 << 32)))
                 xv = kb.b.bitcast(kb.splat(word, ob), v8)
                 for k in range(k_n):
-                    kb.set(accs[k][j], dot(kb, kind, kb.get(accs[k][j]), xv, wv[k]))
+                    kb.set(accs[k][j], dot(kb, kind, kb.get(accs[k][j]), xv, wv[k],
+                                           x.type.dtype == "int8"))
     store = Requantize(kb, node, bias, mult, yzp, ob)
     for k in range(k_n):
         oc0 = (ocg * k_n + k) * ob
@@ -282,6 +297,9 @@ def pack_qdepthwise(w: np.ndarray, vw: int) -> np.ndarray:
     return np.ascontiguousarray(w.reshape(c // vw, vw, kh, kw).transpose(0, 2, 3, 1))
 
 
+DSP_DEPTHWISE_COLUMNS = 1  # per tile on the DSP extension: 4 accumulators each
+
+
 def _dw_lower(kb, node, ins, out, epilogue):
     """One filter per channel: per output row, tiles of T columns, each tap a widening
     multiply-add of b channels (no dot product: nothing to sum across lanes)."""
@@ -290,19 +308,24 @@ def _dw_lower(kb, node, ins, out, epilogue):
     _, kh_n, kw_n, _ = w.type.shape
     _, _, oh_n, ow_n, _ = out.type.shape
     sh, sw = node.attr("strides")
-    t = max(1, min(ow_n, registers(ob) - 4))
+    t = DSP_DEPTHWISE_COLUMNS if node.attr("dot") == "smlad" else \
+        max(1, min(ow_n, registers(ob) - 4))
     acc_t = ir.VectorType(I32, ob)
     v8 = ir.VectorType(I8, ob)
     signed = x.type.dtype == "int8"
+    smlad = node.attr("dot") == "smlad"  # four channels a word: ob is 4
     with parallel_for(kb, n_n * cb_n * oh_n, "rows", work=out.type.size * kh_n * kw_n) as item:
         plane, oh = item // oh_n, item % oh_n
         cb = plane % cb_n
         store = Requantize(kb, node, bias, mult, yzp, ob)
-        taps = [kb.b.sext(kb.b.load(kb.gep(w, ((cb * kh_n + kh) * kw_n + kw) * ob), typ=v8,
-                                    align=1), acc_t)
-                for kh in range(kh_n) for kw in range(kw_n)]
+        taps = [kb.b.load(kb.gep(w, ((cb * kh_n + kh) * kw_n + kw) * ob), typ=I32 if smlad
+                          else v8, align=1) for kh in range(kh_n) for kw in range(kw_n)]
+        taps = [qarm_dsp.halves(kb, v, True) if smlad else kb.b.sext(v, acc_t) for v in taps]
 
         def tile(ow0, width):
+            if smlad:
+                return _dw_smlad_tile(kb, (x, out), (plane, oh, ow0), width,
+                                      (kh_n, kw_n, sh, sw), taps, store, cb)
             accs = [ir.Constant(acc_t, [0] * ob)] * width
             for kh in range(kh_n):
                 row = (plane * hp + oh * sh + kh) * wp
@@ -322,6 +345,30 @@ def _dw_lower(kb, node, ins, out, epilogue):
                 tile(j * t, t)
         if ow_n % t:
             tile(full * t, ow_n % t)
+
+
+def _dw_smlad_tile(kb, bufs, where, width, geometry, taps, store, cb) -> None:
+    """_dw_lower's tile on the DSP extension: per tap and column one input word,
+    its four channels added by SMLABB/SMLATT (qarm_dsp.depthwise_step)."""
+    x, out = bufs
+    plane, oh, ow0 = where
+    _, _, hp, wp, ob = x.type.shape
+    _, _, oh_n, ow_n, _ = out.type.shape
+    kh_n, kw_n, sh, sw = geometry
+    accs = [[ir.Constant(I32, 0)] * 4 for _ in range(width)]
+    for kh in range(kh_n):
+        row = (plane * hp + oh * sh + kh) * wp
+        for kw in range(kw_n):
+            for j in range(width):
+                word = kb.b.load(kb.gep(x, (row + (ow0 + j) * sw + kw) * ob), typ=I32,
+                                 align=1)
+                accs[j] = qarm_dsp.depthwise_step(kb, accs[j], word, taps[kh * kw_n + kw],
+                                                  x.type.dtype == "int8")
+    for j in range(width):
+        acc = ir.Constant(ir.VectorType(I32, ob), None)
+        for c in range(ob):
+            acc = kb.b.insert_element(acc, accs[j][c], ir.Constant(I32, c))
+        store(acc, cb * ob, out, ((plane * oh_n + oh) * ow_n + ow0 + j) * ob)
 
 
 lowering("qdepthwise_conv2d_nchwc", lower=_dw_lower)

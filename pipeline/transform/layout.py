@@ -1,7 +1,8 @@
 """AlterOpLayout: move convolutions and what follows them to channel-blocked layouts.
 
 (Targets narrower than 8 floats keep plain layouts, except for the int8 convolutions of
-an AArch64 target with +dotprod, which run blocked on sdot; see qconv below.)
+an AArch64 target with +dotprod, which run blocked on sdot, and of an Arm M-profile core
+with the DSP extension, on smlad; see qconv below.)
 
 With b the target's vector width (16 floats on AVX-512, 8 on AVX2):
   - conv2d (groups 1, no dilation, constant float weights, C a multiple of b, at
@@ -252,7 +253,7 @@ class _Rewriter:
             c = oc
         ib = self.vw if depthwise else input_block(c, self.vw)
         ow = self.types[node.outputs[0]].shape[3]
-        k = tile(ow, oc // ob, ob)[0]
+        k = tile(ow, oc // ob, ob, self.dot)[0]
         packed = self.param(("qconv", w_name, ib, ob, k, depthwise), f"{w_name}.packed",
                             lambda: pack_qdepthwise(weight, self.vw) if depthwise
                             else pack_qweight(weight, ib, ob, k))
@@ -274,8 +275,10 @@ class _Rewriter:
         inputs = [padded, packed, bias_c, mults, yzp]
         plain = Node.make("conv2d_integer", node.name, (), node.outputs)
         if depthwise:
+            dsp = {"dot": self.dot} if self.dot == "smlad" else {}  # others: one kernel
             self.blocked_output(plain, "qdepthwise_conv2d_nchwc", inputs,
-                                strides=tuple(node.attr("strides")), out=node.attr("out"))
+                                strides=tuple(node.attr("strides")), out=node.attr("out"),
+                                **dsp)
         elif ob == self.vw:
             self.blocked_output(plain, "qconv2d_nchwc", inputs,
                                 strides=tuple(node.attr("strides")), oc_block=ob,
@@ -447,8 +450,9 @@ def alter_op_layout(graph: Graph, params: dict, cfg: PassConfig, target: Target 
     if target is None:
         return graph, params
     if target.vector_width < 8:  # only the int8 convolutions, on a dot-product target
-        if dot_kind(target) != "sdot":
+        if dot_kind(target) not in ("sdot", "smlad"):
             return graph, params
-        return _Rewriter(graph, params, target.vector_width, "sdot", int8_only=True).run()
+        return _Rewriter(graph, params, target.vector_width, dot_kind(target),
+                         int8_only=True).run()
     return _Rewriter(graph, params, target.vector_width, dot_kind(target),
                      winograd=cfg.option("AlterOpLayout.winograd")).run()

@@ -1,0 +1,95 @@
+"""The Arm M-profile DSP extension's SIMD multiply-accumulate for the int8 kernels
+(Cortex-M4, M7, M33, M55: qconv_blocked.py's dot="smlad").
+
+SXTB16 (UXTB16 for unsigned bytes) widens bytes 0 and 2 of a word into the two
+halfwords of a register, and with its free rotation by 8 bytes 1 and 3; SMLAD adds
+the two halfword products of two such registers to an accumulator. So the sum of
+four byte products of an input word and a weight word is two SXTB16 per word and
+two SMLAD:
+
+    acc + x0*w0 + x1*w1 + x2*w2 + x3*w3
+        = smlad(xtb16(x ror 8), sxtb16(w ror 8), smlad(xtb16(x), sxtb16(w), acc))
+
+A uint8 input is zero-extended (UXTB16): its halfwords 0..255 are exact signed
+16-bit values, so unlike sdot or vpdpbusd no sign flip and no bias correction
+for it is needed (offset 0). The kernels write the widening of a word once per
+tile row or column and let LLVM's common-subexpression elimination share it
+between the products that use it (the intrinsics have no side effects).
+
+The depthwise kernel has no four-term sums (one filter per channel): it takes
+a pixel's four channels as the halfword pairs (c0, c2) and (c1, c3) and adds each
+product with SMLABB / SMLATT (bottom and top halfwords), one instruction per
+channel and tap instead of a byte load and a multiply-add.
+
+All are LLVM's ARM intrinsics (`llvm.arm.smlad`, `llvm.arm.sxtb16`, ...), which
+select to the instructions for any core with the DSP extension.
+"""
+
+from __future__ import annotations
+
+import llvmlite.ir as ir
+
+I32 = ir.IntType(32)
+
+# M-profile cores with the DSP extension, for triples that do not imply it (v8-M
+# Mainline has it optional; every ARMv7E-M core has it).
+DSP_CPUS = {"cortex-m33", "cortex-m35p", "cortex-m52", "cortex-m55", "cortex-m85", "star-mc1"}
+
+
+def has_dsp(target) -> bool:
+    """Whether `target` is an M-profile Arm core with the DSP extension: an ARMv7E-M
+    triple (thumbv7em: M4, M7), or a v8-M cpu with it, unless -mattr=-dsp."""
+    feats = set(target.features.split(","))
+    arch = target.arch
+    if not arch.startswith("thumbv") or "-dsp" in feats:
+        return False
+    return "+dsp" in feats or arch.startswith("thumbv7em") or target.cpu in DSP_CPUS
+
+
+def _intrinsic(kb, name: str, *args) -> ir.Value:
+    full = f"llvm.arm.{name}"
+    fn = kb.module.globals.get(full)
+    if fn is None:
+        fn = ir.Function(kb.module, ir.FunctionType(I32, [I32] * len(args)), name=full)
+    return kb.b.call(fn, list(args))
+
+
+def halves(kb, word: ir.Value, signed: bool) -> tuple[ir.Value, ir.Value]:
+    """(bytes 0 and 2, bytes 1 and 3) of an i32 as halfword pairs, sign- or
+    zero-extended."""
+    name = "sxtb16" if signed else "uxtb16"
+    rotated = kb.b.or_(kb.b.lshr(word, ir.Constant(I32, 8)),
+                       kb.b.shl(word, ir.Constant(I32, 24)))  # ror 8: folded into the op
+    return _intrinsic(kb, name, word), _intrinsic(kb, name, rotated)
+
+
+def dot4(kb, acc: ir.Value, x_word: ir.Value, w_word: ir.Value, x_signed: bool) -> ir.Value:
+    """acc + the sum of the four products of the bytes of x_word and w_word (the
+    weights signed; the input signed or not)."""
+    xa, xb = halves(kb, x_word, x_signed)
+    wa, wb = halves(kb, w_word, True)
+    return _intrinsic(kb, "smlad", xb, wb, _intrinsic(kb, "smlad", xa, wa, acc))
+
+
+def dot4_lanes(kb, acc: ir.Value, xv: ir.Value, wv: ir.Value, x_signed: bool) -> ir.Value:
+    """qconv_blocked.dot for dot="smlad": acc (<L x i32>) plus per lane l the four
+    products of xv's and wv's bytes 4l..4l+3 (both <4L x i8>)."""
+    lanes = acc.type.count
+    words = ir.VectorType(I32, lanes)
+    xw, ww = kb.b.bitcast(xv, words), kb.b.bitcast(wv, words)
+    for lane in range(lanes):
+        k = ir.Constant(I32, lane)
+        total = dot4(kb, kb.b.extract_element(acc, k), kb.b.extract_element(xw, k),
+                     kb.b.extract_element(ww, k), x_signed)
+        acc = kb.b.insert_element(acc, total, k)
+    return acc
+
+
+def depthwise_step(kb, accs: list[ir.Value], x_word: ir.Value, w_pair: tuple,
+                   x_signed: bool) -> list[ir.Value]:
+    """The four channel accumulators `accs` of a pixel plus x[c] * w[c] for the four
+    channels of x_word, the weights given as halves() of their word."""
+    xa, xb = halves(kb, x_word, x_signed)
+    wa, wb = w_pair
+    return [_intrinsic(kb, "smlabb", xa, wa, accs[0]), _intrinsic(kb, "smlabb", xb, wb, accs[1]),
+            _intrinsic(kb, "smlatt", xa, wa, accs[2]), _intrinsic(kb, "smlatt", xb, wb, accs[3])]
