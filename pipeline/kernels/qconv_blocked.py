@@ -260,7 +260,13 @@ def _tile(kb, node, bufs, where, width, k_n, kind, flip, acc_t, v8):
 
 class Requantize:
     """saturate(roundeven((acc + bias) * multiplier) + y_zp) of an int32 vector of
-    output channels oc0.., stored as bytes."""
+    output channels oc0.., stored as bytes.
+
+    Cortex-M4's FPv4 has no rounding, minimum or maximum instruction (roundeven,
+    minnum and maxnum are libm calls there), so a kernel of dot="smlad" rounds by
+    adding and subtracting 1.5 * 2^23 in the FPU's round-to-nearest-even (exact up
+    to 2^22; beyond that the value saturates anyway, so the stored bytes are the
+    same) and clamps with compares (the value is never NaN)."""
 
     def __init__(self, kb, node, bias, mult, yzp, ob: int):
         self.kb, self.bias, self.mult, self.ob = kb, bias, mult, ob
@@ -271,6 +277,8 @@ class Requantize:
         lo, hi = QTYPES[out]
         self.lo = ir.Constant(self.f_t, [float(lo)] * ob)
         self.hi = ir.Constant(self.f_t, [float(hi)] * ob)
+        self.magic = ir.Constant(self.f_t, [12582912.0] * ob) \
+            if node.attr("dot") == "smlad" else None
 
     def __call__(self, acc, oc0, out, at, lanes: int | None = None) -> None:
         """Store the first `lanes` (default all) requantized values at out[at..]."""
@@ -278,8 +286,14 @@ class Requantize:
         b_v = kb.b.load(kb.gep(self.bias, oc0), typ=self.acc_t, align=4)
         m_v = kb.b.load(kb.gep(self.mult, oc0), typ=self.f_t, align=4)
         f = kb.fmul(kb.b.sitofp(kb.b.add(acc, b_v), self.f_t), m_v, fast=False)
-        r = kb.fadd(kb.intrinsic("roundeven", f), self.zero, fast=False)
-        r = kb.intrinsic("minnum", kb.intrinsic("maxnum", r, self.lo), self.hi)
+        r = kb.intrinsic("roundeven", f) if self.magic is None else kb.fsub(
+            kb.fadd(f, self.magic, fast=False), self.magic, fast=False)
+        r = kb.fadd(r, self.zero, fast=False)
+        if self.magic is None:
+            r = kb.intrinsic("minnum", kb.intrinsic("maxnum", r, self.lo), self.hi)
+        else:
+            r = kb.b.select(kb.b.fcmp_ordered("<", r, self.lo), self.lo, r)
+            r = kb.b.select(kb.b.fcmp_ordered(">", r, self.hi), self.hi, r)
         q = kb.b.trunc(kb.b.fptosi(r, self.acc_t), ir.VectorType(I8, ob))
         if lanes is None or lanes == ob:
             kb.b.store(q, kb.gep(out, at), align=1)
@@ -324,7 +338,7 @@ def _dw_lower(kb, node, ins, out, epilogue):
 
         def tile(ow0, width):
             if smlad:
-                return _dw_smlad_tile(kb, (x, out), (plane, oh, ow0), width,
+                return _dw_smlad_tile(kb, node, (x, out), (plane, oh, ow0), width,
                                       (kh_n, kw_n, sh, sw), taps, store, cb)
             accs = [ir.Constant(acc_t, [0] * ob)] * width
             for kh in range(kh_n):
@@ -347,21 +361,30 @@ def _dw_lower(kb, node, ins, out, epilogue):
             tile(full * t, ow_n % t)
 
 
-def _dw_smlad_tile(kb, bufs, where, width, geometry, taps, store, cb) -> None:
+def _dw_smlad_tile(kb, node, bufs, where, width, geometry, taps, store, cb) -> None:
     """_dw_lower's tile on the DSP extension: per tap and column one input word,
-    its four channels added by SMLABB/SMLATT (qarm_dsp.depthwise_step)."""
+    its four channels added by SMLABB/SMLATT (qarm_dsp.depthwise_step). With attr
+    pads the input is not padded: a tap outside it takes the word of attr fill."""
     x, out = bufs
     plane, oh, ow0 = where
     _, _, hp, wp, ob = x.type.shape
     _, _, oh_n, ow_n, _ = out.type.shape
     kh_n, kw_n, sh, sw = geometry
+    pt, pl, _, _ = node.attr("pads", (0, 0, 0, 0))
+    fill = ir.Constant(I32, (node.attr("fill", 0) & 0xFF) * 0x01010101)
     accs = [[ir.Constant(I32, 0)] * 4 for _ in range(width)]
     for kh in range(kh_n):
-        row = (plane * hp + oh * sh + kh) * wp
+        ih = oh * sh + (kh - pt)
         for kw in range(kw_n):
             for j in range(width):
-                word = kb.b.load(kb.gep(x, (row + (ow0 + j) * sw + kw) * ob), typ=I32,
-                                 align=1)
+                iw = (ow0 + j) * sw + (kw - pl)
+                at = ((plane * hp + ih) * wp + iw) * ob
+                if node.attr("pads") is None:
+                    word = kb.b.load(kb.gep(x, at), typ=I32, align=1)
+                else:  # a tap past the border reads the zero point: adds nothing
+                    inside = kb.and_(kb.below(ih, hp), kb.below(iw, wp))
+                    word = kb.b.select(inside, kb.b.load(kb.gep(x, kb.select(inside, at, 0)),
+                                                         typ=I32, align=1), fill)
                 accs[j] = qarm_dsp.depthwise_step(kb, accs[j], word, taps[kh * kw_n + kw],
                                                   x.type.dtype == "int8")
     for j in range(width):

@@ -48,6 +48,8 @@ def _dw_infer(types, node):
         raise ModelError(f"node {node.name!r} (qdepthwise_conv2d_nchwc): weights "
                          f"{list(w.shape)} do not match input {list(x.shape)} {x.dtype}")
     sh, sw = node.attr("strides")
+    pt, pl, pb, pr = node.attr("pads", (0, 0, 0, 0))  # borders the kernel pads (smlad)
+    hp, wp = hp + pt + pb, wp + pl + pr
     return [TensorType((n, cb, (hp - kh) // sh + 1, (wp - kw) // sw + 1, b), node.attr("out"))]
 
 

@@ -265,10 +265,15 @@ class _Rewriter:
         pads = tuple(node.attr("pads"))
         src = self.blocked[(x, self.vw)] if self.has_blocked(x) and not self.padded(x) \
             else self.need_plain(x)
-        if not (any(pads) or c % ib or len(self.types[src].shape) != 5
+        # The depthwise kernel on the DSP extension pads by itself: the padded copy
+        # would be the largest tensor of a keyword spotter's workspace.
+        borders = {"pads": pads, "fill": zx} if depthwise and self.dot == "smlad" and any(
+            pads) else {}
+        if not ((any(pads) and not borders) or c % ib or len(self.types[src].shape) != 5
                 or self.types[src].shape[4] != ib):
             padded = src
         else:
+            borders = {}
             padded = fresh_name(f"{x}.padded", self.types)
             self.emit(Node.make("qpad_nchwc", f"{node.name}.pad", (src,), (padded,),
                                 block=ib, pads=pads, channels=c, fill=zx))
@@ -278,7 +283,7 @@ class _Rewriter:
             dsp = {"dot": self.dot} if self.dot == "smlad" else {}  # others: one kernel
             self.blocked_output(plain, "qdepthwise_conv2d_nchwc", inputs,
                                 strides=tuple(node.attr("strides")), out=node.attr("out"),
-                                **dsp)
+                                **dsp, **borders)
         elif ob == self.vw:
             self.blocked_output(plain, "qconv2d_nchwc", inputs,
                                 strides=tuple(node.attr("strides")), oc_block=ob,
