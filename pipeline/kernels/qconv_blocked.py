@@ -100,11 +100,14 @@ def input_block(channels: int, vw: int) -> int:
     return next(b for b in (vw, 16, 8, 4) if b <= vw and c4 % b == 0)
 
 
+SMLAD_COLUMNS = 2  # columns per tile: 8 accumulators; 3 spilled around each SMLAD
+
+
 def tile(ow: int, oc_blocks: int, vw: int, dot: str = "portable") -> tuple[int, int]:
     """(K, T): channel blocks and output columns per register tile (smlad: one of
     each, its accumulators are general-purpose registers)."""
     if dot == "smlad":
-        return 1, 1
+        return 1, min(ow, SMLAD_COLUMNS)
     best = None
     for k in (1, 2, 4):
         if oc_blocks % k:
