@@ -1,5 +1,6 @@
 """The Arm M-profile DSP extension's SIMD multiply-accumulate for the int8 kernels
-(Cortex-M4, M7, M33, M55: qconv_blocked.py's dot="smlad").
+(Cortex-M4, M7, M33: qconv_blocked.py's dot="smlad"), and the M-profile Vector
+Extension's (MVE, Helium: Cortex-M55, M85: dot="mve").
 
 SXTB16 (UXTB16 for unsigned bytes) widens bytes 0 and 2 of a word into the two
 halfwords of a register, and with its free rotation by 8 bytes 1 and 3; SMLAD adds
@@ -23,6 +24,15 @@ channel and tap instead of a byte load and a multiply-add.
 
 All are LLVM's ARM intrinsics (`llvm.arm.smlad`, `llvm.arm.sxtb16`, ...), which
 select to the instructions for any core with the DSP extension.
+
+MVE has no per-lane four-byte dot product, but a multiply-accumulate across a
+vector into a general-purpose register (VMLAVA): the four products of an input
+word and one output channel's four weights are a widening load of each
+(VLDRB.U32 / VLDRB.S32 into i32 lanes) and one VMLAVA, which LLVM selects from
+`acc + vector.reduce.add(mul(ext x, sext w))` on <4 x i32>; the input's word is
+loaded once for the channels of a tile. In i32 lanes the input's sign needs no
+offset either. The depthwise kernel multiplies and adds <4 x i32> vectors of four
+channels (VMUL, VADD), which MVE has natively.
 """
 
 from __future__ import annotations
@@ -44,6 +54,19 @@ def has_dsp(target) -> bool:
     if not arch.startswith("thumbv") or "-dsp" in feats:
         return False
     return "+dsp" in feats or arch.startswith("thumbv7em") or target.cpu in DSP_CPUS
+
+
+# M-profile cores with integer MVE, for targets that do not name +mve.
+MVE_CPUS = {"cortex-m52", "cortex-m55", "cortex-m85"}
+
+
+def has_mve(target) -> bool:
+    """Whether `target` is an M-profile Arm core with integer MVE (+mve or +mve.fp,
+    or a cpu of MVE_CPUS), unless -mattr=-mve."""
+    feats = set(target.features.split(","))
+    if not target.arch.startswith("thumbv8.1m") or "-mve" in feats:
+        return False
+    return bool(feats & {"+mve", "+mve.fp"}) or target.cpu in MVE_CPUS
 
 
 def _intrinsic(kb, name: str, *args) -> ir.Value:
@@ -93,3 +116,31 @@ def depthwise_step(kb, accs: list[ir.Value], x_word: ir.Value, w_pair: tuple,
     wa, wb = w_pair
     return [_intrinsic(kb, "smlabb", xa, wa, accs[0]), _intrinsic(kb, "smlabb", xb, wb, accs[1]),
             _intrinsic(kb, "smlatt", xa, wa, accs[2]), _intrinsic(kb, "smlatt", xb, wb, accs[3])]
+
+
+def _sum(kb, v: ir.Value) -> ir.Value:
+    name = f"llvm.vector.reduce.add.v{v.type.count}i32"
+    fn = kb.module.globals.get(name)
+    if fn is None:
+        fn = ir.Function(kb.module, ir.FunctionType(I32, [v.type]), name=name)
+    return kb.b.call(fn, [v])
+
+
+def widen(kb, v: ir.Value, signed: bool) -> ir.Value:
+    """<n x i8> (or an i32 word: four bytes) as <n x i32>, sign- or zero-extended."""
+    if v.type == I32:
+        v = kb.b.bitcast(v, ir.VectorType(ir.IntType(8), 4))
+    wide = ir.VectorType(I32, v.type.count)
+    return kb.b.sext(v, wide) if signed else kb.b.zext(v, wide)
+
+
+def mve_dot4_lanes(kb, acc: ir.Value, x4: ir.Value, w4s: list, x_signed: bool) -> ir.Value:
+    """qconv_blocked.dot for dot="mve": per lane l, acc[l] + the sum of the products
+    of the four input channels x4 (<4 x i8>) and lane l's four weights w4s[l]."""
+    xe = widen(kb, x4, x_signed)
+    for lane, w4 in enumerate(w4s):
+        k = ir.Constant(I32, lane)
+        total = kb.b.add(kb.b.extract_element(acc, k),
+                         _sum(kb, kb.b.mul(xe, widen(kb, w4, True))))
+        acc = kb.b.insert_element(acc, total, k)
+    return acc

@@ -13,10 +13,11 @@ broadcast) against four weights of each of b output channels (a 4b-byte vector):
 per output lane, the sum of four u8 x s8 products, added to an int32 accumulator
 -- AVX-512 VNNI's or AVX-VNNI's vpdpbusd (attr dot="vnni"), AArch64's sdot with +dotprod
 (dot="sdot", s8 x s8), an Arm M-profile core's DSP extension (dot="smlad": SXTB16 and
-SMLAD, qarm_dsp.py; one output column per tile, as its 13 registers hold), else the
-same sum written with widening multiplies and shuffles (dot="portable", which any target
-legalises). A tile keeps T output
-columns x K channel blocks of accumulators in registers, like conv2d_nchwc.
+SMLAD, qarm_dsp.py; two output columns per tile, as its 13 registers hold), MVE
+(dot="mve": VLDRB and VMLAVA, one column per tile), else the same sum written with
+widening multiplies and shuffles (dot="portable", which any target legalises). A tile
+keeps T output columns x K channel blocks of accumulators in registers, like
+conv2d_nchwc.
 
 Operand signs and zero points: vpdpbusd multiplies unsigned by signed bytes, so an
 int8 input is moved to uint8 by flipping its top bit (x + 128), and sdot wants
@@ -45,7 +46,7 @@ from pipeline.ops.geometry import QTYPES
 I8 = ir.IntType(8)
 
 
-DOTS = ("vnni", "sdot", "smlad", "portable")
+DOTS = ("vnni", "sdot", "mve", "smlad", "portable")
 
 
 # x86 CPUs with AVX-512 VNNI, for targets that name one without -mattr.
@@ -68,7 +69,8 @@ _DOTPROD_CPUS = {"cortex-a55", "cortex-a65", "cortex-a75", "cortex-a76", "cortex
 def dot_kind(target) -> str:
     """The dot product a target has: "vnni" (x86 with AVX-512 VNNI at 16 lanes, or
     AVX-VNNI's VEX form at 8), "sdot" (AArch64 with +dotprod, given or implied by its
-    cpu), "smlad" (an Arm M-profile core with the DSP extension), else "portable"."""
+    cpu), "mve" (an Arm M-profile core with MVE), "smlad" (one with the DSP
+    extension), else "portable"."""
     feats = set(target.features.split(","))
     if target.vector_width == 16 and "-avx512vnni" not in feats and (
             "+avx512vnni" in feats or target.cpu in _VNNI_CPUS):
@@ -79,6 +81,8 @@ def dot_kind(target) -> str:
     if target.arch == "aarch64" and "-dotprod" not in feats and (
             "+dotprod" in feats or target.cpu in _DOTPROD_CPUS):
         return "sdot"
+    if qarm_dsp.has_mve(target):
+        return "mve"
     if qarm_dsp.has_dsp(target):
         return "smlad"
     return "portable"
@@ -86,8 +90,8 @@ def dot_kind(target) -> str:
 
 def offset_of(dot: str, x_dtype: str) -> int:
     """What the kernel adds to every input byte so the dot instruction's signs fit
-    (smlad widens either sign: nothing)."""
-    if dot == "smlad":
+    (smlad and mve widen either sign: nothing)."""
+    if dot in ("smlad", "mve"):
         return 0
     if dot == "sdot":
         return -128 if x_dtype == "uint8" else 0
@@ -104,10 +108,12 @@ SMLAD_COLUMNS = 2  # columns per tile: 8 accumulators; 3 spilled around each SML
 
 
 def tile(ow: int, oc_blocks: int, vw: int, dot: str = "portable") -> tuple[int, int]:
-    """(K, T): channel blocks and output columns per register tile (smlad: one of
-    each, its accumulators are general-purpose registers)."""
+    """(K, T): channel blocks and output columns per register tile (smlad, mve: one
+    block, their accumulators are general-purpose registers; VMLAVA's even ones)."""
     if dot == "smlad":
         return 1, min(ow, SMLAD_COLUMNS)
+    if dot == "mve":
+        return 1, 1
     best = None
     for k in (1, 2, 4):
         if oc_blocks % k:
@@ -179,11 +185,31 @@ def _declare(module, name, ret, args):
     return fn if fn is not None else ir.Function(module, ir.FunctionType(ret, args), name=name)
 
 
+def load_weights(kb, kind: str, w, at, lanes: int):
+    """dot()'s weights: the 4 * lanes bytes at w[at..] as one vector, or for mve a
+    list of each lane's four bytes, each a load of its own (VLDRB.S32; taken out of
+    one vector they were moved byte by byte)."""
+    if kind == "mve":
+        v4 = ir.VectorType(I8, 4)
+        return [kb.b.load(kb.gep(w, at + 4 * lane), typ=v4, align=1) for lane in range(lanes)]
+    return kb.b.load(kb.gep(w, at), typ=ir.VectorType(I8, 4 * lanes), align=1)
+
+
+def broadcast(kb, kind: str, word, lanes: int):
+    """dot()'s input: four bytes (an i32) repeated over the lanes as <4L x i8>, or
+    for mve once, as <4 x i8>."""
+    if kind == "mve":
+        return kb.b.bitcast(word, ir.VectorType(I8, 4))
+    return kb.b.bitcast(kb.splat(word, lanes), ir.VectorType(I8, 4 * lanes))
+
+
 def dot(kb, kind: str, acc, xv, wv, x_signed: bool = False):
     """acc[l] + sum over j < 4 of x[4l + j] * w[4l + j], both <4L x i8> (x unsigned
-    but for smlad with x_signed)."""
+    but for smlad with x_signed; mve: broadcast() and load_weights() operands)."""
     if kind == "smlad":
         return qarm_dsp.dot4_lanes(kb, acc, xv, wv, x_signed)
+    if kind == "mve":
+        return qarm_dsp.mve_dot4_lanes(kb, acc, xv, wv, x_signed)
     lanes = acc.type.count
     v8 = ir.VectorType(I8, 4 * lanes)
     if kind == "vnni":  # 512, 256 or 128 bits (AVX512VL or AVX-VNNI's VEX encoding)
@@ -241,14 +267,14 @@ def _tile(kb, node, bufs, where, width, k_n, kind, flip, acc_t, v8):
         x_row = ((n * cb_n + icb) * hp + oh * sh + kh) * wp
         w_tap = (((ocg * cb_n + icb) * kh_n + kh) * kw_n + kw) * (ib * kob)
         for ic4 in range(ib // 4):
-            wv = [kb.b.load(kb.gep(w, w_tap + (ic4 * kob + k * ob) * 4), typ=v8, align=1)
+            wv = [load_weights(kb, kind, w, w_tap + (ic4 * kob + k * ob) * 4, ob)
                   for k in range(k_n)]
             for j in range(width):
                 at = (x_row + (ow0 + j) * sw + kw) * ib + ic4 * 4
                 word = kb.b.load(kb.gep(x, at), typ=I32, align=1)
                 if flip:
                     word = kb.b.xor(word, ir.Constant(I32, 0x80808080 - (1 << 32)))
-                xv = kb.b.bitcast(kb.splat(word, ob), v8)
+                xv = broadcast(kb, kind, word, ob)
                 for k in range(k_n):
                     kb.set(accs[k][j], dot(kb, kind, kb.get(accs[k][j]), xv, wv[k],
                                            x.type.dtype == "int8"))
@@ -325,12 +351,12 @@ def _dw_lower(kb, node, ins, out, epilogue):
     _, kh_n, kw_n, _ = w.type.shape
     _, _, oh_n, ow_n, _ = out.type.shape
     sh, sw = node.attr("strides")
-    t = DSP_DEPTHWISE_COLUMNS if node.attr("dot") == "smlad" else \
-        max(1, min(ow_n, registers(ob) - 4))
+    kind = node.attr("dot")  # smlad, mve: four channels a word (ob is 4), borders
+    t = DSP_DEPTHWISE_COLUMNS if kind else max(1, min(ow_n, registers(ob) - 4))
     acc_t = ir.VectorType(I32, ob)
     v8 = ir.VectorType(I8, ob)
     signed = x.type.dtype == "int8"
-    smlad = node.attr("dot") == "smlad"  # four channels a word: ob is 4
+    smlad = kind == "smlad"
     with parallel_for(kb, n_n * cb_n * oh_n, "rows", work=out.type.size * kh_n * kw_n) as item:
         plane, oh = item // oh_n, item % oh_n
         cb = plane % cb_n
@@ -340,9 +366,9 @@ def _dw_lower(kb, node, ins, out, epilogue):
         taps = [qarm_dsp.halves(kb, v, True) if smlad else kb.b.sext(v, acc_t) for v in taps]
 
         def tile(ow0, width):
-            if smlad:
-                return _dw_smlad_tile(kb, node, (x, out), (plane, oh, ow0), width,
-                                      (kh_n, kw_n, sh, sw), taps, store, cb)
+            if kind:
+                return _dw_word_tile(kb, node, (x, out), (plane, oh, ow0), width,
+                                     (kh_n, kw_n, sh, sw), taps, store, cb)
             accs = [ir.Constant(acc_t, [0] * ob)] * width
             for kh in range(kh_n):
                 row = (plane * hp + oh * sh + kh) * wp
@@ -364,10 +390,11 @@ def _dw_lower(kb, node, ins, out, epilogue):
             tile(full * t, ow_n % t)
 
 
-def _dw_smlad_tile(kb, node, bufs, where, width, geometry, taps, store, cb) -> None:
-    """_dw_lower's tile on the DSP extension: per tap and column one input word,
-    its four channels added by SMLABB/SMLATT (qarm_dsp.depthwise_step). With attr
-    pads the input is not padded: a tap outside it takes the word of attr fill."""
+def _dw_word_tile(kb, node, bufs, where, width, geometry, taps, store, cb) -> None:
+    """_dw_lower's tile on an M-profile core: per tap and column one input word, its
+    four channels added by SMLABB/SMLATT (dot smlad: qarm_dsp.depthwise_step) or as
+    <4 x i32> (mve). With attr pads the input is not padded: a tap outside it takes
+    the word of attr fill."""
     x, out = bufs
     plane, oh, ow0 = where
     _, _, hp, wp, ob = x.type.shape
@@ -375,7 +402,10 @@ def _dw_smlad_tile(kb, node, bufs, where, width, geometry, taps, store, cb) -> N
     kh_n, kw_n, sh, sw = geometry
     pt, pl, _, _ = node.attr("pads", (0, 0, 0, 0))
     fill = ir.Constant(I32, (node.attr("fill", 0) & 0xFF) * 0x01010101)
-    accs = [[ir.Constant(I32, 0)] * 4 for _ in range(width)]
+    smlad = node.attr("dot") == "smlad"
+    signed = x.type.dtype == "int8"
+    accs = [[ir.Constant(I32, 0)] * 4 if smlad else ir.Constant(ir.VectorType(I32, 4), [0] * 4)
+            for _ in range(width)]
     for kh in range(kh_n):
         ih = oh * sh + (kh - pt)
         for kw in range(kw_n):
@@ -388,9 +418,13 @@ def _dw_smlad_tile(kb, node, bufs, where, width, geometry, taps, store, cb) -> N
                     inside = kb.and_(kb.below(ih, hp), kb.below(iw, wp))
                     word = kb.b.select(inside, kb.b.load(kb.gep(x, kb.select(inside, at, 0)),
                                                          typ=I32, align=1), fill)
-                accs[j] = qarm_dsp.depthwise_step(kb, accs[j], word, taps[kh * kw_n + kw],
-                                                  x.type.dtype == "int8")
+                tap = taps[kh * kw_n + kw]
+                accs[j] = qarm_dsp.depthwise_step(kb, accs[j], word, tap, signed) if smlad \
+                    else kb.b.add(accs[j], kb.b.mul(qarm_dsp.widen(kb, word, signed), tap))
     for j in range(width):
+        if not smlad:
+            store(accs[j], cb * ob, out, ((plane * oh_n + oh) * ow_n + ow0 + j) * ob)
+            continue
         acc = ir.Constant(ir.VectorType(I32, ob), None)
         for c in range(ob):
             acc = kb.b.insert_element(acc, accs[j][c], ir.Constant(I32, c))

@@ -2,7 +2,7 @@
 
 (Targets narrower than 8 floats keep plain layouts, except for the int8 convolutions of
 an AArch64 target with +dotprod, which run blocked on sdot, and of an Arm M-profile core
-with the DSP extension, on smlad; see qconv below.)
+with the DSP extension or MVE, on smlad or mve; see qconv below.)
 
 With b the target's vector width (16 floats on AVX-512, 8 on AVX2):
   - conv2d (groups 1, no dilation, constant float weights, C a multiple of b, at
@@ -267,8 +267,8 @@ class _Rewriter:
             else self.need_plain(x)
         # The depthwise kernel on the DSP extension pads by itself: the padded copy
         # would be the largest tensor of a keyword spotter's workspace.
-        borders = {"pads": pads, "fill": zx} if depthwise and self.dot == "smlad" and any(
-            pads) else {}
+        borders = {"pads": pads, "fill": zx} if depthwise and self.dot in ("smlad", "mve") \
+            and any(pads) else {}
         if not ((any(pads) and not borders) or c % ib or len(self.types[src].shape) != 5
                 or self.types[src].shape[4] != ib):
             padded = src
@@ -280,7 +280,7 @@ class _Rewriter:
         inputs = [padded, packed, bias_c, mults, yzp]
         plain = Node.make("conv2d_integer", node.name, (), node.outputs)
         if depthwise:
-            dsp = {"dot": self.dot} if self.dot == "smlad" else {}  # others: one kernel
+            dsp = {"dot": self.dot} if self.dot in ("smlad", "mve") else {}  # others: one
             self.blocked_output(plain, "qdepthwise_conv2d_nchwc", inputs,
                                 strides=tuple(node.attr("strides")), out=node.attr("out"),
                                 **dsp, **borders)
@@ -455,7 +455,7 @@ def alter_op_layout(graph: Graph, params: dict, cfg: PassConfig, target: Target 
     if target is None:
         return graph, params
     if target.vector_width < 8:  # only the int8 convolutions, on a dot-product target
-        if dot_kind(target) not in ("sdot", "smlad"):
+        if dot_kind(target) not in ("sdot", "smlad", "mve"):
             return graph, params
         return _Rewriter(graph, params, target.vector_width, dot_kind(target),
                          int8_only=True).run()
