@@ -69,7 +69,8 @@ def _lower(kb, node, ins, out, epilogue):
                         word = kb.b.xor(word, ir.Constant(I32, 0x80808080 - (1 << 32)))
                     av = broadcast(kb, kind, word, lanes)
                     for g in range(group):
-                        kb.set(accs[r][g], dot(kb, kind, kb.get(accs[r][g]), av, wv[g]))
+                        kb.set(accs[r][g], dot(kb, kind, kb.get(accs[r][g]), av, wv[g],
+                                               a.type.dtype == "int8"))
             for r in range(rows_n):
                 for g in range(group):
                     n0 = (gb * group + g) * lanes
