@@ -39,7 +39,10 @@ from __future__ import annotations
 
 import llvmlite.ir as ir
 
-I32 = ir.IntType(32)
+I8, I32 = ir.IntType(8), ir.IntType(32)
+# Taps of a depthwise window up to which its rows are unrolled, the weights hoisted;
+# a larger window (an average pool's 25 x 5) loops over its rows (flash).
+UNROLLED_TAPS = 16
 
 # M-profile cores with the DSP extension, for triples that do not imply it (v8-M
 # Mainline has it optional; every ARMv7E-M core has it).
@@ -144,3 +147,70 @@ def mve_dot4_lanes(kb, acc: ir.Value, x4: ir.Value, w4s: list, x_signed: bool) -
                          _sum(kb, kb.b.mul(xe, widen(kb, w4, True))))
         acc = kb.b.insert_element(acc, total, k)
     return acc
+
+
+def depthwise_tap(kb, w, at, smlad: bool):
+    """A depthwise tap's four weights at w[at..]: halfword pairs (smlad) or <4 x i32>."""
+    if smlad:
+        return halves(kb, kb.b.load(kb.gep(w, at), typ=I32, align=1), True)
+    return kb.b.sext(kb.b.load(kb.gep(w, at), typ=ir.VectorType(I8, 4), align=1),
+                     ir.VectorType(I32, 4))
+
+
+def depthwise_tile(kb, node, bufs, where, width, geometry, taps, store, cb) -> None:
+    """qconv_blocked's depthwise tile of `width` output columns from `where` (plane,
+    output row, first column) on an M-profile core: per tap and column one input
+    word, its four channels added by SMLABB/SMLATT (dot smlad: depthwise_step) or
+    as <4 x i32> (mve), then `store`d (qconv_blocked.Requantize). With attr pads the
+    input is not padded: a tap outside it takes the word of attr fill. `taps`: the
+    hoisted weights (depthwise_tap), or None for a window of more than
+    UNROLLED_TAPS taps, whose rows are a loop (an average pool's 25 x 5)."""
+    x, w, out = bufs
+    plane, oh, ow0 = where
+    _, _, hp, wp, ob = x.type.shape
+    _, _, oh_n, ow_n, _ = out.type.shape
+    kh_n, kw_n, sh, sw = geometry
+    pt, pl, _, _ = node.attr("pads", (0, 0, 0, 0))
+    fill = ir.Constant(I32, (node.attr("fill", 0) & 0xFF) * 0x01010101)
+    smlad = node.attr("dot") == "smlad"
+    signed = x.type.dtype == "int8"
+
+    def row(kh, accs, tap):
+        ih = oh * sh + (kh - pt)
+        for kw in range(kw_n):
+            for j in range(width):
+                iw = (ow0 + j) * sw + (kw - pl)
+                at = ((plane * hp + ih) * wp + iw) * ob
+                if node.attr("pads") is None:
+                    word = kb.b.load(kb.gep(x, at), typ=I32, align=1)
+                else:  # a tap past the border reads the zero point: adds nothing
+                    inside = kb.and_(kb.below(ih, hp), kb.below(iw, wp))
+                    word = kb.b.select(inside, kb.b.load(kb.gep(x, kb.select(inside, at, 0)),
+                                                         typ=I32, align=1), fill)
+                accs[j] = depthwise_step(kb, accs[j], word, tap(kh, kw), signed) \
+                    if smlad else [kb.b.add(accs[j][0], kb.b.mul(
+                        widen(kb, word, signed), tap(kh, kw)))]
+        return accs
+
+    zero = [ir.Constant(I32, 0)] * 4 if smlad else [ir.Constant(ir.VectorType(I32, 4), [0] * 4)]
+    accs = [list(zero) for _ in range(width)]
+    if taps is not None:
+        for kh in range(kh_n):
+            accs = row(kh, accs, lambda kh, kw: taps[kh * kw_n + kw])
+    else:
+        slots = [[kb.local(v) for v in col] for col in accs]
+        with kb.loop(0, kh_n, "kh") as kh:
+            cur = row(kh, [[kb.get(v) for v in col] for col in slots],
+                      lambda kh, kw: depthwise_tap(kb, w, ((cb * kh_n + kh) * kw_n + kw) * ob,
+                                                   smlad))
+            for col, values in zip(slots, cur, strict=True):
+                for slot, value in zip(col, values, strict=True):
+                    kb.set(slot, value)
+        accs = [[kb.get(v) for v in col] for col in slots]
+    for j in range(width):
+        acc = accs[j][0]
+        if smlad:
+            acc = ir.Constant(ir.VectorType(I32, ob), None)
+            for c in range(ob):
+                acc = kb.b.insert_element(acc, accs[j][c], ir.Constant(I32, c))
+        store(acc, cb * ob, out, ((plane * oh_n + oh) * ow_n + ow0 + j) * ob)

@@ -361,14 +361,20 @@ def _dw_lower(kb, node, ins, out, epilogue):
         plane, oh = item // oh_n, item % oh_n
         cb = plane % cb_n
         store = Requantize(kb, node, bias, mult, yzp, ob)
-        taps = [kb.b.load(kb.gep(w, ((cb * kh_n + kh) * kw_n + kw) * ob), typ=I32 if smlad
-                          else v8, align=1) for kh in range(kh_n) for kw in range(kw_n)]
-        taps = [qarm_dsp.halves(kb, v, True) if smlad else kb.b.sext(v, acc_t) for v in taps]
+        if kind and kh_n * kw_n > qarm_dsp.UNROLLED_TAPS:
+            taps = None  # loaded in depthwise_tile's loop over the rows
+        elif kind:
+            taps = [qarm_dsp.depthwise_tap(kb, w, ((cb * kh_n + kh) * kw_n + kw) * ob, smlad)
+                    for kh in range(kh_n) for kw in range(kw_n)]
+        else:
+            taps = [kb.b.load(kb.gep(w, ((cb * kh_n + kh) * kw_n + kw) * ob), typ=v8,
+                              align=1) for kh in range(kh_n) for kw in range(kw_n)]
+            taps = [kb.b.sext(v, acc_t) for v in taps]
 
         def tile(ow0, width):
             if kind:
-                return _dw_word_tile(kb, node, (x, out), (plane, oh, ow0), width,
-                                     (kh_n, kw_n, sh, sw), taps, store, cb)
+                return qarm_dsp.depthwise_tile(kb, node, (x, w, out), (plane, oh, ow0),
+                                               width, (kh_n, kw_n, sh, sw), taps, store, cb)
             accs = [ir.Constant(acc_t, [0] * ob)] * width
             for kh in range(kh_n):
                 row = (plane * hp + oh * sh + kh) * wp
@@ -388,47 +394,6 @@ def _dw_lower(kb, node, ins, out, epilogue):
                 tile(j * t, t)
         if ow_n % t:
             tile(full * t, ow_n % t)
-
-
-def _dw_word_tile(kb, node, bufs, where, width, geometry, taps, store, cb) -> None:
-    """_dw_lower's tile on an M-profile core: per tap and column one input word, its
-    four channels added by SMLABB/SMLATT (dot smlad: qarm_dsp.depthwise_step) or as
-    <4 x i32> (mve). With attr pads the input is not padded: a tap outside it takes
-    the word of attr fill."""
-    x, out = bufs
-    plane, oh, ow0 = where
-    _, _, hp, wp, ob = x.type.shape
-    _, _, oh_n, ow_n, _ = out.type.shape
-    kh_n, kw_n, sh, sw = geometry
-    pt, pl, _, _ = node.attr("pads", (0, 0, 0, 0))
-    fill = ir.Constant(I32, (node.attr("fill", 0) & 0xFF) * 0x01010101)
-    smlad = node.attr("dot") == "smlad"
-    signed = x.type.dtype == "int8"
-    accs = [[ir.Constant(I32, 0)] * 4 if smlad else ir.Constant(ir.VectorType(I32, 4), [0] * 4)
-            for _ in range(width)]
-    for kh in range(kh_n):
-        ih = oh * sh + (kh - pt)
-        for kw in range(kw_n):
-            for j in range(width):
-                iw = (ow0 + j) * sw + (kw - pl)
-                at = ((plane * hp + ih) * wp + iw) * ob
-                if node.attr("pads") is None:
-                    word = kb.b.load(kb.gep(x, at), typ=I32, align=1)
-                else:  # a tap past the border reads the zero point: adds nothing
-                    inside = kb.and_(kb.below(ih, hp), kb.below(iw, wp))
-                    word = kb.b.select(inside, kb.b.load(kb.gep(x, kb.select(inside, at, 0)),
-                                                         typ=I32, align=1), fill)
-                tap = taps[kh * kw_n + kw]
-                accs[j] = qarm_dsp.depthwise_step(kb, accs[j], word, tap, signed) if smlad \
-                    else kb.b.add(accs[j], kb.b.mul(qarm_dsp.widen(kb, word, signed), tap))
-    for j in range(width):
-        if not smlad:
-            store(accs[j], cb * ob, out, ((plane * oh_n + oh) * ow_n + ow0 + j) * ob)
-            continue
-        acc = ir.Constant(ir.VectorType(I32, ob), None)
-        for c in range(ob):
-            acc = kb.b.insert_element(acc, accs[j][c], ir.Constant(I32, c))
-        store(acc, cb * ob, out, ((plane * oh_n + oh) * ow_n + ow0 + j) * ob)
 
 
 lowering("qdepthwise_conv2d_nchwc", lower=_dw_lower)
