@@ -177,7 +177,35 @@ def _pad_lower(kb, node, ins, out, epilogue):
                         kb.store(out, row + (iw + pl) * ib + i, kb.load(x, at))
 
 
-lowering("qpad_nchwc", lower=_pad_lower)
+def _window_lower(kb, node, ins, out, epilogue):
+    """qpad_nchwc with attr window (a one-channel input, M-profile cores): pixel
+    (h, w) of the output holds the padded input's columns w..w+3, the fill value past
+    the border and in channels from `window` on."""
+    x = ins[0]
+    (pt, pl, _, _), window = node.attr("pads"), node.attr("window")
+    fill = ir.Constant(I8, node.attr("fill") & 0xFF)
+    n_n, _, hp, wp, ib = out.type.shape
+    h, w = x.type.shape[-2], x.type.shape[-1]
+    with parallel_for(kb, n_n * hp, "rows", work=out.type.size) as item:
+        n, ih = item // hp, item % hp - pt
+        with kb.loop(0, wp, "w") as col:
+            for j in range(ib):
+                iw = col + (j - pl)
+                inside = kb.and_(kb.below(ih, h), kb.below(iw, w))
+                at = kb.select(inside, (n * h + ih) * w + iw, 0)
+                value = kb.b.trunc(kb.load(x, at), I8) if j < window else fill
+                if j < window:
+                    value = kb.b.select(inside, value, fill)
+                kb.store(out, (item * wp + col) * ib + j, value)
+
+
+def _pad_or_window(kb, node, ins, out, epilogue):
+    if node.attr("window"):
+        return _window_lower(kb, node, ins, out, epilogue)
+    return _pad_lower(kb, node, ins, out, epilogue)
+
+
+lowering("qpad_nchwc", lower=_pad_or_window)
 
 
 def _declare(module, name, ret, args):

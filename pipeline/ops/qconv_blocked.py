@@ -18,7 +18,8 @@ def _pad_infer(types, node):
     channels = node.attr("channels")
     n, _, h, w = x.shape[:4]
     cp = -(-channels // ib) * ib
-    return [TensorType((n, cp // ib, h + pt + pb, w + pl + pr, ib), x.dtype)]
+    window = node.attr("window", 1)  # columns a pixel holds (one input channel)
+    return [TensorType((n, cp // ib, h + pt + pb, w + pl + pr - window + 1, ib), x.dtype)]
 
 
 register("qpad_nchwc", OpKind.OPAQUE, _pad_infer)

@@ -249,12 +249,18 @@ class _Rewriter:
             return False
         zx = int(self.params[xzp].reshape(()))
         offset = 0 if depthwise else offset_of(self.dot, self.types[x].dtype)
+        # One input channel on an M-profile core: a word holds four columns (qpad's
+        # window), not one channel and three of padding.
+        window = weight.shape[3] if c == 1 and weight.shape[3] <= 4 and not depthwise \
+            and self.dot in ("smlad", "mve") else 0
+        if window:
+            weight, c = _columns_as_channels(weight), 4
         if depthwise:
             c = oc
         ib = self.vw if depthwise else input_block(c, self.vw)
         ow = self.types[node.outputs[0]].shape[3]
         k = tile(ow, oc // ob, ob, self.dot)[0]
-        packed = self.param(("qconv", w_name, ib, ob, k, depthwise), f"{w_name}.packed",
+        packed = self.param(("qconv", w_name, ib, ob, k, depthwise, window), f"{w_name}.packed",
                             lambda: pack_qdepthwise(weight, self.vw) if depthwise
                             else pack_qweight(weight, ib, ob, k))
         bias_c = self.param(("qbias", bias, w_name, zx, offset), f"{bias}.corrected",
@@ -269,8 +275,13 @@ class _Rewriter:
         # would be the largest tensor of a keyword spotter's workspace.
         borders = {"pads": pads, "fill": zx} if depthwise and self.dot in ("smlad", "mve") \
             and any(pads) else {}
-        if not ((any(pads) and not borders) or c % ib or len(self.types[src].shape) != 5
-                or self.types[src].shape[4] != ib):
+        if window:
+            padded = fresh_name(f"{x}.columns", self.types)
+            self.emit(Node.make("qpad_nchwc", f"{node.name}.pad", (self.need_plain(x),),
+                                (padded,), block=ib, pads=pads, channels=1, fill=zx,
+                                window=window))
+        elif not ((any(pads) and not borders) or c % ib or len(self.types[src].shape) != 5
+                  or self.types[src].shape[4] != ib):
             padded = src
         else:
             borders = {}
@@ -428,6 +439,15 @@ def _input_block(c: int, vw: int) -> int:
     if c % vw == 0 or c <= vw:
         return vw if c % vw == 0 else c
     return next((d for d in range(vw, vw // 2 - 1, -1) if c % d == 0), 0)
+
+
+def _columns_as_channels(weight: np.ndarray) -> np.ndarray:
+    """[OC, 1, KH, KW <= 4] -> [OC, 4, KH, 1]: channel j the weight of column j (zero
+    past KW), for qpad_nchwc's window layout (four consecutive columns a pixel)."""
+    oc, _, kh, kw = weight.shape
+    out = np.zeros((oc, 4, kh, 1), weight.dtype)
+    out[:, :kw, :, 0] = weight[:, 0].transpose(0, 2, 1)
+    return out
 
 
 def _pad_columns(value: np.ndarray, width: int) -> np.ndarray:
