@@ -175,13 +175,13 @@ def depthwise_tile(kb, node, bufs, where, width, geometry, taps, store, cb) -> N
     smlad = node.attr("dot") == "smlad"
     signed = x.type.dtype == "int8"
 
-    def row(kh, accs, tap):
+    def row(kh, accs, tap, checked):
         ih = oh * sh + (kh - pt)
         for kw in range(kw_n):
             for j in range(width):
                 iw = (ow0 + j) * sw + (kw - pl)
                 at = ((plane * hp + ih) * wp + iw) * ob
-                if node.attr("pads") is None:
+                if not checked:
                     word = kb.b.load(kb.gep(x, at), typ=I32, align=1)
                 else:  # a tap past the border reads the zero point: adds nothing
                     inside = kb.and_(kb.below(ih, hp), kb.below(iw, wp))
@@ -192,24 +192,46 @@ def depthwise_tile(kb, node, bufs, where, width, geometry, taps, store, cb) -> N
                         widen(kb, word, signed), tap(kh, kw)))]
         return accs
 
-    zero = [ir.Constant(I32, 0)] * 4 if smlad else [ir.Constant(ir.VectorType(I32, 4), [0] * 4)]
-    accs = [list(zero) for _ in range(width)]
-    if taps is not None:
-        for kh in range(kh_n):
-            accs = row(kh, accs, lambda kh, kw: taps[kh * kw_n + kw])
-    else:
+    def window(checked):
+        zero = [ir.Constant(I32, 0)] * 4 if smlad else [ir.Constant(ir.VectorType(I32, 4),
+                                                                     [0] * 4)]
+        accs = [list(zero) for _ in range(width)]
+        if taps is not None:
+            for kh in range(kh_n):
+                accs = row(kh, accs, lambda kh, kw: taps[kh * kw_n + kw], checked)
+            return accs
         slots = [[kb.local(v) for v in col] for col in accs]
         with kb.loop(0, kh_n, "kh") as kh:
             cur = row(kh, [[kb.get(v) for v in col] for col in slots],
                       lambda kh, kw: depthwise_tap(kb, w, ((cb * kh_n + kh) * kw_n + kw) * ob,
-                                                   smlad))
+                                                   smlad), checked)
             for col, values in zip(slots, cur, strict=True):
                 for slot, value in zip(col, values, strict=True):
                     kb.set(slot, value)
-        accs = [[kb.get(v) for v in col] for col in slots]
+        return [[kb.get(v) for v in col] for col in slots]
+
+    rows, cols = hp - kh_n + 1, wp - (width - 1) * sw - kw_n + 1  # clear of the border
+    if node.attr("pads") is None or rows <= 0 or cols <= 0:
+        finish(kb, window(node.attr("pads") is not None), width, store, (cb, out, plane, oh,
+                                                                          ow0))
+        return
+    # Tiles clear of the border (most of them) check no tap.
+    clear = kb.and_(kb.below(oh * sh - pt, rows), kb.below(ow0 * sw - pl, cols))
+    with kb.b.if_else(clear) as (inner, border):
+        with inner:
+            finish(kb, window(False), width, store, (cb, out, plane, oh, ow0))
+        with border:
+            finish(kb, window(True), width, store, (cb, out, plane, oh, ow0))
+
+
+def finish(kb, accs, width, store, where) -> None:
+    """Store the `width` columns' accumulators of depthwise_tile (four i32 of the
+    DSP extension's, or one <4 x i32>) through `store` at `where`."""
+    cb, out, plane, oh, ow0 = where
+    _, _, oh_n, ow_n, ob = out.type.shape
     for j in range(width):
         acc = accs[j][0]
-        if smlad:
+        if len(accs[j]) > 1:
             acc = ir.Constant(ir.VectorType(I32, ob), None)
             for c in range(ob):
                 acc = kb.b.insert_element(acc, accs[j][c], ir.Constant(I32, c))
