@@ -111,6 +111,27 @@ def dot4_lanes(kb, acc: ir.Value, xv: ir.Value, wv: ir.Value, x_signed: bool) ->
     return acc
 
 
+def dot4_tile(kb, accs: list, words: list, w, at, lanes: int, x_signed: bool) -> None:
+    """The smlad tile's step: accs[k][j] (slots of <lanes x i32>) plus, per lane l of
+    channel block k, the dot product of input word words[j] and the weights at
+    w[at + 4 * (k * lanes + l)..]; the inputs widened once, each weight word used
+    by all columns before the next is loaded (fewer registers live)."""
+    xs = [halves(kb, word, x_signed) for word in words]
+    sums = [[kb.get(slot) for slot in row] for row in accs]
+    for k, row in enumerate(sums):
+        for lane in range(lanes):
+            wa, wb = halves(kb, kb.b.load(kb.gep(w, at + 4 * (k * lanes + lane)), typ=I32,
+                                          align=1), True)
+            index = ir.Constant(I32, lane)
+            for j, (xa, xb) in enumerate(xs):
+                total = _intrinsic(kb, "smlad", xb, wb, _intrinsic(
+                    kb, "smlad", xa, wa, kb.b.extract_element(row[j], index)))
+                row[j] = kb.b.insert_element(row[j], total, index)
+    for slots, values in zip(accs, sums, strict=True):
+        for slot, value in zip(slots, values, strict=True):
+            kb.set(slot, value)
+
+
 def depthwise_step(kb, accs: list[ir.Value], x_word: ir.Value, w_pair: tuple,
                    x_signed: bool) -> list[ir.Value]:
     """The four channel accumulators `accs` of a pixel plus x[c] * w[c] for the four

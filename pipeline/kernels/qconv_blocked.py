@@ -295,6 +295,12 @@ def _tile(kb, node, bufs, where, width, k_n, kind, flip, acc_t, v8):
         x_row = ((n * cb_n + icb) * hp + oh * sh + kh) * wp
         w_tap = (((ocg * cb_n + icb) * kh_n + kh) * kw_n + kw) * (ib * kob)
         for ic4 in range(ib // 4):
+            if kind == "smlad":  # weights lane by lane: two of their halves live at a time
+                words = [kb.b.load(kb.gep(x, (x_row + (ow0 + j) * sw + kw) * ib + ic4 * 4),
+                                   typ=I32, align=1) for j in range(width)]
+                qarm_dsp.dot4_tile(kb, accs, words, w, w_tap + ic4 * kob * 4, ob,
+                                   x.type.dtype == "int8")
+                continue
             wv = [load_weights(kb, kind, w, w_tap + (ic4 * kob + k * ob) * 4, ob)
                   for k in range(k_n)]
             for j in range(width):
