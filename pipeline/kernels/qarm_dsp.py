@@ -13,9 +13,11 @@ two SMLAD:
 
 A uint8 input is zero-extended (UXTB16): its halfwords 0..255 are exact signed
 16-bit values, so unlike sdot or vpdpbusd no sign flip and no bias correction
-for it is needed (offset 0). The kernels write the widening of a word once per
-tile row or column and let LLVM's common-subexpression elimination share it
-between the products that use it (the intrinsics have no side effects).
+for it is needed (offset 0). The convolution widens each input word of its tile
+once and each weight word once, using it for all the tile's columns before the
+next is loaded (dot4_tile: two weight halves live, not eight); the matmul
+(dot4_lanes) leaves that sharing to LLVM's common-subexpression elimination (the
+intrinsics have no side effects).
 
 The depthwise kernel has no four-term sums (one filter per channel): it takes
 a pixel's four channels as the halfword pairs (c0, c2) and (c1, c3) and adds each
