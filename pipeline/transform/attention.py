@@ -19,7 +19,7 @@ from __future__ import annotations
 from functools import partial
 
 from pipeline.ir.graph import Graph, Node
-from pipeline.kernels.attention import MAX_PANEL_FLOATS, panel_floats
+from pipeline.ops.geometry import MAX_PANEL_FLOATS, panel_floats
 from pipeline.transform.context import PassConfig
 from pipeline.transform.util import fuse_chains, sole_user
 

@@ -3,6 +3,7 @@
 per operator family; importing this package registers them all."""
 
 from pipeline.frontend.onnx import (  # noqa: F401  (registration)
+    attention,
     control,
     conv,
     conv_transpose,

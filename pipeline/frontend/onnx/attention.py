@@ -1,0 +1,244 @@
+"""ONNX converters to the attention operators (defined in pipeline/ops/attention.py):
+Attention (opsets 23-25) and RotaryEmbedding (23).
+
+Attention becomes one `attention` kernel reading Q, K, V in their own layouts (3-D
+inputs [B, S, H * D] are reshaped, never transposed), with the query heads per key
+head as its `group`. Everything the spec adds to the scores is one additive bias
+input: the attention mask (bool as 0 / -inf, padded with -inf to the key length),
+the causal and sliding-window masks (a constant table, aligned bottom-right to the
+past length), and with nonpad_kv_seqlen (opset 24) the per-batch padding and
+causal masks, computed at run time by comparisons. past_key/past_value are
+concatenated in front of K and V (the present outputs); qk_matmul_output is a
+second attention node writing the scores the mode names. float16 runs in float32
+(casts around the kernel); the softmax is float32 whatever softmax_precision says.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from pipeline.errors import ModelError
+from pipeline.frontend.onnx.registry import onnx_op
+from pipeline.ir.graph import Node
+from pipeline.ops.geometry import MAX_PANEL_FLOATS, panel_floats
+
+# Logical [B, H, S, D] (Q, V) and Kᵀ [B, H, D, S] from each operand layout.
+_BHSD = {"q": (0, 1, 2, 3), "k": (0, 1, 3, 2), "v": (0, 1, 2, 3)}
+_BSHD = {"q": (0, 2, 1, 3), "k": (0, 2, 3, 1), "v": (0, 2, 1, 3)}
+_QK_OUTPUT = {0: "scores", 1: "scores", 2: "biased", 3: "probs"}
+
+
+class Emitter:
+    """The graph nodes one ONNX node becomes, with fresh tensor names after it."""
+
+    def __init__(self, ctx, n):
+        self.ctx, self.n, self.nodes = ctx, n, []
+        self.dtype = ctx.type(n.inputs[0]).dtype  # of the operands made from the inputs
+
+    def op(self, op: str, inputs, out: str | None = None, **attrs) -> str:
+        """Append a node; returns its output (a name made from `op` unless given)."""
+        out = out or f"{self.n.outputs[0]}__{op}{len(self.nodes)}"
+        self.nodes.append(Node.make(op, f"{self.n.name}__{op}{len(self.nodes)}", inputs,
+                                    (out,), **attrs))
+        return out
+
+    def const(self, tag: str, value: np.ndarray) -> str:
+        return self.ctx.add_param(f"{self.n.name}_{tag}", value)
+
+    def f32(self, name: str) -> str:
+        """`name` as float32 (a cast from a narrower float); other dtypes are an error."""
+        dtype = self.ctx.type(name).dtype if name in self.ctx.types else self.dtype
+        if dtype == "float32":
+            return name
+        if dtype not in ("float16", "bfloat16"):
+            raise ModelError(f"node {self.n.name!r} ({self.n.op_type}): {name!r} is {dtype}, "
+                             "not a float type")
+        return self.op("cast", (name,), to="float32")
+
+    def result(self, value: str, out: str, like: str) -> None:
+        """Make float32 `value` ONNX output `out`, in the dtype of input `like`: a cast,
+        or the node that made it renamed."""
+        dtype = self.ctx.type(like).dtype
+        if dtype != "float32":
+            self.op("cast", (value,), out, to=dtype)
+            return
+        k = next(k for k, node in enumerate(self.nodes) if node.outputs == (value,))
+        self.nodes[k] = dataclasses.replace(self.nodes[k], outputs=(out,))
+
+
+def _given(n, pos: int) -> str:
+    return n.inputs[pos] if pos < len(n.inputs) else ""
+
+
+def _bhsd(em: Emitter, x: str, heads: int) -> str:
+    """A 3-D [B, S, H * D] operand as [B, H, S, D] (for the present outputs)."""
+    b, s, hidden = em.ctx.type(x).shape
+    split = em.op("reshape", (x,), shape=(b, s, heads, hidden // heads))
+    return em.op("transpose", (split,), perm=(0, 2, 1, 3))
+
+
+def _mask_bias(em: Emitter, mask: str, total: int) -> str:
+    """The attention mask as an additive float32 bias, padded with -inf to `total` keys."""
+    if em.ctx.type(mask).dtype == "bool":
+        bias = em.op("where", (mask, em.const("zero", np.zeros((), np.float32)),
+                               em.const("neg_inf", np.array(-np.inf, np.float32))))
+    else:
+        bias = em.f32(mask)
+    shape = em.ctx.type(mask).shape
+    if shape[-1] < total:
+        pads = [0] * (2 * len(shape))
+        pads[-1] = total - shape[-1]
+        bias = em.op("pad", (bias,), pads=pads, mode="constant", value=-math.inf)
+    return bias
+
+
+def _structure_bias(em: Emitter, sq: int, sk: int, past: int, nonpad: str) -> str | None:
+    """The causal, sliding-window and (nonpad_kv_seqlen) padding masks as one additive
+    bias: a constant [Sq, Sk] when the key offset is the past length, else [B, 1, Sq, Sk]
+    computed from nonpad at run time; None when there is none."""
+    n = em.n
+    causal = bool(n.attrs.get("is_causal", 0))
+    left, right = (int(n.attrs.get(k, -1)) for k in ("left_window_size", "right_window_size"))
+    i, j = np.arange(sq).reshape(sq, 1), np.arange(sk).reshape(1, sk)
+    if not nonpad:
+        if not (causal or left >= 0 or right >= 0):
+            return None
+        diff = i + past - j  # how far key j lies behind query i
+        allowed = np.ones((sq, sk), bool)
+        if causal:
+            allowed &= diff >= 0
+        if left >= 0:
+            allowed &= diff <= left
+        if right >= 0:
+            allowed &= -diff <= right
+        return em.const("bias", np.where(allowed, 0.0, -np.inf).astype(np.float32))
+    # offset[b] = nonpad[b] - Sq: each condition compares nonpad with a table over (i, j).
+    bn = em.ctx.type(nonpad).shape[0]
+    lens = em.op("reshape", (nonpad,), shape=(bn, 1, 1, 1))
+    base = (j - i + sq).astype(np.int64)
+    tests = [("greater", np.broadcast_to(j, (sq, sk)).astype(np.int64))]  # j < nonpad
+    if causal:
+        tests.append(("greater_equal", base))
+    if left >= 0:
+        tests.append(("less_equal", base + left))
+    if right >= 0:
+        tests.append(("greater_equal", base - right))
+    allowed = None
+    for k, (op, table) in enumerate(tests):
+        ok = em.op(op, (lens, em.const(f"table{k}", np.ascontiguousarray(table))))
+        allowed = ok if allowed is None else em.op("and", (allowed, ok))
+    return em.op("where", (allowed, em.const("zero", np.zeros((), np.float32)),
+                           em.const("neg_inf", np.array(-np.inf, np.float32))))
+
+
+def _kv(em: Emitter, x: str, past: str, present: str, heads: int, three_d: bool):
+    """(tensor, perm table) the kernel reads K or V from: the present cache [B, H, S, D]
+    when there is a past or the present is asked for, else x in its own layout."""
+    if not past and not present:
+        if not three_d:
+            return em.f32(x), _BHSD
+        bn, s, hidden = em.ctx.type(x).shape
+        return em.op("reshape", (em.f32(x),), shape=(bn, s, heads, hidden // heads)), _BSHD
+    cur = _bhsd(em, x, heads) if three_d else x
+    if past:
+        cur = em.op("concat", (past, cur), present or None, axis=2)
+    elif present:
+        cur = em.op("identity", (cur,), present)
+    return em.f32(cur), _BHSD
+
+
+def _attention_inputs(em: Emitter):
+    """(q, k, v, attrs, (B, Hq, Sq, D, Dv), three_d) of an ONNX Attention node."""
+    n, types = em.n, em.ctx.types
+    q, k, v = n.inputs[:3]
+    three_d = len(types[q].shape) == 3
+    if three_d:
+        if "q_num_heads" not in n.attrs or "kv_num_heads" not in n.attrs:
+            raise ModelError(f"node {n.name!r} (Attention): 3-D inputs need q_num_heads and "
+                             "kv_num_heads")
+        hq, hkv = int(n.attrs["q_num_heads"]), int(n.attrs["kv_num_heads"])
+        bn, sq, hidden = types[q].shape
+        d, dv = hidden // hq, types[v].shape[2] // hkv
+        q_in = em.op("reshape", (em.f32(q),), shape=(bn, sq, hq, d))
+    else:
+        (bn, hq, sq, d), hkv, dv = types[q].shape, types[k].shape[1], types[v].shape[3]
+        q_in = em.f32(q)
+    if hq % hkv:
+        raise ModelError(f"node {n.name!r} (Attention): {hq} query heads do not group over "
+                         f"{hkv} key heads")
+    outs = (*n.outputs, "", "", "")
+    k_in, k_perms = _kv(em, k, _given(n, 4), outs[1], hkv, three_d)
+    v_in, v_perms = _kv(em, v, _given(n, 5), outs[2], hkv, three_d)
+    attrs = {"q_perm": (_BSHD if three_d else _BHSD)["q"], "k_perm": k_perms["k"],
+             "v_perm": v_perms["v"], "group": hq // hkv, "masked_rows": "zero",
+             "scale": float(n.attrs.get("scale", 1.0 / math.sqrt(d))),
+             "softcap": float(n.attrs.get("softcap", 0.0))}
+    return q_in, k_in, v_in, attrs, (bn, hq, sq, d, dv), three_d
+
+
+def _attention(ctx, n):
+    em = Emitter(ctx, n)
+    q, k, v, attrs, (bn, hq, sq, d, dv), three_d = _attention_inputs(em)
+    past = ctx.type(n.inputs[4]).shape[2] if _given(n, 4) else 0
+    sk = ctx.type(n.inputs[1]).shape[1 if three_d else 2] + past
+    if panel_floats(sq, d, sk, dv) > MAX_PANEL_FLOATS:
+        raise ModelError(f"node {n.name!r} (Attention): {sk} keys of head size {d} exceed "
+                         "the attention kernel's stack panels")
+    biases = [b for b in (_mask_bias(em, _given(n, 3), sk) if _given(n, 3) else None,
+                          _structure_bias(em, sq, sk, past, _given(n, 6))) if b]
+    bias = biases[0] if len(biases) == 1 else em.op("add", biases) if biases else None
+    inputs = (q, k, v, *([bias] if bias else []))
+    outs = (*n.outputs, "", "", "")
+    out_perm = (0, 2, 1, 3) if three_d else (0, 1, 2, 3)
+    y = em.op("attention", inputs, out_perm=out_perm, **attrs)
+    if three_d:
+        y = em.op("reshape", (y,), shape=(bn, sq, hq * dv))
+    em.result(y, n.outputs[0], n.inputs[0])
+    if outs[3]:
+        mode = int(n.attrs.get("qk_matmul_output_mode", 0))
+        scores = em.op("attention", inputs, out_perm=(0, 1, 2, 3), output=_QK_OUTPUT[mode],
+                       **attrs)
+        em.result(scores, outs[3], n.inputs[0])
+    return em.nodes
+
+
+_ATTENTION_OPS = ("attention", "reshape", "transpose", "concat", "identity", "cast", "where",
+                  "pad", "add", "greater", "greater_equal", "less_equal", "and")
+
+onnx_op("Attention", 23, emits=_ATTENTION_OPS)(_attention)
+
+
+@onnx_op("RotaryEmbedding", 23, emits=("rotary_embedding", "reshape", "gather", "cast",
+                                        "identity"))
+def _rotary(ctx, n):
+    """x [B, H, S, D] or [B, S, H * D] (num_heads); cos/sin [max_pos, R/2] read at
+    position_ids [B, S], or [B, S, R/2] already."""
+    em = Emitter(ctx, n)
+    shape = ctx.type(n.inputs[0]).shape
+    half = ctx.type(n.inputs[1]).shape[-1]
+    x = em.f32(n.inputs[0])
+    tables = [em.f32(t) for t in n.inputs[1:3]]
+    if _given(n, 3):
+        tables = [em.op("gather", (t, n.inputs[3]), axis=0) for t in tables]
+    if len(shape) == 3:
+        heads = int(n.attrs.get("num_heads", 0))
+        if heads <= 0:
+            raise ModelError(f"node {n.name!r} (RotaryEmbedding): a 3-D input needs num_heads")
+        bn, s, head = shape[0], shape[1], shape[2] // heads
+        x = em.op("reshape", (x,), shape=(bn, s, heads, head))
+        tables = [em.op("reshape", (t,), shape=(bn, s, 1, half)) for t in tables]
+    else:
+        bn, _, s, head = shape
+        tables = [em.op("reshape", (t,), shape=(bn, 1, s, half)) for t in tables]
+    dim = int(n.attrs.get("rotary_embedding_dim", 0)) or head
+    if 2 * half != dim:
+        raise ModelError(f"node {n.name!r} (RotaryEmbedding): cos/sin have {half} columns, "
+                         f"not rotary_embedding_dim / 2 = {dim / 2:g}")
+    y = em.op("rotary_embedding", (x, *tables), interleaved=int(n.attrs.get("interleaved", 0)))
+    if len(shape) == 3:
+        y = em.op("reshape", (y,), shape=shape)
+    em.result(y, n.outputs[0], n.inputs[0])
+    return em.nodes
