@@ -24,6 +24,7 @@ from pipeline.frontend.onnx import (  # noqa: F401  (registration)
     scatter,
     shape,
     softmax,
+    transformer_ms,
     unary,
 )
 from pipeline.frontend.onnx.importer import (

@@ -37,6 +37,7 @@ class Emitter:
     def __init__(self, ctx, n):
         self.ctx, self.n, self.nodes = ctx, n, []
         self.dtype = ctx.type(n.inputs[0]).dtype  # of the operands made from the inputs
+        self.batch = ctx.type(n.inputs[0]).shape[0]
 
     def op(self, op: str, inputs, out: str | None = None, **attrs) -> str:
         """Append a node; returns its output (a name made from `op` unless given)."""
@@ -69,18 +70,19 @@ class Emitter:
         self.nodes[k] = dataclasses.replace(self.nodes[k], outputs=(out,))
 
 
-def _given(n, pos: int) -> str:
+def given(n, pos: int) -> str:
+    """Input `pos` of ONNX node n, "" if absent."""
     return n.inputs[pos] if pos < len(n.inputs) else ""
 
 
-def _bhsd(em: Emitter, x: str, heads: int) -> str:
+def bhsd(em: Emitter, x: str, heads: int) -> str:
     """A 3-D [B, S, H * D] operand as [B, H, S, D] (for the present outputs)."""
     b, s, hidden = em.ctx.type(x).shape
     split = em.op("reshape", (x,), shape=(b, s, heads, hidden // heads))
     return em.op("transpose", (split,), perm=(0, 2, 1, 3))
 
 
-def _mask_bias(em: Emitter, mask: str, total: int) -> str:
+def mask_bias(em: Emitter, mask: str, total: int) -> str:
     """The attention mask as an additive float32 bias, padded with -inf to `total` keys."""
     if em.ctx.type(mask).dtype == "bool":
         bias = em.op("where", (mask, em.const("zero", np.zeros((), np.float32)),
@@ -95,15 +97,15 @@ def _mask_bias(em: Emitter, mask: str, total: int) -> str:
     return bias
 
 
-def _structure_bias(em: Emitter, sq: int, sk: int, past: int, nonpad: str) -> str | None:
-    """The causal, sliding-window and (nonpad_kv_seqlen) padding masks as one additive
-    bias: a constant [Sq, Sk] when the key offset is the past length, else [B, 1, Sq, Sk]
-    computed from nonpad at run time; None when there is none."""
-    n = em.n
-    causal = bool(n.attrs.get("is_causal", 0))
-    left, right = (int(n.attrs.get(k, -1)) for k in ("left_window_size", "right_window_size"))
+def structure_bias(em: Emitter, sq: int, sk: int, past: int, lens: str, causal: bool,
+                   left: int = -1, right: int = -1) -> str | None:
+    """The causal and sliding-window masks (window sizes -1: unbounded) and, given the
+    int64 valid key counts `lens` [B], the padding mask, as one additive bias: a
+    constant [Sq, Sk] when the keys before the queries are the `past` ones, else
+    [B, 1, Sq, Sk] computed from lens at run time (query i then sits at lens[b] - Sq
+    + i); None when there is none."""
     i, j = np.arange(sq).reshape(sq, 1), np.arange(sk).reshape(1, sk)
-    if not nonpad:
+    if not lens:
         if not (causal or left >= 0 or right >= 0):
             return None
         diff = i + past - j  # how far key j lies behind query i
@@ -115,9 +117,9 @@ def _structure_bias(em: Emitter, sq: int, sk: int, past: int, nonpad: str) -> st
         if right >= 0:
             allowed &= -diff <= right
         return em.const("bias", np.where(allowed, 0.0, -np.inf).astype(np.float32))
-    # offset[b] = nonpad[b] - Sq: each condition compares nonpad with a table over (i, j).
-    bn = em.ctx.type(nonpad).shape[0]
-    lens = em.op("reshape", (nonpad,), shape=(bn, 1, 1, 1))
+    # offset[b] = lens[b] - Sq: each condition compares lens with a table over (i, j).
+    bn = em.ctx.type(lens).shape[0] if lens in em.ctx.types else em.batch
+    lens = em.op("reshape", (lens,), shape=(bn, 1, 1, 1))
     base = (j - i + sq).astype(np.int64)
     tests = [("greater", np.broadcast_to(j, (sq, sk)).astype(np.int64))]  # j < nonpad
     if causal:
@@ -142,7 +144,7 @@ def _kv(em: Emitter, x: str, past: str, present: str, heads: int, three_d: bool)
             return em.f32(x), _BHSD
         bn, s, hidden = em.ctx.type(x).shape
         return em.op("reshape", (em.f32(x),), shape=(bn, s, heads, hidden // heads)), _BSHD
-    cur = _bhsd(em, x, heads) if three_d else x
+    cur = bhsd(em, x, heads) if three_d else x
     if past:
         cur = em.op("concat", (past, cur), present or None, axis=2)
     elif present:
@@ -170,8 +172,8 @@ def _attention_inputs(em: Emitter):
         raise ModelError(f"node {n.name!r} (Attention): {hq} query heads do not group over "
                          f"{hkv} key heads")
     outs = (*n.outputs, "", "", "")
-    k_in, k_perms = _kv(em, k, _given(n, 4), outs[1], hkv, three_d)
-    v_in, v_perms = _kv(em, v, _given(n, 5), outs[2], hkv, three_d)
+    k_in, k_perms = _kv(em, k, given(n, 4), outs[1], hkv, three_d)
+    v_in, v_perms = _kv(em, v, given(n, 5), outs[2], hkv, three_d)
     attrs = {"q_perm": (_BSHD if three_d else _BHSD)["q"], "k_perm": k_perms["k"],
              "v_perm": v_perms["v"], "group": hq // hkv, "masked_rows": "zero",
              "scale": float(n.attrs.get("scale", 1.0 / math.sqrt(d))),
@@ -182,13 +184,16 @@ def _attention_inputs(em: Emitter):
 def _attention(ctx, n):
     em = Emitter(ctx, n)
     q, k, v, attrs, (bn, hq, sq, d, dv), three_d = _attention_inputs(em)
-    past = ctx.type(n.inputs[4]).shape[2] if _given(n, 4) else 0
+    past = ctx.type(n.inputs[4]).shape[2] if given(n, 4) else 0
     sk = ctx.type(n.inputs[1]).shape[1 if three_d else 2] + past
     if panel_floats(sq, d, sk, dv) > MAX_PANEL_FLOATS:
         raise ModelError(f"node {n.name!r} (Attention): {sk} keys of head size {d} exceed "
                          "the attention kernel's stack panels")
-    biases = [b for b in (_mask_bias(em, _given(n, 3), sk) if _given(n, 3) else None,
-                          _structure_bias(em, sq, sk, past, _given(n, 6))) if b]
+    biases = [b for b in (mask_bias(em, given(n, 3), sk) if given(n, 3) else None,
+                          structure_bias(em, sq, sk, past, given(n, 6),
+                                         bool(n.attrs.get("is_causal", 0)),
+                                         int(n.attrs.get("left_window_size", -1)),
+                                         int(n.attrs.get("right_window_size", -1)))) if b]
     bias = biases[0] if len(biases) == 1 else em.op("add", biases) if biases else None
     inputs = (q, k, v, *([bias] if bias else []))
     outs = (*n.outputs, "", "", "")
@@ -221,7 +226,7 @@ def _rotary(ctx, n):
     half = ctx.type(n.inputs[1]).shape[-1]
     x = em.f32(n.inputs[0])
     tables = [em.f32(t) for t in n.inputs[1:3]]
-    if _given(n, 3):
+    if given(n, 3):
         tables = [em.op("gather", (t, n.inputs[3]), axis=0) for t in tables]
     if len(shape) == 3:
         heads = int(n.attrs.get("num_heads", 0))
