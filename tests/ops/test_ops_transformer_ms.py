@@ -135,3 +135,91 @@ def test_rotary_embedding_matches_onnxruntime(case):
     angles = np.arange(20)[:, None] * (10000.0 ** (-np.arange(half) / half))[None, :]
     params = {"cos": np.cos(angles).astype(np.float32), "sin": np.sin(angles).astype(np.float32)}
     check("RotaryEmbedding", {**inputs, **params}, ["Y"], inits=params, **attrs)
+
+
+# -- MultiHeadAttention, GroupQueryAttention -------------------------------------------
+
+def _mha_case(b=2, s=5, length=5, n=3, h=16, hv=16, past=0, bias=False, mask=None,
+              attn_bias=False, kv_4d=False):
+    inputs = {"q": rand(b, s, n * h, seed=1)}
+    if kv_4d:
+        inputs |= {"k": rand(b, n, length, h, seed=2), "v": rand(b, n, length, hv, seed=3)}
+    else:
+        inputs |= {"k": rand(b, length, n * h, seed=2), "v": rand(b, length, n * hv, seed=3)}
+    inputs["bias"] = rand(2 * n * h + n * hv, seed=4) if bias else None
+    total = length + past
+    inputs["key_padding_mask"] = None if mask is None else (
+        (np.random.default_rng(5).random((b, total) if mask == 2 else (b, s, total)) > 0.3)
+        .astype(np.int32))
+    inputs["attention_bias"] = rand(1, n, s, total, seed=6) if attn_bias else None
+    inputs["past_key"] = rand(b, n, past, h, seed=7) if past else None
+    inputs["past_value"] = rand(b, n, past, hv, seed=8) if past else None
+    return {(k if v is not None else f"-{k}"): (v if v is not None else np.zeros(0))
+            for k, v in inputs.items()}
+
+
+MHA = {
+    "self": (_mha_case(), {}),
+    "cross_bias_scale": (_mha_case(s=4, length=9, bias=True, hv=8), {"scale": 0.2}),
+    "mask_2d_attn_bias": (_mha_case(s=3, length=7, mask=2, attn_bias=True), {}),
+    "mask_3d_unidirectional": (_mha_case(s=6, length=6, mask=3), {"unidirectional": 1}),
+    "past_unidirectional": (_mha_case(s=2, length=2, past=19, n=4, h=8, hv=8),
+                            {"unidirectional": 1}),
+    "kv_4d": (_mha_case(s=3, length=11, kv_4d=True), {}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MHA))
+def test_multi_head_attention_matches_onnxruntime(case):
+    inputs, attrs = MHA[case]
+    outputs = ["Y", "present_key", "present_value"] if "past_key" in inputs else ["Y"]
+    heads = inputs["q"].shape[2] // (16 if case != "past_unidirectional" else 8)
+    params = {"bias": inputs["bias"]} if "bias" in inputs else {}
+    check("MultiHeadAttention", inputs, outputs, inits=params, num_heads=heads, **attrs)
+
+
+def _gqa_case(b=1, s=4, past=0, hq=4, hkv=2, h=16, packed=False, rotary=False,
+              positions=False, attn_bias=False):
+    total = past + s
+    inputs = {"q": rand(b, s, (hq + 2 * hkv) * h if packed else hq * h, seed=1)}
+    inputs["k"] = None if packed else rand(b, s, hkv * h, seed=2)
+    inputs["v"] = None if packed else rand(b, s, hkv * h, seed=3)
+    inputs["past_key"] = rand(b, hkv, past, h, seed=4) if past else None
+    inputs["past_value"] = rand(b, hkv, past, h, seed=5) if past else None
+    inputs["seqlens_k"] = np.full(b, total - 1, np.int32)
+    inputs["total_sequence_length"] = np.array(total, np.int32)
+    half = h // 2
+    angles = np.arange(64)[:, None] * (10000.0 ** (-np.arange(half) / half))[None, :]
+    inputs["cos_cache"] = np.cos(angles).astype(np.float32) if rotary else None
+    inputs["sin_cache"] = np.sin(angles).astype(np.float32) if rotary else None
+    inputs["position_ids"] = (np.arange(past, total)[None, :].repeat(b, 0) + 3) \
+        if positions else None
+    inputs["attention_bias"] = rand(b, 1, s, total, seed=6) if attn_bias else None
+    return {(k if v is not None else f"-{k}"): (v if v is not None else np.zeros(0))
+            for k, v in inputs.items()}
+
+
+GQA = {
+    "prompt": (_gqa_case(), {}),
+    "prompt_packed_window": (_gqa_case(s=7, packed=True), {"local_window_size": 3}),
+    "decode_window": (_gqa_case(s=1, past=8), {"local_window_size": 4}),
+    "decode_past": (_gqa_case(b=2, s=1, past=21), {}),
+    "decode_past_softcap_scale": (_gqa_case(s=2, past=9, hq=6, hkv=3),
+                                  {"softcap": 2.0, "scale": 0.3}),
+    "prompt_rotary": (_gqa_case(s=5, rotary=True), {"do_rotary": 1}),
+    "decode_rotary_interleaved": (_gqa_case(s=1, past=6, rotary=True),
+                                  {"do_rotary": 1, "rotary_interleaved": 1}),
+    "prompt_rotary_position_ids": (_gqa_case(s=3, rotary=True, positions=True),
+                                   {"do_rotary": 1}),
+    "prompt_attention_bias": (_gqa_case(s=4, attn_bias=True, hq=2, hkv=1), {}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GQA))
+def test_group_query_attention_matches_onnxruntime(case):
+    inputs, attrs = GQA[case]
+    hq = 6 if "softcap" in case else 2 if "bias" in case else 4
+    hkv = hq // 2
+    params = {k: inputs[k] for k in ("cos_cache", "sin_cache") if k in inputs}
+    check("GroupQueryAttention", inputs, ["Y", "present_key", "present_value"], inits=params,
+          num_heads=hq, kv_num_heads=hkv, **attrs)

@@ -4,6 +4,7 @@ per operator family; importing this package registers them all."""
 
 from pipeline.frontend.onnx import (  # noqa: F401  (registration)
     attention,
+    attention_ms,
     control,
     conv,
     conv_transpose,

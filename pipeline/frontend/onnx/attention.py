@@ -26,8 +26,8 @@ from pipeline.ir.graph import Node
 from pipeline.ops.geometry import MAX_PANEL_FLOATS, panel_floats
 
 # Logical [B, H, S, D] (Q, V) and Kᵀ [B, H, D, S] from each operand layout.
-_BHSD = {"q": (0, 1, 2, 3), "k": (0, 1, 3, 2), "v": (0, 1, 2, 3)}
-_BSHD = {"q": (0, 2, 1, 3), "k": (0, 2, 3, 1), "v": (0, 2, 1, 3)}
+BHSD = {"q": (0, 1, 2, 3), "k": (0, 1, 3, 2), "v": (0, 1, 2, 3)}
+BSHD = {"q": (0, 2, 1, 3), "k": (0, 2, 3, 1), "v": (0, 2, 1, 3)}
 _QK_OUTPUT = {0: "scores", 1: "scores", 2: "biased", 3: "probs"}
 
 
@@ -141,15 +141,15 @@ def _kv(em: Emitter, x: str, past: str, present: str, heads: int, three_d: bool)
     when there is a past or the present is asked for, else x in its own layout."""
     if not past and not present:
         if not three_d:
-            return em.f32(x), _BHSD
+            return em.f32(x), BHSD
         bn, s, hidden = em.ctx.type(x).shape
-        return em.op("reshape", (em.f32(x),), shape=(bn, s, heads, hidden // heads)), _BSHD
+        return em.op("reshape", (em.f32(x),), shape=(bn, s, heads, hidden // heads)), BSHD
     cur = bhsd(em, x, heads) if three_d else x
     if past:
         cur = em.op("concat", (past, cur), present or None, axis=2)
     elif present:
         cur = em.op("identity", (cur,), present)
-    return em.f32(cur), _BHSD
+    return em.f32(cur), BHSD
 
 
 def _attention_inputs(em: Emitter):
@@ -174,11 +174,18 @@ def _attention_inputs(em: Emitter):
     outs = (*n.outputs, "", "", "")
     k_in, k_perms = _kv(em, k, given(n, 4), outs[1], hkv, three_d)
     v_in, v_perms = _kv(em, v, given(n, 5), outs[2], hkv, three_d)
-    attrs = {"q_perm": (_BSHD if three_d else _BHSD)["q"], "k_perm": k_perms["k"],
+    attrs = {"q_perm": (BSHD if three_d else BHSD)["q"], "k_perm": k_perms["k"],
              "v_perm": v_perms["v"], "group": hq // hkv, "masked_rows": "zero",
              "scale": float(n.attrs.get("scale", 1.0 / math.sqrt(d))),
              "softcap": float(n.attrs.get("softcap", 0.0))}
     return q_in, k_in, v_in, attrs, (bn, hq, sq, d, dv), three_d
+
+
+def check_panels(n, sq: int, d: int, sk: int, dv: int) -> None:
+    """ModelError unless the attention kernel's stack panels hold sk keys of head size d."""
+    if panel_floats(sq, d, sk, dv) > MAX_PANEL_FLOATS:
+        raise ModelError(f"node {n.name!r} ({n.op_type}): {sk} keys of head size {d} exceed "
+                         "the attention kernel's stack panels")
 
 
 def _attention(ctx, n):
@@ -186,9 +193,7 @@ def _attention(ctx, n):
     q, k, v, attrs, (bn, hq, sq, d, dv), three_d = _attention_inputs(em)
     past = ctx.type(n.inputs[4]).shape[2] if given(n, 4) else 0
     sk = ctx.type(n.inputs[1]).shape[1 if three_d else 2] + past
-    if panel_floats(sq, d, sk, dv) > MAX_PANEL_FLOATS:
-        raise ModelError(f"node {n.name!r} (Attention): {sk} keys of head size {d} exceed "
-                         "the attention kernel's stack panels")
+    check_panels(n, sq, d, sk, dv)
     biases = [b for b in (mask_bias(em, given(n, 3), sk) if given(n, 3) else None,
                           structure_bias(em, sq, sk, past, given(n, 6),
                                          bool(n.attrs.get("is_causal", 0)),
