@@ -13,9 +13,9 @@ heads again is not materialised either. mask broadcasts to [B, Hq, Sq, Sk]
 (numpy rules) and is added after the scale and the softcap. With `output` other
 than "y" the kernel writes a row of scores instead (ops/attention.py OUTPUTS).
 
-Per (b, h) work item (split over threads): Kᵀ and V are packed into zero-padded
-stack panels ([D][Sk'] and [Sk][Dv'], Sk' and Dv' whole vectors), then R rows of
-queries at a time get their scores as vectors over k positions (R independent
+Per (b, key head) work item (split over threads): Kᵀ and V are packed into zero-padded
+stack panels ([D][Sk'] and [Sk][Dv'], Sk' and Dv' whole vectors) once for the group
+of query heads reading them, then R rows of each one's queries at a time get their scores as vectors over k positions (R independent
 FMA chains), a vectorised softmax over each row, and their outputs as vectors
 over Dv (again R chains). The scores never leave the stack.
 """
@@ -48,16 +48,17 @@ def _lower(kb, node, ins, out, epilogue):
     row = _Row(node.attr("scale"), node.attr("softcap", 0.0),
                node.attr("masked_rows", "nan") == "zero", sk, skp)
 
-    with parallel_for(kb, bn * hn, "heads", work=bn * hn * sq * sk * (d + dv)) as item:
-        b, h = item // hn, item % hn
+    # One work item per key head: its panels are packed once for its `group` query heads.
+    with parallel_for(kb, bn * (hn // group), "heads",
+                      work=bn * hn * sq * sk * (d + dv)) as item:
+        b, hk = item // (hn // group), item % (hn // group)
         kt, vp, p = kb.scratch(d * skp), kb.scratch(sk * dvp), kb.scratch(rows * skp)
-        hk = h // group  # the key / value head this query head reads
-        q0, o0 = b * qs[0] + h * qs[1], b * os_[0] + h * os_[1]
         k0, v0 = b * ks[0] + hk * ks[1], b * vs[0] + hk * vs[1]
         _pack_panels(kb, k, v, kt, vp, k0, v0, ks, vs, (d, sk, dv, skp, dvp),
                      output == "y")
-        with kb.loop(0, sq // rows, "it") as it:
-            i0 = it * rows
+        with kb.loop(0, group, "g") as g, kb.loop(0, sq // rows, "it") as it:
+            h, i0 = hk * group + g, it * rows
+            q0, o0 = b * qs[0] + h * qs[1], b * os_[0] + h * os_[1]
 
             def q_at(r, c):
                 return kb.load(q, q0 + (i0 + r) * qs[2] + c * qs[3])
