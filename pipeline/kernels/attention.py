@@ -15,9 +15,10 @@ than "y" the kernel writes a row of scores instead (ops/attention.py OUTPUTS).
 
 Per (b, key head) work item (split over threads): Kᵀ and V are packed into zero-padded
 stack panels ([D][Sk'] and [Sk][Dv'], Sk' and Dv' whole vectors) once for the group
-of query heads reading them, then R rows of each one's queries at a time get their scores as vectors over k positions (R independent
-FMA chains), a vectorised softmax over each row, and their outputs as vectors
-over Dv (again R chains). The scores never leave the stack.
+of query heads reading them, then R rows of each one's queries at a time get their
+scores as vectors over k positions (R independent FMA chains), a vectorised softmax
+over each row, and their outputs as vectors over Dv (again R chains). The scores
+never leave the stack.
 """
 
 from __future__ import annotations

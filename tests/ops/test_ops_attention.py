@@ -63,6 +63,10 @@ CASES = {
                                 "attn_mask": _rand(2, 1, 4, 17, seed=5) > -0.5}, ["Y"], {}),
     "4d_float_mask_short": ({**_qkv(1, 2, 2, 3, 21, 16, 16),
                              "attn_mask": _rand(3, 9, seed=6)}, ["Y"], {}),
+    # 600 keys of 64: beyond the kernel's stack panels, so matmul + softmax instead
+    "4d_gqa_long_keys_decomposed": ({**_qkv(1, 4, 2, 3, 600, 64, 64),
+                                     "attn_mask": _rand(3, 600, seed=7)}, ["Y"],
+                                    {"is_causal": 1, "softcap": 4.0}),
 }
 
 

@@ -204,6 +204,8 @@ GQA = {
     "prompt_packed_window": (_gqa_case(s=7, packed=True), {"local_window_size": 3}),
     "decode_window": (_gqa_case(s=1, past=8), {"local_window_size": 4}),
     "decode_past": (_gqa_case(b=2, s=1, past=21), {}),
+    # beyond the attention kernel's stack panels: matmul + softmax instead
+    "decode_long_past": (_gqa_case(s=1, past=700, h=64), {}),
     "decode_past_softcap_scale": (_gqa_case(s=2, past=9, hq=6, hkv=3),
                                   {"softcap": 2.0, "scale": 0.3}),
     "prompt_rotary": (_gqa_case(s=5, rotary=True), {"do_rotary": 1}),

@@ -181,11 +181,39 @@ def _attention_inputs(em: Emitter):
     return q_in, k_in, v_in, attrs, (bn, hq, sq, d, dv), three_d
 
 
-def check_panels(n, sq: int, d: int, sk: int, dv: int) -> None:
-    """ModelError unless the attention kernel's stack panels hold sk keys of head size d."""
-    if panel_floats(sq, d, sk, dv) > MAX_PANEL_FLOATS:
-        raise ModelError(f"node {n.name!r} ({n.op_type}): {sk} keys of head size {d} exceed "
-                         "the attention kernel's stack panels")
+def attend(em: Emitter, inputs: tuple, sizes: tuple, **attrs) -> str:
+    """One attention node over inputs (q, k, v[, bias]) with `attrs`; returns its
+    output. sizes = (B, Hq, Sq, D, Sk, Dv). When the kernel's stack panels cannot hold
+    Sk keys, the same computation from transposes, matmuls, elementwise ops and a
+    softmax instead (only output "y"; a row masked whole gives NaN there, as Softmax)."""
+    bn, hq, sq, d, sk, dv = sizes
+    if panel_floats(sq, d, sk, dv) <= MAX_PANEL_FLOATS:
+        return em.op("attention", inputs, **attrs)
+    if attrs.get("output", "y") != "y":
+        raise ModelError(f"node {em.n.name!r} ({em.n.op_type}): the scores output of {sk} "
+                         f"keys of head size {d} exceeds the attention kernel's stack panels")
+    q, k, v = (x if perm == (0, 1, 2, 3) else em.op("transpose", (x,), perm=perm)
+               for x, perm in zip(inputs, (attrs["q_perm"], attrs["k_perm"], attrs["v_perm"]),
+                                  strict=False))
+    group = attrs.get("group", 1)
+    if group > 1:  # each key head repeated for its group of query heads
+        k, v = (em.op("reshape", (em.op("expand", (em.op(
+            "reshape", (x,), shape=(bn, hq // group, 1, *tail)),),
+            shape=(bn, hq // group, group, *tail)),), shape=(bn, hq, *tail))
+            for x, tail in ((k, (d, sk)), (v, (sk, dv))))
+    s = em.op("matmul", (q, k), trans_a=0, trans_b=0)
+    s = em.op("mul", (s, em.const("scale", np.array(attrs["scale"], np.float32))))
+    cap = attrs.get("softcap", 0.0)
+    if cap > 0:
+        s = em.op("mul", (em.op("tanh", (em.op("mul", (s, em.const(
+            "inverse_cap", np.array(1.0 / cap, np.float32)))),)),
+            em.const("cap", np.array(cap, np.float32))))
+    if len(inputs) > 3:
+        s = em.op("add", (s, inputs[3]))
+    p = em.op("softmax", (s,), axis=3, flatten=0)
+    y = em.op("matmul", (p, v), trans_a=0, trans_b=0)
+    out_perm = attrs["out_perm"]
+    return y if out_perm == (0, 1, 2, 3) else em.op("transpose", (y,), perm=out_perm)
 
 
 def _attention(ctx, n):
@@ -193,7 +221,6 @@ def _attention(ctx, n):
     q, k, v, attrs, (bn, hq, sq, d, dv), three_d = _attention_inputs(em)
     past = ctx.type(n.inputs[4]).shape[2] if given(n, 4) else 0
     sk = ctx.type(n.inputs[1]).shape[1 if three_d else 2] + past
-    check_panels(n, sq, d, sk, dv)
     biases = [b for b in (mask_bias(em, given(n, 3), sk) if given(n, 3) else None,
                           structure_bias(em, sq, sk, past, given(n, 6),
                                          bool(n.attrs.get("is_causal", 0)),
@@ -203,20 +230,24 @@ def _attention(ctx, n):
     inputs = (q, k, v, *([bias] if bias else []))
     outs = (*n.outputs, "", "", "")
     out_perm = (0, 2, 1, 3) if three_d else (0, 1, 2, 3)
-    y = em.op("attention", inputs, out_perm=out_perm, **attrs)
+    sizes = (bn, hq, sq, d, sk, dv)
+    y = attend(em, inputs, sizes, out_perm=out_perm, **attrs)
     if three_d:
         y = em.op("reshape", (y,), shape=(bn, sq, hq * dv))
     em.result(y, n.outputs[0], n.inputs[0])
     if outs[3]:
         mode = int(n.attrs.get("qk_matmul_output_mode", 0))
-        scores = em.op("attention", inputs, out_perm=(0, 1, 2, 3), output=_QK_OUTPUT[mode],
-                       **attrs)
+        scores = attend(em, inputs, sizes, out_perm=(0, 1, 2, 3), output=_QK_OUTPUT[mode],
+                        **attrs)
         em.result(scores, outs[3], n.inputs[0])
     return em.nodes
 
 
-_ATTENTION_OPS = ("attention", "reshape", "transpose", "concat", "identity", "cast", "where",
-                  "pad", "add", "greater", "greater_equal", "less_equal", "and")
+# what attend() may emit, and the masks around it
+ATTEND_OPS = ("attention", "reshape", "transpose", "expand", "matmul", "mul", "tanh", "add",
+              "softmax")
+_ATTENTION_OPS = (*ATTEND_OPS, "concat", "identity", "cast", "where", "pad", "greater",
+                  "greater_equal", "less_equal", "and")
 
 onnx_op("Attention", 23, emits=_ATTENTION_OPS)(_attention)
 

@@ -26,10 +26,11 @@ import numpy as np
 
 from pipeline.errors import ModelError
 from pipeline.frontend.onnx.attention import (
+    ATTEND_OPS,
     BHSD,
     BSHD,
     Emitter,
-    check_panels,
+    attend,
     given,
     structure_bias,
 )
@@ -46,18 +47,18 @@ def _float32_only(n, ctx) -> None:
 
 
 def _attend(em: Emitter, q: str, kv: tuple, biases: list, attrs: dict, shape: tuple) -> None:
-    """The attention node over q [B, S, Hq, D] (BSHD layout) and kv = ((k, perms),
-    (v, perms)), biases summed, writing output 0 as [B, S, Hq * Dv]."""
+    """Attention over q [B, S, Hq, D] (BSHD layout) and kv = ((k, perms), (v, perms)),
+    biases summed, writing output 0 as [B, S, Hq * Dv]; shape (B, S, Hq, D, Sk, Dv)."""
     n = em.n
-    bn, sq, hq, dv = shape
+    bn, sq, hq, d, sk, dv = shape
     biases = [b for b in biases if b]
     bias = biases[0] if biases else None
     for other in biases[1:]:
         bias = em.op("add", (bias, other))
     (k, k_perms), (v, v_perms) = kv
-    y = em.op("attention", (q, k, v, *([bias] if bias else [])), q_perm=BSHD["q"],
-              k_perm=k_perms["k"], v_perm=v_perms["v"], out_perm=(0, 2, 1, 3),
-              **attrs)
+    y = attend(em, (q, k, v, *([bias] if bias else [])), (bn, hq, sq, d, sk, dv),
+               q_perm=BSHD["q"], k_perm=k_perms["k"], v_perm=v_perms["v"],
+               out_perm=(0, 2, 1, 3), **attrs)
     y = em.op("reshape", (y,), shape=(bn, sq, hq * dv))
     em.result(y, n.outputs[0], n.inputs[0])
 
@@ -81,8 +82,7 @@ def _mha_mask(em: Emitter, mask: str, sq: int) -> str:
 
 
 @onnx_op(MS + "MultiHeadAttention", 1,
-         emits=("attention", "reshape", "transpose", "concat", "identity", "cast", "add", "sub",
-                "mul", "slice"),
+         emits=(*ATTEND_OPS, "concat", "identity", "cast", "sub", "slice"),
          limits=(Limit("packed QKV or KV", lambda v: v.inputs[0] is not None and
                        len(v.inputs[0][1]) == 5 or (len(v.inputs) > 1 and v.inputs[1] is not None
                                                     and len(v.inputs[1][1]) == 5)),
@@ -125,7 +125,6 @@ def _multi_head_attention(ctx, n):
         kv = tuple(_mha_kv(em, pos, bias, given(n, pos + 5), outs[pos], heads)
                    for pos, bias in ((1, k_bias), (2, v_bias)))
         sk, dv = k_shape[1] + past, v_shape[2] // heads
-    check_panels(n, sq, d, sk, dv)
     causal = structure_bias(em, sq, sk, sk - sq, "", bool(n.attrs.get("unidirectional", 0)))
     if causal:  # onnxruntime masks by mask_filter_value, not -inf
         fill = float(n.attrs.get("mask_filter_value", -10000.0))
@@ -135,7 +134,7 @@ def _multi_head_attention(ctx, n):
               (n.inputs[5]) if given(n, 5) else "", causal]
     attrs = {"group": 1, "scale": float(n.attrs.get("scale", 1.0 / np.sqrt(d))),
              "softcap": 0.0}
-    _attend(em, q, kv, biases, attrs, (bn, sq, heads, dv))
+    _attend(em, q, kv, biases, attrs, (bn, sq, heads, d, sk, dv))
     return em.nodes
 
 
@@ -204,9 +203,8 @@ def _gqa_bias(em: Emitter, sq: int, sk: int, past: int) -> list[str]:
 
 
 @onnx_op(MS + "GroupQueryAttention", 1,
-         emits=("attention", "reshape", "transpose", "concat", "identity", "cast", "add",
-                "slice", "where", "greater", "greater_equal", "less_equal", "and", "gather",
-                "rotary_embedding"),
+         emits=(*ATTEND_OPS, "concat", "identity", "cast", "slice", "where", "greater",
+                "greater_equal", "less_equal", "and", "gather", "rotary_embedding"),
          limits=(Limit("quantized caches, head_sink, smooth_softmax, q/k norms, query_seqlens "
                        "or the qk output", _gqa_limit),))
 def _group_query_attention(ctx, n):
@@ -221,7 +219,6 @@ def _group_query_attention(ctx, n):
     bn, sq = ctx.type(n.inputs[0]).shape[:2]
     past = ctx.type(n.inputs[3]).shape[2] if given(n, 3) else 0
     sk = past + sq
-    check_panels(n, sq, d, sk, d)
     q, k, v = (em.op("reshape", (x,), shape=(bn, sq, heads, d))
                for x, heads in ((q, hq), (k, hkv), (v, hkv)))
     if int(n.attrs.get("do_rotary", 0)):
@@ -239,7 +236,7 @@ def _group_query_attention(ctx, n):
     biases = [*_gqa_bias(em, sq, sk, past), given(n, 10)]
     attrs = {"group": hq // hkv, "scale": float(n.attrs.get("scale", 1.0 / np.sqrt(d))),
              "softcap": float(n.attrs.get("softcap", 0.0)), "masked_rows": "zero"}
-    _attend(em, q, tuple(kv), biases, attrs, (bn, sq, hq, d))
+    _attend(em, q, tuple(kv), biases, attrs, (bn, sq, hq, d, sk, d))
     return em.nodes
 
 
