@@ -52,9 +52,10 @@ def test_torch_gpt_block_compiles_to_the_fused_kernels():
 # -- RMSNorm -----------------------------------------------------------------------------
 
 
-def rms_norm(spelling: str, gamma: bool = True, eps: float = 1e-6):
+def rms_norm(spelling: str, gamma: bool = True, eps: float = 1e-6, casts: bool = False):
     """x * rsqrt(mean(x^2) + eps) [* w], spelled as torch (Div(1, .) then Mul), with
-    Reciprocal, or as Div(x, sqrt)."""
+    Reciprocal, or as Div(x, sqrt); with `casts`, x and the result cast to float32 first
+    as LLaMA's RMSNorm does (a no-op on float32)."""
     inits = {"two": np.array(2.0, np.float32), "eps": np.array(eps, np.float32),
              "one": np.array(1.0, np.float32), "w": rand(16, seed=2, low=0.5, high=1.5)}
     nodes = [node("Pow", ["x", "two"], ["sq"]),
@@ -68,16 +69,22 @@ def rms_norm(spelling: str, gamma: bool = True, eps: float = 1e-6):
                      node("Reciprocal", ["s"], ["r"]))
         nodes.append(node("Mul", ["x", "r"], [last]))
     if gamma:
-        nodes.append(node("Mul", ["n", "w"], ["y"]))
-    return make_model(nodes, [("x", [2, 5, 16])], [("y", [2, 5, 16])], inits)
+        nodes.append(node("Mul", ["w", "nc" if casts else "n"], ["y"]))
+    if casts:
+        nodes.insert(0, node("Cast", ["x0"], ["x"], to=onnx.TensorProto.FLOAT))
+        nodes.insert(-1, node("Cast", ["n"], ["nc"], to=onnx.TensorProto.FLOAT))
+    return make_model(nodes, [("x0" if casts else "x", [2, 5, 16])], [("y", [2, 5, 16])],
+                      inits)
 
 
-@pytest.mark.parametrize("spelling, gamma", [("torch", True), ("reciprocal", True),
-                                             ("div", False)])
-def test_rms_norm_spellings_become_one_rms_norm(spelling, gamma):
-    model = rms_norm(spelling, gamma)
+@pytest.mark.parametrize("spelling, gamma, casts", [
+    ("torch", True, False), ("reciprocal", True, False), ("div", False, False),
+    ("torch", True, True)])
+def test_rms_norm_spellings_become_one_rms_norm(spelling, gamma, casts):
+    model = rms_norm(spelling, gamma, casts=casts)
     assert optimized_ops(model) == {"rms_norm": 1}
-    assert_matches_ort(model, {"x": rand(2, 5, 16, low=-2, high=3)}, opt_level=3)
+    x = rand(2, 5, 16, low=-2, high=3)
+    assert_matches_ort(model, {"x0" if casts else "x": x}, opt_level=3)
 
 
 def test_rms_norm_with_a_read_intermediate_is_left():
