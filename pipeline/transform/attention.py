@@ -13,6 +13,9 @@ attention node that reads Q, K, V in their original layouts and writes the merge
 layout directly. It applies to float32 rank-4 operands with equal batch and head
 dims whose stack panels fit (attention.MAX_PANEL_FLOATS); anything else is left.
 
+K and V repeated per query head group (LLaMA's repeat_kv: Unsqueeze, Expand, Reshape)
+are read unrepeated, the group an attribute of the kernel.
+
 Before that it fuses the rotary embedding exporters write for LLaMA-style models,
 
     x * cos + Concat(Neg(x[..., D/2:]), x[..., :D/2]) * sin      (rotate_half)
@@ -114,6 +117,11 @@ def _match(scores: Node, graph: Graph, params: dict, consumers: dict, outputs: s
             folded.append(producer)
         inputs.append(src)
         attrs[key] = perm
+    repeated = [_repeated_heads(graph, user, name) for name in inputs[1:3]]
+    if repeated[0] and repeated[1] and repeated[0][1] == repeated[1][1]:
+        inputs[1:3] = [source for source, _, _ in repeated]
+        folded += [node for _, _, nodes in repeated for node in nodes]
+        attrs["group"] = repeated[0][1]
     out_perm = _IDENTITY
     after = user(context.outputs[0])
     if after is not None and after.op == "transpose":
@@ -127,6 +135,28 @@ def _match(scores: Node, graph: Graph, params: dict, consumers: dict, outputs: s
     if mask is not None:
         inputs.append(mask)
     return folded + members, inputs, attrs
+
+
+def _repeated_heads(graph: Graph, user, name: str):
+    """(x, G, nodes) when `name` is x [B, H, S, D] with each head repeated G times in a
+    row (repeat_kv: Unsqueeze(2), Expand to G, Reshape to [B, H * G, S, D]) and read
+    only by this chain; else None."""
+    merge = _producer(graph, name)
+    spread = _producer(graph, merge.inputs[0]) if merge is not None and \
+        merge.op == "reshape" and user(name) is not None else None
+    split = _producer(graph, spread.inputs[0]) if spread is not None and \
+        spread.op == "expand" and user(spread.outputs[0]) is merge else None
+    if split is None or split.op != "reshape" or user(split.outputs[0]) is not spread:
+        return None
+    x = split.inputs[0]
+    shape = graph.types[x].shape
+    if len(shape) != 4 or tuple(split.attr("shape")) != (*shape[:2], 1, *shape[2:]):
+        return None
+    group = tuple(spread.attr("shape"))[2] if len(spread.attr("shape")) == 5 else 0
+    if tuple(spread.attr("shape")) != (*shape[:2], group, *shape[2:]) or group < 2 or \
+            tuple(merge.attr("shape")) != (shape[0], shape[1] * group, *shape[2:]):
+        return None
+    return x, group, [split, spread, merge]
 
 
 def _scalar(params: dict, name: str):

@@ -179,3 +179,31 @@ def test_masked_fill_attention_becomes_one_attention(prescale):
     model, feeds = masked_fill_attention(prescale)
     assert optimized_ops(model) == {"attention": 1}
     assert_matches_ort(model, feeds, opt_level=3)
+
+
+def repeat_kv_attention(group: int = 4):
+    """LLaMA's repeat_kv before attention: K and V [B, Hkv, S, D] unsqueezed, expanded
+    `group` times and merged to [B, Hkv * group, S, D], as torch exports it."""
+    b, hkv, s, d = 1, 2, 5, 16
+    inits = {"root": np.array(math.sqrt(d), np.float32)}
+    nodes = []
+    for x in "kv":
+        inits[f"{x}_split"] = np.array([b, hkv, 1, s, d])
+        inits[f"{x}_spread"] = np.array([b, hkv, group, s, d])
+        inits[f"{x}_merge"] = np.array([b, hkv * group, s, d])
+        nodes += [node("Reshape", [x, f"{x}_split"], [f"{x}1"]),
+                  node("Expand", [f"{x}1", f"{x}_spread"], [f"{x}2"]),
+                  node("Reshape", [f"{x}2", f"{x}_merge"], [f"{x}r"])]
+    nodes += [node("Transpose", ["kr"], ["kt"], perm=[0, 1, 3, 2]),
+              node("MatMul", ["q", "kt"], ["qk"]), node("Div", ["qk", "root"], ["sc"]),
+              node("Softmax", ["sc"], ["p"], axis=-1), node("MatMul", ["p", "vr"], ["y"])]
+    shapes = {"q": (b, hkv * group, s, d), "k": (b, hkv, s, d), "v": (b, hkv, s, d)}
+    feeds = {n: rand(*shape, seed=k) for k, (n, shape) in enumerate(shapes.items())}
+    return make_model(nodes, [(n, list(v)) for n, v in shapes.items()], [("y", None)],
+                      inits), feeds
+
+
+def test_repeat_kv_becomes_the_attention_group():
+    model, feeds = repeat_kv_attention()
+    assert optimized_ops(model) == {"attention": 1}
+    assert_matches_ort(model, feeds, opt_level=3)
