@@ -259,3 +259,68 @@ def _rotary_lower(kb, node, ins, out, epilogue):
 
 
 lowering("rotary_embedding", lower=_rotary_lower)
+
+
+def _linear_lower(kb, node, ins, out, epilogue):
+    """Per (batch, key head) work item: the state on the stack, time steps in order."""
+    q, k, v, state = ins[:4]
+    rest = list(ins[4:])
+    decay = rest.pop(0) if node.attr("gated") else None
+    beta = rest.pop(0) if node.attr("delta") else None
+    (bn, steps, qw), hkv = q.type.shape, state.type.shape[1]
+    dk, dv = state.type.shape[2:]
+    group = node.attr("q_heads") // hkv
+    with parallel_for(kb, bn * hkv, "heads", work=bn * steps * hkv * dk * dv * (3 + group)) \
+            as item:
+        b, hk = item // hkv, item % hkv
+        st, u = kb.scratch(dk * dv), kb.scratch(dv)
+        with kb.loop(0, dk * dv, "e") as e:
+            kb.store(st, e, kb.load(state, b * (hkv * dk * dv) + hk * (dk * dv) + e))
+        with kb.loop(0, steps, "t") as t:
+            at = b * steps + t  # row (b, t) of the [B, T, width] operands
+            if decay is not None:
+                per_feature = decay.type.shape[2] != hkv
+                with kb.loop(0, dk, "c") as c:
+                    g = kb.exp(kb.load(decay, at * decay.type.shape[2] +
+                                       (hk * dk + c if per_feature else hk)))
+                    with kb.loop(0, dv, "m") as m:
+                        kb.store(st, c * dv + m, kb.fmul(kb.load(st, c * dv + m), g))
+            _linear_step(kb, (k, v, beta), st, u, at, hk, (dk, dv))
+            if node.attr("output") == "y":
+                with kb.loop(0, group, "g") as g, kb.loop(0, dv, "m") as m:
+                    h = hk * group + g
+                    acc = kb.local(kb.f32(0.0))
+                    with kb.loop(0, dk, "c") as c:
+                        kb.set(acc, kb.fadd(kb.get(acc), kb.fmul(
+                            kb.load(q, at * qw + h * dk + c), kb.load(st, c * dv + m))))
+                    kb.store(out, at * (qw // dk * dv) + h * dv + m,
+                             kb.fmul(kb.get(acc), kb.f32(node.attr("scale"))))
+        if node.attr("output") == "state":
+            with kb.loop(0, dk * dv, "e") as e:
+                kb.store(out, b * (hkv * dk * dv) + hk * (dk * dv) + e, kb.load(st, e))
+
+
+def _linear_step(kb, operands, st, u, at, hk, dims) -> None:
+    """u = v_t, or beta (v_t - Sᵀ k_t) (delta rule); then S += k_t uᵀ."""
+    k, v, beta = operands
+    dk, dv = dims
+    kw, vw = k.type.shape[2], v.type.shape[2]
+    with kb.loop(0, dv, "m") as m:
+        value = kb.load(v, at * vw + hk * dv + m)
+        if beta is not None:
+            acc = kb.local(kb.f32(0.0))
+            with kb.loop(0, dk, "c") as c:
+                kb.set(acc, kb.fadd(kb.get(acc), kb.fmul(kb.load(st, c * dv + m),
+                                                         kb.load(k, at * kw + hk * dk + c))))
+            width = beta.type.shape[2]
+            weight = kb.load(beta, at * width + (hk if width != 1 else 0))
+            value = kb.fmul(weight, kb.fsub(value, kb.get(acc)))
+        kb.store(u, m, value)
+    with kb.loop(0, dk, "c") as c:
+        key = kb.load(k, at * kw + hk * dk + c)
+        with kb.loop(0, dv, "m") as m:
+            kb.store(st, c * dv + m, kb.fadd(kb.load(st, c * dv + m),
+                                             kb.fmul(key, kb.load(u, m))))
+
+
+lowering("linear_attention", lower=_linear_lower)

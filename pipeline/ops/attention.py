@@ -146,3 +146,73 @@ register("rotary_embedding", OpKind.OPAQUE, _rotary_infer, numpy=_rotary_numpy,
 in pairs (x1, x2) -> (cos x1 - sin x2, sin x1 + cos x2), the rest copied; pairs are
 (i, i + R/2), or (2i, 2i + 1) when `interleaved`. cos and sin broadcast to
 x.shape[:-1] + (R/2,) (numpy rules), so one table row serves every head."""
+
+
+def _linear_dims(types, node):
+    """(B, T, Hq, Hkv, dk, dv) of a linear_attention node's operands."""
+    (bn, t, qw), vw = types[0].shape, types[2].shape[2]
+    hq, hkv = node.attr("q_heads"), node.attr("kv_heads")
+    return bn, t, hq, hkv, qw // hq, vw // hkv
+
+
+def _linear_infer(types, node):
+    if any(t.dtype != "float32" for t in types):
+        raise ModelError(f"node {node.name!r} (linear_attention): float32 operands only")
+    bn, t, hq, hkv, dk, dv = _linear_dims(types, node)
+    if hq % hkv or types[1].shape != (bn, t, hkv * dk) or \
+            types[3].shape != (bn, hkv, dk, dv):
+        raise ModelError(f"node {node.name!r} (linear_attention): query, key, value and state "
+                         f"{[list(x.shape) for x in types[:4]]} do not match {hq} query and "
+                         f"{hkv} key heads")
+    if node.attr("output") == "state":
+        return [types[3]]
+    return [TensorType((bn, t, hq * dv), "float32")]
+
+
+def _linear_numpy(xs, node):
+    q, k, v, state = (x.astype(np.float64) for x in xs[:4])
+    rest = list(xs[4:])
+    decay = rest.pop(0).astype(np.float64) if node.attr("gated") else None
+    beta = rest.pop(0).astype(np.float64) if node.attr("delta") else None
+    bn, t, hq, hkv, dk, dv = _linear_dims([TensorType(x.shape, "float32") for x in xs[:4]],
+                                          node)
+    group = hq // hkv
+    q4, k4, v4 = (x.reshape(bn, t, h, -1) for x, h in ((q, hq), (k, hkv), (v, hkv)))
+    out = np.zeros((bn, t, hq, dv))
+    state = state.copy()
+    for i in range(t):
+        if decay is not None:  # [B, T, Hkv] per head or [B, T, Hkv * dk] per key feature
+            g = np.exp(decay[:, i].reshape(bn, hkv, -1))
+            state = state * g[..., None]
+        u = v4[:, i]
+        if beta is not None:
+            retrieved = np.einsum("bhcm,bhc->bhm", state, k4[:, i])
+            u = beta[:, i].reshape(bn, -1, 1) * (u - retrieved)
+        state = state + k4[:, i][..., None] * u[..., None, :]
+        out[:, i] = node.attr("scale") * np.einsum(
+            "bhc,bhcm->bhm", q4[:, i], np.repeat(state, group, axis=1))
+    if node.attr("output") == "state":
+        return [state.astype(np.float32)]
+    return [out.reshape(bn, t, hq * dv).astype(np.float32)]
+
+
+def _linear_sample(rng, dtype):
+    """Gated delta rule, two query heads per key head, decay per key feature."""
+    bn, t, hkv, dk, dv = 2, 3, 2, 4, 5
+    xs = [rng.uniform(-1, 1, s).astype(dtype) for s in (
+        (bn, t, 2 * hkv * dk), (bn, t, hkv * dk), (bn, t, hkv * dv), (bn, hkv, dk, dv))]
+    xs += [rng.uniform(-0.5, 0, (bn, t, hkv * dk)).astype(dtype),
+           rng.uniform(0, 1, (bn, t, hkv)).astype(dtype)]
+    return xs, {"q_heads": 2 * hkv, "kv_heads": hkv, "scale": 0.5, "gated": 1, "delta": 1,
+                "output": "y"}
+
+
+register("linear_attention", OpKind.OPAQUE, _linear_infer, numpy=_linear_numpy,
+         sample=_linear_sample)
+"""linear_attention: ONNX LinearAttention's recurrence over time, per key head: the
+state S [dk, dv] (from input `state`) decays by exp(decay) (`gated`: per head or per
+key feature), takes the delta-rule correction u = beta (v - Sᵀ k) (`delta`; else
+u = v), grows by k uᵀ, and each of the head's query heads reads scale * Sᵀ q.
+Inputs q [B, T, Hq * dk], k [B, T, Hkv * dk], v [B, T, Hkv * dv], state
+[B, Hkv, dk, dv], then decay and beta as the flags say. `output` "y" writes
+[B, T, Hq * dv], "state" the final state."""

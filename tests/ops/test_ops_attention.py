@@ -130,3 +130,29 @@ ROTARY = {
 def test_rotary_embedding_matches_reference(case):
     feeds, attrs = ROTARY[case]
     _check("RotaryEmbedding", feeds, ["Y"], 3, **attrs)
+
+
+@pytest.mark.parametrize("rule", ["linear", "gated", "delta", "gated_delta"])
+def test_linear_attention_matches_reference(rule):
+    """Longer than the node suite's 4 steps, two query heads per key head, a past state;
+    inputs named query, key, value (GraphModule.run takes them as keywords)."""
+    bn, t, hkv, dk, dv = 2, 7, 2, 16, 24
+    feeds = {"query": _rand(bn, t, 2 * hkv * dk, seed=1), "key": _rand(bn, t, hkv * dk, seed=2),
+             "value": _rand(bn, t, hkv * dv, seed=3), "past_state": _rand(bn, hkv, dk, dv)}
+    names = ["query", "key", "value", "past_state", "", ""]
+    if rule.startswith("gated"):
+        feeds["decay"] = _rand(bn, t, hkv * dk, seed=4) * np.float32(0.3) - np.float32(0.3)
+        names[4] = "decay"
+    if rule.endswith("delta"):
+        feeds["beta"] = _rand(bn, t, hkv, seed=5) * np.float32(0.5) + np.float32(0.5)
+        names[5] = "beta"
+    m = helper.make_model(helper.make_graph(
+        [helper.make_node("LinearAttention", names, ["y", "state"], q_num_heads=2 * hkv,
+                          kv_num_heads=hkv, update_rule=rule)], "g",
+        [helper.make_tensor_value_info(k, FLOAT, v.shape) for k, v in feeds.items()],
+        [helper.make_tensor_value_info(o, FLOAT, None) for o in ("y", "state")]),
+        opset_imports=[helper.make_opsetid("", 27)])
+    want = ReferenceEvaluator(m).run(None, feeds)
+    got = run_ours(m, feeds, opt_level=3)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=2e-5)

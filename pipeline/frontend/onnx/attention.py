@@ -283,3 +283,36 @@ def _rotary(ctx, n):
         y = em.op("reshape", (y,), shape=shape)
     em.result(y, n.outputs[0], n.inputs[0])
     return em.nodes
+
+
+@onnx_op("LinearAttention", 27, emits=("linear_attention", "cast", "identity"))
+def _linear_attention(ctx, n):
+    """Two linear_attention nodes (kernels write one output each): the output and the
+    present state; the past state is zeros when absent."""
+    em = Emitter(ctx, n)
+    rule = n.attrs.get("update_rule", b"gated_delta")
+    rule = rule.decode() if isinstance(rule, bytes) else rule
+    if rule not in ("linear", "gated", "delta", "gated_delta"):
+        raise ModelError(f"node {n.name!r} (LinearAttention): update_rule {rule!r} is not "
+                         "one of linear, gated, delta, gated_delta")
+    gated, delta = rule in ("gated", "gated_delta"), rule in ("delta", "gated_delta")
+    hq, hkv = int(n.attrs["q_num_heads"]), int(n.attrs["kv_num_heads"])
+    (bn, _, qw), vw = ctx.type(n.inputs[0]).shape, ctx.type(n.inputs[2]).shape[2]
+    dk, dv = qw // hq, vw // hkv
+    for pos, flag, what in ((4, gated, "decay"), (5, delta, "beta")):
+        if bool(given(n, pos)) != flag:
+            raise ModelError(f"node {n.name!r} (LinearAttention): update_rule {rule!r} "
+                             f"{'needs' if flag else 'takes no'} {what}")
+    state = em.f32(given(n, 3)) if given(n, 3) else \
+        em.const("state", np.zeros((bn, hkv, dk, dv), np.float32))
+    inputs = [em.f32(x) for x in n.inputs[:3]] + [state] + \
+        [em.f32(n.inputs[pos]) for pos, flag in ((4, gated), (5, delta)) if flag]
+    scale = float(n.attrs.get("scale", 0.0)) or 1.0 / math.sqrt(dk)
+    attrs = {"q_heads": hq, "kv_heads": hkv, "scale": scale, "gated": int(gated),
+             "delta": int(delta)}
+    outs = (*n.outputs, "")
+    for k, (out, what) in enumerate(zip(outs[:2], ("y", "state"), strict=True)):
+        if out:
+            value = em.op("linear_attention", inputs, output=what, **attrs)
+            em.result(value, out, n.inputs[0] if k == 0 or not given(n, 3) else n.inputs[3])
+    return em.nodes
