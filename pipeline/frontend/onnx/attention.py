@@ -1,5 +1,5 @@
 """ONNX converters to the attention operators (defined in pipeline/ops/attention.py):
-Attention (opsets 23-25) and RotaryEmbedding (23).
+Attention (opsets 23-25), RotaryEmbedding (23) and LinearAttention (27).
 
 Attention becomes one `attention` kernel reading Q, K, V in their own layouts (3-D
 inputs [B, S, H * D] are reshaped, never transposed), with the query heads per key
@@ -11,6 +11,7 @@ causal masks, computed at run time by comparisons. past_key/past_value are
 concatenated in front of K and V (the present outputs); qk_matmul_output is a
 second attention node writing the scores the mode names. float16 runs in float32
 (casts around the kernel); the softmax is float32 whatever softmax_precision says.
+Keys beyond the kernel's stack panels take matmul + softmax instead (`attend`).
 """
 
 from __future__ import annotations

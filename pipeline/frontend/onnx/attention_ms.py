@@ -83,9 +83,8 @@ def _mha_mask(em: Emitter, mask: str, sq: int) -> str:
 
 @onnx_op(MS + "MultiHeadAttention", 1,
          emits=(*ATTEND_OPS, "concat", "identity", "cast", "sub", "slice"),
-         limits=(Limit("packed QKV or KV", lambda v: v.inputs[0] is not None and
-                       len(v.inputs[0][1]) == 5 or (len(v.inputs) > 1 and v.inputs[1] is not None
-                                                    and len(v.inputs[1][1]) == 5)),
+         limits=(Limit("packed QKV or KV", lambda v: any(
+             t is not None and len(t[1]) == 5 for t in v.inputs[:2])),
                  Limit("buffer sharing or beams", lambda v: v.given(8) or v.given(9))))
 def _multi_head_attention(ctx, n):
     _float32_only(n, ctx)
