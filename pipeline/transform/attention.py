@@ -117,7 +117,9 @@ def _match(scores: Node, graph: Graph, params: dict, consumers: dict, outputs: s
             folded.append(producer)
         inputs.append(src)
         attrs[key] = perm
-    repeated = [_repeated_heads(graph, user, name) for name in inputs[1:3]]
+    # (static lengths only: a kernel over runtime lengths reads one head per query head)
+    repeated = [_repeated_heads(graph, user, name) for name in inputs[1:3]] \
+        if isinstance(sq, int) and isinstance(sk, int) else [None, None]
     if repeated[0] and repeated[1] and repeated[0][1] == repeated[1][1]:
         inputs[1:3] = [source for source, _, _ in repeated]
         folded += [node for _, _, nodes in repeated for node in nodes]
