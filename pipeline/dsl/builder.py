@@ -41,6 +41,7 @@ from pipeline.dsl.types import (
     _align,
 )
 from pipeline.ir.graph import TensorType
+from pipeline.ir.target import bare_metal_triple
 
 
 class KernelBuilder:
@@ -54,6 +55,9 @@ class KernelBuilder:
         fn.args[0].name = "args"
         fn.args[0].add_attribute("noalias")
         self.function = fn
+        # Whether parallel loops split over threads (dsl/vector.py parallel_for): not
+        # on a bare-metal triple; render also turns it off for the c target.
+        self.threads = not bare_metal_triple(module.triple)
         self.b = ir.IRBuilder(fn.append_basic_block("entry"))
         if symbols:
             params = runtime_shapes(self, params, symbols)

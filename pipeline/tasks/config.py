@@ -125,7 +125,10 @@ class TargetEntry:
 
     def to_dict(self) -> dict:
         """Everything that decides this entry's build; what doit hashes."""
-        return {"target": self.target, "resolved": parse_target(self.target).key(),
+        resolved = parse_target(self.target, self.cc)
+        # A c target's kernels are compiled by cc: optimize writes it into their specs.
+        cc = {"cc": self.cc} if resolved.kind == "c" else {}
+        return {"target": self.target, "resolved": resolved.key(), **cc,
                 **self.pass_context().pass_config.to_dict()}
 
     def toolchain(self) -> dict:
@@ -425,12 +428,12 @@ def _target(where: _Where, name: str, spec) -> TargetEntry:
                                      "config", "cc", "run", "pack", "executor", "ram_kib",
                                      "flash_kib"}, required={"target"})
     text = where.typed(spec["target"], f"{key}.target", str, "a target string")
-    try:
-        resolved = parse_target(text)
-    except TargetError as err:
-        where.fail(f"{key}.target", str(err))
     tools = {k: where.typed(spec[k], f"{key}.{k}", str, "a command")
              for k in ("cc", "run") if k in spec}
+    try:
+        resolved = parse_target(text, tools.get("cc"))
+    except TargetError as err:
+        where.fail(f"{key}.target", str(err))
     try:
         resolve_cc(resolved, tools.get("cc"), f"{key}.cc")
     except ToolchainError as err:

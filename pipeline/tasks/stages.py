@@ -90,7 +90,7 @@ def optimize_model(graph_path: str, weights_path: str, target: dict, spec_dir: s
     timing = PassTimingInstrument()
     ctx = PassContext(target["opt_level"], target["required_pass"], target["disabled_pass"],
                       target["config"], instruments=[timing])
-    resolved = parse_target(target["target"])
+    resolved = parse_target(target["target"], target.get("cc"))  # a c target: its cc
     dims = {k: tuple(v) for k, v in (target.get("dims") or {}).items()}
     with ctx:
         if has_control_flow(graph):
