@@ -112,6 +112,8 @@ class FunctionWriter(ExpressionWriter):
 
     def _instruction(self, inst) -> None:
         op = inst.opcode
+        if op in EFFECTS - {"store", "call", "br", "ret"}:  # atomics, switch, ...
+            self._fail(inst, f"instruction {op} has no C form here")
         if op == "phi":
             return  # assigned on the edges
         if op == "br":

@@ -93,6 +93,9 @@ def c_object(text: str, target: Target, name: str) -> bytes:
     The source is compiled as `<name>.c` in a temporary folder (the object records
     the file name), so the bytes depend on the IR and the compiler alone.
     CSourceError with the command and the compiler's message if it fails."""
+    if not target.cc:
+        raise CSourceError(f"kernel {name}: the c target for {target.triple} needs its C "
+                           "compiler (cc)")
     source = c_source(text)
     with tempfile.TemporaryDirectory() as work:
         Path(work, f"{name}.c").write_text(source)

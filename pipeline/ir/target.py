@@ -190,7 +190,8 @@ def _init_llvm() -> None:
 def parse_target(text: str, cc: str | None = None) -> Target:
     """Parse a target string: `llvm [-mtriple=T] [-mcpu=C] [-mattr=+a,-b]`, or
     `c [-mtriple=T] [-mcpu=C]` whose kernels the compiler `cc` builds (None: the
-    host's, $CC or cc; required for another machine's triple).
+    host's, $CC or cc; for another machine's triple, none: such a Target compiles
+    no kernel).
 
     `-mcpu=native` (or no -mcpu, for this machine's triple) takes this host's
     cpu and all its features; for another machine's triple no -mcpu means
@@ -269,9 +270,8 @@ def _c_target(text: str, words: list[str], cc: str | None) -> Target:
     cpu = opts.get("-mcpu", "generic")
     host = (triple_arch(triple), _system(triple)) == (triple_arch(host_triple()),
                                                       _system(host_triple()))
-    if cc is None and not host:
-        raise TargetError(f"target {text!r}: the c target for {triple} needs its C "
-                          "compiler (cc)")
+    if cc is None and not host:  # what only names the target needs no compiler
+        return Target("c", triple, cpu, "")
     cc = cc or os.environ.get("CC") or "cc"
     return Target("c", triple, cpu, "", cc, _compiler_digest(cc))
 

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from pipeline.codegen.c_source import c_source
 from pipeline.driver.build import lower_graph, lower_program, refuse_control_flow
 from pipeline.driver.factory import LoweredGraph, unique_specs
 from pipeline.errors import GraphError
@@ -236,10 +237,18 @@ def build_aot_library(model: str, graph_json_path: str, params_path: str, kernel
     target = manifest["target"]
     metadata = build_aot(model, Path(graph_json_path).read_text(),
                          load_params(Path(params_path).read_bytes()), lib0_path, target, out,
-                         cc, params_path, manifest["kernels"])
+                         cc, params_path, manifest["kernels"],
+                         _kernel_sources(manifest) if parse_target(target).kind == "c" else None)
     atomic_write(out["metadata"], json.dumps(metadata, indent=1).encode())
     link_aot_program(out["program"], out["archive"], out["header"], metadata,
                      parse_target(target), cc)
+
+
+def _kernel_sources(manifest: dict, specs: str = SPECS) -> dict[str, str]:
+    """A c target's kernels as C (<symbol>.c -> text), translated again from the IR
+    optimize wrote beside their specs (the translation is deterministic)."""
+    return {f"{k['symbol']}.c": c_source(Path(ir_path(spec_path(specs, k["hash"]))).read_text())
+            for k in manifest["kernels"]}
 
 
 def check_sizes(metadata_path: str, budgets: dict) -> dict:
