@@ -27,9 +27,10 @@ from pipeline.ir.target import parse_target
 from pipeline.link import export, runtime_c
 from pipeline.link.cc import link_relocatable
 from pipeline.link.firmware import link_aot_program
-from pipeline.link.mlf import build_aot, check_budgets, size_line
+from pipeline.link.mlf import build_aot, check_budgets
+from pipeline.link.mlf import size_line as aot_size_line
 from pipeline.lower.kernel import KernelSpec
-from pipeline.runtime.metadata import kernel_metadata
+from pipeline.runtime.metadata import kernel_metadata, library_sizes, size_line
 from pipeline.runtime.params import load_params, param_chunks
 from pipeline.tasks.cache import entry_ir, object_for_link, read_ir
 from pipeline.tasks.paths import SPECS, ir_path, listed_kernels, spec_path
@@ -220,11 +221,22 @@ def build_runtime(executor_path: str, run_path: str, cc: str | None = None,
 
 
 def export_library(lib0_path: str, devc_path: str, executor_path: str, out_path: str,
-                   cc: str | None = None, vm: bool = False) -> None:
+                   cc: str | None = None, vm: bool = False, graph_json_path: str | None = None,
+                   params_path: str | None = None) -> dict:
     """lib0.o + devc.o + executor.o -> the deliverable shared library (or .tar),
     linked by cc (the target's compiler; None for the host's); vm: devc.o holds a
-    .ro and executor_path is vm.o."""
+    .ro and executor_path is vm.o. Given the graph JSON and params it was built
+    from, returns {"note": its flash and RAM} (runtime.metadata.library_sizes), what
+    the build prints; else {}."""
     export.link_library(lib0_path, devc_path, out_path, cc, executor=executor_path, vm=vm)
+    if graph_json_path is None or params_path is None or not out_path.endswith(".so"):
+        return {}
+    names = set(load_params(Path(params_path).read_bytes()))
+    try:
+        sizes = library_sizes(out_path, Path(graph_json_path).read_text(), names)
+    except ValueError:  # not little-endian ELF: nothing measured
+        return {}
+    return {"note": size_line(Path(out_path).stem, sizes)}
 
 
 def build_aot_library(model: str, graph_json_path: str, params_path: str, kernels_path: str,
@@ -257,4 +269,4 @@ def check_sizes(metadata_path: str, budgets: dict) -> dict:
     consumers. Returns {"note": the sizes line the build prints}."""
     metadata = json.loads(Path(metadata_path).read_text())
     check_budgets(metadata, budgets)
-    return {"note": size_line(metadata)}
+    return {"note": aot_size_line(metadata)}
