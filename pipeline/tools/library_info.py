@@ -146,8 +146,9 @@ def describe_mlf(path: str, metadata: dict) -> dict[str, Any]:
             "model": name, "target": module["target"][0], "executor": module["executors"][0],
             "inputs": [{"name": k, **v} for k, v in module["inputs"].items()],
             "outputs": [{"name": k, **v} for k, v in module["outputs"].items()],
-            "memory": {k: main[k] for k in ("workspace_size_bytes", "constants_size_bytes",
-                                            "io_size_bytes")},
+            "memory": {**{k: main[k] for k in ("workspace_size_bytes", "constants_size_bytes",
+                                               "io_size_bytes")},
+                       "workspace_lower_bound_bytes": module.get("workspace_lower_bound_bytes")},
             "sizes": module.get("sizes"),
             "kernels": [{"symbol": f["function_name"],
                          "stack_bytes": f["workspace"][0]["workspace_size_bytes"]}
@@ -162,8 +163,10 @@ def format_mlf(info: dict[str, Any]) -> str:
              f"target    {info['target']}"]
     lines += [f"input     {r['name']}  {r['shape']}  {r['dtype']}" for r in info["inputs"]]
     lines += [f"output    {r['name']}  {r['shape']}  {r['dtype']}" for r in info["outputs"]]
-    lines.append(f"memory    workspace {m['workspace_size_bytes']:,} bytes, constants "
-                 f"{m['constants_size_bytes']:,}, io {m['io_size_bytes']:,}")
+    bound = m.get("workspace_lower_bound_bytes")
+    lines.append(f"memory    workspace {m['workspace_size_bytes']:,} bytes"
+                 + (f" (lower bound {bound:,})" if bound is not None else "")
+                 + f", constants {m['constants_size_bytes']:,}, io {m['io_size_bytes']:,}")
     lines += [*_size_lines(sizes), f"kernels   {len(info['kernels'])}"]
     return "\n".join(lines)
 
