@@ -268,6 +268,9 @@ def _c_target(text: str, words: list[str], cc: str | None) -> Target:
     except RuntimeError as err:
         raise TargetError(f"target {text!r}: unknown triple {triple!r}: {err}") from None
     cpu = opts.get("-mcpu", "generic")
+    if cpu == "native":  # the kernels see no cpu features: there is nothing to resolve
+        raise TargetError(f"target {text!r}: the c target's -mcpu is its compiler's "
+                          "(-mcpu=cortex-m4); native names none: name a cpu or leave it out")
     host = (triple_arch(triple), _system(triple)) == (triple_arch(host_triple()),
                                                       _system(host_triple()))
     if cc is None and not host:  # what only names the target needs no compiler
