@@ -34,6 +34,7 @@ from pipeline.runtime.metadata import kernel_metadata, library_sizes, size_line
 from pipeline.runtime.params import load_params, param_chunks
 from pipeline.tasks.cache import entry_ir, object_for_link, read_ir
 from pipeline.tasks.paths import SPECS, ir_path, listed_kernels, spec_path
+from pipeline.tasks.tiered import materialize
 from pipeline.transform import PassContext, PassTimingInstrument
 from pipeline.vm.compile import PROGRAM_KEY, compile_plan, program_from_json, program_json
 from pipeline.vm.format import write_ro
@@ -258,9 +259,14 @@ def build_aot_library(model: str, graph_json_path: str, params_path: str, kernel
 
 def _kernel_sources(manifest: dict, specs: str = SPECS) -> dict[str, str]:
     """A c target's kernels as C (<symbol>.c -> text), translated again from the IR
-    optimize wrote beside their specs (the translation is deterministic)."""
-    return {f"{k['symbol']}.c": c_source(Path(ir_path(spec_path(specs, k["hash"]))).read_text())
-            for k in manifest["kernels"]}
+    optimize wrote beside their specs (the translation is deterministic; a cache hit
+    may have left the IR in the cache: materialize brings it)."""
+    sources = {}
+    for k in manifest["kernels"]:
+        ir = ir_path(spec_path(specs, k["hash"]))
+        materialize(ir)
+        sources[f"{k['symbol']}.c"] = c_source(Path(ir).read_text())
+    return sources
 
 
 def check_sizes(metadata_path: str, budgets: dict) -> dict:
