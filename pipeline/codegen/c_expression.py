@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+from llvmlite.binding import ValueRef
+
 from pipeline.codegen.c_types import (
     ARITH,
     FCMP,
@@ -36,7 +38,7 @@ class ExpressionWriter:
 
     # -- operands --
 
-    def value(self, op, lane: int | None = None) -> str:
+    def value(self, op: ValueRef, lane: int | None = None) -> str:
         """C text of an operand (lane `lane` of a vector operand)."""
         a = identity(op)
         if a in self.values:

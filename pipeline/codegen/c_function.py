@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 import llvmlite.binding as llvm
+from llvmlite.binding import ValueRef
 
 from pipeline.codegen.c_expression import ExpressionWriter
 from pipeline.codegen.c_types import EFFECTS, c_type, identity, vector_of
@@ -15,7 +16,10 @@ from pipeline.codegen.c_types import EFFECTS, c_type, identity, vector_of
 class FunctionWriter(ExpressionWriter):
     """One defined function's C text: declarations, then its blocks as labels."""
 
-    def __init__(self, fn, names: dict[int, str], helpers: set[str]):
+    def __init__(self, fn: ValueRef, names: dict[int, str], helpers: set[str]):
+        """fn: a defined function of the parsed module; names: identity of each
+        function and global -> its C name; helpers: the HELPERS keys the file needs,
+        added to as the translation uses them."""
         self.fn, self.names, self.helpers = fn, names, helpers
         self.blocks = list(fn.blocks)
         self.block_index = {identity(b): k for k, b in enumerate(self.blocks)}
@@ -29,6 +33,7 @@ class FunctionWriter(ExpressionWriter):
         self.live = self._live()
 
     def signature(self) -> str:
+        """The C declarator: `[static] <return type> <name>(<params>)`."""
         ftype = self.fn.global_value_type
         ret = c_type(str(ftype.get_function_return()))
         ret = "int32_t" if ret == "uint32_t" else ret
@@ -53,6 +58,8 @@ class FunctionWriter(ExpressionWriter):
         return live
 
     def text(self) -> str:
+        """The function's C definition (declarations first, then one labelled
+        statement list per block)."""
         for block in self.blocks:
             self.phis[identity(block)] = [i for i in block.instructions if i.opcode == "phi"
                                        and identity(i) in self.live]
@@ -206,6 +213,8 @@ class FunctionWriter(ExpressionWriter):
             self.ctypes[var + "_t"] = self.ctypes[var]
             self.decls.append(f"{self.ctypes[var]} {var}_t = 0;")
 
+
+# The variables a function's C declares: v<k>, v<k>_<lane>, their _t temporaries, a<k>.
 _NAME = re.compile(r"\b[va]\d+(?:_\d+)?(?:_t)?\b")
 
 

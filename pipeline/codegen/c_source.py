@@ -1,6 +1,7 @@
 """LLVM IR of one kernel -> C99 source, for the `c` target (TVM's C target).
 
-    c_source(llvm_ir_text) -> str
+    c_source(llvm_ir_text) -> str          the kernel as C
+    c_object(llvm_ir_text, target, name)   its object, built by the target's cc
 
 The kernel is rendered to LLVM IR as for every target (pipeline/codegen/render.py),
 then translated here, over llvmlite.binding's parse of it, into plain C99 that the
@@ -54,7 +55,8 @@ from pipeline.ir.target import Target, cc_machine_flags
 
 __all__ = ["CFLAGS", "C_FORMAT_VERSION", "CSourceError", "c_object", "c_source"]
 
-# Bump when the C this module writes changes in a way its source does not show.
+# Bump when the C this module writes changes in a way its source does not show (a c
+# kernel's version hashes this module's source: pipeline.lower.kernel.c_version).
 C_FORMAT_VERSION = 1
 # How a kernel's C is compiled (besides the target's machine flags and -fPIC):
 # strict aliasing off because LLVM IR without TBAA lets any access alias any other.

@@ -8,6 +8,8 @@ import math
 import re
 import struct
 
+from llvmlite.binding import ValueRef
+
 from pipeline.errors import PipelineError
 
 
@@ -88,7 +90,7 @@ static inline uint16_t pl_f2h(float f) {
 }
 
 
-def identity(value) -> int:
+def identity(value: ValueRef) -> int:
     """The identity of an llvmlite.binding value (its wrapper objects are new on
     every access)."""
     return ctypes.cast(value._ptr, ctypes.c_void_p).value
