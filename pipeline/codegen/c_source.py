@@ -36,6 +36,7 @@ import re
 import shlex
 import subprocess
 import tempfile
+import warnings
 from pathlib import Path
 
 import llvmlite.binding as llvm
@@ -51,6 +52,7 @@ from pipeline.codegen.c_types import (
     c_type,
     identity,
 )
+from pipeline.codegen.compile import CompileWarning
 from pipeline.ir.target import Target, cc_machine_flags
 
 __all__ = ["CFLAGS", "C_FORMAT_VERSION", "CSourceError", "c_object", "c_source"]
@@ -94,7 +96,8 @@ def c_object(text: str, target: Target, name: str) -> bytes:
     c_source(text) compiled by target.cc (`-c -fPIC`, CFLAGS, the machine's flags).
     The source is compiled as `<name>.c` in a temporary folder (the object records
     the file name), so the bytes depend on the IR and the compiler alone.
-    CSourceError with the command and the compiler's message if it fails."""
+    CSourceError with the command and the compiler's message if it fails; a
+    CompileWarning (the build prints it as the kernel's note) if it warns."""
     if not target.cc:
         raise CSourceError(f"kernel {name}: the c target for {target.triple} needs its C "
                            "compiler (cc)")
@@ -110,6 +113,9 @@ def c_object(text: str, target: Target, name: str) -> bytes:
         if proc.returncode != 0:
             raise CSourceError(f"kernel {name}: the C compiler failed (exit "
                                f"{proc.returncode}): {shlex.join(cmd)}\n{proc.stderr.strip()}")
+        if proc.stderr.strip():  # the C is meant to compile without a warning
+            warnings.warn(CompileWarning(f"kernel {name}: {cmd[0]} warned: "
+                                         f"{proc.stderr.strip()[:500]}"), stacklevel=2)
         return Path(work, f"{name}.o").read_bytes()
 
 

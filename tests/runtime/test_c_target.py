@@ -28,6 +28,8 @@ from tests.support.compare import assert_matches_ort, run_graph, run_ort, run_ou
 from tests.support.op_cases.families import CASES, DOUBLE_CASES
 
 pytest.importorskip("onnxruntime")
+# The C compiles without a warning: a CompileWarning (the compiler's) fails the test.
+pytestmark = pytest.mark.filterwarnings("error::pipeline.codegen.compile.CompileWarning")
 
 C = "c"
 M4C = "c -mtriple=thumbv7em-none-eabihf -mcpu=cortex-m4"
