@@ -180,7 +180,7 @@ class ExpressionWriter:
         return f"{fn}({', '.join(self.value(a, lane) for a in args)})"
 
     def _shuffle(self, inst, ops: list, lane) -> str:
-        m = re.search(r", <(\d+) x i32> (.*)$", str(inst).strip())
+        m = re.search(r".*, <(\d+) x i32> (.*)$", str(inst).strip())  # the last operand
         if not m:
             self._fail(inst, "a shuffle mask of no known form")
         mask_text = m.group(2)

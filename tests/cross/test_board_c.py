@@ -131,3 +131,26 @@ def test_parallel_rebuild_is_byte_identical(board, tmp_path: Path):
             assert a == (again / "out" / model / "m4c" / name).read_bytes(), (model, name)
         a = (folder / "out" / model / "hostc" / f"{model}.so").read_bytes()
         assert a == (again / "out" / model / "hostc" / f"{model}.so").read_bytes(), model
+
+
+@pytest.mark.parametrize("arch", ["aarch64", "riscv64"])
+def test_c_target_on_linux_boards_under_qemu_user(arch: str, tmp_path: Path):
+    """The c target for another Linux machine: its gcc builds the kernels' C into the
+    graph executor's .so, which `doit validate` runs under qemu-user (the int8
+    convolutions take the portable path: C has no dot-product instruction)."""
+    from tests.support.toolchains import require_tools
+
+    cc, run = f"{arch}-linux-gnu-gcc", f"qemu-{arch} -L /usr/{arch}-linux-gnu"
+    require_tools(cc, run.split()[0])
+    cpu = " -mcpu=cortex-a76" if arch == "aarch64" else ""
+    onnx.save(tiny_cnn(), tmp_path / "tiny.onnx")
+    onnx.save(quantized(tiny_cnn()), tmp_path / "tiny_q.onnx")
+    (tmp_path / "matrix.yaml").write_text(
+        f"models:\n  tiny: {{path: tiny.onnx}}\n  tiny_q: {{path: tiny_q.onnx, validate: {INT8}}}\n"
+        f"targets:\n  board: {{target: \"c -mtriple={arch}-linux-gnu{cpu}\", cc: {cc}, "
+        f"run: \"{run}\"}}\nvalidate: {{reference: onnx, rtol: 1.0e-4, atol: 1.0e-4}}\n")
+    code, _, log = doit(tmp_path, "validate", "config=matrix.yaml", "cache=cache")
+    assert code == 0, log
+    for model in ("tiny", "tiny_q"):
+        report = json.loads((tmp_path / "out" / model / "board" / "validation.json").read_text())
+        assert report["passed"] and report["ran_on"] == "target", report
