@@ -182,3 +182,41 @@ def test_c_target_needs_a_compiler_off_this_machine():
     spec = next(iter(_lowered(tiny_cnn(), M4C).specs.values()))
     with pytest.raises(CSourceError, match="needs its C compiler"):
         c_object("", spec.target, spec.symbol)
+
+
+def test_vector_lanes_shuffles_and_signed_integers(tmp_path: Path):
+    """Lane by lane: a shuffle of a vector with an i32 vector constant (the mask is the
+    last operand), an inserted and an extracted lane, a sign extension of i1 and a
+    signed division, run and checked in C."""
+    mask = "<4 x i32> <i32 4, i32 0, i32 7, i32 3>"
+    ir = """define void @k(ptr %p) {
+entry:
+  %v = load <4 x i32>, ptr %p, align 4
+  %s = shufflevector <4 x i32> %v, <4 x i32> <i32 9, i32 8, i32 7, i32 6>, MASK
+  %e = extractelement <4 x i32> %s, i32 1
+  %i = insertelement <4 x i32> %s, i32 %e, i32 2
+  store <4 x i32> %i, ptr %p, align 4
+  %c = icmp slt i32 %e, 0
+  %m = sext i1 %c to i32
+  %d = sdiv i32 %e, -2
+  %q = getelementptr inbounds i32, ptr %p, i64 4
+  store i32 %m, ptr %q, align 4
+  %r = getelementptr inbounds i32, ptr %p, i64 5
+  store i32 %d, ptr %r, align 4
+  ret void
+}
+""".replace("MASK", mask)
+    main = c_source(ir) + """#include <stdio.h>
+int main(void) {
+    int32_t x[6] = {-5, 1, 2, 3, 0, 0};
+    k(x);
+    printf("%d %d %d %d %d %d\\n", x[0], x[1], x[2], x[3], x[4], x[5]);
+    return 0;
+}
+"""
+    exe = tmp_path / "lanes"
+    subprocess.run(["gcc", *CFLAGS, "-Werror", "-x", "c", "-", "-o", str(exe), "-lm"],
+                   input=main, text=True, check=True)
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+    # s = [9, -5, 6, 3]; lane 2 <- s[1] = -5; -5 < 0 -> -1; -5 / -2 -> 2 (toward zero)
+    assert out.split() == ["9", "-5", "-5", "3", "-1", "2"]
