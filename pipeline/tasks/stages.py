@@ -226,11 +226,12 @@ def export_library(lib0_path: str, devc_path: str, executor_path: str, out_path:
                    params_path: str | None = None) -> dict:
     """lib0.o + devc.o + executor.o -> the deliverable shared library (or .tar),
     linked by cc (the target's compiler; None for the host's); vm: devc.o holds a
-    .ro and executor_path is vm.o. Given the graph JSON and params it was built
-    from, returns {"note": its flash and RAM} (runtime.metadata.library_sizes), what
-    the build prints; else {}."""
+    .ro and executor_path is vm.o. Given the graph JSON and params a graph executor's
+    .so was built from, returns {"note": its flash and RAM}
+    (runtime.metadata.library_sizes), what the build prints; else {} (a VM library's
+    memory is its program's, not a graph's plan)."""
     export.link_library(lib0_path, devc_path, out_path, cc, executor=executor_path, vm=vm)
-    if graph_json_path is None or params_path is None or not out_path.endswith(".so"):
+    if vm or graph_json_path is None or params_path is None or not out_path.endswith(".so"):
         return {}
     names = set(load_params(Path(params_path).read_bytes()))
     try:
