@@ -41,11 +41,11 @@ from pipeline.dsl.types import (
     _align,
 )
 from pipeline.ir.graph import TensorType
-from pipeline.ir.target import bare_metal_triple
 
 
 class KernelBuilder:
     """Builds one kernel function in `module`; see the module docstring."""
+    threads = True  # parallel_for may split loops over threads (render: Target.threaded)
 
     def __init__(self, module: ir.Module, symbol: str, params: list[TensorType],
                  symbols: tuple[str, ...] = ()):
@@ -55,9 +55,6 @@ class KernelBuilder:
         fn.args[0].name = "args"
         fn.args[0].add_attribute("noalias")
         self.function = fn
-        # Whether parallel loops split over threads (dsl/vector.py parallel_for): not
-        # on a bare-metal triple; render also turns it off for the c target.
-        self.threads = not bare_metal_triple(module.triple)
         self.b = ir.IRBuilder(fn.append_basic_block("entry"))
         if symbols:
             params = runtime_shapes(self, params, symbols)

@@ -23,6 +23,7 @@ import llvmlite.ir as ir
 
 from pipeline.dsl.builder import F32, I32, PTR, Buffer, KernelBuilder
 from pipeline.dsl.index import raw
+from pipeline.ir.target import bare_metal_triple
 
 VOID = ir.VoidType()
 
@@ -332,7 +333,7 @@ def parallel_for(kb: KernelBuilder, n_items: int, name: str = "task",
     so the lowering's and the epilogue's references stay valid) and restored
     afterwards.
     """
-    if not kb.threads:  # bare metal or the c target: a plain loop in the kernel
+    if bare_metal_triple(kb.module.triple) or not kb.threads:  # no threads: a plain loop
         with kb.loop(0, n_items, name) as i:
             yield i
         return
