@@ -45,7 +45,6 @@ from pipeline.ir.graph import TensorType
 
 class KernelBuilder:
     """Builds one kernel function in `module`; see the module docstring."""
-    threads = True  # parallel_for may split loops over threads (render: Target.threaded)
 
     def __init__(self, module: ir.Module, symbol: str, params: list[TensorType],
                  symbols: tuple[str, ...] = ()):

@@ -333,7 +333,9 @@ def parallel_for(kb: KernelBuilder, n_items: int, name: str = "task",
     so the lowering's and the epilogue's references stay valid) and restored
     afterwards.
     """
-    if bare_metal_triple(kb.module.triple) or not kb.threads:  # no threads: a plain loop
+    # No threads: a plain loop. render sets kb.threads from Target.threaded (false for
+    # the c target); a builder made elsewhere has none: its triple decides.
+    if bare_metal_triple(kb.module.triple) or not getattr(kb, "threads", True):
         with kb.loop(0, n_items, name) as i:
             yield i
         return
