@@ -70,7 +70,10 @@ def dot_kind(target) -> str:
     """The dot product a target has: "vnni" (x86 with AVX-512 VNNI at 16 lanes, or
     AVX-VNNI's VEX form at 8), "sdot" (AArch64 with +dotprod, given or implied by its
     cpu), "mve" (an Arm M-profile core with MVE), "smlad" (one with the DSP
-    extension), else "portable"."""
+    extension), else "portable" (always for the c target: plain C has no dot
+    instruction)."""
+    if target.kind == "c":
+        return "portable"
     feats = set(target.features.split(","))
     if target.vector_width == 16 and "-avx512vnni" not in feats and (
             "+avx512vnni" in feats or target.cpu in _VNNI_CPUS):
