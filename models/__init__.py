@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["ARGUMENTS", "GENERATORS", "build", "generate", "reweight_sources",
+__all__ = ["ARGUMENTS", "GENERATORS", "OWN_ARGUMENTS", "build", "generate", "reweight_sources",
            "source_files"]
 
 GENERATORS: dict[str, str] = {
@@ -48,6 +48,10 @@ BASED_ON = {"resnet18_qdq": "models.resnet", "mobilenet_v2_qop": "models.mobilen
 # (pipeline/tasks/config.py checks a config's `args:` against them).
 ARGUMENTS: dict[str, str] = {
     "batch": "a positive integer: the batch size of the model's input and output",
+}
+# Arguments only some generators take: generator -> {argument: what it must be}.
+OWN_ARGUMENTS: dict[str, dict[str, str]] = {
+    "mlp": {"size": "a positive integer: the input image's height and width (224)"},
 }
 
 

@@ -18,17 +18,20 @@ INPUT_SHAPE = (1, 3, 224, 224)
 LAYERS = ((3 * 224 * 224, 64), (64, 64), (64, 10))
 
 
-def mlp(batch: int = 1) -> onnx.ModelProto:
-    """Build the MLP with seeded random weights for `batch` images (the weights do not
-    depend on it); returns the ModelProto."""
+def mlp(batch: int = 1, size: int = 224) -> onnx.ModelProto:
+    """Build the MLP with seeded random weights for `batch` images of size x size
+    pixels (the weights do not depend on the batch; a small size makes a model for a
+    microcontroller: at 16, the first layer holds 192 KiB of weights); returns the
+    ModelProto."""
     rng = np.random.default_rng(SEED)
     g = GraphBuilder("mlp")
-    x = g.node("Flatten", [g.input("data", (batch, *INPUT_SHAPE[1:]))], "flatten", axis=1)
-    for i, (fan_in, fan_out) in enumerate(LAYERS):
+    x = g.node("Flatten", [g.input("data", (batch, 3, size, size))], "flatten", axis=1)
+    layers = ((3 * size * size, LAYERS[0][1]), *LAYERS[1:])
+    for i, (fan_in, fan_out) in enumerate(layers):
         name = f"fc{i + 1}"
         w = g.initializer(f"{name}.weight", he_normal(rng, (fan_out, fan_in)))
         b = g.initializer(f"{name}.bias", small_bias(rng, fan_out, fan_in))
-        last = i == len(LAYERS) - 1
+        last = i == len(layers) - 1
         x = g.node(
             "Gemm",
             [x, w, b],

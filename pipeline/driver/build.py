@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.codegen.c_source import c_object
 from pipeline.codegen.compile import compile_ir
 from pipeline.codegen.render import render
 from pipeline.driver.factory import EXECUTORS, GraphExecutorFactory, LoweredGraph, unique_specs
@@ -98,13 +99,16 @@ def compile_kernel(spec: KernelSpec, text: str | None = None) -> tuple[str, byte
     """(LLVM IR text, object bytes) of one kernel; `text`: its IR if rendered already
     (lower_graph's), else it is rendered now."""
     text = render(spec) if text is None else text
+    if spec.target.kind == "c":  # C source, built by the target's compiler
+        return text, c_object(text, spec.target, spec.symbol)
     return text, compile_ir(text, spec.target, spec.opt_level, name=spec.symbol)
 
 
 def build(graph: Graph, target: str = "llvm", params: dict | None = None,
           opt_level: int | None = None,
           kernel_cache: dict[str, bytes] | None = None,
-          executor: str = "graph", dims=None) -> GraphExecutorFactory:
+          executor: str = "graph", dims=None,
+          cc: str | None = None) -> GraphExecutorFactory:
     """Optimise and compile `graph` for `target` under the current PassContext.
 
     opt_level is LLVM's (0..3); it defaults to the PassContext's opt_level.
@@ -115,11 +119,13 @@ def build(graph: Graph, target: str = "llvm", params: dict | None = None,
     dims: bounds of the graph's symbolic dimensions, {"seq": (1, 512)} (or
     ["seq=1:512"]); a graph with symbolic dimensions runs in the VM only, and each
     of its symbols needs bounds (GraphError naming the first that has none).
+    cc: the C compiler of a `c` target's kernels (None: the host's; needed for
+    another machine's triple).
     """
     if executor not in EXECUTORS:
         raise ValueError(f"executor {executor!r}: allowed {', '.join(EXECUTORS)}")
     cfg = PassContext.current()
-    resolved = parse_target(target)
+    resolved = parse_target(target, cc)
     llvm_level = cfg.opt_level if opt_level is None else opt_level
     cache = {} if kernel_cache is None else kernel_cache
     names = symbols_of(*(graph.types[n].shape for n in graph.inputs))
@@ -127,7 +133,8 @@ def build(graph: Graph, target: str = "llvm", params: dict | None = None,
         return _build_symbolic(graph, dict(params or {}), target, llvm_level, cache, executor,
                                parse_bounds(dims or {}, "build(dims=...)"))
     if has_control_flow(graph):
-        return _build_program(graph, dict(params or {}), target, llvm_level, cache, executor)
+        return _build_program(graph, dict(params or {}), resolved, target, llvm_level, cache,
+                              executor)
     lowered = lower_graph(graph, dict(params or {}), resolved, llvm_level)
     objects = {}
     for spec in unique_specs(lowered.specs.values()):
@@ -187,14 +194,14 @@ def refuse_control_flow(graph: Graph) -> None:
             "data-dependent shapes")
 
 
-def _build_program(graph: Graph, params: dict, target: str, llvm_level: int,
+def _build_program(graph: Graph, params: dict, resolved: Target, target: str, llvm_level: int,
                    cache: dict[str, bytes], executor: str) -> GraphExecutorFactory:
     """build() of a graph with If, Loop or Scan nodes (lower_program). Only the VM
     runs it: UnsupportedOperatorError for executor "graph", naming the nodes as the
     importer does."""
     if executor != "vm":
         refuse_control_flow(graph)
-    lowered = lower_program(graph, params, parse_target(target), llvm_level)
+    lowered = lower_program(graph, params, resolved, llvm_level)
     objects = {}
     for spec in lowered.specs:
         if spec.hash not in cache:

@@ -315,7 +315,8 @@ def parallel_for(kb: KernelBuilder, n_items: int, name: str = "task",
     `work` estimates the whole loop's cost (multiply-adds, or elements touched):
     the team is min(the thread count, thread_cap(n_items, work)) threads, and
     with one thread the loop function is called directly (no fork/join at all).
-    A kernel for a target without threads (a bare-metal triple) gets a plain loop.
+    A kernel for a target without threads (a bare-metal triple, the c target:
+    `kb.threads` false) gets a plain loop.
 
     The body is generated into an internal function `<kernel>.<name>(ptr data)`
     that every thread of the team runs (pl_parallel, or libgomp's GOMP_parallel
@@ -332,7 +333,9 @@ def parallel_for(kb: KernelBuilder, n_items: int, name: str = "task",
     so the lowering's and the epilogue's references stay valid) and restored
     afterwards.
     """
-    if bare_metal_triple(kb.module.triple):  # no threads: a plain loop in the kernel
+    # No threads: a plain loop. render sets kb.threads from Target.threaded (false for
+    # the c target); a builder made elsewhere has none: its triple decides.
+    if bare_metal_triple(kb.module.triple) or not getattr(kb, "threads", True):
         with kb.loop(0, n_items, name) as i:
             yield i
         return

@@ -1,16 +1,27 @@
-"""Target strings ("llvm -mcpu=native -mattr=+avx2") parsed into a Target.
+"""Target strings ("llvm -mcpu=native -mattr=+avx2", "c -mcpu=cortex-m4") parsed
+into a Target.
 
 A Target names everything that decides machine code: triple, cpu and feature
 string. `-mcpu=native` is resolved to this host's cpu and features at parse
 time, so the resolved values (not the word "native") enter kernel hashes.
 A triple for another machine (`-mtriple=aarch64-linux-gnu`) never takes the
 host's cpu: without `-mcpu` it gets its architecture's generic cpu.
+
+`c [-mtriple=T] [-mcpu=C]` is TVM's C target: the kernels are rendered as for LLVM,
+translated to C99 (pipeline/codegen/c_source.py) and compiled by the target's C
+compiler, which is part of the Target (its command and a digest of its `--version`),
+so the kernels' hashes name the compiler that builds them. The triple (this
+machine's by default) gives the data layout and whether there is an OS; the cpu only
+reaches the compiler's flags (pipeline.link.cc.machine_flags). Its kernels see no
+cpu features: 4-lane vectors (one C statement per lane) and a single thread.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
+import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -27,10 +38,12 @@ class TargetError(ValueError):
 class Target:
     """A resolved CPU target: what the code generator needs to emit objects."""
 
-    kind: str  # only "llvm" today
+    kind: str  # "llvm", or "c": kernels as C source (module doc)
     triple: str
     cpu: str
     features: str  # LLVM feature string: "+avx2,+fma,-avx512f"
+    cc: str = ""          # kind "c": the compiler command of the kernels
+    cc_version: str = ""  # kind "c": a digest of its `--version` output
 
     @property
     def arch(self) -> str:
@@ -60,8 +73,9 @@ class Target:
     def vector_width(self) -> int:
         """Floats per native vector register the kernels are laid out for: on x86,
         16 with AVX-512, 8 with AVX, else 4 (SSE); 4 everywhere else (AArch64
-        NEON's 128 bits; on RISC-V LLVM legalises 4-wide vectors for any V setting)."""
-        if self.arch not in ("x86_64", "i386", "i686"):
+        NEON's 128 bits; on RISC-V LLVM legalises 4-wide vectors for any V setting;
+        4 for the c target, whose vectors are one C statement per lane)."""
+        if self.arch not in ("x86_64", "i386", "i686") or self.kind == "c":
             return 4
         feats = set(self.features.split(","))
         if "+avx512f" in feats or (self.cpu in _AVX512_CPUS and "-avx512f" not in feats):
@@ -70,9 +84,19 @@ class Target:
             return 8
         return 4
 
+    @property
+    def threaded(self) -> bool:
+        """Whether kernels split loops over threads: not on bare metal (no threads) nor
+        for the c target (plain C99: no atomics, no weak symbols)."""
+        return not self.bare_metal and self.kind == "llvm"
+
     def key(self) -> dict:
-        """The fields that enter kernel hashes and object cache keys."""
-        return {"triple": self.triple, "cpu": self.cpu, "features": self.features}
+        """The fields that enter kernel hashes and object cache keys (the compiler's
+        too, for the c target)."""
+        key = {"triple": self.triple, "cpu": self.cpu, "features": self.features}
+        if self.kind != "llvm":
+            key.update(kind=self.kind, cc=self.cc, cc_version=self.cc_version)
+        return key
 
     def target_machine(self, opt_level: int = 3):
         """An llvmlite TargetMachine emitting position-independent objects
@@ -163,8 +187,11 @@ def _init_llvm() -> None:
 
 
 @cache
-def parse_target(text: str) -> Target:
-    """Parse a target string: `llvm [-mtriple=T] [-mcpu=C] [-mattr=+a,-b]`.
+def parse_target(text: str, cc: str | None = None) -> Target:
+    """Parse a target string: `llvm [-mtriple=T] [-mcpu=C] [-mattr=+a,-b]`, or
+    `c [-mtriple=T] [-mcpu=C]` whose kernels the compiler `cc` builds (None: the
+    host's, $CC or cc; for another machine's triple, none: such a Target compiles
+    no kernel).
 
     `-mcpu=native` (or no -mcpu, for this machine's triple) takes this host's
     cpu and all its features; for another machine's triple no -mcpu means
@@ -172,9 +199,11 @@ def parse_target(text: str) -> Target:
     error. -mattr entries then add to or remove from that set.
     """
     words = shlex.split(text)
+    if words and words[0] == "c":
+        return _c_target(text, words, cc)
     if not words or words[0] != "llvm":
-        raise TargetError(f"target {text!r}: only 'llvm' targets are supported "
-                          "(e.g. 'llvm -mcpu=native')")
+        raise TargetError(f"target {text!r}: only 'llvm' and 'c' targets are supported "
+                          "(e.g. 'llvm -mcpu=native', 'c')")
     _init_llvm()
     opts = {}
     for word in words[1:]:
@@ -210,6 +239,58 @@ def parse_target(text: str) -> Target:
         if "is not a recognized" in line:  # LLVM would silently ignore the name
             raise TargetError(f"target {text!r}: {line.split(' (ignoring')[0].strip()}")
     return Target("llvm", triple, cpu, feature_text)
+
+
+def cc_machine_flags(triple: str, cpu: str) -> list[str]:
+    """What the target's gcc needs to compile C for the kernels' machine and ABI:
+    for a 32-bit Arm cpu (thumbv7em-unknown-none-eabihf, cortex-m4) the cpu, Thumb
+    and the float ABI of the triple, which also pick picolibc's multilib; nothing
+    for the other targets (their compiler's defaults are the kernels')."""
+    if not triple.startswith(("thumb", "arm")) or triple.startswith("arm64"):
+        return []
+    abi = "hard" if triple.endswith("eabihf") else "soft"
+    return [f"-mcpu={cpu}", "-mthumb", f"-mfloat-abi={abi}"]
+
+
+def _c_target(text: str, words: list[str], cc: str | None) -> Target:
+    """The Target of a `c` target string (parse_target)."""
+    _init_llvm()
+    opts = {}
+    for word in words[1:]:
+        key, eq, value = word.partition("=")
+        if key not in ("-mtriple", "-mcpu") or not eq:
+            raise TargetError(f"target {text!r}: unknown option {word!r} for the c target "
+                              "(allowed: -mtriple=, -mcpu=)")
+        opts[key] = value
+    triple = _normalize(opts.get("-mtriple", host_triple()))
+    try:
+        llvm.Target.from_triple(triple)
+    except RuntimeError as err:
+        raise TargetError(f"target {text!r}: unknown triple {triple!r}: {err}") from None
+    cpu = opts.get("-mcpu", "generic")
+    if cpu == "native":  # the kernels see no cpu features: there is nothing to resolve
+        raise TargetError(f"target {text!r}: the c target's -mcpu is its compiler's "
+                          "(-mcpu=cortex-m4); native names none: name a cpu or leave it out")
+    host = (triple_arch(triple), _system(triple)) == (triple_arch(host_triple()),
+                                                      _system(host_triple()))
+    if cc is None and not host:  # what only names the target needs no compiler
+        return Target("c", triple, cpu, "")
+    cc = cc or os.environ.get("CC") or "cc"
+    return Target("c", triple, cpu, "", cc, _compiler_digest(cc))
+
+
+@cache
+def _compiler_digest(cc: str) -> str:
+    """sha256 (16 hex digits) of `cc --version`'s output: which compiler builds a c
+    target's kernels. TargetError if it cannot be run."""
+    try:
+        proc = subprocess.run([*shlex.split(cc), "--version"], capture_output=True,
+                              text=True, check=False, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise TargetError(f"c target: cannot run its compiler {cc!r}: {err}") from None
+    if proc.returncode != 0:
+        raise TargetError(f"c target: {cc} --version failed (exit {proc.returncode})")
+    return hashlib.sha256(proc.stdout.encode()).hexdigest()[:16]
 
 
 def _normalize(triple: str) -> str:

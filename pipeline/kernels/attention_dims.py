@@ -21,6 +21,7 @@ import llvmlite.ir as ir
 
 from pipeline.dsl.types import F32
 from pipeline.dsl.vector import fma, parallel_for, reduce_lanes, vconst, vmax, zeros
+from pipeline.errors import ModelError
 from pipeline.ir.graph import row_major_strides
 from pipeline.ops.geometry import logical_shapes
 
@@ -37,6 +38,12 @@ def lower_attention_dims(kb, node, ins, out, epilogue=None, shapes=None) -> None
     and Dv are static: FuseAttention leaves symbolic ones alone). (FuseOps never
     gives attention an epilogue: it is opaque.)"""
     assert epilogue is None, "attention has no epilogue"
+    # The converters' extras (kernels/attention.py) have no runtime-length form yet.
+    extras = {"group": 1, "softcap": 0.0, "masked_rows": "nan", "output": "y"}
+    unsupported = [k for k, d in extras.items() if node.attr(k, d) != d]
+    if unsupported:
+        raise ModelError(f"node {node.name!r} (attention): {', '.join(unsupported)} with "
+                         "runtime lengths is not supported yet")
     (_, hn, _, _), _, _ = logical_shapes([t.type.shape for t in ins], node)
     if not isinstance(hn, int) or shapes is None:
         _attention(kb, node, ins, out, [t.type for t in (*ins, out)], None)

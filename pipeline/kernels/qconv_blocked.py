@@ -12,9 +12,12 @@ One step of the micro-kernel takes four input channels of a pixel (one 32-bit
 broadcast) against four weights of each of b output channels (a 4b-byte vector):
 per output lane, the sum of four u8 x s8 products, added to an int32 accumulator
 -- AVX-512 VNNI's or AVX-VNNI's vpdpbusd (attr dot="vnni"), AArch64's sdot with +dotprod
-(dot="sdot", s8 x s8), else the same sum written with widening multiplies and
-shuffles (dot="portable", which any target legalises). A tile keeps T output
-columns x K channel blocks of accumulators in registers, like conv2d_nchwc.
+(dot="sdot", s8 x s8), an Arm M-profile core's DSP extension (dot="smlad": SXTB16 and
+SMLAD, qarm_dsp.py; two output columns per tile, as its 13 registers hold), MVE
+(dot="mve": VLDRB and VMLAVA, one column per tile), else the same sum written with
+widening multiplies and shuffles (dot="portable", which any target legalises). A tile
+keeps T output columns x K channel blocks of accumulators in registers, like
+conv2d_nchwc.
 
 Operand signs and zero points: vpdpbusd multiplies unsigned by signed bytes, so an
 int8 input is moved to uint8 by flipping its top bit (x + 128), and sdot wants
@@ -35,6 +38,7 @@ import numpy as np
 
 from pipeline.dsl.builder import F32, I32
 from pipeline.dsl.vector import parallel_for
+from pipeline.kernels import qarm_dsp
 from pipeline.kernels.conv_blocked import registers
 from pipeline.kernels.registry import lowering
 from pipeline.ops.geometry import QTYPES
@@ -42,7 +46,7 @@ from pipeline.ops.geometry import QTYPES
 I8 = ir.IntType(8)
 
 
-DOTS = ("vnni", "sdot", "portable")
+DOTS = ("vnni", "sdot", "mve", "smlad", "portable")
 
 
 # x86 CPUs with AVX-512 VNNI, for targets that name one without -mattr.
@@ -65,7 +69,11 @@ _DOTPROD_CPUS = {"cortex-a55", "cortex-a65", "cortex-a75", "cortex-a76", "cortex
 def dot_kind(target) -> str:
     """The dot product a target has: "vnni" (x86 with AVX-512 VNNI at 16 lanes, or
     AVX-VNNI's VEX form at 8), "sdot" (AArch64 with +dotprod, given or implied by its
-    cpu), else "portable"."""
+    cpu), "mve" (an Arm M-profile core with MVE), "smlad" (one with the DSP
+    extension), else "portable" (always for the c target: plain C has no dot
+    instruction)."""
+    if target.kind == "c":
+        return "portable"
     feats = set(target.features.split(","))
     if target.vector_width == 16 and "-avx512vnni" not in feats and (
             "+avx512vnni" in feats or target.cpu in _VNNI_CPUS):
@@ -76,11 +84,18 @@ def dot_kind(target) -> str:
     if target.arch == "aarch64" and "-dotprod" not in feats and (
             "+dotprod" in feats or target.cpu in _DOTPROD_CPUS):
         return "sdot"
+    if qarm_dsp.has_mve(target):
+        return "mve"
+    if qarm_dsp.has_dsp(target):
+        return "smlad"
     return "portable"
 
 
 def offset_of(dot: str, x_dtype: str) -> int:
-    """What the kernel adds to every input byte so the dot instruction's signs fit."""
+    """What the kernel adds to every input byte so the dot instruction's signs fit
+    (smlad and mve widen either sign: nothing)."""
+    if dot in ("smlad", "mve"):
+        return 0
     if dot == "sdot":
         return -128 if x_dtype == "uint8" else 0
     return 128 if x_dtype == "int8" else 0
@@ -92,8 +107,16 @@ def input_block(channels: int, vw: int) -> int:
     return next(b for b in (vw, 16, 8, 4) if b <= vw and c4 % b == 0)
 
 
-def tile(ow: int, oc_blocks: int, vw: int) -> tuple[int, int]:
-    """(K, T): channel blocks and output columns per register tile."""
+SMLAD_COLUMNS = 2  # columns per tile: 8 accumulators; 3 spilled around each SMLAD
+
+
+def tile(ow: int, oc_blocks: int, vw: int, dot: str = "portable") -> tuple[int, int]:
+    """(K, T): channel blocks and output columns per register tile (smlad, mve: one
+    block, their accumulators are general-purpose registers; VMLAVA's even ones)."""
+    if dot == "smlad":
+        return 1, min(ow, SMLAD_COLUMNS)
+    if dot == "mve":
+        return 1, 1
     best = None
     for k in (1, 2, 4):
         if oc_blocks % k:
@@ -157,7 +180,35 @@ def _pad_lower(kb, node, ins, out, epilogue):
                         kb.store(out, row + (iw + pl) * ib + i, kb.load(x, at))
 
 
-lowering("qpad_nchwc", lower=_pad_lower)
+def _window_lower(kb, node, ins, out, epilogue):
+    """qpad_nchwc with attr window (a one-channel input, M-profile cores): pixel
+    (h, w) of the output holds the padded input's columns w..w+3, the fill value past
+    the border and in channels from `window` on."""
+    x = ins[0]
+    (pt, pl, _, _), window = node.attr("pads"), node.attr("window")
+    fill = ir.Constant(I8, node.attr("fill") & 0xFF)
+    n_n, _, hp, wp, ib = out.type.shape
+    h, w = x.type.shape[-2], x.type.shape[-1]
+    with parallel_for(kb, n_n * hp, "rows", work=out.type.size) as item:
+        n, ih = item // hp, item % hp - pt
+        with kb.loop(0, wp, "w") as col:
+            for j in range(ib):
+                iw = col + (j - pl)
+                inside = kb.and_(kb.below(ih, h), kb.below(iw, w))
+                at = kb.select(inside, (n * h + ih) * w + iw, 0)
+                value = kb.b.trunc(kb.load(x, at), I8) if j < window else fill
+                if j < window:
+                    value = kb.b.select(inside, value, fill)
+                kb.store(out, (item * wp + col) * ib + j, value)
+
+
+def _pad_or_window(kb, node, ins, out, epilogue):
+    if node.attr("window"):
+        return _window_lower(kb, node, ins, out, epilogue)
+    return _pad_lower(kb, node, ins, out, epilogue)
+
+
+lowering("qpad_nchwc", lower=_pad_or_window)
 
 
 def _declare(module, name, ret, args):
@@ -165,8 +216,31 @@ def _declare(module, name, ret, args):
     return fn if fn is not None else ir.Function(module, ir.FunctionType(ret, args), name=name)
 
 
-def dot(kb, kind: str, acc, xv, wv):
-    """acc[l] + sum over j < 4 of x[4l + j] * w[4l + j], both <4L x i8>."""
+def load_weights(kb, kind: str, w, at, lanes: int):
+    """dot()'s weights: the 4 * lanes bytes at w[at..] as one vector, or for mve a
+    list of each lane's four bytes, each a load of its own (VLDRB.S32; taken out of
+    one vector they were moved byte by byte)."""
+    if kind == "mve":
+        v4 = ir.VectorType(I8, 4)
+        return [kb.b.load(kb.gep(w, at + 4 * lane), typ=v4, align=1) for lane in range(lanes)]
+    return kb.b.load(kb.gep(w, at), typ=ir.VectorType(I8, 4 * lanes), align=1)
+
+
+def broadcast(kb, kind: str, word, lanes: int):
+    """dot()'s input: four bytes (an i32) repeated over the lanes as <4L x i8>, or
+    for mve once, as <4 x i8>."""
+    if kind == "mve":
+        return kb.b.bitcast(word, ir.VectorType(I8, 4))
+    return kb.b.bitcast(kb.splat(word, lanes), ir.VectorType(I8, 4 * lanes))
+
+
+def dot(kb, kind: str, acc, xv, wv, x_signed: bool = False):
+    """acc[l] + sum over j < 4 of x[4l + j] * w[4l + j], both <4L x i8> (x unsigned
+    but for smlad with x_signed; mve: broadcast() and load_weights() operands)."""
+    if kind == "smlad":
+        return qarm_dsp.dot4_lanes(kb, acc, xv, wv, x_signed)
+    if kind == "mve":
+        return qarm_dsp.mve_dot4_lanes(kb, acc, xv, wv, x_signed)
     lanes = acc.type.count
     v8 = ir.VectorType(I8, 4 * lanes)
     if kind == "vnni":  # 512, 256 or 128 bits (AVX512VL or AVX-VNNI's VEX encoding)
@@ -193,7 +267,7 @@ def _lower(kb, node, ins, out, epilogue):
     _, ocb_n, oh_n, ow_n, ob = out.type.shape
     sh, sw = node.attr("strides")
     kind, k_n = node.attr("dot"), kob // ob
-    _, t = tile(ow_n, ocb_n, ob)
+    _, t = tile(ow_n, ocb_n, ob, kind)
     flip = node.attr("offset") != 0
     acc_t, v8 = ir.VectorType(I32, ob), ir.VectorType(I8, 4 * ob)
     work = out.type.size * cb_n * ib * kh_n * kw_n
@@ -224,16 +298,23 @@ def _tile(kb, node, bufs, where, width, k_n, kind, flip, acc_t, v8):
         x_row = ((n * cb_n + icb) * hp + oh * sh + kh) * wp
         w_tap = (((ocg * cb_n + icb) * kh_n + kh) * kw_n + kw) * (ib * kob)
         for ic4 in range(ib // 4):
-            wv = [kb.b.load(kb.gep(w, w_tap + (ic4 * kob + k * ob) * 4), typ=v8, align=1)
+            if kind == "smlad":  # weights lane by lane: two of their halves live at a time
+                words = [kb.b.load(kb.gep(x, (x_row + (ow0 + j) * sw + kw) * ib + ic4 * 4),
+                                   typ=I32, align=1) for j in range(width)]
+                qarm_dsp.dot4_tile(kb, accs, words, w, w_tap + ic4 * kob * 4, ob,
+                                   x.type.dtype == "int8")
+                continue
+            wv = [load_weights(kb, kind, w, w_tap + (ic4 * kob + k * ob) * 4, ob)
                   for k in range(k_n)]
             for j in range(width):
                 at = (x_row + (ow0 + j) * sw + kw) * ib + ic4 * 4
                 word = kb.b.load(kb.gep(x, at), typ=I32, align=1)
                 if flip:
                     word = kb.b.xor(word, ir.Constant(I32, 0x80808080 - (1 << 32)))
-                xv = kb.b.bitcast(kb.splat(word, ob), v8)
+                xv = broadcast(kb, kind, word, ob)
                 for k in range(k_n):
-                    kb.set(accs[k][j], dot(kb, kind, kb.get(accs[k][j]), xv, wv[k]))
+                    kb.set(accs[k][j], dot(kb, kind, kb.get(accs[k][j]), xv, wv[k],
+                                           x.type.dtype == "int8"))
     store = Requantize(kb, node, bias, mult, yzp, ob)
     for k in range(k_n):
         oc0 = (ocg * k_n + k) * ob
@@ -245,7 +326,13 @@ def _tile(kb, node, bufs, where, width, k_n, kind, flip, acc_t, v8):
 
 class Requantize:
     """saturate(roundeven((acc + bias) * multiplier) + y_zp) of an int32 vector of
-    output channels oc0.., stored as bytes."""
+    output channels oc0.., stored as bytes.
+
+    Cortex-M4's FPv4 has no rounding, minimum or maximum instruction (roundeven,
+    minnum and maxnum are libm calls there), so a kernel of dot="smlad" rounds by
+    adding and subtracting 1.5 * 2^23 in the FPU's round-to-nearest-even (exact up
+    to 2^22; beyond that the value saturates anyway, so the stored bytes are the
+    same) and clamps with compares (the value is never NaN)."""
 
     def __init__(self, kb, node, bias, mult, yzp, ob: int):
         self.kb, self.bias, self.mult, self.ob = kb, bias, mult, ob
@@ -256,6 +343,8 @@ class Requantize:
         lo, hi = QTYPES[out]
         self.lo = ir.Constant(self.f_t, [float(lo)] * ob)
         self.hi = ir.Constant(self.f_t, [float(hi)] * ob)
+        self.magic = ir.Constant(self.f_t, [12582912.0] * ob) \
+            if node.attr("dot") == "smlad" else None
 
     def __call__(self, acc, oc0, out, at, lanes: int | None = None) -> None:
         """Store the first `lanes` (default all) requantized values at out[at..]."""
@@ -263,8 +352,14 @@ class Requantize:
         b_v = kb.b.load(kb.gep(self.bias, oc0), typ=self.acc_t, align=4)
         m_v = kb.b.load(kb.gep(self.mult, oc0), typ=self.f_t, align=4)
         f = kb.fmul(kb.b.sitofp(kb.b.add(acc, b_v), self.f_t), m_v, fast=False)
-        r = kb.fadd(kb.intrinsic("roundeven", f), self.zero, fast=False)
-        r = kb.intrinsic("minnum", kb.intrinsic("maxnum", r, self.lo), self.hi)
+        r = kb.intrinsic("roundeven", f) if self.magic is None else kb.fsub(
+            kb.fadd(f, self.magic, fast=False), self.magic, fast=False)
+        r = kb.fadd(r, self.zero, fast=False)
+        if self.magic is None:
+            r = kb.intrinsic("minnum", kb.intrinsic("maxnum", r, self.lo), self.hi)
+        else:
+            r = kb.b.select(kb.b.fcmp_ordered("<", r, self.lo), self.lo, r)
+            r = kb.b.select(kb.b.fcmp_ordered(">", r, self.hi), self.hi, r)
         q = kb.b.trunc(kb.b.fptosi(r, self.acc_t), ir.VectorType(I8, ob))
         if lanes is None or lanes == ob:
             kb.b.store(q, kb.gep(out, at), align=1)
@@ -282,6 +377,9 @@ def pack_qdepthwise(w: np.ndarray, vw: int) -> np.ndarray:
     return np.ascontiguousarray(w.reshape(c // vw, vw, kh, kw).transpose(0, 2, 3, 1))
 
 
+DSP_DEPTHWISE_COLUMNS = 1  # per tile on the DSP extension: 4 accumulators each
+
+
 def _dw_lower(kb, node, ins, out, epilogue):
     """One filter per channel: per output row, tiles of T columns, each tap a widening
     multiply-add of b channels (no dot product: nothing to sum across lanes)."""
@@ -290,19 +388,30 @@ def _dw_lower(kb, node, ins, out, epilogue):
     _, kh_n, kw_n, _ = w.type.shape
     _, _, oh_n, ow_n, _ = out.type.shape
     sh, sw = node.attr("strides")
-    t = max(1, min(ow_n, registers(ob) - 4))
+    kind = node.attr("dot")  # smlad, mve: four channels a word (ob is 4), borders
+    t = DSP_DEPTHWISE_COLUMNS if kind else max(1, min(ow_n, registers(ob) - 4))
     acc_t = ir.VectorType(I32, ob)
     v8 = ir.VectorType(I8, ob)
     signed = x.type.dtype == "int8"
+    smlad = kind == "smlad"
     with parallel_for(kb, n_n * cb_n * oh_n, "rows", work=out.type.size * kh_n * kw_n) as item:
         plane, oh = item // oh_n, item % oh_n
         cb = plane % cb_n
         store = Requantize(kb, node, bias, mult, yzp, ob)
-        taps = [kb.b.sext(kb.b.load(kb.gep(w, ((cb * kh_n + kh) * kw_n + kw) * ob), typ=v8,
-                                    align=1), acc_t)
-                for kh in range(kh_n) for kw in range(kw_n)]
+        if kind and kh_n * kw_n > qarm_dsp.UNROLLED_TAPS:
+            taps = None  # loaded in depthwise_tile's loop over the rows
+        elif kind:
+            taps = [qarm_dsp.depthwise_tap(kb, w, ((cb * kh_n + kh) * kw_n + kw) * ob, smlad)
+                    for kh in range(kh_n) for kw in range(kw_n)]
+        else:
+            taps = [kb.b.load(kb.gep(w, ((cb * kh_n + kh) * kw_n + kw) * ob), typ=v8,
+                              align=1) for kh in range(kh_n) for kw in range(kw_n)]
+            taps = [kb.b.sext(v, acc_t) for v in taps]
 
         def tile(ow0, width):
+            if kind:
+                return qarm_dsp.depthwise_tile(kb, node, (x, w, out), (plane, oh, ow0),
+                                               width, (kh_n, kw_n, sh, sw), taps, store, cb)
             accs = [ir.Constant(acc_t, [0] * ob)] * width
             for kh in range(kh_n):
                 row = (plane * hp + oh * sh + kh) * wp

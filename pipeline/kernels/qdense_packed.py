@@ -26,7 +26,7 @@ import numpy as np
 
 from pipeline.dsl.builder import I32
 from pipeline.dsl.vector import parallel_for
-from pipeline.kernels.qconv_blocked import I8, Requantize, dot
+from pipeline.kernels.qconv_blocked import Requantize, broadcast, dot, load_weights
 from pipeline.kernels.registry import lowering
 
 _ROWS, _GROUP = 4, 4  # register tile: rows x column blocks
@@ -46,8 +46,9 @@ def _lower(kb, node, ins, out, epilogue):
     count = n_n - (nb_n - 1) * lanes  # outputs of the last block
     rows = a.type.size // k_n
     kind, offset = node.attr("dot"), node.attr("offset")
-    acc_t, v8 = ir.VectorType(I32, lanes), ir.VectorType(I8, 4 * lanes)
-    group = next(g for g in (_GROUP, 2, 1) if nb_n % g == 0)
+    acc_t = ir.VectorType(I32, lanes)
+    # One column block on an M-profile core: its accumulators are scalar registers.
+    group = 1 if kind in ("smlad", "mve") else next(g for g in (_GROUP, 2, 1) if nb_n % g == 0)
     row_tiles = -(-rows // _ROWS)
     work = rows * n_n * k_n
     with parallel_for(kb, row_tiles * (nb_n // group), "tiles", work=work) as item:
@@ -60,15 +61,16 @@ def _lower(kb, node, ins, out, epilogue):
             accs = [[ir.Constant(acc_t, [0] * lanes)] * group for _ in range(rows_n)]
             accs = [[kb.local(v) for v in row] for row in accs]
             with kb.loop(0, k4_n, "k4") as k4:
-                wv = [kb.b.load(kb.gep(w, ((gb * group + g) * k4_n + k4) * (4 * lanes)),
-                                typ=v8, align=1) for g in range(group)]
+                wv = [load_weights(kb, kind, w, ((gb * group + g) * k4_n + k4) * (4 * lanes),
+                                   lanes) for g in range(group)]
                 for r in range(rows_n):
                     word = kb.b.load(kb.gep(a, (m0 + r) * k_n + k4 * 4), typ=I32, align=1)
                     if offset:
                         word = kb.b.xor(word, ir.Constant(I32, 0x80808080 - (1 << 32)))
-                    av = kb.b.bitcast(kb.splat(word, lanes), v8)
+                    av = broadcast(kb, kind, word, lanes)
                     for g in range(group):
-                        kb.set(accs[r][g], dot(kb, kind, kb.get(accs[r][g]), av, wv[g]))
+                        kb.set(accs[r][g], dot(kb, kind, kb.get(accs[r][g]), av, wv[g],
+                                               a.type.dtype == "int8"))
             for r in range(rows_n):
                 for g in range(group):
                     n0 = (gb * group + g) * lanes

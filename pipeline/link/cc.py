@@ -149,14 +149,13 @@ def compile_c(output: PathLike, source: PathLike, cc: str | None = None,
 
 
 def machine_flags(triple: str, cpu: str) -> list[str]:
-    """What the target's gcc needs to compile C for the kernels' machine and ABI:
-    for a 32-bit Arm cpu (thumbv7em-unknown-none-eabihf, cortex-m4) the cpu, Thumb
-    and the float ABI of the triple, which also pick picolibc's multilib; nothing
-    for the other targets (their compiler's defaults are the kernels')."""
-    if not triple.startswith(("thumb", "arm")) or triple.startswith("arm64"):
-        return []
-    abi = "hard" if triple.endswith("eabihf") else "soft"
-    return [f"-mcpu={cpu}", "-mthumb", f"-mfloat-abi={abi}"]
+    """What the target's gcc needs to compile C for the kernels' machine and ABI
+    (pipeline.ir.target.cc_machine_flags)."""
+    # Imported here: ir.target loads llvmlite, which the runtime's imports of this
+    # module must not.
+    from pipeline.ir.target import cc_machine_flags
+
+    return cc_machine_flags(triple, cpu)
 
 
 def archiver(cc: str | None) -> list[str]:

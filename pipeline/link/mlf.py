@@ -13,6 +13,7 @@ writes, for out = {"header", "archive", "mlf"}:
                   codegen/host/include/<m>.h
                   codegen/host/src/<m>_aot.c      the generated entry points
                   codegen/host/src/<m>_constants.s, constants.bin
+                  codegen/host/src/<kernel>.c     a c target's kernels, as C
                   codegen/host/lib/lib0.o, <m>_aot.o, <m>_constants.o, lib<m>.a
                   parameters/<m>.params           the params (pipeline's param dict)
                   src/<m>.graph.json              the optimised graph
@@ -94,14 +95,16 @@ def _compile(aot: AotModel, work: str, target: str, cc: str | None) -> list[str]
 
 def build_aot(model: str, graph_json: str, params: dict[str, np.ndarray], lib0: PathLike | None,
               target: str, out: dict[str, PathLike], cc: str | None = None,
-              params_file: PathLike | None = None, kernels: list[dict] = ()) -> dict:
+              params_file: PathLike | None = None, kernels: list[dict] = (),
+              c_sources: dict[str, str] | None = None) -> dict:
     """Write the header, lib<m>.a and the MLF tar of `model` (module doc) to
     out["header"], out["archive"], out["mlf"]; returns metadata.json's content.
 
     graph_json: the optimised graph JSON text; params: its params by name; lib0: the
     kernels' relocatable object (None: a graph without kernels); target: the target
     string; cc: the target's compiler (None: the host's); params_file: the .params
-    file put in the MLF; kernels: kernels.json's entries (stack bytes per kernel).
+    file put in the MLF; kernels: kernels.json's entries (stack bytes per kernel);
+    c_sources: a c target's kernels as C, file name -> text (codegen/host/src/).
     LinkError if the compiler or the archiver fails."""
     aot = render_aot(model, graph_json, params, parse_target(target).bare_metal)
     metadata = mlf_metadata(aot, target, list(kernels))
@@ -126,6 +129,8 @@ def build_aot(model: str, graph_json: str, params: dict[str, np.ndarray], lib0: 
             files["codegen/host/src/constants.bin"] = aot.constants
         if params_file is not None:
             files[f"parameters/{aot.name}.params"] = Path(params_file).read_bytes()
+        for name, text in (c_sources or {}).items():
+            files[f"codegen/host/src/{name}"] = text.encode()
         write_tar(out["mlf"], files)
     return metadata
 

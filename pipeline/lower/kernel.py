@@ -83,7 +83,8 @@ class KernelSpec:
 
         ops = tuple(Node(o["op"], "", tuple(o["inputs"]), tuple(o["outputs"]),
                          tuple((k, tup(v)) for k, v in o["attrs"])) for o in doc["ops"])
-        target = Target("llvm", **doc["target"])
+        fields = dict(doc["target"])
+        target = Target(fields.pop("kind", "llvm"), **fields)
         return KernelSpec(ops, tuple(TensorType(tuple(s), d) for s, d in doc["params"]),
                           target, doc["opt_level"], doc["version"])
 
@@ -123,6 +124,17 @@ class KernelSpec:
                              f"{env[self.ops[-1].outputs[0]]} != output {self.params[-1]}")
 
 
+# The module that turns a c target's kernel IR into its object (C text, flags).
+C_ROOTS = ("pipeline.codegen.c_source",)
+
+
+@cache
+def c_version() -> str:
+    """The version of the c target's translation and compile of a kernel: a hash of
+    the modules doing them (C_ROOTS: the C they write, its flags)."""
+    return hashlib.sha256(kernel_digest(C_ROOTS).encode()).hexdigest()[:12]
+
+
 def kernel_spec(node: Node, graph: Graph, target: Target, opt_level: int) -> KernelSpec:
     """The KernelSpec of one graph node (a `fused` node, or any single op)."""
     body = node.attr("body") if node.op == "fused" else (node,)
@@ -139,8 +151,10 @@ def kernel_spec(node: Node, graph: Graph, target: Target, opt_level: int) -> Ker
         params = tuple(TensorType(_renamed(t.shape, rename), t.dtype) for t in params)
         ops = [Node(n.op, n.name, n.inputs, n.outputs, tuple(
             (k, _renamed(v, rename) if k == "shape" else v) for k, v in n.attrs)) for n in ops]
-    spec = KernelSpec(tuple(ops), params, target, opt_level,
-                      kernel_version(tuple(n.op for n in ops)))
+    version = kernel_version(tuple(n.op for n in ops))
+    if target.kind == "c":  # and the C translation's, and how it is compiled
+        version = f"{version}+c{c_version()}"
+    spec = KernelSpec(tuple(ops), params, target, opt_level, version)
     spec.verify()
     return spec
 

@@ -20,6 +20,25 @@ def logical_shapes(shapes: list[tuple], node) -> tuple[tuple, tuple, tuple]:
                  for s, name in zip(shapes, ("q", "k", "v"), strict=False))
 
 
+# The attention kernel's vectors (floats) and the largest stack panels (floats) one
+# of its work items may use: Kᵀ, V and R rows of scores.
+ATTENTION_LANES = 16
+MAX_PANEL_FLOATS = 1 << 16  # 256 KiB of a thread's stack
+
+
+def attention_rows(sq: int) -> int:
+    """Query rows per attention tile: 4 x 2 vectors of accumulators (AVX2's 16
+    registers too)."""
+    return next(r for r in (4, 2, 1) if sq % r == 0)
+
+
+def panel_floats(sq: int, d: int, sk: int, dv: int) -> int:
+    """Stack floats one attention work item uses (see MAX_PANEL_FLOATS)."""
+    lanes = ATTENTION_LANES
+    skp, dvp = -(-sk // lanes) * lanes, -(-dv // lanes) * lanes
+    return d * skp + sk * dvp + attention_rows(sq) * skp
+
+
 def parse_layout(text: str) -> int:
     """The channel block of "NCHW" (0) or "NCHW{b}c" (b)."""
     if text == "NCHW":

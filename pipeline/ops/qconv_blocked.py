@@ -18,7 +18,8 @@ def _pad_infer(types, node):
     channels = node.attr("channels")
     n, _, h, w = x.shape[:4]
     cp = -(-channels // ib) * ib
-    return [TensorType((n, cp // ib, h + pt + pb, w + pl + pr, ib), x.dtype)]
+    window = node.attr("window", 1)  # columns a pixel holds (one input channel)
+    return [TensorType((n, cp // ib, h + pt + pb, w + pl + pr - window + 1, ib), x.dtype)]
 
 
 register("qpad_nchwc", OpKind.OPAQUE, _pad_infer)
@@ -48,6 +49,8 @@ def _dw_infer(types, node):
         raise ModelError(f"node {node.name!r} (qdepthwise_conv2d_nchwc): weights "
                          f"{list(w.shape)} do not match input {list(x.shape)} {x.dtype}")
     sh, sw = node.attr("strides")
+    pt, pl, pb, pr = node.attr("pads", (0, 0, 0, 0))  # borders the kernel pads (smlad)
+    hp, wp = hp + pt + pb, wp + pl + pr
     return [TensorType((n, cb, (hp - kh) // sh + 1, (wp - kw) // sw + 1, b), node.attr("out"))]
 
 

@@ -45,3 +45,23 @@ register("resize", OpKind.ANCHOR, _resize_infer, numpy=_resize_np,
              "mode": "linear", "coord": "half_pixel", "nearest": "round_prefer_floor",
              "scales": (1.0, 1.0, 2.0, 1.5), "shape": (1, 2, 6, 6), "cubic_a": -0.75,
              "exclude_outside": 0}))
+
+
+def _grid_sample_infer(types, node):
+    x, grid = types
+    r = len(x.shape) - 2
+    if x.dtype != "float32" or grid.dtype != "float32":
+        raise ModelError(f"node {node.name!r} (grid_sample): float32 operands only")
+    if r < 1 or len(grid.shape) != r + 2 or grid.shape[0] != x.shape[0] or \
+            grid.shape[-1] != r:
+        raise ModelError(f"node {node.name!r} (grid_sample): grid {list(grid.shape)} does "
+                         f"not sample the {r} spatial dims of {list(x.shape)}")
+    return [TensorType((*x.shape[:2], *grid.shape[1:-1]), "float32")]
+
+
+register("grid_sample", OpKind.OPAQUE, _grid_sample_infer)
+"""grid_sample: ONNX GridSample. x [N, C, *S] sampled at grid [N, *O, r] (normalised
+coordinates in [-1, 1], the last one along S's last dim), giving [N, C, *O]; attrs
+mode (nearest, linear, cubic), padding (zeros, border, reflection), align_corners.
+Checked against onnx.reference through GridSample (node suite, tests/ops/
+test_ops_grid_sample.py), not a numpy version here."""

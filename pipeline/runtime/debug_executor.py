@@ -111,8 +111,8 @@ class GraphModuleDebug(GraphModule):
     def run(self, **inputs: Any) -> None:
         """Set the given inputs, time every node (median of timing_runs passes, after
         a warm-up), then run once node by node copying every node's outputs."""
-        if inputs:
-            self.set_input(**inputs)
+        for name, value in inputs.items():  # not set_input(**inputs): inputs named key, value
+            self.module.set_input(name, value)
         self.node_times = {row.node: row for row in profile_nodes(self.module, self.timing_runs)}
         by_step = []  # per executed node: copies of its outputs, taken right after it ran
         for k in range(len(self._step)):

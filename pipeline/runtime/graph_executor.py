@@ -417,8 +417,8 @@ class GraphModule:
 
     def run(self, **inputs: Any) -> None:
         """Set the given inputs by keyword, then execute the graph."""
-        if inputs:
-            self.set_input(**inputs)
+        for name, value in inputs.items():  # not set_input(**inputs): inputs named key, value
+            self.module.set_input(name, value)
         self.module.run()
 
     def get_output(self, index: int, out: np.ndarray | None = None) -> np.ndarray:

@@ -125,7 +125,10 @@ class TargetEntry:
 
     def to_dict(self) -> dict:
         """Everything that decides this entry's build; what doit hashes."""
-        return {"target": self.target, "resolved": parse_target(self.target).key(),
+        resolved = parse_target(self.target, self.cc)
+        # A c target's kernels are compiled by cc: optimize writes it into their specs.
+        cc = {"cc": self.cc} if resolved.kind == "c" else {}
+        return {"target": self.target, "resolved": resolved.key(), **cc,
                 **self.pass_context().pass_config.to_dict()}
 
     def toolchain(self) -> dict:
@@ -344,7 +347,7 @@ def _model(where: _Where, name: str, spec, validate: ValidateOptions) -> ModelEn
         if generator not in GENERATORS:
             where.fail(f"{key}.generator", f"unknown generator {generator!r}; allowed: "
                        f"{', '.join(GENERATORS)}")
-    args = _generator_args(where, spec.get("args") or {}, f"{key}.args")
+    args = _generator_args(where, spec.get("args") or {}, f"{key}.args", generator)
     dims = _dims(where, spec, key)
     inputs = {}
     for inp, shape in where.mapping(spec.get("inputs") or {}, f"{key}.inputs").items():
@@ -392,16 +395,18 @@ def _executor(where: _Where, spec: dict, key: str) -> str | None:
     return value
 
 
-def _generator_args(where: _Where, doc, key: str) -> dict:
-    """A generator's `args:` (models.ARGUMENTS): each known, each a positive integer."""
-    from models import ARGUMENTS
+def _generator_args(where: _Where, doc, key: str, generator: str | None) -> dict:
+    """A generator's `args:` (models.ARGUMENTS, and its OWN_ARGUMENTS): each known,
+    each a positive integer."""
+    from models import ARGUMENTS, OWN_ARGUMENTS
 
+    known = {**ARGUMENTS, **OWN_ARGUMENTS.get(generator, {})}
     for arg, value in where.mapping(doc, key).items():
-        if arg not in ARGUMENTS:
-            where.fail(f"{key}.{arg}", f"unknown argument; generators take: "
-                       f"{', '.join(f'{k} ({v})' for k, v in ARGUMENTS.items())}")
+        if arg not in known:
+            where.fail(f"{key}.{arg}", f"unknown argument; {generator} takes: "
+                       f"{', '.join(f'{k} ({v})' for k, v in known.items())}")
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            where.fail(f"{key}.{arg}", f"must be {ARGUMENTS[arg]}, got {value!r}")
+            where.fail(f"{key}.{arg}", f"must be {known[arg]}, got {value!r}")
     return dict(doc)
 
 
@@ -425,12 +430,12 @@ def _target(where: _Where, name: str, spec) -> TargetEntry:
                                      "config", "cc", "run", "pack", "executor", "ram_kib",
                                      "flash_kib"}, required={"target"})
     text = where.typed(spec["target"], f"{key}.target", str, "a target string")
-    try:
-        resolved = parse_target(text)
-    except TargetError as err:
-        where.fail(f"{key}.target", str(err))
     tools = {k: where.typed(spec[k], f"{key}.{k}", str, "a command")
              for k in ("cc", "run") if k in spec}
+    try:
+        resolved = parse_target(text, tools.get("cc"))
+    except TargetError as err:
+        where.fail(f"{key}.target", str(err))
     try:
         resolve_cc(resolved, tools.get("cc"), f"{key}.cc")
     except ToolchainError as err:

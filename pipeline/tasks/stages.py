@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from pipeline.codegen.c_source import c_source
 from pipeline.driver.build import lower_graph, lower_program, refuse_control_flow
 from pipeline.driver.factory import LoweredGraph, unique_specs
 from pipeline.errors import GraphError
@@ -26,12 +27,14 @@ from pipeline.ir.target import parse_target
 from pipeline.link import export, runtime_c
 from pipeline.link.cc import link_relocatable
 from pipeline.link.firmware import link_aot_program
-from pipeline.link.mlf import build_aot, check_budgets, size_line
+from pipeline.link.mlf import build_aot, check_budgets
+from pipeline.link.mlf import size_line as aot_size_line
 from pipeline.lower.kernel import KernelSpec
-from pipeline.runtime.metadata import kernel_metadata
+from pipeline.runtime.metadata import kernel_metadata, library_sizes, size_line
 from pipeline.runtime.params import load_params, param_chunks
 from pipeline.tasks.cache import entry_ir, object_for_link, read_ir
 from pipeline.tasks.paths import SPECS, ir_path, listed_kernels, spec_path
+from pipeline.tasks.tiered import materialize
 from pipeline.transform import PassContext, PassTimingInstrument
 from pipeline.vm.compile import PROGRAM_KEY, compile_plan, program_from_json, program_json
 from pipeline.vm.format import write_ro
@@ -90,7 +93,7 @@ def optimize_model(graph_path: str, weights_path: str, target: dict, spec_dir: s
     timing = PassTimingInstrument()
     ctx = PassContext(target["opt_level"], target["required_pass"], target["disabled_pass"],
                       target["config"], instruments=[timing])
-    resolved = parse_target(target["target"])
+    resolved = parse_target(target["target"], target.get("cc"))  # a c target: its cc
     dims = {k: tuple(v) for k, v in (target.get("dims") or {}).items()}
     with ctx:
         if has_control_flow(graph):
@@ -219,11 +222,23 @@ def build_runtime(executor_path: str, run_path: str, cc: str | None = None,
 
 
 def export_library(lib0_path: str, devc_path: str, executor_path: str, out_path: str,
-                   cc: str | None = None, vm: bool = False) -> None:
+                   cc: str | None = None, vm: bool = False, graph_json_path: str | None = None,
+                   params_path: str | None = None) -> dict:
     """lib0.o + devc.o + executor.o -> the deliverable shared library (or .tar),
     linked by cc (the target's compiler; None for the host's); vm: devc.o holds a
-    .ro and executor_path is vm.o."""
+    .ro and executor_path is vm.o. Given the graph JSON and params a graph executor's
+    .so was built from, returns {"note": its flash and RAM}
+    (runtime.metadata.library_sizes), what the build prints; else {} (a VM library's
+    memory is its program's, not a graph's plan)."""
     export.link_library(lib0_path, devc_path, out_path, cc, executor=executor_path, vm=vm)
+    if vm or graph_json_path is None or params_path is None or not out_path.endswith(".so"):
+        return {}
+    names = set(load_params(Path(params_path).read_bytes()))
+    try:
+        sizes = library_sizes(out_path, Path(graph_json_path).read_text(), names)
+    except ValueError:  # not little-endian ELF: nothing measured
+        return {}
+    return {"note": size_line(Path(out_path).stem, sizes)}
 
 
 def build_aot_library(model: str, graph_json_path: str, params_path: str, kernels_path: str,
@@ -236,10 +251,23 @@ def build_aot_library(model: str, graph_json_path: str, params_path: str, kernel
     target = manifest["target"]
     metadata = build_aot(model, Path(graph_json_path).read_text(),
                          load_params(Path(params_path).read_bytes()), lib0_path, target, out,
-                         cc, params_path, manifest["kernels"])
+                         cc, params_path, manifest["kernels"],
+                         _kernel_sources(manifest) if parse_target(target).kind == "c" else None)
     atomic_write(out["metadata"], json.dumps(metadata, indent=1).encode())
     link_aot_program(out["program"], out["archive"], out["header"], metadata,
                      parse_target(target), cc)
+
+
+def _kernel_sources(manifest: dict, specs: str = SPECS) -> dict[str, str]:
+    """A c target's kernels as C (<symbol>.c -> text), translated again from the IR
+    optimize wrote beside their specs (the translation is deterministic; a cache hit
+    may have left the IR in the cache: materialize brings it)."""
+    sources = {}
+    for k in manifest["kernels"]:
+        ir = ir_path(spec_path(specs, k["hash"]))
+        materialize(ir)
+        sources[f"{k['symbol']}.c"] = c_source(Path(ir).read_text())
+    return sources
 
 
 def check_sizes(metadata_path: str, budgets: dict) -> dict:
@@ -248,4 +276,4 @@ def check_sizes(metadata_path: str, budgets: dict) -> dict:
     consumers. Returns {"note": the sizes line the build prints}."""
     metadata = json.loads(Path(metadata_path).read_text())
     check_budgets(metadata, budgets)
-    return {"note": size_line(metadata)}
+    return {"note": aot_size_line(metadata)}

@@ -54,6 +54,7 @@ from pipeline.files import atomic_write
 from pipeline.frontend.onnx.importer import load_model
 from pipeline.frontend.onnx.shapes import with_input_shapes
 from pipeline.runtime import GraphModule, load_module
+from pipeline.runtime.metadata import memory_plan
 from pipeline.runtime.profile import format_profile, profile_nodes
 from pipeline.runtime.vm import Executable as VMExecutable
 from pipeline.runtime.vm import is_vm_library
@@ -123,24 +124,6 @@ def model_flops(model: onnx.ModelProto) -> int:
             # every step and direction: the gate columns times the input and hidden sizes
             total += 2 * x[0] * x[1] * w[0] * w[1] * (w[2] + r[2])
     return total
-
-
-def memory_plan(graph_json: str) -> dict:
-    """Bytes of the storages holding kernel outputs vs the sum of those outputs."""
-    doc = json.loads(graph_json)
-    attrs, row_ptr = doc["attrs"], doc["node_row_ptr"]
-    shapes, dtypes, sids = attrs["shape"][1], attrs["dltype"][1], attrs["storage_id"][1]
-    offsets = attrs.get("storage_offset", ["list_int", [0] * len(sids)])[1]
-    storage: dict[int, int] = {}
-    total = 0
-    for nid, node in enumerate(doc["nodes"]):
-        if node["op"] == "null":
-            continue
-        for eid in range(row_ptr[nid], row_ptr[nid + 1]):
-            size = math.prod(shapes[eid]) * np.dtype(dtypes[eid]).itemsize
-            total += size
-            storage[sids[eid]] = max(storage.get(sids[eid], 0), offsets[eid] + size)
-    return {"planned_activation_bytes": sum(storage.values()), "intermediate_bytes": total}
 
 
 def vm_memory_plan(exe: Executable) -> dict:

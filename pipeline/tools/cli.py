@@ -110,7 +110,7 @@ def compile_model(model: str, output: str, target: str = DEFAULT_TARGET, opt_lev
     if not 0 <= opt_level <= 3:
         raise CommandError(f"--opt-level {opt_level}: must be 0, 1, 2 or 3")
     try:
-        resolved = parse_target(target)
+        resolved = parse_target(target, cc)  # a c target's kernels are built by cc
     except TargetError as err:
         raise CommandError(f"--target {target!r}: {err}") from None
     if resolved.bare_metal and executor != "aot":

@@ -9,8 +9,10 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+from pipeline.codegen.c_source import c_source
 from pipeline.driver.factory import LoweredGraph, unique_specs
 from pipeline.files import atomic_write
+from pipeline.ir.target import parse_target
 from pipeline.link.cc import link_relocatable
 from pipeline.link.mlf import build_aot
 from pipeline.lower.kernel import KernelSpec
@@ -56,7 +58,10 @@ def export_aot(lowered: LoweredGraph, objects: dict[str, bytes], target: str, ou
         params_file = os.path.join(tmp, f"{name}.params")
         with open(params_file, "wb") as f:
             f.writelines(param_chunks(lowered.params))
+        specs = unique_specs(lowered.specs.values())
+        sources = {f"{s.symbol}.c": c_source(lowered.ir[s.hash]) for s in specs} \
+            if parse_target(target).kind == "c" else None  # a c target's kernels as C
         build_aot(name, lowered.graph_json, lowered.params, lib0, target,
                   {"mlf": output, "archive": os.path.join(folder, f"lib{name}.a"),
                    "header": os.path.join(folder, f"{name}.h")}, cc, params_file,
-                  kernel_metadata(lowered.graph_json))
+                  kernel_metadata(lowered.graph_json), sources)

@@ -2,7 +2,8 @@
 for another machine can be described too): `pipeline info`.
 
     describe_library("m.so") -> {"path", "format", "target", "blob_version",
-        "blob_sha256", "build_id", "inputs", "outputs", "params", "kernels", "memory"}
+        "blob_sha256", "build_id", "inputs", "outputs", "params", "kernels", "memory",
+        "sizes"}   # sizes: a .so's flash and RAM (runtime.metadata.library_sizes)
 
 A VM library (`executor: vm`, docs/vm.md) is described from its .ro instead
 (describe_vm_library): its functions, instruction and constant counts, kernels.
@@ -30,9 +31,9 @@ from pipeline.link.blob import BLOB_CODE_DIGEST_SIZE, BLOB_DIGEST_SIZE, BLOB_PRE
 from pipeline.link.elf import MACHINES
 from pipeline.link.integrity import blob_offset, elf_sections, symbol_offset
 from pipeline.runtime.blob import Blob, BlobError, read_blob_header_length, unpack_blob
-from pipeline.runtime.metadata import kernel_metadata
+from pipeline.runtime.metadata import kernel_metadata, library_sizes, memory_plan
 from pipeline.runtime.params import load_params
-from pipeline.tools.bench import memory_plan, vm_memory_plan
+from pipeline.tools.bench import vm_memory_plan
 from pipeline.vm import bytecode
 from pipeline.vm.format import RO_SYMBOL, RO_VERSION, read_ro
 
@@ -145,8 +146,9 @@ def describe_mlf(path: str, metadata: dict) -> dict[str, Any]:
             "model": name, "target": module["target"][0], "executor": module["executors"][0],
             "inputs": [{"name": k, **v} for k, v in module["inputs"].items()],
             "outputs": [{"name": k, **v} for k, v in module["outputs"].items()],
-            "memory": {k: main[k] for k in ("workspace_size_bytes", "constants_size_bytes",
-                                            "io_size_bytes")},
+            "memory": {**{k: main[k] for k in ("workspace_size_bytes", "constants_size_bytes",
+                                               "io_size_bytes")},
+                       "workspace_lower_bound_bytes": module.get("workspace_lower_bound_bytes")},
             "sizes": module.get("sizes"),
             "kernels": [{"symbol": f["function_name"],
                          "stack_bytes": f["workspace"][0]["workspace_size_bytes"]}
@@ -161,14 +163,11 @@ def format_mlf(info: dict[str, Any]) -> str:
              f"target    {info['target']}"]
     lines += [f"input     {r['name']}  {r['shape']}  {r['dtype']}" for r in info["inputs"]]
     lines += [f"output    {r['name']}  {r['shape']}  {r['dtype']}" for r in info["outputs"]]
-    lines.append(f"memory    workspace {m['workspace_size_bytes']:,} bytes, constants "
-                 f"{m['constants_size_bytes']:,}, io {m['io_size_bytes']:,}")
-    if sizes:
-        lines += [f"flash     {sizes['flash_bytes']:,} bytes ("
-                  + ", ".join(f"{k} {v:,}" for k, v in sizes["flash"].items()) + ")",
-                  f"RAM       {sizes['ram_bytes']:,} bytes ("
-                  + ", ".join(f"{k} {v:,}" for k, v in sizes["ram"].items()) + ")"]
-    lines.append(f"kernels   {len(info['kernels'])}")
+    bound = m.get("workspace_lower_bound_bytes")
+    lines.append(f"memory    workspace {m['workspace_size_bytes']:,} bytes"
+                 + (f" (lower bound {bound:,})" if bound is not None else "")
+                 + f", constants {m['constants_size_bytes']:,}, io {m['io_size_bytes']:,}")
+    lines += [*_size_lines(sizes), f"kernels   {len(info['kernels'])}"]
     return "\n".join(lines)
 
 
@@ -264,6 +263,16 @@ def format_vm_info(info: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _size_lines(sizes: dict | None) -> list[str]:
+    """The flash and RAM lines of `pipeline info` (none without sizes)."""
+    if not sizes:
+        return []
+    return [f"flash     {sizes['flash_bytes']:,} bytes ("
+            + ", ".join(f"{k} {v:,}" for k, v in sizes["flash"].items()) + ")",
+            f"RAM       {sizes['ram_bytes']:,} bytes ("
+            + ", ".join(f"{k} {v:,}" for k, v in sizes["ram"].items()) + ")"]
+
+
 def describe_library(path: str) -> dict[str, Any]:
     """Everything `pipeline info` shows about the library at `path` (module doc); a
     Model Library Format tar (executor aot) is described by describe_mlf, a VM
@@ -287,7 +296,19 @@ def describe_library(path: str) -> dict[str, Any]:
                    "section_bytes": len(blob.params)},
         "kernels": kernel_rows(blob),
         "memory": memory_plan(blob.graph_json),
+        "sizes": _so_sizes(path, blob.graph_json, set(params)),
     }
+
+
+def _so_sizes(path: str, graph_json: str, param_names: set[str]) -> dict | None:
+    """A shared library's flash and RAM (runtime.metadata.library_sizes); None for a
+    .o or .tar (not linked yet) or a file that is no little-endian ELF."""
+    if not path.endswith(".so"):
+        return None
+    try:
+        return library_sizes(path, graph_json, param_names)
+    except ValueError:
+        return None
 
 
 def _tensor(row: dict) -> str:
@@ -312,6 +333,7 @@ def format_info(info: dict[str, Any]) -> str:
     lines += [f"params    {p['count']} tensors, {p['bytes']:,} bytes",
               f"memory    {m['planned_activation_bytes']:,} bytes planned for "
               f"{m['intermediate_bytes']:,} bytes of intermediates",
+              *_size_lines(info.get("sizes")),
               f"kernels   {len(info['kernels'])}"]
     width = max((len(k["symbol"]) for k in info["kernels"]), default=6)
     lines.append(f"  {'symbol':<{width}}  calls  {'FLOPs/call':>14}  {'bytes moved/call':>16}  "

@@ -3,8 +3,9 @@
     write_report("out", [("mlp", "llvm"), ...], "out/report.html")
 
 It reads what the other tasks left in out/ and needs none of them to have run:
-  - the matrix, model x target: built (the .so), validated (validation.json, max
-    abs error), bench ratio against onnxruntime (bench.json), colour-coded;
+  - the matrix, model x target: built (the .so or, executor aot, lib<m>.a) with its
+    flash and RAM, validated (validation.json, max abs error), bench ratio against
+    onnxruntime (bench.json), colour-coded;
   - the last build's timeline (out/last-build.json, the build report of the last
     run that built something; validate and bench runs leave it): one row per worker process, one
     bar per task run, coloured by stage, hatched when its outputs came from the
@@ -87,10 +88,15 @@ def _cell(files: dict) -> tuple[str, str]:
     if not os.path.exists(files["so"]) and not aot:
         return "missing", "not built"
     lines, css = ["built"], "built"
-    if aot:  # flash and RAM of the AOT executor's model (metadata.json's sizes)
+    # Flash and RAM measured from the built files: the AOT executor's model
+    # (metadata.json's sizes) or the shared library (its sections, memory plan).
+    if aot:
         (module,) = files["metadata"]["modules"].values()
-        sizes = module.get("sizes", {})
-        lines = [f"built (aot): flash {sizes.get('flash_bytes', 0) / 1024:.1f} KiB, "
+        sizes, built = module.get("sizes", {}), "built (aot)"
+    else:
+        sizes, built = _so_sizes(files["so"]), "built"
+    if sizes:
+        lines = [f"{built}: flash {sizes.get('flash_bytes', 0) / 1024:.1f} KiB, "
                  f"RAM {sizes.get('ram_bytes', 0) / 1024:.1f} KiB"]
     v = files["validation"]
     if v is not None:
@@ -109,6 +115,17 @@ def _cell(files: dict) -> tuple[str, str]:
         lines += [f"{t} thr: {r['ratio_openvino']:.2f}&times; ov"
                   for t, r in b["threads"].items() if "ratio_openvino" in r]
     return css, "<br>".join(lines)
+
+
+def _so_sizes(path: str) -> dict | None:
+    """A shared library's flash and RAM (pipeline info's), None if unreadable."""
+    # Imported here: it loads numpy, which creating doit's tasks must not.
+    from pipeline.tools.library_info import describe_library
+
+    try:
+        return describe_library(path).get("sizes")
+    except (OSError, ValueError, PipelineError):
+        return None
 
 
 def _matrix(out: str, entries: list[tuple[str, str]]) -> str:

@@ -1,7 +1,8 @@
 """AlterOpLayout: move convolutions and what follows them to channel-blocked layouts.
 
 (Targets narrower than 8 floats keep plain layouts, except for the int8 convolutions of
-an AArch64 target with +dotprod, which run blocked on sdot; see qconv below.)
+an AArch64 target with +dotprod, which run blocked on sdot, and of an Arm M-profile core
+with the DSP extension or MVE, on smlad or mve; see qconv below.)
 
 With b the target's vector width (16 floats on AVX-512, 8 on AVX2):
   - conv2d (groups 1, no dilation, constant float weights, C a multiple of b, at
@@ -248,12 +249,18 @@ class _Rewriter:
             return False
         zx = int(self.params[xzp].reshape(()))
         offset = 0 if depthwise else offset_of(self.dot, self.types[x].dtype)
+        # One input channel on an M-profile core: a word holds four columns (qpad's
+        # window), not one channel and three of padding.
+        window = weight.shape[3] if c == 1 and weight.shape[3] <= 4 and not depthwise \
+            and self.dot in ("smlad", "mve") else 0
+        if window:
+            weight, c = _columns_as_channels(weight), 4
         if depthwise:
             c = oc
         ib = self.vw if depthwise else input_block(c, self.vw)
         ow = self.types[node.outputs[0]].shape[3]
-        k = tile(ow, oc // ob, ob)[0]
-        packed = self.param(("qconv", w_name, ib, ob, k, depthwise), f"{w_name}.packed",
+        k = tile(ow, oc // ob, ob, self.dot)[0]
+        packed = self.param(("qconv", w_name, ib, ob, k, depthwise, window), f"{w_name}.packed",
                             lambda: pack_qdepthwise(weight, self.vw) if depthwise
                             else pack_qweight(weight, ib, ob, k))
         bias_c = self.param(("qbias", bias, w_name, zx, offset), f"{bias}.corrected",
@@ -264,18 +271,30 @@ class _Rewriter:
         pads = tuple(node.attr("pads"))
         src = self.blocked[(x, self.vw)] if self.has_blocked(x) and not self.padded(x) \
             else self.need_plain(x)
-        if not (any(pads) or c % ib or len(self.types[src].shape) != 5
-                or self.types[src].shape[4] != ib):
+        # The depthwise kernel on the DSP extension pads by itself: the padded copy
+        # would be the largest tensor of a keyword spotter's workspace.
+        borders = {"pads": pads, "fill": zx} if depthwise and self.dot in ("smlad", "mve") \
+            and any(pads) else {}
+        if window:
+            padded = fresh_name(f"{x}.columns", self.types)
+            self.emit(Node.make("qpad_nchwc", f"{node.name}.pad", (self.need_plain(x),),
+                                (padded,), block=ib, pads=pads, channels=1, fill=zx,
+                                window=window))
+        elif not ((any(pads) and not borders) or c % ib or len(self.types[src].shape) != 5
+                  or self.types[src].shape[4] != ib):
             padded = src
         else:
+            borders = {}
             padded = fresh_name(f"{x}.padded", self.types)
             self.emit(Node.make("qpad_nchwc", f"{node.name}.pad", (src,), (padded,),
                                 block=ib, pads=pads, channels=c, fill=zx))
         inputs = [padded, packed, bias_c, mults, yzp]
         plain = Node.make("conv2d_integer", node.name, (), node.outputs)
         if depthwise:
+            dsp = {"dot": self.dot} if self.dot in ("smlad", "mve") else {}  # others: one
             self.blocked_output(plain, "qdepthwise_conv2d_nchwc", inputs,
-                                strides=tuple(node.attr("strides")), out=node.attr("out"))
+                                strides=tuple(node.attr("strides")), out=node.attr("out"),
+                                **dsp, **borders)
         elif ob == self.vw:
             self.blocked_output(plain, "qconv2d_nchwc", inputs,
                                 strides=tuple(node.attr("strides")), oc_block=ob,
@@ -422,6 +441,15 @@ def _input_block(c: int, vw: int) -> int:
     return next((d for d in range(vw, vw // 2 - 1, -1) if c % d == 0), 0)
 
 
+def _columns_as_channels(weight: np.ndarray) -> np.ndarray:
+    """[OC, 1, KH, KW <= 4] -> [OC, 4, KH, 1]: channel j the weight of column j (zero
+    past KW), for qpad_nchwc's window layout (four consecutive columns a pixel)."""
+    oc, _, kh, kw = weight.shape
+    out = np.zeros((oc, 4, kh, 1), weight.dtype)
+    out[:, :kw, :, 0] = weight[:, 0].transpose(0, 2, 1)
+    return out
+
+
 def _pad_columns(value: np.ndarray, width: int) -> np.ndarray:
     """`value` ([..., N]) with zero columns appended up to `width`, contiguous."""
     pad = [(0, 0)] * (value.ndim - 1) + [(0, width - value.shape[-1])]
@@ -447,8 +475,9 @@ def alter_op_layout(graph: Graph, params: dict, cfg: PassConfig, target: Target 
     if target is None:
         return graph, params
     if target.vector_width < 8:  # only the int8 convolutions, on a dot-product target
-        if dot_kind(target) != "sdot":
+        if dot_kind(target) not in ("sdot", "smlad", "mve"):
             return graph, params
-        return _Rewriter(graph, params, target.vector_width, "sdot", int8_only=True).run()
+        return _Rewriter(graph, params, target.vector_width, dot_kind(target),
+                         int8_only=True).run()
     return _Rewriter(graph, params, target.vector_width, dot_kind(target),
                      winograd=cfg.option("AlterOpLayout.winograd")).run()

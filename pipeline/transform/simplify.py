@@ -12,7 +12,8 @@ from pipeline.transform.util import prune, rename_inputs, sole_user
 
 
 def simplify_inference(graph: Graph, params: dict, cfg: PassConfig):
-    """Remove identity nodes (Identity, Dropout) and rewrite batch_norm with
+    """Remove identity nodes (Identity, Dropout, a Cast to the dtype it has: LLaMA's
+    RMSNorm casts float32 to float32 around its statistics) and rewrite batch_norm with
     constant statistics as mul(x, scale) -> add(., shift) with constant [C, 1, 1]
     scale and shift."""
     types, params = dict(graph.types), dict(params)
@@ -21,7 +22,9 @@ def simplify_inference(graph: Graph, params: dict, cfg: PassConfig):
     nodes: list[Node] = []
     for node in graph.nodes:
         node = rename_inputs(node, alias)
-        if node.op == "identity" and node.outputs[0] not in outputs:
+        no_op = node.op == "identity" or node.op == "cast" and \
+            types[node.inputs[0]].dtype == types[node.outputs[0]].dtype
+        if no_op and node.outputs[0] not in outputs:
             alias[node.outputs[0]] = node.inputs[0]
             continue
         # With runtime statistics batch_norm stays, lowered as it is (ops/norm.py).

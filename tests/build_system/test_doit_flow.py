@@ -162,7 +162,7 @@ def test_config_errors_one_line(tiny: Path, models: str, message: str):
     ('{target: "llvm", config: {FuseOps.max_depht: 3}}', "targets.t.config.FuseOps.max_depht",
      "options are FuseOps.max_depth"),
     ('{target: "llvm", opt_level: three}', "targets.t.opt_level", "must be 0..3"),
-    ('{target: "cuda"}', "targets.t.target", "only 'llvm' targets are supported"),
+    ('{target: "cuda"}', "targets.t.target", "only 'llvm' and 'c' targets are supported"),
     ('{target: "llvm -mcpu=pentium9"}', "targets.t.target", "not a recognized processor"),
     ('{target: "llvm -mattr=+avx9"}', "targets.t.target", "not a recognized feature"),
     ('{target: "llvm", opt: 3}', "targets.t.opt", "unknown key; allowed: cc, config,"),

@@ -48,6 +48,8 @@ NO_NUMPY = {
                      "qdense_packed"),
                     "blocked int8 layout variant"),
     "rnn_sequence": "a whole recurrent layer: checked against onnxruntime (test_ops_recurrent.py)",
+    "grid_sample": "per-point taps under three padding rules: checked against onnx.reference "
+                   "(node suite, test_ops_grid_sample.py)",
 }
 TOLERANCE = {"float32": (2e-5, 2e-6), "float64": (1e-12, 1e-13)}
 

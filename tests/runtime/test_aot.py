@@ -218,6 +218,7 @@ def test_pipeline_compile_executor_aot_and_info(tmp_path: Path):
     info = subprocess.run([*cli, "info", str(tmp_path / "out" / "tiny.tar")], check=True,
                           env=env, capture_output=True, text=True).stdout
     assert "model     tiny, executor aot" in info and "\nflash " in info and "\nRAM " in info
+    assert "(lower bound " in info
     wrong = subprocess.run([*cli, "compile", str(tmp_path / "tiny.onnx"), "-o",
                             str(tmp_path / "m4.so"), "--target", M4, "--cc",
                             "arm-none-eabi-gcc"], env=env, capture_output=True, text=True)

@@ -73,9 +73,11 @@ def kws_cnn(seed: int = 0, pool: str = "global") -> onnx.ModelProto:
     return _model(nodes, inits, [1, 1, 49, 10], "y", 12, "kws_cnn")
 
 
-def quantized(model: onnx.ModelProto, samples: int = 4, seed: int = 1234) -> onnx.ModelProto:
-    """`model` quantized statically by onnxruntime's quantizer in QDQ format
-    (per-channel int8 weights, uint8 activations), calibrated on seeded inputs."""
+def quantized(model: onnx.ModelProto, samples: int = 4, seed: int = 1234, fmt: str = "QDQ",
+              activations: str = "uint8") -> onnx.ModelProto:
+    """`model` quantized statically by onnxruntime's quantizer in `fmt` (QDQ, or
+    QOperator: QLinearConv, QGemm, ...), per-channel int8 weights and `activations`
+    (uint8 or int8), calibrated on seeded inputs."""
     from onnxruntime import quantization as q
 
     vi = model.graph.input[0]
@@ -91,7 +93,8 @@ def quantized(model: onnx.ModelProto, samples: int = 4, seed: int = 1234) -> onn
     with tempfile.TemporaryDirectory() as tmp:
         src, out = Path(tmp, "float.onnx"), Path(tmp, "int8.onnx")
         onnx.save(model, src)
-        q.quantize_static(str(src), str(out), Reader(), quant_format=q.QuantFormat.QDQ,
-                          per_channel=True, activation_type=q.QuantType.QUInt8,
+        act = {"uint8": q.QuantType.QUInt8, "int8": q.QuantType.QInt8}[activations]
+        q.quantize_static(str(src), str(out), Reader(), quant_format=getattr(q.QuantFormat, fmt),
+                          per_channel=True, activation_type=act,
                           weight_type=q.QuantType.QInt8)
         return onnx.load(str(out))

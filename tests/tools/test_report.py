@@ -139,6 +139,12 @@ def test_report_page_content(built):
     mlp_cell = next(c for _, c in cells if "ort" in c)  # only mlp was benched
     ratio = json.loads((page.parent / "mlp" / "llvm" / "bench.json").read_text())
     assert f"{ratio['threads']['1']['ratio']:.2f}&times; ort" in mlp_cell
+    # Each library's flash and RAM, as `pipeline info` measures them.
+    from pipeline.tools.library_info import describe_library
+
+    sizes = describe_library(str(page.parent / "tiny" / "llvm" / "tiny.so"))["sizes"]
+    assert (f"built: flash {sizes['flash_bytes'] / 1024:.1f} KiB, RAM "
+            f"{sizes['ram_bytes'] / 1024:.1f} KiB") in text
     err = json.loads((page.parent / "tiny" / "llvm" / "validation.json").read_text())
     assert f"max err {err['outputs'][0]['max_abs_err']:.2g}" in text
     assert "<b>tiny@llvm</b>: no profile; run <code>doit bench profile=1</code>" in text

@@ -137,6 +137,7 @@ def test_haswell_target_builds_and_runs():
     "llvm --mcpu=haswell",
     "cuda",
     "c -mcpu=native",
+    "c -mattr=+avx2",
     "",
     "llvm -mattr=avx2",
     "llvm -mtriple=nonsense-unknown-nowhere",

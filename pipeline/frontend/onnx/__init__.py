@@ -3,6 +3,8 @@
 per operator family; importing this package registers them all."""
 
 from pipeline.frontend.onnx import (  # noqa: F401  (registration)
+    attention,
+    attention_ms,
     control,
     conv,
     conv_transpose,
@@ -25,6 +27,7 @@ from pipeline.frontend.onnx import (  # noqa: F401  (registration)
     scatter,
     shape,
     softmax,
+    transformer_ms,
     unary,
 )
 from pipeline.frontend.onnx.importer import (

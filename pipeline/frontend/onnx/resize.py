@@ -88,3 +88,18 @@ def _resize11(ctx, n):
     return [_resize_node(ctx, n, scales, sizes, coord,
                          n.text("nearest_mode", "round_prefer_floor"), n.attrs.get("axes"),
                          policy)]
+
+
+_GRID_MODES = {"bilinear": "linear", "bicubic": "cubic", "linear": "linear", "cubic": "cubic",
+               "nearest": "nearest"}
+
+
+@onnx_op("GridSample", 16, emits=("grid_sample",))
+def _grid_sample(ctx, n):
+    """Opset 16's bilinear / bicubic are opset 20's linear / cubic (and 20 adds N-D)."""
+    mode, padding = n.text("mode", "bilinear"), n.text("padding_mode", "zeros")
+    if mode not in _GRID_MODES or padding not in ("zeros", "border", "reflection"):
+        raise ModelError(f"node {n.name!r} (GridSample): mode {mode!r} / padding_mode "
+                         f"{padding!r} is not supported")
+    return [Node.make("grid_sample", n.name, n.inputs[:2], n.outputs[:1], mode=_GRID_MODES[mode],
+                      padding=padding, align_corners=int(n.attrs.get("align_corners", 0)))]

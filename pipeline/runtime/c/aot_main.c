@@ -9,7 +9,10 @@
  *   -DPL_MODEL=<c name> -DPL_NUM_INPUTS=n -DPL_NUM_OUTPUTS=n -DPL_IO_SIZE=bytes
  *   -include <c name>.h [-DPL_SEMIHOST_EXIT]
  * PL_SEMIHOST_EXIT ends the program with semihosting SYS_EXIT_EXTENDED, which
- * makes qemu-system exit with the program's status (picolibc's exit does not). */
+ * makes qemu-system exit with the program's status (picolibc's exit does not).
+ * PL_COUNT_TICKS (an M-profile board) prints "ticks: N", the SysTick ticks of the
+ * processor clock the model's run took (pipeline/tools/board_count.py: under
+ * qemu -icount shift=0 a tick is a fixed number of executed instructions). */
 #include <stdint.h>
 #include <stdio.h>
 
@@ -34,6 +37,18 @@ static void finish(int status) {
 }
 #else
 #define finish(status) return (status)
+#endif
+
+#ifdef PL_COUNT_TICKS
+/* SysTick: SYST_CSR, SYST_RVR, SYST_CVR, counting the processor clock down from
+ * 2^24 - 1 (a run of more ticks than that would wrap: not counted). */
+#define PL_SYST ((volatile uint32_t *)0xE000E010u)
+static uint32_t ticks_start(void) {
+    PL_SYST[1] = 0xFFFFFFu;
+    PL_SYST[2] = 0u;
+    PL_SYST[0] = 5u; /* enabled, processor clock, no interrupt */
+    return PL_SYST[2];
+}
 #endif
 
 static int transfer(const char *kind, int index, void *data, uint32_t bytes, int writing) {
@@ -67,7 +82,13 @@ int main(void) {
         at += (PL_SYM(_output_bytes)[i] + PL_ALIGN - 1) / PL_ALIGN * PL_ALIGN;
     }
     if (!status) {
+#ifdef PL_COUNT_TICKS
+        uint32_t start = ticks_start();
         int32_t rc = PL_SYM(_run_arrays)(inputs, outputs);
+        printf("ticks: %lu\n", (unsigned long)((start - PL_SYST[2]) & 0xFFFFFFu));
+#else
+        int32_t rc = PL_SYM(_run_arrays)(inputs, outputs);
+#endif
         if (rc != 0) {
             printf("error: the model returned %d\n", (int)rc);
             status = (int)rc;

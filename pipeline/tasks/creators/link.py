@@ -85,12 +85,15 @@ def task_export(sel: Selection):
     model's shared library."""
     for m, t in _library_entries(sel):
         a, r = artifacts(m, t), runtime_artifacts(t)
-        # A VM entry links vm.o instead (and says so: the stage's last argument).
-        runtime, vm = (r["vm"], [True]) if executor_of(m, t) == "vm" else (r["executor"], [])
+        # A VM entry links vm.o instead (and says so: the stage's `vm` argument).
+        vm = executor_of(m, t) == "vm"
+        runtime = r["vm"] if vm else r["executor"]
+        # The graph JSON and params: what the library's sizes (the build prints) need.
         yield sel.cached_stage(
             f"{m.name}@{t.name}", "tasks.stages:export_library",
-            [a["lib0"], a["devc"], runtime, a["so"], t.cc, *vm],
-            [a["lib0"], a["devc"], runtime, *code_of("tasks.stages:export_library")],
+            [a["lib0"], a["devc"], runtime, a["so"], t.cc, vm, a["graph_json"], a["params"]],
+            [a["lib0"], a["devc"], runtime, a["graph_json"], a["params"],
+             *code_of("tasks.stages:export_library")],
             [a["so"]], [options_changed(sel.toolchain[t.name], "toolchain"), sel.fetched],
             extra=sel.toolchain[t.name], fetch=(a["so"],))
 
