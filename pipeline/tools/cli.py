@@ -135,9 +135,8 @@ def compile_model(model: str, output: str, target: str = DEFAULT_TARGET, opt_lev
     with PassContext(opt_level=opt_level):
         if has_control_flow(graph):  # If, Loop, Scan: the VM's program of several graphs
             if bounds or symbols_of(*(graph.types[n].shape for n in graph.inputs)):
-                raise CommandError(f"{model}: symbolic dimensions together with If/Loop/"
-                                   "Scan are not supported yet, nor with data-dependent "
-                                   "shapes: fix them with --input")
+                raise CommandError(f"{model}: symbolic dimensions together with If/Loop/Scan "
+                                   "or data-dependent shapes: not supported yet; use --input")
             lowered = lower_program(graph, params, resolved, opt_level, known)
             specs = lowered.specs
         else:
