@@ -23,7 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tests.support.nbits_models import nbits_node
 
-VOCAB, HIDDEN, HEADS, LAYERS, POSITIONS = 512, 128, 4, 2, 128
+VOCAB, HIDDEN, HEADS, LAYERS, POSITIONS = 512, 128, 4, 2, 256
 HEAD_DIM = HIDDEN // HEADS
 BLOCK = 32
 
