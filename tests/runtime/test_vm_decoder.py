@@ -6,9 +6,8 @@ decode steps (1 token, the past growing by one), each step's present cache fed b
 the next step's past, through the Python VirtualMachine and through pipeline-run (.npy
 in and out), matching onnxruntime's logits and present keys and values at every step.
 
-The prefill starts from a cache of one entry, not an empty one: a VM dimension's bounds
-start at 1 (no zero-size tensors, docs/vm.md), so the past holds one earlier token (its
-keys and values random) and the prompt's positions are 1..16."""
+The prefill starts from an empty cache (past 0: `past=0:64`, zero-size past inputs
+[batch, 4, 0, 32]), the prompt at positions 0..15."""
 
 from __future__ import annotations
 
@@ -27,7 +26,7 @@ from pipeline.runtime.vm import VirtualMachine
 from tests.support.decoder_models import HEAD_DIM, HEADS, VOCAB, decoder, initial_cache, step_feeds
 
 TARGET = "llvm -mcpu=native"
-DIMS = ["batch=1:2", "seq=1:32", "past=1:64"]
+DIMS = ["batch=1:2", "seq=1:32", "past=0:64"]
 PREFILL, STEPS = 16, 8
 
 
@@ -54,7 +53,7 @@ def _decode(model: Path, run, batch: int, seed: int) -> list[tuple]:
     (batch, seq, past) of every call."""
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(seed)
-    cache, past = initial_cache(batch, 1, seed), 1
+    cache, past = initial_cache(batch, 0, seed), 0
     ids = rng.integers(0, VOCAB, (batch, PREFILL)).astype(np.int64)
     calls = []
     for step in range(1 + STEPS):
@@ -80,7 +79,7 @@ def test_prefill_and_decode_in_the_vm(libraries, bits):
     vm = VirtualMachine(so)
     for batch, seed in ((1, 0), (2, 1)):  # batch 2 x 16 rows: whole 32-row blocks
         calls = _decode(model, lambda feeds: vm.run(**feeds), batch, seed)
-        assert calls[0] == (batch, PREFILL, 1) and calls[-1] == (batch, 1, PREFILL + STEPS)
+        assert calls[0] == (batch, PREFILL, 0) and calls[-1] == (batch, 1, PREFILL + STEPS - 1)
 
 
 def _max_rss_kib(stderr: str) -> int | None:
@@ -133,9 +132,9 @@ def test_doit_builds_the_4bit_decoder_from_a_dims_entry(tmp_path):
     (tmp_path / "nets").mkdir()
     onnx.save(decoder(4), tmp_path / "nets" / "gpt4.onnx")
     matrix(tmp_path, "gpt4: {path: nets/gpt4.onnx, executor: vm, "
-                     "dims: {batch: [1, 2], seq: [1, 32], past: [1, 64]}}\n")
+                     "dims: {batch: [1, 2], seq: [1, 32], past: [0, 64]}}\n")
     code, executed, out = doit(tmp_path, "build", "config=matrix.yaml")
     assert code == 0, out
     vm = VirtualMachine(tmp_path / "out" / "gpt4" / "llvm" / "gpt4.so")
-    assert vm.executable.content.dims["past+seq"] == (2, 96)
+    assert vm.executable.content.dims["past+seq"] == (1, 96)
     _decode(tmp_path / "nets" / "gpt4.onnx", lambda feeds: vm.run(**feeds), 2, 3)

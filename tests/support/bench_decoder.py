@@ -3,8 +3,8 @@
     PYTHONPATH=$PWD python -m tests.support.bench_decoder --out /tmp/bench-decoder
 
 builds the float32 and the 4-bit decoder into VM libraries (batch 1, seq 1..128,
-past 1..256), then for each model, thread count and call, a decode step (1 token
-after a past of 128) and a prefill (128 tokens after a past of 1), runs `rounds`
+past 0..256), then for each model, thread count and call, a decode step (1 token
+after a past of 128) and a prefill (128 tokens, an empty past), runs `rounds`
 rounds alternating the sides, each side in a fresh process
 (pipeline.tools.bench_runner, as `doit bench` does), and prints per line the
 medians of the rounds' medians, ours / onnxruntime, and the decode step's weight
@@ -28,8 +28,8 @@ import onnx
 
 from tests.support.decoder_models import VOCAB, decoder, initial_cache, step_feeds
 
-DIMS = ["batch=1:1", "seq=1:128", "past=1:256"]
-CALLS = {"decode": (1, 128), "prefill": (128, 1)}  # (seq, past)
+DIMS = ["batch=1:1", "seq=1:128", "past=0:256"]
+CALLS = {"decode": (1, 128), "prefill": (128, 0)}  # (seq, past)
 _ROOT = str(Path(__file__).resolve().parents[2])
 
 
