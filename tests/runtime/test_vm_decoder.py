@@ -3,8 +3,9 @@ with its MatMuls quantized to 4 bits by onnxruntime's quantizer (MatMulNBits, bl
 zero points): one VM library per model, built once by `pipeline compile --executor vm
 --dims` (and by doit from a `dims:` entry), runs the prefill (16 tokens) and 8 greedy
 decode steps (1 token, the past growing by one), each step's present cache fed back as
-the next step's past, through the Python VirtualMachine and through pipeline-run (.npy
-in and out), matching onnxruntime's logits and present keys and values at every step.
+the next step's past, through the Python VirtualMachine (inputs copied or zero-copy)
+and through pipeline-run (.npy in and out), matching onnxruntime's logits and present
+keys and values at every step.
 
 The prefill starts from an empty cache (past 0: `past=0:64`, zero-size past inputs
 [batch, 4, 0, 32]), the prompt at positions 0..15."""
@@ -22,6 +23,7 @@ import onnxruntime as ort
 import pytest
 
 from pipeline.link.runtime_c import build_pipeline_run
+from pipeline.runtime import empty_aligned
 from pipeline.runtime.vm import VirtualMachine
 from tests.support.decoder_models import HEAD_DIM, HEADS, VOCAB, decoder, initial_cache, step_feeds
 
@@ -73,6 +75,17 @@ def _decode(model: Path, run, batch: int, seed: int) -> list[tuple]:
     return calls
 
 
+def _zero_copy(vm: VirtualMachine):
+    """A run(feeds) giving the VM every input in place (an empty past too)."""
+    def run(feeds):
+        for name, value in feeds.items():
+            aligned = empty_aligned(value.shape, value.dtype)
+            aligned[...] = value
+            vm.set_input_zero_copy(name, aligned)
+        return vm.invoke("main")
+    return run
+
+
 @pytest.mark.parametrize("bits", [0, 4])
 def test_prefill_and_decode_in_the_vm(libraries, bits):
     model, so = libraries[bits]
@@ -80,6 +93,7 @@ def test_prefill_and_decode_in_the_vm(libraries, bits):
     for batch, seed in ((1, 0), (2, 1)):  # batch 2 x 16 rows: whole 32-row blocks
         calls = _decode(model, lambda feeds: vm.run(**feeds), batch, seed)
         assert calls[0] == (batch, PREFILL, 0) and calls[-1] == (batch, 1, PREFILL + STEPS - 1)
+    _decode(model, _zero_copy(VirtualMachine(so)), 1, 4)
 
 
 def _max_rss_kib(stderr: str) -> int | None:
