@@ -162,9 +162,9 @@ def parse_bounds(spec, where: str = "dims") -> dict[str, tuple[int, int]]:
         except (TypeError, ValueError):
             raise ValueError(f"{where}: {name!r} needs bounds [low, high] (name=low:high on "
                              f"the command line), got {rng!r}") from None
-        if not _NAME.match(str(name)) or not 1 <= low <= high:
+        if not _NAME.match(str(name)) or not 0 <= low <= high:
             raise ValueError(f"{where}: {name!r}: bounds {low}..{high} must be a name and "
-                             "1 <= low <= high")
+                             "0 <= low <= high")
         out[str(name)] = (low, high)
     return out
 

@@ -33,7 +33,7 @@ ROW_BLOCKS = (32, 4, 1)
 
 # Operators (besides elementwise ones) that compute each row of a leading prefix
 # alone, given the axis checks of _axes_outside.
-_ROW_OPS = {"matmul", "dense", "dense_packed", "softmax", "log_softmax", "hardmax",
+_ROW_OPS = {"matmul", "dense", "dense_packed", "matmul_nbits", "softmax", "log_softmax", "hardmax",
             "layer_norm", "rms_norm", "transpose", "reshape", "gather", "concat",
             "attention", "cumsum", "cumprod", "argmax", "argmin", "slice",
             "conv1d", "conv2d", "conv3d", "conv2d_nchwc", "conv2d_pointwise",

@@ -247,6 +247,9 @@ class VirtualMachine:
                           "array (not int4 or uint4, which the library holds packed)")
         k = names.index(name)
         self._check_input(self._params[k], value)
+        if value.nbytes == 0:  # nothing to borrow (an empty KV cache): numpy's pointer
+            self.set_input("main", **{name: value})  # of an empty array is not aligned
+            return
         if value.ctypes.data % 64:
             raise VMError(f"input {name!r}: a zero-copy array must be 64-byte aligned (its "
                           f"data is at {value.ctypes.data:#x}); allocate it with "

@@ -203,7 +203,7 @@ def _read_sections(data: bytes, total: int, source: str) -> Executable:
     for _ in range(r.take("<I")[0]):
         name = r.str()
         dims[name] = r.take("<qq")
-        if not 1 <= dims[name][0] <= dims[name][1]:
+        if not 0 <= dims[name][0] <= dims[name][1]:
             raise FormatError(f"{source}: dimension {name!r} has bad bounds {dims[name]}")
     exe = Executable(_read_functions(r, sections["bytecode"], list(dims)), constants,
                      kernels, dims)

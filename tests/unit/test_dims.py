@@ -44,7 +44,8 @@ def test_expressions():
 def test_bounds_parse_and_refuse_in_one_line():
     assert parse_bounds({"seq": [1, 512]}) == {"seq": (1, 512)}
     assert parse_bounds(["batch=1:8", "seq=2:64"]) == {"batch": (1, 8), "seq": (2, 64)}
-    for bad in (["seq=1"], ["seq=a:b"], ["seq=5:2"], ["seq=0:3"], {"2x": [1, 2]}):
+    assert parse_bounds(["past=0:64"]) == {"past": (0, 64)}  # a KV cache starting empty
+    for bad in (["seq=1"], ["seq=a:b"], ["seq=5:2"], ["seq=-1:3"], {"2x": [1, 2]}):
         with pytest.raises(ValueError, match="dims") as err:
             parse_bounds(bad)
         assert "\n" not in str(err.value)

@@ -406,7 +406,7 @@ static int read_dims(pl_executor *h, struct reader *r) {
         uint64_t low, high;
         if (read_str(h, r, &h->dims[k].name) || read_u(h, r, 8, &low) || read_u(h, r, 8, &high))
             return -1;
-        if ((int64_t)low < 1 || (int64_t)high < (int64_t)low || high > PL_MAX_STORAGE)
+        if ((int64_t)low < 0 || (int64_t)high < (int64_t)low || high > PL_MAX_STORAGE)
             return fail(h, ".ro functions section corrupted: bounds of '%s'", h->dims[k].name);
         h->dims[k].low = (int64_t)low, h->dims[k].high = (int64_t)high;
     }

@@ -1,0 +1,154 @@
+"""A GPT-style decoder with a KV cache (tests/support/decoder_models.py), float32 and
+with its MatMuls quantized to 4 bits by onnxruntime's quantizer (MatMulNBits, block 32,
+zero points): one VM library per model, built once by `pipeline compile --executor vm
+--dims` (and by doit from a `dims:` entry), runs the prefill (16 tokens) and 8 greedy
+decode steps (1 token, the past growing by one), each step's present cache fed back as
+the next step's past, through the Python VirtualMachine (inputs copied or zero-copy)
+and through pipeline-run (.npy in and out), matching onnxruntime's logits and present
+keys and values at every step.
+
+The prefill starts from an empty cache (past 0: `past=0:64`, zero-size past inputs
+[batch, 4, 0, 32]), the prompt at positions 0..15."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from pipeline.link.runtime_c import build_pipeline_run
+from pipeline.runtime import empty_aligned
+from pipeline.runtime.vm import VirtualMachine
+from tests.support.decoder_models import HEAD_DIM, HEADS, VOCAB, decoder, initial_cache, step_feeds
+
+TARGET = "llvm -mcpu=native"
+DIMS = ["batch=1:2", "seq=1:32", "past=0:64"]
+PREFILL, STEPS = 16, 8
+
+
+@pytest.fixture(scope="module")
+def libraries(tmp_path_factory) -> dict[int, tuple[Path, Path]]:
+    """bits (0: float32, 4) -> (the .onnx, its VM library), built by the CLI's path."""
+    from pipeline.tools.cli import compile_model
+
+    folder = tmp_path_factory.mktemp("decoder")
+    built = {}
+    for bits in (0, 4):
+        path = folder / f"gpt{bits}.onnx"
+        onnx.save(decoder(bits), path)
+        so = folder / f"gpt{bits}.so"
+        compile_model(str(path), str(so), TARGET, executor="vm", cache=str(folder / "cache"),
+                      dims=DIMS)
+        built[bits] = path, so
+    return built
+
+
+def _decode(model: Path, run, batch: int, seed: int) -> list[tuple]:
+    """Prefill and STEPS greedy decode steps, each by `run(feeds) -> outputs` and by
+    onnxruntime, compared; the next token is onnxruntime's argmax. Returns the
+    (batch, seq, past) of every call."""
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(seed)
+    cache, past = initial_cache(batch, 0, seed), 0
+    ids = rng.integers(0, VOCAB, (batch, PREFILL)).astype(np.int64)
+    calls = []
+    for step in range(1 + STEPS):
+        feeds = step_feeds(ids, past, cache)
+        got, want = run(feeds), session.run(None, feeds)
+        seq = ids.shape[1]
+        assert want[0].shape == (batch, seq, VOCAB)
+        assert want[1].shape == (batch, HEADS, past + seq, HEAD_DIM)
+        for k, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert g.shape == w.shape, (step, k)
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4, err_msg=f"step {step} "
+                                       f"output {k}")
+        calls.append((batch, seq, past))
+        cache = {name: w for name, w in zip(list(cache), want[1:], strict=True)}
+        past += seq
+        ids = np.argmax(want[0][:, -1:], axis=-1).astype(np.int64)
+    return calls
+
+
+def _zero_copy(vm: VirtualMachine):
+    """A run(feeds) giving the VM every input in place (an empty past too)."""
+    def run(feeds):
+        for name, value in feeds.items():
+            aligned = empty_aligned(value.shape, value.dtype)
+            aligned[...] = value
+            vm.set_input_zero_copy(name, aligned)
+        return vm.invoke("main")
+    return run
+
+
+@pytest.mark.parametrize("bits", [0, 4])
+def test_prefill_and_decode_in_the_vm(libraries, bits):
+    model, so = libraries[bits]
+    vm = VirtualMachine(so)
+    for batch, seed in ((1, 0), (2, 1)):  # batch 2 x 16 rows: whole 32-row blocks
+        calls = _decode(model, lambda feeds: vm.run(**feeds), batch, seed)
+        assert calls[0] == (batch, PREFILL, 0) and calls[-1] == (batch, 1, PREFILL + STEPS - 1)
+    _decode(model, _zero_copy(VirtualMachine(so)), 1, 4)
+
+
+def _max_rss_kib(stderr: str) -> int | None:
+    found = re.search(r"Maximum resident set size \(kbytes\): (\d+)", stderr)
+    return int(found.group(1)) if found else None
+
+
+def test_prefill_and_decode_through_pipeline_run(libraries, tmp_path):
+    """Each call is one pipeline-run process (under /usr/bin/time -v when the machine
+    has it, for the peak RSS); prints the library sizes and the peak RSS of the loop."""
+    run = tmp_path / "pipeline-run"
+    build_pipeline_run(run)
+    timer = ["/usr/bin/time", "-v"] if os.access("/usr/bin/time", os.X_OK) else []
+    figures = {}
+    for bits, (model, so) in sorted(libraries.items()):
+        peak = []
+
+        def run_step(feeds, so=so, peak=peak, bits=bits):
+            folder = tmp_path / f"step{bits}_{len(peak)}"
+            folder.mkdir()
+            args = []
+            for name, value in feeds.items():
+                np.save(folder / f"{name}.npy", value)
+                args += ["--input", f"{name}={folder / f'{name}.npy'}"]
+            proc = subprocess.run([*timer, run, so, *args, "--output-dir", folder / "y"],
+                                  capture_output=True, text=True, timeout=300)
+            assert proc.returncode == 0, proc.stderr
+            peak.append(_max_rss_kib(proc.stderr) or 0)
+            return [np.load(folder / "y" / f"output_{k}.npy") for k in range(5)]
+
+        _decode(model, run_step, 1, 2)
+        figures[bits] = so.stat().st_size, max(peak)
+    (size32, rss32), (size4, rss4) = figures[0], figures[4]
+    print(f"\ndecoder library: float32 {size32} bytes, 4-bit {size4} bytes "
+          f"(ratio {size4 / size32:.3f}); peak RSS of a pipeline-run step: float32 "
+          f"{rss32} KiB, 4-bit {rss4} KiB")
+    # The weights stay packed in the library: the MatMul weights (458,752 floats,
+    # 1.75 MiB) shrink to 5/32 of their bytes; the embeddings stay float32.
+    assert size4 < size32 - 1_300_000, figures
+    if timer:
+        assert 0 < rss4 < rss32, figures
+
+
+def test_doit_builds_the_4bit_decoder_from_a_dims_entry(tmp_path):
+    """A config entry `executor: vm, dims: {...}` builds the 4-bit decoder through doit;
+    its library runs the prefill and decode steps as the CLI's does."""
+    from tests.support.checkouts import matrix
+    from tests.support.doit_runner import doit
+
+    (tmp_path / "nets").mkdir()
+    onnx.save(decoder(4), tmp_path / "nets" / "gpt4.onnx")
+    matrix(tmp_path, "gpt4: {path: nets/gpt4.onnx, executor: vm, "
+                     "dims: {batch: [1, 2], seq: [1, 32], past: [0, 64]}}\n")
+    code, executed, out = doit(tmp_path, "build", "config=matrix.yaml")
+    assert code == 0, out
+    vm = VirtualMachine(tmp_path / "out" / "gpt4" / "llvm" / "gpt4.so")
+    assert vm.executable.content.dims["past+seq"] == (1, 96)
+    _decode(tmp_path / "nets" / "gpt4.onnx", lambda feeds: vm.run(**feeds), 2, 3)
