@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 
 import llvmlite.ir as ir
 
@@ -139,10 +140,10 @@ def _tile_block(t: _Tile, b, h, c0, r0, rows: int, j0, count, valid) -> None:
     """Rows r0 .. r0 + rows of the chunk at c0 take the packed key block at j0: their
     scores a vector of keys at a time into t.s, then each row's update."""
     kb = t.kb
-    for sub in range(SUBS):
-        scores = _scores(t, b, h, c0 + r0, rows, sub)
-        for r in range(rows):
-            s = kb.fmul(scores[r], vconst(t.scale, LANES))
+    for pair in range(0, SUBS, 2):
+        scores = _scores(t, b, h, c0 + r0, rows, (pair, pair + 1))
+        for r, sub in itertools.product(range(rows), (pair, pair + 1)):
+            s = kb.fmul(scores[r][sub - pair], vconst(t.scale, LANES))
             if t.mask is not None:
                 s = kb.fadd(s, _mask_vector(t, b, h, c0 + r0 + r, j0, sub * LANES, count))
             kb.vstore(t.s, r * BLOCK + sub * LANES,
@@ -164,18 +165,19 @@ def _pack(t: _Tile, b, h, j0, count) -> None:
             kb.store(t.vp, lane * t.dvp + e, kb.load(t.ins[2], v0 + j * t.vs[2] + e * t.vs[3]))
 
 
-def _scores(t: _Tile, b, h, i0, rows: int, sub: int) -> list:
-    """Per row of the tile, the LANES scores q·k of the packed block's keys
-    sub * LANES.. (unscaled)."""
+def _scores(t: _Tile, b, h, i0, rows: int, subs: tuple[int, ...]) -> list:
+    """[r][k]: row r of the tile's LANES scores q·k of the packed block's keys
+    subs[k] * LANES.. (unscaled); each query element broadcast once for the subs."""
     kb = t.kb
     q0 = b * t.qs[0] + h * t.qs[1]
-    accs = [kb.local(zeros(LANES)) for _ in range(rows)]
+    accs = [[kb.local(zeros(LANES)) for _ in subs] for _ in range(rows)]
     with kb.loop(0, t.d, "c") as c:
-        keys = kb.vload(t.kt, c * BLOCK + sub * LANES, LANES)
+        keys = [kb.vload(t.kt, c * BLOCK + sub * LANES, LANES) for sub in subs]
         for r in range(rows):
             qv = kb.splat(kb.load(t.ins[0], q0 + (i0 + r) * t.qs[2] + c * t.qs[3]), LANES)
-            kb.set(accs[r], fma(kb, qv, keys, kb.get(accs[r])))
-    return [kb.get(a) for a in accs]
+            for k, key in enumerate(keys):
+                kb.set(accs[r][k], fma(kb, qv, key, kb.get(accs[r][k])))
+    return [[kb.get(a) for a in row] for row in accs]
 
 
 def _mask_vector(t: _Tile, b, h, i, j0, first: int, count):
