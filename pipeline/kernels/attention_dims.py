@@ -3,14 +3,22 @@ lowering of an attention kernel whose Sq and Sk are symbolic, which a kernel ove
 symbolic rows cannot compute (the scores run along Sk).
 
 An online softmax, flash-attention style, so nothing is sized by the sequence
-length: per (batch, head), query rows in tiles of ROWS; for each block of LANES keys
-the block's Kᵀ and V are packed into stack panels ([D][LANES] and [LANES][Dv']),
-the tile's scores are LANES-wide vectors (ROWS independent FMA chains over D), then
-per row the running maximum m and sum l, the accumulator of Dv' floats rescaled by
-exp(m_old - m) when the maximum grows, and the block's exp(s - m) times V added. The
-last, partial block reads its valid keys only (the others' scores are -inf). Rows
-are divided by l at the end. The heads (a static count) are split over the thread
-team; each body re-reads the runtime dimensions in its own function (dsl/dims.py).
+length: per (batch, head), query rows in chunks of CHUNK; for each block of BLOCK keys
+the block's Kᵀ and V are packed once for the chunk into stack panels ([D][BLOCK] and
+[BLOCK][Dv']); the chunk's rows take it in tiles of ROWS: their scores are LANES-wide
+vectors (ROWS x 2 independent FMA chains over D) stored to a stack row, then per row
+the running maximum m and sum l (one pair of horizontal reductions per block), the
+scores become exp(s - m), and the accumulators of Dv' floats are rescaled by
+exp(m_old - m) and given sum_j p[j] V[j] over the block's valid keys (a tile
+product: each V row loaded once for the tile's rows). The last, partial block's
+other lanes score -inf. Rows are divided by l at the end. The work items are heads x
+parts (the heads a static count; a part takes every parts-th query chunk of every
+batch), split over the thread team; each body re-reads the runtime dimensions in its
+own function (dsl/dims.py).
+
+Measured against the static kernel built for one shape (docs/vm.md, "Speed"): packing
+per tile of 4 rows and updating per 16 keys made this kernel 2x the static one at
+(4, 128); per chunk and per 64 keys it is within a few percent.
 """
 
 from __future__ import annotations
@@ -98,6 +106,8 @@ def _attention(kb, node, ins, out, types, item, parts: int) -> None:
     t = _Tile(kb, node, ins, out, types)
     with kb.loop(0, BLOCK * t.dvp, "z") as z:  # V's padding lanes stay 0
         kb.store(t.vp, z, kb.f32(0.0))
+    with kb.loop(0, BLOCK * t.d, "zk") as z:  # finite values in lanes never packed
+        kb.store(t.kt, z, kb.f32(0.0))
     if item is None:
         heads, part = kb.loop(0, t.hn, "h"), 0
     else:
@@ -153,16 +163,25 @@ def _tile_block(t: _Tile, b, h, c0, r0, rows: int, j0, count, valid) -> None:
 
 
 def _pack(t: _Tile, b, h, j0, count) -> None:
-    """kt[c][lane] = K[j0 + lane][c], vp[lane][e] = V[j0 + lane][e]; a lane past the
-    valid keys reads key j0 (a finite value its -inf score makes weigh 0)."""
+    """kt[c][lane] = K[j0 + lane][c], vp[lane][e] = V[j0 + lane][e] for the block's
+    valid keys (a lane past them keeps an earlier block's finite values, or the zeros
+    it started with: its score is replaced by -inf, its V row is not read). A V row
+    contiguous over Dv is copied a vector at a time."""
     kb = t.kb
     k0, v0 = b * t.ks[0] + h * t.ks[1], b * t.vs[0] + h * t.vs[1]
-    with kb.loop(0, BLOCK, "lane") as lane:
-        j = kb.index(kb.select(lane < count, j0 + lane, j0))
+    rows_whole = isinstance(t.vs[3], int) and t.vs[3] == 1 and t.dv == t.dvp
+    with kb.loop(0, count, "lane") as lane:
+        j = j0 + lane
         with kb.loop(0, t.d, "c") as c:
             kb.store(t.kt, c * BLOCK + lane, kb.load(t.ins[1], k0 + c * t.ks[2] + j * t.ks[3]))
-        with kb.loop(0, t.dv, "e") as e:
-            kb.store(t.vp, lane * t.dvp + e, kb.load(t.ins[2], v0 + j * t.vs[2] + e * t.vs[3]))
+        if rows_whole:
+            for g in range(t.dvp // t.g):
+                kb.vstore(t.vp, lane * t.dvp + g * t.g,
+                          kb.vload(t.ins[2], v0 + j * t.vs[2] + g * t.g, t.g))
+        else:
+            with kb.loop(0, t.dv, "e") as e:
+                kb.store(t.vp, lane * t.dvp + e,
+                         kb.load(t.ins[2], v0 + j * t.vs[2] + e * t.vs[3]))
 
 
 def _scores(t: _Tile, b, h, i0, rows: int, subs: tuple[int, ...]) -> list:
