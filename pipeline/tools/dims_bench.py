@@ -26,8 +26,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-import pipeline
+from pipeline.driver.build import build
+from pipeline.frontend import from_onnx
 from pipeline.tools.bench import _run_side
+from pipeline.transform import PassContext
 
 TARGET = "llvm -mcpu=native"
 
@@ -66,18 +68,18 @@ def build_libraries(model_path: str, bounds: dict, ats: list[dict], folder: Path
     """The VM library for `bounds` and one static library per dict of symbol values
     in `ats`, written into `folder`; their paths."""
     model = onnx.load(model_path)
-    graph, params = pipeline.frontend.from_onnx(model, None, symbolic=True)
-    with pipeline.transform.PassContext(opt_level=3):
-        factory = pipeline.build(graph, target=target, params=params, executor="vm",
+    graph, params = from_onnx(model, None, symbolic=True)
+    with PassContext(opt_level=3):
+        factory = build(graph, target=target, params=params, executor="vm",
                                  dims=bounds)
     dynamic = factory.export_library(str(folder / "dynamic.so"))
     statics = []
     for k, at in enumerate(ats):
         shapes = {name: tuple(at[d] if isinstance(d, str) else d for d in dims)
                   for name, dims in _input_dims(model).items()}
-        graph, params = pipeline.frontend.from_onnx(model, shapes)
-        with pipeline.transform.PassContext(opt_level=3):
-            factory = pipeline.build(graph, target=target, params=params)
+        graph, params = from_onnx(model, shapes)
+        with PassContext(opt_level=3):
+            factory = build(graph, target=target, params=params)
         statics.append(factory.export_library(str(folder / f"static{k}.so")))
     return dynamic, statics
 
