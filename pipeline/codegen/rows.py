@@ -7,7 +7,8 @@ buffers end with the dims array (dsl/dims.py), called by render_dims_call.
 
 The rows function multiplies the row prefix's symbols into a row count, then calls the
 static kernel for ROW_BLOCKS[0] rows on each whole block of that many, the next
-size's on the whole blocks of the rest, and so on down to one row, each argument
+size's on the whole blocks of the rest, and the last rows in one padded call
+(PADDED_TAIL) or down to one row at a time, each argument
 that has the rows advanced by its row's bytes (an argument without them, a weight,
 is passed as it is). The static kernels are private functions of the same module,
 rendered as any static kernel.
@@ -91,7 +92,8 @@ def render_rows(module: ir.Module, spec: KernelSpec,
         else:
             _row_loop(fn, b, inner[step], step, start, stop, argv, bases, sizes)
         start = stop
-        if step == PADDED_TAIL and PADDED_TAIL * sum(sizes) <= PAD_BYTES:
+        if step == PADDED_TAIL and PADDED_TAIL * sum(sizes) <= PAD_BYTES \
+                and not bare_metal_triple(module.triple):  # memcpy: a hosted libc
             _padded_tail(fn, b, inner, start, b.sub(rows, start), argv, bases, sizes)
             break
     b.ret(ir.Constant(I32, 0))

@@ -45,7 +45,7 @@ ROWS = 4    # query rows per tile (independent FMA chains)
 # keys and values) costs about as much as one tile's products, so it is done once
 # for CHUNK rows, not once per tile; the chunk's state (m, l, accumulators) is a
 # stack array of CHUNK rows.
-CHUNK = 32
+CHUNK = 64
 # Work items the thread team splits: each head's query chunks are dealt out in
 # ITEMS // heads strided parts (a head alone per item left a 2-core team idle
 # half the time with 3 heads, and the batch could not be split: it is runtime).
@@ -238,17 +238,20 @@ def _accumulate(t: _Tile, r0, rescale: list, count) -> None:
     p[r][j] V[j] (p in t.s): as vectors over Dv, one FMA chain per row, each V row
     loaded once for the tile."""
     kb = t.kb
-    rows = len(rescale)
-    for g in range(t.dvp // t.g):
-        accs = [kb.local(kb.fmul(kb.vload(t.acc, (r0 + r) * t.dvp + g * t.g, t.g),
-                                 kb.splat(rescale[r], t.g))) for r in range(rows)]
+    rows, groups = len(rescale), t.dvp // t.g
+    for g0 in range(0, groups, 2):  # two vectors of Dv a pass: a weight broadcast once
+        gs = range(g0, min(g0 + 2, groups))
+        accs = {(r, g): kb.local(kb.fmul(kb.vload(t.acc, (r0 + r) * t.dvp + g * t.g, t.g),
+                                         kb.splat(rescale[r], t.g)))
+                for r, g in itertools.product(range(rows), gs)}
         with kb.loop(0, count, "key") as key:
-            values = kb.vload(t.vp, key * t.dvp + g * t.g, t.g)
+            values = {g: kb.vload(t.vp, key * t.dvp + g * t.g, t.g) for g in gs}
             for r in range(rows):
                 weight = kb.splat(kb.load(t.s, key + r * BLOCK), t.g)
-                kb.set(accs[r], fma(kb, weight, values, kb.get(accs[r])))
-        for r in range(rows):
-            kb.vstore(t.acc, (r0 + r) * t.dvp + g * t.g, kb.get(accs[r]))
+                for g in gs:
+                    kb.set(accs[r, g], fma(kb, weight, values[g], kb.get(accs[r, g])))
+        for (r, g), acc in accs.items():
+            kb.vstore(t.acc, (r0 + r) * t.dvp + g * t.g, kb.get(acc))
 
 
 def _finish(t: _Tile, b, h, c0, r0, rows: int) -> None:
