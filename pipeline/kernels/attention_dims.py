@@ -104,10 +104,18 @@ def _attention(kb, node, ins, out, types, item, parts: int) -> None:
     item // heads + k * parts); types: the buffers' types with Index shapes valid in
     the function being built."""
     t = _Tile(kb, node, ins, out, types)
-    with kb.loop(0, BLOCK * t.dvp, "z") as z:  # V's padding lanes stay 0
-        kb.store(t.vp, z, kb.f32(0.0))
-    with kb.loop(0, BLOCK * t.d, "zk") as z:  # finite values in lanes never packed
-        kb.store(t.kt, z, kb.f32(0.0))
+    # V's padding lanes stay 0, Kᵀ's lanes never packed hold finite values: the panels
+    # are zeroed once per call of the function, in its entry block (per work item,
+    # 16 of them, that cost more than the attention itself at seq 7)
+    memset = kb.module.globals.get("llvm.memset.p0.i64") or ir.Function(
+        kb.module, ir.FunctionType(ir.VoidType(), [ir.PointerType(), ir.IntType(8),
+                                                   ir.IntType(64), ir.IntType(1)]),
+        name="llvm.memset.p0.i64")
+    with kb.b.goto_block(kb.function.entry_basic_block):
+        for buf, floats in ((t.vp, BLOCK * t.dvp), (t.kt, BLOCK * t.d)):
+            kb.b.call(memset, [buf.ptr, ir.Constant(ir.IntType(8), 0),
+                               ir.Constant(ir.IntType(64), 4 * floats),
+                               ir.Constant(ir.IntType(1), 0)])
     if item is None:
         heads, part = kb.loop(0, t.hn, "h"), 0
     else:
