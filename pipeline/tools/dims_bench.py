@@ -34,10 +34,11 @@ from pipeline.transform import PassContext
 TARGET = "llvm -mcpu=native"
 
 
-def _pairs(text: str, what: str) -> dict[str, str]:
-    """'a=1,b=2' -> {'a': '1', 'b': '2'}; SystemExit naming `what` if malformed."""
+def _pairs(text: str, what: str) -> dict[str, int]:
+    """'a=1,b=2' -> {'a': 1, 'b': 2}; SystemExit naming `what` if malformed."""
     try:
-        return dict(item.split("=", 1) for item in text.split(","))
+        return {name: int(value) for name, value in (item.split("=", 1)
+                                                      for item in text.split(","))}
     except ValueError:
         raise SystemExit(f"dims_bench: {what} {text!r}: expected NAME=VALUE[,NAME=VALUE]") from None
 
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (low.isdigit() and high.isdigit()):
             raise SystemExit(f"dims_bench: --dims {text!r}: expected NAME=LOW:HIGH")
         bounds[name] = (int(low), int(high))
-    ats = [{k: int(v) for k, v in _pairs(text, "--at").items()} for text in args.at]
+    ats = [_pairs(text, "--at") for text in args.at]
     with tempfile.TemporaryDirectory(prefix="dims_bench") as tmp:
         folder = Path(tmp)
         dynamic, statics = build_libraries(args.model, bounds, ats, folder, args.target)
