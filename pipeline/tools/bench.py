@@ -188,7 +188,7 @@ def _counts(value, what: str, minimum: int) -> list[int]:
     return counts
 
 
-def _run_side(side: str, path: str, inputs: str, threads: int, runs: int,
+def run_side(side: str, path: str, inputs: str, threads: int, runs: int,
               warmup: int, model: str) -> dict:
     """One side's round in a fresh process (bench_runner); its JSON report."""
     env = dict(os.environ)
@@ -220,7 +220,7 @@ def _rounds(sides: list[str], paths: dict, inputs: str, threads: int, rounds: in
             if side in failed:
                 continue
             try:
-                done[-1][side] = _run_side(side, paths[side], inputs, threads, runs, warmup,
+                done[-1][side] = run_side(side, paths[side], inputs, threads, runs, warmup,
                                            model)
             except SideFailed as err:
                 if side == "ours":

@@ -28,7 +28,7 @@ import onnx
 
 from pipeline.driver.build import build
 from pipeline.frontend import from_onnx
-from pipeline.tools.bench import _run_side
+from pipeline.tools.bench import run_side
 from pipeline.transform import PassContext
 
 TARGET = "llvm -mcpu=native"
@@ -98,7 +98,7 @@ def compare(model_path: str, dynamic: str, static: str, at: dict, folder: Path,
     medians = {name: [] for name in sides}
     for _ in range(rounds):
         for name, (side, path) in sides.items():
-            report = _run_side(side, path, inputs, threads, runs, 10, Path(model_path).stem)
+            report = run_side(side, path, inputs, threads, runs, 10, Path(model_path).stem)
             medians[name].append(statistics.median(report["times_ms"]))
     row = {name: statistics.median(values) for name, values in medians.items()}
     for peer in ("static", "onnxruntime"):
