@@ -307,11 +307,11 @@ def bench_library(lib_path: str, onnx_path: str, shapes: dict, model: str, targe
     if on_target is not None:
         return bench_emulated(lib_path, onnx_path, shapes, model, target, report_path,
                               threads, rounds, runs, on_target)
+    sides = ["ours", *_peers(peers)]  # first: a wrong peer is named before any file is read
     vm = is_vm_library(lib_path)
     if profile and vm:
         raise BenchError("profile=1: per-node profiles come from the graph executor; a VM "
                          f"library ({lib_path}) has none")
-    sides = ["ours", *_peers(peers)]
     shapes = {k: tuple(v) for k, v in shapes.items()}
     original = load_model(onnx_path)
     onnx_model = with_input_shapes(original, shapes)  # at the library's input shapes
