@@ -3,19 +3,29 @@ lowering of an attention kernel whose Sq and Sk are symbolic, which a kernel ove
 symbolic rows cannot compute (the scores run along Sk).
 
 An online softmax, flash-attention style, so nothing is sized by the sequence
-length: per (batch, head), query rows in tiles of ROWS; for each block of LANES keys
-the block's Kᵀ and V are packed into stack panels ([D][LANES] and [LANES][Dv']),
-the tile's scores are LANES-wide vectors (ROWS independent FMA chains over D), then
-per row the running maximum m and sum l, the accumulator of Dv' floats rescaled by
-exp(m_old - m) when the maximum grows, and the block's exp(s - m) times V added. The
-last, partial block reads its valid keys only (the others' scores are -inf). Rows
-are divided by l at the end. The heads (a static count) are split over the thread
-team; each body re-reads the runtime dimensions in its own function (dsl/dims.py).
+length: per (batch, head), query rows in chunks of CHUNK; for each block of BLOCK keys
+the block's Kᵀ and V are packed once for the chunk into stack panels ([D][BLOCK] and
+[BLOCK][Dv']); the chunk's rows take it in tiles of ROWS: their scores are LANES-wide
+vectors (ROWS x 2 independent FMA chains over D) stored to a stack row, then per row
+the running maximum m and sum l (one pair of horizontal reductions per block), the
+scores become exp(s - m), and the accumulators of Dv' floats are rescaled by
+exp(m_old - m) and given sum_j p[j] V[j] over the block's valid keys (a tile
+product: each V row loaded once for the tile's rows). The last, partial block's
+other lanes score -inf. Rows are divided by l at the end. The work items are heads x
+parts (the heads a static count; a part takes every parts-th query chunk of every
+batch), split over the thread team; each body re-reads the runtime dimensions in its
+own function (dsl/dims.py).
+
+Measured against the static kernel built for one shape (docs/vm.md, "Speed"): packing
+per tile of 4 rows and updating per 16 keys made this kernel 2x the static one at
+(4, 128); per chunk and per 64 keys it is within a few percent.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import itertools
 
 import llvmlite.ir as ir
 
@@ -25,11 +35,24 @@ from pipeline.errors import ModelError
 from pipeline.ir.graph import row_major_strides
 from pipeline.ops.geometry import logical_shapes
 
-LANES = 16  # keys per block (one vector of scores)
+LANES = 16  # keys per vector of scores
+# Vectors of keys per block: the row's running maximum, sum and rescaling (two
+# horizontal reductions and an exp) are paid once per block of LANES * SUBS keys.
+SUBS = 4
+BLOCK = LANES * SUBS
 ROWS = 4    # query rows per tile (independent FMA chains)
-# The work a head stands for when the team is sized (the runtime lengths are unknown
-# at build time: enough for every thread to take part).
-WORK_PER_HEAD = 1 << 20
+# Query rows sharing one packing of a key block: the pack (scalar gathers of LANES
+# keys and values) costs about as much as one tile's products, so it is done once
+# for CHUNK rows, not once per tile; the chunk's state (m, l, accumulators) is a
+# stack array of CHUNK rows.
+CHUNK = 64
+# Work items the thread team splits: each head's query chunks are dealt out in
+# ITEMS // heads strided parts (a head alone per item left a 2-core team idle
+# half the time with 3 heads, and the batch could not be split: it is runtime).
+ITEMS = 16
+# The work an item stands for when the team is sized (the runtime lengths are
+# unknown at build time: enough for every thread to take part).
+WORK_PER_ITEM = 1 << 20
 
 
 def lower_attention_dims(kb, node, ins, out, epilogue=None, shapes=None) -> None:
@@ -46,10 +69,11 @@ def lower_attention_dims(kb, node, ins, out, epilogue=None, shapes=None) -> None
                          "runtime lengths is not supported yet")
     (_, hn, _, _), _, _ = logical_shapes([t.type.shape for t in ins], node)
     if not isinstance(hn, int) or shapes is None:
-        _attention(kb, node, ins, out, [t.type for t in (*ins, out)], None)
+        _attention(kb, node, ins, out, [t.type for t in (*ins, out)], None, 1)
         return
-    with parallel_for(kb, hn, "heads", work=hn * WORK_PER_HEAD) as h:
-        _attention(kb, node, ins, out, shapes(), h)
+    parts = max(1, ITEMS // hn)
+    with parallel_for(kb, hn * parts, "heads", work=hn * parts * WORK_PER_ITEM) as item:
+        _attention(kb, node, ins, out, shapes(), item, parts)
 
 
 class _Tile:
@@ -66,121 +90,191 @@ class _Tile:
         self.os = tuple(strides[-1][out_perm.index(u)] for u in range(4))
         self.mask = (ins[3], types[3].shape, strides[3]) if len(ins) > 3 else None
         self.scale = node.attr("scale")
-        self.dvp = -(-self.dv // LANES) * LANES
-        self.kt, self.vp = kb.scratch(self.d * LANES), kb.scratch(LANES * self.dvp)
-        self.acc = kb.scratch(ROWS * self.dvp)
-        self.m = [kb.local(kb.f32(0.0)) for _ in range(ROWS)]
-        self.l = [kb.local(kb.f32(0.0)) for _ in range(ROWS)]
+        # the accumulators' vector width: 8 lanes when Dv fits (a head of 8 would
+        # otherwise compute 16 lanes, half of them padding)
+        self.g = 8 if self.dv <= 8 else LANES
+        self.dvp = -(-self.dv // self.g) * self.g
+        self.kt, self.vp = kb.scratch(self.d * BLOCK), kb.scratch(BLOCK * self.dvp)
+        self.acc, self.s = kb.scratch(CHUNK * self.dvp), kb.scratch(ROWS * BLOCK)
+        self.m, self.l = kb.scratch(CHUNK), kb.scratch(CHUNK)
 
 
-def _attention(kb, node, ins, out, types, head) -> None:
-    """Every head, or `head` alone; types: the buffers' types with Index shapes valid
-    in the function being built."""
+def _attention(kb, node, ins, out, types, item, parts: int) -> None:
+    """Every head, or work item `item` (head item % heads, its query chunks
+    item // heads + k * parts); types: the buffers' types with Index shapes valid in
+    the function being built."""
     t = _Tile(kb, node, ins, out, types)
-    with kb.loop(0, LANES * t.dvp, "z") as z:  # V's padding lanes stay 0
-        kb.store(t.vp, z, kb.f32(0.0))
-    heads = kb.loop(0, t.hn, "h") if head is None else contextlib.nullcontext(head)
+    # V's padding lanes stay 0, Kᵀ's lanes never packed hold finite values: the panels
+    # are zeroed once per call of the function, in its entry block (per work item,
+    # 16 of them, that cost more than the attention itself at seq 7)
+    memset = kb.module.globals.get("llvm.memset.p0.i64") or ir.Function(
+        kb.module, ir.FunctionType(ir.VoidType(), [ir.PointerType(), ir.IntType(8),
+                                                   ir.IntType(64), ir.IntType(1)]),
+        name="llvm.memset.p0.i64")
+    with kb.b.goto_block(kb.function.entry_basic_block):
+        for buf, floats in ((t.vp, BLOCK * t.dvp), (t.kt, BLOCK * t.d)):
+            kb.b.call(memset, [buf.ptr, ir.Constant(ir.IntType(8), 0),
+                               ir.Constant(ir.IntType(64), 4 * floats),
+                               ir.Constant(ir.IntType(1), 0)])
+    if item is None:
+        heads, part = kb.loop(0, t.hn, "h"), 0
+    else:
+        heads, part = contextlib.nullcontext(item % t.hn), item // t.hn
+    chunks = (t.sq + (CHUNK - 1)) // CHUNK
     with kb.loop(0, t.bn, "b") as b, heads as h:
-        whole = t.sq // ROWS * ROWS
-        with kb.loop(0, t.sq // ROWS, "it") as it:
-            _query_tile(t, b, h, it * ROWS, ROWS)
-        with kb.loop(whole, t.sq, "ir") as i:
-            _query_tile(t, b, h, i, 1)
+        with kb.loop(0, (chunks - part + (parts - 1)) // parts, "ck") as ck:
+            c0 = (part + ck * parts) * CHUNK
+            _query_chunk(t, b, h, c0, kb.smin(t.sq - c0, CHUNK))
 
 
-def _query_tile(t: _Tile, b, h, i0, rows: int) -> None:
+def _query_chunk(t: _Tile, b, h, c0, n) -> None:
+    """Query rows c0 .. c0 + n (n <= CHUNK) against every key block: each block is
+    packed once, then the rows' tiles of ROWS take it, the last n % ROWS one by one."""
     kb = t.kb
-    for r in range(rows):
-        kb.set(t.m[r], kb.f32(-3.0e38))
-        kb.set(t.l[r], kb.f32(0.0))
-        for g in range(t.dvp // LANES):
-            kb.vstore(t.acc, r * t.dvp + g * LANES, zeros(LANES))
-    with kb.loop(0, (t.sk + (LANES - 1)) // LANES, "jb") as jb:
-        j0 = jb * LANES
-        count = kb.smin(t.sk - j0, LANES)  # the block's valid keys
+    tiles = n // ROWS
+    with kb.loop(0, n, "r0") as r:
+        kb.store(t.m, r, kb.f32(-3.0e38))
+        kb.store(t.l, r, kb.f32(0.0))
+        for g in range(t.dvp // t.g):
+            kb.vstore(t.acc, r * t.dvp + g * t.g, zeros(t.g))
+    with kb.loop(0, (t.sk + (BLOCK - 1)) // BLOCK, "jb") as jb:
+        j0 = jb * BLOCK
+        count = kb.smin(t.sk - j0, BLOCK)  # the block's valid keys
         _pack(t, b, h, j0, count)
-        scores = _scores(t, b, h, i0, rows)
-        valid = kb.b.fcmp_ordered("<", ir.Constant(ir.VectorType(F32, LANES),
-                                                   [float(n) for n in range(LANES)]),
-                                  kb.splat(kb.b.sitofp(count.value, F32), LANES))
-        for r in range(rows):
-            s = kb.fmul(scores[r], vconst(t.scale, LANES))
+        limit = kb.splat(kb.b.sitofp(count.value, F32), LANES)
+        valid = [kb.b.fcmp_ordered("<", ir.Constant(ir.VectorType(F32, LANES), [
+            float(sub * LANES + k) for k in range(LANES)]), limit) for sub in range(SUBS)]
+        with kb.loop(0, tiles, "it") as it:
+            _tile_block(t, b, h, c0, it * ROWS, ROWS, j0, count, valid)
+        with kb.loop(tiles * ROWS, n, "ir") as i:
+            _tile_block(t, b, h, c0, i, 1, j0, count, valid)
+    with kb.loop(0, tiles, "ft") as it:
+        _finish(t, b, h, c0, it * ROWS, ROWS)
+    with kb.loop(tiles * ROWS, n, "fr") as i:
+        _finish(t, b, h, c0, i, 1)
+
+
+def _tile_block(t: _Tile, b, h, c0, r0, rows: int, j0, count, valid) -> None:
+    """Rows r0 .. r0 + rows of the chunk at c0 take the packed key block at j0: their
+    scores a vector of keys at a time into t.s, then each row's update."""
+    kb = t.kb
+    for pair in range(0, SUBS, 2):
+        scores = _scores(t, b, h, c0 + r0, rows, (pair, pair + 1))
+        for r, sub in itertools.product(range(rows), (pair, pair + 1)):
+            s = kb.fmul(scores[r][sub - pair], vconst(t.scale, LANES))
             if t.mask is not None:
-                s = kb.fadd(s, _mask_vector(t, b, h, i0 + r, j0, count))
-            s = kb.b.select(valid, s, vconst(-3.0e38, LANES))
-            _update_row(t, r, s)
-    _finish(t, b, h, i0, rows)
+                s = kb.fadd(s, _mask_vector(t, b, h, c0 + r0 + r, j0, sub * LANES, count))
+            kb.vstore(t.s, r * BLOCK + sub * LANES,
+                      kb.b.select(valid[sub], s, vconst(-3.0e38, LANES)))
+    rescale = [_update_row(t, r0 + r, r * BLOCK) for r in range(rows)]
+    _accumulate(t, r0, rescale, count)
 
 
 def _pack(t: _Tile, b, h, j0, count) -> None:
-    """kt[c][lane] = K[j0 + lane][c], vp[lane][e] = V[j0 + lane][e]; a lane past the
-    valid keys reads key j0 (a finite value its -inf score makes weigh 0)."""
+    """kt[c][lane] = K[j0 + lane][c], vp[lane][e] = V[j0 + lane][e] for the block's
+    valid keys (a lane past them keeps an earlier block's finite values, or the zeros
+    it started with: its score is replaced by -inf, its V row is not read). A V row
+    contiguous over Dv is copied a vector at a time."""
     kb = t.kb
     k0, v0 = b * t.ks[0] + h * t.ks[1], b * t.vs[0] + h * t.vs[1]
-    with kb.loop(0, LANES, "lane") as lane:
-        j = kb.index(kb.select(lane < count, j0 + lane, j0))
+    rows_whole = isinstance(t.vs[3], int) and t.vs[3] == 1 and t.dv == t.dvp
+    with kb.loop(0, count, "lane") as lane:
+        j = j0 + lane
         with kb.loop(0, t.d, "c") as c:
-            kb.store(t.kt, c * LANES + lane, kb.load(t.ins[1], k0 + c * t.ks[2] + j * t.ks[3]))
-        with kb.loop(0, t.dv, "e") as e:
-            kb.store(t.vp, lane * t.dvp + e, kb.load(t.ins[2], v0 + j * t.vs[2] + e * t.vs[3]))
+            kb.store(t.kt, c * BLOCK + lane, kb.load(t.ins[1], k0 + c * t.ks[2] + j * t.ks[3]))
+        if rows_whole:
+            for g in range(t.dvp // t.g):
+                kb.vstore(t.vp, lane * t.dvp + g * t.g,
+                          kb.vload(t.ins[2], v0 + j * t.vs[2] + g * t.g, t.g))
+        else:
+            with kb.loop(0, t.dv, "e") as e:
+                kb.store(t.vp, lane * t.dvp + e,
+                         kb.load(t.ins[2], v0 + j * t.vs[2] + e * t.vs[3]))
 
 
-def _scores(t: _Tile, b, h, i0, rows: int) -> list:
-    """Per row of the tile, the LANES scores q·k of the packed block (unscaled)."""
+def _scores(t: _Tile, b, h, i0, rows: int, subs: tuple[int, ...]) -> list:
+    """[r][k]: row r of the tile's LANES scores q·k of the packed block's keys
+    subs[k] * LANES.. (unscaled); each query element broadcast once for the subs."""
     kb = t.kb
     q0 = b * t.qs[0] + h * t.qs[1]
-    accs = [kb.local(zeros(LANES)) for _ in range(rows)]
+    accs = [[kb.local(zeros(LANES)) for _ in subs] for _ in range(rows)]
     with kb.loop(0, t.d, "c") as c:
-        keys = kb.vload(t.kt, c * LANES, LANES)
+        keys = [kb.vload(t.kt, c * BLOCK + sub * LANES, LANES) for sub in subs]
         for r in range(rows):
             qv = kb.splat(kb.load(t.ins[0], q0 + (i0 + r) * t.qs[2] + c * t.qs[3]), LANES)
-            kb.set(accs[r], fma(kb, qv, keys, kb.get(accs[r])))
-    return [kb.get(a) for a in accs]
+            for k, key in enumerate(keys):
+                kb.set(accs[r][k], fma(kb, qv, key, kb.get(accs[r][k])))
+    return [[kb.get(a) for a in row] for row in accs]
 
 
-def _mask_vector(t: _Tile, b, h, i, j0, count):
-    """The mask (broadcast to [B, H, Sq, Sk]) for keys j0.., lanes past `count` 0."""
+def _mask_vector(t: _Tile, b, h, i, j0, first: int, count):
+    """The mask (broadcast to [B, H, Sq, Sk]) for keys j0 + first.., lanes past the
+    block's `count` reading key j0's."""
     kb = t.kb
     mask, shape, strides = t.mask
     step = [0 if isinstance(n, int) and n == 1 else st
             for n, st in zip(shape, strides, strict=True)]
     vector = zeros(LANES)
     for lane in range(LANES):
-        j = kb.index(kb.select(kb.i64(lane) < count, j0 + lane, j0))
+        j = kb.index(kb.select(kb.i64(first + lane) < count, j0 + first + lane, j0))
         at = kb.dot([b, h, i, j][4 - len(shape):], step)
         vector = kb.with_lane(vector, lane, kb.load(mask, at))
     return vector
 
 
-def _update_row(t: _Tile, r: int, s) -> None:
-    """Row r's state after the block's scores s (LANES, scaled and masked)."""
+def _update_row(t: _Tile, r, at: int):
+    """The chunk's row r's maximum and sum after the block's scores t.s[at..] (SUBS
+    vectors of LANES, scaled and masked), which become exp(s - m); returns the
+    factor its accumulators are rescaled by."""
     kb = t.kb
-    m_old = kb.get(t.m[r])
-    m_new = kb.fmax(m_old, reduce_lanes(kb, s, lambda a, c: vmax(kb, a, c)))
+    s = [kb.vload(t.s, at + sub * LANES, LANES) for sub in range(SUBS)]
+    m_old = kb.load(t.m, r)
+    top = functools.reduce(lambda a, c: vmax(kb, a, c), s)
+    m_new = kb.fmax(m_old, reduce_lanes(kb, top, lambda a, c: vmax(kb, a, c)))
     rescale = kb.exp(kb.fsub(m_old, m_new))
-    p = kb.exp(kb.fsub(s, kb.splat(m_new, LANES)))
-    kb.set(t.m[r], m_new)
-    kb.set(t.l[r], kb.fadd(kb.fmul(kb.get(t.l[r]), rescale), reduce_lanes(kb, p, kb.fadd)))
-    for g in range(t.dvp // LANES):
-        at = r * t.dvp + g * LANES
-        acc = kb.fmul(kb.vload(t.acc, at, LANES), kb.splat(rescale, LANES))
-        for lane in range(LANES):
-            acc = fma(kb, kb.splat(kb.lane(p, lane), LANES),
-                      kb.vload(t.vp, lane * t.dvp + g * LANES, LANES), acc)
-        kb.vstore(t.acc, at, acc)
+    p = [kb.exp(kb.fsub(v, kb.splat(m_new, LANES))) for v in s]
+    for sub in range(SUBS):
+        kb.vstore(t.s, at + sub * LANES, p[sub])
+    kb.store(t.m, r, m_new)
+    total = reduce_lanes(kb, functools.reduce(kb.fadd, p), kb.fadd)
+    kb.store(t.l, r, kb.fadd(kb.fmul(kb.load(t.l, r), rescale), total))
+    return rescale
 
 
-def _finish(t: _Tile, b, h, i0, rows: int) -> None:
-    """out rows = acc / l, through the output's perm (its Dv stride may not be 1)."""
+def _accumulate(t: _Tile, r0, rescale: list, count) -> None:
+    """acc[r0 + r] = acc[r0 + r] * rescale[r] + sum over the block's valid keys j of
+    p[r][j] V[j] (p in t.s): as vectors over Dv, one FMA chain per row, each V row
+    loaded once for the tile."""
+    kb = t.kb
+    rows, groups = len(rescale), t.dvp // t.g
+    for g0 in range(0, groups, 2):  # two vectors of Dv a pass: a weight broadcast once
+        gs = range(g0, min(g0 + 2, groups))
+        accs = {(r, g): kb.local(kb.fmul(kb.vload(t.acc, (r0 + r) * t.dvp + g * t.g, t.g),
+                                         kb.splat(rescale[r], t.g)))
+                for r, g in itertools.product(range(rows), gs)}
+        with kb.loop(0, count, "key") as key:
+            values = {g: kb.vload(t.vp, key * t.dvp + g * t.g, t.g) for g in gs}
+            for r in range(rows):
+                weight = kb.splat(kb.load(t.s, key + r * BLOCK), t.g)
+                for g in gs:
+                    kb.set(accs[r, g], fma(kb, weight, values[g], kb.get(accs[r, g])))
+        for (r, g), acc in accs.items():
+            kb.vstore(t.acc, (r0 + r) * t.dvp + g * t.g, kb.get(acc))
+
+
+def _finish(t: _Tile, b, h, c0, r0, rows: int) -> None:
+    """The chunk's output rows r0.. = acc / l, through the output's perm (its Dv
+    stride may not be 1)."""
     kb = t.kb
     o0 = b * t.os[0] + h * t.os[1]
     for r in range(rows):
-        inv = kb.fdiv(kb.f32(1.0), kb.get(t.l[r]))
-        row = o0 + (i0 + r) * t.os[2]
-        for g in range(t.dvp // LANES):
-            value = kb.fmul(kb.vload(t.acc, r * t.dvp + g * LANES, LANES), kb.splat(inv, LANES))
-            if t.os[3] == 1 and (g + 1) * LANES <= t.dv:
-                kb.vstore(t.out, row + g * LANES, value)
+        inv = kb.fdiv(kb.f32(1.0), kb.load(t.l, r0 + r))
+        row = o0 + (c0 + r0 + r) * t.os[2]
+        for g in range(t.dvp // t.g):
+            value = kb.fmul(kb.vload(t.acc, (r0 + r) * t.dvp + g * t.g, t.g),
+                            kb.splat(inv, t.g))
+            if t.os[3] == 1 and (g + 1) * t.g <= t.dv:
+                kb.vstore(t.out, row + g * t.g, value)
                 continue
-            for lane in range(min(LANES, t.dv - g * LANES)):
-                kb.store(t.out, row + (g * LANES + lane) * t.os[3], kb.lane(value, lane))
+            for lane in range(min(t.g, t.dv - g * t.g)):
+                kb.store(t.out, row + (g * t.g + lane) * t.os[3], kb.lane(value, lane))

@@ -27,9 +27,10 @@ from pipeline.ops import OpKind, get
 __all__ = ["ROW_BLOCKS", "at_rows", "at_values", "row_prefix"]
 
 # Rows per call of the static kernels a rows kernel is made of, largest first: whole
-# blocks of 32 (a dense layer reads its weights once per call), then of 4, then one
-# at a time (at most 3 single rows).
-ROW_BLOCKS = (32, 4, 1)
+# blocks of 32 (a dense layer reads its weights once per call), then of 8, then the
+# rest in one call of 1, 4 or 8 rows padded (codegen/rows.py PADDED_TAIL), or, when
+# rows are too large to copy, 4 and then one at a time (at most 3 single rows).
+ROW_BLOCKS = (32, 8, 4, 1)
 
 # Operators (besides elementwise ones) that compute each row of a leading prefix
 # alone, given the axis checks of _axes_outside.

@@ -188,7 +188,7 @@ def _counts(value, what: str, minimum: int) -> list[int]:
     return counts
 
 
-def _run_side(side: str, path: str, inputs: str, threads: int, runs: int,
+def run_side(side: str, path: str, inputs: str, threads: int, runs: int,
               warmup: int, model: str) -> dict:
     """One side's round in a fresh process (bench_runner); its JSON report."""
     env = dict(os.environ)
@@ -220,7 +220,7 @@ def _rounds(sides: list[str], paths: dict, inputs: str, threads: int, rounds: in
             if side in failed:
                 continue
             try:
-                done[-1][side] = _run_side(side, paths[side], inputs, threads, runs, warmup,
+                done[-1][side] = run_side(side, paths[side], inputs, threads, runs, warmup,
                                            model)
             except SideFailed as err:
                 if side == "ours":
@@ -307,11 +307,11 @@ def bench_library(lib_path: str, onnx_path: str, shapes: dict, model: str, targe
     if on_target is not None:
         return bench_emulated(lib_path, onnx_path, shapes, model, target, report_path,
                               threads, rounds, runs, on_target)
+    sides = ["ours", *_peers(peers)]  # first: a wrong peer is named before any file is read
     vm = is_vm_library(lib_path)
     if profile and vm:
         raise BenchError("profile=1: per-node profiles come from the graph executor; a VM "
                          f"library ({lib_path}) has none")
-    sides = ["ours", *_peers(peers)]
     shapes = {k: tuple(v) for k, v in shapes.items()}
     original = load_model(onnx_path)
     onnx_model = with_input_shapes(original, shapes)  # at the library's input shapes

@@ -90,14 +90,14 @@ def test_a_model_openvino_cannot_load_is_marked(tiny_lib, tmp_path, monkeypatch)
     again, and onnxruntime's figures and the better-peer ratio stand."""
     require_openvino()
     (tmp_path / "broken.onnx").write_bytes(b"not a model")
-    run_side, calls = bench._run_side, []
+    run_side, calls = bench.run_side, []
 
     def broken_openvino(side, path, *args):
         calls.append(side)
         return run_side(side, str(tmp_path / "broken.onnx") if side == "openvino" else path,
                         *args)
 
-    monkeypatch.setattr(bench, "_run_side", broken_openvino)
+    monkeypatch.setattr(bench, "run_side", broken_openvino)
     report = bench_library(tiny_lib[1], tiny_lib[0], {}, "tiny", "llvm",
                            str(tmp_path / "b.json"), str(tmp_path / "peak.json"),
                            threads="1,2", rounds="1", runs="1", warmup="0",

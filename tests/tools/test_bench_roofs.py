@@ -81,14 +81,14 @@ def test_peer_that_cannot_load_is_marked_not_dropped(gemm_lib, tmp_path, monkeyp
     """onnxruntime given a file it cannot read: its runner's reason is recorded, it is
     not run again, our side's figures stay, the tables mark it."""
     (tmp_path / "broken.onnx").write_bytes(b"not a model")
-    run_side, calls = bench._run_side, []
+    run_side, calls = bench.run_side, []
 
     def broken_peer(side, path, *args):
         calls.append(side)
         return run_side(side, str(tmp_path / "broken.onnx") if side != "ours" else path,
                         *args)
 
-    monkeypatch.setattr(bench, "_run_side", broken_peer)
+    monkeypatch.setattr(bench, "run_side", broken_peer)
     report = bench_library(gemm_lib[1], gemm_lib[0], {}, "gemm", "llvm",
                            str(tmp_path / "b.json"), str(tmp_path / "peak.json"),
                            threads="1,2", rounds="2", runs="2", warmup="0",
