@@ -106,5 +106,6 @@ lowering("bit_shift", scalar=_bit_shift)
 
 lowering("where", scalar=lambda kb, a, node: kb.select(kb.truth(a[0]), a[1], a[2]))
 
-lowering("cast", scalar=lambda kb, a, node: kb.cast(a[0], node.attr("to"),
-                                                   saturate=bool(node.attr("saturate", 1))))
+lowering("cast", scalar=lambda kb, a, node: kb.cast(
+    a[0], node.attr("to"), saturate=bool(node.attr("saturate", 1)),
+    round_mode=node.attr("round_mode", "up")))
