@@ -37,6 +37,8 @@ FLOAT8 = {"float8_e4m3fn": (3, 7, 0x7E, "fn"), "float8_e4m3fnuz": (3, 8, 0x7F, "
 FLOAT4 = {"float4_e2m1fn": (1, 1, 0x7, "fn4")}
 E8M0 = "float8_e8m0fnu"
 MINIFLOATS = ("bfloat16", *FLOAT8, *FLOAT4, E8M0)
+# the float types Quantize/DequantizeLinear take (x / scale rounded by the encoding)
+QFLOATS = (*FLOAT8, *FLOAT4)
 
 
 def _like(typ: ir.Type, elem: ir.Type) -> ir.Type:

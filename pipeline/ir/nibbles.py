@@ -12,7 +12,6 @@ import numpy as np
 PACKED = {np.dtype(ml_dtypes.int4): 4, np.dtype(ml_dtypes.uint4): 4,
           np.dtype(ml_dtypes.float4_e2m1fn): 4, np.dtype(ml_dtypes.int2): 2,
           np.dtype(ml_dtypes.uint2): 2}
-_SIGNED = (np.dtype(ml_dtypes.int4), np.dtype(ml_dtypes.int2))
 
 
 def packed_nbytes(dtype, count: int) -> int:
@@ -41,7 +40,6 @@ def unpack_nibbles(raw: np.ndarray, dtype, shape) -> np.ndarray:
     bits = PACKED[dtype]
     count = int(np.prod(shape, dtype=np.int64))
     parts = [(raw >> (k * bits)) & ((1 << bits) - 1) for k in range(8 // bits)]
+    # ml_dtypes holds an element as its low bits (int4 -1 is the byte 15)
     values = np.stack(parts, axis=-1).reshape(-1)[:count].astype(np.uint8)
-    if dtype in _SIGNED:  # sign-extend the top bit
-        values = ((values.astype(np.int8) << (8 - bits)) >> (8 - bits)).view(np.uint8)
     return values.view(dtype).reshape(shape).copy()
