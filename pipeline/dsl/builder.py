@@ -231,12 +231,10 @@ class KernelBuilder:
             return self.b.fpext(v, to)
         return (self.b.sext if dtype in _SIGNED else self.b.zext)(v, to)
 
-    def _to_storage(self, v: ir.Value, to: ir.Type, dtype: str, saturate: bool = False,
-                    round_mode: str = "up"):
-        """A `dtype` compute value as storage type `to` (floats round to even, ints wrap;
-        float8_e8m0fnu by `round_mode`)."""
+    def _to_storage(self, v: ir.Value, to: ir.Type, dtype: str, saturate: bool = False):
+        """A `dtype` compute value as storage type `to` (floats round to even, ints wrap)."""
         if dtype in MINIFLOATS or v.type == to:
-            return encode(self, v, dtype, saturate, round_mode) if dtype in MINIFLOATS else v
+            return encode(self, v, dtype, saturate) if dtype in MINIFLOATS else v
         elem = v.type.element if isinstance(v.type, ir.VectorType) else v.type
         return self.b.fptrunc(v, to) if isinstance(elem, ir.FloatType | ir.DoubleType) \
             else self.b.trunc(v, to)
@@ -249,7 +247,7 @@ class KernelBuilder:
             v = self._to_storage(v, STORAGE_TYPES[source], source)
         return self.widen(self.b.bitcast(v, STORAGE_TYPES[dtype]), dtype)
 
-    def narrow(self, v, dtype: str, saturate: bool = False, round_mode: str = "up") -> ir.Value:
+    def narrow(self, v, dtype: str, saturate: bool = False) -> ir.Value:
         """A computed value rounded to what `dtype` can hold, in the compute type (half
         to nearest even, ints wrap; other dtypes as they are). Applied after each fused
         op, so a chain gives what the ops one by one would (exact for half +-*/sqrt)."""
@@ -259,7 +257,7 @@ class KernelBuilder:
         store = STORAGE_TYPES[dtype]
         if isinstance(v.type, ir.VectorType):
             store = ir.VectorType(store, v.type.count)
-        return self.widen(self._to_storage(v, store, dtype, saturate, round_mode), dtype)
+        return self.widen(self._to_storage(v, store, dtype, saturate), dtype)
 
     def splat(self, scalar: ir.Value, n: int) -> ir.Value:
         """The vector with every lane `scalar` (LLVM folds this into a broadcast load)."""
@@ -442,13 +440,11 @@ class KernelBuilder:
         """An i1 as the index 0 or 1."""
         return Index(self, self.b.zext(flag, I64))
 
-    def cast(self, v, dtype: str | ir.Type, saturate: bool = True,
-             round_mode: str = "up") -> ir.Value:
+    def cast(self, v, dtype: str | ir.Type, saturate: bool = True) -> ir.Value:
         """`v` (in its compute type) as `dtype` (a name or an LLVM compute type; i8 is
         bool) with ONNX Cast semantics (float -> int truncates toward zero; to float16,
         bfloat16, float8 rounds to nearest even, float8 saturating unless not
-        `saturate`, float8_e8m0fnu by `round_mode`; to narrow ints keeps the low bits),
-        in `dtype`'s compute type."""
+        `saturate`; to narrow ints keeps the low bits), in `dtype`'s compute type."""
         if isinstance(dtype, ir.Type):
             dtype = next(k for k, t in LLVM_TYPES.items() if t == dtype)
         v = raw(v)
@@ -456,7 +452,7 @@ class KernelBuilder:
         if dtype == "bool":
             return self.as_bool(self.truth(v))
         if dtype in MINIFLOATS:
-            return self.narrow(self.cast(v, "float32"), dtype, saturate, round_mode)
+            return self.narrow(self.cast(v, "float32"), dtype, saturate)
         if dtype == "float16":  # one rounding, from whatever precision v has
             if v.type in FLOATS:
                 half = self.b.fptrunc(v, HALF)
