@@ -14,6 +14,14 @@ The float8 formats (sign, E exponent bits, M mantissa bits, exponent bias):
 A value beyond the largest finite one becomes that value when saturating (ONNX Cast
 and QuantizeLinear with saturate=1, the default; infinities too), else infinity
 (e5m2) or NaN (the others), as the ONNX specification's table says.
+
+float4_e2m1fn (E2 M1 bias 1, stored in the low nibble: no infinities or NaN, max 6)
+encodes like them, always saturating; a NaN becomes a zero of the opposite sign (what
+ml_dtypes, and so onnx.reference, gives). float8_e8m0fnu is an exponent alone: code e
+is 2^(e - 127), 0xFF NaN, no sign and no zero. Encoding it keeps float32's exponent,
+rounded up, down or to nearest by the dropped mantissa (ONNX Cast's round_mode), a
+NaN or infinity becoming 0xFF; saturate keeps 0xFE from rounding up to NaN. (2^-127,
+code 0's value, encodes to 0 in every mode, so a loaded value stores back unchanged.)
 """
 
 from __future__ import annotations
@@ -26,7 +34,11 @@ I32 = ir.IntType(32)
 # dtype -> (mantissa bits, bias, largest finite magnitude code, kind)
 FLOAT8 = {"float8_e4m3fn": (3, 7, 0x7E, "fn"), "float8_e4m3fnuz": (3, 8, 0x7F, "fnuz"),
           "float8_e5m2": (2, 15, 0x7B, "ieee"), "float8_e5m2fnuz": (2, 16, 0x7F, "fnuz")}
-MINIFLOATS = ("bfloat16", *FLOAT8)
+FLOAT4 = {"float4_e2m1fn": (1, 1, 0x7, "fn4")}
+E8M0 = "float8_e8m0fnu"
+MINIFLOATS = ("bfloat16", *FLOAT8, *FLOAT4, E8M0)
+# the float types Quantize/DequantizeLinear take (x / scale rounded by the encoding)
+QFLOATS = (*FLOAT8, *FLOAT4)
 
 
 def _like(typ: ir.Type, elem: ir.Type) -> ir.Type:
@@ -42,8 +54,14 @@ def decode(kb, v: ir.Value, dtype: str) -> ir.Value:
     u = b.zext(v, i32)
     if dtype == "bfloat16":
         return b.bitcast(b.shl(u, ir.Constant(i32, 16)), f32)
-    man_bits, bias, _, kind = FLOAT8[dtype]
-    m = b.and_(u, ir.Constant(i32, 0x7F))
+    if dtype == E8M0:  # 2^(u - 127); u = 0 is float32's subnormal 2^-127
+        value = b.select(b.icmp_unsigned("==", u, ir.Constant(i32, 0)),
+                         ir.Constant(i32, 0x400000), b.shl(u, ir.Constant(i32, 23)))
+        return b.select(b.icmp_unsigned("==", u, ir.Constant(i32, 0xFF)),
+                        ir.Constant(f32, float("nan")), b.bitcast(value, f32))
+    man_bits, bias, _, kind = {**FLOAT8, **FLOAT4}[dtype]
+    top = 0x8 if kind == "fn4" else 0x80  # the sign bit
+    m = b.and_(u, ir.Constant(i32, top - 1))
     exp = b.lshr(m, ir.Constant(i32, man_bits))
     # a normal number: the exponent and mantissa bits moved into place, rebiased
     normal = b.bitcast(b.add(b.shl(m, ir.Constant(i32, 23 - man_bits)),
@@ -52,8 +70,10 @@ def decode(kb, v: ir.Value, dtype: str) -> ir.Value:
     man = b.and_(m, ir.Constant(i32, (1 << man_bits) - 1))
     sub = b.fmul(b.uitofp(man, f32), ir.Constant(f32, 2.0 ** (1 - bias - man_bits)))
     mag = b.select(b.icmp_unsigned("==", exp, ir.Constant(i32, 0)), sub, normal)
-    negative = b.icmp_unsigned(">=", u, ir.Constant(i32, 0x80))
+    negative = b.icmp_unsigned(">=", u, ir.Constant(i32, top))
     value = b.select(negative, b.fneg(mag), mag)
+    if kind == "fn4":
+        return value
     # a NaN keeps its sign (bits 0xFF stay 0xFF through a decode and an encode)
     nan = b.select(negative, ir.Constant(f32, -float("nan")), ir.Constant(f32, float("nan")))
     if kind == "ieee":
@@ -66,12 +86,16 @@ def decode(kb, v: ir.Value, dtype: str) -> ir.Value:
     return b.select(is_nan, nan, value)
 
 
-def encode(kb, x: ir.Value, dtype: str, saturate: bool = False) -> ir.Value:
+def encode(kb, x: ir.Value, dtype: str, saturate: bool = False,
+           round_mode: str = "up") -> ir.Value:
     """The float32 `x` (scalar or vector) rounded to nearest even into `dtype`'s bits
-    (i16 for bfloat16, i8 for float8); see the module docstring for overflow."""
+    (i16 for bfloat16, i8 for float8 and float4); see the module docstring for overflow
+    and for float8_e8m0fnu, which rounds by `round_mode` (up, down, nearest)."""
     b = kb.b
     i32 = _like(x.type, I32)
     bits = b.bitcast(x, i32)
+    if dtype == E8M0:
+        return _encode_e8m0(kb, bits, saturate, round_mode)
     is_nan = b.fcmp_unordered("uno", x, x)
     if dtype == "bfloat16":
         odd = b.and_(b.lshr(bits, ir.Constant(i32, 16)), ir.Constant(i32, 1))
@@ -79,8 +103,9 @@ def encode(kb, x: ir.Value, dtype: str, saturate: bool = False) -> ir.Value:
                          ir.Constant(i32, 16))
         quiet = b.or_(b.lshr(bits, ir.Constant(i32, 16)), ir.Constant(i32, 0x40))
         return b.trunc(b.select(is_nan, quiet, rounded), _like(x.type, ir.IntType(16)))
-    man_bits, bias, max_code, kind = FLOAT8[dtype]
-    sign = b.and_(b.lshr(bits, ir.Constant(i32, 24)), ir.Constant(i32, 0x80))
+    man_bits, bias, max_code, kind = {**FLOAT8, **FLOAT4}[dtype]
+    top = 0x8 if kind == "fn4" else 0x80  # the sign bit
+    sign = b.and_(b.lshr(bits, ir.Constant(i32, 32 - top.bit_length())), ir.Constant(i32, top))
     abits = b.and_(bits, ir.Constant(i32, 0x7FFFFFFF))
     a = b.bitcast(abits, x.type)
     shift = 23 - man_bits
@@ -95,7 +120,11 @@ def encode(kb, x: ir.Value, dtype: str, saturate: bool = False) -> ir.Value:
     tiny = b.fcmp_ordered("<", a, ir.Constant(x.type, 2.0 ** (1 - bias)))
     code = b.select(tiny, sub, normal)
     over = b.icmp_signed(">", code, ir.Constant(i32, max_code))  # infinities included
-    if kind == "fnuz":  # one zero, no sign; NaN is 0x80
+    if kind == "fn4":  # saturating always; NaN: a zero of the other sign
+        signed = b.or_(code, sign)
+        nan = b.xor(sign, ir.Constant(i32, top))
+        saturate = True
+    elif kind == "fnuz":  # one zero, no sign; NaN is 0x80
         signed = b.select(b.icmp_signed("==", code, ir.Constant(i32, 0)),
                           ir.Constant(i32, 0), b.or_(code, sign))
         nan = ir.Constant(i32, 0x80)
@@ -108,3 +137,31 @@ def encode(kb, x: ir.Value, dtype: str, saturate: bool = False) -> ir.Value:
         big = b.or_(sign, ir.Constant(i32, 0x7C)) if kind == "ieee" else nan
     out = b.select(is_nan, nan, b.select(over, big, signed))
     return b.trunc(out, _like(x.type, ir.IntType(8)))
+
+
+def _encode_e8m0(kb, bits: ir.Value, saturate: bool, round_mode: str) -> ir.Value:
+    """float32 `bits` (i32, scalar or vector) as float8_e8m0fnu's code (i8): the
+    exponent, rounded by `round_mode` as onnx.numpy_helper.to_float8e8m0 does."""
+    b = kb.b
+    i32 = bits.type
+    exp = b.and_(b.lshr(bits, ir.Constant(i32, 23)), ir.Constant(i32, 0xFF))
+    if round_mode == "up":
+        up = b.icmp_unsigned("!=", b.and_(bits, ir.Constant(i32, 0x7FFFFF)),
+                             ir.Constant(i32, 0))
+    elif round_mode == "nearest":  # guard bit set, and a lower bit or a nonzero exponent
+        guard = b.icmp_unsigned("!=", b.and_(bits, ir.Constant(i32, 0x400000)),
+                                ir.Constant(i32, 0))
+        rest = b.icmp_unsigned("!=", b.and_(bits, ir.Constant(i32, 0x3FFFFF)),
+                               ir.Constant(i32, 0))
+        up = b.and_(guard, b.or_(rest, b.icmp_unsigned("!=", exp, ir.Constant(i32, 0))))
+    else:
+        up = b.icmp_unsigned("!=", exp, exp)  # down: never
+    if saturate:  # 0xFE stays (0xFF is NaN)
+        up = b.and_(up, b.icmp_unsigned("!=", exp, ir.Constant(i32, 0xFE)))
+    special = b.icmp_unsigned("==", exp, ir.Constant(i32, 0xFF))
+    # 2^-127 exactly is code 0 (what decode gives for it: kernels store what they
+    # loaded by encoding it again), where onnx's "up" would give 1
+    code0 = b.icmp_unsigned("==", bits, ir.Constant(i32, 0x400000))
+    up = b.and_(up, b.not_(b.or_(special, code0)))
+    code = b.add(exp, b.zext(up, i32))
+    return b.trunc(code, _like(i32, ir.IntType(8)))

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import llvmlite.ir as ir
 
-from pipeline.dsl.minifloat import FLOAT8, MINIFLOATS  # noqa: F401 (builder's)
-from pipeline.dsl.nibbles import SUB_BYTE
+from pipeline.dsl.minifloat import E8M0, FLOAT8, MINIFLOATS  # noqa: F401 (builder's)
+from pipeline.dsl.nibbles import SUB_BYTE, SUB_BYTE_INTS
 from pipeline.ir.graph import TensorType, row_major_strides
 
 I32 = ir.IntType(32)
@@ -34,17 +34,20 @@ HALF = ir.HalfType()
 # computed value to its dtype. (No uint64: it would need unsigned instructions.)
 # bfloat16 and the float8 formats compute in float32 too, stored as their bits (i16,
 # i8): loads decode and stores encode them in integer arithmetic (dsl/minifloat.py).
-# int4 and uint4 compute in i32, stored two to a byte (dsl/nibbles.py: a storage type
-# of i8 here, which their loads and stores index by half).
+# float8_e8m0fnu and float4_e2m1fn too. int4, uint4, int2 and uint2 compute in i32;
+# they and float4_e2m1fn are stored two or four to a byte (dsl/nibbles.py: a storage
+# type of i8 here, which their loads and stores index by half or quarter).
 LLVM_TYPES = {"float32": F32, "float64": F64, "int64": I64, "int32": I32, "bool": I8,
               "float16": F32, "int8": I32, "uint8": I32, "int16": I32, "uint16": I32,
-              "uint32": I64, **dict.fromkeys(MINIFLOATS, F32), **dict.fromkeys(SUB_BYTE, I32)}
+              "uint32": I64, **dict.fromkeys(MINIFLOATS, F32),
+              **dict.fromkeys(SUB_BYTE_INTS, I32)}
 # How each dtype is stored in a buffer.
 STORAGE_TYPES = {**LLVM_TYPES, "float16": HALF, "int8": I8, "uint8": I8,
                  "int16": ir.IntType(16), "uint16": ir.IntType(16), "uint32": I32,
-                 "bfloat16": ir.IntType(16), **dict.fromkeys(FLOAT8, I8),
+                 "bfloat16": ir.IntType(16), **dict.fromkeys(FLOAT8, I8), E8M0: I8,
                  **dict.fromkeys(SUB_BYTE, I8)}
-NARROW = ("float16", "int8", "uint8", "int16", "uint16", "uint32", *MINIFLOATS, *SUB_BYTE)
+NARROW = ("float16", "int8", "uint8", "int16", "uint16", "uint32", *MINIFLOATS,
+          *SUB_BYTE_INTS)
 _SIGNED = ("int8", "int16")  # the narrow integers loads sign-extend (others: zero)
 
 

@@ -19,22 +19,26 @@ from pipeline.errors import GraphError
 
 # The element types the IR has, by ONNX TensorProto code (FLOAT, DOUBLE, INT64, INT32,
 # BOOL, FLOAT16, INT8, UINT8, INT16, UINT16, UINT32, BFLOAT16, FLOAT8E4M3FN,
-# FLOAT8E4M3FNUZ, FLOAT8E5M2, FLOAT8E5M2FNUZ, UINT4, INT4): the one table the ONNX import, Cast and
+# FLOAT8E4M3FNUZ, FLOAT8E5M2, FLOAT8E5M2FNUZ, UINT4, INT4, FLOAT4E2M1, FLOAT8E8M0, UINT2,
+# INT2): the one table the ONNX import, Cast and
 # the backend read. Plain ints, as the IR does not import onnx. The names are numpy's,
 # ml_dtypes' for bfloat16 and float8 (ml_dtypes, which onnx needs, registers them with
 # numpy). Kernels compute the narrow ones in a wider type: pipeline/dsl/builder.py.
 ONNX_DTYPES = {1: "float32", 11: "float64", 7: "int64", 6: "int32", 9: "bool",
                10: "float16", 3: "int8", 2: "uint8", 5: "int16", 4: "uint16", 12: "uint32",
                16: "bfloat16", 17: "float8_e4m3fn", 18: "float8_e4m3fnuz", 19: "float8_e5m2",
-               20: "float8_e5m2fnuz", 21: "uint4", 22: "int4"}
+               20: "float8_e5m2fnuz", 21: "uint4", 22: "int4", 23: "float4_e2m1fn",
+               24: "float8_e8m0fnu", 25: "uint2", 26: "int2"}
 DTYPES = tuple(ONNX_DTYPES.values())
-# Bits per element. int4 and uint4 are stored two to a byte, as ONNX and DLPack store
+# Bits per element. int4, uint4 and float4_e2m1fn are stored two to a byte (int2 and
+# uint2 four, element 4i in the low two bits), as ONNX and DLPack store
 # them (element 2i in the low nibble of byte i, 2i + 1 in the high one), in params,
 # buffers and library inputs and outputs alike; numpy (ml_dtypes) holds them one a byte.
 BITS = {"float32": 32, "float64": 64, "int64": 64, "int32": 32, "bool": 8, "float16": 16,
         "int8": 8, "uint8": 8, "int16": 16, "uint16": 16, "uint32": 32, "uint64": 64,
         "bfloat16": 16, "float8_e4m3fn": 8, "float8_e4m3fnuz": 8, "float8_e5m2": 8,
-        "float8_e5m2fnuz": 8, "uint4": 4, "int4": 4}
+        "float8_e5m2fnuz": 8, "uint4": 4, "int4": 4, "float4_e2m1fn": 4,
+        "float8_e8m0fnu": 8, "uint2": 2, "int2": 2}
 
 
 def nbytes(dtype: str, count: int) -> int:

@@ -15,6 +15,7 @@ Unary math and activations are in pipeline/kernels/unary.py.
 from __future__ import annotations
 
 from pipeline.dsl.builder import FLOATS
+from pipeline.dsl.minifloat import encode
 from pipeline.kernels.registry import lowering
 
 lowering("identity", scalar=lambda kb, a, node: a[0])
@@ -106,5 +107,13 @@ lowering("bit_shift", scalar=_bit_shift)
 
 lowering("where", scalar=lambda kb, a, node: kb.select(kb.truth(a[0]), a[1], a[2]))
 
-lowering("cast", scalar=lambda kb, a, node: kb.cast(a[0], node.attr("to"),
-                                                   saturate=bool(node.attr("saturate", 1))))
+
+def _cast(kb, a, node):
+    to, saturate = node.attr("to"), bool(node.attr("saturate", 1))
+    if node.attr("round_mode", "up") != "up":  # float8_e8m0fnu's other roundings
+        bits = encode(kb, kb.cast(a[0], "float32"), to, saturate, node.attr("round_mode"))
+        return kb.widen(bits, to)
+    return kb.cast(a[0], to, saturate=saturate)
+
+
+lowering("cast", scalar=_cast)

@@ -19,7 +19,7 @@ range before it is narrowed.
 from __future__ import annotations
 
 from pipeline.dsl.builder import F32, I32
-from pipeline.dsl.minifloat import FLOAT8
+from pipeline.dsl.minifloat import FLOAT4, QFLOATS
 from pipeline.kernels.registry import lowering
 from pipeline.ops.geometry import LINEAR_QTYPES
 
@@ -43,10 +43,13 @@ def saturate_to(kb, r, dtype: str):
 
 def _q_scalar(kb, a, node):
     x, scale, zp = a
-    if node.attr("dtype") in FLOAT8:  # x / scale rounded by the float8 encoding (the
-        # zero point is 0, the converter checks: adding it would turn -0 into +0)
-        return kb.narrow(kb.fdiv(x, scale, fast=False), node.attr("dtype"),
-                         saturate=bool(node.attr("saturate", 1)))
+    if node.attr("dtype") in QFLOATS:  # x / scale rounded by the float8 encoding (the
+        # float8 zero point is 0, the converter checks: ONNX does not add it, which would
+        # turn -0 into +0; float4's it adds, as onnx.reference does)
+        q = kb.fdiv(x, scale, fast=False)
+        if node.attr("dtype") in FLOAT4:
+            q = kb.fadd(q, zp, fast=False)
+        return kb.narrow(q, node.attr("dtype"), saturate=bool(node.attr("saturate", 1)))
     r = kb.intrinsic("roundeven", kb.fdiv(x, scale, fast=False))
     r = kb.fadd(r, kb.b.sitofp(to_i32(kb, zp, node.attr("dtype")), F32), fast=False)
     return saturate_to(kb, r, node.attr("dtype"))
@@ -58,7 +61,7 @@ lowering("quantize_linear", scalar=_q_scalar)
 def _dq_scalar(kb, a, node):
     x, scale, zp = a
     dtype = node.attr("dtype")
-    if dtype in FLOAT8:  # loaded as float32 already
+    if dtype in QFLOATS:  # loaded as float32 already
         return kb.fmul(kb.fsub(x, zp, fast=False), scale, fast=False)
     diff = kb.b.sub(to_i32(kb, x, dtype), to_i32(kb, zp, dtype))
     return kb.fmul(kb.b.sitofp(diff, F32), scale, fast=False)

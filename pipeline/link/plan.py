@@ -31,7 +31,7 @@ DTYPES = ("float32", "float64", "int32", "int64", "bool", "float16", "int8", "in
           "uint8", "uint16", "uint32", "uint64",
           # appended (codes are never renumbered): ml_dtypes' names
           "bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
-          "uint4", "int4")
+          "uint4", "int4", "float4_e2m1fn", "float8_e8m0fnu", "uint2", "int2")
 _NOP, _COPY = "__nop", "__copy"
 
 

@@ -203,12 +203,32 @@ register("where", OpKind.ELEMENTWISE, _where_infer, float64=True,
 
 
 def _cast_infer(types, node):
-    _check(node, types, NUMERIC + ("bool", "int4", "uint4"))
+    _check(node, types, NUMERIC + ("bool", "int4", "uint4", "int2", "uint2"))
     return [TensorType(types[0].shape, node.attr("to"))]
+
+
+def _to_e8m0(x: np.ndarray, saturate: bool, round_mode: str) -> np.ndarray:
+    """float32 `x` as float8_e8m0fnu: its exponent, rounded by the dropped mantissa
+    (dsl/minifloat.py's rule; ml_dtypes' own cast rounds otherwise)."""
+    bits = np.asarray(x, np.float32).view(np.uint32)
+    exp = (bits >> 23) & 0xFF
+    if round_mode == "up":
+        up = (bits & 0x7FFFFF) != 0
+    elif round_mode == "nearest":
+        up = ((bits & 0x400000) != 0) & (((bits & 0x3FFFFF) != 0) | (exp != 0))
+    else:
+        up = np.zeros(exp.shape, bool)
+    up &= (exp != 0xFF) & (bits != 0x400000)  # 2^-127 is code 0
+    if saturate:
+        up &= exp != 0xFE
+    return (exp + up).astype(np.uint8).view(ml_dtypes.float8_e8m0fnu)
 
 
 def _cast_np(xs, node):
     x, to = xs[0], node.attr("to")
+    if to == "float8_e8m0fnu":
+        return [_to_e8m0(x.astype(np.float32), bool(node.attr("saturate", 1)),
+                         node.attr("round_mode", "up"))]
     if to in FLOAT8 and node.attr("saturate", 1):  # ml_dtypes' casts do not saturate
         top = float(ml_dtypes.finfo(to).max)
         x = np.where(np.isnan(x), x, np.clip(x.astype(np.float32), -top, top))

@@ -77,10 +77,10 @@ def lift_type(t: TensorType) -> TensorType:
 QTYPES = {"uint8": (0, 255), "int8": (-128, 127)}
 
 
-# QuantizeLinear / DequantizeLinear alone also take the 16- and 4-bit types (computed
+# QuantizeLinear / DequantizeLinear alone also take the 16-, 4- and 2-bit types (computed
 # in i32 like the 8-bit ones); the integer kernels stay 8-bit (QTYPES).
 LINEAR_QTYPES = {**QTYPES, "uint16": (0, 65535), "int16": (-32768, 32767), "uint4": (0, 15),
-                 "int4": (-8, 7)}
+                 "int4": (-8, 7), "uint2": (0, 3), "int2": (-2, 1)}
 
 
 FLOAT_DTYPES = ("float32", "float64", "float16")

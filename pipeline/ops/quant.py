@@ -10,7 +10,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from pipeline.dsl.minifloat import FLOAT8
+from pipeline.dsl.minifloat import FLOAT4, QFLOATS
 from pipeline.errors import ModelError
 from pipeline.ir.graph import TensorType
 from pipeline.ops.geometry import LINEAR_QTYPES
@@ -18,8 +18,10 @@ from pipeline.ops.registry import OpKind, broadcast_shape, register
 
 
 def quantize_np(x: np.ndarray, scale, zp, dtype: str, saturate: int = 1) -> np.ndarray:
-    if dtype in FLOAT8:  # no rounding to integers: the float8 cast rounds; zp is 0
+    if dtype in QFLOATS:  # no rounding to integers: the float8 cast rounds; zp is 0
         q = np.asarray(x, np.float32) / np.asarray(scale, np.float32)
+        if dtype in FLOAT4:  # ONNX adds float4's (-0 becomes +0)
+            q = q + np.asarray(zp).astype(np.float32)
         if saturate:
             top = float(ml_dtypes.finfo(dtype).max)
             q = np.where(np.isnan(q), q, np.clip(q, -top, top))
@@ -58,7 +60,7 @@ def _dq_infer(types, node):
 
 
 def dequantize_np(x, scale, zp) -> np.ndarray:
-    if str(np.asarray(x).dtype) in FLOAT8:
+    if str(np.asarray(x).dtype) in QFLOATS:
         diff = np.asarray(x).astype(np.float32) - np.asarray(zp).astype(np.float32)
         return (diff * np.asarray(scale, np.float32)).astype(np.float32)
     diff = np.asarray(x).astype(np.int32) - np.asarray(zp).astype(np.int32)

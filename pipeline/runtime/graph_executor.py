@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import FormatError
-from pipeline.ir.nibbles import PACKED, pack_nibbles, unpack_nibbles
+from pipeline.ir.nibbles import PACKED, pack_nibbles, packed_nbytes, unpack_nibbles
 from pipeline.runtime.params import load_params as _parse_params
 from pipeline.runtime.params import param_names
 from pipeline.runtime.threads import check_num_threads, default_num_threads
@@ -87,7 +87,7 @@ def empty_aligned(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
 def library_size(shape: tuple[int, ...], dtype: np.dtype) -> int:
     """Bytes of a library tensor of `shape` and `dtype` (int4 and uint4 packed)."""
     count = int(np.prod(shape, dtype=np.int64))
-    return (count + 1) // 2 if dtype in PACKED else count * dtype.itemsize
+    return packed_nbytes(dtype, count) if dtype in PACKED else count * dtype.itemsize
 
 
 def to_library(value: np.ndarray) -> np.ndarray:

@@ -17,7 +17,9 @@ Layout (all integers little endian):
 bfloat16 and the float8 types (ml_dtypes' numpy types) carry DLPack's codes: kDLBfloat
 (4) with 16 bits, kDLFloat8_e4m3fn, _e4m3fnuz, _e5m2, _e5m2fnuz (10-13) with 8 bits.
 int4 and uint4 (ml_dtypes' one-a-byte numpy types) are written packed, two to a byte,
-as DLPack and TVM do (codes 0 and 1 with 4 bits; element 2i in the low nibble).
+as DLPack and TVM do (codes 0 and 1 with 4 bits; element 2i in the low nibble); int2 and
+uint2 four to a byte (2 bits), float4_e2m1fn two (kDLFloat4_e2m1fn, 17, with 4 bits).
+float8_e8m0fnu is kDLFloat8_e8m0fnu (14) with 8 bits.
 bool arrays are written as TVM writes them: type code 1 (uint) with 1 bit,
 one byte per element; that is what TVM's loader expects for "bool". On load,
 uint/1 and DLPack's kDLBool (code 6, 8 bits) both come back as numpy bool.
@@ -31,7 +33,7 @@ import ml_dtypes
 import numpy as np
 
 from pipeline.errors import FormatError, check_elements
-from pipeline.ir.nibbles import PACKED, pack_nibbles, unpack_nibbles
+from pipeline.ir.nibbles import PACKED, pack_nibbles, packed_nbytes, unpack_nibbles
 
 __all__ = ["load_params", "pack_nibbles", "param_chunks", "param_names", "save_params",
            "unpack_nibbles"]
@@ -51,6 +53,8 @@ _TO_DL = {
     np.dtype(ml_dtypes.float8_e4m3fnuz): (11, 8), np.dtype(ml_dtypes.float8_e5m2): (12, 8),
     np.dtype(ml_dtypes.float8_e5m2fnuz): (13, 8),
     np.dtype(ml_dtypes.int4): (0, 4), np.dtype(ml_dtypes.uint4): (1, 4),
+    np.dtype(ml_dtypes.float4_e2m1fn): (17, 4), np.dtype(ml_dtypes.float8_e8m0fnu): (14, 8),
+    np.dtype(ml_dtypes.int2): (0, 2), np.dtype(ml_dtypes.uint2): (1, 2),
 }
 _PACKED = PACKED
 _FROM_DL = {v: k for k, v in _TO_DL.items()}
@@ -172,7 +176,7 @@ def _read_array(r: _Reader, name: str) -> np.ndarray:
     if any(d < 0 for d in shape):
         raise FormatError(f"array {name!r}: negative dimension in shape {list(shape)}")
     count = check_elements(shape, f"param dict: array {name!r}")
-    expected = (count + 1) // 2 if dtype in _PACKED else count * dtype.itemsize
+    expected = packed_nbytes(dtype, count) if dtype in _PACKED else count * dtype.itemsize
     if size != expected:
         raise FormatError(f"array {name!r}: shape {list(shape)} of {dtype} needs {expected} "
                          f"bytes, header says {size}")

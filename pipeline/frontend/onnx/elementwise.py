@@ -176,6 +176,9 @@ def _cast_node(n, to: str) -> Node:
     """cast to `to`; a float8 target keeps Cast's saturate attribute (opset 19) when 0."""
     extra = {"saturate": 0} if to.startswith("float8") and not n.attrs.get("saturate", 1) \
         else {}
+    mode = n.text("round_mode", "up", ("up", "down", "nearest"))  # opset 24
+    if to == "float8_e8m0fnu" and mode != "up":
+        extra["round_mode"] = mode
     return Node.make("cast", n.name, n.inputs[:1], n.outputs[:1], to=to, **extra)
 
 

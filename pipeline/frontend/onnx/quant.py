@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.dsl.minifloat import FLOAT8
+from pipeline.dsl.minifloat import FLOAT8, QFLOATS
 from pipeline.errors import ModelError
 from pipeline.frontend.onnx.registry import Limit, onnx_op
 from pipeline.ir.graph import Node
@@ -13,7 +13,7 @@ from pipeline.ops.geometry import LINEAR_QTYPES
 # ONNX TensorProto codes of the quantized types (output_dtype attribute)
 _ONNX_QTYPES = {2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 17: "float8_e4m3fn",
                 18: "float8_e4m3fnuz", 19: "float8_e5m2", 20: "float8_e5m2fnuz", 21: "uint4",
-                22: "int4"}
+                22: "int4", 23: "float4_e2m1fn", 25: "uint2", 26: "int2"}
 
 
 def const_of(ctx, n, pos: int, what: str) -> np.ndarray | None:
@@ -43,9 +43,9 @@ def per_axis(value: np.ndarray, rank: int, axis: int, n, what: str) -> np.ndarra
 
 
 def qtype_of(n, dtype: str) -> str:
-    if dtype not in LINEAR_QTYPES and dtype not in FLOAT8:
+    if dtype not in LINEAR_QTYPES and dtype not in QFLOATS:
         raise ModelError(f"node {n.name!r} ({n.op_type}): quantized type {dtype} is not "
-                         f"supported ({', '.join([*LINEAR_QTYPES, *FLOAT8])} are)")
+                         f"supported ({', '.join([*LINEAR_QTYPES, *QFLOATS])} are)")
     return dtype
 
 
@@ -125,7 +125,7 @@ def _quantize(ctx, n):
     if dtype in FLOAT8 and zp is not None and np.any(zp.astype(np.float32) != 0):
         raise ModelError(f"node {n.name!r} (QuantizeLinear): a float8 zero point must be 0")
     # saturate (opset 19) matters to float8 only; kept on the node only when 0
-    extra = {"saturate": 0} if dtype in FLOAT8 and not n.attrs.get("saturate", 1) else {}
+    extra = {"saturate": 0} if dtype in QFLOATS and not n.attrs.get("saturate", 1) else {}
     return [emit_quantize(ctx, n, n.inputs[0], scale, zp, qtype_of(n, dtype), n.outputs[0],
                           len(x.shape), axis, **extra)]
 
@@ -134,9 +134,9 @@ def _quantize(ctx, n):
          limits=(_PRECISION,))
 def _dequantize(ctx, n):
     t = ctx.type(n.inputs[0])
-    if t.dtype not in (*LINEAR_QTYPES, "int32", *FLOAT8):
+    if t.dtype not in (*LINEAR_QTYPES, "int32", *QFLOATS):
         raise ModelError(f"node {n.name!r} (DequantizeLinear): input type {t.dtype} is not "
-                         f"supported ({', '.join([*LINEAR_QTYPES, *FLOAT8])}, int32 are)")
+                         f"supported ({', '.join([*LINEAR_QTYPES, *QFLOATS])}, int32 are)")
     scale, zp, axis = _scale_and_zero(ctx, n, t.shape)
     if scale.dtype == np.float32:
         return [emit_dequantize(ctx, n, n.inputs[0], scale, zp, n.outputs[0], axis)]

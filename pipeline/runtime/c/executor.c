@@ -55,8 +55,11 @@ static const struct { const char *name; uint8_t size, dl_code, dl_bits; } DTYPES
     /* appended, never renumbered: DLPack's kDLBfloat and kDLFloat8_* codes */
     {"bfloat16", 2, 4, 16}, {"float8_e4m3fn", 1, 10, 8}, {"float8_e4m3fnuz", 1, 11, 8},
     {"float8_e5m2", 1, 12, 8}, {"float8_e5m2fnuz", 1, 13, 8},
-    /* size 0: two elements a byte (element 2i in the low nibble of byte i) */
+    /* size 0: 8 / bits elements a byte (element 2i in the low nibble of byte i) */
     {"uint4", 0, 1, 4},     {"int4", 0, 0, 4},
+    /* DLPack's kDLFloat4_e2m1fn (17) and kDLFloat8_e8m0fnu (14); int2/uint2 four a byte */
+    {"float4_e2m1fn", 0, 17, 4}, {"float8_e8m0fnu", 1, 14, 8},
+    {"uint2", 0, 1, 2},     {"int2", 0, 0, 2},
 };
 #define N_DTYPES (sizeof DTYPES / sizeof DTYPES[0])
 
@@ -160,7 +163,8 @@ static int read_entries(pl_executor *h, struct reader *r) {
             t->shape[d] = (int64_t)dim;
             nbytes *= dim;
         }
-        t->nbytes = (size_t)(DTYPES[dtype].size ? nbytes : (nbytes + 1) / 2);
+        uint64_t per_byte = 8 / DTYPES[dtype].dl_bits; /* sub-byte: 2 or 4 a byte */
+        t->nbytes = (size_t)(DTYPES[dtype].size ? nbytes : (nbytes + per_byte - 1) / per_byte);
         if (sid + 1 > h->n_storage) h->n_storage = (uint32_t)sid + 1;
     }
     return 0;

@@ -128,6 +128,8 @@ static const char *const DESCR[][3] = {
     {"bfloat16", "<u2", "<V2"},    {"float8_e4m3fn", "|u1", "<V1"},
     {"float8_e4m3fnuz", "|u1", "<V1"}, {"float8_e5m2", "|u1", "<V1"},
     {"float8_e5m2fnuz", "|u1", "<V1"}, {"uint4", "|u1", "<V1"}, {"int4", "|i1", "<V1"},
+    {"float4_e2m1fn", "|u1", "<V1"}, {"float8_e8m0fnu", "|u1", "<V1"},
+    {"uint2", "|u1", "<V1"}, {"int2", "|i1", "<V1"},
 };
 
 static const char *descr_of(const char *dtype, int alternative) {
@@ -136,11 +138,18 @@ static const char *descr_of(const char *dtype, int alternative) {
     return "?";
 }
 
-/* int4 and uint4: one element a byte in .npy files (what numpy and ml_dtypes hold),
- * two a byte in the library (element 2i in the low nibble of byte i). */
-static int packed(const pl_tensor_info *t) {
-    return strcmp(t->dtype, "int4") == 0 || strcmp(t->dtype, "uint4") == 0;
+/* int4, uint4, float4_e2m1fn (4 bits), int2 and uint2 (2 bits): one element a byte in
+ * .npy files (what numpy and ml_dtypes hold), 8 / bits a byte in the library (element
+ * k*i in the low bits of byte i). The bits of an element, 8 for the others. */
+static int bits_of(const pl_tensor_info *t) {
+    if (strcmp(t->dtype, "int2") == 0 || strcmp(t->dtype, "uint2") == 0) return 2;
+    if (strcmp(t->dtype, "int4") == 0 || strcmp(t->dtype, "uint4") == 0 ||
+        strcmp(t->dtype, "float4_e2m1fn") == 0)
+        return 4;
+    return 8;
 }
+
+static int packed(const pl_tensor_info *t) { return bits_of(t) < 8; }
 
 static size_t file_bytes(const pl_tensor_info *t) {
     size_t n = 1;
@@ -149,16 +158,20 @@ static size_t file_bytes(const pl_tensor_info *t) {
 }
 
 static void pack(const pl_tensor_info *t, const unsigned char *one, unsigned char *two) {
-    size_t n = file_bytes(t);
+    size_t n = file_bytes(t), bits = (size_t)bits_of(t), per = 8 / bits;
+    unsigned mask = (1u << bits) - 1;
     memset(two, 0, t->nbytes);
-    for (size_t i = 0; i < n; i++) two[i / 2] |= (unsigned char)((one[i] & 15) << (i % 2 * 4));
+    for (size_t i = 0; i < n; i++)
+        two[i / per] |= (unsigned char)((one[i] & mask) << (i % per * bits));
 }
 
 static void unpack(const pl_tensor_info *t, const unsigned char *two, unsigned char *one) {
-    int sign = strcmp(t->dtype, "int4") == 0;
+    int sign = t->dtype[0] == 'i'; /* int2, int4: sign-extended (float4: its bits) */
+    size_t bits = (size_t)bits_of(t), per = 8 / bits;
+    unsigned mask = (1u << bits) - 1, top = 1u << (bits - 1);
     for (size_t i = 0; i < file_bytes(t); i++) {
-        unsigned v = two[i / 2] >> (i % 2 * 4) & 15;
-        one[i] = (unsigned char)(sign && v >= 8 ? v | 0xF0 : v);
+        unsigned v = two[i / per] >> (i % per * bits) & mask;
+        one[i] = (unsigned char)(sign && v >= top ? v | (0xFFu & ~mask) : v);
     }
 }
 

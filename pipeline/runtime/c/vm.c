@@ -53,13 +53,15 @@ static const char *const FAILURES[] = {
 #define DT_INT64 3
 #define DT_BOOL 4
 
-static const struct { const char *name; uint8_t size; } DTYPES[] = {
+static const struct { const char *name; uint8_t size, per_byte; } DTYPES[] = {
     {"float32", 4}, {"float64", 8}, {"int32", 4}, {"int64", 8}, {"bool", 1}, {"float16", 2},
     {"int8", 1},    {"int16", 2},   {"uint8", 1}, {"uint16", 2}, {"uint32", 4}, {"uint64", 8},
     /* appended, never renumbered (pipeline/vm/bytecode.py DTYPES) */
     {"bfloat16", 2}, {"float8_e4m3fn", 1}, {"float8_e4m3fnuz", 1}, {"float8_e5m2", 1},
     {"float8_e5m2fnuz", 1},
-    {"uint4", 0}, {"int4", 0}, /* size 0: two elements a byte, element 2i in the low nibble */
+    /* size 0: per_byte elements a byte, element k*i in the low bits of byte i */
+    {"uint4", 0, 2}, {"int4", 0, 2}, {"float4_e2m1fn", 0, 2}, {"float8_e8m0fnu", 1, 0},
+    {"uint2", 0, 4}, {"int2", 0, 4},
 };
 #define N_DTYPES (sizeof DTYPES / sizeof DTYPES[0])
 
@@ -189,7 +191,8 @@ static int64_t size_of(int64_t dtype, int64_t ndim, const int64_t *shape) {
         if (shape[d] < 0 || (shape[d] && n > PL_MAX_STORAGE / (uint64_t)shape[d])) return -1;
         n *= (uint64_t)shape[d];
     }
-    return (int64_t)(DTYPES[dtype].size ? n : (n + 1) / 2);
+    return (int64_t)(DTYPES[dtype].size ? n : (n + DTYPES[dtype].per_byte - 1) /
+                                                  DTYPES[dtype].per_byte);
 }
 
 static int read_type(pl_executor *h, struct reader *r, struct type *t) {
