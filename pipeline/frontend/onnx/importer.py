@@ -25,7 +25,7 @@ from pipeline.errors import (
 )
 from pipeline.frontend.onnx.registry import onnx_converter
 from pipeline.frontend.onnx.shapes import input_type, onnx_shape_inference
-from pipeline.frontend.onnx.symbolic import symbolic_numpy
+from pipeline.frontend.onnx.symbolic import materialize, symbolic_numpy
 from pipeline.frontend.onnx.widen import widen
 from pipeline.ir.graph import DTYPES, ONNX_DTYPES, Graph, Node, TensorType, add_param
 from pipeline.ops import get
@@ -241,6 +241,8 @@ def _import(model: onnx.ModelProto, shape: dict[str, tuple[int, ...]] | None,
     nodes = _convert_nodes(model, opset, ctx, onnx_shapes, source)
 
     outputs = tuple(o.name for o in g.output)
+    if symbolic:  # shape values read as data: frontend/onnx/symbolic.py
+        nodes = materialize(ctx, nodes, tuple(vi.name for vi in inputs))
     nodes = _constant_outputs(ctx, outputs) + _live(nodes, outputs)
     used = {i for n in nodes for i in n.inputs} | set(outputs)
     kept = {name: v for name, v in params.items() if name in used}
