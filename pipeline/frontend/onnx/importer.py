@@ -27,6 +27,7 @@ from pipeline.frontend.onnx.registry import onnx_converter
 from pipeline.frontend.onnx.shapes import input_type, onnx_shape_inference
 from pipeline.frontend.onnx.symbolic import materialize, symbolic_numpy
 from pipeline.frontend.onnx.widen import widen
+from pipeline.ir.dims import is_symbolic
 from pipeline.ir.graph import DTYPES, ONNX_DTYPES, Graph, Node, TensorType, add_param
 from pipeline.ops import get
 from pipeline.ops import infer_types as infer_op_types
@@ -139,7 +140,8 @@ class ImportContext:
             return (name in self.params or name in self.pending or name in self.values
                     or name in self.symbolic)
 
-        if node.op in CONTROL_OPS:  # run by the VM, never at build time
+        if node.op in CONTROL_OPS or any(  # run by the VM, never at build time
+                isinstance(v, tuple) and is_symbolic(v) for _, v in node.attrs):
             return
         if get(node.op).numpy is not None and all(known(i) for i in node.inputs):
             self.pending.update(dict.fromkeys(node.outputs, node))

@@ -184,8 +184,9 @@ def _constant_of_shape(ctx, n):
         np.zeros(1, np.float32)
     shape = ctx.const(n.inputs[0], True)
     if shape is not None and shape.dtype == object:  # symbolic.py: the value expanded
-        return [Node.make("expand", n.name, (ctx.add_param(n.outputs[0], fill[:1].reshape(())),),
-                          n.outputs[:1], shape=symbolic_dims(shape))]
+        scalar = ctx.add_param(f"{n.outputs[0]}.value", fill[:1].reshape(()))
+        return [Node.make("expand", n.name, (scalar,), n.outputs[:1],
+                          shape=symbolic_dims(shape))]
     shape = const_or_runtime(ctx, n.inputs[0], n)
     if shape is None:  # a runtime shape: only the VM runs it (ops/dynamic.py)
         return [Node.make("fill", n.name, n.inputs[:1], n.outputs[:1],
