@@ -70,3 +70,27 @@ def test_prefill_then_decode_steps(decoder):
         feeds = {"ids": logits[:, -1:].argmax(-1).astype(np.int64)}
         feeds.update({f"past_{kv}_{k}": present[2 * k + (kv == "v")]
                       for k in range(LAYERS) for kv in "kv"})
+
+
+BERT = MODEL.with_name("torch_bert_mask.onnx")
+
+
+def test_bert_attention_mask_expanded(tmp_path):
+    """attention_mask [batch, seq] expanded to [batch, 1, seq, seq], positions sliced
+    to seq from a buffer: one library, onnxruntime's output at every shape, padding
+    masked out."""
+    graph, params = pipeline.frontend.from_onnx(onnx.load(BERT), symbolic=True)
+    with pipeline.transform.PassContext(opt_level=3):
+        factory = pipeline.build(graph, target="llvm -mcpu=native", params=params,
+                                 executor="vm", dims={"batch": (1, 4), "seq": (1, 64)})
+    vm = VirtualMachine(factory.export_library(tmp_path / "bert.so"))
+    session = ort.InferenceSession(str(BERT), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(3)
+    for batch, seq in ((1, 7), (2, 33), (4, 64), (3, 1)):
+        ids = rng.integers(0, VOCAB, (batch, seq)).astype(np.int64)
+        mask = np.ones((batch, seq), np.int64)
+        mask[0, seq // 2 + 1:] = 0  # a padded row
+        (got,) = vm.run(ids, mask)
+        (want,) = session.run(None, {"ids": ids, "attention_mask": mask})
+        assert got.shape == want.shape == (batch, seq, 32)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

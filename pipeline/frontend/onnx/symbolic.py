@@ -21,7 +21,7 @@ from pipeline.ir.dims import dim_difference, dim_product, dim_quotient, dim_sum,
 from pipeline.ir.graph import Node
 from pipeline.ops import get
 
-__all__ = ["materialize", "symbolic_dims", "symbolic_numpy", "symbolic_range"]
+__all__ = ["materialize", "symbolic_dims", "symbolic_numpy", "symbolic_range", "symbolic_slice"]
 
 _MOVES = ("gather", "reshape", "concat", "slice", "transpose")
 
@@ -95,6 +95,45 @@ def symbolic_range(n, start, limit, delta, dtype: str) -> Node:
                          "step of 1 to a limit at least the start)")
     return Node.make("iota", n.name, (), n.outputs[:1], dims=(start, length), delta=1,
                      dtype=dtype)
+
+
+def symbolic_slice(ctx, n) -> list[Node] | None:
+    """ONNX Slice node `n` (opset >= 10) whose starts or ends are symbolic values
+    (GPT-2's `bias[:, :, past:past + s, :past + s]`): per sliced axis a Gather of the
+    `iota` of its indices, which the gather kernel checks against the dimension; None
+    if no such value is involved. Steps must be 1 and the bounds in the dimension
+    (clamping a symbolic bound is not expressible); else ModelError naming the node."""
+    values = [ctx.const(i, True) if i else None for i in n.inputs[1:5]]
+    if any(v is None for v in values[:2]) or not any(
+            v is not None and v.dtype == object for v in values):
+        return None
+    shape = ctx.type(n.inputs[0]).shape
+    starts, ends = symbolic_dims(values[0]), symbolic_dims(values[1])
+    axes = symbolic_dims(values[2]) if values[2] is not None else range(len(starts))
+    steps = symbolic_dims(values[3]) if values[3] is not None else (1,) * len(starts)
+    nodes, x = [], n.inputs[0]
+    for k, (start, end, axis, step) in enumerate(zip(starts, ends, axes, steps, strict=True)):
+        dim = shape[axis % len(shape)]
+        end = dim if isinstance(end, int) and not isinstance(dim, str) and end > dim else end
+        end = dim if isinstance(end, int) and end >= 2 ** 62 else end  # torch's "to the end"
+        if start == 0 and end == dim:
+            continue
+        length = dim_difference(end, start)
+        if step != 1 or length is None or any(isinstance(v, int) and v < 0 for v in (start, end)):
+            raise ModelError(f"node {n.name!r} (Slice): slicing {start}:{end}:{step} of "
+                             f"dimension {dim} over symbolic values is not supported (only "
+                             "a step of 1 and bounds inside the dimension)")
+        indices = f"{n.outputs[0]}/indices{k}"
+        nodes.append(Node.make("iota", indices, (), (indices,), dims=(start, length),
+                               delta=1, dtype="int64"))
+        out = f"{n.outputs[0]}/axis{k}"
+        nodes.append(Node.make("gather", out, (x, indices), (out,), axis=axis % len(shape)))
+        x = out
+    if not nodes:
+        return [Node.make("identity", n.name, n.inputs[:1], n.outputs[:1])]
+    last = nodes[-1]
+    nodes[-1] = Node(last.op, n.name, last.inputs, n.outputs[:1], last.attrs)
+    return nodes
 
 
 def materialize(ctx, nodes: list[Node], inputs: tuple[str, ...]) -> list[Node]:

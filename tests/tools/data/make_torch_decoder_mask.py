@@ -1,11 +1,17 @@
-"""Writes torch_decoder_mask.onnx beside this file: a tiny GPT-style decoder with a KV
-cache and the causal mask written as users write it, exported by torch.onnx with
-dynamic axes batch, seq and past: positions `torch.arange(past, past + s)` (Range of
-symbolic bounds), the mask `torch.arange(past + s)[None, :] > (torch.arange(s) +
-past)[:, None]` (Range, Add of a symbolic scalar, Unsqueeze, Greater), expanded to
-[b, 1, s, past + s] (Expand of a shape value) and applied with masked_fill (Where).
-tests/runtime/test_vm_symbolic_shapes.py builds it with `--executor vm` and compares
-with onnxruntime. Needs torch (CPU wheel); the committed .onnx is what the test uses.
+"""Writes torch_decoder_mask.onnx and torch_bert_mask.onnx beside this file.
+
+The first: a tiny GPT-style decoder with a KV cache and the causal mask written as
+users write it, exported by torch.onnx with dynamic axes batch, seq and past:
+positions `torch.arange(past, past + s)` (Range of symbolic bounds), the mask
+`torch.arange(past + s)[None, :] > (torch.arange(s) + past)[:, None]` (Range, Add of a
+symbolic scalar, Unsqueeze, Greater), expanded to [b, 1, s, past + s] (Expand of a
+shape value) and applied with masked_fill (Where). The second: a tiny BERT-style
+encoder (dynamic batch and seq) whose attention_mask [batch, seq] is expanded the
+usual way to [batch, 1, seq, seq] and turned into an additive bias, positions sliced
+from a registered buffer (`position_ids[:, :s]`: a Slice whose end is a symbolic
+value). tests/runtime/test_vm_symbolic_shapes.py builds them as VM libraries and
+compares with onnxruntime. Needs torch (CPU wheel); the committed .onnx files are what
+the test uses.
 
     python tests/tools/data/make_torch_decoder_mask.py
 """
@@ -57,8 +63,33 @@ class Decoder(nn.Module):
         return (self.head(x), *present)
 
 
+class Bert(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokens, self.positions = nn.Embedding(VOCAB, D), nn.Embedding(MAX_POS, D)
+        self.register_buffer("position_ids", torch.arange(MAX_POS)[None])
+        self.norm, self.qkv, self.proj = nn.LayerNorm(D), nn.Linear(D, 3 * D), nn.Linear(D, D)
+
+    def forward(self, ids, attention_mask):
+        b, s = ids.shape
+        x = self.norm(self.tokens(ids) + self.positions(self.position_ids[:, :s]))
+        bias = attention_mask[:, None, None, :].expand(b, 1, s, s).to(torch.float32)
+        bias = (1.0 - bias) * torch.finfo(torch.float32).min
+        q, k, v = self.qkv(x).split(D, dim=-1)
+        q, k, v = (t.view(b, s, HEADS, D // HEADS).transpose(1, 2) for t in (q, k, v))
+        a = (q @ k.transpose(-2, -1) / math.sqrt(D // HEADS) + bias).softmax(-1) @ v
+        return x + self.proj(a.transpose(1, 2).reshape(b, s, D))
+
+
 def main() -> None:
     torch.manual_seed(0)
+    bert = Path(__file__).with_name("torch_bert_mask.onnx")
+    ids, mask = torch.randint(0, VOCAB, (2, 5)), torch.ones(2, 5, dtype=torch.int64)
+    torch.onnx.export(Bert().eval(), (ids, mask), str(bert),
+                      input_names=["ids", "attention_mask"], output_names=["y"],
+                      dynamic_axes={n: {0: "batch", 1: "seq"}
+                                    for n in ("ids", "attention_mask", "y")},
+                      opset_version=17, dynamo=False)
     out = Path(__file__).with_name("torch_decoder_mask.onnx")
     cache_names = [f"past_{kv}_{k}" for k in range(LAYERS) for kv in "kv"]
     present_names = [f"present_{kv}_{k}" for k in range(LAYERS) for kv in "kv"]
