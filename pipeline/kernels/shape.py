@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import math
 
+from pipeline.dsl.dims import dim_value
 from pipeline.dsl.vector import ELEMENT_WORK, parallel_for
-from pipeline.ir.dims import dim_terms
 from pipeline.kernels.registry import lowering
 from pipeline.kernels.runtime_dims import concat_dims
 
@@ -59,23 +59,8 @@ lowering("concat", lower=_concat_lower, lower_dims=concat_dims)
 lowering("expand", scalar=lambda kb, a, node: a[0])
 
 
-def _dim_value(kb, d):
-    """Dimension expression `d` (kernel symbols s0, s1...) as an Index: the symbols'
-    values are the dims array, the kernel's last buffer (dsl/dims.py)."""
-    if not isinstance(d, str):
-        return kb.i64(int(d))
-    dims = kb.buffers[-1]
-    total = kb.i64(0)
-    for names, coeff in dim_terms(d):
-        term = kb.i64(coeff)
-        for name in names:
-            term = term * kb.index(kb.load(dims, int(name[1:])))
-        total = total + term
-    return total
-
-
 def _iota_lower(kb, node, ins, out, epilogue, shapes=None):
-    start, delta = _dim_value(kb, node.attr("dims")[0]), node.attr("delta")
+    start, delta = dim_value(kb, node.attr("dims")[0]), node.attr("delta")
     with kb.loop(0, out.type.shape[0], "i") as i:
         value = kb.cast((start + i * delta).value, out.type.dtype)
         kb.store(out, i, epilogue(value, [i]) if epilogue is not None else value)
@@ -83,7 +68,7 @@ def _iota_lower(kb, node, ins, out, epilogue, shapes=None):
 
 def _dim_values_lower(kb, node, ins, out, epilogue, shapes=None):
     for k, d in enumerate(node.attr("dims")):
-        value = kb.cast(_dim_value(kb, d).value, out.type.dtype)
+        value = kb.cast(dim_value(kb, d).value, out.type.dtype)
         kb.store(out, k, epilogue(value, [k]) if epilogue is not None else value)
 
 

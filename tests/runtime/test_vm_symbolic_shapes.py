@@ -1,7 +1,8 @@
 """Shape values over symbolic dimensions read as data (frontend/onnx/symbolic.py):
 a torch.onnx export of a GPT-style decoder with a KV cache and its causal mask made
 from Range (`arange(past, past + s)`, `arange(s) + past`), Greater and an Expand to
-[batch, 1, seq, past + seq] (tests/tools/data/make_torch_decoder_mask.py), built
+[batch, 1, seq, past + seq], and a second layer's `full(...).triu(past + 1)`
+(tests/tools/data/make_torch_decoder_mask.py); a BERT's expanded attention mask; built
 once as a VM library for batch, seq and past in bounds, against onnxruntime at
 several shapes and over a prefill and greedy decode steps."""
 
@@ -27,7 +28,7 @@ def decoder(tmp_path_factory):
     """(its VirtualMachine, an onnxruntime session)."""
     graph, params = pipeline.frontend.from_onnx(onnx.load(MODEL), symbolic=True)
     ops = {n.op for n in graph.nodes}
-    assert {"iota", "dim_values", "expand"} <= ops and "range" not in ops
+    assert {"iota", "dim_values", "expand", "trilu"} <= ops and "range" not in ops
     with pipeline.transform.PassContext(opt_level=3):
         factory = pipeline.build(graph, target="llvm -mcpu=native", params=params,
                                  executor="vm", dims=DIMS)

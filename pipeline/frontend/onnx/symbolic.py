@@ -165,7 +165,7 @@ def materialize(ctx, nodes: list[Node], inputs: tuple[str, ...]) -> list[Node]:
                 else:
                     made[name] = ctx.add_param(name, value.astype(ctx.type(name).dtype))
             renamed.append(made.get(name, name))
-        if node.op in ("iota", "dim_values"):
+        if "dims" in dict(node.attrs):  # iota, dim_values, a trilu's symbolic k
             renamed += _carriers(ctx, node, inputs)
         result.append(node if tuple(renamed) == node.inputs else Node(
             node.op, node.name, tuple(renamed), node.outputs, node.attrs))

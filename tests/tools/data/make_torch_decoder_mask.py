@@ -5,7 +5,9 @@ users write it, exported by torch.onnx with dynamic axes batch, seq and past:
 positions `torch.arange(past, past + s)` (Range of symbolic bounds), the mask
 `torch.arange(past + s)[None, :] > (torch.arange(s) + past)[:, None]` (Range, Add of a
 symbolic scalar, Unsqueeze, Greater), expanded to [b, 1, s, past + s] (Expand of a
-shape value) and applied with masked_fill (Where). The second: a tiny BERT-style
+shape value) and applied with masked_fill (Where); the second layer adds
+`torch.full((s, past + s), -inf).triu(past + 1)` instead (ConstantOfShape of a shape
+value, Trilu with a symbolic k). The second model: a tiny BERT-style
 encoder (dynamic batch and seq) whose attention_mask [batch, seq] is expanded the
 usual way to [batch, 1, seq, seq] and turned into an additive bias, positions sliced
 from a registered buffer (`position_ids[:, :s]`: a Slice whose end is a symbolic
@@ -38,7 +40,9 @@ class Layer(nn.Module):
         q, k, v = (t.view(b, s, HEADS, d // HEADS).transpose(1, 2) for t in (q, k, v))
         k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
         a = q @ k.transpose(-2, -1) / math.sqrt(d // HEADS)
-        a = a.masked_fill(mask, float("-inf")).softmax(-1) @ v
+        # the first layer masks with the boolean mask, the second adds triu's table
+        a = a.masked_fill(mask, float("-inf")) if mask.dtype == torch.bool else a + mask
+        a = a.softmax(-1) @ v
         x = x + self.proj(a.transpose(1, 2).reshape(b, s, d))
         return x + self.fc2(nn.functional.gelu(self.fc1(self.norm2(x)))), k, v
 
@@ -56,9 +60,10 @@ class Decoder(nn.Module):
         x = self.tokens(ids) + self.positions(torch.arange(past, past + s))
         mask = torch.arange(past + s)[None, :] > (torch.arange(s) + past)[:, None]
         mask = mask[None, None].expand(b, 1, s, past + s)
+        triu = torch.full((s, past + s), float("-inf")).triu(past + 1)  # Trilu, k symbolic
         present = []
         for k, layer in enumerate(self.layers):
-            x, pk, pv = layer(x, cache[2 * k], cache[2 * k + 1], mask)
+            x, pk, pv = layer(x, cache[2 * k], cache[2 * k + 1], mask if k == 0 else triu)
             present += [pk, pv]
         return (self.head(x), *present)
 
