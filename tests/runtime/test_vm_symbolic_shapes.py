@@ -95,3 +95,51 @@ def test_bert_attention_mask_expanded(tmp_path):
         (want,) = session.run(None, {"ids": ids, "attention_mask": mask})
         assert got.shape == want.shape == (batch, seq, 32)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_gpt2_bias_sliced_by_past_and_seq(tmp_path):
+    """GPT-2's causal table `bias[past:past + s, :past + s]` (a Slice whose starts
+    and ends are shape values; onnx.helper as torch writes it) at several shapes."""
+    from onnx import TensorProto, helper
+
+    def gather(src: str, k: int, out: str) -> list:
+        return [helper.make_node("Shape", [src], [f"{out}_s"]),
+                helper.make_node("Gather", [f"{out}_s", f"i{k}"], [f"{out}_g"], axis=0),
+                helper.make_node("Unsqueeze", [f"{out}_g", "zero1"], [out])]
+
+    table = np.random.default_rng(0).standard_normal((32, 32)).astype(np.float32)
+    inits = [helper.make_tensor("i1", TensorProto.INT64, [], [1]),
+             helper.make_tensor("zero1", TensorProto.INT64, [1], [0]),
+             helper.make_tensor("axes", TensorProto.INT64, [2], [0, 1]),
+             onnx.numpy_helper.from_array(table, "bias")]
+    nodes = [*gather("x", 1, "seq"), *gather("cache", 1, "past"),
+             helper.make_node("Add", ["past", "seq"], ["total"]),
+             helper.make_node("Concat", ["past", "zero1"], ["starts"], axis=0),
+             helper.make_node("Concat", ["total", "total"], ["ends"], axis=0),
+             helper.make_node("Slice", ["bias", "starts", "ends", "axes"], ["mask"]),
+             helper.make_node("Concat", ["cache", "x"], ["cache_all"], axis=1),
+             helper.make_node("Transpose", ["cache_all"], ["cache_t"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["x", "cache_t"], ["scores"]),
+             helper.make_node("Add", ["scores", "mask"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 4]),
+                     helper.make_tensor_value_info("cache", TensorProto.FLOAT,
+                                                   ["batch", "past", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    graph, params = pipeline.frontend.from_onnx(model, symbolic=True)
+    assert "gather" in {n.op for n in graph.nodes}
+    factory = pipeline.build(graph, target="llvm -mcpu=native", params=params, executor="vm",
+                             dims={"batch": (1, 2), "seq": (1, 16), "past": (0, 16)})
+    vm = VirtualMachine(factory.export_library(tmp_path / "gpt2.so"))
+    session = ort.InferenceSession(model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(1)
+    for batch, seq, past in ((1, 5, 0), (2, 3, 7), (1, 1, 16), (2, 16, 16)):
+        x = rng.standard_normal((batch, seq, 4)).astype(np.float32)
+        cache = rng.standard_normal((batch, past, 4)).astype(np.float32)
+        (got,) = vm.run(x, cache)
+        (want,) = session.run(None, {"x": x, "cache": cache})
+        assert got.shape == want.shape == (batch, seq, past + seq)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -103,7 +103,7 @@ def symbolic_slice(ctx, n) -> list[Node] | None:
     `iota` of its indices, which the gather kernel checks against the dimension; None
     if no such value is involved. Steps must be 1 and the bounds in the dimension
     (clamping a symbolic bound is not expressible); else ModelError naming the node."""
-    values = [ctx.const(i, True) if i else None for i in n.inputs[1:5]]
+    values = [ctx.const(i, True) if i else None for i in (*n.inputs[1:5], "", "", "")][:4]
     if any(v is None for v in values[:2]) or not any(
             v is not None and v.dtype == object for v in values):
         return None
