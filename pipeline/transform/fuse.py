@@ -17,7 +17,9 @@ def fold_constant(graph: Graph, params: dict, cfg: PassConfig):
     nodes = []
     for node in graph.nodes:
         impl = get(node.op).numpy if node.op != "fused" else None
-        symbolic = any(is_symbolic(graph.types[o].shape) for o in node.outputs)  # run-time size
+        # a run-time size, or values from run-time dims (iota, dim_values, a trilu's k)
+        symbolic = is_symbolic(node.attr("dims", ())) or any(
+            is_symbolic(graph.types[o].shape) for o in node.outputs)
         if impl and all(i in params for i in node.inputs) and not outputs & set(node.outputs) \
                 and not symbolic:
             values = impl([params[i] for i in node.inputs], node)
