@@ -8,6 +8,7 @@ several shapes and over a prefill and greedy decode steps."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ import onnxruntime as ort
 import pytest
 
 import pipeline
+from pipeline.link.runtime_c import build_pipeline_run
 from pipeline.runtime.vm import VirtualMachine
 
 MODEL = Path(__file__).parents[1] / "tools" / "data" / "torch_decoder_mask.onnx"
@@ -25,7 +27,7 @@ LAYERS, HEADS, HEAD_DIM, VOCAB = 2, 2, 16, 64
 
 @pytest.fixture(scope="module")
 def decoder(tmp_path_factory):
-    """(its VirtualMachine, an onnxruntime session)."""
+    """(its VirtualMachine, an onnxruntime session, the library's path)."""
     graph, params = pipeline.frontend.from_onnx(onnx.load(MODEL), symbolic=True)
     ops = {n.op for n in graph.nodes}
     assert {"iota", "dim_values", "expand", "trilu"} <= ops and "range" not in ops
@@ -34,7 +36,7 @@ def decoder(tmp_path_factory):
                                  executor="vm", dims=DIMS)
     so = factory.export_library(tmp_path_factory.mktemp("symshape") / "decoder.so")
     session = ort.InferenceSession(str(MODEL), providers=["CPUExecutionProvider"])
-    return VirtualMachine(so), session
+    return VirtualMachine(so), session, so
 
 
 def _feeds(batch: int, seq: int, past: int, seed: int) -> dict[str, np.ndarray]:
@@ -60,11 +62,11 @@ def _check(vm, session, feeds) -> list[np.ndarray]:
 @pytest.mark.parametrize("batch, seq, past", [(1, 7, 0), (2, 5, 3), (3, 16, 8), (1, 1, 24),
                                               (2, 1, 11)])
 def test_causal_mask_at_every_shape(decoder, batch, seq, past):
-    _check(*decoder, _feeds(batch, seq, past, batch * 100 + seq * 10 + past))
+    _check(*decoder[:2], _feeds(batch, seq, past, batch * 100 + seq * 10 + past))
 
 
 def test_prefill_then_decode_steps(decoder):
-    vm, session = decoder
+    vm, session, _ = decoder
     feeds = _feeds(2, 6, 0, 1)
     for _ in range(6):  # a prefill, then tokens one by one, the cache fed back
         logits, *present = _check(vm, session, feeds)
@@ -143,3 +145,23 @@ def test_gpt2_bias_sliced_by_past_and_seq(tmp_path):
         (want,) = session.run(None, {"x": x, "cache": cache})
         assert got.shape == want.shape == (batch, seq, past + seq)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_pipeline_run_decode_step(decoder, tmp_path):
+    """The C runtime alone (pipeline-run, .npy in and out) runs a decode step whose
+    mask needs past and seq at run time."""
+    _, session, so = decoder
+    run = tmp_path / "pipeline-run"
+    build_pipeline_run(run)
+    feeds = _feeds(2, 1, 9, 5)
+    args = []
+    for name, value in feeds.items():
+        np.save(tmp_path / f"{name}.npy", value)
+        args += ["--input", f"{name}={tmp_path / f'{name}.npy'}"]
+    proc = subprocess.run([run, so, *args, "--output-dir", tmp_path / "out"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for k, want in enumerate(session.run(None, feeds)):
+        got = np.load(tmp_path / "out" / f"output_{k}.npy")
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
