@@ -165,3 +165,23 @@ def test_pipeline_run_decode_step(decoder, tmp_path):
         got = np.load(tmp_path / "out" / f"output_{k}.npy")
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_sdpa_is_causal(tmp_path):
+    """torch's F.scaled_dot_product_attention(is_causal=True): Trilu over an Expand
+    of ones to [seq, seq] built from a shape value."""
+    path = MODEL.with_name("torch_sdpa_causal.onnx")
+    graph, params = pipeline.frontend.from_onnx(onnx.load(path), symbolic=True)
+    assert {"trilu", "expand"} <= {n.op for n in graph.nodes}
+    factory = pipeline.build(graph, target="llvm -mcpu=native", params=params, executor="vm",
+                             dims={"batch": (1, 3), "seq": (1, 40)})
+    vm = VirtualMachine(factory.export_library(tmp_path / "sdpa.so"))
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(4)
+    for batch, seq in ((1, 5), (3, 17), (2, 40), (1, 1)):
+        q, k, v = (rng.standard_normal((batch, HEADS, seq, HEAD_DIM)).astype(np.float32)
+                   for _ in range(3))
+        (got,) = vm.run(q, k, v)
+        (want,) = session.run(None, {"q": q, "k": k, "v": v})
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

@@ -1,4 +1,6 @@
-"""Writes torch_decoder_mask.onnx and torch_bert_mask.onnx beside this file.
+"""Writes torch_decoder_mask.onnx, torch_bert_mask.onnx and torch_sdpa_causal.onnx
+beside this file (the third: F.scaled_dot_product_attention(is_causal=True) over a
+dynamic batch and seq, which torch writes as Trilu over an Expand of a shape value).
 
 The first: a tiny GPT-style decoder with a KV cache and the causal mask written as
 users write it, exported by torch.onnx with dynamic axes batch, seq and past:
@@ -86,8 +88,18 @@ class Bert(nn.Module):
         return x + self.proj(a.transpose(1, 2).reshape(b, s, D))
 
 
+class CausalSdpa(nn.Module):
+    def forward(self, q, k, v):
+        return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 def main() -> None:
     torch.manual_seed(0)
+    q = torch.randn(2, HEADS, 5, D // HEADS)
+    torch.onnx.export(CausalSdpa(), (q, q, q), str(Path(__file__).with_name(
+        "torch_sdpa_causal.onnx")), input_names=["q", "k", "v"], output_names=["y"],
+        dynamic_axes={n: {0: "batch", 2: "seq"} for n in "qkvy"}, opset_version=17,
+        dynamo=False)
     bert = Path(__file__).with_name("torch_bert_mask.onnx")
     ids, mask = torch.randint(0, VOCAB, (2, 5)), torch.ones(2, 5, dtype=torch.int64)
     torch.onnx.export(Bert().eval(), (ids, mask), str(bert),
