@@ -11,6 +11,7 @@ from onnx import TensorProto, helper
 from pipeline.errors import ConfigError, GraphError, ModelError
 from pipeline.frontend import from_onnx
 from pipeline.ir.dims import (
+    dim_difference,
     dim_product,
     dim_quotient,
     dim_sum,
@@ -33,6 +34,9 @@ def test_expressions():
     assert dim_quotient("2*batch*seq", "batch") == "2*seq"
     assert dim_quotient("batch*seq", 2) is None and dim_quotient("seq", "batch") is None
     assert dim_quotient("4*n", 4) == "n" and dim_quotient("2*past+2", 2) == "past+1"
+    assert dim_difference("past+seq", "past") == "seq" and dim_difference("seq+1", 1) == "seq"
+    assert dim_difference("seq", "seq") == 0 and dim_difference("seq", "past") is None
+    assert dim_difference(3, "seq") is None
     assert dim_sum(["past", 1]) == "past+1" and dim_sum(["past+1", "past"]) == "2*past+1"
     assert dim_product(["past+1", 2]) == "2*past+2" and dim_sum([2, 3]) == 5
     assert substitute(("batch", "2*seq", 3), {"batch": 2, "seq": 5}) == (2, 10, 3)
