@@ -51,3 +51,19 @@ def reload_shapes(kb, params: list[TensorType], symbols: tuple[str, ...]
     """`params` with Index shapes valid in the function kb builds now (inside a
     parallel_for body: from its rebound dims buffer)."""
     return _apply(kb, kb.buffers[len(params)].ptr, params, symbols)
+
+
+def dim_value(kb, d) -> Index:
+    """Dimension expression `d` of a kernel's attributes (its symbols renamed s0,
+    s1... by kernel_spec) as an Index: the symbols' values are the dims array, the
+    kernel's last buffer; an int is a constant."""
+    if not isinstance(d, str):
+        return kb.i64(int(d))
+    dims = kb.buffers[-1]
+    total = kb.i64(0)
+    for names, coeff in dim_terms(d):
+        term = kb.i64(coeff)
+        for name in names:
+            term = term * kb.index(kb.load(dims, int(name[1:])))
+        total = total + term
+    return total

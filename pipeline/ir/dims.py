@@ -16,8 +16,9 @@ from collections.abc import Iterable, Mapping
 
 from pipeline.errors import GraphError
 
-__all__ = ["check_bounds", "dim_product", "dim_quotient", "dim_sum", "dim_terms", "is_symbol",
-           "is_symbolic", "parse_bounds", "rename_dim", "substitute", "symbols_of"]
+__all__ = ["check_bounds", "dim_difference", "dim_product", "dim_quotient", "dim_sum",
+           "dim_terms", "is_symbol", "is_symbolic", "parse_bounds", "rename_dim", "substitute",
+           "symbols_of"]
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -105,6 +106,17 @@ def dim_sum(dims: Iterable) -> int | str:
     for d in dims:
         for key, c in _terms(d).items():
             acc[key] = acc.get(key, 0) + c
+    return _make({k: c for k, c in acc.items() if c})
+
+
+def dim_difference(a, b) -> int | str | None:
+    """a - b when no coefficient of the result is negative (Range's length
+    `past+seq - past`), else None: the expression type has no subtraction."""
+    acc = _terms(a)
+    for key, c in _terms(b).items():
+        acc[key] = acc.get(key, 0) - c
+    if any(c < 0 for c in acc.values()):
+        return None
     return _make({k: c for k, c in acc.items() if c})
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 
+from pipeline.dsl.dims import dim_value
 from pipeline.kernels.registry import lowering
 
 
@@ -83,9 +84,11 @@ for _op in ("topk_values", "topk_indices"):
     lowering(_op, lower=_topk_lower)
 
 
-def _trilu_lower(kb, node, ins, out, epilogue):
+def _trilu_lower(kb, node, ins, out, epilogue, shapes=None):
     x = ins[0]
-    k, upper = node.attr("k"), node.attr("upper")
+    # k over symbolic dimensions (torch's triu(past + 1)): dims, frontend/onnx/scan.py
+    k = dim_value(kb, node.attr("dims")[0]) if "dims" in dict(node.attrs) else node.attr("k")
+    upper = node.attr("upper")
     with kb.nest(out.type.shape, "o") as index:
         o = kb.dot(index, out.strides)
         diagonal = index[-1] - index[-2]  # column - row
@@ -93,4 +96,4 @@ def _trilu_lower(kb, node, ins, out, epilogue):
         kb.store(out, o, kb.select(keep, kb.load(x, o), kb.const(0, x.elem)))
 
 
-lowering("trilu", lower=_trilu_lower)
+lowering("trilu", lower=_trilu_lower, lower_dims=_trilu_lower)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+from pipeline.dsl.dims import dim_value
 from pipeline.dsl.vector import ELEMENT_WORK, parallel_for
 from pipeline.kernels.registry import lowering
 from pipeline.kernels.runtime_dims import concat_dims
@@ -56,3 +57,20 @@ def _concat_lower(kb, node, ins, out, epilogue):
 lowering("concat", lower=_concat_lower, lower_dims=concat_dims)
 
 lowering("expand", scalar=lambda kb, a, node: a[0])
+
+
+def _iota_lower(kb, node, ins, out, epilogue, shapes=None):
+    start, delta = dim_value(kb, node.attr("dims")[0]), node.attr("delta")
+    with kb.loop(0, out.type.shape[0], "i") as i:
+        value = kb.cast((start + i * delta).value, out.type.dtype)
+        kb.store(out, i, epilogue(value, [i]) if epilogue is not None else value)
+
+
+def _dim_values_lower(kb, node, ins, out, epilogue, shapes=None):
+    for k, d in enumerate(node.attr("dims")):
+        value = kb.cast(dim_value(kb, d).value, out.type.dtype)
+        kb.store(out, k, epilogue(value, [k]) if epilogue is not None else value)
+
+
+lowering("iota", lower=_iota_lower, lower_dims=_iota_lower)
+lowering("dim_values", lower=_dim_values_lower, lower_dims=_dim_values_lower)

@@ -150,7 +150,8 @@ def kernel_spec(node: Node, graph: Graph, target: Target, opt_level: int) -> Ker
         rename = {n: f"s{k}" for k, n in enumerate(names)}
         params = tuple(TensorType(_renamed(t.shape, rename), t.dtype) for t in params)
         ops = [Node(n.op, n.name, n.inputs, n.outputs, tuple(
-            (k, _renamed(v, rename) if k == "shape" else v) for k, v in n.attrs)) for n in ops]
+            (k, _renamed(v, rename) if k in ("shape", "dims") else v)
+            for k, v in n.attrs)) for n in ops]
     version = kernel_version(tuple(n.op for n in ops))
     if target.kind == "c":  # and the C translation's, and how it is compiled
         version = f"{version}+c{c_version()}"

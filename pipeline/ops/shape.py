@@ -56,3 +56,21 @@ register("expand", OpKind.ELEMENTWISE,
          float64=True,
          sample=lambda rng, dtype: ([rng.uniform(-2, 2, (3, 1)).astype(dtype)],
                                     {"shape": (2, 3, 4)}))
+
+
+# Values computed from symbolic dimensions (frontend/onnx/symbolic.py): `dims` holds
+# ints and dimension expressions, evaluated by the kernel from its runtime dims; the
+# inputs are only there to carry symbols the output's shape lacks (their data is
+# not read). iota: out[i] = dims[0] + i * delta, i < dims[1] (a Range over a symbolic
+# length); dim_values: the `dims` themselves in `shape` (a shape value read as data).
+# (the numpy references take int dims only: what fold_constant and the tests give them)
+register("iota", OpKind.OPAQUE,
+         lambda types, node: [TensorType((node.attr("dims")[1],), node.attr("dtype"))],
+         numpy=lambda xs, node: [(node.attr("dims")[0] + node.attr("delta") * np.arange(
+             node.attr("dims")[1])).astype(node.attr("dtype"))], float64=True,
+         sample=lambda rng, dtype: ([], {"dims": (3, 5), "delta": 1, "dtype": dtype}))
+register("dim_values", OpKind.OPAQUE,
+         lambda types, node: [TensorType(tuple(node.attr("shape")), node.attr("dtype"))],
+         numpy=lambda xs, node: [np.array(node.attr("dims"), node.attr("dtype")).reshape(
+             node.attr("shape"))], float64=True,
+         sample=lambda rng, dtype: ([], {"dims": (3, 5), "shape": (2,), "dtype": dtype}))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pipeline.ir.dims import is_symbolic
 from pipeline.ir.graph import Graph, Node
 from pipeline.ops import OpKind, get
 from pipeline.transform.context import PassConfig
@@ -16,7 +17,11 @@ def fold_constant(graph: Graph, params: dict, cfg: PassConfig):
     nodes = []
     for node in graph.nodes:
         impl = get(node.op).numpy if node.op != "fused" else None
-        if impl and all(i in params for i in node.inputs) and not outputs & set(node.outputs):
+        # a run-time size, or values from run-time dims (iota, dim_values, a trilu's k)
+        symbolic = is_symbolic(node.attr("dims", ())) or any(
+            is_symbolic(graph.types[o].shape) for o in node.outputs)
+        if impl and all(i in params for i in node.inputs) and not outputs & set(node.outputs) \
+                and not symbolic:
             values = impl([params[i] for i in node.inputs], node)
             for name, value in zip(node.outputs, values, strict=True):
                 params[name] = value.astype(graph.types[name].dtype)

@@ -11,6 +11,7 @@ from onnx import TensorProto, helper
 from pipeline.errors import ConfigError, GraphError, ModelError
 from pipeline.frontend import from_onnx
 from pipeline.ir.dims import (
+    dim_difference,
     dim_product,
     dim_quotient,
     dim_sum,
@@ -33,6 +34,9 @@ def test_expressions():
     assert dim_quotient("2*batch*seq", "batch") == "2*seq"
     assert dim_quotient("batch*seq", 2) is None and dim_quotient("seq", "batch") is None
     assert dim_quotient("4*n", 4) == "n" and dim_quotient("2*past+2", 2) == "past+1"
+    assert dim_difference("past+seq", "past") == "seq" and dim_difference("seq+1", 1) == "seq"
+    assert dim_difference("seq", "seq") == 0 and dim_difference("seq", "past") is None
+    assert dim_difference(3, "seq") is None
     assert dim_sum(["past", 1]) == "past+1" and dim_sum(["past+1", "past"]) == "2*past+1"
     assert dim_product(["past+1", 2]) == "2*past+2" and dim_sum([2, 3]) == 5
     assert substitute(("batch", "2*seq", 3), {"batch": 2, "seq": 5}) == (2, 10, 3)
@@ -116,12 +120,24 @@ def test_import_keeps_dim_params_for_the_vm_only():
     graph, _ = from_onnx(view, symbolic=True)
     assert graph.types["y"] == TensorType(("batch", "2*seq", 4))
     assert [n.op for n in graph.nodes] == ["reshape"]
-    # ... and any other use of such a value is refused in one line
+    # ... ConstantOfShape of such a value is an expand to a symbolic shape ...
     fill = _model([helper.make_node("Shape", ["x"], ["s"]),
                    helper.make_node("ConstantOfShape", ["s"], ["y"])], [],
                   ["batch", "seq", 8])
-    with pytest.raises(ModelError, match="depends on a symbolic dimension") as err:
-        from_onnx(fill, symbolic=True)
+    graph, _ = from_onnx(fill, symbolic=True)
+    assert [n.op for n in graph.nodes] == ["expand"]
+    assert graph.types["y"] == TensorType(("batch", "seq", 8))
+    # ... a Range of a symbolic length by a step other than 1 is refused in one line
+    steps = _model([helper.make_node("Shape", ["x"], ["s"]),
+                    helper.make_node("Gather", ["s", "one"], ["n"], axis=0),
+                    helper.make_node("Range", ["zero", "n", "two"], ["r"]),
+                    helper.make_node("Cast", ["r"], ["c"], to=TensorProto.FLOAT),
+                    helper.make_node("Add", ["x", "c"], ["y"])],
+                   [helper.make_tensor(k, TensorProto.INT64, [], [v])
+                    for k, v in (("zero", 0), ("one", 1), ("two", 2))],
+                   ["batch", "seq", 8])
+    with pytest.raises(ModelError, match="Range.*by 2 over symbolic") as err:
+        from_onnx(steps, symbolic=True)
     assert "\n" not in str(err.value)
 
 

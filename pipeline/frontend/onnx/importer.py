@@ -25,8 +25,9 @@ from pipeline.errors import (
 )
 from pipeline.frontend.onnx.registry import onnx_converter
 from pipeline.frontend.onnx.shapes import input_type, onnx_shape_inference
-from pipeline.frontend.onnx.symbolic import symbolic_numpy
+from pipeline.frontend.onnx.symbolic import materialize, symbolic_numpy
 from pipeline.frontend.onnx.widen import widen
+from pipeline.ir.dims import is_symbolic
 from pipeline.ir.graph import DTYPES, ONNX_DTYPES, Graph, Node, TensorType, add_param
 from pipeline.ops import get
 from pipeline.ops import infer_types as infer_op_types
@@ -139,7 +140,8 @@ class ImportContext:
             return (name in self.params or name in self.pending or name in self.values
                     or name in self.symbolic)
 
-        if node.op in CONTROL_OPS:  # run by the VM, never at build time
+        if node.op in CONTROL_OPS or any(  # run by the VM, never at build time
+                isinstance(v, tuple) and is_symbolic(v) for _, v in node.attrs):
             return
         if get(node.op).numpy is not None and all(known(i) for i in node.inputs):
             self.pending.update(dict.fromkeys(node.outputs, node))
@@ -241,6 +243,8 @@ def _import(model: onnx.ModelProto, shape: dict[str, tuple[int, ...]] | None,
     nodes = _convert_nodes(model, opset, ctx, onnx_shapes, source)
 
     outputs = tuple(o.name for o in g.output)
+    if symbolic:  # shape values read as data: frontend/onnx/symbolic.py
+        nodes = materialize(ctx, nodes, tuple(vi.name for vi in inputs))
     nodes = _constant_outputs(ctx, outputs) + _live(nodes, outputs)
     used = {i for n in nodes for i in n.inputs} | set(outputs)
     kept = {name: v for name, v in params.items() if name in used}

@@ -9,6 +9,7 @@ import numpy as np
 from pipeline.errors import ModelError
 from pipeline.frontend.onnx.registry import onnx_op
 from pipeline.frontend.onnx.shape import const_or_runtime, need_const, norm_axis
+from pipeline.frontend.onnx.symbolic import symbolic_slice
 from pipeline.ir.graph import Node
 from pipeline.ops.index import slice_node
 
@@ -37,9 +38,13 @@ def _slice_args(ctx, n):
     return starts, ends, axes, steps or [1] * len(starts)
 
 
-@onnx_op("Slice", 1, emits=("slice", "slice_to"), build_time_inputs=(1, 2, 3, 4))
+@onnx_op("Slice", 1, emits=("slice", "slice_to", "iota", "gather", "identity"),
+         build_time_inputs=(1, 2, 3, 4))
 def _slice(ctx, n):
     shape = ctx.type(n.inputs[0]).shape
+    symbolic = symbolic_slice(ctx, n) if n.opset >= 10 else None
+    if symbolic is not None:  # starts or ends over symbolic dimensions
+        return symbolic
     runtime = [i for i in n.inputs[1:5] if i and const_or_runtime(ctx, i, n) is None]
     if n.opset >= 10 and runtime:  # runtime starts, ends or steps: only the VM runs it
         return _runtime_slice(ctx, n, shape)

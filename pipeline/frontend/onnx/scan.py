@@ -7,6 +7,7 @@ import numpy as np
 from pipeline.errors import ModelError
 from pipeline.frontend.onnx.registry import onnx_op
 from pipeline.frontend.onnx.shape import const_or_runtime, need_const, norm_axis
+from pipeline.frontend.onnx.symbolic import symbolic_dims
 from pipeline.ir.graph import Node
 
 
@@ -52,6 +53,10 @@ def _topk(ctx, n):
 
 @onnx_op("Trilu", 14, emits=("trilu",), build_time_inputs=(1,))
 def _trilu(ctx, n):
+    k = ctx.const(n.inputs[1], True) if len(n.inputs) > 1 and n.inputs[1] else None
+    if k is not None and k.dtype == object:  # symbolic.py: the kernel computes k
+        return [Node.make("trilu", n.name, n.inputs[:1], n.outputs[:1], k=0,
+                          dims=symbolic_dims(k)[:1], upper=int(n.attrs.get("upper", 1)))]
     k = need_const(ctx, n, 1, "the k input")
     return [Node.make("trilu", n.name, n.inputs[:1], n.outputs[:1],
                       k=0 if k is None else int(np.asarray(k).reshape(-1)[0]),

@@ -8,6 +8,7 @@ import numpy as np
 
 from pipeline.errors import GraphError, ModelError
 from pipeline.frontend.onnx.registry import Limit, onnx_converter, onnx_op
+from pipeline.frontend.onnx.symbolic import symbolic_dims, symbolic_range
 from pipeline.ir.dims import dim_product, dim_quotient, is_symbolic
 from pipeline.ir.graph import ONNX_DTYPES, Node
 
@@ -144,6 +145,10 @@ def _concat(ctx, n):
 
 @onnx_op("Expand", 8, emits=("expand", "expand_to"), build_time_inputs=(1,))
 def _expand(ctx, n):
+    shape = ctx.const(n.inputs[1], True)
+    if shape is not None and shape.dtype == object:  # symbolic.py
+        return [Node.make("expand", n.name, n.inputs[:1], n.outputs[:1],
+                          shape=symbolic_dims(shape))]
     shape = const_or_runtime(ctx, n.inputs[1], n)
     if shape is None:  # a runtime shape: only the VM runs it (ops/dynamic.py)
         return [Node.make("expand_to", n.name, n.inputs[:2], n.outputs[:1])]
@@ -170,14 +175,19 @@ def _size(ctx, n):
     return []
 
 
-@onnx_op("ConstantOfShape", 9, emits=("fill",), build_time_inputs=(0,))
+@onnx_op("ConstantOfShape", 9, emits=("fill", "expand"), build_time_inputs=(0,))
 def _constant_of_shape(ctx, n):
     from onnx import numpy_helper  # converters run at import, where onnx is loaded
 
-    shape = const_or_runtime(ctx, n.inputs[0], n)
     value = n.attrs.get("value")
     fill = numpy_helper.to_array(value).reshape(-1) if value is not None else \
         np.zeros(1, np.float32)
+    shape = ctx.const(n.inputs[0], True)
+    if shape is not None and shape.dtype == object:  # symbolic.py: the value expanded
+        scalar = ctx.add_param(f"{n.outputs[0]}.value", fill[:1].reshape(()))
+        return [Node.make("expand", n.name, (scalar,), n.outputs[:1],
+                          shape=symbolic_dims(shape))]
+    shape = const_or_runtime(ctx, n.inputs[0], n)
     if shape is None:  # a runtime shape: only the VM runs it (ops/dynamic.py)
         return [Node.make("fill", n.name, n.inputs[:1], n.outputs[:1],
                           value=fill[0].item(), dtype=str(fill.dtype))]
@@ -191,8 +201,12 @@ _MINIFLOAT_RANGE = Limit("a bfloat16 or float8 Range (run by the VM)",
                          lambda v: v.inputs[0] is not None and v.inputs[0][0] in range(16, 21))
 
 
-@onnx_op("Range", 11, emits=("range",), build_time_inputs=(0, 1, 2), limits=(_MINIFLOAT_RANGE,))
+@onnx_op("Range", 11, emits=("range", "iota"), build_time_inputs=(0, 1, 2),
+         limits=(_MINIFLOAT_RANGE,))
 def _range(ctx, n):
+    values = [ctx.const(i, True) for i in n.inputs[:3]]
+    if all(v is not None for v in values) and any(v.dtype == object for v in values):
+        return [symbolic_range(n, *values, ctx.type(n.inputs[0]).dtype)]
     start, limit, delta = (const_or_runtime(ctx, i, n) for i in n.inputs[:3])
     if start is None or limit is None or delta is None:  # only the VM runs it
         return [Node.make("range", n.name, n.inputs[:3], n.outputs[:1])]
