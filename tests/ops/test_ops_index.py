@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from pipeline.errors import ModelError
+import pipeline
+from pipeline.errors import ModelError, UnsupportedOperatorError
 from pipeline.frontend import from_onnx
 from tests.support.compare import run_ours
 from tests.support.onnx_models import rand
@@ -44,10 +45,13 @@ def test_nll_target_outside_classes_is_a_runtime_error():
         run_ours(model, feeds)
 
 
-def test_topk_k_from_runtime_input_is_a_model_error():
+def test_topk_k_from_runtime_input_runs_only_in_the_vm():
+    """A k given at run time makes a data-dependent TopK: the graph executor refuses it
+    in one line naming it (the VM runs it: tests/runtime/test_vm_dynamic.py)."""
     model, feeds = graph("TopK", {"x": X, "k": i64(2)}, outputs=("v", "i"))
-    with pytest.raises(ModelError, match=r"\(TopK\): the K input 'k' must be known at build"):
-        from_onnx(model)
+    graph_ir, params = from_onnx(model)
+    with pytest.raises(UnsupportedOperatorError, match=r"\(topk\w*\).*only in the VM"):
+        pipeline.build(graph_ir, target="llvm", params=params)
 
 
 def test_loss_on_int_input_names_the_node():
