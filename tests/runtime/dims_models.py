@@ -8,23 +8,15 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
+
+from tests.support.onnx_models import GraphParts
 
 VOCAB, HIDDEN, HEADS = 50, 32, 4
 
 
-class _Net:
+class _Net(GraphParts):
     """Nodes and initializers being collected."""
-
-    def __init__(self, seed: int):
-        self.rng = np.random.default_rng(seed)
-        self.nodes, self.inits, self.k = [], [], 0
-
-    def const(self, value) -> str:
-        self.k += 1
-        name = f"c{self.k}"
-        self.inits.append(numpy_helper.from_array(np.asarray(value), name))
-        return name
 
     def weight(self, *shape, scale=0.2) -> str:
         return self.const((self.rng.standard_normal(shape) * scale).astype(np.float32))

@@ -19,29 +19,23 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from tests.support.nbits_models import nbits_node
+from tests.support.onnx_models import GraphParts
 
 VOCAB, HIDDEN, HEADS, LAYERS, POSITIONS = 512, 128, 4, 2, 256
 HEAD_DIM = HIDDEN // HEADS
 BLOCK = 32
 
 
-class _Decoder:
+class _Decoder(GraphParts):
     """Nodes and initializers being collected; `bits` 4 writes MatMulNBits in place of
     every MatMul by a weight, 0 keeps float32 MatMuls."""
 
     def __init__(self, seed: int, bits: int):
-        self.rng = np.random.default_rng(seed)
+        super().__init__(seed)
         self.bits = bits
-        self.nodes, self.inits, self.k = [], [], 0
-
-    def const(self, value) -> str:
-        self.k += 1
-        name = f"c{self.k}"
-        self.inits.append(numpy_helper.from_array(np.asarray(value), name))
-        return name
 
     def weight(self, *shape, scale=0.1) -> np.ndarray:
         return (self.rng.standard_normal(shape) * scale).astype(np.float32)

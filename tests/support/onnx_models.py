@@ -16,6 +16,21 @@ def rand(*shape: int, seed: int = 0, low: float = -1.0, high: float = 1.0) -> np
     return rng.uniform(low, high, size=shape).astype(np.float32)
 
 
+class GraphParts:
+    """Nodes and initializers being collected for a model; const() names a new
+    initializer c1, c2, ... and rng is seeded for the weights."""
+
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
+        self.nodes, self.inits, self.k = [], [], 0
+
+    def const(self, value) -> str:
+        self.k += 1
+        name = f"c{self.k}"
+        self.inits.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+
 def value_info(name: str, shape) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
 
