@@ -1,17 +1,5 @@
-"""attention: softmax(Q Kᵀ * scale [+ mask]) V in one kernel (made by FuseAttention,
-pipeline/transform/attention.py, from the MatMul, Div/Mul, Add, Softmax, MatMul
-chain exporters write, and by the Attention converters).
-
-Inputs q, k, v [, mask]; each of q, k, v is read in its own memory layout
-through a permutation (`q_perm`, `k_perm`, `v_perm`: logical dim t is the
-operand's dim perm[t]), so the head-splitting Transposes before the products
-are never materialised; the logical operands are Q [B, Hq, Sq, D],
-Kᵀ [B, Hkv, D, Sk] and V [B, Hkv, Sk, Dv] (query head h reads key head
-h // group). The result [B, Hq, Sq, Dv] is written through `out_perm` (the
-output's dim t is logical dim out_perm[t]), so the Transpose that merges the
-heads again is not materialised either. mask broadcasts to [B, Hq, Sq, Sk]
-(numpy rules) and is added after the scale and the softcap. With `output` other
-than "y" the kernel writes a row of scores instead (ops/attention.py OUTPUTS).
+"""The attention kernel: softmax(Q Kᵀ * scale [+ mask]) V, its operands read through
+their perms (the operator, its inputs, attributes and layouts: pipeline/ops/attention.py).
 
 Per (b, key head) work item (split over threads): Kᵀ and V are packed into zero-padded
 stack panels ([D][Sk'] and [Sk][Dv'], Sk' and Dv' whole vectors) once for the group
