@@ -94,9 +94,13 @@ def test_doit_bench_writes_report(tmp_path):
     assert "| tiny2 | llvm | 2 |" in summary_md
     assert ("Core-to-core round trip" in summary_md) == (len(os.sched_getaffinity(0)) > 1)
     first = report_path.stat().st_mtime_ns
-    code, _, out = run("bench", "rounds=1", "runs=1", "warmup=0", "threads=1", "model=tiny")
+    code, _, out = run("bench", "rounds=1", "runs=1", "warmup=0", "threads=1", "model=tiny",
+                       "peers=onnxruntime")
     assert code == 0, out
     assert report_path.stat().st_mtime_ns != first  # always runs when asked
+    assert set(json.loads(report_path.read_text())["peers"]) == {"onnxruntime"}
+    code, _, out = run("bench", "peers=tensorrt", "model=tiny")
+    assert code != 0 and "peers must be some of onnxruntime, openvino, got 'tensorrt'" in out
     code, _, out = run("bench", "runs=zero")
     assert code != 0 and "runs must be integers >= 1" in out
 

@@ -66,12 +66,14 @@ def task_conformance(sel: Selection):
 
 
 def task_bench(sel: Selection):
-    """Time each library against onnxruntime, each side in its own fresh process (never
-    part of build; always runs when asked): bench.json, then bench:summary, the suite
-    table out/bench-summary.md (.json). Options: threads=1,2 rounds=3 runs=10
-    warmup=10 profile=1."""
+    """Time each library against its peers (onnxruntime, and OpenVINO when installed),
+    each side in its own fresh process (never part of build; always runs when asked):
+    bench.json, then bench:summary, the suite table out/bench-summary.md (.json).
+    Options: threads=1,2 rounds=3 runs=10 warmup=10 profile=1 peers=onnxruntime,openvino
+    (default: every installed peer)."""
     opts = [get_var(k, d) for k, d in (("threads", "1,2"), ("rounds", "3"), ("runs", "10"),
                                        ("warmup", "10"), ("profile", "0"))]
+    peers = get_var("peers", None)
     reports, peak = [], path(OUT, "bench-peak.json")
     # An entry of executor aot has no .so to time (its sizes are the budget task's);
     # a VM entry's .so runs in the VM.
@@ -87,7 +89,8 @@ def task_bench(sel: Selection):
                             *([on_target["pipeline_run"]] if on_target else [])],
                "actions": [(run_stage, ["tools.bench:bench_library", a["so"], onnx_path(m),
                                         {k: list(v) for k, v in m.inputs.items()},
-                                        m.name, t.name, reports[-1], peak, *opts, on_target])]}
+                                        m.name, t.name, reports[-1], peak, *opts, on_target,
+                                        peers])]}
     # After every entry's bench ("summary" has no "@", so no entry is called so).
     summary = [path(OUT, "bench-summary.md"), path(OUT, "bench-summary.json")]
     yield {"name": "summary", "verbosity": 2, "uptodate": [False],
