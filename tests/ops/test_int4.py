@@ -2,8 +2,8 @@
 casts both ways on odd sizes large enough to split over threads (the nibble stores of
 two threads may share a byte), QuantizeLinear to them, blocked DequantizeLinear of
 int4 weights feeding MatMul (the QDQ form of onnxruntime's 4-bit quantizer), the
-params keeping them packed, and pipeline-run reading and writing them; against
-onnx.reference."""
+params keeping them packed (with the 2-bit ones, in tests/ops/test_lowbit2.py), and
+pipeline-run reading and writing them and int2; against onnx.reference."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from onnx.reference import ReferenceEvaluator
 import pipeline
 from pipeline.ir.nibbles import pack_nibbles
 from pipeline.link.runtime_c import build_pipeline_run
-from pipeline.runtime.params import load_params, save_params
 from tests.support.compare import run_ours
 
 t = helper.make_tensor_value_info
@@ -110,30 +109,22 @@ def test_onnxruntime_qdq_4bit_form_matches_onnxruntime():
                                rtol=1e-4, atol=1e-4)
 
 
-def test_params_hold_4_bit_values_packed():
-    values = {"a": np.array([[-8, 7, -1], [3, 0, 5]], ml_dtypes.int4),
-              "b": np.array([15, 0, 9], ml_dtypes.uint4)}
-    data = save_params(values)
-    back = load_params(data)
-    for name, value in values.items():
-        assert back[name].dtype == value.dtype
-        np.testing.assert_array_equal(back[name].astype(np.int8), value.astype(np.int8))
-    # 6 and 3 values: 3 and 2 bytes of data
-    assert len(data) == len(save_params({"a": np.zeros((2, 3), np.uint8)[:1, :3],
-                                         "b": np.zeros(2, np.uint8)}))
-
-
-def test_pipeline_run_reads_and_writes_int4_one_value_a_byte(tmp_path):
+@pytest.mark.parametrize("code, dtype, span", [(T.INT4, ml_dtypes.int4, 16),
+                                              (T.INT2, ml_dtypes.int2, 4)])
+def test_pipeline_run_reads_and_writes_sub_byte_ints_one_value_a_byte(tmp_path, code, dtype,
+                                                                      span):
+    """pipeline-run takes an int4/int2 input as ml_dtypes' .npy or as int8, and writes
+    the output as int8, one value a byte."""
     model = _model([helper.make_node("Cast", ["q"], ["f"], to=T.FLOAT),
                     helper.make_node("Neg", ["f"], ["g"]),
-                    helper.make_node("Cast", ["g"], ["y"], to=T.INT4)],
-                   [t("q", T.INT4, [3, 5])], [t("y", T.INT4, [3, 5])])
+                    helper.make_node("Cast", ["g"], ["y"], to=code)],
+                   [t("q", code, [3, 5])], [t("y", code, [3, 5])])
     graph, params = pipeline.frontend.from_onnx(model)
     so = pipeline.build(graph, target="llvm -mcpu=native", params=params).export_library(
         tmp_path / "m.so")
     run = tmp_path / "pipeline-run"
     build_pipeline_run(run)
-    q = (np.arange(15) % 16 - 8).astype(ml_dtypes.int4).reshape(3, 5)
+    q = (np.arange(15) % span - span // 2).astype(dtype).reshape(3, 5)
     want = ReferenceEvaluator(model).run(None, {"q": q})[0]
     for k, saved in enumerate([q, q.astype(np.int8)]):
         np.save(tmp_path / "q.npy", saved)

@@ -1,12 +1,11 @@
 """int2, uint2 (four to a byte), float4_e2m1fn (two to a byte) and float8_e8m0fnu
 tensors: casts both ways on odd sizes large enough to split over threads (the stores of
 two threads may share a byte), e8m0's round modes and saturation, QuantizeLinear and
-DequantizeLinear, the params keeping them packed and pipeline-run reading and writing
-them one a byte; against onnx.reference, bit for bit."""
+DequantizeLinear, and the params keeping them (and int4, uint4) packed; against
+onnx.reference, bit for bit. pipeline-run's int2 files are tested with int4's in
+tests/ops/test_int4.py."""
 
 from __future__ import annotations
-
-import subprocess
 
 import ml_dtypes
 import numpy as np
@@ -15,8 +14,6 @@ from onnx import TensorProto as T
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
-import pipeline
-from pipeline.link.runtime_c import build_pipeline_run
 from pipeline.runtime.params import load_params, save_params
 from tests.support.compare import run_ours
 
@@ -88,39 +85,21 @@ def test_quantize_and_dequantize_per_axis(code):
     np.testing.assert_array_equal(got[1], want[1])
 
 
-def test_params_hold_2_bit_values_packed():
+def test_params_hold_sub_byte_values_packed():
     values = {"a": np.array([[-2, 1, -1], [0, 1, -2], [1, 1, 0]], ml_dtypes.int2),
               "b": np.array([3, 0, 2, 1, 3], ml_dtypes.uint2),
               "c": np.array([-6, 0.5, 3], ml_dtypes.float4_e2m1fn),
-              "d": np.array([1, 2 ** -20, 2 ** 30], ml_dtypes.float8_e8m0fnu)}
+              "d": np.array([1, 2 ** -20, 2 ** 30], ml_dtypes.float8_e8m0fnu),
+              "e": np.array([[-8, 7, -1], [3, 0, 5]], ml_dtypes.int4),
+              "f": np.array([15, 0, 9], ml_dtypes.uint4)}
     data = save_params(values)
     back = load_params(data)
     for name, value in values.items():
         assert back[name].dtype == value.dtype
         np.testing.assert_array_equal(_bits(back[name]), _bits(value))
-    # 9 int2 values: 3 bytes of data; 5 uint2: 2; 3 float4: 2
+    # 9 int2 values: 3 bytes of data; 5 uint2: 2; 3 float4: 2; 6 int4: 3; 3 uint4: 2
     assert len(data) == len(save_params({"a": np.zeros((1, 3), np.uint8),
                                          "b": np.zeros(2, np.uint8), "c": np.zeros(2, np.uint8),
-                                         "d": np.zeros(3, ml_dtypes.float8_e8m0fnu)}))
-
-
-def test_pipeline_run_reads_and_writes_int2_one_value_a_byte(tmp_path):
-    model = _model([helper.make_node("Cast", ["q"], ["f"], to=T.FLOAT),
-                    helper.make_node("Neg", ["f"], ["g"]),
-                    helper.make_node("Cast", ["g"], ["y"], to=T.INT2)],
-                   [t("q", T.INT2, [3, 5])], [t("y", T.INT2, [3, 5])])
-    graph, params = pipeline.frontend.from_onnx(model)
-    so = pipeline.build(graph, target="llvm -mcpu=native", params=params).export_library(
-        tmp_path / "m.so")
-    run = tmp_path / "pipeline-run"
-    build_pipeline_run(run)
-    q = (np.arange(15) % 4 - 2).astype(ml_dtypes.int2).reshape(3, 5)
-    want = ReferenceEvaluator(model).run(None, {"q": q})[0]
-    np.save(tmp_path / "q.npy", q.astype(np.int8))
-    proc = subprocess.run([str(run), str(so), "--input", f"q={tmp_path / 'q.npy'}",
-                           "--output-dir", str(tmp_path / "o")], capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    got = np.load(tmp_path / "o" / "output_0.npy")
-    assert got.dtype == np.int8
-    np.testing.assert_array_equal(got, want.astype(np.int8))
+                                         "d": np.zeros(3, ml_dtypes.float8_e8m0fnu),
+                                         "e": np.zeros((1, 3), np.uint8),
+                                         "f": np.zeros(2, np.uint8)}))
