@@ -4,10 +4,9 @@ an ordinary program linking lib<m>.a, as a user's C program would.
 
 A bare-metal firmware is linked with picolibc (Debian's picolibc-arm-none-eabi and
 picolibc-riscv64-unknown-elf: `--specs=picolibc.specs --oslib=semihost`, its startup
-code and vector table,
-stdio on the host's files through semihosting) and placed in the board's memory
-map through picolibc.ld's `__flash`, `__ram` symbols; its stack is the kernels'
-largest stack use plus STACK_MARGIN.
+code and vector table, stdio on the host's files through semihosting) and placed in
+the board's memory map through picolibc.ld's `__flash`, `__ram` symbols; its stack
+is the kernels' largest stack use plus STACK_MARGIN.
 """
 
 from __future__ import annotations
