@@ -105,7 +105,8 @@ def c_object(text: str, target: Target, name: str) -> bytes:
     with tempfile.TemporaryDirectory() as work:
         Path(work, f"{name}.c").write_text(source)
         cmd = [*shlex.split(target.cc), "-c", "-fPIC", *CFLAGS,
-               *cc_machine_flags(target.triple, target.cpu), "-o", f"{name}.o", f"{name}.c"]
+               *cc_machine_flags(target.triple, target.cpu, target.features),
+               "-o", f"{name}.o", f"{name}.c"]
         try:
             proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, check=False)
         except OSError as err:

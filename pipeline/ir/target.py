@@ -148,7 +148,9 @@ def _object_format(triple: str) -> str:
 # What clang assumes for a riscv64 Linux triple without -march (RV64GC, the
 # ISA Debian and every Linux distribution build for): without it LLVM picks
 # soft-float code, which the system's double-float (lp64d) libraries refuse.
-_DEFAULT_FEATURES = {"riscv64": "+m,+a,+f,+d,+c"}
+# Bare-metal riscv32 gets RV32GC: qemu's virt board runs it and picolibc ships its
+# rv32imafdc/ilp32d multilib (LLVM's default ABI with +d is ilp32d).
+_DEFAULT_FEATURES = {"riscv64": "+m,+a,+f,+d,+c", "riscv32": "+m,+a,+f,+d,+c"}
 
 
 # Named CPUs whose implied features we know without asking LLVM (features
@@ -224,7 +226,7 @@ def parse_target(text: str, cc: str | None = None) -> Target:
     if cpu == "native":
         cpu = llvm.get_host_cpu_name()
         features = dict(_split_features(llvm.get_host_cpu_features().flatten()))
-    elif "-mcpu" not in opts and "linux" in triple:
+    elif "-mcpu" not in opts and ("linux" in triple or bare_metal_triple(triple)):
         features = dict(_split_features(_DEFAULT_FEATURES.get(triple_arch(triple), "")))
     else:
         features = {}
@@ -241,11 +243,24 @@ def parse_target(text: str, cc: str | None = None) -> Target:
     return Target("llvm", triple, cpu, feature_text)
 
 
-def cc_machine_flags(triple: str, cpu: str) -> list[str]:
+# The gcc option that brings picolibc (headers, startup code, link script).
+PICOLIBC_SPECS = "--specs=picolibc.specs"
+
+
+def cc_machine_flags(triple: str, cpu: str, features: str = "") -> list[str]:
     """What the target's gcc needs to compile C for the kernels' machine and ABI:
     for a 32-bit Arm cpu (thumbv7em-unknown-none-eabihf, cortex-m4) the cpu, Thumb
-    and the float ABI of the triple, which also pick picolibc's multilib; nothing
-    for the other targets (their compiler's defaults are the kernels')."""
+    and the float ABI of the triple; for riscv32 the ISA of `features` (LLVM's
+    feature string; empty: the default RV32GC), LLVM's ABI for it (ilp32d with +d,
+    else ilp32) and picolibc's headers (riscv64-unknown-elf-gcc has no C library of
+    its own). Both also pick picolibc's multilib. Nothing for the other targets
+    (their compiler's defaults are the kernels')."""
+    if triple_arch(triple) == "riscv32":
+        on = {name for name, sign in _split_features(features
+                                                      or _DEFAULT_FEATURES["riscv32"])
+              if sign == "+"}
+        return ["-march=rv32i" + "".join(x for x in "mafdc" if x in on),
+                "-mabi=" + ("ilp32d" if "d" in on else "ilp32"), PICOLIBC_SPECS]
     if not triple.startswith(("thumb", "arm")) or triple.startswith("arm64"):
         return []
     abi = "hard" if triple.endswith("eabihf") else "soft"
@@ -297,10 +312,13 @@ def _normalize(triple: str) -> str:
     """A bare-metal triple in LLVM's four-word form: "thumbv7em-none-eabihf" ->
     "thumbv7em-unknown-none-eabihf". LLVM reads the three-word form's "none" as the
     vendor and loses the OS, and with it the hard-float ABI of "eabihf" (its libcalls,
-    floorf and fmaxf, then take their arguments in integer registers)."""
+    floorf and fmaxf, then take their arguments in integer registers). GCC's
+    "riscv32-unknown-elf" (no OS) is "riscv32-unknown-none-elf"."""
     words = triple.split("-")
     if len(words) == 3 and words[1] == "none":
         words.insert(1, "unknown")
+    elif len(words) == 3 and words[2] == "elf":
+        words.insert(2, "none")
     return "-".join(words)
 
 

@@ -135,8 +135,19 @@ def link_relocatable(output: PathLike, objects: Sequence[PathLike],
     """
     paths = _check_objects(objects)
     with temp_output(output) as tmp:
-        _run("relocatable link", [*_tool(cc), "-r", "-nostdlib", "-o", tmp, *paths,
-                                  *options])
+        _run("relocatable link", [*_tool(cc), "-r", "-nostdlib", *_emulation(paths[0]),
+                                  "-o", tmp, *paths, *options])
+
+
+def _emulation(path: str) -> list[str]:
+    """The linker emulation of an object its compiler's default would not pick: a
+    32-bit RISC-V object (riscv32) for riscv64-unknown-elf-gcc, which serves both
+    widths and links 64-bit by default. Read from the ELF header (class, e_machine)."""
+    with open(path, "rb") as f:
+        header = f.read(20)
+    if header[:4] == b"\x7fELF" and header[4] == 1 and header[18:20] == b"\xf3\x00":
+        return ["-Wl,-melf32lriscv"]
+    return []
 
 
 def compile_c(output: PathLike, source: PathLike, cc: str | None = None,
@@ -148,14 +159,14 @@ def compile_c(output: PathLike, source: PathLike, cc: str | None = None,
                          os.fspath(source)])
 
 
-def machine_flags(triple: str, cpu: str) -> list[str]:
+def machine_flags(triple: str, cpu: str, features: str = "") -> list[str]:
     """What the target's gcc needs to compile C for the kernels' machine and ABI
     (pipeline.ir.target.cc_machine_flags)."""
     # Imported here: ir.target loads llvmlite, which the runtime's imports of this
     # module must not.
     from pipeline.ir.target import cc_machine_flags
 
-    return cc_machine_flags(triple, cpu)
+    return cc_machine_flags(triple, cpu, features)
 
 
 def archiver(cc: str | None) -> list[str]:

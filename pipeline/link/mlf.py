@@ -76,7 +76,7 @@ def mlf_metadata(aot: AotModel, target: str, kernels: list[dict]) -> dict:
 def _compile(aot: AotModel, work: str, target: str, cc: str | None) -> list[str]:
     """The entry points' and the constants' objects, compiled by cc into `work`."""
     resolved = parse_target(target)
-    flags = machine_flags(resolved.triple, resolved.cpu)
+    flags = machine_flags(resolved.triple, resolved.cpu, resolved.features)
     base = os.path.join(work, aot.name)
     Path(work, f"{aot.name}.h").write_text(aot.header)
     Path(f"{base}_aot.c").write_text(aot.source)

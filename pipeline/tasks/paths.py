@@ -79,6 +79,8 @@ def artifacts(m: ModelEntry, t: TargetEntry) -> dict[str, str]:
             "devc": path(d, "devc.o"), "so": path(d, f"{m.name}.so"),
             "ro": path(d, f"{m.name}.ro"),
             "validation": path(d, "validation.json"),
+            # the library's flash and RAM measured from the built files (export, aot)
+            "sizes": path(d, "sizes.json"),
             # executor aot (docs/microcontrollers.md): the static library, its header,
             # the Model Library Format tar, its metadata.json, and the program that
             # runs the model on files (the test firmware on a bare-metal target)

@@ -223,30 +223,35 @@ def build_runtime(executor_path: str, run_path: str, cc: str | None = None,
 
 def export_library(lib0_path: str, devc_path: str, executor_path: str, out_path: str,
                    cc: str | None = None, vm: bool = False, graph_json_path: str | None = None,
-                   params_path: str | None = None) -> dict:
+                   params_path: str | None = None, sizes_path: str | None = None) -> dict:
     """lib0.o + devc.o + executor.o -> the deliverable shared library (or .tar),
     linked by cc (the target's compiler; None for the host's); vm: devc.o holds a
     .ro and executor_path is vm.o. Given the graph JSON and params a graph executor's
     .so was built from, returns {"note": its flash and RAM}
-    (runtime.metadata.library_sizes), what the build prints; else {} (a VM library's
-    memory is its program's, not a graph's plan)."""
+    (runtime.metadata.library_sizes), what the build prints, and writes them to
+    sizes_path (if given) as JSON; else {} and sizes.json holds {} (a VM library's
+    memory is its program's, not a graph's plan; a file not ELF is not measured)."""
     export.link_library(lib0_path, devc_path, out_path, cc, executor=executor_path, vm=vm)
-    if vm or graph_json_path is None or params_path is None or not out_path.endswith(".so"):
-        return {}
-    names = set(load_params(Path(params_path).read_bytes()))
-    try:
-        sizes = library_sizes(out_path, Path(graph_json_path).read_text(), names)
-    except ValueError:  # not little-endian ELF: nothing measured
-        return {}
-    return {"note": size_line(Path(out_path).stem, sizes)}
+    sizes = None
+    if not (vm or graph_json_path is None or params_path is None
+            or not out_path.endswith(".so")):
+        names = set(load_params(Path(params_path).read_bytes()))
+        try:
+            sizes = library_sizes(out_path, Path(graph_json_path).read_text(), names)
+        except ValueError:  # not little-endian ELF: nothing measured
+            pass
+    if sizes_path is not None:
+        atomic_write(sizes_path, json.dumps(sizes or {}, indent=1).encode())
+    return {"note": size_line(Path(out_path).stem, sizes)} if sizes else {}
 
 
 def build_aot_library(model: str, graph_json_path: str, params_path: str, kernels_path: str,
                       lib0_path: str, out: dict[str, str], cc: str | None = None) -> None:
     """Executor aot: graph JSON + params + lib0.o -> lib<m>.a, <m>.h, the Model Library
     Format tar and its metadata.json (pipeline.link.mlf), and the program running
-    the model on files (the firmware of a bare-metal target; pipeline.link.firmware).
-    out: {"archive", "header", "mlf", "metadata", "program"} -> path."""
+    the model on files (the firmware of a bare-metal target; pipeline.link.firmware),
+    and sizes.json (metadata.json's sizes: flash and RAM measured from the objects).
+    out: {"archive", "header", "mlf", "metadata", "program", "sizes"} -> path."""
     manifest = json.loads(Path(kernels_path).read_text())
     target = manifest["target"]
     metadata = build_aot(model, Path(graph_json_path).read_text(),
@@ -254,6 +259,8 @@ def build_aot_library(model: str, graph_json_path: str, params_path: str, kernel
                          cc, params_path, manifest["kernels"],
                          _kernel_sources(manifest) if parse_target(target).kind == "c" else None)
     atomic_write(out["metadata"], json.dumps(metadata, indent=1).encode())
+    (module,) = metadata["modules"].values()
+    atomic_write(out["sizes"], json.dumps(module["sizes"], indent=1).encode())
     link_aot_program(out["program"], out["archive"], out["header"], metadata,
                      parse_target(target), cc)
 

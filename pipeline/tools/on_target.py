@@ -39,12 +39,14 @@ _MEDIAN = re.compile(r"median ([0-9.]+) ms per run")
 def require_run(run: str | None, config: str, target: str, arch: str) -> list[str]:
     """The `run` prefix as words; PipelineError naming targets.<t>.run when it is unset
     or its program is not installed."""
-    if not run and "thumb" in arch:
+    if not run and ("thumb" in arch or arch == "riscv32"):
+        example = ("qemu-system-riscv32 -M virt -bios none" if arch == "riscv32"
+                   else "qemu-system-arm -M mps2-an386")
         raise PipelineError(
             f"{config}: targets.{target}.run is not set: a firmware for {arch} runs on its "
-            "board or an emulator of it; give the command the firmware follows, e.g. "
-            "\"qemu-system-arm -M mps2-an386 -nographic -semihosting-config "
-            "enable=on,target=native -kernel\" (Debian package qemu-system-arm)")
+            f"board or an emulator of it; give the command the firmware follows, e.g. "
+            f"\"{example} -nographic -semihosting-config enable=on,target=native -kernel\" "
+            f"(Debian package {'qemu-system-misc' if arch == 'riscv32' else 'qemu-system-arm'})")
     if not run:
         raise PipelineError(
             f"{config}: targets.{target}.run is not set: a library for {arch} cannot run on "

@@ -20,9 +20,13 @@ PACKAGES = {
     "chromium": "chromium",
     "arm-none-eabi-gcc": "gcc-arm-none-eabi",
     "qemu-system-arm": "qemu-system-arm",
+    "riscv64-unknown-elf-gcc": "gcc-riscv64-unknown-elf",
+    "qemu-system-riscv32": "qemu-system-misc",
 }
-# picolibc for arm-none-eabi (no command of its own): its gcc specs file.
+# picolibc for arm-none-eabi and riscv64-unknown-elf (no command of its own): its gcc
+# specs file.
 PICOLIBC_SPECS = "/usr/lib/picolibc/arm-none-eabi/picolibc.specs"
+PICOLIBC_RISCV_SPECS = "/usr/lib/picolibc/riscv64-unknown-elf/picolibc.specs"
 
 
 def require_tools(*commands: str) -> None:
@@ -40,8 +44,20 @@ def require_board() -> None:
     """Skip unless the Cortex-M toolchain, picolibc and qemu-system-arm are installed
     (gcc-arm-none-eabi, picolibc-arm-none-eabi, qemu-system-arm); under CI=true fail."""
     require_tools("arm-none-eabi-gcc", "qemu-system-arm")
-    if not os.path.exists(PICOLIBC_SPECS):
-        message = f"missing: {PICOLIBC_SPECS} (Debian package picolibc-arm-none-eabi)"
+    _require_file(PICOLIBC_SPECS, "picolibc-arm-none-eabi")
+
+
+def require_riscv32_board() -> None:
+    """Skip unless the bare-metal RISC-V toolchain, its picolibc and qemu-system-riscv32
+    are installed (gcc-riscv64-unknown-elf, picolibc-riscv64-unknown-elf,
+    qemu-system-misc); under CI=true fail."""
+    require_tools("riscv64-unknown-elf-gcc", "qemu-system-riscv32")
+    _require_file(PICOLIBC_RISCV_SPECS, "picolibc-riscv64-unknown-elf")
+
+
+def _require_file(path: str, package: str) -> None:
+    if not os.path.exists(path):
+        message = f"missing: {path} (Debian package {package})"
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"CI=true but {message}")
         pytest.skip(message)

@@ -1,6 +1,6 @@
 """The com.microsoft quantized operators onnxruntime's quantizer emits (QOperator
 format): QLinearAdd, QLinearMul, QLinearSigmoid, QLinearLeakyRelu,
-QLinearGlobalAveragePool, QLinearAveragePool, QLinearConcat and QGemm.
+QLinearGlobalAveragePool, QLinearAveragePool, QLinearConcat, QLinearSoftmax and QGemm.
 
 Semantics (onnxruntime's ContribOperators): every operand is uint8 or int8 with a
 scalar scale and zero point; the result is the float operator applied to the
@@ -52,13 +52,13 @@ def _typed(ctx, node) -> None:
                          strict=True))
 
 
-def _float_op(ctx, n, op_type: str, inputs, nodes: list) -> str:
-    """The nodes of ONNX operator `op_type` (the default domain's converter at the
-    model's opset, with `n`'s attributes) on float `inputs`; returns its output."""
+def _float_op(ctx, n, op_type: str, inputs, nodes: list, opset: int = 13) -> str:
+    """The nodes of ONNX operator `op_type` (the default domain's converter at
+    `opset`, with `n`'s attributes) on float `inputs`; returns its output."""
     out = f"{n.name}.float"
-    converter = onnx_converter(op_type, 13)
+    converter = onnx_converter(op_type, opset)
     inner = dataclasses.replace(n, op_type=op_type, inputs=tuple(inputs), outputs=(out,),
-                                opset=13)
+                                opset=opset)
     for node in converter.fn(ctx, inner):
         _typed(ctx, node)
         nodes.append(node)
@@ -126,6 +126,33 @@ def _qlinear_concat(ctx, n):
                 for k in range(2, len(n.inputs), 3)]
     return _quantized(ctx, n, _float_op(ctx, n, "Concat", operands, nodes), 0, n.inputs[2],
                       nodes)
+
+
+@onnx_op(MS + "QLinearSoftmax", 1, emits=(*_Q, "softmax"), build_time_inputs=(1, 2, 3, 4))
+def _qlinear_softmax(ctx, n):
+    """Inputs X, X_scale, X_zero_point, Y_scale, Y_zero_point; attributes axis and opset,
+    the original Softmax's opset: before 13 it flattens from axis (default 1), from 13
+    on it normalises along axis (default -1).
+
+    onnxruntime divides by the whole number floor(1 / Y_scale), not by Y_scale (the
+    same for the 1/256 its quantizer writes), so the output is quantized with the
+    scale 1 / floor(1 / Y_scale). (Its int8 kernel also wraps a probability that
+    rounds to 1.0 to -128, where this saturates to 127.)"""
+    if "opset" not in n.attrs:
+        raise ModelError(f"node {n.name!r} (QLinearSoftmax): the attribute opset (the "
+                         "original Softmax's) is missing")
+    y_scale = const_of(ctx, n, 3, "the output scale")
+    if y_scale is None or y_scale.size != 1 or not 0 < float(y_scale.reshape(())) <= 1:
+        raise ModelError(f"node {n.name!r} (QLinearSoftmax): Y_scale must be one value "
+                         "in (0, 1]")
+    levels = np.floor(np.float32(1) / np.float32(y_scale.reshape(())))
+    nodes: list = []
+    x = _dequantized(ctx, n, n.inputs[0], 1, nodes)
+    p = _float_op(ctx, n, "Softmax", (x,), nodes, opset=int(n.attrs["opset"]))
+    zp = const_of(ctx, n, 4, "the output zero point")
+    dtype = str(zp.dtype) if zp is not None else ctx.type(n.inputs[0]).dtype
+    return nodes + [emit_quantize(ctx, n, p, np.float32(1 / levels), zp, dtype, n.outputs[0],
+                                  len(ctx.type(p).shape))]
 
 
 @onnx_op(MS + "QGemm", 1, emits=("matmul_integer",), build_time_inputs=(1, 3, 4, 6, 7, 8))

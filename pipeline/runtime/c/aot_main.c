@@ -9,7 +9,8 @@
  *   -DPL_MODEL=<c name> -DPL_NUM_INPUTS=n -DPL_NUM_OUTPUTS=n -DPL_IO_SIZE=bytes
  *   -include <c name>.h [-DPL_SEMIHOST_EXIT]
  * PL_SEMIHOST_EXIT ends the program with semihosting SYS_EXIT_EXTENDED, which
- * makes qemu-system exit with the program's status (picolibc's exit does not).
+ * makes qemu-system exit with the program's status (picolibc's exit does not):
+ * on Arm through `bkpt 0xab`, on RISC-V through the slli/ebreak/srai sequence.
  * PL_COUNT_TICKS (an M-profile board) prints "ticks: N", the SysTick ticks of the
  * processor clock the model's run took (pipeline/tools/board_count.py: under
  * qemu -icount shift=0 a tick is a fixed number of executed instructions). */
@@ -29,9 +30,19 @@ static uint8_t io[PL_IO_SIZE + PL_ALIGN * (PL_NUM_INPUTS + PL_NUM_OUTPUTS) + 1]
 static void finish(int status) {
     /* SYS_EXIT_EXTENDED (0x20): {ADP_Stopped_ApplicationExit, status}. */
     uint32_t block[2] = {0x20026u, (uint32_t)status};
+#ifdef __riscv
+    /* The RISC-V semihosting trap: three uncompressed instructions the debugger
+     * (qemu) recognises around the ebreak, kept on one page by the alignment. */
+    register uint32_t r0 __asm__("a0") = 0x20u;
+    register uint32_t *r1 __asm__("a1") = block;
+    __asm__ volatile(".balign 16\n.option push\n.option norvc\n"
+                     "slli zero, zero, 0x1f\nebreak\nsrai zero, zero, 7\n.option pop"
+                     : "+r"(r0) : "r"(r1) : "memory");
+#else
     register uint32_t r0 __asm__("r0") = 0x20u;
     register uint32_t *r1 __asm__("r1") = block;
     __asm__ volatile("bkpt 0xab" : "+r"(r0) : "r"(r1) : "memory");
+#endif
     for (;;) {
     }
 }

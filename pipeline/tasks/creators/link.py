@@ -88,13 +88,16 @@ def task_export(sel: Selection):
         # A VM entry links vm.o instead (and says so: the stage's `vm` argument).
         vm = executor_of(m, t) == "vm"
         runtime = r["vm"] if vm else r["executor"]
-        # The graph JSON and params: what the library's sizes (the build prints) need.
+        # The graph JSON and params: what the library's sizes (the build prints and
+        # writes to sizes.json) need.
         yield sel.cached_stage(
             f"{m.name}@{t.name}", "tasks.stages:export_library",
-            [a["lib0"], a["devc"], runtime, a["so"], t.cc, vm, a["graph_json"], a["params"]],
+            [a["lib0"], a["devc"], runtime, a["so"], t.cc, vm, a["graph_json"], a["params"],
+             a["sizes"]],
             [a["lib0"], a["devc"], runtime, a["graph_json"], a["params"],
              *code_of("tasks.stages:export_library")],
-            [a["so"]], [options_changed(sel.toolchain[t.name], "toolchain"), sel.fetched],
+            [a["so"], a["sizes"]],
+            [options_changed(sel.toolchain[t.name], "toolchain"), sel.fetched],
             extra=sel.toolchain[t.name], fetch=(a["so"],))
 
 
@@ -108,12 +111,12 @@ def _aot_entries(sel: Selection) -> list:
     return [(m, t) for m, t in sel.entries if executor_of(m, t) == "aot"]
 
 
-AOT_OUTPUTS = ("archive", "header", "mlf", "metadata", "program")
+AOT_OUTPUTS = ("archive", "header", "mlf", "metadata", "program", "sizes")
 
 
 def task_aot(sel: Selection):
-    """Executor aot: lib<m>.a, <m>.h, the Model Library Format <m>.tar and the
-    program running the model on files (a bare-metal target's test firmware)."""
+    """Executor aot: lib<m>.a, <m>.h, the Model Library Format <m>.tar, the program
+    running the model on files (a bare-metal target's test firmware) and sizes.json."""
     src = [os.path.relpath(AOT_MAIN_C), *code_of("tasks.stages:build_aot_library")]
     for m, t in _aot_entries(sel):
         a = artifacts(m, t)
