@@ -5,19 +5,19 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.errors import ModelError
-from pipeline.frontend.onnx.registry import Limit, onnx_op
+from pipeline.frontend.onnx.registry import onnx_op
 from pipeline.frontend.onnx.shape import need_const
 from pipeline.ir.graph import Node
 
 _COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
-                "asymmetric", "tf_half_pixel_for_nn")
+                "asymmetric", "tf_half_pixel_for_nn", "tf_crop_and_resize")
 
 
 _NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil", "simple")
 
 
 def _resize_node(ctx, n, scales, sizes, coord: str, nearest: str, axes=None,
-                 policy: str = "stretch") -> Node:
+                 policy: str = "stretch", roi=None) -> Node:
     in_shape = ctx.type(n.inputs[0]).shape
     rank = len(in_shape)
     mode = n.text("mode", "nearest")
@@ -37,18 +37,30 @@ def _resize_node(ctx, n, scales, sizes, coord: str, nearest: str, axes=None,
         for a, size, ratio in zip(axes, sizes.tolist(), ratios, strict=True):
             shape[a] = int(size) if policy == "stretch" else \
                 int(np.floor(ratio * np.float32(in_shape[a]) + np.float32(0.5)))
-            full_scales[a] = float(ratio)
+            # in double when stretching: align_corners and tf_crop_and_resize compute
+            # in_len * scale in double, as ONNX's reference
+            full_scales[a] = int(size) / in_shape[a] if policy == "stretch" else float(ratio)
     elif scales is not None and scales.size:
         for a, s in zip(axes, scales.tolist(), strict=True):
             full_scales[a] = float(s)
             shape[a] = int(np.floor(np.float32(s) * np.float32(in_shape[a])))
     else:
         raise ModelError(f"node {n.name!r} ({n.op_type}): needs scales or sizes")
+    full_roi = []
+    if coord == "tf_crop_and_resize":  # [starts..., ends...] over every axis
+        if roi is None or roi.size != 2 * len(axes):
+            raise ModelError(f"node {n.name!r} ({n.op_type}): tf_crop_and_resize needs a roi "
+                             f"of {2 * len(axes)} values")
+        full_roi = [0.0] * rank + [1.0] * rank
+        for k, a in enumerate(axes):
+            full_roi[a], full_roi[rank + a] = float(roi[k]), float(roi[len(axes) + k])
     return Node.make("resize", n.name, n.inputs[:1], n.outputs[:1],
                      mode="linear" if mode == "bilinear" else mode, coord=coord,
                      nearest=nearest, scales=full_scales, shape=shape,
                      cubic_a=float(n.attrs.get("cubic_coeff_a", -0.75)),
-                     exclude_outside=int(n.attrs.get("exclude_outside", 0)))
+                     exclude_outside=int(n.attrs.get("exclude_outside", 0)),
+                     antialias=int(n.attrs.get("antialias", 0)), roi=full_roi,
+                     extrapolation=float(n.attrs.get("extrapolation_value", 0.0)))
 
 
 @onnx_op("Upsample", 7, emits=("resize",), build_time_inputs=(1,))
@@ -64,30 +76,23 @@ def _resize10(ctx, n):
     return [_resize_node(ctx, n, scales, None, "asymmetric", "simple")]
 
 
-# The ONNX spec (and reference) divide align_corners by in_len * scale - 1,
-# onnxruntime by out_len - 1: they differ when in_len * scale is not an integer;
-# we follow onnxruntime. Scales fed as an input are not known to the backend's
-# check, so that limit also skips integer upsampling cases.
-@onnx_op("Resize", 11, emits=("resize",), build_time_inputs=(1, 2, 3), limits=(
-    Limit("antialias", lambda n: bool(n.attrs.get("antialias", 0))),
-    Limit("coordinate_transformation_mode tf_crop_and_resize",
-          lambda n: n.attrs.get("coordinate_transformation_mode") == b"tf_crop_and_resize"),
-    Limit("align_corners with scales (ONNX reference and onnxruntime disagree)",
-          lambda n: n.attrs.get("coordinate_transformation_mode") == b"align_corners"
-          and n.given(2) and not n.given(3))))
+# align_corners divides by in_len * scale - 1 as ONNX's reference does (fractional
+# when a scale gives the output length; the spec's author confirmed it is meant so,
+# onnx/onnx#2462), not by out_len - 1 as onnxruntime: they differ when
+# in_len * scale is not an integer.
+@onnx_op("Resize", 11, emits=("resize",), build_time_inputs=(1, 2, 3))
 def _resize11(ctx, n):
     coord = n.text("coordinate_transformation_mode", "half_pixel")
-    if int(n.attrs.get("antialias", 0)):
-        raise ModelError(f"node {n.name!r} (Resize): antialias is not supported")
     policy = n.text("keep_aspect_ratio_policy", "stretch")
     if policy not in ("stretch", "not_larger", "not_smaller"):
         raise ModelError(f"node {n.name!r} (Resize): keep_aspect_ratio_policy {policy!r} "
                          "is not supported")
     scales = need_const(ctx, n, 2, "the scales input")
     sizes = need_const(ctx, n, 3, "the sizes input")
+    roi = need_const(ctx, n, 1, "the roi input") if coord == "tf_crop_and_resize" else None
     return [_resize_node(ctx, n, scales, sizes, coord,
                          n.text("nearest_mode", "round_prefer_floor"), n.attrs.get("axes"),
-                         policy)]
+                         policy, roi)]
 
 
 _GRID_MODES = {"bilinear": "linear", "bicubic": "cubic", "linear": "linear", "cubic": "cubic",
