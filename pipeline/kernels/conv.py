@@ -20,8 +20,7 @@ from pipeline.dsl.gemm_tile import PANEL_COLUMNS, tiled_gemm
 from pipeline.dsl.vector import ELEMENT_WORK, parallel_for
 from pipeline.kernels.registry import lowering
 from pipeline.kernels.windows import lower_1d, plane_epilogue
-from pipeline.ops.conv import causal_parts
-from pipeline.ops.geometry import ceil_div
+from pipeline.ops.geometry import causal_parts, ceil_div
 
 # Convolutions with at least this many output channels per group and this
 # long a reduction (C/groups * kh * kw) run as a GEMM; others (depthwise) direct.

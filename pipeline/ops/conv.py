@@ -11,6 +11,7 @@ import numpy as np
 
 from pipeline.errors import ModelError
 from pipeline.ir.graph import TensorType
+from pipeline.ops.geometry import causal_parts
 from pipeline.ops.registry import OpKind, register
 from pipeline.ops.windows import infer_1d, window_out
 
@@ -42,17 +43,6 @@ _conv1d_infer = infer_1d(_conv_infer)
 
 
 register("conv1d", OpKind.ANCHOR, _conv1d_infer)
-
-
-def causal_parts(xs, node):
-    """(x, weight, bias or None, past state or None) of a causal_conv /
-    causal_conv_state node's inputs: x and weight, then the bias if attr bias, then
-    the past state if attr past (causal_conv_state: x, then the past state if past)."""
-    x, *rest = xs
-    weight = rest.pop(0) if node.op == "causal_conv" else None
-    bias = rest.pop(0) if node.attr("bias") else None
-    past = rest.pop(0) if node.attr("past") else None
-    return x, weight, bias, past
 
 
 def _causal_conv_infer(types, node):
