@@ -16,8 +16,8 @@ _COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "ali
 _NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil", "simple")
 
 
-def _resize_node(ctx, n, scales, sizes, coord: str, nearest: str, axes=None,
-                 policy: str = "stretch", roi=None) -> Node:
+def _resize_nodes(ctx, n, scales, sizes, coord: str, nearest: str, axes=None,
+                  policy: str = "stretch", roi=None) -> list[Node]:
     in_shape = ctx.type(n.inputs[0]).shape
     rank = len(in_shape)
     mode = n.text("mode", "nearest")
@@ -54,26 +54,51 @@ def _resize_node(ctx, n, scales, sizes, coord: str, nearest: str, axes=None,
         full_roi = [0.0] * rank + [1.0] * rank
         for k, a in enumerate(axes):
             full_roi[a], full_roi[rank + a] = float(roi[k]), float(roi[len(axes) + k])
-    return Node.make("resize", n.name, n.inputs[:1], n.outputs[:1],
+    node = Node.make("resize", n.name, n.inputs[:1], n.outputs[:1],
                      mode="linear" if mode == "bilinear" else mode, coord=coord,
                      nearest=nearest, scales=full_scales, shape=shape,
                      cubic_a=float(n.attrs.get("cubic_coeff_a", -0.75)),
                      exclude_outside=int(n.attrs.get("exclude_outside", 0)),
                      antialias=int(n.attrs.get("antialias", 0)), roi=full_roi,
                      extrapolation=float(n.attrs.get("extrapolation_value", 0.0)))
+    return _axis_by_axis(node, in_shape) if node.attr("antialias") and mode != "nearest" \
+        else [node]
+
+
+def _axis_by_axis(node: Node, in_shape) -> list[Node]:
+    """An antialiased resize of several axes as one resize node per axis, in axis order
+    (as ONNX's reference computes it): an axis's taps widen with 1 / scale (cubic:
+    2 * ceil(2 / scale)), and one node over all axes would take their product."""
+    rank, scales, roi = len(in_shape), node.attr("scales"), node.attr("roi")
+    moved = [a for a in range(rank) if scales[a] != 1.0 or node.attr("shape")[a] !=
+             in_shape[a] or (roi and (roi[a], roi[rank + a]) != (0.0, 1.0))]
+    if len(moved) < 2:
+        return [node]
+    nodes, source, shape = [], node.inputs[0], list(in_shape)
+    for a in moved:
+        shape[a] = node.attr("shape")[a]
+        one = {"scales": [scales[a] if d == a else 1.0 for d in range(rank)],
+               "shape": list(shape), "roi": [] if not roi else
+               [roi[d] if d == a else 0.0 for d in range(rank)]
+               + [roi[rank + d] if d == a else 1.0 for d in range(rank)]}
+        out = node.outputs[0] if a == moved[-1] else f"{node.outputs[0]}__axis{a}"
+        nodes.append(Node.make("resize", f"{node.name}__axis{a}", (source,), (out,),
+                               **{**dict(node.attrs), **one}))
+        source = out
+    return nodes
 
 
 @onnx_op("Upsample", 7, emits=("resize",), build_time_inputs=(1,))
 def _upsample(ctx, n):
     scales = need_const(ctx, n, 1, "the scales input") if n.opset >= 9 else \
         np.array(n.attrs["scales"], np.float32)
-    return [_resize_node(ctx, n, scales, None, "asymmetric", "simple")]
+    return _resize_nodes(ctx, n, scales, None, "asymmetric", "simple")
 
 
 @onnx_op("Resize", 10, emits=("resize",), build_time_inputs=(1,))
 def _resize10(ctx, n):
     scales = need_const(ctx, n, 1, "the scales input")
-    return [_resize_node(ctx, n, scales, None, "asymmetric", "simple")]
+    return _resize_nodes(ctx, n, scales, None, "asymmetric", "simple")
 
 
 # align_corners divides by in_len * scale - 1 as ONNX's reference does (fractional
@@ -90,9 +115,9 @@ def _resize11(ctx, n):
     scales = need_const(ctx, n, 2, "the scales input")
     sizes = need_const(ctx, n, 3, "the sizes input")
     roi = need_const(ctx, n, 1, "the roi input") if coord == "tf_crop_and_resize" else None
-    return [_resize_node(ctx, n, scales, sizes, coord,
+    return _resize_nodes(ctx, n, scales, sizes, coord,
                          n.text("nearest_mode", "round_prefer_floor"), n.attrs.get("axes"),
-                         policy, roi)]
+                         policy, roi)
 
 
 _GRID_MODES = {"bilinear": "linear", "bicubic": "cubic", "linear": "linear", "cubic": "cubic",
