@@ -3,7 +3,8 @@ is in conv_transpose.py.
 
 Graph ops: conv2d, conv3d and conv1d, all (x, w[, bias]); conv1d has 2-D
 attributes (see pipeline.ops.geometry) and runs the 2-D lowering on a (N, C, 1, W)
-view of the same memory. conv3d always runs the implicit GEMM.
+view of the same memory. conv3d always runs the implicit GEMM. causal_conv and
+causal_conv_state are CausalConvWithState's outputs (pipeline/ops/conv.py).
 
 Shapes are static, so loop bounds that depend only on kernel taps are computed
 here in Python: padding never reaches the inner loops, which stay branch-free
@@ -16,10 +17,10 @@ import itertools
 import math
 
 from pipeline.dsl.gemm_tile import PANEL_COLUMNS, tiled_gemm
-from pipeline.dsl.vector import parallel_for
+from pipeline.dsl.vector import ELEMENT_WORK, parallel_for
 from pipeline.kernels.registry import lowering
 from pipeline.kernels.windows import lower_1d, plane_epilogue
-from pipeline.ops.geometry import ceil_div
+from pipeline.ops.geometry import causal_parts, ceil_div
 
 # Convolutions with at least this many output channels per group and this
 # long a reduction (C/groups * kh * kw) run as a GEMM; others (depthwise) direct.
@@ -203,3 +204,58 @@ _conv1d_lower = lower_1d(_conv_lower)
 
 
 lowering("conv1d", lower=_conv1d_lower)
+
+
+def _causal_conv_lower(kb, node, ins, out, epilogue):
+    """Per (b, c) row: the first k - 1 outputs, whose taps reach into the past state,
+    unrolled with their taps resolved here; the rest a loop over x alone."""
+    x, w, bias, past = causal_parts(ins, node)
+    _, channels, length = x.type.shape
+    k = w.type.shape[2]
+    zero = kb.const(0.0, out.elem)
+    with parallel_for(kb, x.type.shape[0] * channels, "row",
+                      work=out.type.size * k * ELEMENT_WORK) as row:
+        c = row % channels
+        taps = [kb.load(w, c * k + j) for j in range(k)]
+        start = kb.load(bias, c) if bias is not None else zero
+
+        def padded(p):  # position p of the past state (zeros) followed by x
+            if p >= k - 1 or not isinstance(p, int):
+                return kb.load(x, row * length + p - (k - 1))
+            return kb.load(past, row * (k - 1) + p) if past is not None else zero
+
+        def emit(t):
+            acc = start
+            for j, tap in enumerate(taps):
+                acc = kb.fadd(acc, kb.fmul(tap, padded(t + j)))
+            if epilogue is not None:
+                acc = epilogue(acc, [row // channels, c, t])
+            kb.store(out, row * length + t, acc)
+
+        for t in range(min(k - 1, length)):
+            emit(t)
+        if length > k - 1:
+            with kb.loop(k - 1, length, "t") as t:
+                emit(t)
+
+
+def _causal_state_lower(kb, node, ins, out, epilogue):
+    """Per (b, c) row: the last `state` positions of the past state (zeros) then x."""
+    x, _, _, past = causal_parts(ins, node)
+    _, channels, length = x.type.shape
+    state = node.attr("state")
+    if not state:
+        return
+    with parallel_for(kb, x.type.shape[0] * channels, "row",
+                      work=out.type.size * ELEMENT_WORK) as row:
+        if length < state:  # the state keeps past positions length.. (zeros without one)
+            with kb.loop(0, state - length, "j") as j:
+                kb.store(out, row * state + j, kb.const(0.0, out.elem) if past is None else
+                         kb.load(past, row * state + j + length))
+        with kb.loop(max(0, state - length), state, "j") as j:
+            kb.store(out, row * state + j, kb.load(x, row * length + j + length - state))
+
+
+lowering("causal_conv", lower=_causal_conv_lower)
+
+lowering("causal_conv_state", lower=_causal_state_lower)

@@ -20,12 +20,14 @@ from pipeline.dsl.index import Index
 from pipeline.dsl.vector import ELEMENT_WORK, parallel_for, parallel_nest
 from pipeline.kernels.movement import axis_term
 from pipeline.kernels.registry import lowering
-from pipeline.ops.resize_taps import taps_of
+from pipeline.ops.resize_taps import extrapolated, taps_of
 
 
 def _resize_lower(kb, node, ins, out, epilogue):
-    """Sum over every combination of one tap per axis of weight product x input."""
+    """Sum over every combination of one tap per axis of weight product x input; the
+    extrapolation value where an axis maps outside the input (tf_crop_and_resize)."""
     taps = taps_of(node, ins[0].type, out.type)
+    masks = extrapolated(node, ins[0].type, out.type)
     work = out.type.size * ELEMENT_WORK * 2
     with parallel_nest(kb, out.type.shape, "o", work=work) as index:
         axes = [[(axis_term(kb, offsets, i),
@@ -41,9 +43,24 @@ def _resize_lower(kb, node, ins, out, epilogue):
             term = kb.load(ins[0], offset)
             term = term if weight is None else kb.fmul(weight, term)
             value = term if value is None else kb.fadd(value, term)
+        value = _extrapolate(kb, node, masks, index, value)
         if epilogue is not None:
             value = epilogue(value, index)
         kb.store(out, kb.dot(index, out.strides), value)
+
+
+def _extrapolate(kb, node, masks, index, value):
+    """`value`, or the extrapolation value where an axis's mask (a table of 1.0 for an
+    index inside the input, 0.0 outside) says outside."""
+    inside = None
+    for i, mask in zip(index, masks, strict=True):
+        if mask is not None:
+            flag = kb.load_table(kb.table((~mask).astype(float).tolist(), F32), i)
+            inside = flag if inside is None else kb.fmul(inside, flag)
+    if inside is None:
+        return value
+    fill = kb.const(node.attr("extrapolation", 0.0), value.type)
+    return kb.select(kb.compare(">", inside, kb.f32(0.5)), value, fill)
 
 
 lowering("resize", lower=_resize_lower)

@@ -1,6 +1,7 @@
 """What kernels share with shape rules (and converters): attention's logical
 operand shapes, the blocked layouts' names, matmul's operand shapes, the
-quantized and float dtypes, a window op's 1-D type seen as 2-D (`lift_type`).
+quantized and float dtypes, a window op's 1-D type seen as 2-D (`lift_type`),
+CausalConvWithState's operands (`causal_parts`).
 
 No numpy reference and nothing only shape rules or converters use: kernels import
 this module, so what it holds enters their version.
@@ -86,3 +87,12 @@ LINEAR_QTYPES = {**QTYPES, "uint16": (0, 65535), "int16": (-32768, 32767), "uint
 FLOAT_DTYPES = ("float32", "float64", "float16")
 
 
+def causal_parts(xs, node):
+    """(x, weight, bias or None, past state or None) of a causal_conv /
+    causal_conv_state node's inputs: x and weight, then the bias if attr bias, then
+    the past state if attr past (causal_conv_state: x, then the past state if past)."""
+    x, *rest = xs
+    weight = rest.pop(0) if node.op == "causal_conv" else None
+    bias = rest.pop(0) if node.attr("bias") else None
+    past = rest.pop(0) if node.attr("past") else None
+    return x, weight, bias, past

@@ -15,7 +15,7 @@ import numpy as np
 from pipeline.errors import ModelError
 from pipeline.ir.graph import TensorType
 from pipeline.ops.registry import OpKind, register
-from pipeline.ops.resize_taps import taps_of
+from pipeline.ops.resize_taps import extrapolated, taps_of
 
 
 def _resize_infer(types, node):
@@ -29,7 +29,8 @@ def _resize_infer(types, node):
 def _resize_np(xs, node):
     x = xs[0]
     out_type = TensorType(tuple(node.attr("shape")), str(x.dtype))
-    taps = taps_of(node, TensorType(x.shape, str(x.dtype)), out_type)
+    in_type = TensorType(x.shape, str(x.dtype))
+    taps = taps_of(node, in_type, out_type)
     flat = x.reshape(-1)
     result = np.zeros(out_type.shape, np.float64 if x.dtype.kind == "f" else x.dtype)
     for combo in itertools.product(*taps):
@@ -37,6 +38,11 @@ def _resize_np(xs, node):
         weights = [np.ones(len(o)) if w is None else w for o, w in combo]
         weight = reduce(np.multiply, np.ix_(*weights), np.ones(()))
         result = result + weight * flat[offsets]
+    outside = np.zeros(out_type.shape, bool)
+    for d, mask in enumerate(extrapolated(node, in_type, out_type)):
+        if mask is not None:
+            outside |= mask.reshape([-1 if k == d else 1 for k in range(x.ndim)])
+    result = np.where(outside, node.attr("extrapolation", 0.0), result)
     return [result.astype(x.dtype)]
 
 

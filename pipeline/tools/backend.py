@@ -84,6 +84,10 @@ def unsupported(model: onnx.ModelProto, limits: bool = True) -> list[str]:
         if converter is None:
             reasons.append(f"{node.op_type} (opset {opset}): no converter")
             continue
+        reasons += [f"{inner.op_type} (opset {opset}) in {node.op_type}'s {attr.name}: no "
+                    "converter" for attr in node.attribute if attr.name in converter.subgraphs
+                    for inner in attr.g.node if inner.op_type != "Constant"
+                    and onnx_converter(inner.op_type, opset) is None]
         if not converter.float64 and any(
                 _elem_type(types.get(name)) == TensorProto.DOUBLE
                 for name in (*node.input, *node.output) if name):

@@ -1,9 +1,9 @@
-"""ONNX Attention (opset 23/24) and RotaryEmbedding (23) compiled end to end and
-compared with onnx.reference, on shapes the node suite does not reach: head sizes and
-key lengths of whole vectors plus a tail, query lengths that are not a multiple of
-the kernel's row tile, a KV cache longer than the new keys, large grouped heads.
-The node suite (tests/tools/test_onnx_backend.py) covers every attribute on small
-shapes."""
+"""ONNX Attention (opset 23/24), RotaryEmbedding (23) and FlexAttention's inlined
+modifier subgraphs compiled end to end and compared with onnx.reference, on shapes
+the node suite does not reach: head sizes and key lengths of whole vectors plus a
+tail, query lengths that are not a multiple of the kernel's row tile, a KV cache
+longer than the new keys, large grouped heads. The node suite
+(tests/tools/test_onnx_backend.py) covers every attribute on small shapes."""
 
 from __future__ import annotations
 
@@ -156,3 +156,50 @@ def test_linear_attention_matches_reference(rule):
     got = run_ours(m, feeds, opt_level=3)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=2e-5)
+
+
+def _flex_model(score_nodes, prob_nodes=None, hq=4, hkv=2, sq=5, sk=7, d=8):
+    """FlexAttention (ai.onnx.preview 1) over Q [1, hq, sq, d], K, V [1, hkv, sk, d] with
+    a score_mod (and prob_mod) of the given nodes, each from "x" to "Y"."""
+    def mod(nodes):
+        return helper.make_graph(nodes, "mod", [helper.make_tensor_value_info("x", FLOAT, None)],
+                                 [helper.make_tensor_value_info("Y", FLOAT, None)])
+
+    attrs = {"score_mod": mod(score_nodes)} | ({"prob_mod": mod(prob_nodes)} if prob_nodes
+                                               else {})
+    node = helper.make_node("FlexAttention", ["Q", "K", "V"], ["Y"], domain="ai.onnx.preview",
+                            **attrs)
+    feeds = _qkv(1, hq, hkv, sq, sk, d, d)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(k, FLOAT, v.shape)
+                                            for k, v in feeds.items()],
+                              [helper.make_tensor_value_info("Y", FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 26),
+                                                   helper.make_opsetid("ai.onnx.preview", 1)]), \
+        feeds
+
+
+@pytest.mark.parametrize("opt_level", [0, 3])
+def test_flex_attention_inlines_modifiers_under_their_own_names(opt_level):
+    """Grouped heads, a score_mod with a Constant and a bias built from the scores' shape
+    (a mask of keys after the query), a prob_mod; both subgraphs name their tensors as
+    the outer graph does ("Y")."""
+    bias = np.where(np.arange(7)[None, :] > np.arange(5)[:, None] + 2, -np.inf, 0.0)
+    score = [helper.make_node("Constant", [], ["b"], value=helper.make_tensor(
+                 "b", FLOAT, (5, 7), bias.astype(np.float32).ravel())),
+             helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Expand", ["b", "s"], ["be"]),
+             helper.make_node("Add", ["x", "be"], ["Y"])]
+    prob = [helper.make_node("Constant", [], ["h"], value_float=0.5),
+            helper.make_node("Pow", ["x", "h"], ["Y"])]
+    m, feeds = _flex_model(score, prob)
+    want = ReferenceEvaluator(m).run(None, feeds)[0]
+    got = run_ours(m, feeds, opt_level=opt_level)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5)
+
+
+def test_flex_attention_modifier_without_converter_is_a_skip_reason():
+    from pipeline.tools import backend
+
+    m, _ = _flex_model([helper.make_node("NoSuchOp", ["x"], ["Y"])])
+    assert backend.unsupported(m) == [
+        "NoSuchOp (opset 26) in FlexAttention's score_mod: no converter"]

@@ -2,6 +2,7 @@
 dilation, strides, pads and auto_pad; MaxPool/AveragePool/global pools) compiled
 end to end and compared with onnxruntime at pass opt_level 0 and 3; BatchNorm
 folding into every convolution; one-line errors for what we do not support.
+CausalConvWithState (opset 27) against onnx.reference.
 The cases: tests/support/op_cases/conv.py."""
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ FUSED = ["conv1d_pads", "conv1d_s2_d2_groups", "conv_depthwise_s2_same", "conv_n
          "conv_gemm_groups2_dil", "conv_gemm_1x1_tails", "convt_1d", "convt_asym_s3_dil",
          "convt_chunks_groups_tail", "maxpool1d_s2_p1", "avgpool1d_incl", "lppool_p2_pads_s2",
          "global_maxpool", "global_lppool_p3_1d", "global_avgpool_1d",
-         "maxpool3d_s2_pads_ceil", "conv3d_s2_pads", "convt3d_s2_pads_outpad"]
+         "maxpool3d_s2_pads_ceil", "conv3d_s2_pads", "convt3d_s2_pads_outpad",
+         "causal_conv_past_bias_silu", "causal_conv_short_input"]
 
 
 @pytest.mark.parametrize("case", FUSED)

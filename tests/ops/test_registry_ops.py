@@ -113,14 +113,17 @@ def test_kernel_matches_numpy(name: str, dtype: str, kernel_cache):
 # -- ONNX converter declarations ------------------------------------------------------
 
 def _schemas(op_type: str) -> list:
-    """The ONNX schema versions of `op_type` in the default domain, oldest first."""
+    """The ONNX schema versions of `op_type` ("Name" in the default domain or
+    "domain.Name", ai.onnx.preview.FlexAttention), oldest first."""
+    domain, _, name = op_type.rpartition(".")
     return sorted((s for s in onnx.defs.get_all_schemas_with_history()
-                   if s.name == op_type and s.domain == ""), key=lambda s: s.since_version)
+                   if s.name == name and s.domain == domain), key=lambda s: s.since_version)
 
 
 def test_converter_declarations_match_registry_and_onnx_schemas():
-    """Every converter names an ONNX operator, emits only registered graph ops, and
-    its build-time input positions exist in every schema version it converts."""
+    """Every converter names an ONNX operator, emits only registered graph ops, its
+    build-time input positions exist in every schema version it converts and the
+    subgraphs it inlines are graph attributes of them."""
     for op_type, converters in ONNX_CONVERTERS.items():
         if op_type.startswith("com.microsoft."):
             # onnxruntime's contrib operators (ops/quant_ms.py): onnx has no schema of
@@ -146,6 +149,8 @@ def test_converter_declarations_match_registry_and_onnx_schemas():
                     f"{where}: build_time_inputs {conv.build_time_inputs}, {widest} inputs"
             for lim in conv.limits:
                 assert lim.reason and callable(lim.applies), where
+            assert all(s.attributes[a].type == onnx.defs.OpSchema.AttrType.GRAPH
+                       for s in covered for a in conv.subgraphs), f"{where}: {conv.subgraphs}"
 
 
 def test_backend_reports_no_converter_exactly_for_ops_the_registry_lacks():

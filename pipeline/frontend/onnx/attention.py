@@ -1,5 +1,6 @@
 """ONNX converters to the attention operators (defined in pipeline/ops/attention.py):
-Attention (opsets 23-25), RotaryEmbedding (23) and LinearAttention (27).
+Attention (opsets 23-25), RotaryEmbedding (23), LinearAttention (27) and
+ai.onnx.preview's FlexAttention (1; its score_mod / prob_mod subgraphs inlined).
 
 Attention becomes one `attention` kernel reading Q, K, V in their own layouts (3-D
 inputs [B, S, H * D] are reshaped, never transposed), with the query heads per key
@@ -22,8 +23,9 @@ import math
 import numpy as np
 
 from pipeline.errors import ModelError
+from pipeline.frontend.onnx.control import inline_subgraph
 from pipeline.frontend.onnx.registry import onnx_op
-from pipeline.ir.graph import Node
+from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.geometry import MAX_PANEL_FLOATS, panel_floats
 
 # Logical [B, H, S, D] (Q, V) and Kᵀ [B, H, D, S] from each operand layout.
@@ -317,3 +319,64 @@ def _linear_attention(ctx, n):
             value = em.op("linear_attention", inputs, output=what, **attrs)
             em.result(value, out, n.inputs[0] if k == 0 or not given(n, 3) else n.inputs[3])
     return em.nodes
+
+
+def _flex_shapes(ctx, n) -> tuple[int, ...]:
+    """(B, Hq, L, E, Hkv, S, Ev) of a FlexAttention node; ModelError unless they fit."""
+    shapes = [ctx.type(x).shape for x in n.inputs[:3]]
+    if len(n.inputs) < 3 or any(len(s) != 4 for s in shapes):
+        raise ModelError(f"node {n.name!r} (FlexAttention): Q, K, V must be rank 4")
+    (bn, hq, sq, d), (bk, hkv, sk, dk), (bv, hv, sv, dv) = shapes
+    if not (bn == bk == bv and hkv == hv and sk == sv and d == dk and hq % hkv == 0):
+        raise ModelError(f"node {n.name!r} (FlexAttention): Q {list(shapes[0])}, K "
+                         f"{list(shapes[1])}, V {list(shapes[2])} do not fit")
+    return bn, hq, sq, d, hkv, sk, dv
+
+
+def _flex_attention(ctx, n):
+    """Without modifiers one attention kernel; with score_mod / prob_mod, the scores
+    Q·Kᵀ (query heads grouped per key head by a reshape) as matmuls, the modifiers'
+    nodes inlined around the softmax, and probs·V. Q and K are pre-scaled by
+    sqrt(scale) in their own dtype, as ONNX's reference; float16 computes in float32."""
+    bn, hq, sq, d, hkv, sk, dv = _flex_shapes(ctx, n)
+    precision = int(n.attrs.get("softmax_precision", 1))
+    if precision != 1:  # TensorProto.FLOAT
+        raise ModelError(f"node {n.name!r} (FlexAttention): softmax_precision {precision} "
+                         "is not supported (1, float32, is)")
+    em, group = Emitter(ctx, n), hq // hkv
+    root = np.sqrt(np.float32(n.attrs.get("scale", 1.0 / math.sqrt(d))))
+    root = em.const("sqrt_scale", np.array(root, em.dtype))
+    q, k = (em.f32(em.op("mul", (x, root))) for x in n.inputs[:2])
+    v = em.f32(n.inputs[2])
+    mods = {a: n.attrs[a] for a in ("score_mod", "prob_mod") if a in n.attrs}
+    if not mods:
+        y = attend(em, (q, k, v), (bn, hq, sq, d, sk, dv), q_perm=BHSD["q"], k_perm=BHSD["k"],
+                   v_perm=BHSD["v"], group=group, scale=1.0, softcap=0.0,
+                   masked_rows="nan", out_perm=(0, 1, 2, 3))
+        em.result(y, n.outputs[0], n.inputs[0])
+        return em.nodes
+
+    def grouped(x, rows, cols):  # [B, Hq, rows, cols] <-> [B, Hkv, group * rows, cols]
+        return x if group == 1 else em.op("reshape", (x,), shape=(bn, hq // group, group * rows,
+                                                                   cols))
+
+    def ungrouped(x, cols):
+        return x if group == 1 else em.op("reshape", (x,), shape=(bn, hq, sq, cols))
+
+    s = ungrouped(em.op("matmul", (grouped(q, sq, d), k), trans_a=0, trans_b=1), sk)
+    for attr, after in (("score_mod", "softmax"), ("prob_mod", None)):
+        if attr in mods:
+            nodes, outs = inline_subgraph(ctx, mods[attr], [s],
+                                          [TensorType((bn, hq, sq, sk), "float32")],
+                                          f"node {n.name!r} {attr}", f"{n.outputs[0]}__{attr}__")
+            em.nodes += nodes
+            s = outs[0]
+        if after:
+            s = em.op("softmax", (s,), axis=3, flatten=0)
+    y = ungrouped(em.op("matmul", (grouped(s, sq, sk), v), trans_a=0, trans_b=0), dv)
+    em.result(y, n.outputs[0], n.inputs[0])
+    return em.nodes
+
+
+onnx_op("ai.onnx.preview.FlexAttention", 1, emits=(*ATTEND_OPS, "cast"),
+        subgraphs=("score_mod", "prob_mod"))(_flex_attention)

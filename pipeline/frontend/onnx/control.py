@@ -74,7 +74,7 @@ def _body(ctx: ImportContext, g: onnx.GraphProto, formal: list[TensorType], opse
                          f"{len(formal)} are given")
     names = [vi.name for vi in g.input]
     types = {**ctx.types, **dict(zip(names, formal, strict=True))}
-    sub = ImportContext(dict(ctx.params), types)
+    sub = ImportContext(dict(ctx.params), types, ctx.opset)
     for init in g.initializer:
         if init.name in ctx.params or init.name in ctx.types:
             raise ModelError(f"{where}: subgraph initializer {init.name!r} shadows an outer "
@@ -206,3 +206,22 @@ def _scan(ctx: ImportContext, n: OnnxNode, source: str) -> list[Node]:
 
 
 CONTROL_CONVERTERS.update({"If": _if, "Loop": _loop, "Scan": _scan})
+
+
+def inline_subgraph(ctx: ImportContext, g: onnx.GraphProto, inputs: list[str],
+                    types: list[TensorType], where: str,
+                    prefix: str) -> tuple[list[Node], list[str]]:
+    """Subgraph `g` (a graph attribute of an operator, FlexAttention's score_mod)
+    converted into nodes of the outer graph: its formal inputs read the outer tensors
+    `inputs` (of `types`: the converter may be making them), the tensors it defines
+    are renamed `prefix` + name. Returns the nodes and the outer names of its outputs."""
+    body = _body(ctx, g, types, ctx.opset, where, where)
+    renamed = dict(zip(body.formal, inputs, strict=True))
+    renamed |= {o: prefix + o for n in body.nodes for o in n.outputs}
+
+    def new(name: str) -> str:
+        return renamed.get(name, name)
+
+    nodes = [Node(n.op, prefix + n.name, tuple(new(i) for i in n.inputs),
+                  tuple(new(o) for o in n.outputs), n.attrs) for n in body.nodes]
+    return nodes, [new(o) for o in body.outputs]

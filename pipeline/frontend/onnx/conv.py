@@ -34,3 +34,27 @@ def _conv(ctx, n):
     inputs = [i for i in n.inputs if i]
     return [Node.make(op, n.name, inputs, n.outputs[:1],
                       groups=int(n.attrs.get("group", 1)), **attrs)]
+
+
+@onnx_op("CausalConvWithState", 27, emits=("causal_conv", "causal_conv_state", "swish"))
+def _causal_conv_with_state(ctx, n):
+    """output: causal_conv (then swish for the silu/swish activation); present_state:
+    causal_conv_state, the last k - 1 positions of the past state followed by x."""
+    activation = n.text("activation", "none")
+    if activation not in ("none", "silu", "swish"):
+        raise ModelError(f"node {n.name!r} (CausalConvWithState): activation {activation!r} "
+                         "is not one of none, silu, swish")
+    x, w, bias, past = (*n.inputs, "", "")[:4]
+    extra = [i for i in (bias, past) if i]
+    flags = {"bias": int(bool(bias)), "past": int(bool(past))}
+    conv_out = n.outputs[0] if activation == "none" else f"{n.outputs[0]}__conv"
+    nodes = [Node.make("causal_conv", n.name, [x, w, *extra], [conv_out], **flags)]
+    if activation != "none":
+        nodes.append(Node.make("swish", f"{n.name}__silu", [conv_out], n.outputs[:1],
+                               alpha=1.0))
+    if len(n.outputs) > 1 and n.outputs[1]:
+        state = ctx.type(w).shape[2] - 1
+        nodes.append(Node.make("causal_conv_state", f"{n.name}__state",
+                               [x, past] if past else [x], n.outputs[1:2],
+                               past=flags["past"], state=state))
+    return nodes

@@ -95,9 +95,11 @@ def verify_graph(graph: Graph) -> None:
 class ImportContext:
     """Types and constant values known so far, for converters to consult."""
 
-    def __init__(self, params: dict[str, np.ndarray], types: dict[str, TensorType]):
+    def __init__(self, params: dict[str, np.ndarray], types: dict[str, TensorType],
+                 opset: int = 0):
         self.params = params
         self.types = types
+        self.opset = opset  # the model's default-domain opset (a subgraph's nodes')
         # Outputs of converted nodes computable from constants, evaluated only if a
         # converter asks (a Reshape's shape from Shape -> Gather -> Concat, say).
         self.pending: dict[str, Node] = {}
@@ -239,7 +241,7 @@ def _import(model: onnx.ModelProto, shape: dict[str, tuple[int, ...]] | None,
     producer = {out: node.name or f"#{k}" for k, node in enumerate(g.node) for out in node.output}
     for name, dims in onnx_shapes.items():
         check_elements(dims, f"{source}: node {producer.get(name, '?')!r} output {name!r}")
-    ctx = ImportContext(params, types)
+    ctx = ImportContext(params, types, opset)
     nodes = _convert_nodes(model, opset, ctx, onnx_shapes, source)
 
     outputs = tuple(o.name for o in g.output)
@@ -280,8 +282,9 @@ def _convert_nodes(model: onnx.ModelProto, opset: int, ctx: ImportContext,
                 nodes.append(_record(node, ctx, onnx_shapes, onode.op_type))
             made = (CONTROL_CONVERTERS[onode.op_type](ctx, onode, source) if converter is None
                     else converter.fn(ctx, onode))
+            allowed = converter.emits_for(onode.attrs, opset) if converter else set()
             for node in made:
-                if converter and node.op not in converter.emits:  # the backend's float64 rule
+                if converter and node.op not in allowed:  # the backend's float64 rule
                     raise GraphError(f"{source}: node {onode.name!r}: the {onode.op_type} "
                                      f"converter (opset {converter.since}) produced "
                                      f"{node.op!r}, which its onnx_op(emits=...) does not list")

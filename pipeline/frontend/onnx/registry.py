@@ -49,6 +49,17 @@ class Converter:
     emits: tuple[str, ...]               # every graph op `fn` may produce
     build_time_inputs: tuple[int, ...]   # input positions it needs as constants
     limits: tuple[Limit, ...]            # features it does not implement
+    # graph attributes it inlines: their nodes go through their own converters, so the
+    # graph ops those emit may appear among its results too
+    subgraphs: tuple[str, ...] = ()
+
+    def emits_for(self, attrs: dict, opset: int) -> set[str]:
+        """The graph ops it may produce for a node of decoded attributes `attrs`: its
+        emits, and what the converters (at `opset`) of the nodes of the graph
+        attributes it inlines emit."""
+        return set(self.emits) | {
+            op for attr in self.subgraphs if attr in attrs for proto in attrs[attr].node
+            for op in getattr(onnx_converter(proto.op_type, opset), "emits", ())}
 
     @property
     def float64(self) -> bool:
@@ -61,15 +72,17 @@ ONNX_CONVERTERS: dict[str, list[Converter]] = {}
 
 
 def onnx_op(op_type: str, since: int = 1, *, emits: tuple[str, ...],
-            build_time_inputs: tuple[int, ...] = (), limits: tuple[Limit, ...] = ()):
+            build_time_inputs: tuple[int, ...] = (), limits: tuple[Limit, ...] = (),
+            subgraphs: tuple[str, ...] = ()):
     """Decorator: register an ONNX converter for opsets >= `since` that produces only
-    graph ops in `emits`, reads the inputs at `build_time_inputs` as constants (a
+    graph ops in `emits` (and those of the nodes of the graph attributes `subgraphs`
+    it inlines), reads the inputs at `build_time_inputs` as constants (a
     static-shape compiler needs them: they decide shapes or loop bounds) and does
     not implement the features in `limits`."""
 
     def deco(fn):
         entry = Converter(op_type, since, fn, tuple(emits), tuple(build_time_inputs),
-                          tuple(limits))
+                          tuple(limits), tuple(subgraphs))
         ONNX_CONVERTERS.setdefault(op_type, []).append(entry)
         ONNX_CONVERTERS[op_type].sort(key=lambda e: e.since)
         return fn

@@ -53,6 +53,15 @@ def conv_t_relu():
     return m, feeds
 
 
+def causal_conv(length=7, k=4):
+    """CausalConvWithState (opset 27) with bias, past state and silu: both outputs."""
+    inputs = {"x": rand(2, 3, length), "past": rand(2, 3, k - 1, seed=3)}
+    return model([node("CausalConvWithState", ["x", "w", "b", "past"], ["y", "s"],
+                       activation="silu")], inputs,
+                 {"w": rand(3, 1, k, seed=1), "b": rand(3, seed=2)}, opset=27,
+                 outputs=(("y", (2, 3, length)), ("s", (2, 3, k - 1))))
+
+
 def conv_bn(op_type, x_shape, w_shape, **attrs):
     """`op_type` followed by BatchNormalization with constant statistics: after
     FoldBatchNorm (opt_level >= 1) one conv with folded weights and bias."""
@@ -205,7 +214,10 @@ POOL = {
 }
 
 
-CASES = CONV | POOL
-# Valid ONNX that onnxruntime refuses (dilation with SAME padding): compared
-# with onnx.reference instead.
-REFERENCE_ONLY = {"conv_same_lower_dil", "conv3d_groups_dil_same"}
+CAUSAL = {"causal_conv_past_bias_silu": causal_conv,
+          "causal_conv_short_input": lambda: causal_conv(length=2, k=5)}
+
+CASES = CONV | POOL | CAUSAL
+# Valid ONNX that onnxruntime refuses (dilation with SAME padding; opset 27's
+# CausalConvWithState): compared with onnx.reference instead.
+REFERENCE_ONLY = {"conv_same_lower_dil", "conv3d_groups_dil_same", *CAUSAL}

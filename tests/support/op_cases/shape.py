@@ -42,8 +42,8 @@ def gather(indices, axis=0, x=X):
                     x.dtype), f
 
 
-def resize(x, scales=None, sizes=None, opset=13, **attrs):
-    inits = {"roi": np.zeros(0, np.float32)}
+def resize(x, scales=None, sizes=None, opset=13, roi=(), **attrs):
+    inits = {"roi": np.array(roi, np.float32)}
     inits["scales"] = np.array(scales, np.float32) if scales else np.zeros(0, np.float32)
     if sizes:
         inits["sizes"] = i64(*sizes)
@@ -215,6 +215,13 @@ CASES = {
     "resize_cubic_asymmetric_2d": lambda: resize(
         rand(5, 6), [1.5, 0.7], mode="cubic", coordinate_transformation_mode="asymmetric"),
     "resize_linear_2d": lambda: resize(rand(3, 4), [2, 1.5], mode="linear"),
+    "resize_cubic_antialias_exclude_outside": lambda: resize(
+        rand(1, 2, 7, 9), [1, 1, 0.4, 1.3], opset=18, mode="cubic", antialias=1,
+        exclude_outside=1, cubic_coeff_a=-0.5),
+    "resize_nearest_tf_crop_scales_extrapolate": lambda: resize(
+        rand(1, 1, 5, 6), [1, 1, 1.5, 0.5], roi=[0, 0, 0.2, -0.3, 1, 1, 0.9, 0.8],
+        mode="nearest", coordinate_transformation_mode="tf_crop_and_resize",
+        extrapolation_value=-3.0),
     "resize_linear_relu_fused": lambda: (model_of(
         [node("Resize", ["x", "", "s"], ["r"], mode="linear"), node("Relu", ["r"], ["y"])],
         f := {"x": rand(1, 2, 3, 3)}, inits={"s": np.array([1, 1, 2, 2], np.float32)}), f),
@@ -248,5 +255,9 @@ def shape_start_end():
     return model_of(nodes, {"x": X}, opset=15, inits={"m": i64(-1)}, out_shape=(10, 3, 4)), \
         {"x": X}
 
-# compared with onnx.reference instead
-NOT_IN_ONNXRUNTIME = {"space_to_depth_int64", "eyelike_windows"}
+# compared with onnx.reference instead: kernels onnxruntime lacks, and align_corners from
+# a scale giving a fractional in_len * scale (onnxruntime divides by out_len - 1, the
+# ONNX reference by in_len * scale - 1: pipeline/frontend/onnx/resize.py)
+NOT_IN_ONNXRUNTIME = {"space_to_depth_int64", "eyelike_windows", "resize_nearest_align_ceil",
+                      "resize_cubic_down_align_corners", "resize_cubic_antialias_exclude_outside",
+                      "resize_nearest_tf_crop_scales_extrapolate"}
