@@ -7,14 +7,20 @@ library's weights are a quarter (4-bit) or half (8-bit) of float16's and an eigh
 quarter of float32's, and every weight byte is read once per call: a batch-1 product
 (a decoder's token step) is bound by that stream.
 
-The work items are the N output columns, split over the threads. Per column, the rows
-of `a` go R at a time: per block, each V-lane vector of V weights is loaded once (V/2
-bytes for 4 bits: unpacked with a mask, a shift and one interleaving shuffle,
-converted to float and less the block's zero point) and multiplied into the R rows'
-block sums; a block sum then meets its scale in one FMA into the row's accumulator, so
-per weight the kernel does the unpacking and R FMAs, and per block R more. A last
-partial block (K not a multiple of the block size) runs value by value. Each output
-gets the bias and the fused epilogue and is stored as one float.
+The work items are groups of V (16) output columns, split over the threads; the
+columns past the last whole group (N not a multiple of V) are one more item, done a
+column at a time. Per column, the rows of `a` go R at a time: per block, each V-lane
+vector of V weights is loaded once (V/2 bytes for 4 bits: unpacked with a mask, a shift
+and one interleaving shuffle, converted to float and less the block's zero point) and
+multiplied into the R rows' block sums; a block sum then meets its scale in one FMA
+into the row's V-lane accumulator, so per weight the kernel does the unpacking and R
+FMAs, and per block R more. A last partial block (K not a multiple of the block size)
+runs value by value. A group's 16 accumulators per row are summed into one vector of
+the 16 columns' outputs by a tree of pairwise shuffles and adds (15 steps, where one
+column's lane sum takes 4: a 1-row call, a decoder's token step, spent as much on
+those sums as on the weights), which gets the bias and the fused epilogue as one
+vector (a GELU lane by lane had made the MLP's up projection 3x the others) and one
+store. The remainder columns are summed, biased and finished one by one.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import llvmlite.ir as ir
 
 from pipeline.dsl.builder import F32, I32
 from pipeline.dsl.index import raw
-from pipeline.dsl.vector import fma, parallel_for, reduce_lanes, zeros
+from pipeline.dsl.vector import apply_epilogue, fma, parallel_for, reduce_lanes, zeros
 from pipeline.kernels.registry import lowering
 
 LANES = 16  # one AVX-512 register of floats; two AVX2 ones, which LLVM splits it into
@@ -84,7 +90,7 @@ def _tile(kb, node, ins, col, m0, rows_n: int):
         sv = kb.splat(kb.load(scales, col * nb + blk), LANES)
         for r in range(rows_n):
             kb.set(accs[r], fma(kb, parts[r], sv, kb.get(accs[r])))
-    sums = [reduce_lanes(kb, kb.get(acc), lambda x, y: kb.fadd(x, y)) for acc in accs]
+    sums = [kb.get(acc) for acc in accs]
     if not tail:
         return sums
     z = _zero_point(kb, node, zp, col, full, nb)
@@ -95,16 +101,58 @@ def _tile(kb, node, ins, col, m0, rows_n: int):
             x = kb.load(a, (m0 + r) * k_n + full * block + t)
             kb.set(parts[r], kb.fadd(kb.get(parts[r]), kb.fmul(x, w)))
     s = kb.load(scales, col * nb + full)
-    return [kb.fadd(total, kb.fmul(kb.get(p), s)) for total, p in zip(sums, parts, strict=True)]
+    # The partial block's sum joins lane 0 (the lanes are summed later).
+    return [kb.with_lane(v, 0, kb.fadd(kb.lane(v, 0), kb.fmul(kb.get(p), s)))
+            for v, p in zip(sums, parts, strict=True)]
+
+
+def _merge(kb, x: ir.Value, y: ir.Value, level: int) -> ir.Value:
+    """Two vectors of partial sums at `level` (each holding 2^level columns' sums, a
+    column in LANES >> level consecutive lanes) -> one at level + 1: the first halves
+    of each column's lanes plus the second halves, x's columns first."""
+    w, n = LANES >> level, LANES
+    cols, h = n // w, w // 2
+    lo = [v * n + c * w + i for v in (0, 1) for c in range(cols) for i in range(h)]
+    hi = [v * n + c * w + h + i for v in (0, 1) for c in range(cols) for i in range(h)]
+    pick = [kb.b.shuffle_vector(x, y, ir.Constant(ir.VectorType(I32, n), order))
+            for order in (lo, hi)]
+    return kb.fadd(*pick)
+
+
+def _group_sums(kb, node, ins, col0, m0, rows_n: int) -> list[ir.Value]:
+    """Per row of the tile, the LANES-lane vector of the outputs of columns col0 ..
+    col0 + LANES (bias and epilogue not yet applied): each column's accumulator is
+    merged as soon as another of its level exists (a binary counter), so at most
+    log2(LANES) + 1 vectors per row are live."""
+    stacks = [[] for _ in range(rows_n)]  # per row: (level, vector), levels decreasing
+    for c in range(LANES):
+        for r, v in enumerate(_tile(kb, node, ins, col0 + c, m0, rows_n)):
+            level, stack = 0, stacks[r]
+            while stack and stack[-1][0] == level:
+                v = _merge(kb, stack.pop()[1], v, level)
+                level += 1
+            stack.append((level, v))
+    return [stack[0][1] for stack in stacks]
 
 
 def _lower(kb, node, ins, out, epilogue):
     k_n, n_n = node.attr("k"), out.type.shape[-1]
     rows = ins[0].type.size // k_n
     bias = ins[-1] if node.attr("bias") else None
+    groups, rest = n_n // LANES, n_n % LANES
 
-    def finish(col, m0, rows_n: int) -> None:
-        for r, y in enumerate(_tile(kb, node, ins, col, m0, rows_n)):
+    def finish_group(g, m0, rows_n: int) -> None:
+        for r, y in enumerate(_group_sums(kb, node, ins, g * LANES, m0, rows_n)):
+            if bias is not None:
+                y = kb.fadd(y, kb.vload(bias, g * LANES, LANES))
+            at = (m0 + r) * n_n + g * LANES
+            if epilogue is not None:
+                y = apply_epilogue(kb, epilogue, y, kb.unflatten(at, out.type.shape))
+            kb.vstore(out, at, y)
+
+    def finish_column(col, m0, rows_n: int) -> None:
+        for r, v in enumerate(_tile(kb, node, ins, col, m0, rows_n)):
+            y = reduce_lanes(kb, v, lambda x, z: kb.fadd(x, z))
             if bias is not None:
                 y = kb.fadd(y, kb.load(bias, col))
             at = (m0 + r) * n_n + col
@@ -112,12 +160,28 @@ def _lower(kb, node, ins, out, epilogue):
                 y = epilogue(y, kb.unflatten(at, out.type.shape))
             kb.store(out, at, y)
 
-    with parallel_for(kb, n_n, "cols", work=rows * n_n * k_n) as col:
+    def over_rows(finish, item) -> None:
         if rows >= ROWS:
             with kb.loop(0, rows // ROWS, "rt") as rt:
-                finish(col, rt * ROWS, ROWS)
+                finish(item, rt * ROWS, ROWS)
         if rows % ROWS:
-            finish(col, rows // ROWS * ROWS, rows % ROWS)
+            finish(item, rows // ROWS * ROWS, rows % ROWS)
+
+    def remainder() -> None:
+        with kb.loop(groups * LANES, n_n, "col") as col:
+            over_rows(finish_column, col)
+
+    with parallel_for(kb, groups + (rest > 0), "cols", work=rows * n_n * k_n) as item:
+        if not rest:
+            over_rows(finish_group, item)
+        elif not groups:
+            remainder()
+        else:
+            with kb.b.if_else(kb.below(item, groups)) as (whole, last):
+                with whole:
+                    over_rows(finish_group, item)
+                with last:
+                    remainder()
 
 
 lowering("matmul_nbits", lower=_lower)
