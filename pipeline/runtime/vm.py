@@ -306,7 +306,9 @@ class VirtualMachine:
                 outputs.append(from_library(raw, shape, dtype))
                 continue
             out = np.empty(shape, dtype)
-            if get(handle, k, out.ctypes.data, out.nbytes):
+            # (the address through ctypes.c_char: 0.7 us where out.ctypes takes ~3)
+            if out.nbytes and get(handle, k, ctypes.addressof(ctypes.c_char.from_buffer(out)),
+                                  out.nbytes):
                 self._check(-1)
             outputs.append(out)
         return outputs
