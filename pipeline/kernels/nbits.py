@@ -34,6 +34,7 @@ from pipeline.kernels.registry import lowering
 
 LANES = 16  # one AVX-512 register of floats; two AVX2 ones, which LLVM splits it into
 ROWS = 4    # rows of `a` sharing each dequantized weight vector
+SPLIT_BYTES = 64 << 10  # the most stack a work item's reordered rows of `a` take
 
 
 def _weights(kb, b, at, bits: int) -> ir.Value:
@@ -70,8 +71,38 @@ def _zero_point(kb, node, zp, col, blk, nb: int) -> ir.Value:
     return _value(kb, zp, col * zp.type.shape[1], blk, bits)
 
 
-def _tile(kb, node, ins, col, m0, rows_n: int):
-    """The sums over K of rows m0 .. m0 + rows_n of `a` times column `col` of W."""
+def _split_rows(kb, node, a, m0, rows_n: int, split) -> None:
+    """Rows m0 .. m0 + rows_n of `a`, their whole blocks, into `split` with each run of
+    2 * LANES values stored as its even-indexed values, then its odd ones: the order
+    of a 4-bit weight vector's low and high nibbles (_tile)."""
+    k_n, block = node.attr("k"), node.attr("block")
+    whole = k_n // block * block
+    evens = ir.Constant(ir.VectorType(I32, LANES), list(range(0, 2 * LANES, 2)))
+    odds = ir.Constant(ir.VectorType(I32, LANES), list(range(1, 2 * LANES, 2)))
+    for r in range(rows_n):
+        with kb.loop(0, whole // (2 * LANES), "split") as c:
+            at = (m0 + r) * k_n + c * (2 * LANES)
+            lo, hi = kb.vload(a, at, LANES), kb.vload(a, at + LANES, LANES)
+            to = r * whole + c * (2 * LANES)
+            kb.vstore(split, to, kb.b.shuffle_vector(lo, hi, evens))
+            kb.vstore(split, to + LANES, kb.b.shuffle_vector(lo, hi, odds))
+
+
+def _split_weights(kb, b, at, zv) -> tuple[ir.Value, ir.Value]:
+    """The 2 * LANES 4-bit weights of the bytes of `b` from `at`, less the zero point
+    vector zv, as two float vectors: the low nibbles (the even indices), then the
+    high ones (no interleaving shuffle: _split_rows orders `a` to match)."""
+    raw_bytes = kb.b.load(kb.gep(b, at), typ=ir.VectorType(ir.IntType(8), LANES), align=1)
+    wide = kb.b.zext(raw_bytes, ir.VectorType(I32, LANES))
+    nibbles = (kb.b.and_(wide, ir.Constant(wide.type, 15)),
+               kb.b.lshr(wide, ir.Constant(wide.type, 4)))
+    return tuple(kb.b.fsub(kb.b.uitofp(v, ir.VectorType(F32, LANES)), zv) for v in nibbles)
+
+
+def _tile(kb, node, ins, col, m0, rows_n: int, split=None):
+    """The sums over K of rows m0 .. m0 + rows_n of `a` times column `col` of W, per
+    row a LANES-lane vector of partial sums; `split`: those rows as _split_rows
+    wrote them (4-bit weights, blocks of a multiple of 2 * LANES)."""
     a, b, scales = ins[:3]
     zp = ins[3] if node.attr("zero_points") != "none" else None
     bits, block, k_n = node.attr("bits"), node.attr("block"), node.attr("k")
@@ -81,12 +112,18 @@ def _tile(kb, node, ins, col, m0, rows_n: int):
     with kb.loop(0, full, "blk") as blk:
         zv = kb.splat(_zero_point(kb, node, zp, col, blk, nb), LANES)
         parts = [zeros(LANES)] * rows_n
-        for step in range(block // LANES):
+        for step in range(block // LANES if split is None else 0):
             w = kb.b.fsub(_weights(kb, b, (col * nb + blk) * blob + step * LANES * bits // 8,
                                    bits), zv)
             for r in range(rows_n):
                 av = kb.vload(a, (m0 + r) * k_n + blk * block + step * LANES, LANES)
                 parts[r] = fma(kb, av, w, parts[r])
+        for step in range(block // (2 * LANES) if split is not None else 0):
+            ws = _split_weights(kb, b, (col * nb + blk) * blob + step * LANES, zv)
+            for r in range(rows_n):
+                at = r * full * block + blk * block + step * 2 * LANES
+                for half, w in enumerate(ws):
+                    parts[r] = fma(kb, kb.vload(split, at + half * LANES, LANES), w, parts[r])
         sv = kb.splat(kb.load(scales, col * nb + blk), LANES)
         for r in range(rows_n):
             kb.set(accs[r], fma(kb, parts[r], sv, kb.get(accs[r])))
@@ -119,14 +156,14 @@ def _merge(kb, x: ir.Value, y: ir.Value, level: int) -> ir.Value:
     return kb.fadd(*pick)
 
 
-def _group_sums(kb, node, ins, col0, m0, rows_n: int) -> list[ir.Value]:
+def _group_sums(kb, node, ins, col0, m0, rows_n: int, split=None) -> list[ir.Value]:
     """Per row of the tile, the LANES-lane vector of the outputs of columns col0 ..
     col0 + LANES (bias and epilogue not yet applied): each column's accumulator is
     merged as soon as another of its level exists (a binary counter), so at most
     log2(LANES) + 1 vectors per row are live."""
     stacks = [[] for _ in range(rows_n)]  # per row: (level, vector), levels decreasing
     for c in range(LANES):
-        for r, v in enumerate(_tile(kb, node, ins, col0 + c, m0, rows_n)):
+        for r, v in enumerate(_tile(kb, node, ins, col0 + c, m0, rows_n, split)):
             level, stack = 0, stacks[r]
             while stack and stack[-1][0] == level:
                 v = _merge(kb, stack.pop()[1], v, level)
@@ -141,8 +178,20 @@ def _lower(kb, node, ins, out, epilogue):
     bias = ins[-1] if node.attr("bias") else None
     groups, rest = n_n // LANES, n_n % LANES
 
+    # 4-bit weights in blocks of 32s: a group's rows of `a` reordered once (on the
+    # stack, at most SPLIT_BYTES) so that each 16 bytes of weights unpack to two
+    # vectors with no shuffle; the group's 16 columns share that. The buffer is made
+    # in the work items' function (parallel_for's body), whose stack it is on.
+    block = node.attr("block")
+    k_whole, split_rows = k_n // block * block, min(ROWS, rows)
+    splits = node.attr("bits") == 4 and block % (2 * LANES) == 0 and k_whole > 0 and \
+        split_rows * k_whole * 4 <= SPLIT_BYTES
+    split = None
+
     def finish_group(g, m0, rows_n: int) -> None:
-        for r, y in enumerate(_group_sums(kb, node, ins, g * LANES, m0, rows_n)):
+        if split is not None:
+            _split_rows(kb, node, ins[0], m0, rows_n, split)
+        for r, y in enumerate(_group_sums(kb, node, ins, g * LANES, m0, rows_n, split)):
             if bias is not None:
                 y = kb.fadd(y, kb.vload(bias, g * LANES, LANES))
             at = (m0 + r) * n_n + g * LANES
@@ -172,6 +221,7 @@ def _lower(kb, node, ins, out, epilogue):
             over_rows(finish_column, col)
 
     with parallel_for(kb, groups + (rest > 0), "cols", work=rows * n_n * k_n) as item:
+        split = kb.scratch(split_rows * k_whole) if splits and groups else None
         if not rest:
             over_rows(finish_group, item)
         elif not groups:
