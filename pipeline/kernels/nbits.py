@@ -14,13 +14,16 @@ vector of V weights is loaded once (V/2 bytes for 4 bits: unpacked with a mask, 
 and one interleaving shuffle, converted to float and less the block's zero point) and
 multiplied into the R rows' block sums; a block sum then meets its scale in one FMA
 into the row's V-lane accumulator, so per weight the kernel does the unpacking and R
-FMAs, and per block R more. A last partial block (K not a multiple of the block size)
-runs value by value. A group's 16 accumulators per row are summed into one vector of
-the 16 columns' outputs by a tree of pairwise shuffles and adds (15 steps, where one
-column's lane sum takes 4: a 1-row call, a decoder's token step, spent as much on
-those sums as on the weights), which gets the bias and the fused epilogue as one
-vector (a GELU lane by lane had made the MLP's up projection 3x the others) and one
-store. The remainder columns are summed, biased and finished one by one.
+FMAs, and per block R more. With 4 bits in blocks of a multiple of 2V (32, 64...) a
+group first copies its R rows of `a` to its stack with each 2V values reordered evens
+first (_split_rows), so 2V weights (V bytes) unpack to two vectors, the low nibbles and
+the high ones, with no shuffle. A last partial block (K not a multiple of the block
+size) runs value by value. A group's 16 accumulators per row are summed into one
+vector of the 16 columns' outputs by a tree of pairwise shuffles and adds (15 steps,
+where one column's lane sum takes 4: a 1-row call, a decoder's token step, spent as
+much on those sums as on the weights), which gets the bias and the fused epilogue as
+one vector (a GELU lane by lane had made the MLP's up projection 3x the others) and
+one store. The remainder columns are summed, biased and finished one by one.
 """
 
 from __future__ import annotations

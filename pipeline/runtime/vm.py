@@ -41,6 +41,7 @@ from pipeline.vm.format import RO_SYMBOL, read_ro
 __all__ = ["Executable", "VMError", "VirtualMachine", "is_vm_library"]
 
 _PREFIX = 24  # magic, version, reserved, total length: format.py
+_MAX_NDIM = 32  # runtime/c/vm.c MAX_NDIM: a register's most dimensions
 
 
 class VMError(PipelineError, RuntimeError):
@@ -169,14 +170,23 @@ class VirtualMachine:
         self._params = main.params
         self._inputs: list[np.ndarray | None] = [None] * len(main.params)
         # Per output, made once: the info struct pl_output_info fills, a reference to
-        # it, and the numpy dtype (the declared one, which a run keeps; None for int4
-        # and uint4, unpacked by from_library). Outputs are read after every run, and
-        # building these per run cost a decode step of the test decoder a quarter.
+        # it, and the numpy dtype (the declared one, which a run keeps). Outputs are
+        # read after every run, and building these per run cost a decode step of the
+        # test decoder a quarter of its time.
         self._out_slots = []
         for result in main.results:
-            info, dtype = _TensorInfo(), np.dtype(result.dtype)
-            self._out_slots.append((info, ctypes.byref(info),
-                                    None if dtype in PACKED else dtype))
+            info = _TensorInfo()
+            self._out_slots.append((info, ctypes.byref(info), np.dtype(result.dtype)))
+        # All the shapes in one call: a row of 1 + _MAX_NDIM int64 per output (its
+        # rank, its dimensions); None in a library built before pl_vm_output_shapes.
+        self._shape_rows = np.zeros((len(main.results), 1 + _MAX_NDIM), np.int64)
+        self._shape_address = self._shape_rows.ctypes.data
+        try:
+            self._shapes_of = exe.lib["pl_vm_output_shapes"]
+            self._shapes_of.restype = ctypes.c_int
+            self._shapes_of.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+        except AttributeError:
+            self._shapes_of = None
 
     def __del__(self):
         handle, self._handle = getattr(self, "_handle", None), None
@@ -290,17 +300,28 @@ class VirtualMachine:
         """invoke("main", ...)."""
         return self.invoke("main", *args, **kwargs)
 
+    def _output_shapes(self) -> list[tuple[int, ...]]:
+        """Each output's shape after a run: one pl_vm_output_shapes call, or (a
+        library built before it) pl_output_info per output."""
+        rows = self._shape_rows
+        if self._shapes_of is not None:
+            if self._shapes_of(self._handle, self._shape_address, rows.size):
+                self._check(-1)
+            return [tuple(row[1:1 + row[0]]) for row in rows.tolist()]
+        shapes = []
+        for k, (info, ref, _) in enumerate(self._out_slots):
+            self._api["pl_output_info"](self._handle, k, ref)
+            shapes.append(tuple(info.shape[:info.ndim]))
+        return shapes
+
     def _outputs(self) -> list[np.ndarray]:
         """Main's outputs of the last run at their runtime shapes, each copied into a
         new array (the VM's storages are reused by the next run)."""
-        handle, info_of, get = self._handle, self._api["pl_output_info"], \
-            self._api["pl_get_output"]
+        handle, get = self._handle, self._api["pl_get_output"]
         outputs = []
-        for k, (info, ref, dtype) in enumerate(self._out_slots):
-            info_of(handle, k, ref)
-            shape = tuple(info.shape[:info.ndim])
-            if dtype is None:  # int4 / uint4: packed in the library
-                dtype = np.dtype(info.dtype.decode())
+        for k, shape in enumerate(self._output_shapes()):
+            dtype = self._out_slots[k][2]
+            if dtype in PACKED:  # int4 / uint4: packed in the library
                 raw = np.empty(library_size(shape, dtype), np.uint8)
                 self._check(get(handle, k, raw.ctypes.data, raw.nbytes))
                 outputs.append(from_library(raw, shape, dtype))

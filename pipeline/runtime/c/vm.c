@@ -1048,6 +1048,24 @@ API int pl_set_num_threads(pl_executor *h, int n) {
     return 0;
 }
 
+/* The shapes of main's results after a run, for all of them in one call (a Python
+ * caller pays microseconds a call): row i of `out` (1 + MAX_NDIM words each, n_words
+ * in all) is result i's rank, then its dimensions. -1 before a run or if out is too
+ * small. */
+API int pl_vm_output_shapes(pl_executor *h, int64_t *out, size_t n_words) {
+    const struct func *m = &h->funcs[0];
+    if (!h->ran) return fail(h, "outputs: the VM has not run");
+    if (n_words < (size_t)m->n_results * (1 + MAX_NDIM))
+        return fail(h, "outputs: %zu words given, %u needed", n_words,
+                    m->n_results * (1 + MAX_NDIM));
+    for (uint32_t i = 0; i < m->n_results; i++) {
+        int64_t *row = out + (size_t)i * (1 + MAX_NDIM);
+        row[0] = h->outputs[i].ndim;
+        memcpy(row + 1, h->outputs[i].shape, h->outputs[i].ndim * sizeof *row);
+    }
+    return 0;
+}
+
 /* Invoke main on the inputs set; its results stay until the next run. */
 API int pl_run(pl_executor *h) {
     struct func *m = &h->funcs[0];
