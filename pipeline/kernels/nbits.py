@@ -179,7 +179,85 @@ def _group_sums(kb, node, ins, col0, m0, rows_n: int, split, sums) -> list[ir.Va
     return rows
 
 
+def _cols_zero_points(kb, node, zp, g, blk, nb: int) -> ir.Value:
+    """The zero points of group g's 16 columns for block blk (cols16), as a vector."""
+    kind = node.attr("zero_points")
+    if kind == "none":
+        return kb.splat(kb.f32(8.0), LANES)
+    if kind == "float":
+        return kb.vload(zp, (g * nb + blk) * LANES, LANES)
+    pairs = zp.type.shape[1]  # two blocks' zero points a byte, the even one low
+    raw_bytes = kb.b.load(kb.gep(zp, (g * pairs + blk // 2) * LANES),
+                          typ=ir.VectorType(ir.IntType(8), LANES), align=1)
+    wide = kb.b.zext(raw_bytes, ir.VectorType(I32, LANES))
+    shift = kb.b.trunc(raw((blk % 2) * 4), I32)
+    wide = kb.b.lshr(wide, kb.splat(shift, LANES))
+    return kb.b.uitofp(kb.b.and_(wide, ir.Constant(wide.type, 15)), ir.VectorType(F32, LANES))
+
+
+def _lower_cols(kb, node, ins, out, epilogue):
+    """The cols16 layout (ops/nbits.py): a work item is a group of 16 columns, whose
+    outputs are vectors from the start: per block, per pair of values, 16 bytes hold
+    both values of the 16 columns (a mask and a shift: two float vectors, less the
+    zero points), each multiplied by a broadcast value of `a` into the R rows'
+    block sums, which meet the block's 16 scales in one FMA. No lane sums, no
+    shuffles: per 32 weights one load, four vector operations and 2R FMAs; the zero
+    points are taken off per block (z times the row's sum over the block)."""
+    a, b, scales = ins[:3]
+    zp = ins[3] if node.attr("zero_points") != "none" else None
+    bias = ins[-1] if node.attr("bias") else None
+    k_n, n_n, block = node.attr("k"), out.type.shape[-1], node.attr("block")
+    rows, nb = ins[0].type.size // k_n, b.type.shape[1]
+
+    def tile(g, m0, rows_n: int) -> None:
+        accs = [kb.local(zeros(LANES)) for _ in range(rows_n)]
+        with kb.loop(0, nb, "blk") as blk:
+            zv = _cols_zero_points(kb, node, zp, g, blk, nb)
+            parts = [kb.local(zeros(LANES)) for _ in range(rows_n)]
+            with kb.loop(0, block // 2, "pair") as p:
+                raw_bytes = kb.b.load(kb.gep(b, ((g * nb + blk) * (block // 2) + p) * LANES),
+                                      typ=ir.VectorType(ir.IntType(8), LANES), align=1)
+                wide = kb.b.zext(raw_bytes, ir.VectorType(I32, LANES))
+                ws = [kb.b.uitofp(v, ir.VectorType(F32, LANES))
+                      for v in (kb.b.and_(wide, ir.Constant(wide.type, 15)),
+                                kb.b.lshr(wide, ir.Constant(wide.type, 4)))]
+                for r in range(rows_n):
+                    at = (m0 + r) * k_n + blk * block + p * 2
+                    x = kb.get(parts[r])
+                    for half, w in enumerate(ws):
+                        x = fma(kb, kb.splat(kb.load(a, at + half), LANES), w, x)
+                    kb.set(parts[r], x)
+            sv = kb.vload(scales, (g * nb + blk) * LANES, LANES)
+            for r in range(rows_n):  # sum((q - z) a) = sum(q a) - z sum(a)
+                at = (m0 + r) * k_n + blk * block
+                chunks = [kb.vload(a, at + c * LANES, LANES) for c in range(block // LANES)]
+                while len(chunks) > 1:
+                    chunks = [kb.fadd(x, y) for x, y in zip(chunks[::2], chunks[1::2],
+                                                            strict=True)]
+                total = kb.splat(reduce_lanes(kb, chunks[0], kb.fadd), LANES)
+                block_sum = kb.fsub(kb.get(parts[r]), kb.fmul(zv, total))
+                kb.set(accs[r], fma(kb, block_sum, sv, kb.get(accs[r])))
+        for r in range(rows_n):
+            y = kb.get(accs[r])
+            if bias is not None:
+                y = kb.fadd(y, kb.vload(bias, g * LANES, LANES))
+            at = (m0 + r) * n_n + g * LANES
+            if epilogue is not None:
+                y = apply_epilogue(kb, epilogue, y, kb.unflatten(at, out.type.shape))
+            kb.vstore(out, at, y)
+
+    with parallel_for(kb, n_n // LANES, "groups", work=rows * n_n * k_n) as g:
+        if rows >= ROWS:
+            with kb.loop(0, rows // ROWS, "rt") as rt:
+                tile(g, rt * ROWS, ROWS)
+        if rows % ROWS:
+            tile(g, rows // ROWS * ROWS, rows % ROWS)
+
+
 def _lower(kb, node, ins, out, epilogue):
+    if node.attr("layout") == "cols16":
+        _lower_cols(kb, node, ins, out, epilogue)
+        return
     k_n, n_n = node.attr("k"), out.type.shape[-1]
     rows = ins[0].type.size // k_n
     bias = ins[-1] if node.attr("bias") else None
