@@ -410,9 +410,8 @@ class _Rewriter:
             return False
         moved = [self.param(("cols16", i), f"{i}.cols16", lambda c=c: to_cols16(c))
                  for i, c in zip(node.inputs[1:n_w], consts, strict=True)]
-        self.emit(Node.make("matmul_nbits", node.name, [node.inputs[0], *moved,
-                            *node.inputs[n_w:]], node.outputs, **dict(node.attrs),
-                            layout="cols16"))
+        inputs, attrs = [node.inputs[0], *moved, *node.inputs[n_w:]], dict(node.attrs)
+        self.emit(Node.make(node.op, node.name, inputs, node.outputs, **attrs, layout="cols16"))
         self.plain.update(node.outputs)
         return True
 
