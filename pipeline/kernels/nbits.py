@@ -7,14 +7,23 @@ library's weights are a quarter (4-bit) or half (8-bit) of float16's and an eigh
 quarter of float32's, and every weight byte is read once per call: a batch-1 product
 (a decoder's token step) is bound by that stream.
 
-The work items are the N output columns, split over the threads. Per column, the rows
-of `a` go R at a time: per block, each V-lane vector of V weights is loaded once (V/2
-bytes for 4 bits: unpacked with a mask, a shift and one interleaving shuffle,
-converted to float and less the block's zero point) and multiplied into the R rows'
-block sums; a block sum then meets its scale in one FMA into the row's accumulator, so
-per weight the kernel does the unpacking and R FMAs, and per block R more. A last
-partial block (K not a multiple of the block size) runs value by value. Each output
-gets the bias and the fused epilogue and is stored as one float.
+The work items are groups of V (16) output columns, split over the threads; the
+columns past the last whole group (N not a multiple of V) are one more item, done a
+column at a time. Per column, the rows of `a` go R at a time: per block, each V-lane
+vector of V weights is loaded once (V/2 bytes for 4 bits: unpacked with a mask, a shift
+and one interleaving shuffle, converted to float and less the block's zero point) and
+multiplied into the R rows' block sums; a block sum then meets its scale in one FMA
+into the row's V-lane accumulator, so per weight the kernel does the unpacking and R
+FMAs, and per block R more. With 4 bits in blocks of a multiple of 2V (32, 64...) a
+group first copies its R rows of `a` to its stack with each 2V values reordered evens
+first (_split_rows), so 2V weights (V bytes) unpack to two vectors, the low nibbles and
+the high ones, with no shuffle. A last partial block (K not a multiple of the block
+size) runs value by value. A group's 16 accumulators per row are summed into one
+vector of the 16 columns' outputs by a tree of pairwise shuffles and adds (15 steps,
+where one column's lane sum takes 4: a 1-row call, a decoder's token step, spent as
+much on those sums as on the weights), which gets the bias and the fused epilogue as
+one vector (a GELU lane by lane had made the MLP's up projection 3x the others) and
+one store. The remainder columns are summed, biased and finished one by one.
 """
 
 from __future__ import annotations
@@ -23,11 +32,12 @@ import llvmlite.ir as ir
 
 from pipeline.dsl.builder import F32, I32
 from pipeline.dsl.index import raw
-from pipeline.dsl.vector import fma, parallel_for, reduce_lanes, zeros
+from pipeline.dsl.vector import apply_epilogue, fma, parallel_for, reduce_lanes, zeros
 from pipeline.kernels.registry import lowering
 
 LANES = 16  # one AVX-512 register of floats; two AVX2 ones, which LLVM splits it into
 ROWS = 4    # rows of `a` sharing each dequantized weight vector
+SPLIT_BYTES = 64 << 10  # the most stack a work item's reordered rows of `a` take
 
 
 def _weights(kb, b, at, bits: int) -> ir.Value:
@@ -64,8 +74,38 @@ def _zero_point(kb, node, zp, col, blk, nb: int) -> ir.Value:
     return _value(kb, zp, col * zp.type.shape[1], blk, bits)
 
 
-def _tile(kb, node, ins, col, m0, rows_n: int):
-    """The sums over K of rows m0 .. m0 + rows_n of `a` times column `col` of W."""
+def _split_rows(kb, node, a, m0, rows_n: int, split) -> None:
+    """Rows m0 .. m0 + rows_n of `a`, their whole blocks, into `split` with each run of
+    2 * LANES values stored as its even-indexed values, then its odd ones: the order
+    of a 4-bit weight vector's low and high nibbles (_tile)."""
+    k_n, block = node.attr("k"), node.attr("block")
+    whole = k_n // block * block
+    evens = ir.Constant(ir.VectorType(I32, LANES), list(range(0, 2 * LANES, 2)))
+    odds = ir.Constant(ir.VectorType(I32, LANES), list(range(1, 2 * LANES, 2)))
+    for r in range(rows_n):
+        with kb.loop(0, whole // (2 * LANES), "split") as c:
+            at = (m0 + r) * k_n + c * (2 * LANES)
+            lo, hi = kb.vload(a, at, LANES), kb.vload(a, at + LANES, LANES)
+            to = r * whole + c * (2 * LANES)
+            kb.vstore(split, to, kb.b.shuffle_vector(lo, hi, evens))
+            kb.vstore(split, to + LANES, kb.b.shuffle_vector(lo, hi, odds))
+
+
+def _split_weights(kb, b, at, zv) -> tuple[ir.Value, ir.Value]:
+    """The 2 * LANES 4-bit weights of the bytes of `b` from `at`, less the zero point
+    vector zv, as two float vectors: the low nibbles (the even indices), then the
+    high ones (no interleaving shuffle: _split_rows orders `a` to match)."""
+    raw_bytes = kb.b.load(kb.gep(b, at), typ=ir.VectorType(ir.IntType(8), LANES), align=1)
+    wide = kb.b.zext(raw_bytes, ir.VectorType(I32, LANES))
+    nibbles = (kb.b.and_(wide, ir.Constant(wide.type, 15)),
+               kb.b.lshr(wide, ir.Constant(wide.type, 4)))
+    return tuple(kb.b.fsub(kb.b.uitofp(v, ir.VectorType(F32, LANES)), zv) for v in nibbles)
+
+
+def _tile(kb, node, ins, col, m0, rows_n: int, split=None):
+    """The sums over K of rows m0 .. m0 + rows_n of `a` times column `col` of W, per
+    row a LANES-lane vector of partial sums; `split`: those rows as _split_rows
+    wrote them (4-bit weights, blocks of a multiple of 2 * LANES)."""
     a, b, scales = ins[:3]
     zp = ins[3] if node.attr("zero_points") != "none" else None
     bits, block, k_n = node.attr("bits"), node.attr("block"), node.attr("k")
@@ -75,16 +115,22 @@ def _tile(kb, node, ins, col, m0, rows_n: int):
     with kb.loop(0, full, "blk") as blk:
         zv = kb.splat(_zero_point(kb, node, zp, col, blk, nb), LANES)
         parts = [zeros(LANES)] * rows_n
-        for step in range(block // LANES):
+        for step in range(block // LANES if split is None else 0):
             w = kb.b.fsub(_weights(kb, b, (col * nb + blk) * blob + step * LANES * bits // 8,
                                    bits), zv)
             for r in range(rows_n):
                 av = kb.vload(a, (m0 + r) * k_n + blk * block + step * LANES, LANES)
                 parts[r] = fma(kb, av, w, parts[r])
+        for step in range(block // (2 * LANES) if split is not None else 0):
+            ws = _split_weights(kb, b, (col * nb + blk) * blob + step * LANES, zv)
+            for r in range(rows_n):
+                at = r * full * block + blk * block + step * 2 * LANES
+                for half, w in enumerate(ws):
+                    parts[r] = fma(kb, kb.vload(split, at + half * LANES, LANES), w, parts[r])
         sv = kb.splat(kb.load(scales, col * nb + blk), LANES)
         for r in range(rows_n):
             kb.set(accs[r], fma(kb, parts[r], sv, kb.get(accs[r])))
-    sums = [reduce_lanes(kb, kb.get(acc), lambda x, y: kb.fadd(x, y)) for acc in accs]
+    sums = [kb.get(acc) for acc in accs]
     if not tail:
         return sums
     z = _zero_point(kb, node, zp, col, full, nb)
@@ -95,16 +141,153 @@ def _tile(kb, node, ins, col, m0, rows_n: int):
             x = kb.load(a, (m0 + r) * k_n + full * block + t)
             kb.set(parts[r], kb.fadd(kb.get(parts[r]), kb.fmul(x, w)))
     s = kb.load(scales, col * nb + full)
-    return [kb.fadd(total, kb.fmul(kb.get(p), s)) for total, p in zip(sums, parts, strict=True)]
+    # The partial block's sum joins lane 0 (the lanes are summed later).
+    return [kb.with_lane(v, 0, kb.fadd(kb.lane(v, 0), kb.fmul(kb.get(p), s)))
+            for v, p in zip(sums, parts, strict=True)]
+
+
+def _merge(kb, x: ir.Value, y: ir.Value, level: int) -> ir.Value:
+    """Two vectors of partial sums at `level` (each holding 2^level columns' sums, a
+    column in LANES >> level consecutive lanes) -> one at level + 1: the first halves
+    of each column's lanes plus the second halves, x's columns first."""
+    w, n = LANES >> level, LANES
+    cols, h = n // w, w // 2
+    lo = [v * n + c * w + i for v in (0, 1) for c in range(cols) for i in range(h)]
+    hi = [v * n + c * w + h + i for v in (0, 1) for c in range(cols) for i in range(h)]
+    pick = [kb.b.shuffle_vector(x, y, ir.Constant(ir.VectorType(I32, n), order))
+            for order in (lo, hi)]
+    return kb.fadd(*pick)
+
+
+def _group_sums(kb, node, ins, col0, m0, rows_n: int, split, sums) -> list[ir.Value]:
+    """Per row of the tile, the LANES-lane vector of the outputs of columns col0 ..
+    col0 + LANES (bias and epilogue not yet applied). The columns are a loop (unrolled
+    16 times, a 4-bit decoder's library grew by a third) that leaves each column's
+    partial sums in `sums` (stack, rows_n x LANES vectors); the tree then reads them."""
+    with kb.loop(0, LANES, "c") as c:
+        for r, v in enumerate(_tile(kb, node, ins, col0 + c, m0, rows_n, split)):
+            kb.vstore(sums, (c + r * LANES) * LANES, v)
+    rows = []
+    for r in range(rows_n):
+        level = [kb.vload(sums, (c + r * LANES) * LANES, LANES) for c in range(LANES)]
+        depth = 0
+        while len(level) > 1:
+            level = [_merge(kb, x, y, depth) for x, y in zip(level[::2], level[1::2],
+                                                              strict=True)]
+            depth += 1
+        rows.append(level[0])
+    return rows
+
+
+def _cols_zero_points(kb, node, zp, g, blk, nb: int) -> ir.Value:
+    """The zero points of group g's 16 columns for block blk (cols16), as a vector."""
+    kind = node.attr("zero_points")
+    if kind == "none":
+        return kb.splat(kb.f32(8.0), LANES)
+    if kind == "float":
+        return kb.vload(zp, (g * nb + blk) * LANES, LANES)
+    pairs = zp.type.shape[1]  # two blocks' zero points a byte, the even one low
+    raw_bytes = kb.b.load(kb.gep(zp, (g * pairs + blk // 2) * LANES),
+                          typ=ir.VectorType(ir.IntType(8), LANES), align=1)
+    wide = kb.b.zext(raw_bytes, ir.VectorType(I32, LANES))
+    shift = kb.b.trunc(raw((blk % 2) * 4), I32)
+    wide = kb.b.lshr(wide, kb.splat(shift, LANES))
+    return kb.b.uitofp(kb.b.and_(wide, ir.Constant(wide.type, 15)), ir.VectorType(F32, LANES))
+
+
+def _lower_cols(kb, node, ins, out, epilogue):
+    """The cols16 layout (ops/nbits.py): a work item is a group of 16 columns, whose
+    outputs are vectors from the start: per block, per pair of values, 16 bytes hold
+    both values of the 16 columns (a mask and a shift: two float vectors, less the
+    zero points), each multiplied by a broadcast value of `a` into the R rows'
+    block sums, which meet the block's 16 scales in one FMA. No lane sums, no
+    shuffles: per 32 weights one load, four vector operations and 2R FMAs; the zero
+    points are taken off per block (z times the row's sum over the block)."""
+    a, b, scales = ins[:3]
+    zp = ins[3] if node.attr("zero_points") != "none" else None
+    bias = ins[-1] if node.attr("bias") else None
+    k_n, n_n, block = node.attr("k"), out.type.shape[-1], node.attr("block")
+    rows, nb = ins[0].type.size // k_n, b.type.shape[1]
+
+    def tile(g, m0, rows_n: int) -> None:
+        accs = [kb.local(zeros(LANES)) for _ in range(rows_n)]
+        with kb.loop(0, nb, "blk") as blk:
+            zv = _cols_zero_points(kb, node, zp, g, blk, nb)
+            parts = [kb.local(zeros(LANES)) for _ in range(rows_n)]
+            with kb.loop(0, block // 2, "pair") as p:
+                raw_bytes = kb.b.load(kb.gep(b, ((g * nb + blk) * (block // 2) + p) * LANES),
+                                      typ=ir.VectorType(ir.IntType(8), LANES), align=1)
+                wide = kb.b.zext(raw_bytes, ir.VectorType(I32, LANES))
+                ws = [kb.b.uitofp(v, ir.VectorType(F32, LANES))
+                      for v in (kb.b.and_(wide, ir.Constant(wide.type, 15)),
+                                kb.b.lshr(wide, ir.Constant(wide.type, 4)))]
+                for r in range(rows_n):
+                    at = (m0 + r) * k_n + blk * block + p * 2
+                    x = kb.get(parts[r])
+                    for half, w in enumerate(ws):
+                        x = fma(kb, kb.splat(kb.load(a, at + half), LANES), w, x)
+                    kb.set(parts[r], x)
+            sv = kb.vload(scales, (g * nb + blk) * LANES, LANES)
+            for r in range(rows_n):  # sum((q - z) a) = sum(q a) - z sum(a)
+                at = (m0 + r) * k_n + blk * block
+                chunks = [kb.vload(a, at + c * LANES, LANES) for c in range(block // LANES)]
+                while len(chunks) > 1:
+                    chunks = [kb.fadd(x, y) for x, y in zip(chunks[::2], chunks[1::2],
+                                                            strict=True)]
+                total = kb.splat(reduce_lanes(kb, chunks[0], kb.fadd), LANES)
+                block_sum = kb.fsub(kb.get(parts[r]), kb.fmul(zv, total))
+                kb.set(accs[r], fma(kb, block_sum, sv, kb.get(accs[r])))
+        for r in range(rows_n):
+            y = kb.get(accs[r])
+            if bias is not None:
+                y = kb.fadd(y, kb.vload(bias, g * LANES, LANES))
+            at = (m0 + r) * n_n + g * LANES
+            if epilogue is not None:
+                y = apply_epilogue(kb, epilogue, y, kb.unflatten(at, out.type.shape))
+            kb.vstore(out, at, y)
+
+    with parallel_for(kb, n_n // LANES, "groups", work=rows * n_n * k_n) as g:
+        if rows >= ROWS:
+            with kb.loop(0, rows // ROWS, "rt") as rt:
+                tile(g, rt * ROWS, ROWS)
+        if rows % ROWS:
+            tile(g, rows // ROWS * ROWS, rows % ROWS)
 
 
 def _lower(kb, node, ins, out, epilogue):
+    if node.attr("layout") == "cols16":
+        _lower_cols(kb, node, ins, out, epilogue)
+        return
     k_n, n_n = node.attr("k"), out.type.shape[-1]
     rows = ins[0].type.size // k_n
     bias = ins[-1] if node.attr("bias") else None
+    groups, rest = n_n // LANES, n_n % LANES
 
-    def finish(col, m0, rows_n: int) -> None:
-        for r, y in enumerate(_tile(kb, node, ins, col, m0, rows_n)):
+    # 4-bit weights in blocks of 32s: a group's rows of `a` reordered once (on the
+    # stack, at most SPLIT_BYTES) so that each 16 bytes of weights unpack to two
+    # vectors with no shuffle; the group's 16 columns share that. The buffer is made
+    # in the work items' function (parallel_for's body), whose stack it is on.
+    block = node.attr("block")
+    k_whole, split_rows = k_n // block * block, min(ROWS, rows)
+    splits = node.attr("bits") == 4 and block % (2 * LANES) == 0 and k_whole > 0 and \
+        split_rows * k_whole * 4 <= SPLIT_BYTES
+    split = sums = None
+
+    def finish_group(g, m0, rows_n: int) -> None:
+        if split is not None:
+            _split_rows(kb, node, ins[0], m0, rows_n, split)
+        for r, y in enumerate(_group_sums(kb, node, ins, g * LANES, m0, rows_n, split,
+                                          sums)):
+            if bias is not None:
+                y = kb.fadd(y, kb.vload(bias, g * LANES, LANES))
+            at = (m0 + r) * n_n + g * LANES
+            if epilogue is not None:
+                y = apply_epilogue(kb, epilogue, y, kb.unflatten(at, out.type.shape))
+            kb.vstore(out, at, y)
+
+    def finish_column(col, m0, rows_n: int) -> None:
+        for r, v in enumerate(_tile(kb, node, ins, col, m0, rows_n)):
+            y = reduce_lanes(kb, v, lambda x, z: kb.fadd(x, z))
             if bias is not None:
                 y = kb.fadd(y, kb.load(bias, col))
             at = (m0 + r) * n_n + col
@@ -112,12 +295,30 @@ def _lower(kb, node, ins, out, epilogue):
                 y = epilogue(y, kb.unflatten(at, out.type.shape))
             kb.store(out, at, y)
 
-    with parallel_for(kb, n_n, "cols", work=rows * n_n * k_n) as col:
+    def over_rows(finish, item) -> None:
         if rows >= ROWS:
             with kb.loop(0, rows // ROWS, "rt") as rt:
-                finish(col, rt * ROWS, ROWS)
+                finish(item, rt * ROWS, ROWS)
         if rows % ROWS:
-            finish(col, rows // ROWS * ROWS, rows % ROWS)
+            finish(item, rows // ROWS * ROWS, rows % ROWS)
+
+    def remainder() -> None:
+        with kb.loop(groups * LANES, n_n, "col") as col:
+            over_rows(finish_column, col)
+
+    with parallel_for(kb, groups + (rest > 0), "cols", work=rows * n_n * k_n) as item:
+        split = kb.scratch(split_rows * k_whole) if splits and groups else None
+        sums = kb.scratch(split_rows * LANES * LANES) if groups else None
+        if not rest:
+            over_rows(finish_group, item)
+        elif not groups:
+            remainder()
+        else:
+            with kb.b.if_else(kb.below(item, groups)) as (whole, last):
+                with whole:
+                    over_rows(finish_group, item)
+                with last:
+                    remainder()
 
 
 lowering("matmul_nbits", lower=_lower)

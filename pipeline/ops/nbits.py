@@ -13,6 +13,12 @@ onnxruntime's MatMulNBits layout, kept packed (the graph op of com.microsoft.Mat
   out     [..., N]             a @ W + bias, W[k, n] = (q[n, k] - z[n, k // block]) *
                                scales[n, k // block]
 
+layout="cols16" (set by AlterOpLayout, transform/layout.py, for constant 4-bit weights,
+N a multiple of 16 and K of the block): the same shapes and bytes, each group of 16
+columns' values interleaved column-fastest (to_cols16: b as [N/16, nb, blob, 16],
+scales and zero points as [N/16, nb or ceil(nb/2), 16]), so a kernel loads one
+value of 16 columns at once (kernels/nbits.py).
+
 Its lowering: pipeline/kernels/nbits.py. Its ONNX converter: pipeline/frontend/onnx/nbits.py.
 """
 
@@ -34,9 +40,39 @@ def unpack_nbits(b: np.ndarray, bits: int, count: int) -> np.ndarray:
     return b[:, :count].astype(np.int32)
 
 
+COLS = 16  # columns of a cols16 group
+
+
+def to_cols16(value: np.ndarray) -> np.ndarray:
+    """b, scales or zero points [N, ...] -> the cols16 layout: [N/16, ..., 16], as the
+    original shape (column 16g + j's values in group g, lane j)."""
+    n, rest = value.shape[0], value.shape[1:]
+    moved = np.moveaxis(value.reshape(n // COLS, COLS, *rest), 1, -1)
+    return np.ascontiguousarray(moved).reshape(value.shape)
+
+
+def cols16_fits(node, consts: list) -> bool:
+    """Whether a matmul_nbits node whose b, scales (and zero points) are `consts`
+    (None: not a constant) can take them in the cols16 layout: 4 bits, K a multiple
+    of the block, N of 16, not reordered yet."""
+    return (node.attr("bits") == 4 and node.attr("k") % node.attr("block") == 0
+            and not node.attr("layout") and all(c is not None for c in consts)
+            and consts[0].shape[0] % COLS == 0)
+
+
+def from_cols16(value: np.ndarray) -> np.ndarray:
+    """to_cols16's inverse."""
+    n, rest = value.shape[0], value.shape[1:]
+    moved = np.moveaxis(np.asarray(value).reshape(n // COLS, *rest, COLS), -1, 1)
+    return np.ascontiguousarray(moved).reshape(value.shape)
+
+
 def dequantize_nbits(b, scales, zero_points, node) -> np.ndarray:
     """The float32 weights W [K, N] a matmul_nbits node multiplies by."""
     bits, block, k = node.attr("bits"), node.attr("block"), node.attr("k")
+    if node.attr("layout") == "cols16":
+        b, scales = from_cols16(np.asarray(b)), from_cols16(np.asarray(scales))
+        zero_points = None if zero_points is None else from_cols16(np.asarray(zero_points))
     n, nb = scales.shape
     q = unpack_nbits(b, bits, nb * block).reshape(n, nb, block)
     kind = node.attr("zero_points")

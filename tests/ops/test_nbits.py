@@ -26,6 +26,7 @@ CASES = [  # bits, block, zero points, bias, K, N, x shape (without K)
     (4, 32, "none", True, 256, 48, (2, 7)),
     (4, 16, "packed", True, 100, 40, (1,)),       # a partial last block
     (4, 64, "float", False, 192, 24, (5,)),
+    (4, 32, "float", True, 128, 32, (3,)),        # the cols16 layout, float zero points
     (4, 128, "packed", False, 384, 32, (9,)),
     (4, 256, "none", False, 300, 16, (1,)),       # one whole block and a partial one
     (8, 32, "packed", True, 160, 56, (1,)),
@@ -138,3 +139,35 @@ def test_4bit_library_is_under_a_third_of_the_float32_one(tmp_path):
     print(f"MLP stack library: float32 {sizes[False]} bytes, 4-bit {sizes[True]} bytes, "
           f"ratio {ratio:.3f}")
     assert ratio <= 0.35, f"4-bit {sizes[True]} bytes, float32 {sizes[False]}: {ratio:.3f}"
+
+
+@pytest.mark.parametrize("zp, n", [("packed", 48), ("float", 32), ("none", 24)])
+def test_constant_4bit_weights_take_the_cols16_layout(zp, n):
+    """AlterOpLayout gives a constant 4-bit matmul_nbits its b, scales and zero points
+    reordered into cols16 (N a multiple of 16 only: not 24), same shapes; the op's
+    numpy reference of the rewritten node gives what the original's does (onnxruntime
+    checks the kernels: test_matches_onnxruntime)."""
+    from pipeline.frontend import from_onnx
+    from pipeline.ir.target import parse_target
+    from pipeline.ops import get
+    from pipeline.transform import PASS_NAMES, PassContext, optimize
+
+    rng = np.random.default_rng(n)
+    w = rng.standard_normal((64, n)).astype(np.float32)
+    node, inits = nbits_node("mm", "x", "y", w, 4, 32, zp)
+    graph, params = from_onnx(nbits_model([node], inits, [3, 64], [3, n]))
+    others = [p for p in PASS_NAMES if p != "AlterOpLayout"]
+    with PassContext(opt_level=0, required_pass=["AlterOpLayout"], disabled_pass=others):
+        out, out_params = optimize(graph, params, target=parse_target("llvm -mcpu=native"))
+    (before,), (after,) = graph.nodes, [m for m in out.nodes if m.op == "matmul_nbits"]
+    assert after.attr("layout") == ("cols16" if n % 16 == 0 else None)
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+
+    def reference(g, values, m):
+        arrays = [x, *(values[i] for i in m.inputs[1:])]
+        assert [values[i].shape for i in m.inputs[1:]] == \
+            [g.types[i].shape for i in m.inputs[1:]]
+        return get("matmul_nbits").numpy(arrays, m)[0]
+
+    np.testing.assert_array_equal(reference(out, out_params, after),
+                                  reference(graph, params, before))

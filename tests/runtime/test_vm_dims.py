@@ -60,6 +60,26 @@ def test_one_library_runs_every_shape(bert):
         np.testing.assert_allclose(got, _ort(model, ids), rtol=1e-4, atol=1e-5)
 
 
+def test_output_shapes_in_one_call(bert):
+    """pl_vm_output_shapes writes every output's runtime shape (rank, dimensions) in
+    one call, which the Python VM reads them with; refused in one line before a run
+    and with too few words. Without it (a library built before): the same arrays."""
+    _, so, _ = bert
+    vm = VirtualMachine(so)
+    shapes_of, last_error = vm._shapes_of, vm._api["pl_last_error"]  # typed there
+    rows = np.full((1, 33), -7, np.int64)
+    assert shapes_of(vm._handle, rows.ctypes.data, rows.size) != 0
+    assert last_error(vm._handle).decode() == "outputs: the VM has not run"
+    ids = _ids((2, 33))
+    (want,) = vm.run(ids)
+    assert shapes_of(vm._handle, rows.ctypes.data, rows.size - 1) != 0
+    assert last_error(vm._handle).decode() == "outputs: 32 words given, 33 needed"
+    assert shapes_of(vm._handle, rows.ctypes.data, rows.size) == 0
+    assert rows[0, :4].tolist() == [3, 2, 33, HIDDEN] and want.shape == (2, 33, HIDDEN)
+    vm._shapes_of = None  # as a library without pl_vm_output_shapes: pl_output_info
+    np.testing.assert_array_equal(vm.run(ids)[0], want)
+
+
 def test_kernels_take_runtime_dims(bert):
     """Every kernel's symbols are its runtime dims: the symbolic ones are called with
     InvokePackedDims, the attention by its runtime-length lowering; a kernel hash names

@@ -187,10 +187,10 @@ static int64_t size_of(int64_t dtype, int64_t ndim, const int64_t *shape) {
     if (dtype < 0 || (uint64_t)dtype >= N_DTYPES || ndim < 0 || ndim > (int64_t)MAX_NDIM)
         return -1;
     uint64_t n = DTYPES[dtype].size ? DTYPES[dtype].size : 1;
-    for (int64_t d = 0; d < ndim; d++) {
-        if (shape[d] < 0 || (shape[d] && n > PL_MAX_STORAGE / (uint64_t)shape[d])) return -1;
-        n *= (uint64_t)shape[d];
-    }
+    for (int64_t d = 0; d < ndim; d++) /* no division: this runs for every tensor made */
+        if (shape[d] < 0 || __builtin_mul_overflow(n, (uint64_t)shape[d], &n) ||
+            n > PL_MAX_STORAGE)
+            return -1;
     return (int64_t)(DTYPES[dtype].size ? n : (n + DTYPES[dtype].per_byte - 1) /
                                                   DTYPES[dtype].per_byte);
 }
@@ -251,11 +251,29 @@ static void obj_clear(pl_executor *h, struct obj *o) {
     o->kind = 0, o->st = NULL;
 }
 
-static void obj_set(pl_executor *h, struct obj *dst, const struct obj *src) {
-    struct obj copy = *src; /* src may be dst (Move r, r) */
-    if (copy.kind) copy.st->refs++;
+/* dst = a tensor over storage st (taking a reference to it). Only the ndim dimensions
+ * used are copied: a register is ~300 bytes, MAX_NDIM's shape most of it, and copying
+ * whole registers (two or three times an instruction) was most of the interpreter's
+ * time in a decode step. */
+static void obj_tensor(pl_executor *h, struct obj *dst, uint8_t dtype, uint8_t ndim,
+                       struct storage *st, void *data, size_t nbytes, const int64_t *shape) {
+    st->refs++;
     obj_clear(h, dst);
-    *dst = copy;
+    dst->kind = 2, dst->dtype = dtype, dst->ndim = ndim;
+    dst->st = st, dst->data = data, dst->nbytes = nbytes;
+    if (ndim) memcpy(dst->shape, shape, (size_t)ndim * sizeof *shape);
+}
+
+static void obj_set(pl_executor *h, struct obj *dst, const struct obj *src) {
+    if (dst == src) return; /* Move r, r */
+    if (src->kind == 2) {
+        obj_tensor(h, dst, src->dtype, src->ndim, src->st, src->data, src->nbytes, src->shape);
+        return;
+    }
+    if (src->kind) src->st->refs++;
+    obj_clear(h, dst);
+    dst->kind = src->kind, dst->dtype = 0, dst->ndim = 0, dst->st = src->st;
+    dst->data = src->data, dst->nbytes = 0;
 }
 
 /* ---- reading the .ro ---- */
@@ -509,17 +527,14 @@ static int make_tensor(pl_executor *h, struct obj *dst, const struct obj *base,
                        const int64_t *w, int view, const int64_t *shape) {
     if (base->kind == 0)
         return fail(h, "VM: %s of an empty register", view ? "view" : "tensor");
-    struct obj t = {2, (uint8_t)w[3], (uint8_t)w[4], base->st, NULL, 0, {0}};
     int64_t size = size_of(w[3], w[4], shape);
     if (size < 0) return fail(h, "VM: a tensor of a bad runtime shape");
-    t.nbytes = (size_t)size;
     size_t start = (size_t)((char *)base->data - (char *)base->st->data) * (base->kind == 2 && view);
-    if (start + (size_t)w[2] + t.nbytes > base->st->size)
+    if (start + (size_t)w[2] + (size_t)size > base->st->size)
         return fail(h, "VM: a tensor of %zu bytes at offset %lld does not fit its %zu-byte "
-                    "storage", t.nbytes, (long long)w[2], base->st->size);
-    t.data = (char *)base->st->data + start + w[2];
-    memcpy(t.shape, shape, (size_t)w[4] * sizeof *t.shape);
-    obj_set(h, dst, &t);
+                    "storage", (size_t)size, (long long)w[2], base->st->size);
+    obj_tensor(h, dst, (uint8_t)w[3], (uint8_t)w[4], base->st,
+               (char *)base->st->data + start + w[2], (size_t)size, shape);
     return 0;
 }
 
@@ -545,13 +560,12 @@ static int make_tensor_dims(pl_executor *h, struct func *fn, const int64_t *w, i
 
 /* dst = a new scalar tensor (int64 or bool) holding value. */
 static int new_scalar(pl_executor *h, struct obj *dst, int dtype, int64_t value) {
-    struct obj t = {2, (uint8_t)dtype, 0, storage_new(h, 8), NULL, DTYPES[dtype].size, {0}};
-    if (!t.st) return -1;
-    t.data = t.st->data;
-    if (dtype == DT_BOOL) *(uint8_t *)t.data = value != 0;
-    else memcpy(t.data, &value, sizeof value);
-    obj_clear(h, dst);
-    *dst = t; /* takes storage_new's reference */
+    struct storage *st = storage_new(h, 8);
+    if (!st) return -1;
+    if (dtype == DT_BOOL) *(uint8_t *)st->data = value != 0;
+    else memcpy(st->data, &value, sizeof value);
+    obj_tensor(h, dst, (uint8_t)dtype, 0, st, st->data, DTYPES[dtype].size, NULL);
+    storage_release(h, st); /* obj_tensor took its own reference */
     return 0;
 }
 
@@ -708,12 +722,11 @@ static int step(pl_executor *h, struct func *fn, uint32_t *pc, struct obj *resul
     (*pc)++;
     switch (in->op) {
     case ALLOC_STORAGE: {
-        struct obj s = {1, 0, 0, storage_new(h, (size_t)w[1]), NULL, 0, {0}};
-        if (!s.st) return -1;
-        s.data = s.st->data;
+        struct storage *st = storage_new(h, (size_t)w[1]);
+        if (!st) return -1;
         obj_clear(h, &r[w[0]]);
-        r[w[0]] = s; /* takes storage_new's reference */
-        return 0;
+        r[w[0]] = (struct obj){.kind = 1, .st = st, .data = st->data};
+        return 0; /* the register takes storage_new's reference */
     }
     case ALLOC_TENSOR: return make_tensor(h, &r[w[0]], &r[w[1]], w, 0, w + 5);
     case VIEW: return make_tensor(h, &r[w[0]], &r[w[1]], w, 1, w + 5);
@@ -739,10 +752,8 @@ static int step(pl_executor *h, struct func *fn, uint32_t *pc, struct obj *resul
     }
     case LOAD_CONST: {
         const struct type *t = &h->const_types[w[1]];
-        struct obj c = {2, t->dtype, t->ndim, h->consts[w[1]], h->consts[w[1]]->data, t->nbytes,
-                        {0}};
-        memcpy(c.shape, t->shape, sizeof c.shape);
-        obj_set(h, &r[w[0]], &c);
+        obj_tensor(h, &r[w[0]], t->dtype, t->ndim, h->consts[w[1]], h->consts[w[1]]->data,
+                   t->nbytes, t->shape);
         return 0;
     }
     case INVOKE_PACKED: return invoke_packed(h, fn, in);
@@ -1037,6 +1048,24 @@ API int pl_set_num_threads(pl_executor *h, int n) {
     return 0;
 }
 
+/* The shapes of main's results after a run, for all of them in one call (a Python
+ * caller pays microseconds a call): row i of `out` (1 + MAX_NDIM words each, n_words
+ * in all) is result i's rank, then its dimensions. -1 before a run or if out is too
+ * small. */
+API int pl_vm_output_shapes(pl_executor *h, int64_t *out, size_t n_words) {
+    const struct func *m = &h->funcs[0];
+    if (!h->ran) return fail(h, "outputs: the VM has not run");
+    if (n_words < (size_t)m->n_results * (1 + MAX_NDIM))
+        return fail(h, "outputs: %zu words given, %u needed", n_words,
+                    m->n_results * (1 + MAX_NDIM));
+    for (uint32_t i = 0; i < m->n_results; i++) {
+        int64_t *row = out + (size_t)i * (1 + MAX_NDIM);
+        row[0] = h->outputs[i].ndim;
+        memcpy(row + 1, h->outputs[i].shape, h->outputs[i].ndim * sizeof *row);
+    }
+    return 0;
+}
+
 /* Invoke main on the inputs set; its results stay until the next run. */
 API int pl_run(pl_executor *h) {
     struct func *m = &h->funcs[0];
@@ -1063,9 +1092,8 @@ API int pl_run(pl_executor *h) {
                             h->dims[k].name, (long long)bound[k], (long long)v, t->name);
             bound[k] = v;
         }
-        struct obj in = {2, t->dtype, t->ndim, st, st->data, h->in_nbytes[i], {0}};
-        memcpy(in.shape, h->in_shape[i], sizeof in.shape);
-        obj_set(h, &m->regs[i], &in);
+        obj_tensor(h, &m->regs[i], t->dtype, t->ndim, st, st->data, h->in_nbytes[i],
+                   h->in_shape[i]);
     }
     if (run_func(h, m, h->outputs)) return -1;
     for (uint32_t o = 0; o < m->n_results; o++)
