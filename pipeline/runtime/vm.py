@@ -139,7 +139,10 @@ def _bind(lib: ctypes.CDLL) -> dict[str, Any]:
              "pl_output_info": (i, [p, i, ctypes.POINTER(_TensorInfo)]),
              "pl_set_input": (i, [p, i, p, s]), "pl_get_output": (i, [p, i, p, s]),
              "pl_set_input_shape": (i, [p, i, i, ctypes.POINTER(ctypes.c_int64)]),
-             "pl_set_num_threads": (i, [p, i]), "pl_run": (i, [p])}
+             "pl_set_num_threads": (i, [p, i]), "pl_run": (i, [p]),
+             "pl_output_count": (i, [p, i]),
+             "pl_output_item_info": (i, [p, i, i, ctypes.POINTER(_TensorInfo)]),
+             "pl_get_output_item": (i, [p, i, i, p, s])}
     api = {}
     for name, (restype, argtypes) in types.items():
         try:
@@ -281,12 +284,28 @@ class VirtualMachine:
         """invoke("main", ...)."""
         return self.invoke("main", *args, **kwargs)
 
-    def _output(self, k: int) -> np.ndarray:
+    def _output(self, k: int) -> np.ndarray | list[np.ndarray] | None:
+        """Output k: an array, a list of arrays (a sequence) or None (an empty optional)."""
+        count = self._api["pl_output_count"](self._handle, k)
+        if count == -2:
+            return None
+        if count >= 0:
+            return [self._array(k, j) for j in range(count)]
+        return self._array(k, None)
+
+    def _array(self, k: int, item: int | None) -> np.ndarray:
+        """Output k as a new array, or element `item` of it (a sequence)."""
         info = _TensorInfo()
-        self._api["pl_output_info"](self._handle, k, ctypes.byref(info))
+        if item is None:
+            self._api["pl_output_info"](self._handle, k, ctypes.byref(info))
+        else:
+            self._check(self._api["pl_output_item_info"](self._handle, k, item,
+                                                        ctypes.byref(info)))
         shape, dtype = tuple(info.shape[d] for d in range(info.ndim)), np.dtype(info.dtype.decode())
         out = np.empty(library_size(shape, dtype), np.uint8)
-        self._check(self._api["pl_get_output"](self._handle, k, out.ctypes.data, out.nbytes))
+        self._check(self._api["pl_get_output"](self._handle, k, out.ctypes.data, out.nbytes)
+                    if item is None else self._api["pl_get_output_item"](
+                        self._handle, k, item, out.ctypes.data, out.nbytes))
         return from_library(out, shape, dtype)
 
     def set_num_threads(self, num_threads: int) -> None:

@@ -25,6 +25,7 @@ from pipeline.frontend.onnx import (  # noqa: F401  (registration)
     resize,
     scan,
     scatter,
+    sequence,
     shape,
     softmax,
     transformer_ms,

@@ -25,16 +25,17 @@ from onnx import numpy_helper
 from pipeline.errors import ModelError, UnsupportedOperatorError
 from pipeline.frontend.onnx.importer import (
     CONTROL_CONVERTERS,
-    CONTROL_FLOW,
     ImportContext,
     OnnxNode,
     _decode,
     _import_constant,
     _live,
     infer_types,
+    vm_converter,
 )
 from pipeline.frontend.onnx.registry import onnx_converter
 from pipeline.ir.graph import ONNX_DTYPES, Graph, Node, TensorType, add_param
+from pipeline.ops.sequence import join
 
 
 @dataclass
@@ -56,8 +57,9 @@ class _Body:
 
 
 def _convert(ctx: ImportContext, onode: OnnxNode, source: str) -> list[Node]:
-    if onode.op_type in CONTROL_FLOW:
-        return CONTROL_CONVERTERS[onode.op_type](ctx, onode, source)
+    by_vm = vm_converter(ctx, onode)
+    if by_vm:
+        return by_vm(ctx, onode, source)
     converter = onnx_converter(onode.op_type, onode.opset)
     if converter is None:
         raise UnsupportedOperatorError(f"unsupported operator {onode.op_type} (opset "
@@ -151,7 +153,8 @@ def _if(ctx: ImportContext, n: OnnxNode, source: str) -> list[Node]:
     captures = list(dict.fromkeys(c for b in branches for c in b.captures))
     then, orelse = (b.graph(captures, ctx.types) for b in branches)
     want = [then.types[o] for o in then.outputs]
-    if [orelse.types[o] for o in orelse.outputs] != want:
+    if None in map(join, [orelse.types[o] for o in orelse.outputs], want):  # sequences:
+        # their elements may differ in shape (ops/sequence.py join)
         raise ModelError(f"{where}: the branches return different shapes or dtypes "
                          "(needs dynamic shapes)")
     return [Node.make("if", n.name, (n.inputs[0], *captures), n.outputs,

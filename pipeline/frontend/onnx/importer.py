@@ -29,9 +29,11 @@ from pipeline.frontend.onnx.symbolic import materialize, symbolic_numpy
 from pipeline.frontend.onnx.widen import widen
 from pipeline.ir.dims import is_symbolic
 from pipeline.ir.graph import DTYPES, ONNX_DTYPES, Graph, Node, TensorType, add_param
+from pipeline.ir.sequence import is_value
 from pipeline.ops import get
 from pipeline.ops import infer_types as infer_op_types
 from pipeline.ops.dynamic import data_dependent
+from pipeline.ops.sequence import SEQUENCE_OPS, join, sequence_types
 from pipeline.vm.program import CONTROL_OPS
 
 
@@ -69,8 +71,9 @@ def _control_types(node: Node, inputs: list[TensorType]) -> list[TensorType]:
     first scan input's leading dimension."""
     body = node.attr("then_branch") or node.attr("body")
     outs = [body.types[o] for o in body.outputs]
-    if node.op == "if":
-        return outs
+    if node.op == "if":  # sequences: their elements' shapes may differ by branch
+        other = node.attr("else_branch")
+        return [join(t, other.types[o]) for t, o in zip(outs, other.outputs, strict=True)]
     if node.op == "loop":
         n, m = node.attr("n_carried"), node.attr("trip_count")
         return outs[1:1 + n] + [TensorType((m, *t.shape), t.dtype) for t in outs[1 + n:]]
@@ -81,6 +84,8 @@ def _control_types(node: Node, inputs: list[TensorType]) -> list[TensorType]:
 
 def infer_types(node: Node, inputs: list[TensorType]) -> list[TensorType]:
     """pipeline.ops.infer_types, and the control-flow nodes' types (_control_types)."""
+    if node.op in SEQUENCE_OPS:
+        return sequence_types(node, inputs)
     if node.op in CONTROL_OPS:
         return _control_types(node, inputs)
     return infer_op_types(node, inputs)
@@ -273,13 +278,12 @@ def _convert_nodes(model: onnx.ModelProto, opset: int, ctx: ImportContext,
             if onode.op_type == "Constant":
                 _import_constant(onode, ctx, source)
                 continue
-            converter = (None if onode.op_type in CONTROL_FLOW
-                         else onnx_converter(onode.op_type, opset))
+            by_vm = vm_converter(ctx, onode)
+            converter = None if by_vm else onnx_converter(onode.op_type, opset)
             onode, before, after = (converter and widen(ctx, onode)) or (onode, [], [])
             for node in before:
                 nodes.append(_record(node, ctx, onnx_shapes, onode.op_type))
-            made = (CONTROL_CONVERTERS[onode.op_type](ctx, onode, source) if converter is None
-                    else converter.fn(ctx, onode))
+            made = by_vm(ctx, onode, source) if by_vm else converter.fn(ctx, onode)
             for node in made:
                 if converter and node.op not in converter.emits:  # the backend's float64 rule
                     raise GraphError(f"{source}: node {onode.name!r}: the {onode.op_type} "
@@ -307,6 +311,9 @@ def _record(node: Node, ctx: ImportContext, onnx_shapes: dict, op_type: str) -> 
     if data_dependent(node) is not None or not ctx.bounded.isdisjoint(node.inputs):
         ctx.bounded.update(node.outputs)
     for name, t in zip(node.outputs, out_types, strict=True):
+        if is_value(t):  # a sequence or an optional: no tensor shape to check
+            ctx.types[name] = t
+            continue
         check_elements(t.shape, f"node {node.name!r} output {name!r}")
         want = onnx_shapes.get(name)
         if want is not None and want != t.shape and name not in ctx.bounded:
@@ -394,6 +401,8 @@ def _check_supported(model: onnx.ModelProto, opset: int, source: str,
                 continue
         elif node.op_type in CONTROL_FLOW and control_flow:
             continue
+        elif node.op_type in CONTROL_CONVERTERS and node.op_type not in CONTROL_FLOW:
+            continue  # a sequence or optional operator (frontend/onnx/sequence.py)
         elif node.op_type in CONTROL_FLOW:
             key = f"{node.op_type} (control flow: subgraphs are not compiled)"
         elif onnx_converter(node.op_type, opset) is None:
@@ -414,7 +423,16 @@ def _check_supported(model: onnx.ModelProto, opset: int, source: str,
 # VM runs them (from_onnx(control_flow=True)). Their converters, op type -> fn(ctx,
 # onnx node, source) -> nodes, register here (frontend/onnx/control.py).
 CONTROL_FLOW = ("If", "Loop", "Scan")
-CONTROL_CONVERTERS: dict = {}
+CONTROL_CONVERTERS: dict = {}  # the sequence and optional operators' too (sequence.py)
+
+
+def vm_converter(ctx: ImportContext, onode: OnnxNode):
+    """The converter of an If, Loop, Scan or sequence/optional node, or None (Identity
+    is the VM's only on a sequence or an optional)."""
+    if onode.op_type == "Identity" and not (onode.inputs and is_value(
+            ctx.types.get(onode.inputs[0]))):
+        return None
+    return CONTROL_CONVERTERS.get(onode.op_type)
 
 
 def _check_element_types(g: onnx.GraphProto, source: str) -> None:
