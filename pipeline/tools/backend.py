@@ -90,6 +90,7 @@ def unsupported(model: onnx.ModelProto, limits: bool = True) -> list[str]:
             reasons += _control_flow_reasons(node, opset, {i.name for i in g.initializer})
             continue
         if node.op_type in VM_VALUE_OPS and not custom:  # sequences, optionals: the VM's
+            reasons += _control_flow_reasons(node, opset, set())  # SequenceMap's body
             continue
         converter = onnx_converter(f"{node.domain}.{node.op_type}" if custom else node.op_type,
                                    domain_opset(model, node.domain) if custom else opset)

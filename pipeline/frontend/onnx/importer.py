@@ -111,6 +111,8 @@ class ImportContext:
         # Tensors typed with a bound: data-dependent results and what reads them
         # (a widening's narrowing cast, a row-wise op), not ONNX's shape (ops/dynamic.py)
         self.bounded: set[str] = set()
+        # sequences whose elements are known tensors (frontend/onnx/sequence.py)
+        self.sequences: dict[str, list[str]] = {}
 
     def type(self, name: str) -> TensorType:
         return self.types[name]

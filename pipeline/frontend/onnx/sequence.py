@@ -30,6 +30,7 @@ def _position(ctx: ImportContext, n: OnnxNode, pos: int) -> list[str]:
 
 
 def _construct(ctx: ImportContext, n: OnnxNode, source: str) -> list[Node]:
+    ctx.sequences[n.outputs[0]] = list(n.inputs)
     return [Node.make("sequence_construct", n.name, n.inputs, n.outputs)]
 
 
@@ -38,12 +39,19 @@ def _empty(ctx: ImportContext, n: OnnxNode, source: str) -> list[Node]:
     if dtype is None:
         raise ModelError(f"node {n.name!r} (SequenceEmpty): unsupported dtype "
                          f"{n.attrs.get('dtype')}")
+    ctx.sequences[n.outputs[0]] = []
     return [Node.make("sequence_empty", n.name, (), n.outputs, dtype=dtype)]
 
 
 def _insert(ctx: ImportContext, n: OnnxNode, source: str) -> list[Node]:
     at = _position(ctx, n, 2)
-    # Appending keeps the elements' common shape known; inserting elsewhere too.
+    known = ctx.sequences.get(n.inputs[0])
+    where = ctx.const(at[0]) if at else np.array(len(known or ()))
+    if known is not None and where is not None:  # the elements stay known
+        k = int(where)
+        known = list(known)
+        known.insert(k + len(known) + 1 if k < 0 else k, n.inputs[1])
+        ctx.sequences[n.outputs[0]] = known
     return [Node.make("sequence_insert", n.name, (n.inputs[0], n.inputs[1], *at), n.outputs)]
 
 
@@ -133,7 +141,43 @@ def value_input(ctx: ImportContext, n: OnnxNode) -> bool:
     return bool(n.inputs) and is_value(ctx.types.get(n.inputs[0]))
 
 
+def _map(ctx: ImportContext, n: OnnxNode, source: str) -> list[Node]:
+    """SequenceMap of sequences whose elements are known tensors (a SequenceConstruct:
+    the ONNX backend's sequence inputs): the body inlined once per element, its
+    results gathered by SequenceConstruct (each element may have its own shape, so
+    each copy of the body has its own kernels)."""
+    from pipeline.frontend.onnx.control import _body  # control imports the importer too
+
+    seqs = [ctx.sequences.get(i) for i in n.inputs if isinstance(ctx.types[i], SequenceType)]
+    if not seqs or None in seqs or len({len(s) for s in seqs}) != 1:
+        raise ModelError(f"node {n.name!r} (SequenceMap): its sequences must be built from "
+                         "known tensors (SequenceConstruct) and be of one length")
+    g, nodes = n.attrs["body"], []
+    results: list[list[str]] = [[] for _ in n.outputs]
+    for j in range(len(seqs[0])):
+        actual = [ctx.sequences[i][j] if isinstance(ctx.types[i], SequenceType) else i
+                  for i in n.inputs]
+        body = _body(ctx, g, [ctx.type(a) for a in actual], n.opset,
+                     f"node {n.name!r} body", source)
+        names = dict(zip(body.formal, actual, strict=True))
+        for node in body.nodes:
+            names.update({o: f"{n.name}.{j}.{o}" for o in node.outputs})
+            nodes.append(Node(node.op, f"{node.name}.{j}", tuple(names.get(i, i)
+                                                                for i in node.inputs),
+                              tuple(names[o] for o in node.outputs), node.attrs))
+        for k, out in enumerate(body.outputs):
+            results[k].append(names.get(out, out))
+    for k, out in enumerate(n.outputs):
+        if results[k]:
+            nodes.append(Node.make("sequence_construct", f"{n.name}.{k}", results[k], (out,)))
+        else:
+            dtype = ONNX_DTYPES[g.output[k].type.tensor_type.elem_type]
+            nodes.append(Node.make("sequence_empty", f"{n.name}.{k}", (), (out,), dtype=dtype))
+    return nodes
+
+
 CONTROL_CONVERTERS.update({
+    "SequenceMap": _map,
     "SequenceConstruct": _construct, "SequenceEmpty": _empty, "SequenceInsert": _insert,
     "SequenceAt": _at, "SequenceLength": _length, "SequenceErase": _erase,
     "SplitToSequence": _split, "Optional": _optional, "OptionalHasElement": _has_element,
