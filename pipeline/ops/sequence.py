@@ -22,7 +22,7 @@ from pipeline.errors import GraphError
 from pipeline.ir.graph import TensorType
 from pipeline.ir.sequence import OptionalType, SequenceType
 
-__all__ = ["SEQUENCE_OPS", "join", "sequence_types", "split_sizes"]
+__all__ = ["SEQUENCE_OPS", "join", "join_branches", "sequence_types", "split_sizes"]
 
 SEQUENCE_OPS = ("sequence_construct", "sequence_empty", "sequence_insert", "sequence_at",
                 "sequence_length", "sequence_erase", "split_to_sequence", "optional",
@@ -111,3 +111,9 @@ def join(a, b):
         inner = join(a.value, b.value)
         return None if inner is None else OptionalType(inner)
     return None
+
+
+def join_branches(then, orelse) -> list:
+    """An If's output types: its branch graphs' (`then`, `orelse`) results joined."""
+    return [join(then.types[a], orelse.types[b])
+            for a, b in zip(then.outputs, orelse.outputs, strict=True)]

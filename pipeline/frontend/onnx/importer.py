@@ -23,7 +23,7 @@ from pipeline.errors import (
     UnsupportedOperatorError,
     check_elements,
 )
-from pipeline.frontend.onnx.registry import onnx_converter
+from pipeline.frontend.onnx.registry import CONTROL_CONVERTERS, onnx_converter, vm_converter
 from pipeline.frontend.onnx.shapes import input_type, onnx_shape_inference
 from pipeline.frontend.onnx.symbolic import materialize, symbolic_numpy
 from pipeline.frontend.onnx.widen import widen
@@ -33,7 +33,7 @@ from pipeline.ir.sequence import is_value
 from pipeline.ops import get
 from pipeline.ops import infer_types as infer_op_types
 from pipeline.ops.dynamic import data_dependent
-from pipeline.ops.sequence import SEQUENCE_OPS, join, sequence_types
+from pipeline.ops.sequence import SEQUENCE_OPS, join_branches, sequence_types
 from pipeline.vm.program import CONTROL_OPS
 
 
@@ -72,8 +72,7 @@ def _control_types(node: Node, inputs: list[TensorType]) -> list[TensorType]:
     body = node.attr("then_branch") or node.attr("body")
     outs = [body.types[o] for o in body.outputs]
     if node.op == "if":  # sequences: their elements' shapes may differ by branch
-        other = node.attr("else_branch")
-        return [join(t, other.types[o]) for t, o in zip(outs, other.outputs, strict=True)]
+        return join_branches(body, node.attr("else_branch"))
     if node.op == "loop":
         n, m = node.attr("n_carried"), node.attr("trip_count")
         return outs[1:1 + n] + [TensorType((m, *t.shape), t.dtype) for t in outs[1 + n:]]
@@ -111,8 +110,7 @@ class ImportContext:
         # Tensors typed with a bound: data-dependent results and what reads them
         # (a widening's narrowing cast, a row-wise op), not ONNX's shape (ops/dynamic.py)
         self.bounded: set[str] = set()
-        # sequences whose elements are known tensors (frontend/onnx/sequence.py)
-        self.sequences: dict[str, list[str]] = {}
+        self.sequences: dict[str, list[str]] = {}  # known elements: sequence.py
 
     def type(self, name: str) -> TensorType:
         return self.types[name]
@@ -313,10 +311,7 @@ def _record(node: Node, ctx: ImportContext, onnx_shapes: dict, op_type: str) -> 
     if data_dependent(node) is not None or not ctx.bounded.isdisjoint(node.inputs):
         ctx.bounded.update(node.outputs)
     for name, t in zip(node.outputs, out_types, strict=True):
-        if is_value(t):  # a sequence or an optional: no tensor shape to check
-            ctx.types[name] = t
-            continue
-        check_elements(t.shape, f"node {node.name!r} output {name!r}")
+        check_elements(() if is_value(t) else t.shape, f"node {node.name!r} output {name!r}")
         want = onnx_shapes.get(name)
         if want is not None and want != t.shape and name not in ctx.bounded:
             raise ModelError(f"node {node.name!r} ({op_type}): output {name!r} has shape "
@@ -401,10 +396,9 @@ def _check_supported(model: onnx.ModelProto, opset: int, source: str,
             key = f"{node.domain}.{node.op_type}"
             if onnx_converter(key, domain_opset(model, node.domain)) is not None:
                 continue
-        elif node.op_type in CONTROL_FLOW and control_flow:
+        elif node.op_type in CONTROL_CONVERTERS and (control_flow or node.op_type not in
+                                                     CONTROL_FLOW):  # or sequence.py's
             continue
-        elif node.op_type in CONTROL_CONVERTERS and node.op_type not in CONTROL_FLOW:
-            continue  # a sequence or optional operator (frontend/onnx/sequence.py)
         elif node.op_type in CONTROL_FLOW:
             key = f"{node.op_type} (control flow: subgraphs are not compiled)"
         elif onnx_converter(node.op_type, opset) is None:
@@ -423,18 +417,8 @@ def _check_supported(model: onnx.ModelProto, opset: int, source: str,
 
 # Operators that run subgraphs: a static graph of kernels has no place for them; the
 # VM runs them (from_onnx(control_flow=True)). Their converters, op type -> fn(ctx,
-# onnx node, source) -> nodes, register here (frontend/onnx/control.py).
+# onnx node, source) -> nodes, register in registry.py's CONTROL_CONVERTERS.
 CONTROL_FLOW = ("If", "Loop", "Scan")
-CONTROL_CONVERTERS: dict = {}  # the sequence and optional operators' too (sequence.py)
-
-
-def vm_converter(ctx: ImportContext, onode: OnnxNode):
-    """The converter of an If, Loop, Scan or sequence/optional node, or None (Identity
-    is the VM's only on a sequence or an optional)."""
-    if onode.op_type == "Identity" and not (onode.inputs and is_value(
-            ctx.types.get(onode.inputs[0]))):
-        return None
-    return CONTROL_CONVERTERS.get(onode.op_type)
 
 
 def _check_element_types(g: onnx.GraphProto, source: str) -> None:
