@@ -1039,6 +1039,8 @@ API int pl_get_input(pl_executor *h, int i, void *data, size_t nbytes) {
 API int pl_get_output(pl_executor *h, int i, void *data, size_t nbytes) {
     if (!io_type(h, 1, i, nbytes)) return -1;
     if (!h->ran) return fail(h, "output %d: the VM has not run", i);
+    if (h->outputs[i].kind != OBJ_TENSOR) /* vm_sequence.h */
+        return fail(h, "output %d is a sequence or an optional: see pl_output_count", i);
     memcpy(data, h->outputs[i].data, nbytes);
     return 0;
 }
