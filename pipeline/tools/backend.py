@@ -119,7 +119,7 @@ def _control_flow_reasons(node: onnx.NodeProto, opset: int, constants: set[str])
     reading a build-time input the subgraph computes at run time (a Slice of the
     iteration number)."""
     reasons = []
-    if node.op_type == "Scan" and opset < 9:
+    if node.op_type == "Scan" and opset < 9 and node.input and node.input[0]:
         reasons.append("Scan (opset 8): sequence_lens")
     for attr in node.attribute:
         if attr.type != onnx.AttributeProto.GRAPH:
