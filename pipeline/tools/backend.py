@@ -134,8 +134,6 @@ def _control_flow_reasons(node: onnx.NodeProto, opset: int, constants: set[str])
                 reasons += _control_flow_reasons(inner, opset, known)
                 continue
             converter = onnx_converter(inner.op_type, opset)
-            if inner.op_type == "SequenceAt" and node.op_type == "Loop":
-                reasons.append("SequenceAt in a Loop body: kernels need one element shape")
             if inner.op_type in VM_VALUE_OPS:
                 continue
             if converter is None:

@@ -26,6 +26,7 @@ from pipeline.frontend.onnx import (  # noqa: F401  (registration)
     scan,
     scatter,
     sequence,
+    sequence_map,
     shape,
     softmax,
     transformer_ms,

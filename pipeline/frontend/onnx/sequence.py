@@ -3,9 +3,7 @@ by the VM's sequence instructions (pipeline/vm/sequence.py, docs/vm.md). Registe
 beside If/Loop/Scan (importer CONTROL_CONVERTERS): their values are not tensors, so
 no kernel converter applies.
 
-SequenceMap imports as a Loop over the sequence length whose body takes element i
-of each sequence input (SequenceAt) and appends the body's results (SequenceInsert),
-the expansion ONNX's function body of SequenceMap describes.
+SequenceMap, and Loops over known sequences: sequence_map.py.
 """
 
 from __future__ import annotations
@@ -61,6 +59,10 @@ def _at(ctx: ImportContext, n: OnnxNode, source: str) -> list[Node]:
 
 
 def _length(ctx: ImportContext, n: OnnxNode, source: str) -> list[Node]:
+    known = ctx.sequences.get(n.inputs[0])
+    if known is not None:  # a build-time constant (a Loop over it may unroll: unroll_loop)
+        ctx.set_const(n.outputs[0], np.array(len(known), np.int64))
+        return []
     return [Node.make("sequence_length", n.name, n.inputs[:1], n.outputs)]
 
 
@@ -141,43 +143,8 @@ def value_input(ctx: ImportContext, n: OnnxNode) -> bool:
     return bool(n.inputs) and is_value(ctx.types.get(n.inputs[0]))
 
 
-def _map(ctx: ImportContext, n: OnnxNode, source: str) -> list[Node]:
-    """SequenceMap of sequences whose elements are known tensors (a SequenceConstruct:
-    the ONNX backend's sequence inputs): the body inlined once per element, its
-    results gathered by SequenceConstruct (each element may have its own shape, so
-    each copy of the body has its own kernels)."""
-    from pipeline.frontend.onnx.control import _body  # control imports the importer too
-
-    seqs = [ctx.sequences.get(i) for i in n.inputs if isinstance(ctx.types[i], SequenceType)]
-    if not seqs or None in seqs or len({len(s) for s in seqs}) != 1:
-        raise ModelError(f"node {n.name!r} (SequenceMap): its sequences must be built from "
-                         "known tensors (SequenceConstruct) and be of one length")
-    g, nodes = n.attrs["body"], []
-    results: list[list[str]] = [[] for _ in n.outputs]
-    for j in range(len(seqs[0])):
-        actual = [ctx.sequences[i][j] if isinstance(ctx.types[i], SequenceType) else i
-                  for i in n.inputs]
-        body = _body(ctx, g, [ctx.type(a) for a in actual], n.opset,
-                     f"node {n.name!r} body", source)
-        names = dict(zip(body.formal, actual, strict=True))
-        for node in body.nodes:
-            names.update({o: f"{n.name}.{j}.{o}" for o in node.outputs})
-            nodes.append(Node(node.op, f"{node.name}.{j}", tuple(names.get(i, i)
-                                                                for i in node.inputs),
-                              tuple(names[o] for o in node.outputs), node.attrs))
-        for k, out in enumerate(body.outputs):
-            results[k].append(names.get(out, out))
-    for k, out in enumerate(n.outputs):
-        if results[k]:
-            nodes.append(Node.make("sequence_construct", f"{n.name}.{k}", results[k], (out,)))
-        else:
-            dtype = ONNX_DTYPES[g.output[k].type.tensor_type.elem_type]
-            nodes.append(Node.make("sequence_empty", f"{n.name}.{k}", (), (out,), dtype=dtype))
-    return nodes
-
-
 CONTROL_CONVERTERS.update({
-    "SequenceMap": _map,
+
     "SequenceConstruct": _construct, "SequenceEmpty": _empty, "SequenceInsert": _insert,
     "SequenceAt": _at, "SequenceLength": _length, "SequenceErase": _erase,
     "SplitToSequence": _split, "Optional": _optional, "OptionalHasElement": _has_element,
