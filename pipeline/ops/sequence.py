@@ -57,7 +57,8 @@ def sequence_types(node, inputs: list) -> list:
         if not inputs or len({t.dtype for t in inputs}) != 1:
             raise GraphError(f"node {node.name!r}: SequenceConstruct of no tensor or of "
                              "several dtypes")
-        return [_common(inputs[0].dtype, [tuple(t.shape) for t in inputs])]
+        shapes = [tuple(t.shape) if node.attr("known", 1) else None for t in inputs]
+        return [_common(inputs[0].dtype, shapes)]
     if op == "sequence_empty":
         return [SequenceType(node.attr("dtype"), None)]
     if op == "sequence_insert":

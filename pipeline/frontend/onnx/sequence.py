@@ -29,7 +29,14 @@ def _position(ctx: ImportContext, n: OnnxNode, pos: int) -> list[str]:
 
 def _construct(ctx: ImportContext, n: OnnxNode, source: str) -> list[Node]:
     ctx.sequences[n.outputs[0]] = list(n.inputs)
-    return [Node.make("sequence_construct", n.name, n.inputs, n.outputs)]
+    return [Node.make("sequence_construct", n.name, n.inputs, n.outputs,
+                      known=_static(ctx, n.inputs))]
+
+
+def _static(ctx: ImportContext, names) -> int:
+    """1 if no tensor of `names` is typed by a bound only (a data-dependent result, or a
+    value read from one: importer ctx.bounded): then an element's type is its shape."""
+    return int(ctx.bounded.isdisjoint(names))
 
 
 def _empty(ctx: ImportContext, n: OnnxNode, source: str) -> list[Node]:
@@ -50,7 +57,8 @@ def _insert(ctx: ImportContext, n: OnnxNode, source: str) -> list[Node]:
         known = list(known)
         known.insert(k + len(known) + 1 if k < 0 else k, n.inputs[1])
         ctx.sequences[n.outputs[0]] = known
-    return [Node.make("sequence_insert", n.name, (n.inputs[0], n.inputs[1], *at), n.outputs)]
+    return [Node.make("sequence_insert", n.name, (n.inputs[0], n.inputs[1], *at), n.outputs,
+                      known=_static(ctx, n.inputs[1:2]))]
 
 
 def _at(ctx: ImportContext, n: OnnxNode, source: str) -> list[Node]:
@@ -90,6 +98,9 @@ def _split(ctx: ImportContext, n: OnnxNode, source: str) -> list[Node]:
             split = tuple(min(size, length - s) for s in range(0, length, size))
         else:
             split = tuple(int(v) for v in value)
+    if not _static(ctx, n.inputs[:1]):
+        raise ModelError(f"node {n.name!r} (SplitToSequence): its input's shape depends on "
+                         "values")
     return [Node.make("split_to_sequence", n.name, n.inputs[:1], n.outputs, axis=axis,
                       keepdims=int(n.attrs.get("keepdims", 1)), split=split)]
 
