@@ -62,8 +62,12 @@ def _insert(ctx: ImportContext, n: OnnxNode, source: str) -> list[Node]:
 
 
 def _at(ctx: ImportContext, n: OnnxNode, source: str) -> list[Node]:
-    return [Node.make("sequence_at", n.name, (n.inputs[0], *_position(ctx, n, 1)),
-                      n.outputs)]
+    at = _position(ctx, n, 1)
+    known, where = ctx.sequences.get(n.inputs[0]), ctx.const(at[0]) if at else None
+    if known is not None and where is not None and -len(known) <= int(where) < len(known):
+        # a known element: that tensor itself, with its own shape
+        return [Node.make("value_identity", n.name, (known[int(where)],), n.outputs)]
+    return [Node.make("sequence_at", n.name, (n.inputs[0], *at), n.outputs)]
 
 
 def _length(ctx: ImportContext, n: OnnxNode, source: str) -> list[Node]:
@@ -103,6 +107,30 @@ def _split(ctx: ImportContext, n: OnnxNode, source: str) -> list[Node]:
                          "values")
     return [Node.make("split_to_sequence", n.name, n.inputs[:1], n.outputs, axis=axis,
                       keepdims=int(n.attrs.get("keepdims", 1)), split=split)]
+
+
+def _concat(ctx: ImportContext, n: OnnxNode, source: str) -> list[Node]:
+    """ConcatFromSequence of a sequence of known tensors: a Concat of them (each
+    reshaped with a new axis first for new_axis 1); another sequence's result would
+    have a shape known only at run time, which no kernel reads yet."""
+    known = ctx.sequences.get(n.inputs[0])
+    if not known:
+        raise ModelError(f"node {n.name!r} (ConcatFromSequence): the sequence must be built "
+                         "from known tensors (SequenceConstruct or SequenceInsert)")
+    new = int(n.attrs.get("new_axis", 0))
+    rank = len(ctx.type(known[0]).shape) + new
+    axis = int(n.attrs["axis"])
+    if not -rank <= axis < rank:
+        raise ModelError(f"node {n.name!r} (ConcatFromSequence): axis {axis} out of range")
+    axis %= rank
+    nodes, parts = [], list(known)
+    if new:
+        for k, x in enumerate(known):
+            shape = ctx.type(x).shape
+            parts[k] = f"{n.outputs[0]}.part{k}"
+            nodes.append(Node.make("reshape", f"{n.name}.{k}", (x,), (parts[k],),
+                                   shape=(*shape[:axis], 1, *shape[axis:])))
+    return [*nodes, Node.make("concat", n.name, parts, n.outputs, axis=axis)]
 
 
 def _declared(tp) -> TensorType | SequenceType | None:
@@ -158,6 +186,7 @@ CONTROL_CONVERTERS.update({
 
     "SequenceConstruct": _construct, "SequenceEmpty": _empty, "SequenceInsert": _insert,
     "SequenceAt": _at, "SequenceLength": _length, "SequenceErase": _erase,
-    "SplitToSequence": _split, "Optional": _optional, "OptionalHasElement": _has_element,
-    "OptionalGetElement": _get_element, "Identity": _identity,
+    "SplitToSequence": _split, "ConcatFromSequence": _concat, "Optional": _optional,
+    "OptionalHasElement": _has_element, "OptionalGetElement": _get_element,
+    "Identity": _identity,
 })
