@@ -416,6 +416,8 @@ def _check(fn: Function, k: int, ins: Instruction, functions: list[Function], n_
         return "bad dtype"
     if isinstance(ins, (ShapeOf, ViewRows, SeqSplit)) and not 0 <= ins.axis < 32:
         return "bad axis"
+    if isinstance(ins, SeqSplit) and (ins.keepdims not in (0, 1) or min(ins.sizes, default=0) < 0):
+        return "bad keepdims or sizes"
     if isinstance(ins, InvokePackedDims) and not 0 <= ins.kernel < n_kernels:
         return f"kernel {ins.kernel} of {n_kernels}"
     if isinstance(ins, (AllocTensor, View, ViewAt)) and (

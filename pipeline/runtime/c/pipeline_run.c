@@ -6,7 +6,8 @@
  * Loads the library, sets each input from a .npy file (C order, little endian;
  * float32/float64/int64/int32/bool and the library's other dtypes; bfloat16 and
  * float8 as their bits, see DESCR), runs it,
- * writes output i to DIR/output_<i>.npy (DIR and its missing parents are
+ * writes output i to DIR/output_<i>.npy (a VM library's sequence output: element j to
+ * DIR/output_<i>_<j>.npy; an empty optional: no file; DIR and its missing parents are
  * created, as mkdir -p does) and with --repeat N prints the
  * median milliseconds per run of N more runs. --print-time prints instead one line
  * `time: median X ms, min Y ms over N runs` (N from --repeat, else 1), as tvmc run
