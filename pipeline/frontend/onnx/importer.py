@@ -29,7 +29,6 @@ from pipeline.frontend.onnx.symbolic import materialize, symbolic_numpy
 from pipeline.frontend.onnx.widen import widen
 from pipeline.ir.dims import is_symbolic
 from pipeline.ir.graph import DTYPES, ONNX_DTYPES, Graph, Node, TensorType, add_param
-from pipeline.ir.sequence import is_value
 from pipeline.ops import get
 from pipeline.ops import infer_types as infer_op_types
 from pipeline.ops.dynamic import data_dependent
@@ -83,10 +82,8 @@ def _control_types(node: Node, inputs: list[TensorType]) -> list[TensorType]:
 
 def infer_types(node: Node, inputs: list[TensorType]) -> list[TensorType]:
     """pipeline.ops.infer_types, and the control-flow nodes' types (_control_types)."""
-    if node.op in SEQUENCE_OPS:
-        return sequence_types(node, inputs)
-    if node.op in CONTROL_OPS:
-        return _control_types(node, inputs)
+    if node.op in CONTROL_OPS:  # sequence ops among them: ops/sequence.py
+        return (sequence_types if node.op in SEQUENCE_OPS else _control_types)(node, inputs)
     return infer_op_types(node, inputs)
 
 
@@ -311,7 +308,8 @@ def _record(node: Node, ctx: ImportContext, onnx_shapes: dict, op_type: str) -> 
     if data_dependent(node) is not None or not ctx.bounded.isdisjoint(node.inputs):
         ctx.bounded.update(node.outputs)
     for name, t in zip(node.outputs, out_types, strict=True):
-        check_elements(() if is_value(t) else t.shape, f"node {node.name!r} output {name!r}")
+        check_elements(t.shape if isinstance(t, TensorType) else (),  # not a sequence
+                       f"node {node.name!r} output {name!r}")
         want = onnx_shapes.get(name)
         if want is not None and want != t.shape and name not in ctx.bounded:
             raise ModelError(f"node {node.name!r} ({op_type}): output {name!r} has shape "
@@ -415,9 +413,8 @@ def _check_supported(model: onnx.ModelProto, opset: int, source: str,
             "registered in pipeline/frontend/onnx/ (see pipeline.frontend.onnx.ONNX_CONVERTERS)")
 
 
-# Operators that run subgraphs: a static graph of kernels has no place for them; the
-# VM runs them (from_onnx(control_flow=True)). Their converters, op type -> fn(ctx,
-# onnx node, source) -> nodes, register in registry.py's CONTROL_CONVERTERS.
+# Operators that run subgraphs: only the VM runs them (from_onnx(control_flow=True));
+# their converters are registry.py's CONTROL_CONVERTERS, fn(ctx, onnx node, source).
 CONTROL_FLOW = ("If", "Loop", "Scan")
 
 
