@@ -278,35 +278,41 @@ class VirtualMachine:
         if missing:
             raise VMError(f"inputs not set: {missing}")
         self._check(self._api["pl_run"](self._handle))
-        return [self._output(k) for k in range(self._api["pl_num_outputs"](self._handle))]
+        results = self.executable.content.functions[0].results
+        return [self._value(k) if t.kind else self._output(k)  # sequences: _value
+                for k, t in enumerate(results)]
 
     def run(self, *args: Any, **kwargs: Any) -> list[np.ndarray]:
         """invoke("main", ...)."""
         return self.invoke("main", *args, **kwargs)
 
-    def _output(self, k: int) -> np.ndarray | list[np.ndarray] | None:
-        """Output k: an array, a list of arrays (a sequence) or None (an empty optional)."""
+    def _output(self, k: int) -> np.ndarray:
+        info = _TensorInfo()
+        self._api["pl_output_info"](self._handle, k, ctypes.byref(info))
+        shape, dtype = tuple(info.shape[d] for d in range(info.ndim)), np.dtype(info.dtype.decode())
+        out = np.empty(library_size(shape, dtype), np.uint8)
+        self._check(self._api["pl_get_output"](self._handle, k, out.ctypes.data, out.nbytes))
+        return from_library(out, shape, dtype)
+
+    def _value(self, k: int) -> np.ndarray | list[np.ndarray] | None:
+        """Output k, a sequence or an optional (bytecode KINDS): a list of arrays, None
+        (an empty optional) or an array (an optional holding a tensor)."""
         count = self._api["pl_output_count"](self._handle, k)
         if count == -2:
             return None
-        if count >= 0:
-            return [self._array(k, j) for j in range(count)]
-        return self._array(k, None)
-
-    def _array(self, k: int, item: int | None) -> np.ndarray:
-        """Output k as a new array, or element `item` of it (a sequence)."""
-        info = _TensorInfo()
-        if item is None:
-            self._api["pl_output_info"](self._handle, k, ctypes.byref(info))
-        else:
-            self._check(self._api["pl_output_item_info"](self._handle, k, item,
-                                                        ctypes.byref(info)))
-        shape, dtype = tuple(info.shape[d] for d in range(info.ndim)), np.dtype(info.dtype.decode())
-        out = np.empty(library_size(shape, dtype), np.uint8)
-        self._check(self._api["pl_get_output"](self._handle, k, out.ctypes.data, out.nbytes)
-                    if item is None else self._api["pl_get_output_item"](
-                        self._handle, k, item, out.ctypes.data, out.nbytes))
-        return from_library(out, shape, dtype)
+        if count < 0:
+            return self._output(k)
+        items = []
+        for j in range(count):
+            info = _TensorInfo()
+            self._check(self._api["pl_output_item_info"](self._handle, k, j, ctypes.byref(info)))
+            shape = tuple(info.shape[d] for d in range(info.ndim))
+            dtype = np.dtype(info.dtype.decode())
+            out = np.empty(library_size(shape, dtype), np.uint8)
+            self._check(self._api["pl_get_output_item"](self._handle, k, j, out.ctypes.data,
+                                                        out.nbytes))
+            items.append(from_library(out, shape, dtype))
+        return items
 
     def set_num_threads(self, num_threads: int) -> None:
         """Threads of the parallel kernels (0: libgomp's own choice)."""

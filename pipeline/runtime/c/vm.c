@@ -260,7 +260,7 @@ static void obj_clear(pl_executor *h, struct obj *o) {
 
 static void obj_set(pl_executor *h, struct obj *dst, const struct obj *src) {
     struct obj copy = *src; /* src may be dst (Move r, r) */
-    if (copy.st) copy.st->refs++; /* none has no storage */
+    if (copy.kind) copy.st->refs++;
     obj_clear(h, dst);
     *dst = copy;
 }

@@ -5,8 +5,9 @@
  * never pooled) holds `size` element objects, each a tensor in a storage of its own
  * (inserting copies the tensor, so no later kernel writing a planned buffer changes
  * it). Sequences are immutable: Insert, Erase and Split make new ones; the elements'
- * storages are shared by reference. An empty optional is a register of kind OBJ_NONE;
- * an optional holding a value is that value.
+ * storages are shared by reference. An empty optional is a register of kind OBJ_NONE
+ * (over a pooled 0-byte storage, as every register of a kind holds one); an optional
+ * holding a value is that value.
  */
 
 enum { SEQ_CONSTRUCT = 40, SEQ_INSERT, SEQ_AT, SEQ_LENGTH, SEQ_ERASE, SEQ_SPLIT, NONE_VALUE,
@@ -148,9 +149,12 @@ static int sequence_op(pl_executor *h, struct func *fn, const struct ins *in) {
             if (copy_tensor(h, &seq_items(&seq)[k], &r[w[2 + k]])) return obj_clear(h, &seq), -1;
     } else if (in->op == SEQ_SPLIT) {
         return seq_split(h, &r[w[0]], &r[w[1]], w);
-    } else if (in->op == NONE_VALUE) {
+    } else if (in->op == NONE_VALUE) { /* a register of a kind holds a storage: 0 bytes */
+        struct obj none = {OBJ_NONE, 0, 0, storage_new(h, 0), NULL, 0, {0}};
+        if (!none.st) return -1;
+        none.data = none.st->data;
         obj_clear(h, &r[w[0]]);
-        r[w[0]].kind = OBJ_NONE;
+        r[w[0]] = none; /* takes storage_new's reference */
         return 0;
     } else if (in->op == HAS_VALUE) {
         return new_scalar(h, &r[w[0]], DT_BOOL, r[w[1]].kind != OBJ_NONE);
