@@ -51,6 +51,7 @@ def _map(ctx: ImportContext, n: OnnxNode, source: str) -> list[Node]:
         for k, out in enumerate(body.outputs):
             results[k].append(names.get(out, out))
     for k, out in enumerate(n.outputs):
+        ctx.sequences[out] = results[k]  # known elements again
         if results[k]:
             nodes.append(Node.make("sequence_construct", f"{n.name}.{k}", results[k], (out,)))
         else:
