@@ -156,3 +156,21 @@ def test_sequence_outputs_on_arm64_under_qemu(tmp_path):
     _same([np.load(p) for p in parts], want[0])
     _same(np.load(out / "output_2.npy"), want[2])
     assert want[3] is None and not list(out.glob("output_3*"))
+
+
+def test_a_kernel_reading_an_element_of_unknown_shape_is_refused_at_import():
+    """SequenceAt at a runtime position of parts of different widths, read by a kernel:
+    one error naming the node (its result's shape is known only at run time)."""
+    nodes = [helper.make_node("SplitToSequence", ["x", "split"], ["parts"], axis=1),
+             helper.make_node("SequenceAt", ["parts", "pos"], ["p"]),
+             helper.make_node("Relu", ["p"], ["y"])]
+    model = helper.make_model(helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, [2, 6]),
+                     helper.make_tensor_value_info("pos", T.INT64, [])],
+        [helper.make_tensor_value_info("y", T.FLOAT, None)],
+        [helper.make_tensor("split", T.INT64, [2], [2, 4])]),
+        opset_imports=[helper.make_opsetid("", 18)])
+    with pytest.raises(pipeline.errors.PipelineError,
+                       match=r"node 'SequenceAt_1' \(SequenceAt\): the sequence's elements "
+                             "differ in shape"):
+        pipeline.frontend.from_onnx(model, control_flow=True)
