@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from pipeline.errors import GraphError
+from pipeline.ir.sequence import type_from_json
 
 # The element types the IR has, by ONNX TensorProto code (FLOAT, DOUBLE, INT64, INT32,
 # BOOL, FLOAT16, INT8, UINT8, INT16, UINT16, UINT32, BFLOAT16, FLOAT8E4M3FN,
@@ -241,8 +242,14 @@ def _graph_from_json(doc: dict) -> Graph:
         inputs=tuple(doc["inputs"]), params=tuple(doc["params"]),
         outputs=tuple(doc["outputs"]),
         nodes=tuple(_node_from_json(n) for n in doc["nodes"]),
-        types={k: TensorType(tuple(s), d) for k, (s, d) in doc["types"].items()},
+        types={k: _type_from_json(t) for k, t in doc["types"].items()},
     )
+
+
+def _type_from_json(doc: list):
+    if isinstance(doc[0], str):  # a sequence or an optional (pipeline/ir/sequence.py)
+        return type_from_json(doc, _type_from_json)
+    return TensorType(tuple(doc[0]), doc[1])
 
 
 def _node_to_json(node: Node) -> dict:

@@ -30,7 +30,8 @@ C_SOURCES = (C_DIR / "pipeline_runtime.h", C_DIR / "executor_internal.h", C_DIR 
              C_DIR / "pipeline_run.c")
 # vm.o, the VM interpreter linked into `executor: vm` libraries instead of executor.o
 # (it includes parallel.h and the API header).
-VM_SOURCES = (C_DIR / "pipeline_runtime.h", C_DIR / "parallel.h", C_DIR / "vm.c")
+VM_SOURCES = (C_DIR / "pipeline_runtime.h", C_DIR / "parallel.h", C_DIR / "vm_sequence.h",
+              C_DIR / "vm.c")
 # -fvisibility=hidden: only the pl_* API (marked default) is exported from the
 # library; the executor's helpers stay out of its dynamic symbol table.
 _CFLAGS = ("-std=c11", "-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra")

@@ -140,7 +140,10 @@ def _bind(lib: ctypes.CDLL) -> dict[str, Any]:
              "pl_output_info": (i, [p, i, ctypes.POINTER(_TensorInfo)]),
              "pl_set_input": (i, [p, i, p, s]), "pl_get_output": (i, [p, i, p, s]),
              "pl_set_input_shape": (i, [p, i, i, ctypes.POINTER(ctypes.c_int64)]),
-             "pl_set_num_threads": (i, [p, i]), "pl_run": (i, [p])}
+             "pl_set_num_threads": (i, [p, i]), "pl_run": (i, [p]),
+             "pl_output_count": (i, [p, i]),
+             "pl_output_item_info": (i, [p, i, i, ctypes.POINTER(_TensorInfo)]),
+             "pl_get_output_item": (i, [p, i, i, p, s])}
     api = {}
     for name, (restype, argtypes) in types.items():
         try:
@@ -173,6 +176,7 @@ class VirtualMachine:
         # it, and the numpy dtype (the declared one, which a run keeps). Outputs are
         # read after every run, and building these per run cost a decode step of the
         # test decoder a quarter of its time.
+        self._values = {k for k, result in enumerate(main.results) if result.kind}
         self._out_slots = []
         for result in main.results:
             info = _TensorInfo()
@@ -294,11 +298,23 @@ class VirtualMachine:
         if missing:
             raise VMError(f"inputs not set: {missing}")
         self._check(self._api["pl_run"](self._handle))
+        if self._values:  # a sequence or an optional among them: each on its own
+            return [self._value(k) if k in self._values else self._output(k)
+                    for k in range(len(self._out_slots))]
         return self._outputs()
 
     def run(self, *args: Any, **kwargs: Any) -> list[np.ndarray]:
         """invoke("main", ...)."""
         return self.invoke("main", *args, **kwargs)
+
+    def _output(self, k: int) -> np.ndarray:
+        """Output k, a tensor, read on its own."""
+        info = _TensorInfo()
+        self._api["pl_output_info"](self._handle, k, ctypes.byref(info))
+        shape, dtype = tuple(info.shape[d] for d in range(info.ndim)), np.dtype(info.dtype.decode())
+        out = np.empty(library_size(shape, dtype), np.uint8)
+        self._check(self._api["pl_get_output"](self._handle, k, out.ctypes.data, out.nbytes))
+        return from_library(out, shape, dtype)
 
     def _output_shapes(self) -> list[tuple[int, ...]]:
         """Each output's shape after a run: one pl_vm_output_shapes call, or (a
@@ -333,6 +349,26 @@ class VirtualMachine:
                 self._check(-1)
             outputs.append(out)
         return outputs
+
+    def _value(self, k: int) -> np.ndarray | list[np.ndarray] | None:
+        """Output k, a sequence or an optional (bytecode KINDS): a list of arrays, None
+        (an empty optional) or an array (an optional holding a tensor)."""
+        count = self._api["pl_output_count"](self._handle, k)
+        if count == -2:
+            return None
+        if count < 0:
+            return self._output(k)
+        items = []
+        for j in range(count):
+            info = _TensorInfo()
+            self._check(self._api["pl_output_item_info"](self._handle, k, j, ctypes.byref(info)))
+            shape = tuple(info.shape[d] for d in range(info.ndim))
+            dtype = np.dtype(info.dtype.decode())
+            out = np.empty(library_size(shape, dtype), np.uint8)
+            self._check(self._api["pl_get_output_item"](self._handle, k, j, out.ctypes.data,
+                                                        out.nbytes))
+            items.append(from_library(out, shape, dtype))
+        return items
 
     def set_num_threads(self, num_threads: int) -> None:
         """Threads of the parallel kernels (0: libgomp's own choice)."""

@@ -38,11 +38,20 @@ import onnx
 from onnx import TensorProto, helper
 from onnx.backend.base import Backend, BackendRep
 
-from pipeline.frontend.onnx.importer import CONTROL_FLOW, default_opset, domain_opset
+from pipeline.frontend.onnx.importer import (
+    CONTROL_CONVERTERS,
+    CONTROL_FLOW,
+    default_opset,
+    domain_opset,
+)
 from pipeline.frontend.onnx.registry import NodeView, onnx_converter
 from pipeline.ir.graph import ONNX_DTYPES
+from pipeline.tools.value_inputs import expand_value_inputs, has_value_inputs
 
 TARGET = "llvm -mcpu=native"
+# The sequence and optional operators (frontend/onnx/sequence.py; Identity of such a
+# value too): the VM runs them.
+VM_VALUE_OPS = tuple(op for op in CONTROL_CONVERTERS if op not in (*CONTROL_FLOW, "Identity"))
 
 
 def unsupported(model: onnx.ModelProto, limits: bool = True) -> list[str]:
@@ -61,6 +70,7 @@ def unsupported(model: onnx.ModelProto, limits: bool = True) -> list[str]:
     for init in g.initializer:
         types[init.name] = helper.make_tensor_type_proto(init.data_type, init.dims)
     for tp in types.values():
+        tp = _element_type(tp)  # a sequence's or optional's: the VM holds those
         kind = tp.WhichOneof("value")
         if kind is None:  # untyped (ONNX could not infer it): the import will tell
             continue
@@ -78,6 +88,9 @@ def unsupported(model: onnx.ModelProto, limits: bool = True) -> list[str]:
             continue
         if node.op_type in CONTROL_FLOW and not custom:  # the VM runs it
             reasons += _control_flow_reasons(node, opset, {i.name for i in g.initializer})
+            continue
+        if node.op_type in VM_VALUE_OPS and not custom:  # sequences, optionals: the VM's
+            reasons += _control_flow_reasons(node, opset, set())  # SequenceMap's body
             continue
         converter = onnx_converter(f"{node.domain}.{node.op_type}" if custom else node.op_type,
                                    domain_opset(model, node.domain) if custom else opset)
@@ -110,7 +123,7 @@ def _control_flow_reasons(node: onnx.NodeProto, opset: int, constants: set[str])
     reading a build-time input the subgraph computes at run time (a Slice of the
     iteration number)."""
     reasons = []
-    if node.op_type == "Scan" and opset < 9:
+    if node.op_type == "Scan" and opset < 9 and node.input and node.input[0]:
         reasons.append("Scan (opset 8): sequence_lens")
     for attr in node.attribute:
         if attr.type != onnx.AttributeProto.GRAPH:
@@ -125,6 +138,8 @@ def _control_flow_reasons(node: onnx.NodeProto, opset: int, constants: set[str])
                 reasons += _control_flow_reasons(inner, opset, known)
                 continue
             converter = onnx_converter(inner.op_type, opset)
+            if inner.op_type in VM_VALUE_OPS:
+                continue
             if converter is None:
                 reasons.append(f"{inner.op_type} (opset {opset}) in a subgraph: no converter")
             elif any(pos < len(inner.input) and inner.input[pos] not in known
@@ -132,6 +147,14 @@ def _control_flow_reasons(node: onnx.NodeProto, opset: int, constants: set[str])
                 reasons.append(f"{inner.op_type} in a subgraph: a build-time input computed "
                                "at run time")
     return reasons
+
+
+def _element_type(tp):
+    """The tensor type inside a sequence or optional type proto (else tp itself)."""
+    while tp.WhichOneof("value") in ("sequence_type", "optional_type"):
+        tp = (tp.sequence_type.elem_type if tp.HasField("sequence_type")
+              else tp.optional_type.elem_type)
+    return tp
 
 
 def _elem_type(tp) -> int | None:
@@ -180,7 +203,7 @@ def compile_model(model: onnx.ModelProto, opt_level: int = 3, target: str = TARG
     from pipeline.transform import PassContext
     from pipeline.vm.program import has_control_flow
 
-    vm = any(n.op_type in CONTROL_FLOW for n in model.graph.node)
+    vm = any(n.op_type in (*CONTROL_FLOW, *VM_VALUE_OPS) for n in model.graph.node)
     graph, params = from_onnx(model, shape=shape, freeze=freeze, control_flow=vm)
     vm = vm or has_control_flow(graph)  # data-dependent shapes (NonZero, NMS...) too
     with PassContext(opt_level=opt_level):
@@ -228,7 +251,8 @@ class PipelineRep(BackendRep):
         self.input_names = [vi.name for vi in self.inputs]
         self.frozen = _build_time_inputs(model.graph, set(self.input_names),
                                          default_opset(model))
-        self.static = not self.frozen and all(
+        self.values = has_value_inputs(self.inputs)  # sequences, optionals: value_inputs.py
+        self.static = not self.frozen and not self.values and all(
             d.HasField("dim_value") for vi in self.inputs
             for d in vi.type.tensor_type.shape.dim)
         self._cache: dict[tuple, Any] = {}
@@ -238,6 +262,14 @@ class PipelineRep(BackendRep):
     def _module(self, feeds: dict[str, np.ndarray]):
         if self.static:
             return self._cache[()]
+        if self.values:  # compiled per structure of the sequence and optional feeds
+            model, flat, key = expand_value_inputs(self.model, feeds)
+            if key not in self._cache:
+                self._cache[key] = compile_model(
+                    model, self.opt_level, self.target,
+                    shape={n: a.shape for n, a in flat.items() if n not in self.frozen},
+                    freeze={n: flat[n] for n in self.frozen})
+            return self._cache[key], flat
         shapes = tuple((n, feeds[n].shape) for n in self.input_names if n not in self.frozen)
         values = tuple((n, feeds[n].dtype.str, feeds[n].shape, feeds[n].tobytes())
                        for n in self.input_names if n in self.frozen)
@@ -251,21 +283,28 @@ class PipelineRep(BackendRep):
     def run(self, inputs: Any, **kwargs: Any) -> list[np.ndarray]:
         """Outputs in graph-output order; `inputs` is a list in graph-input order,
         a dict by name, or a single array."""
+        def value(v):  # a sequence (list) or an empty optional (None) stays as it is
+            return v if self.values and (v is None or isinstance(v, list)) else np.asarray(v)
+
         if isinstance(inputs, dict):
-            feeds = {k: np.asarray(v) for k, v in inputs.items()}
+            feeds = {k: value(v) for k, v in inputs.items()}
         else:
             if isinstance(inputs, np.ndarray):
                 inputs = [inputs]
             if len(inputs) > len(self.input_names):
                 raise ValueError(f"{len(inputs)} inputs given; the model's inputs are "
                                  f"{self.input_names}")
-            feeds = {n: np.asarray(v) for n, v in zip(self.input_names, inputs, strict=False)}
+            feeds = {n: value(v) for n, v in zip(self.input_names, inputs, strict=False)}
         missing = [n for n in self.input_names if n not in feeds]
         if missing:
             raise ValueError(f"missing inputs {missing}; the model's inputs are "
                              f"{self.input_names}")
         gmod = self._module(feeds)
-        gmod.run(**{n: feeds[n] for n in self.input_names if n not in self.frozen})
+        names = self.input_names
+        if self.values:  # the library's inputs: value_inputs.py
+            gmod, feeds = gmod
+            names = list(feeds)
+        gmod.run(**{n: feeds[n] for n in names if n not in self.frozen})
         return [gmod.get_output(k) for k in range(gmod.get_num_outputs())]
 
 
@@ -287,6 +326,9 @@ def _build_time_inputs(graph: onnx.GraphProto, input_names: set[str],
     # A Loop with scan outputs needs its trip count: their length (frontend/onnx/control.py).
     needed |= {node.input[0] for node in graph.node if node.op_type == "Loop" and node.input
                and node.input[0] and len(_body(node).output) > len(node.input) - 1}
+    # SplitToSequence's split decides its parts' shapes (frontend/onnx/sequence.py).
+    needed |= {node.input[1] for node in graph.node if node.op_type == "SplitToSequence"
+               and len(node.input) > 1 and node.input[1]}
     producer = {out: node for node in graph.node for out in node.output}
     todo = list(needed)
     while todo:

@@ -215,7 +215,8 @@ def describe_vm_library(path: str, ro: bytes, arch: str, build_id: str | None
              if isinstance(ins, (bytecode.InvokePacked, bytecode.InvokePackedDims))]
 
     def rows(types):
-        return [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype} for t in types]
+        return [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype,
+                 **({"kind": bytecode.KINDS[t.kind]} if t.kind else {})} for t in types]
 
     return {
         "path": path, "format": os.path.splitext(path)[1].lstrip("."), "executor": "vm",
@@ -312,7 +313,8 @@ def _so_sizes(path: str, graph_json: str, param_names: set[str]) -> dict | None:
 
 
 def _tensor(row: dict) -> str:
-    return f"{row['name']}  {row['shape']}  {row['dtype']}"
+    kind = f"  ({row['kind']})" if "kind" in row else ""  # a VM sequence or optional
+    return f"{row['name']}  {row['shape']}  {row['dtype']}{kind}"
 
 
 def format_info(info: dict[str, Any]) -> str:

@@ -10,12 +10,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from pipeline.errors import FormatError
+from pipeline.vm.sequence_ins import (
+    SEQUENCE_OPCODES,
+    HasValue,
+    NoneValue,
+    SeqAt,
+    SeqConstruct,
+    SeqErase,
+    SeqInsert,
+    SeqLength,
+    SeqSplit,
+)
 
 __all__ = ["DTYPES", "FAILURES", "OPCODES", "AddDim", "AddImm", "AllocShaped", "AllocStorage",
            "AllocTensor", "AllocTensorDims", "Copy", "CopyAt", "Fail", "Function", "Goto", "If",
            "Instruction", "Invoke", "InvokePacked", "InvokePackedDims", "Less", "LoadConst",
            "Move", "MulDim", "Ret", "Scalar", "ShapeOf", "TensorType", "View", "ViewAt",
-           "ViewDims", "ViewRows", "ViewShape", "decode", "verify"]
+           "ViewDims", "ViewRows", "ViewShape", "decode", "verify", "KINDS", "SeqConstruct",
+           "SeqInsert", "SeqAt", "SeqLength", "SeqErase", "SeqSplit", "NoneValue", "HasValue"]
 
 # The dtype codes of the plan (pipeline/link/plan.py DTYPES; kept equal there).
 DTYPES = ("float32", "float64", "int32", "int64", "bool", "float16", "int8", "int16",
@@ -28,11 +40,17 @@ DTYPES = ("float32", "float64", "int32", "int64", "bool", "float16", "int8", "in
 @dataclass(frozen=True)
 class TensorType:
     """A parameter's or result's name, dtype and shape: ints, or symbolic dimensions
-    (str names of the executable's `dims`)."""
+    (str names of the executable's `dims`); `kind` (KINDS) says whether it is a
+    tensor, a sequence of such tensors (shape () if theirs differ) or an optional."""
 
     name: str
     dtype: str
     shape: tuple[int | str, ...]
+    kind: int = 0
+
+
+# TensorType.kind: the .ro type's u16 (docs/vm.md)
+KINDS = ("tensor", "sequence", "optional tensor", "optional sequence")
 
 
 @dataclass(frozen=True)
@@ -295,7 +313,8 @@ class Ret:
 Instruction = (AllocStorage | AllocTensor | LoadConst | InvokePacked | Copy | View | Move | If
                | Goto | Invoke | Ret | Scalar | AddImm | Less | CopyAt | ViewAt | Fail | ShapeOf
                | MulDim | AllocTensorDims | ViewDims | InvokePackedDims | AddDim
-               | ViewShape | AllocShaped | ViewRows)
+               | ViewShape | AllocShaped | ViewRows | SeqConstruct | SeqInsert | SeqAt
+               | SeqLength | SeqErase | SeqSplit | NoneValue | HasValue)
 OPCODES: dict[type, int] = {AllocStorage: 1, AllocTensor: 2, LoadConst: 3, InvokePacked: 4,
                             Copy: 5, View: 6, Move: 7, If: 8, Goto: 9, Invoke: 10, Ret: 11,
                             Scalar: 12, AddImm: 13, Less: 14, CopyAt: 15, ViewAt: 16,
@@ -304,7 +323,9 @@ OPCODES: dict[type, int] = {AllocStorage: 1, AllocTensor: 2, LoadConst: 3, Invok
                             ShapeOf: 18, MulDim: 19, AllocTensorDims: 20,
                             ViewDims: 21, InvokePackedDims: 22, AddDim: 23,
                             # 30-39: data-dependent shapes (docs/vm.md)
-                            ViewShape: 30, AllocShaped: 31, ViewRows: 32}
+                            ViewShape: 30, AllocShaped: 31, ViewRows: 32,
+                            # 40-49: sequences and optionals (sequence_ins.py)
+                            **SEQUENCE_OPCODES}
 _BY_CODE = {code: kind for kind, code in OPCODES.items()}
 
 
@@ -373,7 +394,12 @@ def _regs(ins: Instruction) -> list[int]:
         return [*ins.args, *ins.dsts]
     if isinstance(ins, Ret):
         return list(ins.results)
-    names = {"dst", "src", "storage", "cond", "a", "b", "row", "shape", "like"}
+    if isinstance(ins, SeqConstruct):
+        return [ins.dst, *ins.items]
+    if isinstance(ins, (SeqInsert, SeqAt, SeqErase)):  # a position -1: none given
+        return [r for r in (ins.dst, ins.seq, getattr(ins, "item", 0), ins.position)
+                if r != -1]
+    names = {"dst", "src", "storage", "cond", "a", "b", "row", "shape", "like", "seq"}
     return [getattr(ins, f.name) for f in fields(ins)
             if f.name in names and isinstance(getattr(ins, f.name), int)]
 
@@ -388,8 +414,10 @@ def _check(fn: Function, k: int, ins: Instruction, functions: list[Function], n_
         return "bad dtype, shape or offset"
     if isinstance(ins, AllocShaped) and not 0 <= ins.dtype < len(DTYPES):
         return "bad dtype"
-    if isinstance(ins, (ShapeOf, ViewRows)) and not 0 <= ins.axis < 32:
+    if isinstance(ins, (ShapeOf, ViewRows, SeqSplit)) and not 0 <= ins.axis < 32:
         return "bad axis"
+    if isinstance(ins, SeqSplit) and (ins.keepdims not in (0, 1) or min(ins.sizes, default=0) < 0):
+        return "bad keepdims or sizes"
     if isinstance(ins, InvokePackedDims) and not 0 <= ins.kernel < n_kernels:
         return f"kernel {ins.kernel} of {n_kernels}"
     if isinstance(ins, (AllocTensor, View, ViewAt)) and (

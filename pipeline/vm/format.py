@@ -31,13 +31,13 @@ import numpy as np
 from pipeline.errors import FormatError
 from pipeline.ir.graph import nbytes as tensor_bytes
 from pipeline.ir.nibbles import PACKED, pack_nibbles, unpack_nibbles
-from pipeline.vm.bytecode import DTYPES, OPCODES, Function, TensorType, decode, operands
+from pipeline.vm.bytecode import DTYPES, KINDS, OPCODES, Function, TensorType, decode, operands
 from pipeline.vm.compile import Executable
 
 __all__ = ["RO_MAGIC", "RO_SYMBOL", "RO_VERSION", "read_ro", "write_ro"]
 
 RO_MAGIC = b"PLVMEXE\0"
-RO_VERSION = 2
+RO_VERSION = 3
 RO_SYMBOL = "__pipeline_vm_exec"  # the .ro packed into a VM library
 _PREFIX = struct.Struct("<8sIIQ")
 _TABLE = struct.Struct("<8Q")
@@ -53,7 +53,7 @@ def _str(text: str) -> bytes:
 
 def _type(t: TensorType, dims: list[str] = ()) -> bytes:
     shape = [-1 - dims.index(d) if isinstance(d, str) else d for d in t.shape]
-    return (_str(t.name) + struct.pack("<BBH", DTYPES.index(t.dtype), len(t.shape), 0)
+    return (_str(t.name) + struct.pack("<BBH", DTYPES.index(t.dtype), len(t.shape), t.kind)
             + struct.pack(f"<{len(shape)}q", *shape))
 
 
@@ -134,14 +134,14 @@ class _Reader:
 
     def type(self, dims: list[str] = ()) -> TensorType:
         name = self.str()
-        dtype, ndim, _ = self.take("<BBH")
-        if dtype >= len(DTYPES):
-            raise FormatError(f".ro {self.what} section: bad dtype {dtype}")
+        dtype, ndim, kind = self.take("<BBH")
+        if dtype >= len(DTYPES) or kind >= len(KINDS):
+            raise FormatError(f".ro {self.what} section: bad dtype {dtype} or kind {kind}")
         shape = self.take(f"<{ndim}q")
         if any(d < -len(dims) for d in shape):
             raise FormatError(f".ro {self.what} section: {name!r} has an unknown dimension")
         return TensorType(name, DTYPES[dtype], tuple(dims[-1 - d] if d < 0 else d
-                                                     for d in shape))
+                                                     for d in shape), kind)
 
 
 def _check_prefix(data: bytes, source: str) -> int:

@@ -18,14 +18,17 @@ import numpy as np
 
 from pipeline.ir.graph import Graph, Node
 from pipeline.ops.dynamic import data_dependent
+from pipeline.ops.sequence import SEQUENCE_OPS
 from pipeline.vm import bytecode as bc
 from pipeline.vm.compile import Executable, compile_plan
 from pipeline.vm.control import emit_control
 from pipeline.vm.dynamic import emit_data, row_outputs
+from pipeline.vm.sequence import emit_sequence, value_kind
 
 __all__ = ["CONTROL_OPS", "Lower", "compile_program", "has_control_flow"]
 
-CONTROL_OPS = ("if", "loop", "scan")
+# (and the sequence and optional ops: instructions, not kernels; vm/sequence.py)
+CONTROL_OPS = ("if", "loop", "scan", *SEQUENCE_OPS)
 # (graph, its params) -> (graph JSON after the passes, its params, the kernel symbols)
 Lower = Callable[[Graph, dict[str, np.ndarray]], tuple[str, dict[str, np.ndarray], list[str]]]
 
@@ -89,8 +92,11 @@ class _Program:
 
 
 def _types(graph: Graph, names) -> tuple[bc.TensorType, ...]:
-    return tuple(bc.TensorType(n, graph.types[n].dtype, tuple(graph.types[n].shape))
-                 for n in names)
+    out = []
+    for n in names:
+        kind, dtype, shape = value_kind(graph.types[n])
+        out.append(bc.TensorType(n, dtype, shape, kind))
+    return tuple(out)
 
 
 def compile_program(graph: Graph, params: dict[str, np.ndarray], lower: Lower) -> Executable:
@@ -202,7 +208,9 @@ class _Emitter:
     def control(self, node: Node) -> None:
         """The code of an If, Loop or Scan node (pipeline/vm/control.py) or of a
         data-dependent one (pipeline/vm/dynamic.py)."""
-        if node.op in CONTROL_OPS:
+        if node.op in SEQUENCE_OPS:
+            emit_sequence(self, node)
+        elif node.op in CONTROL_OPS:
             emit_control(self, node)
         else:
             emit_data(self, node)

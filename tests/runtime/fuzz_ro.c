@@ -52,10 +52,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         for (int r = 0; r < 2; r++) { /* twice: the second run reuses the pool */
             if (pl_run(h) == 0) {
                 static uint8_t out[1 << 16];
-                for (int o = 0; o < pl_num_outputs(h); o++)
-                    if (pl_output_info(h, o, &info) ||
-                        (info.nbytes <= sizeof out && pl_get_output(h, o, out, info.nbytes)))
+                for (int o = 0; o < pl_num_outputs(h); o++) {
+                    int count = pl_output_count(h, o); /* a sequence's elements, or none */
+                    for (int j = 0; j < count; j++)
+                        if (pl_output_item_info(h, o, j, &info) ||
+                            (info.nbytes <= sizeof out &&
+                             pl_get_output_item(h, o, j, out, info.nbytes)))
+                            abort();
+                    if (count == -1 && (pl_output_info(h, o, &info) ||
+                                        (info.nbytes <= sizeof out &&
+                                         pl_get_output(h, o, out, info.nbytes))))
                         abort();
+                }
             } else if (!pl_last_error(h)[0]) {
                 abort(); /* a failed run always says why */
             }

@@ -34,6 +34,7 @@ from pipeline.vm.bytecode import (
     Fail,
     Function,
     Goto,
+    HasValue,
     If,
     Invoke,
     InvokePacked,
@@ -42,8 +43,15 @@ from pipeline.vm.bytecode import (
     LoadConst,
     Move,
     MulDim,
+    NoneValue,
     Ret,
     Scalar,
+    SeqAt,
+    SeqConstruct,
+    SeqErase,
+    SeqInsert,
+    SeqLength,
+    SeqSplit,
     ShapeOf,
     TensorType,
     View,
@@ -106,6 +114,20 @@ def _dims_seed() -> bytes:
     return write_ro(Executable((main,), {}, ("k_stub",), {"n": (1, 8)}))
 
 
+def _sequence_seed() -> bytes:
+    """main(x: float32 [2, 2], p: int64): sequences built, grown, read and cut
+    (SeqConstruct, SeqInsert at p and at the end, SeqAt, SeqLength, SeqErase, SeqSplit),
+    an empty optional and HasValue; returns a tensor, a sequence and none."""
+    f32 = TensorType("x", "float32", (2, 2))
+    main = Function("main", (f32, TensorType("p", "int64", ())),
+                    (f32, TensorType("s", "float32", (), 1), TensorType("o", "float32", (2, 2), 2)),
+                    14, (SeqConstruct(2, (0,)), SeqInsert(3, 2, 0, 1), SeqInsert(4, 3, 0, -1),
+                         SeqAt(5, 4, 1), SeqLength(6, 4), SeqErase(7, 4, -1), SeqErase(8, 7, 1),
+                         SeqSplit(9, 0, 1, 0, (1, 1)), NoneValue(10), HasValue(11, 10),
+                         HasValue(12, 9), SeqInsert(13, 9, 5, -1), Ret((5, 13, 10))))
+    return write_ro(Executable((main,), {}, ()))
+
+
 def _restamp(ro: bytes) -> bytes:
     """The sha256 trailer made right again (what a mutation would break first)."""
     return ro[:-32] + hashlib.sha256(ro[:-32]).digest()
@@ -119,7 +141,7 @@ def _clang() -> str | None:
 
 
 def test_python_reader_round_trips_the_seeds():
-    for seed in (_plan_seed(), _control_seed(), _dims_seed()):
+    for seed in (_plan_seed(), _control_seed(), _dims_seed(), _sequence_seed()):
         assert write_ro(read_ro(seed)) == seed
 
 
@@ -131,6 +153,7 @@ def test_c_reader_accepts_seeds_and_explains_bad_files(tmp_path):
     opcode_at = seed.index(struct.pack("<HHI", 8, 0, 3))  # the If
     cases = {
         "plan": (_plan_seed(), "ok"), "control": (seed, "ok"), "dims": (_dims_seed(), "ok"),
+        "sequence": (_sequence_seed(), "ok"),
         "truncated": (seed[:-1], "VM executable truncated or corrupted"),
         "foreign": (b"\x7fELF" + seed[4:], "not a pipeline VM executable"),
         "version": (seed[:8] + b"\x09" + seed[9:], "VM executable format version 9"),
@@ -157,7 +180,7 @@ def test_fuzz_ro_reader(tmp_path):
                     "-o", str(fuzzer)], check=True, capture_output=True)
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    for k, seed in enumerate((_plan_seed(), _control_seed(), _dims_seed())):
+    for k, seed in enumerate((_plan_seed(), _control_seed(), _dims_seed(), _sequence_seed())):
         (corpus / f"seed{k}").write_bytes(seed)
     proc = subprocess.run([str(fuzzer), f"-max_total_time={FUZZ_SECONDS}", "-timeout=10",
                            "-rss_limit_mb=2048", "-print_final_stats=1",
@@ -172,7 +195,8 @@ def test_fuzz_ro_reader(tmp_path):
 @st.composite
 def _mutated(draw) -> bytes:
     """A seed with a few bytes changed or cut, its checksum made right again."""
-    data = bytearray(draw(st.sampled_from([_plan_seed(), _control_seed(), _dims_seed()])))
+    data = bytearray(draw(st.sampled_from([_plan_seed(), _control_seed(), _dims_seed(),
+                                             _sequence_seed()])))
     for _ in range(draw(st.integers(1, 4))):
         at = draw(st.integers(24, len(data) - 33))
         if draw(st.booleans()):

@@ -43,7 +43,7 @@ def test_info_shows_the_executor_functions_constants_and_kernels(compiled):
     info = json.loads(proc.stdout)
     exe = Executable.load(tmp / "loop.so").content
     assert info["executor"] == "vm" and info["machine"] == "x86_64"
-    assert len(info["build_id"]) == 40 and info["ro_version"] == 2
+    assert len(info["build_id"]) == 40 and info["ro_version"] == 3
     assert info["inputs"] == [{"name": "x", "shape": [1, 4], "dtype": "float32"}]
     assert [(o["name"], o["shape"]) for o in info["outputs"]] == [("y", [1, 4]),
                                                                   ("hs", [3, 1, 4])]

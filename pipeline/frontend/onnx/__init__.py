@@ -25,6 +25,8 @@ from pipeline.frontend.onnx import (  # noqa: F401  (registration)
     resize,
     scan,
     scatter,
+    sequence,
+    sequence_map,
     shape,
     softmax,
     transformer_ms,

@@ -25,16 +25,17 @@ from onnx import numpy_helper
 from pipeline.errors import ModelError, UnsupportedOperatorError
 from pipeline.frontend.onnx.importer import (
     CONTROL_CONVERTERS,
-    CONTROL_FLOW,
     ImportContext,
     OnnxNode,
     _decode,
     _import_constant,
     _live,
     infer_types,
+    vm_converter,
 )
 from pipeline.frontend.onnx.registry import onnx_converter
-from pipeline.ir.graph import ONNX_DTYPES, Graph, Node, TensorType, add_param
+from pipeline.ir.graph import ONNX_DTYPES, Graph, Node, TensorType, add_param, fresh_name
+from pipeline.ops.sequence import join
 
 
 @dataclass
@@ -56,8 +57,9 @@ class _Body:
 
 
 def _convert(ctx: ImportContext, onode: OnnxNode, source: str) -> list[Node]:
-    if onode.op_type in CONTROL_FLOW:
-        return CONTROL_CONVERTERS[onode.op_type](ctx, onode, source)
+    by_vm = vm_converter(ctx, onode)
+    if by_vm:
+        return by_vm(ctx, onode, source)
     converter = onnx_converter(onode.op_type, onode.opset)
     if converter is None:
         raise UnsupportedOperatorError(f"unsupported operator {onode.op_type} (opset "
@@ -151,7 +153,8 @@ def _if(ctx: ImportContext, n: OnnxNode, source: str) -> list[Node]:
     captures = list(dict.fromkeys(c for b in branches for c in b.captures))
     then, orelse = (b.graph(captures, ctx.types) for b in branches)
     want = [then.types[o] for o in then.outputs]
-    if [orelse.types[o] for o in orelse.outputs] != want:
+    if None in map(join, [orelse.types[o] for o in orelse.outputs], want):  # sequences:
+        # their elements may differ in shape (ops/sequence.py join)
         raise ModelError(f"{where}: the branches return different shapes or dtypes "
                          "(needs dynamic shapes)")
     return [Node.make("if", n.name, (n.inputs[0], *captures), n.outputs,
@@ -187,7 +190,7 @@ def _loop(ctx: ImportContext, n: OnnxNode, source: str) -> list[Node]:
 def _scan(ctx: ImportContext, n: OnnxNode, source: str) -> list[Node]:
     where = f"node {n.name!r} (Scan)"
     if n.opset < 9:
-        raise ModelError(f"{where}: Scan before opset 9 (with sequence_lens) is not supported")
+        return _scan8(ctx, n, source)
     k = int(n.attrs["num_scan_inputs"])
     state, scans = n.inputs[:len(n.inputs) - k], n.inputs[len(n.inputs) - k:]
     for key in ("scan_input_axes", "scan_output_axes", "scan_input_directions",
@@ -203,6 +206,29 @@ def _scan(ctx: ImportContext, n: OnnxNode, source: str) -> list[Node]:
     return [Node.make("scan", n.name, (*state, *scans, *body.captures), n.outputs,
                       body=body.graph(body.captures, ctx.types), n_state=len(state),
                       n_scan_inputs=k)]
+
+
+def _scan8(ctx: ImportContext, n: OnnxNode, source: str) -> list[Node]:
+    """Scan of opset 8: a batch axis first on every state and scan input, and an optional
+    sequence_lens. A batch of 1 without sequence_lens is the opset-9 Scan of the
+    inputs reshaped without it, its outputs reshaped back."""
+    batches = {ctx.type(x).shape[0] for x in n.inputs[1:] if ctx.type(x).shape}
+    if (n.inputs and n.inputs[0]) or batches != {1} or any(n.attrs.get("directions", [])):
+        raise ModelError(f"node {n.name!r} (Scan, opset 8): only a batch of 1 without "
+                         f"sequence_lens or directions is supported (batch {sorted(batches)})")
+    nodes, inner = [], []
+    for x in n.inputs[1:]:
+        t = ctx.type(x)
+        name = fresh_name(f"{x}.item", ctx.types, ctx.params)
+        ctx.types[name] = TensorType(t.shape[1:], t.dtype)
+        nodes.append(Node.make("reshape", f"{n.name}.{x}", (x,), (name,), shape=t.shape[1:]))
+        inner.append(name)
+    outs = [fresh_name(f"{o}.item", ctx.types, ctx.params) for o in n.outputs]
+    scan = _scan(ctx, OnnxNode("Scan", n.name, tuple(inner), tuple(outs), n.attrs, 9), source)
+    types = infer_types(scan[0], [ctx.type(i) for i in scan[0].inputs])
+    back = [Node.make("reshape", f"{n.name}.{o}", (i,), (o,), shape=(1, *t.shape))
+            for i, o, t in zip(outs, n.outputs, types, strict=True)]
+    return [*nodes, *scan, *back]
 
 
 CONTROL_CONVERTERS.update({"If": _if, "Loop": _loop, "Scan": _scan})

@@ -23,7 +23,7 @@ from pipeline.errors import (
     UnsupportedOperatorError,
     check_elements,
 )
-from pipeline.frontend.onnx.registry import onnx_converter
+from pipeline.frontend.onnx.registry import CONTROL_CONVERTERS, onnx_converter, vm_converter
 from pipeline.frontend.onnx.shapes import input_type, onnx_shape_inference
 from pipeline.frontend.onnx.symbolic import materialize, symbolic_numpy
 from pipeline.frontend.onnx.widen import widen
@@ -32,6 +32,7 @@ from pipeline.ir.graph import DTYPES, ONNX_DTYPES, Graph, Node, TensorType, add_
 from pipeline.ops import get
 from pipeline.ops import infer_types as infer_op_types
 from pipeline.ops.dynamic import data_dependent
+from pipeline.ops.sequence import SEQUENCE_OPS, join_branches, sequence_types
 from pipeline.vm.program import CONTROL_OPS
 
 
@@ -69,8 +70,8 @@ def _control_types(node: Node, inputs: list[TensorType]) -> list[TensorType]:
     first scan input's leading dimension."""
     body = node.attr("then_branch") or node.attr("body")
     outs = [body.types[o] for o in body.outputs]
-    if node.op == "if":
-        return outs
+    if node.op == "if":  # sequences: their elements' shapes may differ by branch
+        return join_branches(body, node.attr("else_branch"))
     if node.op == "loop":
         n, m = node.attr("n_carried"), node.attr("trip_count")
         return outs[1:1 + n] + [TensorType((m, *t.shape), t.dtype) for t in outs[1 + n:]]
@@ -81,8 +82,8 @@ def _control_types(node: Node, inputs: list[TensorType]) -> list[TensorType]:
 
 def infer_types(node: Node, inputs: list[TensorType]) -> list[TensorType]:
     """pipeline.ops.infer_types, and the control-flow nodes' types (_control_types)."""
-    if node.op in CONTROL_OPS:
-        return _control_types(node, inputs)
+    if node.op in CONTROL_OPS:  # sequence ops among them: ops/sequence.py
+        return (sequence_types if node.op in SEQUENCE_OPS else _control_types)(node, inputs)
     return infer_op_types(node, inputs)
 
 
@@ -108,6 +109,7 @@ class ImportContext:
         # Tensors typed with a bound: data-dependent results and what reads them
         # (a widening's narrowing cast, a row-wise op), not ONNX's shape (ops/dynamic.py)
         self.bounded: set[str] = set()
+        self.sequences: dict[str, list[str]] = {}  # known elements: sequence.py
 
     def type(self, name: str) -> TensorType:
         return self.types[name]
@@ -275,13 +277,12 @@ def _convert_nodes(model: onnx.ModelProto, opset: int, ctx: ImportContext,
             if onode.op_type == "Constant":
                 _import_constant(onode, ctx, source)
                 continue
-            converter = (None if onode.op_type in CONTROL_FLOW
-                         else onnx_converter(onode.op_type, opset))
+            by_vm = vm_converter(ctx, onode)
+            converter = None if by_vm else onnx_converter(onode.op_type, opset)
             onode, before, after = (converter and widen(ctx, onode)) or (onode, [], [])
             for node in before:
                 nodes.append(_record(node, ctx, onnx_shapes, onode.op_type))
-            made = (CONTROL_CONVERTERS[onode.op_type](ctx, onode, source) if converter is None
-                    else converter.fn(ctx, onode))
+            made = by_vm(ctx, onode, source) if by_vm else converter.fn(ctx, onode)
             allowed = converter.emits_for(onode.attrs, opset) if converter else set()
             for node in made:
                 if converter and node.op not in allowed:  # the backend's float64 rule
@@ -310,7 +311,8 @@ def _record(node: Node, ctx: ImportContext, onnx_shapes: dict, op_type: str) -> 
     if data_dependent(node) is not None or not ctx.bounded.isdisjoint(node.inputs):
         ctx.bounded.update(node.outputs)
     for name, t in zip(node.outputs, out_types, strict=True):
-        check_elements(t.shape, f"node {node.name!r} output {name!r}")
+        check_elements(t.shape if isinstance(t, TensorType) else (),  # not a sequence
+                       f"node {node.name!r} output {name!r}")
         want = onnx_shapes.get(name)
         if want is not None and want != t.shape and name not in ctx.bounded:
             raise ModelError(f"node {node.name!r} ({op_type}): output {name!r} has shape "
@@ -395,7 +397,8 @@ def _check_supported(model: onnx.ModelProto, opset: int, source: str,
             key = f"{node.domain}.{node.op_type}"
             if onnx_converter(key, domain_opset(model, node.domain)) is not None:
                 continue
-        elif node.op_type in CONTROL_FLOW and control_flow:
+        elif node.op_type in CONTROL_CONVERTERS and (control_flow or node.op_type not in
+                                                     CONTROL_FLOW):  # or sequence.py's
             continue
         elif node.op_type in CONTROL_FLOW:
             key = f"{node.op_type} (control flow: subgraphs are not compiled)"
@@ -413,11 +416,9 @@ def _check_supported(model: onnx.ModelProto, opset: int, source: str,
             "registered in pipeline/frontend/onnx/ (see pipeline.frontend.onnx.ONNX_CONVERTERS)")
 
 
-# Operators that run subgraphs: a static graph of kernels has no place for them; the
-# VM runs them (from_onnx(control_flow=True)). Their converters, op type -> fn(ctx,
-# onnx node, source) -> nodes, register here (frontend/onnx/control.py).
+# Operators that run subgraphs: only the VM runs them (from_onnx(control_flow=True));
+# their converters are registry.py's CONTROL_CONVERTERS, fn(ctx, onnx node, source).
 CONTROL_FLOW = ("If", "Loop", "Scan")
-CONTROL_CONVERTERS: dict = {}
 
 
 def _check_element_types(g: onnx.GraphProto, source: str) -> None:

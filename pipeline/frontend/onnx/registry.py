@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pipeline.ir.sequence import is_value
 from pipeline.ops import get
 
 
@@ -99,3 +100,17 @@ def onnx_converter(op_type: str, opset: int) -> Converter | None:
     return best
 
 
+
+
+# If, Loop, Scan (frontend/onnx/control.py) and the sequence and optional operators
+# (sequence.py): converters fn(ctx, onnx node, source) -> nodes, run by the VM.
+CONTROL_CONVERTERS: dict = {}
+
+
+def vm_converter(ctx, onode):
+    """The converter of an If, Loop, Scan or sequence/optional node, or None (Identity
+    is the VM's only on a sequence or an optional)."""
+    if onode.op_type == "Identity" and not (onode.inputs and is_value(
+            ctx.types.get(onode.inputs[0]))):
+        return None
+    return CONTROL_CONVERTERS.get(onode.op_type)

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from pipeline.errors import GraphError, ModelError
-from pipeline.frontend.onnx.registry import Limit, onnx_converter, onnx_op
+from pipeline.frontend.onnx.registry import onnx_converter, onnx_op
 from pipeline.frontend.onnx.symbolic import symbolic_dims, symbolic_range
 from pipeline.ir.dims import dim_product, dim_quotient, is_symbolic
 from pipeline.ir.graph import ONNX_DTYPES, Node
@@ -195,14 +195,7 @@ def _constant_of_shape(ctx, n):
     return []
 
 
-# ONNX's bfloat16 and float8 codes: such a Range converts as its float32 twin, and the
-# cast back (frontend/onnx/widen.py) cannot yet read a tensor allocated at run time.
-_MINIFLOAT_RANGE = Limit("a bfloat16 or float8 Range (run by the VM)",
-                         lambda v: v.inputs[0] is not None and v.inputs[0][0] in range(16, 21))
-
-
-@onnx_op("Range", 11, emits=("range", "iota"), build_time_inputs=(0, 1, 2),
-         limits=(_MINIFLOAT_RANGE,))
+@onnx_op("Range", 11, emits=("range", "iota"), build_time_inputs=(0, 1, 2))
 def _range(ctx, n):
     values = [ctx.const(i, True) for i in n.inputs[:3]]
     if all(v is not None for v in values) and any(v.dtype == object for v in values):

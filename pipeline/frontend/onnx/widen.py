@@ -7,7 +7,8 @@ output is rounded back to that dtype after (the first such input's, the type ONN
 gives such an operator's result). The casts are exact widenings and one rounding
 per output, what a kernel computing in float32 and storing bfloat16 does. Only the
 operators that read these dtypes themselves (casts, quantization, shape queries)
-convert as they are.
+convert as they are; so does Range (its kernels compute in float32 and store the
+dtype; a cast back could not read a Range allocated at run time, docs/vm.md).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import replace
 from pipeline.dsl.minifloat import MINIFLOATS
 from pipeline.ir.graph import Node, fresh_name
 
-NATIVE = ("Cast", "CastLike", "QuantizeLinear", "DequantizeLinear", "Shape", "Size")
+NATIVE = ("Cast", "CastLike", "QuantizeLinear", "DequantizeLinear", "Shape", "Size", "Range")
 
 
 def widen(ctx, onode) -> tuple[object, list[Node], Iterator[Node]] | None:

@@ -6,7 +6,8 @@
  * Loads the library, sets each input from a .npy file (C order, little endian;
  * float32/float64/int64/int32/bool and the library's other dtypes; bfloat16 and
  * float8 as their bits, see DESCR), runs it,
- * writes output i to DIR/output_<i>.npy (DIR and its missing parents are
+ * writes output i to DIR/output_<i>.npy (a VM library's sequence output: element j to
+ * DIR/output_<i>_<j>.npy; an empty optional: no file; DIR and its missing parents are
  * created, as mkdir -p does) and with --repeat N prints the
  * median milliseconds per run of N more runs. --print-time prints instead one line
  * `time: median X ms, min Y ms over N runs` (N from --repeat, else 1), as tvmc run
@@ -51,6 +52,10 @@ static struct {
     int (*run)(pl_executor *);
     /* VM libraries only (NULL for a graph library): an input's runtime shape */
     int (*set_input_shape)(pl_executor *, int, int, const int64_t *);
+    /* VM libraries: sequence and optional outputs (NULL in a graph library) */
+    int (*output_count)(const pl_executor *, int);
+    int (*output_item_info)(pl_executor *, int, int, pl_tensor_info *);
+    int (*get_output_item)(pl_executor *, int, int, void *, size_t);
 } api;
 
 static void *sym(void *lib, const char *path, const char *name) {
@@ -115,6 +120,9 @@ static void load_api(const char *path) {
     *(void **)&api.set_num_threads = sym(lib, path, "pl_set_num_threads");
     *(void **)&api.run = sym(lib, path, "pl_run");
     *(void **)&api.set_input_shape = dlsym(lib, "pl_set_input_shape");
+    *(void **)&api.output_count = dlsym(lib, "pl_output_count");
+    *(void **)&api.output_item_info = dlsym(lib, "pl_output_item_info");
+    *(void **)&api.get_output_item = dlsym(lib, "pl_get_output_item");
 }
 
 /* numpy's dtype names <-> .npy descr strings (little endian, '|' for bytes), and a
@@ -269,10 +277,14 @@ static void read_npy(pl_executor *h, int index, const char *name, const char *pa
     free(data), free(header), free(squeezed);
 }
 
-static void write_npy(pl_executor *h, int index, const char *dir) {
+/* Output `index` (element `item` of it if item >= 0: a sequence) as DIR/output_<index>.npy
+ * (output_<index>_<item>.npy). */
+static void write_npy(pl_executor *h, int index, int item, const char *dir) {
     pl_tensor_info t;
     char path[4096], header[512], shape[400];
-    api.output_info(h, index, &t);
+    if (item >= 0 && api.output_item_info(h, index, item, &t))
+        die("output %d: %s", index, api.last_error(h));
+    if (item < 0) api.output_info(h, index, &t);
     shape_text(&t, shape, sizeof shape);
     int n = snprintf(header, sizeof header, "{'descr': '%s', 'fortran_order': False, "
                      "'shape': %s, }", descr_of(t.dtype, 0), shape);
@@ -282,10 +294,12 @@ static void write_npy(pl_executor *h, int index, const char *dir) {
     header[total - 10 - 1] = '\n';
     size_t size = file_bytes(&t);
     unsigned char *data = malloc(t.nbytes ? t.nbytes : 1), *one = malloc(size ? size : 1);
-    if (!data || !one || api.get_output(h, index, data, t.nbytes))
+    if (!data || !one || (item >= 0 ? api.get_output_item(h, index, item, data, t.nbytes)
+                                    : api.get_output(h, index, data, t.nbytes)))
         die("output %d: %s", index, data ? api.last_error(h) : "out of memory");
     if (packed(&t)) unpack(&t, data, one);
-    snprintf(path, sizeof path, "%s/output_%d.npy", dir, index);
+    if (item >= 0) snprintf(path, sizeof path, "%s/output_%d_%d.npy", dir, index, item);
+    else snprintf(path, sizeof path, "%s/output_%d.npy", dir, index);
     FILE *f = fopen(path, "wb");
     unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(total - 10),
                              (unsigned char)((total - 10) >> 8)};
@@ -404,7 +418,12 @@ int main(int argc, char **argv) {
     }
     make_dirs(out_dir);  /* before the run: a long (emulated) run is not wasted */
     if (api.run(h)) die("run failed: %s", api.last_error(h));
-    for (int o = 0; o < api.num_outputs(h); o++) write_npy(h, o, out_dir);
+    for (int o = 0; o < api.num_outputs(h); o++) {
+        /* a sequence: one file per element; an empty optional: none */
+        int count = api.output_count ? api.output_count(h, o) : -1;
+        for (int j = 0; j < count; j++) write_npy(h, o, j, out_dir);
+        if (count == -1) write_npy(h, o, -1, out_dir);
+    }
     if (print_time && repeat == 0) repeat = 1;
     if (repeat > 0) time_runs(h, repeat, print_time);
     return 0;

@@ -71,6 +71,12 @@ int pl_set_input(pl_executor *h, int index, const void *data, size_t nbytes);
 int pl_set_input_shape(pl_executor *h, int index, int ndim, const int64_t *shape);
 int pl_get_input(pl_executor *h, int index, void *data, size_t nbytes);
 int pl_get_output(pl_executor *h, int index, void *data, size_t nbytes);
+/* VM libraries only (sequence and optional outputs, docs/vm.md): after a run, output
+ * index's element count if it is a sequence, -1 for a tensor, -2 for an empty
+ * optional (-3: no such output or no run yet); a sequence element's info and bytes. */
+int pl_output_count(const pl_executor *h, int index);
+int pl_output_item_info(pl_executor *h, int index, int item, pl_tensor_info *info);
+int pl_get_output_item(pl_executor *h, int index, int item, void *data, size_t nbytes);
 
 /* The caller's buffer becomes input (or param) `index`, without a copy, as TVM's
  * set_input_zero_copy: runs read it in place until the next pl_set_input_zero_copy

@@ -26,7 +26,7 @@
 #define API __attribute__((visibility("default")))
 #define MAX_NDIM 32u
 #define RO_SYMBOL "__pipeline_vm_exec"
-#define RO_VERSION 2u
+#define RO_VERSION 3u
 #define RO_HEAD 88u
 #define RO_DIGEST 32u
 #ifndef PL_MAX_STORAGE /* the fuzzer lowers it: a fuzzed size must not allocate GBs */
@@ -80,8 +80,12 @@ struct storage {
     int borrowed;         /* a caller's zero-copy buffer: never pooled, data never freed */
 };
 
+/* obj kinds: a sequence (a storage of element objects) and none (an empty optional):
+ * vm_sequence.h */
+enum { OBJ_TENSOR = 2, OBJ_SEQ = 3, OBJ_NONE = 4, SEQ_STORAGE = 2 };
+
 struct obj { /* a register: nothing, a storage, or a tensor viewing a storage */
-    uint8_t kind, dtype, ndim; /* kind: 0 none, 1 storage, 2 tensor */
+    uint8_t kind, dtype, ndim; /* kind: 0 nothing, 1 storage, 2 tensor, 3 sequence, 4 none */
     struct storage *st;
     void *data;
     size_t nbytes;
@@ -239,9 +243,12 @@ static struct storage *storage_new(pl_executor *h, size_t size) {
     return s;
 }
 
+static void seq_free(pl_executor *h, struct storage *s);
+
 static void storage_release(pl_executor *h, struct storage *s) {
     if (s && --s->refs == 0) {
-        if (s->borrowed) free(s);
+        if (s->borrowed == SEQ_STORAGE) seq_free(h, s);
+        else if (s->borrowed) free(s);
         else s->next = h->pool, h->pool = s;
     }
 }
@@ -331,6 +338,8 @@ static int dims_ok(const struct func *fn, const int64_t *w, int64_t n) {
     return 1;
 }
 
+static int check_sequence(const struct func *fn, const struct ins *in);
+
 static int check_ins(const pl_executor *h, const struct func *fn, const struct ins *in) {
     const int64_t *w = in->w;
     uint32_t n = in->n;
@@ -387,7 +396,7 @@ static int check_ins(const pl_executor *h, const struct func *fn, const struct i
         return check_list(fn, in, at, 0) && (uint64_t)w[at] == n - at - 1 &&
                w[at] <= MAX_NDIM && dims_ok(fn, w + at + 1, w[at]);
     }
-    default: return 0;
+    default: return in->op >= 40 && in->op < 50 && check_sequence(fn, in);
     }
 }
 
@@ -715,6 +724,8 @@ static int call(pl_executor *h, struct func *fn, const struct ins *in) {
     return 0;
 }
 
+#include "vm_sequence.h" /* sequences and optionals: opcodes 40-47 */
+
 static int step(pl_executor *h, struct func *fn, uint32_t *pc, struct obj *results, int *done) {
     struct ins *in = &fn->code[*pc];
     const int64_t *w = in->w;
@@ -778,6 +789,7 @@ static int step(pl_executor *h, struct func *fn, uint32_t *pc, struct obj *resul
         *done = 1;
         return 0;
     }
+    if (in->op >= 40 && in->op < 50) return sequence_op(h, fn, in);
     return fail(h, "VM: bad opcode %u", in->op);
 }
 
@@ -1038,6 +1050,8 @@ API int pl_get_input(pl_executor *h, int i, void *data, size_t nbytes) {
 API int pl_get_output(pl_executor *h, int i, void *data, size_t nbytes) {
     if (!io_type(h, 1, i, nbytes)) return -1;
     if (!h->ran) return fail(h, "output %d: the VM has not run", i);
+    if (h->outputs[i].kind != OBJ_TENSOR) /* vm_sequence.h */
+        return fail(h, "output %d is a sequence or an optional: see pl_output_count", i);
     memcpy(data, h->outputs[i].data, nbytes);
     return 0;
 }
@@ -1097,7 +1111,8 @@ API int pl_run(pl_executor *h) {
     }
     if (run_func(h, m, h->outputs)) return -1;
     for (uint32_t o = 0; o < m->n_results; o++)
-        if (h->outputs[o].kind != 2) return fail(h, "VM: main's result %u is not a tensor", o);
+        if (h->outputs[o].kind < OBJ_TENSOR)
+            return fail(h, "VM: main's result %u is not a value", o);
     h->ran = 1;
     return 0;
 }
