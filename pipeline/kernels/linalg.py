@@ -1,4 +1,4 @@
-"""Linear algebra: dense (Gemm, MatMul by a constant) and batched matmul.
+"""Linear algebra: dense (Gemm, MatMul by a constant), batched matmul and einsum.
 
 `dense` keeps its weight as [N, K]; the ONNX converters transpose and scale
 constant weights at import time. Both ops compute their products with the
@@ -11,6 +11,7 @@ from pipeline.dsl.gemm_tile import tiled_gemm
 from pipeline.kernels.registry import lowering
 from pipeline.kernels.runtime_dims import matmul_dims
 from pipeline.ops.geometry import matrix_shapes
+from pipeline.ops.linalg import einsum_sizes
 from pipeline.ops.registry import broadcast_shape
 
 
@@ -95,3 +96,26 @@ def _batch_offset(kb, buf, matrix_shape, bidx):
 
 
 lowering("matmul", lower=_matmul_lower, lower_dims=matmul_dims)
+
+
+def _einsum_lower(kb, node, ins, out, epilogue):
+    """Per output element, the sum over the contracted letters of the operands'
+    product: a plain loop nest (a letter of size 1 in an operand broadcasts)."""
+    terms, output = node.attr("terms"), node.attr("output")
+    sizes = einsum_sizes(terms, [b.type.shape for b in ins], node)
+    summed = tuple(c for c in dict.fromkeys("".join(terms)) if c not in output)
+    with kb.nest(tuple(sizes[c] for c in output), "o") as out_index:
+        total = kb.local(kb.const(0, out.elem))
+        with kb.nest(tuple(sizes[c] for c in summed), "s") as sum_index:
+            at = dict(zip(output + "".join(summed), [*out_index, *sum_index], strict=True))
+            product = None
+            for buf, term in zip(ins, terms, strict=True):
+                index = [at[c] if d > 1 else 0 for c, d in zip(term, buf.type.shape,
+                                                                strict=True)]
+                value = kb.load(buf, kb.dot(index, buf.strides))
+                product = value if product is None else kb.arith("mul", product, value)
+            kb.set(total, kb.arith("add", kb.get(total), product))
+        kb.store(out, kb.dot(out_index, out.strides), kb.get(total))
+
+
+lowering("einsum", lower=_einsum_lower)

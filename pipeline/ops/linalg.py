@@ -74,3 +74,47 @@ register("matmul", OpKind.ANCHOR, _matmul_infer, numpy=_matmul_numpy,
          float64=True, sample=lambda rng, dtype: (
              [rng.uniform(-1, 1, s).astype(dtype) for s in ((2, 3, 5), (4, 5))],
              {"trans_a": 0, "trans_b": 1}))
+
+
+_EINSUM_DTYPES = ("float32", "float64", "float16", "int64", "int32")
+
+
+def einsum_sizes(terms: tuple[str, ...], shapes: list[tuple[int, ...]], node) -> dict:
+    """letter -> its size: the one size of that letter's dims other than 1 (a 1
+    broadcasts, as ellipsis dims do); ModelError naming the node when they differ."""
+    sizes: dict[str, int] = {}
+    for term, shape in zip(terms, shapes, strict=True):
+        if len(term) != len(shape):
+            raise ModelError(f"node {node.name!r} (einsum): term {term!r} does not match "
+                             f"operand shape {list(shape)}")
+        for letter, d in zip(term, shape, strict=True):
+            if sizes.get(letter, 1) not in (1, d) and d != 1:
+                raise ModelError(f"node {node.name!r} (einsum): index {letter!r} has sizes "
+                                 f"{sizes[letter]} and {d}")
+            sizes[letter] = max(sizes.get(letter, 1), d)
+    return sizes
+
+
+def _einsum_infer(types, node):
+    dtypes = {t.dtype for t in types}
+    if len(dtypes) > 1 or not dtypes <= set(_EINSUM_DTYPES):
+        raise ModelError(f"node {node.name!r} (einsum): operand dtypes "
+                         f"{[t.dtype for t in types]} are not supported (one of "
+                         f"{', '.join(_EINSUM_DTYPES)} for all)")
+    sizes = einsum_sizes(node.attr("terms"), [t.shape for t in types], node)
+    return [TensorType(tuple(sizes[c] for c in node.attr("output")), types[0].dtype)]
+
+
+def _einsum_numpy(xs, node):
+    terms, output = node.attr("terms"), node.attr("output")
+    sizes = einsum_sizes(terms, [x.shape for x in xs], node)
+    full = [np.broadcast_to(x, [sizes[c] for c in t]) for x, t in zip(xs, terms, strict=True)]
+    return [np.asarray(np.einsum(f"{','.join(terms)}->{output}", *full)).astype(xs[0].dtype)]
+
+
+# einsum(x...; terms, output): out[output] = sum over the letters not in `output` of the
+# product of x_k[terms[k]] (letters only: the converter spells out ellipses).
+register("einsum", OpKind.OPAQUE, _einsum_infer, numpy=_einsum_numpy, float64=True,
+         sample=lambda rng, dtype: ([rng.uniform(-1, 1, s).astype(dtype)
+                                     for s in ((2, 3, 3), (2, 3, 4), (4,))],
+                                    {"terms": ("bii", "bij", "j"), "output": "bi"}))
