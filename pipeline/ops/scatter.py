@@ -72,3 +72,32 @@ def _scatter_nd_infer(types, node):
 
 
 register("scatter_nd", OpKind.OPAQUE, _scatter_nd_infer, float64=True)
+
+
+def _gather_nd_infer(types, node):
+    data, indices = types
+    _check_indices(node, indices)
+    b = node.attr("batch_dims")
+    k = indices.shape[-1] if indices.shape else 0
+    if not 1 <= k <= len(data.shape) - b or indices.shape[:b] != data.shape[:b] \
+            or b >= len(indices.shape):
+        raise ModelError(f"node {node.name!r} (gather_nd): indices {list(indices.shape)} do "
+                         f"not index data {list(data.shape)} with batch_dims {b}")
+    return [TensorType(indices.shape[:-1] + data.shape[b + k:], data.dtype)]
+
+
+def _gather_nd_np(xs, node):
+    data, indices = xs
+    b, lead = node.attr("batch_dims"), indices.shape[:-1]
+    out = np.empty(lead + data.shape[b + indices.shape[-1]:], data.dtype)
+    for at in np.ndindex(*lead):
+        out[at] = data[at[:b] + tuple(int(i) for i in indices[at])]
+    return [out]
+
+
+# gather_nd(data, indices; batch_dims): out[i..., :] = data[i[:batch_dims]...,
+# indices[i...]..., :], an index tuple per row of indices' last axis (ONNX GatherND).
+register("gather_nd", OpKind.OPAQUE, _gather_nd_infer, numpy=_gather_nd_np, float64=True,
+         uint64=True,
+         sample=lambda rng, dtype: ([rng.uniform(-2, 2, (2, 3, 4)).astype(dtype),
+                                     rng.integers(-3, 3, (2, 5, 1))], {"batch_dims": 1}))
