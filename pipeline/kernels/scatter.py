@@ -1,5 +1,5 @@
 """Element-indexed gathers and scatters: GatherElements, GatherND, ScatterElements,
-ScatterND; ReverseSequence (a gather_elements with constant indices).
+ScatterND, TensorScatter; ReverseSequence (a gather_elements with constant indices).
 
 Their indices are read at run time: a negative index counts from the end of its
 axis, and an index outside the data makes the kernel return an error code, which
@@ -11,6 +11,7 @@ Graph ops:
   gather_nd(data, indices; batch_dims)          out[i, :] = data[i[:batch_dims], indices[i], :]
   scatter_elements(data, indices, updates; axis, reduction)
   scatter_nd(data, indices, updates; reduction)
+  tensor_scatter(past, update[, write_indices]; axis, circular)   a KV-cache write
 reduction is none, add, mul, max or min; with none, of two updates to one
 element the later (in row-major order) wins, as in onnxruntime.
 """
@@ -111,3 +112,27 @@ def _gather_nd_lower(kb, node, ins, out, epilogue):
 
 
 lowering("gather_nd", lower=_gather_nd_lower)
+
+
+def _tensor_scatter_lower(kb, node, ins, out, epilogue):
+    """The cache copied, then per prefix (the dims before `axis`) update's rows written
+    from write_indices[batch] on: modulo the axis length if circular, else all inside
+    it (a write past the end, or a negative write index, fails the kernel)."""
+    past, update = ins[:2]
+    axis, circular = node.attr("axis"), node.attr("circular")
+    length, rows = past.type.shape[axis], update.type.shape[axis]
+    inner = math.prod(past.type.shape[axis + 1:])
+    _copy(kb, past, out)
+    with kb.nest(past.type.shape[:axis], "p") as prefix:
+        start = kb.index(kb.load(ins[2], prefix[0])) if len(ins) > 2 else kb.i64(0)
+        kb.fail_unless(start >= 0 if circular else kb.inside(start, 0, length - rows + 1))
+        dst_base = kb.dot(prefix, out.strides[:axis])
+        src_base = kb.dot(prefix, update.strides[:axis])
+        with kb.loop(0, rows, "s") as s:
+            row = (start + s) % length if circular else start + s
+            dst, src = dst_base + row * inner, src_base + s * inner
+            with kb.loop(0, inner, "e") as e:
+                kb.store(out, dst + e, kb.load(update, src + e))
+
+
+lowering("tensor_scatter", lower=_tensor_scatter_lower)

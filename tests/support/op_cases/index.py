@@ -79,6 +79,16 @@ CASES = {
     "gather_nd_batch2_double": lambda: graph(
         "GatherND", {"x": doubles(2, 3, 4)},
         {"i": np.array([[[1], [3], [0]], [[2], [-1], [0]]], np.int64)}, batch_dims=2),
+    # -- TensorScatter: a KV cache write at each batch entry's index, wrapping if circular
+    "tensor_scatter_linear": lambda: graph(
+        "TensorScatter", {"c": rand(2, 3, 6, 4), "u": rand(2, 3, 2, 4, seed=1)},
+        {"w": np.array([4, 1], np.int64)}, opset=24),
+    "tensor_scatter_circular_last_axis": lambda: graph(
+        "TensorScatter", {"c": rand(3, 2, 5), "u": rand(3, 2, 3, seed=1)},
+        {"w": np.array([0, 3, 4], np.int64)}, opset=24, mode="circular", axis=-1),
+    "tensor_scatter_prefill_double": lambda: graph(
+        "TensorScatter", {"c": doubles(2, 5, 3), "u": doubles(2, 2, 3, seed=1)}, opset=24,
+        axis=1),
     # -- TopK (values and indices; ties go to the lower index)
     "topk_largest": lambda: graph("TopK", {"x": X}, {"k": i64(3)}, outputs=("v", "i"),
                                   axis=1),
