@@ -1,4 +1,4 @@
-"""Linear algebra: dense (Gemm, MatMul by a constant), batched matmul and einsum.
+"""Linear algebra: dense (Gemm, MatMul by a constant), batched matmul, einsum and det.
 
 `dense` keeps its weight as [N, K]; the ONNX converters transpose and scale
 constant weights at import time. Both ops compute their products with the
@@ -119,3 +119,46 @@ def _einsum_lower(kb, node, ins, out, epilogue):
 
 
 lowering("einsum", lower=_einsum_lower)
+
+
+def _det_lower(kb, node, ins, out, epilogue):
+    """Per matrix: Gaussian elimination with partial pivoting in float64 on a scratch
+    copy, the determinant the product of the pivots, negated per row swap (0 as soon
+    as a column has no non-zero pivot, whose elimination is skipped: no 0/0)."""
+    x = ins[0]
+    m = x.type.shape[-1]
+    a = kb.scratch(m * m, "float64")
+    one = kb.const(1.0, a.elem)
+
+    def at(r, c):
+        return r * m + c
+
+    with kb.loop(0, out.type.size, "b") as mat:
+        with kb.loop(0, m * m, "i") as i:
+            kb.store(a, i, kb.cast(kb.load(x, mat * (m * m) + i), "float64"))
+        det = kb.local(one)
+        with kb.loop(0, m, "k") as k:
+            pivot = kb.local(k)
+            with kb.loop(k + 1, m, "r") as r:
+                p = kb.index(kb.get(pivot))
+                larger = kb.compare(">", kb.intrinsic("fabs", kb.load(a, at(r, k))),
+                                    kb.intrinsic("fabs", kb.load(a, at(p, k))))
+                kb.set(pivot, kb.select(larger, r, p))
+            p = kb.index(kb.get(pivot))
+            with kb.loop(0, m, "c") as c:  # swap rows k and p (p == k: no change)
+                top, low = kb.load(a, at(k, c)), kb.load(a, at(p, c))
+                kb.store(a, at(k, c), low)
+                kb.store(a, at(p, c), top)
+            d = kb.load(a, at(k, k))
+            signed = kb.select(kb.compare("!=", p, k), kb.neg(kb.get(det)), kb.get(det))
+            kb.set(det, kb.fmul(signed, d, fast=False))
+            with kb.if_(kb.compare("!=", d, kb.const(0.0, a.elem), ordered=True)), \
+                    kb.loop(k + 1, m, "r") as r:
+                f = kb.fdiv(kb.load(a, at(r, k)), d, fast=False)
+                with kb.loop(k + 1, m, "c") as c:
+                    kb.store(a, at(r, c), kb.fsub(kb.load(a, at(r, c)),
+                                                  kb.fmul(f, kb.load(a, at(k, c)))))
+        kb.store(out, mat, kb.cast(kb.get(det), out.type.dtype))
+
+
+lowering("det", lower=_det_lower)

@@ -118,3 +118,18 @@ register("einsum", OpKind.OPAQUE, _einsum_infer, numpy=_einsum_numpy, float64=Tr
          sample=lambda rng, dtype: ([rng.uniform(-1, 1, s).astype(dtype)
                                      for s in ((2, 3, 3), (2, 3, 4), (4,))],
                                     {"terms": ("bii", "bij", "j"), "output": "bi"}))
+
+
+def _det_infer(types, node):
+    _check_float(node, types)
+    shape = types[0].shape
+    if len(shape) < 2 or shape[-1] != shape[-2]:
+        raise ModelError(f"node {node.name!r} (det): input {list(shape)} is not a stack of "
+                         "square matrices [..., M, M]")
+    return [TensorType(shape[:-2], types[0].dtype)]
+
+
+# det(x): the determinant of each [M, M] matrix of x [..., M, M].
+register("det", OpKind.OPAQUE, _det_infer, float64=True,
+         numpy=lambda xs, node: [np.asarray(np.linalg.det(xs[0])).astype(xs[0].dtype)],
+         sample=lambda rng, dtype: ([rng.uniform(-1, 1, (2, 4, 4)).astype(dtype)], {}))

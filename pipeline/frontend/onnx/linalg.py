@@ -114,3 +114,7 @@ def _einsum(ctx, n):
     """Opset 28 only adds bfloat16 (computed in float32: frontend/onnx/widen.py)."""
     terms, output = _einsum_terms(n, [len(ctx.type(i).shape) for i in n.inputs])
     return [Node.make("einsum", n.name, n.inputs, n.outputs[:1], terms=terms, output=output)]
+
+
+onnx_op("Det", 11, emits=("det",))(
+    lambda ctx, n: [Node.make("det", n.name, n.inputs[:1], n.outputs[:1])])

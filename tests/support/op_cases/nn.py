@@ -174,7 +174,17 @@ def einsum(equation, *shapes):
     return model([node("Einsum", list(names), ["y"], equation=equation)], feeds, {})
 
 
+def det(x):
+    return model([node("Det", ["x"], ["y"])], {"x": x}, {})
+
+
+_PIVOT = np.array([[0, 2, 1], [1, 1, 0], [3, 0, 2]], np.float32)  # row swaps needed
+
+
 LINALG = {
+    "det_batch": lambda: det(rand(2, 3, 5, 5)),
+    "det_pivot_singular": lambda: det(np.stack([_PIVOT, _PIVOT * np.float32([1, 0, 1])])),
+    "det_1x1": lambda: det(rand(4, 1, 1)),
     # ellipsis dims broadcast (1 against 5 and 2 against 1), spaces in the equation
     "einsum_ellipsis_broadcast": lambda: einsum("...ij, ...jk -> ...ik", (2, 1, 3, 4),
                                                 (1, 5, 4, 2)),
