@@ -237,7 +237,7 @@ def _cast_np(xs, node):
     # float -> int truncates toward zero; narrow ints keep the low bits, as the kernel
     # does (through int64: numpy's direct float -> int8 cast is platform-defined)
     whole = np.trunc(x)
-    return [whole.astype(np.int64).astype(to) if to not in ("int32", "int64")
+    return [whole.astype(np.int64).astype(to) if to not in ("int32", "int64", "uint64")
             else whole.astype(to)]
 
 
