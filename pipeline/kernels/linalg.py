@@ -10,8 +10,7 @@ from __future__ import annotations
 from pipeline.dsl.gemm_tile import tiled_gemm
 from pipeline.kernels.registry import lowering
 from pipeline.kernels.runtime_dims import matmul_dims
-from pipeline.ops.geometry import matrix_shapes
-from pipeline.ops.linalg import einsum_sizes
+from pipeline.ops.geometry import einsum_sizes, matrix_shapes
 from pipeline.ops.registry import broadcast_shape
 
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from pipeline.errors import ModelError
 from pipeline.ir.graph import TensorType
-from pipeline.ops.geometry import matrix_shapes
+from pipeline.ops.geometry import einsum_sizes, matrix_shapes
 from pipeline.ops.registry import OpKind, broadcast_shape, register
 
 
@@ -77,22 +77,6 @@ register("matmul", OpKind.ANCHOR, _matmul_infer, numpy=_matmul_numpy,
 
 
 _EINSUM_DTYPES = ("float32", "float64", "float16", "int64", "int32")
-
-
-def einsum_sizes(terms: tuple[str, ...], shapes: list[tuple[int, ...]], node) -> dict:
-    """letter -> its size: the one size of that letter's dims other than 1 (a 1
-    broadcasts, as ellipsis dims do); ModelError naming the node when they differ."""
-    sizes: dict[str, int] = {}
-    for term, shape in zip(terms, shapes, strict=True):
-        if len(term) != len(shape):
-            raise ModelError(f"node {node.name!r} (einsum): term {term!r} does not match "
-                             f"operand shape {list(shape)}")
-        for letter, d in zip(term, shape, strict=True):
-            if sizes.get(letter, 1) not in (1, d) and d != 1:
-                raise ModelError(f"node {node.name!r} (einsum): index {letter!r} has sizes "
-                                 f"{sizes[letter]} and {d}")
-            sizes[letter] = max(sizes.get(letter, 1), d)
-    return sizes
 
 
 def _einsum_infer(types, node):
