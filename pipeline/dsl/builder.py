@@ -106,7 +106,7 @@ class KernelBuilder:
     def smax(self, a, b) -> Index:  # the signed maximum of two indices
         return self.index(self.select(self.index(a) > b, a, b))
 
-    def smin(self, a, b) -> Index:
+    def smin(self, a, b) -> Index:  # the signed minimum
         return self.index(self.select(self.index(a) < b, a, b))
 
     def clamp(self, v: Index | int, size: int) -> Index | int:
@@ -296,8 +296,7 @@ class KernelBuilder:
         return slot
 
     def scratch(self, size: int, dtype: str = "float32") -> Buffer:
-        """An array of `size` elements of `dtype` on the stack (allocated once, in
-        the entry block), for a kernel's temporaries."""
+        """An array of `size` `dtype` elements on the stack (entry block): temporaries."""
         return Buffer(self._alloca(STORAGE_TYPES[dtype], raw(size)),
                       TensorType((size,), dtype))
 
@@ -309,10 +308,10 @@ class KernelBuilder:
         slot.type = PTR
         return slot
 
-    def get(self, slot: ir.Value) -> ir.Value:
+    def get(self, slot: ir.Value) -> ir.Value:  # the value in a local() slot
         return self.b.load(slot, typ=slot.allocated_type)
 
-    def set(self, slot: ir.Value, value) -> None:
+    def set(self, slot: ir.Value, value) -> None:  # store into a local() slot
         self.b.store(raw(value), slot)
 
     # -- float math (fast=False: plain IEEE, where a kernel needs exact signs) --
@@ -330,9 +329,8 @@ class KernelBuilder:
         return self.b.fdiv(a, b, flags=FAST if fast else ())
 
     def intrinsic(self, name: str, *args) -> ir.Value:
-        """Call `llvm.<name>.<type>` (maxnum, fma, exp, sqrt, ...) on float scalars
-        (f32, f64) or float vectors (v8f32, ...), the type of the first argument (all
-        arguments share it)."""
+        """Call `llvm.<name>.<type>` (maxnum, fma, exp, sqrt, ...) on f32/f64 scalars or
+        vectors (v8f32, ...), the type of the first argument (all arguments share it)."""
         typ = args[0].type
         elem = typ.element if isinstance(typ, ir.VectorType) else typ
         bits = "f64" if elem == F64 else "f32"
@@ -355,8 +353,7 @@ class KernelBuilder:
         return self.intrinsic("minimumnum", a, b)
 
     def exp(self, x):
-        """exp(x): float32 (scalars or vectors) in plain arithmetic so loops using it
-        vectorise (pipeline.dsl.fastmath.exp_f32); float64 through llvm.exp.f64."""
+        """exp(x): float32 in arithmetic that vectorises (fastmath.exp_f32), else llvm.exp."""
         if x.type == F64:
             return self.intrinsic("exp", x)
         return exp_f32(self, x)
@@ -370,16 +367,15 @@ class KernelBuilder:
 
     @staticmethod
     def fconst(value: float, like: ir.Value) -> ir.Constant:
-        """The float constant `value` of the same type as the value `like` (splat
-        when `like` is a float vector)."""
+        """The float constant `value` of the type of `like` (a splat for a vector)."""
         if isinstance(like.type, ir.VectorType):
             return ir.Constant(like.type, [float(value)] * like.type.count)
         return ir.Constant(like.type, float(value))
 
-    def arith(self, op: str, a, b, fast: bool = True):
+    def arith(self, op: str, a, b, fast: bool = True, unsigned: bool = False):
         """add, sub, mul, div, rem, min, max of two values of one type: float (with
-        the fast-math flags unless not `fast`; rem never has them) or signed
-        integer (div and rem truncate toward zero, as C and onnxruntime do)."""
+        the fast-math flags unless not `fast`; rem never has them) or integer, signed
+        (div and rem truncate toward zero, as C and onnxruntime do) or `unsigned`."""
         a, b = raw(a), raw(b)
         if a.type in FLOATS:
             if op == "rem":
@@ -389,19 +385,21 @@ class KernelBuilder:
             return {"add": self.fadd, "sub": self.fsub, "mul": self.fmul,
                     "div": self.fdiv}[op](a, b, fast=fast)
         if op in ("min", "max"):
-            return self.select(self.compare("<" if op == "min" else ">", a, b), a, b)
+            return self.select(self.compare("<" if op == "min" else ">", a, b,
+                                            unsigned=unsigned), a, b)
         return {"add": self.b.add, "sub": self.b.sub, "mul": self.b.mul,
-                "div": self.b.sdiv, "rem": self.b.srem}[op](a, b)
+                "div": self.b.udiv if unsigned else self.b.sdiv,
+                "rem": self.b.urem if unsigned else self.b.srem}[op](a, b)
 
-    def compare(self, op: str, a, b, ordered: bool = False) -> ir.Value:
-        """i1 of `a op b` for op in ==, !=, <, <=, >, >= (signed integers; floats
-        ordered, so NaN is false, except != which NaN makes true unless `ordered`)."""
+    def compare(self, op: str, a, b, ordered: bool = False, unsigned: bool = False):
+        """i1 of `a op b` for op in ==, !=, <, <=, >, >= (integers signed unless `unsigned`;
+        floats ordered: NaN is false, except != which NaN makes true unless `ordered`)."""
         a, b = raw(a), raw(b)
         elem = a.type.element if isinstance(a.type, ir.VectorType) else a.type
         if elem in FLOATS:  # lane-wise on vectors
             return self.b.fcmp_ordered(op, a, b) if op != "!=" or ordered else \
                 self.b.fcmp_unordered(op, a, b)
-        return self.b.icmp_signed(op, a, b)
+        return (self.b.icmp_unsigned if unsigned else self.b.icmp_signed)(op, a, b)
 
     def isnan(self, x: ir.Value) -> ir.Value:
         """i1: the float x is NaN."""
@@ -440,10 +438,11 @@ class KernelBuilder:
         """An i1 as the index 0 or 1."""
         return Index(self, self.b.zext(flag, I64))
 
-    def cast(self, v, dtype: str | ir.Type, saturate: bool = True) -> ir.Value:
-        """`v` (in its compute type) as `dtype` (a name or an LLVM compute type; i8 is
-        bool) with ONNX Cast semantics (float -> int truncates toward zero; to float16,
-        bfloat16, float8 rounds to nearest even, float8 saturating unless not
+    def cast(self, v, dtype: str | ir.Type, saturate: bool = True,
+             unsigned: bool = False) -> ir.Value:
+        """`v` (in its compute type; uint64 if `unsigned`) as `dtype` (a name or an LLVM
+        type; i8 is bool) with ONNX Cast semantics (float -> int truncates toward zero; to
+        float16, bfloat16, float8 rounds to nearest even, float8 saturating unless not
         `saturate`; to narrow ints keeps the low bits), in `dtype`'s compute type."""
         if isinstance(dtype, ir.Type):
             dtype = next(k for k, t in LLVM_TYPES.items() if t == dtype)
@@ -452,12 +451,12 @@ class KernelBuilder:
         if dtype == "bool":
             return self.as_bool(self.truth(v))
         if dtype in MINIFLOATS:
-            return self.narrow(self.cast(v, "float32"), dtype, saturate)
+            return self.narrow(self.cast(v, "float32", unsigned=unsigned), dtype, saturate)
         if dtype == "float16":  # one rounding, from whatever precision v has
             if v.type in FLOATS:
                 half = self.b.fptrunc(v, HALF)
             else:
-                half = (self.b.uitofp if v.type == I8 else self.b.sitofp)(v, HALF)
+                half = (self.b.uitofp if v.type == I8 or unsigned else self.b.sitofp)(v, HALF)
             return self.widen(half, dtype)
         if dtype in NARROW:  # narrow ints: through i64 (a float beyond i32 is no poison)
             wide = self.cast(v, "int64") if v.type != I32 else v
@@ -467,10 +466,11 @@ class KernelBuilder:
         if v.type in FLOATS:
             if to == F64:
                 return self.b.fpext(v, to)
-            return self.b.fptrunc(v, to) if to == F32 else self.b.fptosi(v, to)
+            return self.b.fptrunc(v, to) if to == F32 else \
+                (self.b.fptoui if dtype == "uint64" else self.b.fptosi)(v, to)
         bool_in = v.type == LLVM_TYPES["bool"]  # 0/1, never sign-extended
         if to in FLOATS:
-            return self.b.uitofp(v, to) if bool_in else self.b.sitofp(v, to)
+            return self.b.uitofp(v, to) if bool_in or unsigned else self.b.sitofp(v, to)
         if v.type.width > to.width:
             return self.b.trunc(v, to)
         return self.b.zext(v, to) if bool_in else self.b.sext(v, to)

@@ -31,7 +31,8 @@ HALF = ir.HalfType()
 # instruction), int8/uint8/int16/uint16 in i32 and uint32 in i64 (sign- or
 # zero-extended, so signed compares, division and sitofp are right for all). Loads
 # widen, stores narrow (round to nearest even, integers wrap), and `narrow` rounds a
-# computed value to its dtype. (No uint64: it would need unsigned instructions.)
+# computed value to its dtype. uint64 computes in i64 too: the ops that lower it
+# (ops/registry.py `uint64=True`) pick unsigned instructions by a node attribute.
 # bfloat16 and the float8 formats compute in float32 too, stored as their bits (i16,
 # i8): loads decode and stores encode them in integer arithmetic (dsl/minifloat.py).
 # float8_e8m0fnu and float4_e2m1fn too. int4, uint4, int2 and uint2 compute in i32;
@@ -39,7 +40,7 @@ HALF = ir.HalfType()
 # type of i8 here, which their loads and stores index by half or quarter).
 LLVM_TYPES = {"float32": F32, "float64": F64, "int64": I64, "int32": I32, "bool": I8,
               "float16": F32, "int8": I32, "uint8": I32, "int16": I32, "uint16": I32,
-              "uint32": I64, **dict.fromkeys(MINIFLOATS, F32),
+              "uint32": I64, "uint64": I64, **dict.fromkeys(MINIFLOATS, F32),
               **dict.fromkeys(SUB_BYTE_INTS, I32)}
 # How each dtype is stored in a buffer.
 STORAGE_TYPES = {**LLVM_TYPES, "float16": HALF, "int8": I8, "uint8": I8,

@@ -19,7 +19,7 @@ from pipeline.errors import GraphError
 from pipeline.ir.sequence import type_from_json
 
 # The element types the IR has, by ONNX TensorProto code (FLOAT, DOUBLE, INT64, INT32,
-# BOOL, FLOAT16, INT8, UINT8, INT16, UINT16, UINT32, BFLOAT16, FLOAT8E4M3FN,
+# BOOL, FLOAT16, INT8, UINT8, INT16, UINT16, UINT32, UINT64, BFLOAT16, FLOAT8E4M3FN,
 # FLOAT8E4M3FNUZ, FLOAT8E5M2, FLOAT8E5M2FNUZ, UINT4, INT4, FLOAT4E2M1, FLOAT8E8M0, UINT2,
 # INT2): the one table the ONNX import, Cast and
 # the backend read. Plain ints, as the IR does not import onnx. The names are numpy's,
@@ -27,9 +27,9 @@ from pipeline.ir.sequence import type_from_json
 # numpy). Kernels compute the narrow ones in a wider type: pipeline/dsl/builder.py.
 ONNX_DTYPES = {1: "float32", 11: "float64", 7: "int64", 6: "int32", 9: "bool",
                10: "float16", 3: "int8", 2: "uint8", 5: "int16", 4: "uint16", 12: "uint32",
-               16: "bfloat16", 17: "float8_e4m3fn", 18: "float8_e4m3fnuz", 19: "float8_e5m2",
-               20: "float8_e5m2fnuz", 21: "uint4", 22: "int4", 23: "float4_e2m1fn",
-               24: "float8_e8m0fnu", 25: "uint2", 26: "int2"}
+               13: "uint64", 16: "bfloat16", 17: "float8_e4m3fn", 18: "float8_e4m3fnuz",
+               19: "float8_e5m2", 20: "float8_e5m2fnuz", 21: "uint4", 22: "int4",
+               23: "float4_e2m1fn", 24: "float8_e8m0fnu", 25: "uint2", 26: "int2"}
 DTYPES = tuple(ONNX_DTYPES.values())
 # Bits per element. int4, uint4 and float4_e2m1fn are stored two to a byte (int2 and
 # uint2 four, element 4i in the low two bits), as ONNX and DLPack store

@@ -8,7 +8,9 @@ dtype-aware helpers (arith, compare, cast) pick float or integer instructions
 from the values' types, so one definition serves float32, float64, int64 and int32
 (float16 and the narrow integers compute in float32 / int32 / int64:
 pipeline/dsl/builder.py).
-Comparisons and logic produce bool, stored as one byte holding 0 or 1.
+Comparisons and logic produce bool, stored as one byte holding 0 or 1. uint64 computes
+in i64 like int64: a node's `unsigned` attribute (the positions of its uint64 inputs, set
+by the converters) picks the unsigned division, compares and conversions.
 Unary math and activations are in pipeline/kernels/unary.py.
 """
 
@@ -28,8 +30,15 @@ _LOGIC = {"and": "and_", "or": "or_", "xor": "xor"}  # op: KernelBuilder method
 _BITWISE = {"bitwise_and": "and_", "bitwise_or": "or_", "bitwise_xor": "xor"}
 
 
+def unsigned(node, position: int | None = None) -> bool:
+    """Whether `node`'s input at `position` (any input if None) is uint64."""
+    positions = node.attr("unsigned", ())
+    return bool(positions) if position is None else position in positions
+
+
 for _op in _ARITH:
-    lowering(_op, scalar=lambda kb, a, node, op=_op: kb.arith(op, a[0], a[1]))
+    lowering(_op, scalar=lambda kb, a, node, op=_op: kb.arith(op, a[0], a[1],
+                                                              unsigned=unsigned(node)))
 
 
 _FLOAT_NAMES = dict(zip(FLOATS, ("float32", "float64"), strict=True))
@@ -38,10 +47,11 @@ _FLOAT_NAMES = dict(zip(FLOATS, ("float32", "float64"), strict=True))
 def _pow(kb, a, node):
     base, exponent = a
     if base.type in FLOATS:
-        return kb.intrinsic("pow", base, kb.cast(exponent, _FLOAT_NAMES[base.type]))
+        return kb.intrinsic("pow", base, kb.cast(exponent, _FLOAT_NAMES[base.type],
+                                                 unsigned=unsigned(node, 1)))
     # Integer base: pow in double, truncated back, as onnxruntime's static_cast does.
-    wide = [kb.cast(v, "float64") for v in (base, exponent)]
-    return kb.cast(kb.intrinsic("pow", *wide), base.type)
+    wide = [kb.cast(v, "float64", unsigned=unsigned(node, k)) for k, v in enumerate(a)]
+    return kb.cast(kb.intrinsic("pow", *wide), "uint64" if unsigned(node, 0) else base.type)
 
 
 lowering("pow", scalar=_pow)
@@ -52,8 +62,8 @@ def _mod(kb, a, node):
     takes the divisor's sign, as Python's % (floats too since opset 28: x % inf of
     the other sign is inf)."""
     x, y = a
-    r = kb.arith("rem", x, y)
-    if node.attr("fmod"):
+    r = kb.arith("rem", x, y, unsigned=unsigned(node))
+    if node.attr("fmod") or unsigned(node):  # unsigned: no signs to fix
         return r
     zero = kb.const(0, r.type)
     sign_r, sign_y = (kb.compare("<", v, zero) for v in (r, y))
@@ -68,7 +78,8 @@ lowering("prelu", scalar=lambda kb, a, node: kb.select(
 
 
 for _op, _pred in _COMPARE.items():
-    lowering(_op, scalar=lambda kb, a, node, p=_pred: kb.as_bool(kb.compare(p, a[0], a[1])))
+    lowering(_op, scalar=lambda kb, a, node, p=_pred: kb.as_bool(
+        kb.compare(p, a[0], a[1], unsigned=unsigned(node))))
 
 
 for _op, _method in _LOGIC.items():
@@ -113,7 +124,7 @@ def _cast(kb, a, node):
     if node.attr("round_mode", "up") != "up":  # float8_e8m0fnu's other roundings
         bits = encode(kb, kb.cast(a[0], "float32"), to, saturate, node.attr("round_mode"))
         return kb.widen(bits, to)
-    return kb.cast(a[0], to, saturate=saturate)
+    return kb.cast(a[0], to, saturate=saturate, unsigned=unsigned(node))
 
 
 lowering("cast", scalar=_cast)

@@ -1,4 +1,4 @@
-"""Linear algebra: dense (Gemm, MatMul by a constant) and batched matmul.
+"""Linear algebra: dense (Gemm, MatMul by a constant), batched matmul, einsum and det.
 
 `dense` keeps its weight as [N, K]; the ONNX converters transpose and scale
 constant weights at import time. Both ops compute their products with the
@@ -10,7 +10,7 @@ from __future__ import annotations
 from pipeline.dsl.gemm_tile import tiled_gemm
 from pipeline.kernels.registry import lowering
 from pipeline.kernels.runtime_dims import matmul_dims
-from pipeline.ops.geometry import matrix_shapes
+from pipeline.ops.geometry import einsum_sizes, matrix_shapes
 from pipeline.ops.registry import broadcast_shape
 
 
@@ -95,3 +95,69 @@ def _batch_offset(kb, buf, matrix_shape, bidx):
 
 
 lowering("matmul", lower=_matmul_lower, lower_dims=matmul_dims)
+
+
+def _einsum_lower(kb, node, ins, out, epilogue):
+    """Per output element, the sum over the contracted letters of the operands'
+    product: a plain loop nest (a letter of size 1 in an operand broadcasts)."""
+    terms, output = node.attr("terms"), node.attr("output")
+    sizes = einsum_sizes(terms, [b.type.shape for b in ins], node)
+    summed = tuple(c for c in dict.fromkeys("".join(terms)) if c not in output)
+    with kb.nest(tuple(sizes[c] for c in output), "o") as out_index:
+        total = kb.local(kb.const(0, out.elem))
+        with kb.nest(tuple(sizes[c] for c in summed), "s") as sum_index:
+            at = dict(zip(output + "".join(summed), [*out_index, *sum_index], strict=True))
+            product = None
+            for buf, term in zip(ins, terms, strict=True):
+                index = [at[c] if d > 1 else 0 for c, d in zip(term, buf.type.shape,
+                                                                strict=True)]
+                value = kb.load(buf, kb.dot(index, buf.strides))
+                product = value if product is None else kb.arith("mul", product, value)
+            kb.set(total, kb.arith("add", kb.get(total), product))
+        kb.store(out, kb.dot(out_index, out.strides), kb.get(total))
+
+
+lowering("einsum", lower=_einsum_lower)
+
+
+def _det_lower(kb, node, ins, out, epilogue):
+    """Per matrix: Gaussian elimination with partial pivoting in float64 on a scratch
+    copy, the determinant the product of the pivots, negated per row swap (0 as soon
+    as a column has no non-zero pivot, whose elimination is skipped: no 0/0)."""
+    x = ins[0]
+    m = x.type.shape[-1]
+    a = kb.scratch(m * m, "float64")
+    one = kb.const(1.0, a.elem)
+
+    def at(r, c):
+        return r * m + c
+
+    with kb.loop(0, out.type.size, "b") as mat:
+        with kb.loop(0, m * m, "i") as i:
+            kb.store(a, i, kb.cast(kb.load(x, mat * (m * m) + i), "float64"))
+        det = kb.local(one)
+        with kb.loop(0, m, "k") as k:
+            pivot = kb.local(k)
+            with kb.loop(k + 1, m, "r") as r:
+                p = kb.index(kb.get(pivot))
+                larger = kb.compare(">", kb.intrinsic("fabs", kb.load(a, at(r, k))),
+                                    kb.intrinsic("fabs", kb.load(a, at(p, k))))
+                kb.set(pivot, kb.select(larger, r, p))
+            p = kb.index(kb.get(pivot))
+            with kb.loop(0, m, "c") as c:  # swap rows k and p (p == k: no change)
+                top, low = kb.load(a, at(k, c)), kb.load(a, at(p, c))
+                kb.store(a, at(k, c), low)
+                kb.store(a, at(p, c), top)
+            d = kb.load(a, at(k, k))
+            signed = kb.select(kb.compare("!=", p, k), kb.neg(kb.get(det)), kb.get(det))
+            kb.set(det, kb.fmul(signed, d, fast=False))
+            with kb.if_(kb.compare("!=", d, kb.const(0.0, a.elem), ordered=True)), \
+                    kb.loop(k + 1, m, "r") as r:
+                f = kb.fdiv(kb.load(a, at(r, k)), d, fast=False)
+                with kb.loop(k + 1, m, "c") as c:
+                    kb.store(a, at(r, c), kb.fsub(kb.load(a, at(r, c)),
+                                                  kb.fmul(f, kb.load(a, at(k, c)))))
+        kb.store(out, mat, kb.cast(kb.get(det), out.type.dtype))
+
+
+lowering("det", lower=_det_lower)

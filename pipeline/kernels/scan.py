@@ -1,7 +1,8 @@
 """Operators that depend on an element's position along axes: CumSum, CumProd, TopK,
 Trilu.
 
-Graph ops (all dtype-generic over float32/64 and int64/32):
+Graph ops (all dtype-generic over float32/64 and the integers; TopK compares uint64
+unsigned by its node's `unsigned` attribute, kernels/elementwise.py):
   cumsum(x; axis, exclusive, reverse)      running sums along one axis
   cumprod(x; axis, exclusive, reverse)     running products (exclusive: 1 first)
   topk_values(x; axis, k, largest)         the k largest (smallest) along one axis,
@@ -70,7 +71,8 @@ def _topk_lower(kb, node, ins, out, epilogue):
             rank = kb.local(kb.i64(0))
             with kb.loop(0, length, "j") as j:
                 w = kb.load(x, base + j * inner)
-                ahead = kb.or_(kb.compare(better, w, v), kb.and_(kb.compare("==", w, v), j < i))
+                ahead = kb.or_(kb.compare(better, w, v, unsigned=bool(node.attr("unsigned"))),
+                               kb.and_(kb.compare("==", w, v), j < i))
                 kb.set(rank, kb.index(kb.get(rank)) + kb.as_index(ahead))
             with kb.if_(kb.index(kb.get(rank)) < k_n):
                 o = out_base + kb.index(kb.get(rank)) * inner

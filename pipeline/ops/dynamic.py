@@ -208,7 +208,7 @@ def _topk_shape_np(xs, node):
 
 
 register("topk_shape", OpKind.OPAQUE, lambda ts, node: _vector(len(ts[0].shape)),
-         numpy=_topk_shape_np, float64=True,
+         numpy=_topk_shape_np, float64=True, uint64=True,
          sample=lambda rng, dtype: ([rng.uniform(size=(2, 5)).astype(dtype),
                                      np.array([3], np.int64)], {"axis": 1}))
 
@@ -259,8 +259,8 @@ def _expand_sample(rng, dtype):
 
 register("expand_to", OpKind.OPAQUE,
          lambda ts, node: [TensorType((0,) * max(len(ts[0].shape), ts[1].size), ts[0].dtype)],
-         numpy=_expand_to_np, float64=True, sample=_expand_sample)
+         numpy=_expand_to_np, float64=True, uint64=True, sample=_expand_sample)
 register("expand_to_shape", OpKind.OPAQUE,
-         lambda ts, node: _vector(max(len(ts[0].shape), ts[1].size)), float64=True,
+         lambda ts, node: _vector(max(len(ts[0].shape), ts[1].size)), float64=True, uint64=True,
          numpy=lambda xs, node: [np.array(_expand_to_np(xs, node)[0].shape, np.int64)],
          sample=_expand_sample)

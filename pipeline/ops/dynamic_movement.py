@@ -53,10 +53,10 @@ def _reshape_sample(rng, dtype):
 
 
 register("reshape_to", OpKind.OPAQUE, _reshape_to_infer, numpy=_reshape_to_np, float64=True,
-         sample=_reshape_sample)
+         uint64=True, sample=_reshape_sample)
 register("reshape_to_shape", OpKind.OPAQUE, lambda ts, node: _vector(ts[1].size),
          numpy=lambda xs, node: [np.array(_reshape_to_np(xs, node)[0].shape, np.int64)],
-         float64=True, sample=_reshape_sample)
+         float64=True, uint64=True, sample=_reshape_sample)
 
 
 def _slice_to_np(xs, node):
@@ -74,10 +74,10 @@ def _slice_sample(rng, dtype):
 
 
 register("slice_to", OpKind.OPAQUE, lambda ts, node: [ts[0]], numpy=_slice_to_np,
-         float64=True, sample=_slice_sample)
+         float64=True, uint64=True, sample=_slice_sample)
 register("slice_to_shape", OpKind.OPAQUE, lambda ts, node: _vector(len(ts[0].shape)),
          numpy=lambda xs, node: [np.array(_slice_to_np(xs, node)[0].shape, np.int64)],
-         float64=True, sample=_slice_sample)
+         float64=True, uint64=True, sample=_slice_sample)
 
 
 def _tile_sample(rng, dtype):
@@ -87,7 +87,7 @@ def _tile_sample(rng, dtype):
 register("tile_to", OpKind.OPAQUE,
          lambda ts, node: [TensorType((0,) * len(ts[0].shape), ts[0].dtype)],
          numpy=lambda xs, node: [np.tile(xs[0], xs[1].tolist())], float64=True,
-         sample=_tile_sample)
+         uint64=True, sample=_tile_sample)
 register("tile_to_shape", OpKind.OPAQUE, lambda ts, node: _vector(len(ts[0].shape)),
          numpy=lambda xs, node: [np.array(np.tile(xs[0], xs[1].tolist()).shape, np.int64)],
-         float64=True, sample=_tile_sample)
+         float64=True, uint64=True, sample=_tile_sample)

@@ -16,7 +16,7 @@ from pipeline.ir.graph import Node, TensorType
 from pipeline.ops.registry import OpKind, broadcast_shape, register
 
 NUMERIC = ("float32", "float64", "int64", "int32", "float16", "int8", "uint8", "int16",
-           "uint16", "uint32", *MINIFLOATS)
+           "uint16", "uint32", "uint64", *MINIFLOATS)
 
 
 def _check(node: Node, types: list[TensorType], allowed: tuple[str, ...],
@@ -61,7 +61,7 @@ def _div_np(a, b):
     return np.sign(a) * np.sign(b) * (np.abs(a) // np.abs(b))  # truncate toward zero
 
 
-register("identity", OpKind.ELEMENTWISE, lambda types, node: [types[0]], float64=True,
+register("identity", OpKind.ELEMENTWISE, lambda types, node: [types[0]], float64=True, uint64=True,
          sample=lambda rng, dtype: ([_floats(rng, dtype, (2, 3))], {}),
          numpy=lambda xs, node: [xs[0]])
 
@@ -74,7 +74,7 @@ ARITH = {  # op: (ONNX op_type, numpy)
 
 for _op, (_onnx, _np) in ARITH.items():
     register(_op, OpKind.ELEMENTWISE, _binary(NUMERIC), float64=True, sample=_binary_sample,
-             numpy=lambda xs, node, f=_np: [f(xs[0], xs[1]).astype(xs[0].dtype)])
+             uint64=True, numpy=lambda xs, node, f=_np: [f(xs[0], xs[1]).astype(xs[0].dtype)])
 
 
 def _pow_infer(types, node):
@@ -89,10 +89,10 @@ def _pow_np(xs, node):
     return [np.power(base.astype(np.float64), exponent.astype(np.float64)).astype(base.dtype)]
 
 
-register("pow", OpKind.ELEMENTWISE, _pow_infer, numpy=_pow_np, float64=True,
+register("pow", OpKind.ELEMENTWISE, _pow_infer, numpy=_pow_np, float64=True, uint64=True,
          sample=lambda rng, dtype: _binary_sample(rng, dtype, low=0.5))
 
-register("mod", OpKind.ELEMENTWISE, _binary(NUMERIC), float64=True,
+register("mod", OpKind.ELEMENTWISE, _binary(NUMERIC), float64=True, uint64=True,
          sample=lambda rng, dtype: _binary_sample(rng, dtype, attrs={"fmod": 1}),
          numpy=lambda xs, node: [(np.fmod if node.attr("fmod") else np.mod)(xs[0], xs[1])])
 
@@ -120,7 +120,7 @@ COMPARE = {  # op: (ONNX op_type, first opset, LLVM predicate, numpy)
 
 for _op, (_onnx, _since, _pred, _np) in COMPARE.items():
     register(_op, OpKind.ELEMENTWISE, _binary(NUMERIC + (("bool",) if _op == "equal" else ()),
-                                         "bool"), float64=True,
+                                         "bool"), float64=True, uint64=True,
              sample=lambda rng, dtype: ([rng.integers(-2, 3, s).astype(dtype)  # some equal
                                          for s in ((2, 3, 4), (3, 1))], {}),
              numpy=lambda xs, node, f=_np: [f(xs[0], xs[1])])
@@ -147,7 +147,7 @@ register("not", OpKind.ELEMENTWISE, _not_infer,
          numpy=lambda xs, node: [np.logical_not(xs[0])])
 
 
-_INTS = ("int64", "int32", "int16", "int8", "uint32", "uint16", "uint8")
+_INTS = ("int64", "int32", "int16", "int8", "uint64", "uint32", "uint16", "uint8")
 
 
 def _int_sample(rng, dtype):
@@ -160,7 +160,7 @@ BITWISE = {"bitwise_and": ("BitwiseAnd", "and_", np.bitwise_and),
 
 
 for _op, (_onnx, _method, _np) in BITWISE.items():
-    register(_op, OpKind.ELEMENTWISE, _binary(_INTS), sample=_int_sample,
+    register(_op, OpKind.ELEMENTWISE, _binary(_INTS), sample=_int_sample, uint64=True,
              numpy=lambda xs, node, f=_np: [f(xs[0], xs[1])])
 
 
@@ -169,7 +169,7 @@ def _bitwise_not_infer(types, node):
     return [types[0]]
 
 
-register("bitwise_not", OpKind.ELEMENTWISE, _bitwise_not_infer,
+register("bitwise_not", OpKind.ELEMENTWISE, _bitwise_not_infer, uint64=True,
          sample=lambda rng, dtype: (_int_sample(rng, dtype)[0][:1], {}),
          numpy=lambda xs, node: [np.bitwise_not(xs[0])])
 
@@ -184,7 +184,7 @@ def _bit_shift_np(xs, node):
     return [np.where(inside, out, fill).astype(x.dtype)]
 
 
-register("bit_shift", OpKind.ELEMENTWISE, _binary(_INTS), numpy=_bit_shift_np,
+register("bit_shift", OpKind.ELEMENTWISE, _binary(_INTS), numpy=_bit_shift_np, uint64=True,
          sample=lambda rng, dtype: ([rng.integers(0, 256, (2, 3, 4)).astype(np.uint8),
                                      rng.integers(0, 10, (3, 1)).astype(np.uint8)],
                                     {"direction": "LEFT", "signed": 0}))
@@ -196,7 +196,7 @@ def _where_infer(types, node):
     return _broadcast_type(node, types, types[1].dtype)
 
 
-register("where", OpKind.ELEMENTWISE, _where_infer, float64=True,
+register("where", OpKind.ELEMENTWISE, _where_infer, float64=True, uint64=True,
          sample=lambda rng, dtype: ([rng.random((2, 3, 4)) < 0.5, _floats(rng, dtype, (2, 3, 4)),
                                      _floats(rng, dtype, (3, 1))], {}),
          numpy=lambda xs, node: [np.where(xs[0], xs[1], xs[2])])
@@ -237,10 +237,10 @@ def _cast_np(xs, node):
     # float -> int truncates toward zero; narrow ints keep the low bits, as the kernel
     # does (through int64: numpy's direct float -> int8 cast is platform-defined)
     whole = np.trunc(x)
-    return [whole.astype(np.int64).astype(to) if to not in ("int32", "int64")
+    return [whole.astype(np.int64).astype(to) if to not in ("int32", "int64", "uint64")
             else whole.astype(to)]
 
 
-register("cast", OpKind.ELEMENTWISE, _cast_infer, float64=True,
+register("cast", OpKind.ELEMENTWISE, _cast_infer, float64=True, uint64=True,
          sample=lambda rng, dtype: ([_floats(rng, dtype, (2, 5), -5, 5)], {"to": "int32"}),
          numpy=_cast_np)

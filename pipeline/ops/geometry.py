@@ -1,7 +1,7 @@
 """What kernels share with shape rules (and converters): attention's logical
-operand shapes, the blocked layouts' names, matmul's operand shapes, the
-quantized and float dtypes, a window op's 1-D type seen as 2-D (`lift_type`),
-CausalConvWithState's operands (`causal_parts`).
+operand shapes, the blocked layouts' names, matmul's operand shapes, einsum's index
+sizes, the quantized and float dtypes, a window op's 1-D type seen as 2-D
+(`lift_type`), CausalConvWithState's operands (`causal_parts`).
 
 No numpy reference and nothing only shape rules or converters use: kernels import
 this module, so what it holds enters their version.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from pipeline.errors import GraphError
+from pipeline.errors import GraphError, ModelError
 from pipeline.ir.graph import TensorType
 
 
@@ -96,3 +96,19 @@ def causal_parts(xs, node):
     bias = rest.pop(0) if node.attr("bias") else None
     past = rest.pop(0) if node.attr("past") else None
     return x, weight, bias, past
+
+
+def einsum_sizes(terms: tuple[str, ...], shapes: list[tuple[int, ...]], node) -> dict:
+    """letter -> its size: the one size of that letter's dims other than 1 (a 1
+    broadcasts, as ellipsis dims do); ModelError naming the node when they differ."""
+    sizes: dict[str, int] = {}
+    for term, shape in zip(terms, shapes, strict=True):
+        if len(term) != len(shape):
+            raise ModelError(f"node {node.name!r} (einsum): term {term!r} does not match "
+                             f"operand shape {list(shape)}")
+        for letter, d in zip(term, shape, strict=True):
+            if sizes.get(letter, 1) not in (1, d) and d != 1:
+                raise ModelError(f"node {node.name!r} (einsum): index {letter!r} has sizes "
+                                 f"{sizes[letter]} and {d}")
+            sizes[letter] = max(sizes.get(letter, 1), d)
+    return sizes

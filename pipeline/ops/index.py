@@ -37,7 +37,7 @@ def _gather_np(xs, node):
 register("gather", OpKind.ANCHOR, _gather_infer, numpy=_gather_np,
          sample=lambda rng, dtype: ([rng.uniform(-2, 2, (4, 3)).astype(dtype),
                                      rng.integers(-4, 4, (2, 2))], {"axis": 0}),
-         float64=True)
+         float64=True, uint64=True)
 
 
 def _slice_infer(types, node):

@@ -11,7 +11,7 @@ import numpy as np
 
 from pipeline.errors import ModelError
 from pipeline.ir.graph import TensorType
-from pipeline.ops.geometry import matrix_shapes
+from pipeline.ops.geometry import einsum_sizes, matrix_shapes
 from pipeline.ops.registry import OpKind, broadcast_shape, register
 
 
@@ -74,3 +74,46 @@ register("matmul", OpKind.ANCHOR, _matmul_infer, numpy=_matmul_numpy,
          float64=True, sample=lambda rng, dtype: (
              [rng.uniform(-1, 1, s).astype(dtype) for s in ((2, 3, 5), (4, 5))],
              {"trans_a": 0, "trans_b": 1}))
+
+
+_EINSUM_DTYPES = ("float32", "float64", "float16", "int64", "int32")
+
+
+def _einsum_infer(types, node):
+    dtypes = {t.dtype for t in types}
+    if len(dtypes) > 1 or not dtypes <= set(_EINSUM_DTYPES):
+        raise ModelError(f"node {node.name!r} (einsum): operand dtypes "
+                         f"{[t.dtype for t in types]} are not supported (one of "
+                         f"{', '.join(_EINSUM_DTYPES)} for all)")
+    sizes = einsum_sizes(node.attr("terms"), [t.shape for t in types], node)
+    return [TensorType(tuple(sizes[c] for c in node.attr("output")), types[0].dtype)]
+
+
+def _einsum_numpy(xs, node):
+    terms, output = node.attr("terms"), node.attr("output")
+    sizes = einsum_sizes(terms, [x.shape for x in xs], node)
+    full = [np.broadcast_to(x, [sizes[c] for c in t]) for x, t in zip(xs, terms, strict=True)]
+    return [np.asarray(np.einsum(f"{','.join(terms)}->{output}", *full)).astype(xs[0].dtype)]
+
+
+# einsum(x...; terms, output): out[output] = sum over the letters not in `output` of the
+# product of x_k[terms[k]] (letters only: the converter spells out ellipses).
+register("einsum", OpKind.OPAQUE, _einsum_infer, numpy=_einsum_numpy, float64=True,
+         sample=lambda rng, dtype: ([rng.uniform(-1, 1, s).astype(dtype)
+                                     for s in ((2, 3, 3), (2, 3, 4), (4,))],
+                                    {"terms": ("bii", "bij", "j"), "output": "bi"}))
+
+
+def _det_infer(types, node):
+    _check_float(node, types)
+    shape = types[0].shape
+    if len(shape) < 2 or shape[-1] != shape[-2]:
+        raise ModelError(f"node {node.name!r} (det): input {list(shape)} is not a stack of "
+                         "square matrices [..., M, M]")
+    return [TensorType(shape[:-2], types[0].dtype)]
+
+
+# det(x): the determinant of each [M, M] matrix of x [..., M, M].
+register("det", OpKind.OPAQUE, _det_infer, float64=True,
+         numpy=lambda xs, node: [np.asarray(np.linalg.det(xs[0])).astype(xs[0].dtype)],
+         sample=lambda rng, dtype: ([rng.uniform(-1, 1, (2, 4, 4)).astype(dtype)], {}))

@@ -40,7 +40,7 @@ def register_remap(name: str, infer, tables_of, sample=None) -> None:
     """Register a data-movement op lowered by its index tables (pipeline/kernels/
     movement.py remap_lower; pipeline/ops/movement_tables.py has the tables)."""
     register(name, OpKind.ANCHOR, infer, numpy=remap_numpy(tables_of), float64=True,
-             sample=sample)
+             sample=sample, uint64=True)
 
 
 def _sample(shape: tuple[int, ...], **attrs):

@@ -9,7 +9,10 @@ with:
   - optionally `numpy`, used by constant folding (and, with `sample`, the
     reference tests/ops/test_registry_ops.py compares the kernel with),
   - whether its lowering handles float64 (`float64=True`); a float64 input to
-    any other operator is a ModelError naming the node (infer_types).
+    any other operator is a ModelError naming the node (infer_types),
+  - whether it handles uint64 (`uint64=True`: it moves bits only, or its lowering
+    picks unsigned instructions where its node's `unsigned` attribute, the positions
+    of its uint64 inputs, says so); a uint64 input to any other is a ModelError.
 
 Its lowering lives in pipeline/kernels/ (registered there), its ONNX converters in
 pipeline/frontend/onnx/.
@@ -43,6 +46,7 @@ class OpDef:
     infer: Callable[[list[TensorType], Node], list[TensorType]]
     numpy: Callable | None = None   # (arrays: list[np.ndarray], node) -> list[np.ndarray]
     float64: bool = False           # the lowering is dtype-generic over float32/float64
+    uint64: bool = False            # the lowering is exact for uint64 (module docstring)
     # (rng: np.random.Generator, dtype: "float32" | "float64") -> (arrays, attrs): small
     # valid inputs and attributes, for testing the kernel against `numpy`.
     sample: Callable | None = None
@@ -52,11 +56,11 @@ OPS: dict[str, OpDef] = {}
 
 
 def register(name: str, kind: OpKind, infer, *, numpy=None, float64: bool = False,
-             sample=None) -> OpDef:
+             sample=None, uint64: bool = False) -> OpDef:
     """Add a graph-IR operator (its shape rule `infer`, numpy reference and sample
     inputs) to the registry and return its OpDef."""
     assert name not in OPS, f"operator {name} registered twice"
-    OPS[name] = OpDef(name, OpKind(kind), infer, numpy, float64, sample)
+    OPS[name] = OpDef(name, OpKind(kind), infer, numpy, float64, uint64, sample)
     return OPS[name]
 
 
@@ -80,6 +84,9 @@ def infer_types(node: Node, inputs: list[TensorType]) -> list[TensorType]:
     if not op.float64 and any(t.dtype == "float64" for t in inputs):
         raise ModelError(f"node {node.name!r} ({node.op}): float64 input is not supported "
                          "(this operator is float32 only)")
+    if not op.uint64 and any(t.dtype == "uint64" for t in inputs):
+        raise ModelError(f"node {node.name!r} ({node.op}): uint64 input is not supported "
+                         "(its lowering would compare or convert it as signed)")
     return op.infer(inputs, node)
 
 

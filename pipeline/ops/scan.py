@@ -14,7 +14,7 @@ from pipeline.ir.graph import TensorType
 from pipeline.ops.registry import OpKind, register
 
 _NUMERIC = ("float32", "float64", "int64", "int32", "float16", "int8", "uint8", "int16",
-            "uint16", "uint32")
+            "uint16", "uint32", "uint64")
 
 
 def _numeric(types, node):
@@ -44,7 +44,7 @@ def _cumulative_np(xs, node):
 
 for _op in _CUMULATIVE:
     register(_op, OpKind.OPAQUE, _numeric, numpy=_cumulative_np,
-             float64=True, sample=lambda rng, dtype: (
+             float64=True, uint64=True, sample=lambda rng, dtype: (
                  [rng.uniform(0.5, 1.5, (2, 4, 3)).astype(dtype)],
                  {"axis": 1, "exclusive": 1, "reverse": 1}))
 
@@ -72,7 +72,7 @@ def _topk_np(xs, node):
 
 
 for _op in ("topk_values", "topk_indices"):
-    register(_op, OpKind.OPAQUE, _topk_infer, numpy=_topk_np, float64=True,
+    register(_op, OpKind.OPAQUE, _topk_infer, numpy=_topk_np, float64=True, uint64=True,
              sample=lambda rng, dtype: ([rng.uniform(-2, 2, (2, 5, 3)).astype(dtype)],
                                         {"axis": 1, "k": 3, "largest": 1}))
 
@@ -88,6 +88,6 @@ def _trilu_np(xs, node):
     return [fn(xs[0], node.attr("k"))]
 
 
-register("trilu", OpKind.OPAQUE, _trilu_infer, numpy=_trilu_np, float64=True,
+register("trilu", OpKind.OPAQUE, _trilu_infer, numpy=_trilu_np, float64=True, uint64=True,
          sample=lambda rng, dtype: ([rng.uniform(-2, 2, (2, 3, 4)).astype(dtype)],
                                     {"k": 1, "upper": 0}))

@@ -23,7 +23,7 @@ def _reshape_infer(types, node):
     return [TensorType(shape, types[0].dtype)]
 
 
-register("reshape", OpKind.OPAQUE, _reshape_infer, float64=True,
+register("reshape", OpKind.OPAQUE, _reshape_infer, float64=True, uint64=True,
          sample=lambda rng, dtype: ([rng.uniform(-2, 2, (2, 3, 4)).astype(dtype)],
                                     {"shape": (4, 6)}),
          numpy=lambda xs, node: [xs[0].reshape(node.attr("shape"))])
@@ -42,7 +42,7 @@ def _concat_infer(types, node):
     return [TensorType(first[:axis] + (total,) + first[axis + 1:], types[0].dtype)]
 
 
-register("concat", OpKind.OPAQUE, _concat_infer, float64=True,
+register("concat", OpKind.OPAQUE, _concat_infer, float64=True, uint64=True,
          sample=lambda rng, dtype: ([rng.uniform(-2, 2, s).astype(dtype)
                                      for s in ((2, 3), (2, 1), (2, 4))], {"axis": 1}),
          numpy=lambda xs, node: [np.concatenate(xs, axis=node.attr("axis"))])
@@ -53,7 +53,7 @@ register("expand", OpKind.ELEMENTWISE,
              types[0].dtype)],
          numpy=lambda xs, node: [np.broadcast_to(
              xs[0], np.broadcast_shapes(xs[0].shape, tuple(node.attr("shape")))).copy()],
-         float64=True,
+         float64=True, uint64=True,
          sample=lambda rng, dtype: ([rng.uniform(-2, 2, (3, 1)).astype(dtype)],
                                     {"shape": (2, 3, 4)}))
 

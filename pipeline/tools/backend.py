@@ -18,7 +18,7 @@ cached per distinct (shapes, values).
 What we do not support follows from the converter registry (pipeline/frontend/onnx/,
 declared once per converter with `onnx_op`): operators without a converter at
 the model's opset, dtypes the IR lacks (pipeline/ir/graph.py ONNX_DTYPES),
-float64 on a converter that emits a graph op without a float64 lowering, and
+float64 or uint64 on a converter that emits a graph op without such a lowering, and
 the features a converter declares in `limits`. `unsupported(model)` names every
 reason a model cannot be compiled; the conformance suite skips exactly those
 models.
@@ -105,6 +105,10 @@ def unsupported(model: onnx.ModelProto, limits: bool = True) -> list[str]:
                 _elem_type(types.get(name)) == TensorProto.DOUBLE
                 for name in (*node.input, *node.output) if name):
             reasons.append(f"{node.op_type}: dtype DOUBLE")
+        if not converter.uint64 and any(
+                _elem_type(types.get(name)) == TensorProto.UINT64
+                for name in (*node.input, *node.output) if name):
+            reasons.append(f"{node.op_type}: dtype UINT64")
         if not limits or not converter.limits:
             continue
         view = NodeView(node.op_type, opset,

@@ -31,6 +31,8 @@ emits=..., build_time_inputs=..., limits=...)`):
   result is a build-time constant);
 - **float64**: whether float64 tensors are accepted: every graph op it emits lowers
   float64 (otherwise a float64 tensor is a ModelError naming the node);
+- **uint64**: the same for uint64 (the graph ops move its bits only, or pick unsigned
+  instructions for it);
 - **build-time inputs**: input positions (from 0) that must be constants at build
   time, because they decide shapes or loop bounds;
 - **not implemented**: the operator features the converter declares it lacks; a
@@ -41,7 +43,7 @@ Where a column differs between a type's converters, it is given per opset.
 
 """
 
-_COLUMNS = ("ONNX op", "domain", "opsets", "graph ops", "float64",
+_COLUMNS = ("ONNX op", "domain", "opsets", "graph ops", "float64", "uint64",
             "build-time inputs", "not implemented", "family")
 
 
@@ -66,6 +68,7 @@ def _row(key: str, converters: Sequence) -> list[str]:
         ", ".join(str(c.since) for c in converters),
         ", ".join(emitted) if emitted else "none",
         _per_opset(converters, lambda c: "yes" if c.float64 else "no"),
+        _per_opset(converters, lambda c: "yes" if c.uint64 else "no"),
         _per_opset(converters,
                    lambda c: ", ".join(map(str, c.build_time_inputs)) or "none"),
         "; ".join(reasons),

@@ -1,4 +1,4 @@
-"""float16 and the narrow integers (int8, uint8, int16, uint16, uint32) end to end:
+"""float16, the narrow integers (int8, uint8, int16, uint16, uint32) and uint64 end to end:
 ONNX import, params, kernels (narrow storage, wider compute: pipeline/dsl/builder.py),
 the C executor; against onnx.reference, exactly (a float16 op computed in float32
 and rounded once is the IEEE half result; integers wrap). Then what stays out."""
@@ -69,6 +69,49 @@ def test_narrow_dtypes_match_reference_exactly(opt_level):
     for name, g, w in zip(names, got, want, strict=True):
         assert g.dtype == w.dtype and g.shape == w.shape, name
         np.testing.assert_array_equal(g, w, err_msg=name)
+
+
+def _uint64_model() -> onnx.ModelProto:
+    """The ops whose uint64 result differs from int64's (division, compares, max/min,
+    TopK, conversions, a right shift), on values above 2**63 where a signed instruction
+    would read them as negative."""
+    t = helper.make_tensor_value_info
+    nodes = [helper.make_node("Div", ["a", "b"], ["div"]),
+             helper.make_node("Mod", ["a", "b"], ["mod"]),
+             helper.make_node("Less", ["a", "b"], ["less"]),
+             helper.make_node("GreaterOrEqual", ["a", "b"], ["ge"]),
+             helper.make_node("Max", ["a", "b"], ["max"]),
+             helper.make_node("Min", ["a", "b"], ["min"]),
+             helper.make_node("TopK", ["a", "k"], ["top", "top_i"]),
+             helper.make_node("BitShift", ["a", "s"], ["shr"], direction="RIGHT"),
+             helper.make_node("Cast", ["a"], ["a_f32"], to=T.FLOAT),
+             helper.make_node("Cast", ["a"], ["a_f64"], to=T.DOUBLE),
+             helper.make_node("Cast", ["f"], ["f_u64"], to=T.UINT64),
+             helper.make_node("Pow", ["f", "b"], ["pow"])]
+    outs = [("div", T.UINT64), ("mod", T.UINT64), ("less", T.BOOL), ("ge", T.BOOL),
+            ("max", T.UINT64), ("min", T.UINT64), ("top", T.UINT64), ("top_i", T.INT64),
+            ("shr", T.UINT64), ("a_f32", T.FLOAT), ("a_f64", T.DOUBLE),
+            ("f_u64", T.UINT64), ("pow", T.FLOAT)]
+    inits = {"k": np.array([3], np.int64), "s": np.array([1, 5, 63, 0, 2, 7, 1, 60], np.uint64)}
+    return make_model(nodes, [t("a", T.UINT64, [8]), t("b", T.UINT64, [8]),
+                              t("f", T.FLOAT, [8])],
+                      [t(n, e, None) for n, e in outs], inits, opset=18)
+
+
+@pytest.mark.parametrize("opt_level,target", [(0, TARGET), (3, TARGET), (3, "c")])
+def test_uint64_above_int64_range_matches_reference_exactly(opt_level, target):
+    """LLVM and the c target (its C holds integers unsigned: udiv, icmp ult, uitofp...)."""
+    model = _uint64_model()
+    top = np.uint64(2**64 - 1)
+    a = np.array([top, 2**63, 2**63 + 12345, 7, 2**63 - 1, 100, 2**64 - 8, 3], np.uint64)
+    b = np.array([3, 2**63 + 1, 10, 2**63, 1, 2**62, 2**64 - 9, 5], np.uint64)
+    f = np.array([1.5e19, 9.3e18, 0.5, 1e10, 0.75, 1.0, 1.8e19, 2.0], np.float32)
+    feeds = {"a": a, "b": b, "f": f}
+    want = ReferenceEvaluator(model).run(None, feeds)
+    got = run_ours(model, feeds, opt_level=opt_level, target=target)
+    for out, g, w in zip(model.graph.output, got, want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape, out.name
+        np.testing.assert_array_equal(g, w, err_msg=out.name)
 
 
 _CAST_TO = [T.FLOAT16, T.DOUBLE, T.INT8, T.UINT8, T.INT16, T.UINT16, T.INT32, T.UINT32,
@@ -207,19 +250,19 @@ def _out_of_scope_models() -> dict[str, tuple[onnx.ModelProto, str]]:
     body = helper.make_graph([helper.make_node("Identity", ["x"], ["z"])], "body", [],
                              [t("z", T.FLOAT, [2])])
     return {
-        "u64in": (_graph_model([helper.make_node("Cast", ["x"], ["y"], to=T.FLOAT, name="up")],
-                               [t("x", T.UINT64, [2])], [t("y", T.FLOAT, [2])]),
-                  "input 'x' (used by node 'up' (Cast)) has unsupported element type UINT64"),
-        "u64init": (_graph_model(
+        "u64in": (_graph_model([helper.make_node("ArgMax", ["x"], ["y"], name="up")],
+                               [t("x", T.UINT64, [2])], [t("y", T.INT64, [1])]),
+                  "node 'up' (argmax): uint64 input is not supported"),
+        "strinit": (_graph_model(
             [helper.make_node("Cast", ["k"], ["k32"], to=T.FLOAT, name="widen"),
              helper.make_node("Add", ["x", "k32"], ["y"], name="add")],
             [t("x", T.FLOAT, [2])], [t("y", T.FLOAT, [2])],
-            [helper.make_tensor("k", T.UINT64, [2], [1, 2])]),
-            "initializer 'k' (used by node 'widen' (Cast)) has unsupported element type UINT64"),
-        "u64cast": (_graph_model([helper.make_node("Cast", ["x"], ["y"], to=T.UINT64,
-                                                   name="to_u64")],
-                                 [t("x", T.FLOAT, [2])], [t("y", T.UINT64, [2])]),
-                    "node 'to_u64' (Cast): cast to UINT64 is not supported"),
+            [helper.make_tensor("k", T.STRING, [2], [b"1", b"2"])]),
+            "initializer 'k' (used by node 'widen' (Cast)) has unsupported element type STRING"),
+        "strcast": (_graph_model([helper.make_node("Cast", ["x"], ["y"], to=T.STRING,
+                                                   name="to_str")],
+                                 [t("x", T.FLOAT, [2])], [t("y", T.STRING, [2])]),
+                    "node 'to_str' (Cast): cast to STRING is not supported"),
         "cond": (_graph_model([helper.make_node("If", ["c"], ["y"], name="branch",
                                                 then_branch=body, else_branch=body)],
                               [t("c", T.BOOL, []), t("x", T.FLOAT, [2])],
@@ -248,7 +291,8 @@ def test_loop_and_scan_are_named_as_control_flow(op):
 
 
 def test_out_of_scope_types_and_control_flow_fail_doit_with_one_line_each(tmp_path):
-    """uint64 (an input, an initializer, a Cast's target) and If, each its own model of one
+    """uint64 on an op that would compare it signed, a string initializer, a Cast to
+    string and If, each its own model of one
     config: `doit -c build`
     exits non-zero, with one error line per model naming the tensor or node."""
     cases = _out_of_scope_models()

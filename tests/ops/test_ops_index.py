@@ -32,6 +32,14 @@ def test_matches_onnxruntime(case, opt_level):
     check(model, feeds, opt_level, reference=case in NOT_IN_ONNXRUNTIME)
 
 
+def test_tensor_scatter_past_the_cache_end_is_a_runtime_error():
+    """Linear mode: write index 5 + 2 rows > 6 (circular mode would wrap)."""
+    model, feeds = graph("TensorScatter", {"c": rand(2, 6, 4), "u": rand(2, 2, 4, seed=1)},
+                         {"w": np.array([0, 5], np.int64)}, opset=24)
+    with pytest.raises(RuntimeError, match="returned an error"):
+        run_ours(model, feeds)
+
+
 def test_index_out_of_range_is_a_runtime_error():
     model, feeds = graph("GatherElements", {"x": X}, {"i": np.full((1, 4, 5), 3, np.int64)},
                          axis=0)

@@ -113,7 +113,8 @@ def test_unsupported_names_operator_dtype_and_limit():
     assert backend.unsupported(model(relu, TensorProto.FLOAT16)) == []
     assert backend.unsupported(model(relu, TensorProto.BFLOAT16)) == []
     assert backend.unsupported(model(relu, TensorProto.FLOAT4E2M1)) == []
-    assert backend.unsupported(model(relu, TensorProto.UINT64)) == ["dtype UINT64"]
+    assert backend.unsupported(model(relu, TensorProto.UINT64)) == ["Relu: dtype UINT64"]
+    assert backend.unsupported(model(relu, TensorProto.STRING)) == ["dtype STRING"]
     pool = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2])
     assert backend.unsupported(model(pool, TensorProto.DOUBLE)) == ["MaxPool: dtype DOUBLE"]
     assert backend.unsupported(model(helper.make_node("NoSuchOp", ["x"], ["y"]))) == [

@@ -1,4 +1,9 @@
-"""ONNX converters to the elementwise operators (defined in pipeline/ops/elementwise.py)."""
+"""ONNX converters to the elementwise operators (defined in pipeline/ops/elementwise.py).
+
+uint64 computes in i64 like int64; the ops whose result differs (division, compares,
+max/min, conversions) learn which of their inputs are uint64 from an `unsigned`
+attribute (`unsigned_inputs`) and pick unsigned instructions (kernels/elementwise.py).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,15 @@ from pipeline.errors import ModelError
 from pipeline.frontend.onnx.registry import Limit, onnx_op
 from pipeline.ir.graph import ONNX_DTYPES, Node
 from pipeline.ops.elementwise import ARITH, BITWISE, COMPARE, LOGIC
+
+
+def unsigned_inputs(ctx, inputs) -> dict:
+    """{"unsigned": positions of the uint64 tensors among `inputs`} for Node.make, or
+    {} if there are none (so other dtypes' nodes, and kernel hashes, stay as they were)."""
+    positions = tuple(k for k, name in enumerate(inputs)
+                      if name and ctx.type(name).dtype == "uint64")
+    return {"unsigned": positions} if positions else {}
+
 
 onnx_op("Identity", 1, emits=("identity",))(
     lambda ctx, n: [Node.make("identity", n.name, n.inputs[:1], n.outputs[:1])])
@@ -29,11 +43,13 @@ def _dropout(ctx, n):
 
 
 onnx_op("Pow", 7, emits=("pow",))(
-    lambda ctx, n: [Node.make("pow", n.name, n.inputs[:2], n.outputs[:1])])
+    lambda ctx, n: [Node.make("pow", n.name, n.inputs[:2], n.outputs[:1],
+                              **unsigned_inputs(ctx, n.inputs[:2]))])
 
 onnx_op("Mod", 10, emits=("mod",))(
     lambda ctx, n: [Node.make("mod", n.name, n.inputs[:2], n.outputs[:1],
-                              fmod=int(n.attrs.get("fmod", 0)))])
+                              fmod=int(n.attrs.get("fmod", 0)),
+                              **unsigned_inputs(ctx, n.inputs[:2]))])
 
 onnx_op("PRelu", 7, emits=("prelu",))(
     lambda ctx, n: [Node.make("prelu", n.name, n.inputs[:2], n.outputs[:1])])
@@ -67,12 +83,13 @@ def _variadic(op: str):
             last = k == len(inputs) - 1 and not mean
             out = final if last else f"{final}__{op}{k}"
             nodes.append(Node.make(binary, n.name if last else f"{n.name}__{k}", (acc, x),
-                                   (out,)))
+                                   (out,), **unsigned_inputs(ctx, inputs[:2])))
             acc = out
         if mean:
             dtype = ctx.type(inputs[0]).dtype
             count = ctx.add_param(f"{n.name}__count", np.array(len(inputs), dtype))
-            nodes.append(Node.make("div", n.name, (acc, count), (final,)))
+            nodes.append(Node.make("div", n.name, (acc, count), (final,),
+                                   **unsigned_inputs(ctx, inputs[:2])))
         return nodes
     return convert
 
@@ -89,7 +106,8 @@ onnx_op("Mean", 1, emits=("add", "div"))(_variadic("mean"))
 # Opset 7 replaced the legacy `broadcast`/`axis` attributes with numpy broadcasting.
 for _op in ("add", "sub", "mul", "div"):
     onnx_op(ARITH[_op][0], 7, emits=(_op,))(
-        lambda ctx, n, op=_op: [Node.make(op, n.name, n.inputs[:2], n.outputs[:1])])
+        lambda ctx, n, op=_op: [Node.make(op, n.name, n.inputs[:2], n.outputs[:1],
+                                          **unsigned_inputs(ctx, n.inputs[:2]))])
 
 
 def _legacy_broadcast(op: str):
@@ -116,7 +134,8 @@ def _legacy_broadcast(op: str):
                 nodes.append(Node.make("reshape", f"{n.name}__bcast", (b,),
                                        (f"{n.outputs[0]}__b",), shape=shape))
                 b = f"{n.outputs[0]}__b"
-        return nodes + [Node.make(op, n.name, (a, b), n.outputs[:1])]
+        return nodes + [Node.make(op, n.name, (a, b), n.outputs[:1],
+                                  **unsigned_inputs(ctx, n.inputs[:2]))]
 
     return convert
 
@@ -128,7 +147,8 @@ for _op, _onnx in (("add", "Add"), ("sub", "Sub"), ("mul", "Mul"), ("div", "Div"
 
 for _op, (_onnx, _since, _pred, _np) in COMPARE.items():
     onnx_op(_onnx, _since, emits=(_op,))(
-        lambda ctx, n, op=_op: [Node.make(op, n.name, n.inputs[:2], n.outputs[:1])])
+        lambda ctx, n, op=_op: [Node.make(op, n.name, n.inputs[:2], n.outputs[:1],
+                                          **unsigned_inputs(ctx, n.inputs[:2]))])
 
 
 for _op, (_onnx, _method, _np) in LOGIC.items():
@@ -172,21 +192,22 @@ def _cast_to(n, code: int) -> str:
     return dtype
 
 
-def _cast_node(n, to: str) -> Node:
+def _cast_node(ctx, n, to: str) -> Node:
     """cast to `to`; a float8 target keeps Cast's saturate attribute (opset 19) when 0."""
     extra = {"saturate": 0} if to.startswith("float8") and not n.attrs.get("saturate", 1) \
         else {}
     mode = n.text("round_mode", "up", ("up", "down", "nearest"))  # opset 24
     if to == "float8_e8m0fnu" and mode != "up":
         extra["round_mode"] = mode
-    return Node.make("cast", n.name, n.inputs[:1], n.outputs[:1], to=to, **extra)
+    return Node.make("cast", n.name, n.inputs[:1], n.outputs[:1], to=to, **extra,
+                     **unsigned_inputs(ctx, n.inputs[:1]))
 
 
 @onnx_op("Cast", 6, emits=("cast",))
 def _cast(ctx, n):
-    return [_cast_node(n, _cast_to(n, int(n.attrs["to"])))]
+    return [_cast_node(ctx, n, _cast_to(n, int(n.attrs["to"])))]
 
 
 @onnx_op("CastLike", 15, emits=("cast",))
 def _cast_like(ctx, n):
-    return [_cast_node(n, ctx.type(n.inputs[1]).dtype)]
+    return [_cast_node(ctx, n, ctx.type(n.inputs[1]).dtype)]

@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from pipeline.errors import ModelError
+from pipeline.frontend.onnx.elementwise import unsigned_inputs
 from pipeline.frontend.onnx.registry import onnx_op
 from pipeline.frontend.onnx.shape import const_or_runtime, need_const, norm_axis
 from pipeline.frontend.onnx.symbolic import symbolic_slice
@@ -186,7 +187,8 @@ def _one_hot(ctx, n):
     depth_name = ctx.add_param(f"{n.name}_depth", np.array(depth, idtype))
     shape = itype.shape[:axis] + (1,) + itype.shape[axis:]
     t = f"{n.outputs[0]}__onehot"
-    return [Node.make("less", f"{n.name}__neg", (indices, zero), (f"{t}_neg",)),
+    return [Node.make("less", f"{n.name}__neg", (indices, zero), (f"{t}_neg",),
+                      **unsigned_inputs(ctx, (indices, zero))),  # uint64: never negative
             Node.make("add", f"{n.name}__wrap", (indices, depth_name), (f"{t}_wrapped",)),
             Node.make("where", f"{n.name}__idx", (f"{t}_neg", f"{t}_wrapped", indices),
                       (f"{t}_idx",)),

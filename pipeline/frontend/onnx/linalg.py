@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import string
+from collections import Counter
+
 import numpy as np
 
 from pipeline.errors import ModelError
@@ -77,3 +80,41 @@ def _matmul(ctx, n):
         weight = ctx.add_param(f"{b}_nk", np.ascontiguousarray(w.T))
         return [Node.make("dense", n.name, (a, weight), n.outputs[:1])]
     return [Node.make("matmul", n.name, (a, b), n.outputs[:1], trans_a=0, trans_b=0)]
+
+
+def _einsum_terms(n, ranks: list[int]) -> tuple[tuple[str, ...], str]:
+    """The equation's input terms and output term, letters only: an ellipsis becomes
+    letters the equation does not use (right-aligned: an operand with fewer ellipsis
+    dims takes the last ones), the implicit output (no "->") the ellipsis then the
+    letters that occur once, in ASCII order."""
+    equation = n.text("equation", "").replace(" ", "")
+    lhs, arrow, rhs = equation.partition("->")
+    given = lhs.split(",")
+    if len(given) != len(ranks):
+        raise ModelError(f"node {n.name!r} (Einsum): equation {equation!r} has {len(given)} "
+                         f"terms for {len(ranks)} inputs")
+    spare = [c for c in string.ascii_letters if c not in equation]
+    width = max((r - len(t) + 3 for t, r in zip(given, ranks, strict=True) if "..." in t),
+                default=0)
+    ellipsis = "".join(spare[:width])
+    terms = tuple(t.replace("...", ellipsis[width - (r - len(t) + 3):]) if "..." in t else t
+                  for t, r in zip(given, ranks, strict=True))
+    counts = Counter("".join(given).replace(".", ""))
+    output = rhs.replace("...", ellipsis) if arrow else \
+        ellipsis + "".join(sorted(c for c, k in counts.items() if k == 1))
+    for term in (*terms, output):
+        if not all(c in string.ascii_letters for c in term):
+            raise ModelError(f"node {n.name!r} (Einsum): equation {equation!r} is not "
+                             "letters, commas, one '->' and ellipses")
+    return terms, output
+
+
+@onnx_op("Einsum", 12, emits=("einsum",))
+def _einsum(ctx, n):
+    """Opset 28 only adds bfloat16 (computed in float32: frontend/onnx/widen.py)."""
+    terms, output = _einsum_terms(n, [len(ctx.type(i).shape) for i in n.inputs])
+    return [Node.make("einsum", n.name, n.inputs, n.outputs[:1], terms=terms, output=output)]
+
+
+onnx_op("Det", 11, emits=("det",))(
+    lambda ctx, n: [Node.make("det", n.name, n.inputs[:1], n.outputs[:1])])

@@ -1,6 +1,6 @@
 """The ONNX converters: registered per (op_type, opset) with what the backend must
-know without running them: the graph ops they emit (float64 support follows from
-those ops), the inputs they need as build-time constants, and the operator
+know without running them: the graph ops they emit (float64 and uint64 support
+follow from those ops), the inputs they need as build-time constants, and the operator
 features they do not implement (`Limit`). pipeline/tools/backend.py derives its
 skip reasons from these.
 """
@@ -66,6 +66,11 @@ class Converter:
     def float64(self) -> bool:
         """Whether float64 tensors are supported: every op it emits lowers float64."""
         return all(get(op).float64 for op in self.emits)
+
+    @property
+    def uint64(self) -> bool:
+        """Whether uint64 tensors are supported: every op it emits lowers uint64."""
+        return all(get(op).uint64 for op in self.emits)
 
 
 # op_type -> its converters, oldest first

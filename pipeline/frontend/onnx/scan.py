@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.errors import ModelError
+from pipeline.frontend.onnx.elementwise import unsigned_inputs
 from pipeline.frontend.onnx.registry import onnx_op
 from pipeline.frontend.onnx.shape import const_or_runtime, need_const, norm_axis
 from pipeline.frontend.onnx.symbolic import symbolic_dims
@@ -44,7 +45,7 @@ def _topk(ctx, n):
     else:
         k = int(n.attrs["k"])
     attrs = {"axis": norm_axis(n, int(n.attrs.get("axis", -1)), rank), "k": k,
-             "largest": int(n.attrs.get("largest", 1))}
+             "largest": int(n.attrs.get("largest", 1)), **unsigned_inputs(ctx, n.inputs[:1])}
     return [Node.make(op, f"{n.name}__{op}" if op == "topk_indices" else n.name,
                       inputs, (out,), **attrs)
             for op, out in zip(("topk_values", "topk_indices"), n.outputs, strict=False)

@@ -55,3 +55,20 @@ def _scatter_elements(ctx, n):
 def _scatter_nd(ctx, n):
     return [Node.make("scatter_nd", n.name, n.inputs[:3], n.outputs[:1],
                       reduction=n.text("reduction", "none", _REDUCTIONS))]
+
+
+@onnx_op("GatherND", 11, emits=("gather_nd",))
+def _gather_nd(ctx, n):
+    """Opset 12 added batch_dims (0 before), 13 bfloat16 (widened to float32)."""
+    return [Node.make("gather_nd", n.name, n.inputs[:2], n.outputs[:1],
+                      batch_dims=int(n.attrs.get("batch_dims", 0)))]
+
+
+@onnx_op("TensorScatter", 24, emits=("tensor_scatter",))
+def _tensor_scatter(ctx, n):
+    rank = len(ctx.type(n.inputs[0]).shape)
+    inputs = [i for i in n.inputs[:3] if i]
+    return [Node.make("tensor_scatter", n.name, inputs, n.outputs[:1],
+                      axis=norm_axis(n, int(n.attrs.get("axis", -2)), rank),
+                      circular=int(n.text("mode", "linear", ("linear", "circular")) ==
+                                   "circular"))]

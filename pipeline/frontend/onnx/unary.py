@@ -74,3 +74,17 @@ def _bitcast(ctx, n):
         raise ModelError(f"node {n.name!r} (BitCast): to bool is not supported (the bits "
                          "may be other than 0 and 1)")
     return [Node.make("bitcast", n.name, n.inputs[:1], n.outputs[:1], source=source, to=to)]
+
+
+@onnx_op("SwiGLU", 28, emits=("swish", "mul"))
+def _swiglu(ctx, n):
+    """Y = Swish_alpha(A) * B: the Swish op then a Mul (one fused elementwise kernel).
+    A and B have one shape: SwiGLU does not broadcast."""
+    a, b = n.inputs[:2]
+    if ctx.type(a).shape != ctx.type(b).shape:
+        raise ModelError(f"node {n.name!r} (SwiGLU): A {list(ctx.type(a).shape)} and B "
+                         f"{list(ctx.type(b).shape)} differ in shape (no broadcasting)")
+    gate = f"{n.outputs[0]}__swish"
+    return [Node.make("swish", f"{n.name}__swish", (a,), (gate,),
+                      alpha=float(n.attrs.get("alpha", 1.0))),
+            Node.make("mul", n.name, (gate, b), n.outputs[:1])]

@@ -68,6 +68,27 @@ CASES = {
         reduction="mul", order=SCATTER),
     "scatter_nd_int64": lambda: graph("ScatterND", {"x": ints(4, 3), "u": ints(2, 3, seed=1)},
                                       {"i": np.array([[3], [1]], np.int64)}, order=SCATTER),
+    # -- GatherND: whole elements with negative indices, rows, batch_dims 1 and 2
+    "gather_nd_elements": lambda: graph("GatherND", {"x": X},
+                                        {"i": np.array([[[0, -1, 2]], [[2, 3, -5]]], np.int64)}),
+    "gather_nd_rows_int64": lambda: graph("GatherND", {"x": ints(3, 4, 5)},
+                                          {"i": np.array([[1, 2], [-1, 0]], np.int64)}),
+    "gather_nd_batch1": lambda: graph("GatherND", {"x": X},
+                                      {"i": np.array([[[1], [3]], [[0], [-2]], [[2], [2]]])},
+                                      batch_dims=1),
+    "gather_nd_batch2_double": lambda: graph(
+        "GatherND", {"x": doubles(2, 3, 4)},
+        {"i": np.array([[[1], [3], [0]], [[2], [-1], [0]]], np.int64)}, batch_dims=2),
+    # -- TensorScatter: a KV cache write at each batch entry's index, wrapping if circular
+    "tensor_scatter_linear": lambda: graph(
+        "TensorScatter", {"c": rand(2, 3, 6, 4), "u": rand(2, 3, 2, 4, seed=1)},
+        {"w": np.array([4, 1], np.int64)}, opset=24),
+    "tensor_scatter_circular_last_axis": lambda: graph(
+        "TensorScatter", {"c": rand(3, 2, 5), "u": rand(3, 2, 3, seed=1)},
+        {"w": np.array([0, 3, 4], np.int64)}, opset=24, mode="circular", axis=-1),
+    "tensor_scatter_prefill_double": lambda: graph(
+        "TensorScatter", {"c": doubles(2, 5, 3), "u": doubles(2, 2, 3, seed=1)}, opset=24,
+        axis=1),
     # -- TopK (values and indices; ties go to the lower index)
     "topk_largest": lambda: graph("TopK", {"x": X}, {"k": i64(3)}, outputs=("v", "i"),
                                   axis=1),

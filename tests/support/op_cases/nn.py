@@ -168,7 +168,29 @@ def attention():
                          "v": rand(b, h, s, d, seed=3)}, inits)
 
 
+def einsum(equation, *shapes):
+    names = "abcd"[:len(shapes)]
+    feeds = {n: rand(*s, seed=k) for k, (n, s) in enumerate(zip(names, shapes, strict=True))}
+    return model([node("Einsum", list(names), ["y"], equation=equation)], feeds, {})
+
+
+def det(x):
+    return model([node("Det", ["x"], ["y"])], {"x": x}, {})
+
+
+_PIVOT = np.array([[0, 2, 1], [1, 1, 0], [3, 0, 2]], np.float32)  # row swaps needed
+
+
 LINALG = {
+    "det_batch": lambda: det(rand(2, 3, 5, 5)),
+    "det_pivot_singular": lambda: det(np.stack([_PIVOT, _PIVOT * np.float32([1, 0, 1])])),
+    "det_1x1": lambda: det(rand(4, 1, 1)),
+    # ellipsis dims broadcast (1 against 5 and 2 against 1), spaces in the equation
+    "einsum_ellipsis_broadcast": lambda: einsum("...ij, ...jk -> ...ik", (2, 1, 3, 4),
+                                                (1, 5, 4, 2)),
+    "einsum_implicit_chain": lambda: einsum("ij,jk,kl", (3, 4), (4, 2), (2, 5)),
+    "einsum_trace_to_scalar": lambda: einsum("ii", (4, 4)),
+    "einsum_attention_scores": lambda: einsum("bhqd,bhkd->bhqk", (2, 3, 5, 4), (2, 3, 6, 4)),
     "gemm_transa": lambda: gemm((8, 3), (8, 6), transA=1),
     "gemm_transa_transb_alpha": lambda: gemm((8, 3), (6, 8), (6,), transA=1, transB=1,
                                              alpha=0.5, beta=2.0),
