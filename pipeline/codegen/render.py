@@ -61,6 +61,7 @@ def _render_static(module: ir.Module, spec: KernelSpec, symbol: str,
     with `symbols` (spec.symbols) one whose shapes are runtime (dsl/dims.py)."""
     kb = KernelBuilder(module, symbol, list(spec.params), symbols)
     kb.threads = spec.target.threaded
+    kb.vector_width = spec.target.vector_width  # lanes a lowering may tile for
     n = len(spec.params)  # (a kernel with symbols has its dims as one buffer more)
     args = {f"a{i}": buf for i, buf in enumerate(kb.buffers[:n - 1])}
     out = kb.buffers[n - 1]

@@ -6,14 +6,15 @@ A kernel with runtime dimensions inside (not over rows) is a body function whose
 buffers end with the dims array (dsl/dims.py), called by render_dims_call.
 
 The rows function multiplies the row prefix's symbols into a row count, then calls the
-static kernel for ROW_BLOCKS[0] rows on each whole block of that many, the next
+static kernel for the first of its row blocks (lower/rows.py row_blocks: ROW_BLOCKS,
+128 rows first for matmul_nbits) on each whole block of that many, the next
 size's on the whole blocks of the rest, and the last rows in one padded call
 (PADDED_TAIL) or down to one row at a time, each argument
 that has the rows advanced by its row's bytes (an argument without them, a weight,
 is passed as it is). The static kernels are private functions of the same module,
 rendered as any static kernel.
 
-The whole blocks of ROW_BLOCKS[0] rows are split over the thread team when the rows'
+The whole blocks of the first size are split over the thread team when the rows'
 estimated work is worth more than one thread (parallel_for's rule, MIN_WORK_PER_THREAD,
 with the runtime row count): each thread takes the next block from a shared counter
 and calls the static kernel on it (whose own parallel loop, if any, then runs on the
@@ -35,7 +36,7 @@ from pipeline.ir.dims import substitute
 from pipeline.ir.target import bare_metal_triple
 from pipeline.lower.cost import kernel_flops
 from pipeline.lower.kernel import KernelSpec
-from pipeline.lower.rows import ROW_BLOCKS, at_rows, row_prefix
+from pipeline.lower.rows import ROW_BLOCKS, at_rows, row_blocks, row_prefix
 
 # The rows left after the whole blocks of this many go in one call of the smallest
 # block size holding them, through stack copies padded to that size, when those
@@ -59,9 +60,9 @@ def render_rows(module: ir.Module, spec: KernelSpec,
                 body: Callable[[ir.Module, KernelSpec, str], ir.Function]) -> None:
     """Define `spec.symbol` in `module` (module doc); `body(module, spec, name)`
     renders a static kernel as function `name`."""
-    prefix = row_prefix(spec)
+    prefix, blocks = row_prefix(spec), row_blocks(spec)
     inner = {}
-    for rows in ROW_BLOCKS:
+    for rows in blocks:
         fn = body(module, at_rows(spec, prefix, rows), f"{spec.symbol}.rows{rows}")
         fn.linkage = "internal"
         inner[rows] = fn
@@ -80,10 +81,10 @@ def render_rows(module: ir.Module, spec: KernelSpec,
                                   typ=I64))
     sizes = _row_bytes(spec, prefix)
     start = ir.Constant(I64, 0)
-    for step in ROW_BLOCKS:  # [start, stop): the whole blocks of `step` rows left
+    for step in blocks:  # [start, stop): the whole blocks of `step` rows left
         block = ir.Constant(I64, step)
         stop = b.add(start, b.mul(b.udiv(b.sub(rows, start), block), block))
-        if step == ROW_BLOCKS[0] and not bare_metal_triple(module.triple):
+        if step == blocks[0] and not bare_metal_triple(module.triple):
             work = max(kernel_flops(at_rows(spec, prefix, 1)) // 2,
                        ELEMENT_WORK * sum(sizes) // 4)
             team = _team_blocks(module, spec.symbol, inner[step], step, sizes)

@@ -114,6 +114,24 @@ def reduce_lanes(kb: KernelBuilder, v: ir.Value, combine) -> ir.Value:
     return kb.lane(v, 0)
 
 
+def transpose_square(kb: KernelBuilder, rows: list) -> list:
+    """n vectors of n lanes (n a power of two) transposed: result[c][r] = rows[r][c].
+    The off-diagonal blocks of n/2, n/4, ... 1 lanes swapped, each stage one two-input
+    shuffle per vector (n log n shuffles for n^2 values, against n^2 lane moves)."""
+    rows = list(rows)
+    n, span = len(rows), len(rows) // 2
+    while span:
+        for r in (r for r in range(n) if not r & span):
+            lo, hi = rows[r], rows[r + span]
+            keep = [c if not c & span else n + c - span for c in range(n)]
+            swap = [c + span if not c & span else n + c for c in range(n)]
+            rows[r], rows[r + span] = (
+                kb.b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, n), mask))
+                for mask in (keep, swap))
+        span //= 2
+    return rows
+
+
 def prefetch_epilogue(kb: KernelBuilder, epilogue, out: Buffer, index: list) -> None:
     """Prefetch what the epilogue of the vector at `index` will touch: the output
     (for writing) and each argument it reads whole vectors of (a residual input,

@@ -16,6 +16,7 @@ import math
 import numpy as np
 
 from pipeline.dsl.vector import fma, parallel_for, reduce_lanes, vconst, vmax, zeros
+from pipeline.errors import ModelError
 from pipeline.kernels.attention_dims import lower_attention_dims
 from pipeline.kernels.registry import lowering
 from pipeline.ops.geometry import ATTENTION_LANES as LANES
@@ -26,6 +27,9 @@ from pipeline.ops.geometry import logical_shapes
 def _lower(kb, node, ins, out, epilogue):
     q, k, v = ins[:3]
     mask = ins[3] if len(ins) > 3 else None
+    if node.attr("mask_keys", "all") != "all":  # FuseAttention makes it for runtime lengths
+        raise ModelError(f"node {node.name!r} (attention): mask_keys "
+                         f"{node.attr('mask_keys')!r} needs runtime lengths (executor vm)")
     (bn, hn, sq, d), (_, _, _, sk), (_, _, _, dv) = logical_shapes(
         [t.type.shape for t in ins], node)
     qs, ks, vs = (tuple(buf.strides[p] for p in node.attr(f"{n}_perm"))

@@ -30,7 +30,15 @@ import itertools
 import llvmlite.ir as ir
 
 from pipeline.dsl.types import F32
-from pipeline.dsl.vector import fma, parallel_for, reduce_lanes, vconst, vmax, zeros
+from pipeline.dsl.vector import (
+    fma,
+    parallel_for,
+    reduce_lanes,
+    transpose_square,
+    vconst,
+    vmax,
+    zeros,
+)
 from pipeline.errors import ModelError
 from pipeline.ir.graph import row_major_strides
 from pipeline.ops.geometry import logical_shapes
@@ -89,6 +97,10 @@ class _Tile:
         out_perm = node.attr("out_perm")
         self.os = tuple(strides[-1][out_perm.index(u)] for u in range(4))
         self.mask = (ins[3], types[3].shape, strides[3]) if len(ins) > 3 else None
+        # mask_keys="last": the mask's columns are the last keys, the earlier ones
+        # (a KV cache's) unmasked: key j reads column j - mask_from (ops/attention.py)
+        self.mask_from = self.sk - types[3].shape[-1] \
+            if self.mask is not None and node.attr("mask_keys", "all") == "last" else None
         self.scale = node.attr("scale")
         # the accumulators' vector width: 8 lanes when Dv fits (a head of 8 would
         # otherwise compute 16 lanes, half of them padding)
@@ -100,8 +112,10 @@ class _Tile:
 
 
 def _attention(kb, node, ins, out, types, item, parts: int) -> None:
-    """Every head, or work item `item` (head item % heads, its query chunks
-    item // heads + k * parts); types: the buffers' types with Index shapes valid in
+    """Every head, or work item `item` (head item // parts, its query chunks
+    item % parts + k * parts: a head's items side by side, so each thread's range of
+    items holds heads whole, also when only the first part has a chunk, as in a
+    decode step); types: the buffers' types with Index shapes valid in
     the function being built."""
     t = _Tile(kb, node, ins, out, types)
     # V's padding lanes stay 0, Kᵀ's lanes never packed hold finite values: the panels
@@ -119,7 +133,7 @@ def _attention(kb, node, ins, out, types, item, parts: int) -> None:
     if item is None:
         heads, part = kb.loop(0, t.hn, "h"), 0
     else:
-        heads, part = contextlib.nullcontext(item % t.hn), item // t.hn
+        heads, part = contextlib.nullcontext(item // parts), item % parts
     chunks = (t.sq + (CHUNK - 1)) // CHUNK
     with kb.loop(0, t.bn, "b") as b, heads as h:
         with kb.loop(0, (chunks - part + (parts - 1)) // parts, "ck") as ck:
@@ -174,14 +188,27 @@ def _pack(t: _Tile, b, h, j0, count) -> None:
     """kt[c][lane] = K[j0 + lane][c], vp[lane][e] = V[j0 + lane][e] for the block's
     valid keys (a lane past them keeps an earlier block's finite values, or the zeros
     it started with: its score is replaced by -inf, its V row is not read). A V row
-    contiguous over Dv is copied a vector at a time."""
+    contiguous over Dv is copied a vector at a time; K rows contiguous over D go
+    LANES keys x LANES of D at a time, the square transposed in registers (element by
+    element, the packing cost more than the scores of a decode step's one row)."""
     kb = t.kb
     k0, v0 = b * t.ks[0] + h * t.ks[1], b * t.vs[0] + h * t.vs[1]
     rows_whole = isinstance(t.vs[3], int) and t.vs[3] == 1 and t.dv == t.dvp
-    with kb.loop(0, count, "lane") as lane:
+    scalar_from = 0  # the keys from here go element by element
+    if isinstance(t.ks[2], int) and t.ks[2] == 1 and t.d % LANES == 0:
+        with kb.loop(0, count // LANES, "sq") as sq, kb.loop(0, t.d // LANES, "cg") as cg:
+            l0, c0 = sq * LANES, cg * LANES
+            keys = [kb.vload(t.ins[1], k0 + (j0 + l0 + r) * t.ks[3] + c0, LANES)
+                    for r in range(LANES)]
+            for c, column in enumerate(transpose_square(kb, keys)):
+                kb.vstore(t.kt, (c0 + c) * BLOCK + l0, column)
+        scalar_from = count // LANES * LANES
+    with kb.loop(scalar_from, count, "lane") as lane:
         j = j0 + lane
         with kb.loop(0, t.d, "c") as c:
             kb.store(t.kt, c * BLOCK + lane, kb.load(t.ins[1], k0 + c * t.ks[2] + j * t.ks[3]))
+    with kb.loop(0, count, "vlane") as lane:
+        j = j0 + lane
         if rows_whole:
             for g in range(t.dvp // t.g):
                 kb.vstore(t.vp, lane * t.dvp + g * t.g,
@@ -209,7 +236,34 @@ def _scores(t: _Tile, b, h, i0, rows: int, subs: tuple[int, ...]) -> list:
 
 def _mask_vector(t: _Tile, b, h, i, j0, first: int, count):
     """The mask (broadcast to [B, H, Sq, Sk]) for keys j0 + first.., lanes past the
-    block's `count` reading key j0's."""
+    block's `count` reading key j0's. One vector load when the mask runs along the
+    keys and all LANES keys are valid columns of it (every vector of a block but
+    the last, partial one and the one where mask_keys="last" starts), else lane by
+    lane."""
+    kb = t.kb
+    mask, shape, strides = t.mask
+    step = [0 if isinstance(n, int) and n == 1 else st
+            for n, st in zip(shape, strides, strict=True)]
+    if isinstance(shape[-1], int) and shape[-1] == 1:  # broadcast along the keys
+        if t.mask_from is not None:  # (to the last key only)
+            return _mask_lanes(t, b, h, i, j0, first, count)
+        return kb.splat(kb.load(mask, kb.dot([b, h, i, 0][4 - len(shape):], step)), LANES)
+    column = j0 + first - (t.mask_from if t.mask_from is not None else 0)
+    whole = kb.i64(first + LANES) <= count
+    if t.mask_from is not None:
+        whole = kb.and_(whole, column >= 0)
+    result = kb.local(zeros(LANES))
+    with kb.b.if_else(whole, likely=True) as (then, otherwise):
+        with then:
+            at = kb.dot([b, h, i, column][4 - len(shape):], step)
+            kb.set(result, kb.vload(mask, at, LANES))
+        with otherwise:
+            kb.set(result, _mask_lanes(t, b, h, i, j0, first, count))
+    return kb.get(result)
+
+
+def _mask_lanes(t: _Tile, b, h, i, j0, first: int, count):
+    """_mask_vector lane by lane."""
     kb = t.kb
     mask, shape, strides = t.mask
     step = [0 if isinstance(n, int) and n == 1 else st
@@ -217,8 +271,13 @@ def _mask_vector(t: _Tile, b, h, i, j0, first: int, count):
     vector = zeros(LANES)
     for lane in range(LANES):
         j = kb.index(kb.select(kb.i64(first + lane) < count, j0 + first + lane, j0))
-        at = kb.dot([b, h, i, j][4 - len(shape):], step)
-        vector = kb.with_lane(vector, lane, kb.load(mask, at))
+        if t.mask_from is None:
+            value = kb.load(mask, kb.dot([b, h, i, j][4 - len(shape):], step))
+        else:
+            column = j - t.mask_from
+            at = kb.dot([b, h, i, kb.smax(column, 0)][4 - len(shape):], step)
+            value = kb.select(column < 0, kb.f32(0.0), kb.load(mask, at))
+        vector = kb.with_lane(vector, lane, value)
     return vector
 
 

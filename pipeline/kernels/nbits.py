@@ -32,12 +32,21 @@ import llvmlite.ir as ir
 
 from pipeline.dsl.builder import F32, I32
 from pipeline.dsl.index import raw
-from pipeline.dsl.vector import apply_epilogue, fma, parallel_for, reduce_lanes, zeros
+from pipeline.dsl.vector import (
+    apply_epilogue,
+    fma,
+    parallel_for,
+    reduce_lanes,
+    transpose_square,
+    zeros,
+)
 from pipeline.kernels.registry import lowering
 
 LANES = 16  # one AVX-512 register of floats; two AVX2 ones, which LLVM splits it into
 ROWS = 4    # rows of `a` sharing each dequantized weight vector
 SPLIT_BYTES = 64 << 10  # the most stack a work item's reordered rows of `a` take
+GEMM_ROWS = 16  # from this many rows, the blocked form (_lower_blocked): a rows
+# kernel's blocks of 32 and 128, not its 8 (code size: a 4-bit library is mostly code)
 
 
 def _weights(kb, b, at, bits: int) -> ir.Value:
@@ -254,7 +263,131 @@ def _lower_cols(kb, node, ins, out, epilogue):
             tile(g, rows // ROWS * ROWS, rows % ROWS)
 
 
+def _blocked_width(kb, node, rows: int, n_n: int) -> int:
+    """The columns per work item of the blocked form for this product, or 0 where it
+    does not apply: fewer than GEMM_ROWS rows, K not whole blocks, or no width of 64,
+    32 or 16 dividing N (at most 4 of the target's vectors with AVX-512's 32
+    registers, 2 below, so that 6 rows of them fit; at least the 16 of a square)."""
+    vb = getattr(kb, "vector_width", 8)  # render.py sets the target's
+    if rows < GEMM_ROWS or node.attr("k") % node.attr("block"):
+        return 0
+    limit = max(LANES, (4 if vb >= 16 else 2) * vb)
+    return next((w for w in (4 * LANES, 2 * LANES, LANES) if w <= limit and not n_n % w), 0)
+
+
+def _lower_blocked(kb, node, ins, out, epilogue, width: int) -> None:
+    """The product for many rows (a prefill) as a blocked matrix product: per work
+    item of `width` columns, each chunk of K is dequantized once into a stack panel
+    [k][width] (_dequantize), then tiles of R rows x the width's vectors of outputs
+    accumulate in registers over the chunk, a[m, k] broadcast once per tile row; the
+    bias and the epilogue run over the item's outputs at the end."""
+    a, bias = ins[0], ins[-1] if node.attr("bias") else None
+    k_n, n_n, block = node.attr("k"), out.type.shape[-1], node.attr("block")
+    rows = a.type.size // k_n
+    vb = min(getattr(kb, "vector_width", 8), width)
+    vectors, items = width // vb, n_n // width
+    # rows per tile: 6 (24 accumulators with AVX-512), or 4 where that leaves no
+    # remainder tile (a rows kernel's 32 and 128: less code, no 2-row tile)
+    tile = 4 if rows % 6 and not rows % 4 else 6
+    # k per panel: whole blocks dividing K (one chunk's code, looped), at most 256
+    # (64 KiB at width 64) unless a block is longer
+    per = max(d for d in range(1, max(1, 256 // block) + 1) if (k_n // block) % d == 0)
+    kc = per * block
+    full = rows - rows % tile
+    with parallel_for(kb, items, "blocks", work=rows * n_n * k_n) as item:
+        n0, panel = item * width, kb.scratch(kc * width)
+        with kb.loop(0, k_n // kc, "kc") as c:
+            k = (c * kc, kc, c < 1)  # the first chunk starts the sums from zero
+            if node.attr("layout") == "cols16":
+                _dequantize_cols(kb, node, ins, panel, (item, width), k[0], kc)
+            else:
+                _dequantize(kb, node, ins, panel, n0, width, k[0], kc)
+            if full:
+                with kb.loop(0, full // tile, "mt") as mt:
+                    _panel_tile(kb, a, panel, out, (mt * tile, tile), (n0, width, vb), k, k_n)
+            if rows % tile:
+                _panel_tile(kb, a, panel, out, (full, rows % tile), (n0, width, vb), k, k_n)
+        with kb.loop(0, rows, "er") as m:
+            lead = kb.unflatten(m, out.type.shape[:-1])
+            for v in range(vectors):
+                at, col = m * n_n + n0 + v * vb, n0 + v * vb
+                y = kb.vload(out, at, vb)
+                if bias is not None:
+                    y = kb.fadd(y, kb.vload(bias, col, vb))
+                kb.vstore(out, at, apply_epilogue(kb, epilogue, y, lead + [col]))
+
+
+def _dequantize(kb, node, ins, panel, n0, width: int, k0, k_len: int) -> None:
+    """panel[k][j] = W[k0 + k, n0 + j] as float (less the zero point, times the
+    scale) for k < k_len, j < width, from the model's layout (a column's K values
+    in blocks): per 16 columns and LANES values of k, each column's vector
+    dequantized, then the 16 x LANES square transposed."""
+    b, scales = ins[1], ins[2]
+    zp = ins[3] if node.attr("zero_points") != "none" else None
+    bits, block = node.attr("bits"), node.attr("block")
+    _, nb, blob = b.type.shape
+    with kb.loop(0, k_len // LANES, "ks") as ks, kb.loop(0, width // LANES, "cb") as cb:
+        k, c0 = k0 + ks * LANES, cb * LANES
+        blk, within = k // block, k % block
+        columns = []
+        for j in range(LANES):
+            col = n0 + c0 + j
+            w = kb.b.fsub(_weights(kb, b, (col * nb + blk) * blob + within * bits // 8,
+                                   bits), kb.splat(_zero_point(kb, node, zp, col, blk, nb),
+                                                   LANES))
+            columns.append(kb.b.fmul(w, kb.splat(kb.load(scales, col * nb + blk), LANES)))
+        for lane, row in enumerate(transpose_square(kb, columns)):
+            kb.vstore(panel, (ks * LANES + lane) * width + c0, row)
+
+
+def _dequantize_cols(kb, node, ins, panel, item, k0, k_len: int) -> None:
+    """_dequantize from the cols16 layout: 16 bytes hold a pair of k's values of 16
+    columns, already the panel's rows (no transpose); scales and zero points are
+    vectors of the 16 columns. item: (the work item, its width)."""
+    b, scales = ins[1], ins[2]
+    zp = ins[3] if node.attr("zero_points") != "none" else None
+    block, nb = node.attr("block"), b.type.shape[1]
+    (item, width), vector = item, ir.VectorType(F32, LANES)
+    with kb.loop(0, k_len // block, "bi") as bi, kb.loop(0, width // LANES, "cg") as cg:
+        g, blk = item * (width // LANES) + cg, k0 // block + bi
+        zv = _cols_zero_points(kb, node, zp, g, blk, nb)
+        sv = kb.vload(scales, (g * nb + blk) * LANES, LANES)
+        with kb.loop(0, block // 2, "pair") as p:
+            raw_bytes = kb.b.load(kb.gep(b, ((g * nb + blk) * (block // 2) + p) * LANES),
+                                  typ=ir.VectorType(ir.IntType(8), LANES), align=1)
+            wide = kb.b.zext(raw_bytes, ir.VectorType(I32, LANES))
+            for half, v in enumerate((kb.b.and_(wide, ir.Constant(wide.type, 15)),
+                                      kb.b.lshr(wide, ir.Constant(wide.type, 4)))):
+                w = kb.fmul(kb.fsub(kb.b.uitofp(v, vector), zv), sv)
+                kb.vstore(panel, (bi * block + p * 2 + half) * width + cg * LANES, w)
+
+
+def _panel_tile(kb, a, panel, out, m, n, k, k_n: int) -> None:
+    """out[m0 + r, n0 + j] (+)= sum over the chunk's k of a[m0 + r, k] panel[k][j] for
+    r < rows, j < width: rows x width/vb accumulators; the first chunk starts from
+    zero (`first`, an i1: out is loaded but not used), later ones from what out holds.
+    m: (m0, rows), n: (n0, width, vb), k: (k0, k_len, first)."""
+    (m0, rows), (n0, width, vb), (k0, k_len, first) = m, n, k
+    n_n = out.type.shape[-1]
+    at = [[(m0 + r) * n_n + n0 + v * vb for v in range(width // vb)] for r in range(rows)]
+    accs = [[kb.local(kb.select(first, zeros(vb), kb.vload(out, c, vb))) for c in row]
+            for row in at]
+    with kb.loop(0, k_len, "mk") as kk:
+        ws = [kb.vload(panel, kk * width + v * vb, vb) for v in range(width // vb)]
+        for r in range(rows):
+            av = kb.splat(kb.load(a, (m0 + r) * k_n + k0 + kk), vb)
+            for v, w in enumerate(ws):
+                kb.set(accs[r][v], fma(kb, av, w, kb.get(accs[r][v])))
+    for r in range(rows):
+        for v in range(width // vb):
+            kb.vstore(out, at[r][v], kb.get(accs[r][v]))
+
+
 def _lower(kb, node, ins, out, epilogue):
+    width = _blocked_width(kb, node, ins[0].type.size // node.attr("k"), out.type.shape[-1])
+    if width:
+        _lower_blocked(kb, node, ins, out, epilogue, width)
+        return
     if node.attr("layout") == "cols16":
         _lower_cols(kb, node, ins, out, epilogue)
         return

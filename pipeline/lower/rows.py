@@ -24,13 +24,16 @@ from pipeline.ir.graph import Node, TensorType
 from pipeline.lower.kernel import KernelSpec
 from pipeline.ops import OpKind, get
 
-__all__ = ["ROW_BLOCKS", "at_rows", "at_values", "row_prefix"]
+__all__ = ["ROW_BLOCKS", "at_rows", "at_values", "row_blocks", "row_prefix"]
 
 # Rows per call of the static kernels a rows kernel is made of, largest first: whole
 # blocks of 32 (a dense layer reads its weights once per call), then of 8, then the
 # rest in one call of 1, 4 or 8 rows padded (codegen/rows.py PADDED_TAIL), or, when
 # rows are too large to copy, 4 and then one at a time (at most 3 single rows).
 ROW_BLOCKS = (32, 8, 4, 1)
+# matmul_nbits dequantizes its weights once per call (kernels/nbits.py, from 16 rows):
+# a prefill's 128 rows in one call, not four (its columns split over the team).
+NBITS_ROW_BLOCKS = (128, *ROW_BLOCKS)
 
 # Operators (besides elementwise ones) that compute each row of a leading prefix
 # alone, given the axis checks of _axes_outside.
@@ -117,6 +120,11 @@ def row_prefix(spec: KernelSpec) -> tuple[str, ...]:
         raise GraphError(f"kernel {spec.name} {shapes}: symbolic dimensions are supported "
                          f"on leading rows only; {problem}")
     return names
+
+
+def row_blocks(spec: KernelSpec) -> tuple[int, ...]:
+    """The rows per call of `spec`'s static kernels, largest first (ROW_BLOCKS)."""
+    return NBITS_ROW_BLOCKS if spec.ops[0].op == "matmul_nbits" else ROW_BLOCKS
 
 
 def at_rows(spec: KernelSpec, prefix: tuple[str, ...], rows: int) -> KernelSpec:

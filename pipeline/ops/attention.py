@@ -31,8 +31,14 @@ def _infer(types, node):
         raise ModelError(f"node {node.name!r} (attention): Q {list(q)}, Kᵀ {list(kt)}, "
                          f"V {list(v)} do not multiply (query heads per key head: {group})")
     scores = (*q[:3], kt[3])
-    if len(types) > 3 and broadcast_shape(scores, types[3].shape,
-                                          where=f"node {node.name!r}") != scores:
+    last = node.attr("mask_keys", "all") == "last"
+    if node.attr("mask_keys", "all") not in ("all", "last"):
+        raise ModelError(f"node {node.name!r} (attention): mask_keys "
+                         f"{node.attr('mask_keys')!r} is not 'all' or 'last'")
+    # mask_keys="last": the mask's columns are the last keys (checked against them)
+    masked = (*scores[:3], types[3].shape[-1]) if last and len(types) > 3 else scores
+    if len(types) > 3 and broadcast_shape(masked, types[3].shape,
+                                          where=f"node {node.name!r}") != masked:
         raise ModelError(f"node {node.name!r} (attention): mask {list(types[3].shape)} "
                          f"does not broadcast to the scores {list(scores)}")
     output = node.attr("output", "y")
@@ -54,7 +60,11 @@ def _numpy(xs, node):
         s = cap * np.tanh(s / cap)
     output = node.attr("output", "y")
     if len(xs) > 3 and output != "scores":
-        s = s + xs[3]
+        mask = xs[3]
+        if node.attr("mask_keys", "all") == "last":  # no mask on the keys before its own
+            before = s.shape[-1] - mask.shape[-1]
+            mask = np.concatenate([np.zeros((*mask.shape[:-1], before), mask.dtype), mask], -1)
+        s = s + mask
     if output in ("y", "probs"):
         top = s.max(axis=-1, keepdims=True)
         empty = np.isneginf(top)
@@ -98,6 +108,10 @@ so the Transpose that merges the heads again is not materialised either. mask
 broadcasts to [B, Hq, Sq, Sk] (numpy rules) and is added after the scale and the
 `softcap` (if > 0: s = softcap * tanh(s / softcap)). A row whose scores are all
 -inf gives NaN as Softmax does, or 0 with masked_rows="zero" (ONNX Attention).
+With mask_keys="last" (FuseAttention's split KV-cache form,
+pipeline/transform/attention_split.py; the runtime-length kernel only) the mask's
+last axis covers only the last keys (the new ones after a cache) and the keys
+before them take no mask; the other axes broadcast as before.
 `output` other than "y" writes the scores instead (OUTPUTS above).
 """
 

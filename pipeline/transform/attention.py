@@ -33,6 +33,7 @@ import numpy as np
 
 from pipeline.ir.graph import Graph, Node, add_param
 from pipeline.ops.geometry import MAX_PANEL_FLOATS, panel_floats
+from pipeline.transform.attention_split import fuse_split_attention
 from pipeline.transform.context import PassConfig
 from pipeline.transform.util import fuse_chains, sole_user
 
@@ -40,8 +41,9 @@ _IDENTITY = (0, 1, 2, 3)
 
 
 def fuse_attention(graph: Graph, params: dict, cfg: PassConfig):
-    """Rewrite each rotary embedding, then each attention chain (module doc), into one
-    rotary_embedding or attention node."""
+    """Rewrite each rotary embedding, then each attention chain (module doc), then each
+    split KV-cache attention (transform/attention_split.py), into one rotary_embedding
+    or attention node."""
     graph, params = _fuse_rotary(graph, params)
     types, params = dict(graph.types), dict(params)
 
@@ -56,7 +58,8 @@ def fuse_attention(graph: Graph, params: dict, cfg: PassConfig):
         last = members[-1]
         return members, Node.make("attention", last.name, inputs, last.outputs, **attrs)
 
-    return fuse_chains(graph, params, "matmul", fuse, types)
+    graph, params = fuse_chains(graph, params, "matmul", fuse, types)
+    return fuse_split_attention(graph, params, _scalar, _fold_transposes)
 
 
 def _match(scores: Node, graph: Graph, params: dict, consumers: dict, outputs: set,

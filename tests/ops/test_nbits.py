@@ -32,6 +32,13 @@ CASES = [  # bits, block, zero points, bias, K, N, x shape (without K)
     (8, 32, "packed", True, 160, 56, (1,)),
     (8, 64, "none", False, 256, 32, (3, 4)),
     (8, 16, "packed", False, 72, 8, (6,)),   # (8 bits with float zero points: not in ORT)
+    # many rows (a prefill): the blocked form, tiles of rows and a remainder, K in
+    # panels of whole blocks (one or several), columns past the
+    # last whole item column by column
+    (4, 32, "packed", True, 256, 80, (2, 19)),
+    (4, 64, "float", False, 640, 64, (16,)),
+    (8, 16, "packed", True, 512, 128, (17,)),
+    (4, 128, "none", False, 384, 144, (1, 32)),
 ]
 
 
@@ -46,9 +53,10 @@ def test_matches_onnxruntime(case):
     _check(model, rng.standard_normal((*lead, k)).astype(np.float32))
 
 
-@pytest.mark.parametrize("opt_level", [0, 3])
-def test_two_layers_with_a_fused_epilogue(opt_level):
-    """MatMulNBits -> Relu -> MatMulNBits: the Relu fuses into the first kernel."""
+@pytest.mark.parametrize(("opt_level", "rows"), [(0, 4), (3, 4), (0, 20), (3, 20)])
+def test_two_layers_with_a_fused_epilogue(opt_level, rows):
+    """MatMulNBits -> Relu -> MatMulNBits: the Relu fuses into the first kernel (20
+    rows: into the blocked form's outputs)."""
     from onnx import helper
 
     rng = np.random.default_rng(7)
@@ -56,8 +64,32 @@ def test_two_layers_with_a_fused_epilogue(opt_level):
     n1, i1 = nbits_node("up", "x", "h", w1, 4, 32, "packed")
     n2, i2 = nbits_node("down", "r", "y", w2, 4, 32, "none")
     model = nbits_model([n1, helper.make_node("Relu", ["h"], ["r"]), n2], i1 + i2,
-                        [4, 128], [4, 64])
-    _check(model, rng.standard_normal((4, 128)).astype(np.float32), opt_level)
+                        [rows, 128], [rows, 64])
+    _check(model, rng.standard_normal((rows, 128)).astype(np.float32), opt_level)
+
+
+def test_symbolic_rows_in_blocks_of_128_and_32(tmp_path):
+    """Over symbolic rows (the VM) the 4-bit kernel takes blocks of 128 rows, then of
+    32 (both the blocked form), 8 and the rest: 170 = 128 + 32 + 8 + 2 and 45 rows, one
+    library, against onnxruntime."""
+    import pipeline
+    from pipeline.frontend import from_onnx
+    from pipeline.runtime.vm import VirtualMachine
+
+    rng = np.random.default_rng(9)
+    w, bias = rng.standard_normal((256, 80)).astype(np.float32), rng.standard_normal(80)
+    node, inits = nbits_node("mm", "x", "y", w, 4, 32, "packed", bias.astype(np.float32))
+    model = nbits_model([node], inits, ["rows", 256], ["rows", 80])
+    graph, params = from_onnx(model, symbolic=True)
+    so = tmp_path / "nbits.so"
+    pipeline.build(graph, "llvm -mcpu=native", params=params, executor="vm",
+                   dims={"rows": (1, 256)}).export_library(str(so))
+    vm = VirtualMachine(str(so))
+    for rows in (170, 45):
+        x = rng.standard_normal((rows, 256)).astype(np.float32)
+        want = run_ort(model, {"x": x})[0]
+        np.testing.assert_allclose(vm.run(x)[0], want, rtol=1e-4,
+                                   atol=1e-5 * np.abs(want).max())
 
 
 def test_accuracy_level_4_is_computed_in_float32():

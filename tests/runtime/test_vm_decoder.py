@@ -152,3 +152,64 @@ def test_doit_builds_the_4bit_decoder_from_a_dims_entry(tmp_path):
     vm = VirtualMachine(tmp_path / "out" / "gpt4" / "llvm" / "gpt4.so")
     assert vm.executable.content.dims["past+seq"] == (1, 96)
     _decode(tmp_path / "nets" / "gpt4.onnx", lambda feeds: vm.run(**feeds), 2, 3)
+
+
+def _split_attention(new_keys) -> onnx.ModelProto:
+    """The decoder's split attention alone (scores against the cache unmasked and
+    against the new keys with an arbitrary additive mask [batch, 1, new, new], joined
+    before the Softmax), heads of 16, `new_keys` query rows and new keys (an int or
+    "seq")."""
+    from onnx import TensorProto, helper
+
+    f, node = TensorProto.FLOAT, helper.make_node
+    cache, grown = ["batch", 4, "past", 16], ["batch", 4, "past+new", 16]
+    step = ["batch", 4, new_keys, 16]
+    nodes = [node("Concat", ["past_k", "k"], ["present_k"], axis=2),
+             node("Concat", ["past_v", "v"], ["present_v"], axis=2),
+             node("Transpose", ["past_k"], ["past_kt"], perm=[0, 1, 3, 2]),
+             node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             node("MatMul", ["q", "past_kt"], ["old"]),
+             node("MatMul", ["q", "kt"], ["new_raw"]),
+             node("Add", ["new_raw", "mask"], ["new"]),
+             node("Concat", ["old", "new"], ["scores"], axis=-1),
+             node("Softmax", ["scores"], ["probs"], axis=-1),
+             node("MatMul", ["probs", "present_v"], ["y"])]
+    inputs = [helper.make_tensor_value_info(n, f, s) for n, s in (
+        ("q", step), ("k", step), ("v", step), ("past_k", cache), ("past_v", cache),
+        ("mask", ["batch", 1, new_keys, new_keys]))]
+    outputs = [helper.make_tensor_value_info("y", f, step),
+               helper.make_tensor_value_info("present_k", f, grown),
+               helper.make_tensor_value_info("present_v", f, grown)]
+    model = helper.make_model(helper.make_graph(nodes, "split", inputs, outputs),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("new_keys", [1, "seq"])
+def test_split_attention_mask_covers_only_the_new_keys(tmp_path, new_keys):
+    """FuseAttention's split form (one attention, mask_keys="last") with a mask of
+    random values: the cached keys take none of it, also where the mask is [.., 1, 1]
+    (one new key: broadcast to the last key only, not to every key); pasts across
+    a block of 64 keys (keys packed 16 at a time and one by one), batch 2, against
+    onnxruntime."""
+    import pipeline
+    from pipeline.frontend import from_onnx
+
+    model = _split_attention(new_keys)
+    graph, params = from_onnx(model, symbolic=True)
+    so = tmp_path / "split.so"
+    pipeline.build(graph, TARGET, params=params, executor="vm",
+                   dims={"batch": (1, 2), "past": (0, 80), "seq": (1, 40)}
+                   ).export_library(str(so))
+    vm, rng = VirtualMachine(str(so)), np.random.default_rng(5)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for past, seq in ((0, 37), (61, 9), (70, 1)):
+        seq = 1 if new_keys == 1 else seq
+        step, cache = (2, 4, seq, 16), (2, 4, past, 16)
+        feeds = {n: rng.standard_normal(s).astype(np.float32) for n, s in (
+            ("q", step), ("k", step), ("v", step), ("past_k", cache), ("past_v", cache),
+            ("mask", (2, 1, seq, seq)))}
+        vm.set_input("main", **feeds)
+        for got, want in zip(vm.invoke("main"), sess.run(None, feeds), strict=True):
+            np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-5)

@@ -207,3 +207,31 @@ def test_repeat_kv_becomes_the_attention_group():
     model, feeds = repeat_kv_attention()
     assert optimized_ops(model) == {"attention": 1}
     assert_matches_ort(model, feeds, opt_level=3)
+
+
+def test_split_kv_cache_attention_becomes_one_attention():
+    """The test decoder's split form (scores against the cache and the masked new keys
+    joined before the Softmax, tests/support/decoder_models.py) with symbolic lengths:
+    per layer one attention over the present cache, its mask on the last keys, no
+    product, Softmax or scale Mul left; with static lengths it is left alone (the
+    static kernel has no such mask)."""
+    from tests.support.decoder_models import decoder
+
+    graph, params = from_onnx(decoder(), symbolic=True)
+    with PassContext(opt_level=3, disabled_pass=["FuseOps"]):
+        out, _ = optimize(graph, params)
+    ops = collections.Counter(n.op for n in out.nodes)
+    assert ops["attention"] == 2 and not ops["matmul"] and not ops["softmax"], ops
+    fused = [n for n in out.nodes if n.op == "attention"]
+    assert [n.inputs[1:3] for n in fused] == [(f"present_key_{i}", f"present_value_{i}")
+                                              for i in range(2)]
+    for n in fused:
+        assert n.attr("mask_keys") == "last", n
+        assert math.isclose(n.attr("scale"), 32 ** -0.5, rel_tol=1e-6), n
+    shapes = {"input_ids": (1, 4), "position_ids": (1, 4),
+              **{f"past_{k}_{i}": (1, 4, 3, 32) for k in ("key", "value") for i in range(2)}}
+    graph, params = from_onnx(decoder(), shapes)
+    with PassContext(opt_level=3, disabled_pass=["FuseOps"]):
+        out, _ = optimize(graph, params)
+    ops = collections.Counter(n.op for n in out.nodes)
+    assert not ops["attention"] and ops["softmax"] == 2, ops
