@@ -96,6 +96,27 @@ def test_prefill_and_decode_in_the_vm(libraries, bits):
     _decode(model, _zero_copy(VirtualMachine(so)), 1, 4)
 
 
+def test_decoder_quantized_by_onnxruntimes_matmul_nbits_quantizer(libraries, tmp_path):
+    """The float decoder quantized by onnxruntime's own MatMulNBitsQuantizer (its
+    defaults: round to nearest, 4 bits, accuracy level unset): one VM library runs
+    its prefill and decode steps as onnxruntime does."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    from pipeline.tools.cli import compile_model
+
+    quantizer = MatMulNBitsQuantizer(decoder(0), block_size=32, is_symmetric=False)
+    quantizer.process()
+    model = quantizer.model.model
+    assert sum(n.op_type == "MatMulNBits" for n in model.graph.node) == 13
+    path, so = tmp_path / "gpt_q.onnx", tmp_path / "gpt_q.so"
+    onnx.save(model, path)
+    cache = libraries[4][1].parent / "cache"  # the same kernels as this module's 4-bit one
+    compile_model(str(path), str(so), TARGET, executor="vm", cache=str(cache), dims=DIMS)
+    vm = VirtualMachine(so)
+    calls = _decode(path, lambda feeds: vm.run(**feeds), 1, 5)
+    assert calls[-1] == (1, 1, PREFILL + STEPS - 1)
+
+
 def _max_rss_kib(stderr: str) -> int | None:
     found = re.search(r"Maximum resident set size \(kbytes\): (\d+)", stderr)
     return int(found.group(1)) if found else None

@@ -1,10 +1,12 @@
 """Models with com.microsoft.MatMulNBits, quantized by onnxruntime's own code.
 
-onnxruntime 1.32's MatMulNBitsQuantizer (onnxruntime.quantization.matmul_nbits_quantizer)
-imports the onnx_ir package, which this machine lacks, so its default (round to
-nearest) algorithm is run here step by step as that module does: the C++ blockwise
-quantizers it calls (quantize_matmul_4bits / _8bits of onnxruntime's bindings) on the
-float weight of a MatMul, and the MatMulNBits node it writes in that MatMul's place."""
+Its default (round to nearest) algorithm is run here step by step as
+onnxruntime.quantization.matmul_nbits_quantizer does: the C++ blockwise quantizers it
+calls (quantize_matmul_4bits / _8bits of onnxruntime's bindings) on the float weight of
+a MatMul, and the MatMulNBits node it writes in that MatMul's place; so one node can
+take any bits, block size and zero-point form. The whole quantizer (which needs the
+onnx-ir package, in the `ort` extra) quantizes the test decoder in
+tests/runtime/test_vm_decoder.py."""
 
 from __future__ import annotations
 
