@@ -114,6 +114,11 @@ def _body(ctx: ImportContext, g: onnx.GraphProto, formal: list[TensorType], opse
             continue
         for node in _convert(sub, onode, source):
             out = infer_types(node, [types[i] for i in node.inputs])
+            if symbol is not None and (any(is_symbolic(t.shape) for t in out) or any(
+                    isinstance(v, tuple) and is_symbolic(v) for k, v in node.attrs
+                    if not (node.op == "iota" and k == "dims"))):
+                raise ModelError(f"{where}: node {node.name!r} ({node.op}): a shape that "
+                                 "changes with the Loop's iteration number is not supported")
             types.update(zip(node.outputs, out, strict=True))
             sub.track(node)
             nodes.append(node)
@@ -136,8 +141,8 @@ def _iteration_indices(ctx: ImportContext, nodes: list[Node], iteration: str, sy
     """`nodes` of a Loop body whose iteration number was the symbolic value `symbol`:
     each `iota` starting at `a * symbol + b` with a static length L (a Slice's indices,
     a Range) becomes `iteration * a + (b + arange(L))`, read from the iteration tensor;
-    ModelError naming the node for any other use of the symbol (a length or a shape
-    that changes with the iteration)."""
+    ModelError naming the node for an iota of another start (a length or a shape
+    that changes with the iteration: _body refuses it as it converts)."""
     result = []
     for node in nodes:
         attrs = dict(node.attrs)
@@ -169,10 +174,6 @@ def _iteration_indices(ctx: ImportContext, nodes: list[Node], iteration: str, sy
                     m, [ctx.types[i] for i in m.inputs]), strict=True))
             result += made
             continue
-        if any(isinstance(v, tuple) and is_symbolic(v) for v in attrs.values()) or any(
-                is_symbolic(ctx.types[o].shape) for o in node.outputs):
-            raise ModelError(f"{where}: node {node.name!r} ({node.op}): a shape that "
-                             "changes with the Loop's iteration number is not supported")
         result.append(node)
     return result
 
