@@ -205,7 +205,7 @@ def test_graph_executor_still_refuses_control_flow():
         pipeline.frontend.from_onnx(_if_model())
     graph, params = pipeline.frontend.from_onnx(_if_model(), control_flow=True)
     with pytest.raises(UnsupportedOperatorError, match=r"control flow at node\(s\) If_1 \(if\): "
-                                                       r"subgraphs run only in the VM"):
+                                                       r"only the VM runs them"):
         pipeline.build(graph, target=TARGET, params=params)
 
 
