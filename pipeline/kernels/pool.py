@@ -117,7 +117,7 @@ for _kind in ("max", "avg", "lp"):
     lowering(f"{_kind}_pool1d", lower=_pool1d_lower)
 
 
-def _global_pool_lower(kb, node, ins, out, epilogue, shapes=None):
+def _global_pool_lower(kb, node, ins, out, epilogue):
     """Max, average or Lp norm over each (n, c) plane; with runtime dimensions too
     (a symbolic height or width: the plane's size is an Index, the mean's divisor a
     runtime float)."""
@@ -144,4 +144,6 @@ def _global_pool_lower(kb, node, ins, out, epilogue, shapes=None):
 
 
 for _kind in ("avg", "max", "lp"):
-    lowering(f"global_{_kind}_pool", lower=_global_pool_lower, lower_dims=_global_pool_lower)
+    lowering(f"global_{_kind}_pool", lower=_global_pool_lower,
+             lower_dims=lambda kb, node, ins, out, epilogue, shapes=None:
+             _global_pool_lower(kb, node, ins, out, epilogue))
