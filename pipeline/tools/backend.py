@@ -415,7 +415,8 @@ def _all_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
 
 
 def _body(node: onnx.NodeProto) -> onnx.GraphProto:
-    return next(a.g for a in node.attribute if a.name == "body")
+    """A Loop's body (an empty graph if it has none: the import will say so)."""
+    return next((a.g for a in node.attribute if a.name == "body"), onnx.GraphProto())
 
 
 class PipelineBackend(Backend):
