@@ -368,3 +368,25 @@ def test_an_if_on_a_known_condition_is_the_branch_it_takes():
     graph, _params = pipeline.frontend.from_onnx(model, control_flow=True)
     assert "if" not in {n.op for n in graph.nodes}
     assert [graph.types[o].shape for o in graph.outputs] == [(2,), (2,)]
+
+
+def test_a_body_shape_computed_at_run_time_is_one_import_error():
+    """A Reshape to a loop-carried shape: its result would have a bound, not a shape,
+    so the body's next shape rule fails; the error names the Reshape."""
+    from pipeline.errors import ModelError
+
+    body = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "s_in"], ["r"]),
+         helper.make_node("Add", ["acc", "r"], ["acc2"]),
+         helper.make_node("Identity", ["s_in"], ["s_out"]),
+         helper.make_node("Identity", ["c_in"], ["c_out"])], "body",
+        [t("i", T.INT64, []), t("c_in", T.BOOL, []), t("acc", T.FLOAT, [2, 3]),
+         t("s_in", T.INT64, [2])],
+        [t("c_out", T.BOOL, []), t("acc2", T.FLOAT, [2, 3]), t("s_out", T.INT64, [2])])
+    model = _model([helper.make_node("Loop", ["m", "", "a0", "s"], ["a", "s2"], body=body)],
+                   [t("m", T.INT64, []), t("x", T.FLOAT, [6]), t("a0", T.FLOAT, [2, 3]),
+                    t("s", T.INT64, [2])], [t("a", T.FLOAT, [2, 3])])
+    with pytest.raises(ModelError, match=r"body: node 'Reshape_0' \(reshape_to\) has a shape "
+                                         "computed at run time") as err:
+        pipeline.frontend.from_onnx(model, control_flow=True)
+    assert "\n" not in str(err.value)

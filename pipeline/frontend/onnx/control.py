@@ -30,7 +30,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from pipeline.errors import ModelError, UnsupportedOperatorError
+from pipeline.errors import GraphError, ModelError, UnsupportedOperatorError
 from pipeline.frontend.onnx.importer import (
     CONTROL_CONVERTERS,
     ImportContext,
@@ -44,6 +44,7 @@ from pipeline.frontend.onnx.importer import (
 from pipeline.frontend.onnx.registry import onnx_converter
 from pipeline.ir.dims import dim_terms, is_symbolic, symbols_of
 from pipeline.ir.graph import ONNX_DTYPES, Graph, Node, TensorType, add_param, fresh_name
+from pipeline.ops.dynamic import data_dependent
 from pipeline.ops.sequence import join
 
 
@@ -113,12 +114,7 @@ def _body(ctx: ImportContext, g: onnx.GraphProto, formal: list[TensorType], opse
             _import_constant(onode, sub, source)
             continue
         for node in _convert(sub, onode, source):
-            out = infer_types(node, [types[i] for i in node.inputs])
-            if symbol is not None and (any(is_symbolic(t.shape) for t in out) or any(
-                    isinstance(v, tuple) and is_symbolic(v) for k, v in node.attrs
-                    if not (node.op == "iota" and k == "dims"))):
-                raise ModelError(f"{where}: node {node.name!r} ({node.op}): a shape that "
-                                 "changes with the Loop's iteration number is not supported")
+            out = _infer(node, types, nodes, symbol is not None, where)
             types.update(zip(node.outputs, out, strict=True))
             sub.track(node)
             nodes.append(node)
@@ -134,6 +130,29 @@ def _body(ctx: ImportContext, g: onnx.GraphProto, formal: list[TensorType], opse
         raise ModelError(f"{where}: the subgraph reads {missing[0]!r}, which is defined "
                          "nowhere")
     return _rename_constants(ctx, sub, _Body(nodes, names, outputs, captures, types))
+
+
+def _infer(node: Node, types: dict[str, TensorType], before: list[Node], iteration: bool,
+           where: str) -> list[TensorType]:
+    """The output types of body node `node`; ModelError naming it if its shape changes
+    with the iteration number (`iteration`: a Loop body, whose iteration input is
+    symbolic), or naming the data-dependent node of `before` (a Reshape to a shape the
+    body computes) when a shape rule fails after one: a body's shapes are static."""
+    try:
+        out = infer_types(node, [types[i] for i in node.inputs])
+    except GraphError as err:
+        dynamic = [n for n in before if data_dependent(n) is not None]
+        if not dynamic:
+            raise
+        raise ModelError(f"{where}: node {dynamic[0].name!r} ({dynamic[0].op}) has a shape "
+                         "computed at run time, which a body's static shapes cannot take "
+                         f"({err})") from None
+    if iteration and (any(is_symbolic(t.shape) for t in out) or any(
+            isinstance(v, tuple) and is_symbolic(v) for key, v in node.attrs
+            if not (node.op == "iota" and key == "dims"))):
+        raise ModelError(f"{where}: node {node.name!r} ({node.op}): a shape that "
+                         "changes with the Loop's iteration number is not supported")
+    return out
 
 
 def _iteration_indices(ctx: ImportContext, nodes: list[Node], iteration: str, symbol: str,
