@@ -199,11 +199,21 @@ def _control_flow_reasons(node: onnx.NodeProto, opset: int, known: set[str]) -> 
                 and inner.input[pos] not in inner_known]
             if converter is None:
                 reasons.append(f"{inner.op_type} (opset {opset}) in a subgraph: no converter")
-            elif runtime and not (inner.op_type in ("Slice", "Range")
-                                  and set(runtime) <= iteration):
+            elif runtime and not _static_length(inner, iteration, inner_known):
                 reasons.append(f"{inner.op_type} in a subgraph: a build-time input computed "
                                "at run time")
     return reasons
+
+
+def _static_length(node: onnx.NodeProto, iteration: set[str], known: set[str]) -> bool:
+    """Whether Slice or Range `node` in a Loop body likely has a static length: its two
+    bounds both follow the iteration number (i to i + 1; a constant against i would
+    grow with it), the rest known at build time. The import checks it exactly."""
+    bounds, rest = ((node.input[1:3], node.input[3:5]) if node.op_type == "Slice"
+                    else (node.input[0:2], node.input[2:3]) if node.op_type == "Range"
+                    else ((), ("",)))
+    return (len(bounds) == 2 and set(bounds) <= iteration
+            and all(not r or r in known for r in rest))
 
 
 def _element_type(tp):

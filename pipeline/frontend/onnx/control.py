@@ -147,7 +147,7 @@ def _infer(node: Node, types: dict[str, TensorType], before: list[Node], iterati
         raise ModelError(f"{where}: node {dynamic[0].name!r} ({dynamic[0].op}) has a shape "
                          "computed at run time, which a body's static shapes cannot take "
                          f"({err})") from None
-    if iteration and (any(is_symbolic(t.shape) for t in out) or any(
+    if iteration and (any(t.shape is not None and is_symbolic(t.shape) for t in out) or any(
             isinstance(v, tuple) and is_symbolic(v) for key, v in node.attrs
             if not (node.op == "iota" and key == "dims"))):
         raise ModelError(f"{where}: node {node.name!r} ({node.op}): a shape that "
