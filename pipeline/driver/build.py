@@ -31,7 +31,7 @@ from pipeline.lower.rows import at_values
 from pipeline.plan import MemoryPlan, graph_json, plan_memory
 from pipeline.transform import PassContext, optimize
 from pipeline.vm.compile import Executable
-from pipeline.vm.program import compile_program, has_control_flow
+from pipeline.vm.program import CONTROL_OPS, compile_program, has_control_flow
 
 
 def lower_specs(graph: Graph, params: dict, target: Target, opt_level: int,
@@ -181,17 +181,22 @@ def lower_program(graph: Graph, params: dict, target: Target, opt_level: int,
     return LoweredProgram(program, tuple(parts))
 
 
-def refuse_control_flow(graph: Graph) -> None:
-    """UnsupportedOperatorError naming the If, Loop and Scan nodes of `graph` and those
-    whose output shapes depend on values, which only the VM runs; nothing if it has
-    none."""
-    nodes = [f"{n.name} ({n.op})" for n in graph.nodes
-             if has_control_flow(graph.replace(nodes=(n,)))]
-    if nodes:
+def refuse_vm_only_nodes(graph: Graph) -> None:
+    """UnsupportedOperatorError naming the nodes of `graph` only the VM runs: If, Loop
+    and Scan (control flow) and those whose output shapes depend on values; nothing if
+    it has none."""
+    found: dict[str, list[str]] = {}
+    for n in graph.nodes:
+        if has_control_flow(graph.replace(nodes=(n,))):
+            kind = ("control flow" if n.op in CONTROL_OPS
+                    else "data-dependent output shapes")
+            found.setdefault(kind, []).append(f"{n.name} ({n.op})")
+    if found:
+        listing = "; ".join(f"{kind} at node(s) {', '.join(names[:5])}"
+                            for kind, names in found.items())
         raise UnsupportedOperatorError(
-            f"unsupported operator(s) for the graph executor: control flow at node(s) "
-            f"{', '.join(nodes[:5])}: subgraphs run only in the VM (executor='vm'), as do "
-            "data-dependent shapes")
+            f"unsupported operator(s) for the graph executor: {listing}: only the VM runs "
+            "them (executor='vm')")
 
 
 def _build_program(graph: Graph, params: dict, resolved: Target, target: str, llvm_level: int,
@@ -200,7 +205,7 @@ def _build_program(graph: Graph, params: dict, resolved: Target, target: str, ll
     runs it: UnsupportedOperatorError for executor "graph", naming the nodes as the
     importer does."""
     if executor != "vm":
-        refuse_control_flow(graph)
+        refuse_vm_only_nodes(graph)
     lowered = lower_program(graph, params, resolved, llvm_level)
     objects = {}
     for spec in lowered.specs:

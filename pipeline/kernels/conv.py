@@ -19,6 +19,7 @@ import math
 from pipeline.dsl.gemm_tile import PANEL_COLUMNS, tiled_gemm
 from pipeline.dsl.vector import ELEMENT_WORK, parallel_for
 from pipeline.kernels.registry import lowering
+from pipeline.kernels.runtime_dims import conv_dims
 from pipeline.kernels.windows import lower_1d, plane_epilogue
 from pipeline.ops.geometry import causal_parts, ceil_div
 
@@ -195,9 +196,9 @@ def _conv_taps(kb, node, x, out, in_plane, plane, taps, box):
             kb.store(out, o, acc)
 
 
-lowering("conv2d", lower=_conv_lower)
+lowering("conv2d", lower=_conv_lower, lower_dims=conv_dims)
 
-lowering("conv3d", lower=_conv_gemm)
+lowering("conv3d", lower=_conv_gemm, lower_dims=conv_dims)
 
 
 _conv1d_lower = lower_1d(_conv_lower)

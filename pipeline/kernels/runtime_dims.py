@@ -9,6 +9,7 @@ could not read the runtime dimensions.
 
 from __future__ import annotations
 
+import itertools
 from functools import reduce
 
 from pipeline.errors import GraphError
@@ -102,3 +103,44 @@ def concat_dims(kb, node, ins, out, epilogue, shapes=None) -> None:
         with kb.loop(0, outer, f"o{k}") as o, kb.loop(0, width, f"j{k}") as j:
             kb.store(out, o * row + offset + j, kb.load(x, o * width + j))
         offset = offset + width
+
+
+def conv_dims(kb, node, ins, out, epilogue, shapes=None) -> None:
+    """conv2d / conv3d over a symbolic spatial size: out[n, oc, o...] = bias[oc] +
+    sum over the group's input channels and the taps of x * w, a tap outside the
+    input skipped by a select on a clamped load (a scalar nest, one thread)."""
+    x, w = ins[0], ins[1]
+    bias = ins[2] if len(ins) > 2 else None
+    if x.type.dtype != "float32":
+        raise GraphError(f"node {node.name!r} ({node.op}): runtime dimensions need float32")
+    oc_n, icg, *kernel = w.type.shape
+    spatial, d = x.type.shape[2:], len(w.type.shape) - 2
+    strides, dilations, pads = node.attr("strides"), node.attr("dilations"), node.attr("pads")
+    per_group = oc_n // node.attr("groups")
+    acc = kb.local(kb.f32(0.0))
+    with kb.nest(out.type.shape, "o") as index:
+        n, oc, *o = index
+        kb.set(acc, kb.load(bias, oc) if bias is not None else kb.f32(0.0))
+        first = (oc // per_group) * icg if per_group != oc_n else 0
+        taps = []  # per spatial dim: (clamped offset, inside) of each kernel position
+        for i in range(d):
+            row = []
+            for k in range(kernel[i]):
+                at = o[i] * strides[i] + (k * dilations[i] - pads[i])
+                row.append((kb.clamp(at, spatial[i]) * x.strides[2 + i],
+                            kb.inside(at, 0, spatial[i])))
+            taps.append(row)
+        with kb.loop(0, icg, "ic") as ic:
+            x0 = n * x.strides[0] + (first + ic) * x.strides[1]
+            w0 = oc * w.strides[0] + ic * w.strides[1]
+            for k, tap in enumerate(itertools.product(*taps)):  # weights' order
+                at, ok = x0, None
+                for offset, inside in tap:
+                    at = at + offset
+                    ok = inside if ok is None else kb.and_(ok, inside)
+                weight = kb.load(w, w0 + k)
+                term = kb.fmul(kb.load(x, at), weight)
+                kb.set(acc, kb.select(ok, kb.fadd(kb.get(acc), term), kb.get(acc)))
+        value = kb.get(acc)
+        kb.store(out, kb.dot(index, out.strides),
+                 epilogue(value, index) if epilogue is not None else value)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.errors import ModelError
+from pipeline.errors import GraphError, ModelError
 from pipeline.ir.graph import TensorType
 from pipeline.ops.geometry import causal_parts
 from pipeline.ops.registry import OpKind, register
@@ -26,9 +26,12 @@ def _conv_infer(types, node):
     if c != icg * groups or oc % groups:
         raise ModelError(f"node {node.name!r} ({node.op}): {c} input channels do not match "
                          f"weights {list(w.shape)} with groups={groups}")
-    out = [window_out(size, k, s, pads[i], pads[d + i], dl) for i, (size, k, s, dl)
-           in enumerate(zip(spatial, kernel, strides, dilations, strict=True))]
-    if min(out) < 1:
+    try:
+        out = [window_out(size, k, s, pads[i], pads[d + i], dl) for i, (size, k, s, dl)
+               in enumerate(zip(spatial, kernel, strides, dilations, strict=True))]
+    except GraphError as err:  # a symbolic size this window cannot take
+        raise GraphError(f"node {node.name!r} ({node.op}): {err}") from None
+    if min((o for o in out if isinstance(o, int)), default=1) < 1:
         raise ModelError(f"node {node.name!r} ({node.op}): kernel {kernel} does not fit "
                          f"the padded input {list(x.shape)}")
     return [TensorType((n, oc, *out), x.dtype)]

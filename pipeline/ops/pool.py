@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.errors import ModelError
+from pipeline.errors import GraphError, ModelError
 from pipeline.ir.graph import TensorType
 from pipeline.ops.registry import OpKind, register
 from pipeline.ops.windows import infer_1d, window_out
@@ -22,9 +22,12 @@ def _pool_infer(types, node):
         node.attr("dilations")
     pads, d = node.attr("pads"), len(kernel)
     ceil = bool(node.attr("ceil_mode", 0))
-    out = [window_out(size, k, s, pads[i], pads[d + i], dl, ceil) for i, (size, k, s, dl)
-           in enumerate(zip(spatial, kernel, strides, dilations, strict=True))]
-    if min(out) < 1:
+    try:
+        out = [window_out(size, k, s, pads[i], pads[d + i], dl, ceil) for i, (size, k, s, dl)
+               in enumerate(zip(spatial, kernel, strides, dilations, strict=True))]
+    except GraphError as err:  # a symbolic size this window cannot take
+        raise GraphError(f"node {node.name!r} ({node.op}): {err}") from None
+    if min((o for o in out if isinstance(o, int)), default=1) < 1:
         raise ModelError(f"node {node.name!r} ({node.op}): window {list(kernel)} does not "
                          f"fit the padded input {list(types[0].shape)}")
     return [TensorType((n, c, *out), types[0].dtype)]

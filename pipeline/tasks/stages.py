@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pipeline.codegen.c_source import c_source
-from pipeline.driver.build import lower_graph, lower_program, refuse_control_flow
+from pipeline.driver.build import lower_graph, lower_program, refuse_vm_only_nodes
 from pipeline.driver.factory import LoweredGraph, unique_specs
 from pipeline.errors import GraphError
 from pipeline.files import atomic_write
@@ -98,7 +98,7 @@ def optimize_model(graph_path: str, weights_path: str, target: dict, spec_dir: s
     with ctx:
         if has_control_flow(graph):
             if target.get("executor") != "vm":
-                refuse_control_flow(graph)
+                refuse_vm_only_nodes(graph)
             if dims:
                 raise GraphError("symbolic dimensions together with If/Loop/Scan are not "
                                  "supported yet, nor with data-dependent shapes")

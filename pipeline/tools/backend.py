@@ -78,6 +78,8 @@ def unsupported(model: onnx.ModelProto, limits: bool = True) -> list[str]:
             reasons.append(f"{kind.removesuffix('_type')} values")
         elif tp.tensor_type.elem_type not in ONNX_DTYPES:
             reasons.append("dtype " + TensorProto.DataType.Name(tp.tensor_type.elem_type))
+    inputs = {vi.name for vi in g.input} - {i.name for i in g.initializer}
+    known = _known_values(g, _build_time_inputs(g, inputs, opset))
     for node in g.node:
         custom = node.domain not in ("", "ai.onnx")
         if custom and onnx_converter(f"{node.domain}.{node.op_type}",
@@ -87,10 +89,10 @@ def unsupported(model: onnx.ModelProto, limits: bool = True) -> list[str]:
         if node.op_type == "Constant" and not custom:
             continue
         if node.op_type in CONTROL_FLOW and not custom:  # the VM runs it
-            reasons += _control_flow_reasons(node, opset, {i.name for i in g.initializer})
+            reasons += _control_flow_reasons(node, opset, known)
             continue
         if node.op_type in VM_VALUE_OPS and not custom:  # sequences, optionals: the VM's
-            reasons += _control_flow_reasons(node, opset, set())  # SequenceMap's body
+            reasons += _control_flow_reasons(node, opset, known)  # SequenceMap's body
             continue
         converter = onnx_converter(f"{node.domain}.{node.op_type}" if custom else node.op_type,
                                    domain_opset(model, node.domain) if custom else opset)
@@ -121,11 +123,51 @@ def unsupported(model: onnx.ModelProto, limits: bool = True) -> list[str]:
     return sorted(set(reasons))
 
 
-def _control_flow_reasons(node: onnx.NodeProto, opset: int, constants: set[str]) -> list[str]:
+# Ops through which a Loop body's iteration number stays a value the importer follows
+# (frontend/onnx/symbolic.py: a Slice from i to i + 1 has a static length).
+_ITERATION_OPS = ("Add", "Sub", "Mul", "Unsqueeze", "Squeeze", "Reshape", "Identity", "Cast",
+                  "Concat", "Gather", "Slice")
+_RANDOM = ("RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+           "Multinomial", "Bernoulli")  # never known at build time; nor VM_VALUE_OPS' values
+
+
+def _known_values(g: onnx.GraphProto, frozen: set[str]) -> set[str]:
+    """Names of `g` whose values are known at build time: initializers, Constants, the
+    frozen inputs, Shape and Size (inputs are static per build), and what nodes compute
+    from those alone (an If's outputs when its condition and what its branches read
+    are: it is inlined)."""
+    known = {i.name for i in g.initializer} | frozen
+    for node in g.node:
+        reads = set(node.input) | (_outer_reads(node) if node.op_type in CONTROL_FLOW
+                                   else set())
+        if node.op_type in ("Constant", "Shape", "Size") or (
+                node.op_type not in (*_RANDOM, *VM_VALUE_OPS, "Loop", "Scan")
+                and reads - {""} <= known):
+            known.update(node.output)
+    return known
+
+
+def _outer_reads(node: onnx.NodeProto) -> set[str]:
+    """The names the subgraphs of control-flow `node` read from outside themselves."""
+    reads: set[str] = set()
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            body = attr.g
+            inner = {i.name for i in body.input} | {i.name for i in body.initializer}
+            for n in body.node:
+                more = _outer_reads(n) if n.op_type in CONTROL_FLOW else set()
+                reads |= (set(n.input) | more) - inner - {""}
+                inner.update(n.output)
+            reads |= {o.name for o in body.output} - inner
+    return reads
+
+
+def _control_flow_reasons(node: onnx.NodeProto, opset: int, known: set[str]) -> list[str]:
     """Why an If, Loop or Scan cannot be compiled (the VM runs them with static shapes,
     frontend/onnx/control.py): an operator of a subgraph without a converter, or one
-    reading a build-time input the subgraph computes at run time (a Slice of the
-    iteration number)."""
+    reading a build-time input the subgraph computes at run time (a Reshape of a loop-
+    carried shape), other than a Slice or Range from the iteration number. `known`:
+    the outer names known at build time."""
     reasons = []
     if node.op_type == "Scan" and opset < 9 and node.input and node.input[0]:
         reasons.append("Scan (opset 8): sequence_lens")
@@ -133,24 +175,45 @@ def _control_flow_reasons(node: onnx.NodeProto, opset: int, constants: set[str])
         if attr.type != onnx.AttributeProto.GRAPH:
             continue
         body = attr.g
-        known = constants | {i.name for i in body.initializer}
+        inner_known = known | {i.name for i in body.initializer}
+        iteration = {body.input[0].name} if node.op_type == "Loop" and body.input else set()
         for inner in body.node:
+            reads = set(inner.input) - {""}
+            if inner.op_type in ("Constant", "Shape", "Size") or (
+                    inner.op_type not in (*_RANDOM, *VM_VALUE_OPS, *CONTROL_FLOW)
+                    and reads <= inner_known):
+                inner_known.update(inner.output)
+            elif inner.op_type in _ITERATION_OPS and reads <= inner_known | iteration:
+                iteration.update(inner.output)
             if inner.op_type == "Constant":
-                known.update(inner.output)
                 continue
             if inner.op_type in CONTROL_FLOW:
-                reasons += _control_flow_reasons(inner, opset, known)
+                reasons += _control_flow_reasons(inner, opset, inner_known)
                 continue
             converter = onnx_converter(inner.op_type, opset)
             if inner.op_type in VM_VALUE_OPS:
                 continue
+            runtime = [] if converter is None else [
+                inner.input[pos] for pos in converter.build_time_inputs
+                if pos < len(inner.input) and inner.input[pos]
+                and inner.input[pos] not in inner_known]
             if converter is None:
                 reasons.append(f"{inner.op_type} (opset {opset}) in a subgraph: no converter")
-            elif any(pos < len(inner.input) and inner.input[pos] not in known
-                     for pos in converter.build_time_inputs if inner.input[pos:pos + 1] != [""]):
+            elif runtime and not _static_length(inner, iteration, inner_known):
                 reasons.append(f"{inner.op_type} in a subgraph: a build-time input computed "
                                "at run time")
     return reasons
+
+
+def _static_length(node: onnx.NodeProto, iteration: set[str], known: set[str]) -> bool:
+    """Whether Slice or Range `node` in a Loop body likely has a static length: its two
+    bounds both follow the iteration number (i to i + 1; a constant against i would
+    grow with it), the rest known at build time. The import checks it exactly."""
+    bounds, rest = ((node.input[1:3], node.input[3:5]) if node.op_type == "Slice"
+                    else (node.input[0:2], node.input[2:3]) if node.op_type == "Range"
+                    else ((), ("",)))
+    return (len(bounds) == 2 and set(bounds) <= iteration
+            and all(not r or r in known for r in rest))
 
 
 def _element_type(tp):
@@ -321,10 +384,13 @@ def _build_time_inputs(graph: onnx.GraphProto, input_names: set[str],
                        opset: int) -> set[str]:
     """Graph inputs whose values a converter's build_time_inputs depend on (directly,
     or through the nodes computing them; Shape and Size read only their input's shape)."""
-    converters = {node.op_type: onnx_converter(node.op_type, opset) for node in graph.node}
-    read = {name for node in graph.node for name in node.input}
-    needed = {node.input[pos] for node in graph.node if converters[node.op_type] is not None
-              and not (node.op_type in _RUNTIME_SHAPES and read.isdisjoint(node.output))
+    every = _all_nodes(graph)  # subgraphs' too: ONNX names are unique across them
+    converters = {node.op_type: onnx_converter(node.op_type, opset) for node in every}
+    read = {name for node in every for name in node.input}
+    main = {id(node) for node in graph.node}
+    needed = {node.input[pos] for node in every if converters[node.op_type] is not None
+              and not (node.op_type in _RUNTIME_SHAPES and id(node) in main
+                       and read.isdisjoint(node.output))
               for pos in converters[node.op_type].build_time_inputs
               if pos < len(node.input) and node.input[pos]}
     # A Loop with scan outputs needs its trip count: their length (frontend/onnx/control.py).
@@ -333,21 +399,34 @@ def _build_time_inputs(graph: onnx.GraphProto, input_names: set[str],
     # SplitToSequence's split decides its parts' shapes (frontend/onnx/sequence.py).
     needed |= {node.input[1] for node in graph.node if node.op_type == "SplitToSequence"
                and len(node.input) > 1 and node.input[1]}
-    producer = {out: node for node in graph.node for out in node.output}
+    producer = {out: node for node in every for out in node.output}
     todo = list(needed)
     while todo:
         node = producer.get(todo.pop())
         if node is None or node.op_type in ("Shape", "Size"):
             continue
-        for name in node.input:
+        reads = set(node.input) | (_outer_reads(node) if node.op_type in CONTROL_FLOW
+                                   else set())
+        for name in reads:
             if name and name not in needed:
                 needed.add(name)
                 todo.append(name)
     return needed & input_names
 
 
+def _all_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """The nodes of `graph` and of every subgraph in it, outer ones first."""
+    nodes = list(graph.node)
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                nodes += _all_nodes(attr.g)
+    return nodes
+
+
 def _body(node: onnx.NodeProto) -> onnx.GraphProto:
-    return next(a.g for a in node.attribute if a.name == "body")
+    """A Loop's body (an empty graph if it has none: the import will say so)."""
+    return next((a.g for a in node.attribute if a.name == "body"), onnx.GraphProto())
 
 
 class PipelineBackend(Backend):

@@ -137,3 +137,24 @@ def decoder_step() -> onnx.ModelProto:
     model.ir_version = 8
     onnx.checker.check_model(model)
     return model
+
+
+def spatial_convnet(stride: int = 1) -> onnx.ModelProto:
+    """A fully convolutional net over x [batch, 3, h, w]: a 3x3 conv with bias and
+    ReLU, a padded 3x3 AveragePool, a dilated depthwise conv, a SAME MaxPool (the
+    stride of the first conv is `stride`); outputs the map m [batch, 4, h, w] and its
+    GlobalMaxPool y [batch, 4, 1, 1]."""
+    net = _Net(5)
+    c = net.op("Conv", "x", net.weight(4, 3, 3, 3), net.weight(4), kernel_shape=[3, 3],
+               pads=[1, 1, 1, 1], strides=[stride, stride])
+    p = net.op("AveragePool", net.op("Relu", c), kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    q = net.op("Conv", p, net.weight(4, 1, 3, 3), kernel_shape=[3, 3], pads=[2, 2, 2, 2],
+               dilations=[2, 2], group=4)
+    m = net.op("MaxPool", q, kernel_shape=[3, 3], auto_pad="SAME_UPPER")
+    y = net.op("GlobalMaxPool", m)
+    graph = helper.make_graph(net.nodes, "spatial", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, ["batch", 3, "h", "w"])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in (m, y)], net.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model

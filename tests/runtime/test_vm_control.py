@@ -205,7 +205,7 @@ def test_graph_executor_still_refuses_control_flow():
         pipeline.frontend.from_onnx(_if_model())
     graph, params = pipeline.frontend.from_onnx(_if_model(), control_flow=True)
     with pytest.raises(UnsupportedOperatorError, match=r"control flow at node\(s\) If_1 \(if\): "
-                                                       r"subgraphs run only in the VM"):
+                                                       r"only the VM runs them"):
         pipeline.build(graph, target=TARGET, params=params)
 
 
@@ -254,3 +254,139 @@ def test_ten_thousand_runs_keep_rss_flat(tmp_path):
     print(f"\n10000 VM runs; RSS {result['rss_warm'] / 2**20:.2f} -> "
           f"{result['rss_end'] / 2**20:.2f} MiB after 1000 runs of warm-up")
     assert growth < 2**20, f"RSS grew by {growth / 2**10:.0f} KiB after warm-up"
+
+
+def _window_loop_model():
+    """A Loop (trip count m, a graph input) whose body slices rows i .. i + 2 of the
+    captured x: Unsqueeze(i) and Unsqueeze(i + 2) are the Slice's starts and ends,
+    computed at run time; and adds Range(i, i + 3) as floats, so
+    acc = sum_i x[i:i+2] + sum(i .. i+2) and cnt counts the turns."""
+    body = helper.make_graph(
+        [helper.make_node("Constant", [], ["two"], value=helper.make_tensor("2", T.INT64, [], [2])),
+         helper.make_node("Constant", [], ["three"],
+                          value=helper.make_tensor("3", T.INT64, [], [3])),
+         helper.make_node("Constant", [], ["ax"], value=helper.make_tensor("a", T.INT64, [1], [0])),
+         helper.make_node("Constant", [], ["one"], value=helper.make_tensor("1", T.INT64, [], [1])),
+         helper.make_node("Add", ["i", "two"], ["end"]),
+         helper.make_node("Unsqueeze", ["i", "ax"], ["starts"]),
+         helper.make_node("Unsqueeze", ["end", "ax"], ["ends"]),
+         helper.make_node("Slice", ["x", "starts", "ends"], ["window"]),
+         helper.make_node("Add", ["i", "three"], ["limit"]),
+         helper.make_node("Range", ["i", "limit", "one"], ["steps"]),
+         helper.make_node("Cast", ["steps"], ["fsteps"], to=T.FLOAT),
+         helper.make_node("Add", ["acc", "window"], ["acc1"]),
+         helper.make_node("Add", ["acc1", "fsteps"], ["acc2"]),
+         helper.make_node("Add", ["cnt", "one"], ["cnt2"]),
+         helper.make_node("Identity", ["c_in"], ["c_out"])], "window",
+        [t("i", T.INT64, []), t("c_in", T.BOOL, []), t("acc", T.FLOAT, [2, 3]),
+         t("cnt", T.INT64, [])],
+        [t("c_out", T.BOOL, []), t("acc2", T.FLOAT, [2, 3]), t("cnt2", T.INT64, [])])
+    return _model([helper.make_node("Loop", ["m", "", "a0", "n0"], ["a", "n"], body=body)],
+                  [t("m", T.INT64, []), t("x", T.FLOAT, [6, 3]), t("a0", T.FLOAT, [2, 3])],
+                  [t("a", T.FLOAT, [2, 3]), t("n", T.INT64, [])],
+                  [helper.make_tensor("n0", T.INT64, [], [0])])
+
+
+def test_loop_body_slicing_by_the_iteration_number_through_pipeline_run(tmp_path):
+    """One VM library for every trip count: the body's Slice and Range start at the
+    iteration number (a static length, so static kernels), through pipeline-run (the
+    C runtime) against onnxruntime; a trip count taking the window past x's rows (ONNX
+    would clamp it to one row) fails the run in one line, writing nothing."""
+    import subprocess
+
+    from pipeline.link.runtime_c import build_pipeline_run
+
+    model = _window_loop_model()
+    graph, params = pipeline.frontend.from_onnx(model, control_flow=True)
+    with pipeline.transform.PassContext(opt_level=3):
+        factory = pipeline.build(graph, target=TARGET, params=params, executor="vm")
+    lib = factory.export_library(tmp_path / "window.so")
+    run = tmp_path / "pipeline-run"
+    build_pipeline_run(run)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((6, 3), dtype=np.float32)
+    a0 = rng.standard_normal((2, 3), dtype=np.float32)
+
+    def pipeline_run(m: int, out):
+        feed = {"m": np.array(m, np.int64), "x": x, "a0": a0}
+        args = []
+        for name, value in feed.items():
+            np.save(tmp_path / f"{name}{m}.npy", value)
+            args += ["--input", f"{name}={tmp_path / f'{name}{m}.npy'}"]
+        return feed, subprocess.run([run, lib, *args, "--output-dir", out],
+                                    capture_output=True, text=True, timeout=120)
+
+    for m in (0, 1, 3, 5):
+        feed, proc = pipeline_run(m, tmp_path / f"out{m}")
+        assert proc.returncode == 0, proc.stderr
+        for j, want in enumerate(session.run(None, feed)):
+            got = np.load(tmp_path / f"out{m}" / f"output_{j}.npy")
+            assert got.shape == want.shape and got.dtype == want.dtype
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    _check(model, tmp_path, {"m": np.array(4, np.int64), "x": x, "a0": a0})
+    _feed, proc = pipeline_run(6, tmp_path / "out6")
+    assert proc.returncode != 0 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "an input value out of its range" in proc.stderr, proc.stderr
+    assert not (tmp_path / "out6" / "output_0.npy").exists()
+
+
+def test_a_shape_changing_with_the_iteration_number_is_one_import_error():
+    """Range(0, i) in a Loop body has the iteration number as its length: refused at
+    import in one line naming the node (its output could not be loop-carried)."""
+    from pipeline.errors import ModelError
+
+    model = _window_loop_model()
+    body = model.graph.node[0].attribute[0].g
+    body.node[9].input[0] = "n_zero"  # Range(0, i + 3): a length of i + 3
+    body.node.insert(0, helper.make_node("Constant", [], ["n_zero"],
+                                         value=helper.make_tensor("z", T.INT64, [], [0])))
+    with pytest.raises(ModelError, match=r"node 'Range_\d+' \(iota\): a shape that changes "
+                                         "with the Loop's iteration number") as err:
+        pipeline.frontend.from_onnx(model, control_flow=True)
+    assert "\n" not in str(err.value)
+
+
+def test_an_if_on_a_known_condition_is_the_branch_it_takes():
+    """An If whose condition is known at import (a Size compared with a constant, as
+    onnx's expanded AffineGrid does) is replaced by its branch; the other branch, which
+    could not import for this input (a Split into 3 of 4 elements), is never converted."""
+    then = helper.make_graph([helper.make_node("Split", ["v"], ["p", "q"], axis=0,
+                                               num_outputs=2)], "then", [],
+                             [t("p", T.FLOAT, [2]), t("q", T.FLOAT, [2])])
+    orelse = helper.make_graph([helper.make_node("Split", ["v"], ["r", "s", "u"], axis=0,
+                                                 num_outputs=3)], "else", [],
+                               [t("r", T.FLOAT, [2]), t("s", T.FLOAT, [2])])
+    model = _model([helper.make_node("Size", ["v"], ["n"]),
+                    helper.make_node("Constant", [], ["four"],
+                                     value=helper.make_tensor("4", T.INT64, [], [4])),
+                    helper.make_node("Equal", ["n", "four"], ["c"]),
+                    helper.make_node("If", ["c"], ["y", "z"], then_branch=then,
+                                     else_branch=orelse)],
+                   [t("v", T.FLOAT, [4])], [t("y", T.FLOAT, [2]), t("z", T.FLOAT, [2])])
+    model.opset_import[0].version = 18
+    graph, _params = pipeline.frontend.from_onnx(model, control_flow=True)
+    assert "if" not in {n.op for n in graph.nodes}
+    assert [graph.types[o].shape for o in graph.outputs] == [(2,), (2,)]
+
+
+def test_a_body_shape_computed_at_run_time_is_one_import_error():
+    """A Reshape to a loop-carried shape: its result would have a bound, not a shape,
+    so the body's next shape rule fails; the error names the Reshape."""
+    from pipeline.errors import ModelError
+
+    body = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "s_in"], ["r"]),
+         helper.make_node("Add", ["acc", "r"], ["acc2"]),
+         helper.make_node("Identity", ["s_in"], ["s_out"]),
+         helper.make_node("Identity", ["c_in"], ["c_out"])], "body",
+        [t("i", T.INT64, []), t("c_in", T.BOOL, []), t("acc", T.FLOAT, [2, 3]),
+         t("s_in", T.INT64, [2])],
+        [t("c_out", T.BOOL, []), t("acc2", T.FLOAT, [2, 3]), t("s_out", T.INT64, [2])])
+    model = _model([helper.make_node("Loop", ["m", "", "a0", "s"], ["a", "s2"], body=body)],
+                   [t("m", T.INT64, []), t("x", T.FLOAT, [6]), t("a0", T.FLOAT, [2, 3]),
+                    t("s", T.INT64, [2])], [t("a", T.FLOAT, [2, 3])])
+    with pytest.raises(ModelError, match=r"body: node 'Reshape_0' \(reshape_to\) has a shape "
+                                         "computed at run time") as err:
+        pipeline.frontend.from_onnx(model, control_flow=True)
+    assert "\n" not in str(err.value)

@@ -17,7 +17,14 @@ import pipeline
 from pipeline.errors import GraphError, ModelError
 from pipeline.link.runtime_c import build_pipeline_run
 from pipeline.runtime.vm import VirtualMachine, VMError
-from tests.runtime.dims_models import HIDDEN, VOCAB, decoder_step, encoder, token_mlp
+from tests.runtime.dims_models import (
+    HIDDEN,
+    VOCAB,
+    decoder_step,
+    encoder,
+    spatial_convnet,
+    token_mlp,
+)
 
 TARGET = "llvm -mcpu=native"
 SHAPES = ((1, 7), (2, 33), (4, 128))
@@ -249,6 +256,39 @@ def test_convnet_with_a_symbolic_batch(tmp_path):
         x = np.random.default_rng(n).standard_normal((n, 3, 16, 16)).astype(np.float32)
         np.testing.assert_allclose(vm.run(x)[0], session.run(None, {"x": x})[0], rtol=1e-4,
                                    atol=1e-5)
+
+
+def test_convnet_over_a_symbolic_height_and_width(tmp_path):
+    """Conv (bias, ReLU fused; depthwise and dilated), AveragePool, a SAME MaxPool and
+    GlobalMaxPool over x [batch, 3, h, w]: one library, the windows' kernels with
+    runtime dimensions inside, matching onnxruntime through the VM and pipeline-run
+    (1x1 images to 40x40); a stride-2 conv over a symbolic size is one line naming it."""
+    model = spatial_convnet()
+    so, factory = _library(model, tmp_path / "spatial.so",
+                           {"batch": (1, 2), "h": (1, 40), "w": (1, 40)})
+    assert {"conv2d", "avg_pool2d", "max_pool2d"} <= {s.ops[0].op for s in factory.kernels}
+    vm = VirtualMachine(so)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(4)
+    for shape in ((1, 3, 1, 1), (2, 3, 16, 9)):
+        x = rng.standard_normal(shape).astype(np.float32)
+        for got, want in zip(vm.run(x), session.run(None, {"x": x}), strict=True):
+            assert got.shape == want.shape
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    run = tmp_path / "pipeline-run"
+    build_pipeline_run(run)
+    x = rng.standard_normal((1, 3, 40, 33)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    proc = subprocess.run([run, so, "--input", f"x={tmp_path / 'x.npy'}", "--output-dir",
+                           tmp_path / "y"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for k, want in enumerate(session.run(None, {"x": x})):
+        got = np.load(tmp_path / "y" / f"output_{k}.npy")
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    with pytest.raises(GraphError, match=r"node 'n3' \(conv2d\): a window of 3 taps, "
+                                         r"stride 2, .* over the symbolic size 'h'"):
+        pipeline.frontend.from_onnx(spatial_convnet(stride=2), symbolic=True)
 
 
 def test_elementwise_with_an_interior_symbol(tmp_path):

@@ -5,7 +5,13 @@ A subgraph becomes a Graph whose inputs are its formal inputs, then every outer
 tensor it reads (captures; outer params and the subgraph's own constants among
 them), and the node's inputs are its ONNX inputs, then those captures. Shapes stay
 static: a Loop's scan outputs need a constant trip count (an early exit is a run-time
-error: bytecode.Fail).
+error: bytecode.Fail). A body sees the outer values known at build time (a shape
+from Shape -> Concat) as the outer graph does; an If whose condition is one is
+replaced by the branch it takes. Inside a Loop body the iteration number is a
+symbolic value (frontend/onnx/symbolic.py), so a Slice from `i` to `i + 1` or a
+Range from `i` to `i + 3` has a static length: its indices are computed from the
+iteration tensor by ordinary nodes (`_iteration_indices`), and the gather kernel
+checks them against the dimension.
 
     if:   inputs (cond, *captures); then_branch, else_branch: Graph (same inputs)
     loop: inputs ([M], [cond], *v_initial, *captures); body: Graph of inputs
@@ -17,12 +23,14 @@ error: bytecode.Fail).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
+import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from pipeline.errors import ModelError, UnsupportedOperatorError
+from pipeline.errors import GraphError, ModelError, UnsupportedOperatorError
 from pipeline.frontend.onnx.importer import (
     CONTROL_CONVERTERS,
     ImportContext,
@@ -34,7 +42,9 @@ from pipeline.frontend.onnx.importer import (
     vm_converter,
 )
 from pipeline.frontend.onnx.registry import onnx_converter
+from pipeline.ir.dims import dim_terms, is_symbolic, symbols_of
 from pipeline.ir.graph import ONNX_DTYPES, Graph, Node, TensorType, add_param, fresh_name
+from pipeline.ops.dynamic import data_dependent
 from pipeline.ops.sequence import join
 
 
@@ -67,16 +77,30 @@ def _convert(ctx: ImportContext, onode: OnnxNode, source: str) -> list[Node]:
     return converter.fn(ctx, onode)
 
 
+def _sub_context(ctx: ImportContext, types: dict[str, TensorType]) -> ImportContext:
+    """A context for a subgraph: ctx's params, and its values computable at build time
+    (copies: the subgraph's own never reach the outer graph)."""
+    sub = ImportContext(dict(ctx.params), types, ctx.opset)
+    sub.pending, sub.values = dict(ctx.pending), dict(ctx.values)
+    sub.symbolic = dict(ctx.symbolic)
+    return sub
+
+
 def _body(ctx: ImportContext, g: onnx.GraphProto, formal: list[TensorType], opset: int,
-          where: str, source: str) -> _Body:
+          where: str, source: str, iteration: bool = False) -> _Body:
     """Convert subgraph `g` whose inputs have the types `formal`, seeing the outer
-    tensors of ctx; its constants join ctx's params (as captures)."""
+    tensors of ctx; its constants join ctx's params (as captures). iteration: its
+    first input is a Loop's iteration number (a symbolic value while converting)."""
     if len(g.input) != len(formal):
         raise ModelError(f"{where}: the subgraph takes {len(g.input)} inputs, "
                          f"{len(formal)} are given")
     names = [vi.name for vi in g.input]
     types = {**ctx.types, **dict(zip(names, formal, strict=True))}
-    sub = ImportContext(dict(ctx.params), types, ctx.opset)
+    sub = _sub_context(ctx, types)
+    symbol = None
+    if iteration:
+        symbol = "iteration_" + re.sub(r"\W", "_", names[0])
+        sub.symbolic[names[0]] = np.full(formal[0].shape, symbol, dtype=object)
     for init in g.initializer:
         if init.name in ctx.params or init.name in ctx.types:
             raise ModelError(f"{where}: subgraph initializer {init.name!r} shadows an outer "
@@ -90,10 +114,12 @@ def _body(ctx: ImportContext, g: onnx.GraphProto, formal: list[TensorType], opse
             _import_constant(onode, sub, source)
             continue
         for node in _convert(sub, onode, source):
-            out = infer_types(node, [types[i] for i in node.inputs])
+            out = _infer(node, types, nodes, symbol is not None, where)
             types.update(zip(node.outputs, out, strict=True))
             sub.track(node)
             nodes.append(node)
+    if symbol is not None:
+        nodes = _iteration_indices(sub, nodes, names[0], symbol, where)
     outputs = tuple(o.name for o in g.output)
     nodes = _live(nodes, outputs)
     inner = {*names, *(o for n in nodes for o in n.outputs)}
@@ -104,6 +130,71 @@ def _body(ctx: ImportContext, g: onnx.GraphProto, formal: list[TensorType], opse
         raise ModelError(f"{where}: the subgraph reads {missing[0]!r}, which is defined "
                          "nowhere")
     return _rename_constants(ctx, sub, _Body(nodes, names, outputs, captures, types))
+
+
+def _infer(node: Node, types: dict[str, TensorType], before: list[Node], iteration: bool,
+           where: str) -> list[TensorType]:
+    """The output types of body node `node`; ModelError naming it if its shape changes
+    with the iteration number (`iteration`: a Loop body, whose iteration input is
+    symbolic), or naming the data-dependent node of `before` (a Reshape to a shape the
+    body computes) when a shape rule fails after one: a body's shapes are static."""
+    try:
+        out = infer_types(node, [types[i] for i in node.inputs])
+    except GraphError as err:
+        dynamic = [n for n in before if data_dependent(n) is not None]
+        if not dynamic:
+            raise
+        raise ModelError(f"{where}: node {dynamic[0].name!r} ({dynamic[0].op}) has a shape "
+                         "computed at run time, which a body's static shapes cannot take "
+                         f"({err})") from None
+    if iteration and (any(t.shape is not None and is_symbolic(t.shape) for t in out) or any(
+            isinstance(v, tuple) and is_symbolic(v) for key, v in node.attrs
+            if not (node.op == "iota" and key == "dims"))):
+        raise ModelError(f"{where}: node {node.name!r} ({node.op}): a shape that "
+                         "changes with the Loop's iteration number is not supported")
+    return out
+
+
+def _iteration_indices(ctx: ImportContext, nodes: list[Node], iteration: str, symbol: str,
+                       where: str) -> list[Node]:
+    """`nodes` of a Loop body whose iteration number was the symbolic value `symbol`:
+    each `iota` starting at `a * symbol + b` with a static length L (a Slice's indices,
+    a Range) becomes `iteration * a + (b + arange(L))`, read from the iteration tensor;
+    ModelError naming the node for an iota of another start (a length or a shape
+    that changes with the iteration: _body refuses it as it converts)."""
+    result = []
+    for node in nodes:
+        attrs = dict(node.attrs)
+        if node.op == "iota" and symbol in symbols_of(attrs["dims"]):
+            start, length = attrs["dims"]
+            terms = dict(dim_terms(start))
+            scale = terms.pop((symbol,), 0)
+            if terms.keys() - {()} or not isinstance(length, int):
+                raise ModelError(f"{where}: node {node.name!r}: a range from {start} of "
+                                 f"length {length} over the iteration number is not "
+                                 "supported (only a static length from a*i+b)")
+            steps = ctx.add_param(f"{node.name}/steps", (terms.get((), 0) + np.arange(
+                length) * int(attrs["delta"])).astype(np.int64))
+            made, base = [], iteration
+            if scale != 1:
+                factor = ctx.add_param(f"{node.name}/scale", np.array(scale, np.int64))
+                made.append(Node.make("mul", f"{node.name}/scaled", (base, factor),
+                                      (f"{node.name}/scaled",)))
+                base = f"{node.name}/scaled"
+            out = node.outputs[0]
+            cast = attrs["dtype"] != "int64"
+            made.append(Node.make("add", node.name, (base, steps),
+                                  (f"{out}/int64",) if cast else (out,)))
+            if cast:
+                made.append(Node.make("cast", f"{node.name}/cast", (f"{out}/int64",),
+                                      (out,), to=attrs["dtype"]))
+            for m in made:
+                ctx.types.update(zip(m.outputs, infer_types(
+                    m, [ctx.types[i] for i in m.inputs]), strict=True))
+            result += made
+            continue
+        result.append(node)
+    return result
 
 
 def _rename_constants(ctx: ImportContext, sub: ImportContext, body: _Body) -> _Body:
@@ -148,6 +239,14 @@ def _declared(vi, default: TensorType) -> TensorType:
 def _if(ctx: ImportContext, n: OnnxNode, source: str) -> list[Node]:
     where = f"node {n.name!r} (If)"
     _scalar(ctx, n.inputs[0], where, "bool")
+    cond = ctx.const(n.inputs[0])
+    if cond is not None:  # known at build time: the branch it takes, inline
+        key = "then_branch" if bool(cond.reshape(-1)[0]) else "else_branch"
+        body = _body(ctx, n.attrs[key], [], n.opset, f"node {n.name!r} {key}", source)
+        inlined = [Node(b.op, f"{n.name}/{b.name}", b.inputs, b.outputs, b.attrs)
+                   for b in body.nodes]
+        return inlined + [Node.make("identity", f"{n.name}/{out}", (src,), (out,))
+                          for src, out in zip(body.outputs, n.outputs, strict=True) if out]
     branches = [_body(ctx, n.attrs[k], [], n.opset, f"node {n.name!r} {k}", source)
                 for k in ("then_branch", "else_branch")]
     captures = list(dict.fromkeys(c for b in branches for c in b.captures))
@@ -173,7 +272,8 @@ def _loop(ctx: ImportContext, n: OnnxNode, source: str) -> list[Node]:
         raise ModelError(f"{where}: the body takes {len(g.input)} inputs, at least 2 needed")
     formal = [_declared(g.input[0], TensorType((), "int64")),
               _declared(g.input[1], TensorType((), "bool")), *(ctx.type(v) for v in init)]
-    body = _body(ctx, n.attrs["body"], formal, n.opset, f"node {n.name!r} body", source)
+    body = _body(ctx, n.attrs["body"], formal, n.opset, f"node {n.name!r} body", source,
+                 iteration=True)
     n_scan = len(body.outputs) - 1 - len(init)
     value = ctx.const(m) if m else None
     trip = int(value.reshape(-1)[0]) if value is not None else -1

@@ -107,7 +107,7 @@ def _axes(ctx, n, since_input: int):
     if n.opset < since_input:
         return n.attrs.get("axes")
     value = need_const(ctx, n, 1, "the axes input")
-    return None if value is None else value.tolist()
+    return None if value is None else np.atleast_1d(value).tolist()  # a scalar is one axis
 
 
 @onnx_op("Squeeze", 1, emits=("reshape",), build_time_inputs=(1,))

@@ -43,7 +43,8 @@ def spatial_attrs(n, in_shape: tuple[int, ...], kernel: tuple[int, ...],
         lo, hi = [], []
         for size, k, s, dil in zip(in_shape[2:], kernel, strides, dilations, strict=True):
             # Output size is ceil(size / stride); pad just enough for it.
-            total = max(0, (ceil_div(size, s) - 1) * s + (k - 1) * dil + 1 - size)
+            total = ((k - 1) * dil if isinstance(size, str) and s == 1 else  # symbolic size
+                     max(0, (ceil_div(size, s) - 1) * s + (k - 1) * dil + 1 - size))
             small, big = total // 2, total - total // 2
             lo.append(small if auto_pad == "SAME_UPPER" else big)
             hi.append(big if auto_pad == "SAME_UPPER" else small)
