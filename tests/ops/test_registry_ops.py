@@ -155,9 +155,9 @@ def test_converter_declarations_match_registry_and_onnx_schemas():
 
 def test_backend_reports_no_converter_exactly_for_ops_the_registry_lacks():
     """backend.unsupported() on a one-node model of each ONNX operator (latest opset):
-    'no converter' iff the registry has none at that opset (control flow has its own
-    converters, for the VM: frontend/onnx/control.py)."""
-    from pipeline.frontend.onnx.importer import CONTROL_FLOW
+    'no converter' iff the registry has none at that opset (control flow and the
+    sequence/optional ops have their own converters, for the VM: CONTROL_CONVERTERS)."""
+    from pipeline.frontend.onnx.registry import CONTROL_CONVERTERS
     from pipeline.tools import backend
 
     opset = onnx.defs.onnx_opset_version()
@@ -168,7 +168,7 @@ def test_backend_reports_no_converter_exactly_for_ops_the_registry_lacks():
             [helper.make_empty_tensor_value_info("y")]),
             opset_imports=[helper.make_opsetid("", opset)])
         reported = f"{op_type} (opset {opset}): no converter" in backend.unsupported(model)
-        missing = (op_type != "Constant" and op_type not in CONTROL_FLOW
+        missing = (op_type != "Constant" and op_type not in CONTROL_CONVERTERS
                    and onnx_converter(op_type, opset) is None)
         assert reported == missing, op_type
 
