@@ -183,9 +183,12 @@ def test_unknown_target_or_model_selection(tiny: Path):
     assert code != 0 and "model='nope' is not in the config" in out
 
 
+# resnet18 is not among them: resnet50 has its kernel families (7x7/3x3/1x1
+# convolutions, strided, pools, Gemm) and the doit path is the same; resnet18's LLVM
+# kernels are checked against onnxruntime in tests/runtime/test_vm.py, its C ones in
+# tests/runtime/test_c_target.py.
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["mlp", "resnet18", "resnet50", "mobilenet_v2",
-                                   "bert_encoder", "unet"])
+@pytest.mark.parametrize("model", ["mlp", "resnet50", "mobilenet_v2", "bert_encoder", "unet"])
 def test_model_zoo_builds_and_validates(tmp_path: Path, model: str):
     matrix(tmp_path, f"{model}: {{generator: {model}}}\n")
     code, executed, out = doit(tmp_path, "validate", "config=matrix.yaml", "target=llvm",

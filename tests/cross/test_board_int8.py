@@ -64,7 +64,9 @@ def boards(tmp_path_factory) -> Path:
     (folder / "matrix.yaml").write_text(
         "models:\n" + "".join(f"  {m}: {{path: {m}.onnx, validate: {INT8}}}\n" for m in MODELS)
         + "targets:\n" + targets)
-    code, _, log = doit(folder, "validate", "config=matrix.yaml", "cache=cache")
+    # Two workers: the 12 entries are independent (parallel builds are checked for
+    # identical bytes in tests/cross/test_board.py).
+    code, _, log = doit(folder, "-n", "2", "validate", "config=matrix.yaml", "cache=cache")
     assert code == 0, log
     return folder
 

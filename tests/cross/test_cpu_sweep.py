@@ -11,6 +11,9 @@ Kernels: each op test case (CASES and DOUBLE_CASES of tests/support/op_cases, wh
 include the blocked conv/pool/dense kernels at opt level 3) and, marked slow,
 the default models. Specs are lowered once per codegen class (triple and vector
 width decide what lowering emits) and compiled once per distinct spec and CPU.
+The QUICK CPUs compile every kernel; the others one kernel per code path (its
+family, intrinsics, vector types and instructions: code_path), a model only the
+paths the op cases lack -- the kernels of one path differ in shape constants.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 
@@ -77,10 +81,46 @@ def _default_model(name: str):
     return models.build(name)
 
 
+_OPCODE = re.compile(r"=\s+(?:(?:fast|nnan|nsw|nuw|exact|inbounds)\s+)*([a-z]+)")
+
+
+def code_path(symbol: str, text: str) -> tuple:
+    """What takes a kernel's IR down one path through LLVM's passes and instruction
+    selection, its shape constants aside: the kernel family (the symbol's name before
+    its hash), the intrinsics it calls, its vector types and its instructions."""
+    return (symbol.rsplit("_", 1)[0], frozenset(re.findall(r'@"?(llvm\.[\w.]+)', text)),
+            frozenset(re.findall(r"<\d+ x \w+>", text)), frozenset(_OPCODE.findall(text)))
+
+
+@cache
+def code_paths(source: str, triple: str, width: int) -> dict[str, tuple]:
+    """symbol -> code_path of each kernel of `source` in that codegen class."""
+    return {symbol: code_path(symbol, render(spec))
+            for symbol, spec in lowered_specs(source, triple, width).items()}
+
+
+@cache
+def one_per_code_path(source: str, triple: str, width: int) -> frozenset[str]:
+    """The kernels of `source` a CPU outside QUICK compiles: the first (by symbol) of
+    each code path; of a model's, only paths no op case has."""
+    seen = set() if source == "ops" else set(code_paths("ops", triple, width).values())
+    chosen = set()
+    for symbol, path in sorted(code_paths(source, triple, width).items()):
+        if path not in seen:
+            seen.add(path)
+            chosen.add(symbol)
+    return frozenset(chosen)
+
+
 def aborted_kernels(source: str, triple: str, cpu: str) -> list[str]:
-    """Compile every kernel of `source` for `cpu`; the CompileErrors, one per kernel."""
+    """Compile the kernels of `source` for `cpu` (every one on a QUICK CPU, else
+    one_per_code_path's); the CompileErrors, one per kernel."""
     target = target_of(triple, cpu)
-    specs = lowered_specs(source, triple, target.vector_width).values()
+    specs = lowered_specs(source, triple, target.vector_width)
+    if cpu not in QUICK:
+        chosen = one_per_code_path(source, triple, target.vector_width)
+        specs = {symbol: spec for symbol, spec in specs.items() if symbol in chosen}
+    specs = specs.values()
 
     def compile_one(spec):
         spec = dataclasses.replace(spec, target=target)

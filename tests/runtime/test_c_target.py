@@ -53,11 +53,13 @@ def _lowered(model: onnx.ModelProto, target: str, cc: str | None = None):
         return lower_graph(graph, params, parse_target(target, cc), 3, None)
 
 
+# resnet50 is not among them: its kernels are the families resnet18's are (7x7/3x3/1x1
+# convolutions with their strides, pools, Gemm), which the C translation sees as
+# the same IR at other sizes; the LLVM target validates it (tests/build_system).
 @pytest.mark.parametrize("name", [
     "mlp", "bert_encoder", "unet",
     pytest.param("resnet18", marks=pytest.mark.slow),
-    pytest.param("mobilenet_v2", marks=pytest.mark.slow),
-    pytest.param("resnet50", marks=pytest.mark.slow)])
+    pytest.param("mobilenet_v2", marks=pytest.mark.slow)])
 def test_default_models_match_onnxruntime(name: str):
     model = build_model(name, {})
     rtol = 1e-3 if name in ("bert_encoder", "unet") else 1e-4

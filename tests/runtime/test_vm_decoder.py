@@ -158,9 +158,10 @@ def test_prefill_and_decode_through_pipeline_run(libraries, tmp_path):
         assert 0 < rss4 < rss32, figures
 
 
-def test_doit_builds_the_4bit_decoder_from_a_dims_entry(tmp_path):
+def test_doit_builds_the_4bit_decoder_from_a_dims_entry(libraries, tmp_path):
     """A config entry `executor: vm, dims: {...}` builds the 4-bit decoder through doit;
-    its library runs the prefill and decode steps as the CLI's does."""
+    its library runs the prefill and decode steps as the CLI's does. (The kernels come
+    from the CLI's kernel cache: the same kernels, not compiled twice.)"""
     from tests.support.checkouts import matrix
     from tests.support.doit_runner import doit
 
@@ -168,7 +169,8 @@ def test_doit_builds_the_4bit_decoder_from_a_dims_entry(tmp_path):
     onnx.save(decoder(4), tmp_path / "nets" / "gpt4.onnx")
     matrix(tmp_path, "gpt4: {path: nets/gpt4.onnx, executor: vm, "
                      "dims: {batch: [1, 2], seq: [1, 32], past: [0, 64]}}\n")
-    code, executed, out = doit(tmp_path, "build", "config=matrix.yaml")
+    cache = libraries[4][1].parent / "cache"
+    code, executed, out = doit(tmp_path, "build", "config=matrix.yaml", f"cache={cache}")
     assert code == 0, out
     vm = VirtualMachine(tmp_path / "out" / "gpt4" / "llvm" / "gpt4.so")
     assert vm.executable.content.dims["past+seq"] == (1, 96)
