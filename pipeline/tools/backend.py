@@ -45,6 +45,7 @@ from pipeline.frontend.onnx.importer import (
     domain_opset,
 )
 from pipeline.frontend.onnx.registry import NodeView, onnx_converter
+from pipeline.frontend.onnx.sequence_map import shapes_follow_iteration
 from pipeline.ir.graph import ONNX_DTYPES
 from pipeline.tools.value_inputs import expand_value_inputs, has_value_inputs
 
@@ -177,8 +178,9 @@ def _control_flow_reasons(node: onnx.NodeProto, opset: int, known: set[str]) -> 
         body = attr.g
         inner_known = known | {i.name for i in body.initializer}
         iteration = {body.input[0].name} if node.op_type == "Loop" and body.input else set()
-        if iteration and _unrolled(node, opset) and set(node.input[:2]) - {""} <= known:
-            inner_known |= iteration  # unrolled: a constant per copy (sequence_map.py)
+        if iteration and set(node.input[:2]) - {""} <= known and shapes_follow_iteration(
+                body, opset):  # unrolled: the iteration number a constant per copy
+            inner_known |= iteration
         for inner in body.node:
             reads = set(inner.input) - {""}
             if inner.op_type in ("Constant", "Shape", "Size") or (
@@ -205,28 +207,6 @@ def _control_flow_reasons(node: onnx.NodeProto, opset: int, known: set[str]) -> 
                 reasons.append(f"{inner.op_type} in a subgraph: a build-time input computed "
                                "at run time")
     return reasons
-
-
-def _unrolled(node: onnx.NodeProto, opset: int) -> bool:
-    """Whether Loop `node`'s body has a shape that changes with the iteration number (a
-    build-time input following it, not a static-length Slice or Range): the import
-    unrolls such a Loop when its trip count and condition are known at build time
-    (frontend/onnx/sequence_map.py unroll_counted), so the backend freezes them."""
-    body = _body(node)
-    if not body.input:
-        return False
-    iteration = {body.input[0].name}
-    for inner in body.node:
-        if set(inner.input) & iteration and inner.op_type not in (*VM_VALUE_OPS,
-                                                                   *CONTROL_FLOW):
-            iteration.update(inner.output)
-        converter = onnx_converter(inner.op_type, opset)
-        if converter is not None and any(
-                inner.input[pos] in iteration for pos in converter.build_time_inputs
-                if pos < len(inner.input)) and not _static_length(
-                    inner, iteration, {i for n in body.node for i in n.input}):
-            return True
-    return False
 
 
 def _static_length(node: onnx.NodeProto, iteration: set[str], known: set[str]) -> bool:
@@ -421,8 +401,8 @@ def _build_time_inputs(graph: onnx.GraphProto, input_names: set[str],
     needed |= {node.input[0] for node in graph.node if node.op_type == "Loop" and node.input
                and node.input[0] and len(_body(node).output) > len(node.input) - 1}
     # A Loop unrolled for its iteration-dependent shapes needs its trip count and condition.
-    needed |= {name for node in graph.node if node.op_type == "Loop" and _unrolled(node, opset)
-               for name in node.input[:2] if name}
+    needed |= {name for node in graph.node if node.op_type == "Loop"
+               and shapes_follow_iteration(_body(node), opset) for name in node.input[:2] if name}
     # SplitToSequence's split decides its parts' shapes (frontend/onnx/sequence.py).
     needed |= {node.input[1] for node in graph.node if node.op_type == "SplitToSequence"
                and len(node.input) > 1 and node.input[1]}

@@ -22,6 +22,7 @@ from pipeline.frontend.onnx.importer import (
     OnnxNode,
     infer_types,
 )
+from pipeline.frontend.onnx.registry import onnx_converter
 from pipeline.ir.graph import ONNX_DTYPES, Graph, Node
 from pipeline.ir.sequence import SequenceType, is_value
 
@@ -119,6 +120,27 @@ def unroll_loop(ctx: ImportContext, n: OnnxNode, source: str) -> list[Node] | No
             or len({tuple(ctx.type(e).shape) for s in known.values() for e in s}) < 2):
         return None
     return _unrolled(ctx, n, source, int(trip.reshape(-1)[0]), known)
+
+
+def shapes_follow_iteration(body: onnx.GraphProto, opset: int) -> bool:
+    """Whether Loop body `body` likely has a shape that changes with its iteration
+    number: a converter's build-time input follows it (through tensor operators), other
+    than a Slice or Range whose two bounds both do (i to i + 1: a static length,
+    control.py). The ONNX backend freezes such a Loop's trip count and condition so
+    that unroll_counted can unroll it."""
+    iteration = {body.input[0].name} if body.input else set()
+    for node in body.node:
+        if set(node.input) & iteration and (node.op_type not in CONTROL_CONVERTERS
+                                            or node.op_type == "Identity"):
+            iteration.update(node.output)
+        converter = onnx_converter(node.op_type, opset)
+        bounds = {"Slice": node.input[1:3], "Range": node.input[0:2]}.get(node.op_type, [])
+        if converter is not None and any(
+                node.input[pos] in iteration for pos in converter.build_time_inputs
+                if pos < len(node.input)) and not (len(bounds) == 2
+                                                   and set(bounds) <= iteration):
+            return True
+    return False
 
 
 # The most copies of a Loop body unroll_counted makes (each has its own kernels).
