@@ -6,6 +6,9 @@ body over all of them, so the body is inlined once per element. SequenceMap impo
 so; a Loop over such a sequence (ONNX's expansion of SequenceMap: trip count
 SequenceLength, SequenceAt at the iteration number, results appended) is unrolled
 when its elements differ in shape, else it runs as a VM loop (frontend/onnx/control.py).
+A Loop whose shapes change with the iteration number (a Slice to i + 1 appended to a
+sequence), which a VM loop cannot run, is unrolled likewise over a trip count known
+at build time (unroll_counted), one copy per iteration.
 """
 
 from __future__ import annotations
