@@ -45,6 +45,7 @@ from pipeline.frontend.onnx.importer import (
     domain_opset,
 )
 from pipeline.frontend.onnx.registry import NodeView, onnx_converter
+from pipeline.frontend.onnx.sequence_map import shapes_follow_iteration
 from pipeline.ir.graph import ONNX_DTYPES
 from pipeline.tools.value_inputs import expand_value_inputs, has_value_inputs
 
@@ -177,6 +178,9 @@ def _control_flow_reasons(node: onnx.NodeProto, opset: int, known: set[str]) -> 
         body = attr.g
         inner_known = known | {i.name for i in body.initializer}
         iteration = {body.input[0].name} if node.op_type == "Loop" and body.input else set()
+        if iteration and set(node.input[:2]) - {""} <= known and shapes_follow_iteration(
+                body, opset):  # unrolled: the iteration number a constant per copy
+            inner_known |= iteration
         for inner in body.node:
             reads = set(inner.input) - {""}
             if inner.op_type in ("Constant", "Shape", "Size") or (
@@ -396,6 +400,9 @@ def _build_time_inputs(graph: onnx.GraphProto, input_names: set[str],
     # A Loop with scan outputs needs its trip count: their length (frontend/onnx/control.py).
     needed |= {node.input[0] for node in graph.node if node.op_type == "Loop" and node.input
                and node.input[0] and len(_body(node).output) > len(node.input) - 1}
+    # A Loop unrolled for its iteration-dependent shapes needs its trip count and condition.
+    needed |= {name for node in graph.node if node.op_type == "Loop"
+               and shapes_follow_iteration(_body(node), opset) for name in node.input[:2] if name}
     # SplitToSequence's split decides its parts' shapes (frontend/onnx/sequence.py).
     needed |= {node.input[1] for node in graph.node if node.op_type == "SplitToSequence"
                and len(node.input) > 1 and node.input[1]}

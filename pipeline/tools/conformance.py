@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import numpy as np
 import onnx
 
 from pipeline.tasks.paths import OUT
@@ -55,13 +56,28 @@ def skipping_backend(opt_level: int) -> type[PipelineBackend]:
     return ConformanceBackend
 
 
+def _runner_class():
+    """onnx's test runner (BackendTest), comparing each element of a sequence output as a
+    one-output list: its own recursion passes the element bare and takes its len(),
+    which a 0-d element has not (test_loop16_seq_none's first element)."""
+    from onnx.backend.test import BackendTest
+
+    class Runner(BackendTest):
+        @classmethod
+        def assert_similar_outputs(cls, ref_outputs, outputs, rtol, atol, model_dir=None):
+            if isinstance(ref_outputs, np.ndarray) and isinstance(outputs, np.ndarray):
+                ref_outputs, outputs = [ref_outputs], [outputs]
+            super().assert_similar_outputs(ref_outputs, outputs, rtol, atol,
+                                           model_dir=model_dir)
+
+    return Runner
+
+
 def make_backend_tests(opt_level: int, suites=SUITES,
                        module: str = __name__) -> dict[str, type[unittest.TestCase]]:
     """unittest.TestCase classes, one per suite, named OnnxBackend<Suite>O<level>:
     the suites' CPU tests run through skipping_backend(opt_level)."""
-    from onnx.backend.test import BackendTest
-
-    runner = BackendTest(skipping_backend(opt_level), module)
+    runner = _runner_class()(skipping_backend(opt_level), module)
     classes = {}
     for name, case in runner.test_cases.items():
         suite = name.removeprefix("OnnxBackend").removesuffix("ModelTest")
@@ -149,8 +165,7 @@ def audit_limits(opt_level: int = 3) -> dict[str, dict[str, list[str]]]:
     """Run the tests (node and model suites) that only converter limits skip, anyway:
     {limit: {"passed": [test names], "failed": [...]}}. A limit whose tests all
     pass is stale and hides passing tests."""
-    from onnx.backend.test.runner import Runner
-
+    Runner = _runner_class()  # noqa: N806 (a class)
     audit: dict[str, dict[str, list[str]]] = {}
     for name, model, data_sets, rtol, atol in _all_cases():
         reasons = unsupported(model)

@@ -174,3 +174,58 @@ def test_a_kernel_reading_an_element_of_unknown_shape_is_refused_at_import():
                        match=r"node 'SequenceAt_1' \(SequenceAt\): the sequence's elements "
                              "differ in shape"):
         pipeline.frontend.from_onnx(model, control_flow=True)
+
+
+def _growing_slices(trip: int, cond_input: bool = False):
+    """A Loop of constant trip count `trip` appending Relu(x[:, :i + 1]) to a sequence:
+    each iteration's element is one column wider (the import unrolls it)."""
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["c"], ["c_out"]),
+         helper.make_node("Add", ["i", "one"], ["end"]),
+         helper.make_node("Unsqueeze", ["end", "zero"], ["ends"]),
+         helper.make_node("Slice", ["x", "starts", "ends", "axes"], ["cols"]),
+         helper.make_node("Relu", ["cols"], ["r"]),
+         helper.make_node("SequenceInsert", ["s", "r"], ["s_out"])],
+        "body", [helper.make_tensor_value_info("i", T.INT64, []),
+                 helper.make_tensor_value_info("c", T.BOOL, []), helper.make_value_info("s", SEQ)],
+        [helper.make_tensor_value_info("c_out", T.BOOL, []), helper.make_value_info("s_out", SEQ)],
+        [helper.make_tensor("one", T.INT64, [], [1]),
+         helper.make_tensor("zero", T.INT64, [1], [0]),
+         helper.make_tensor("starts", T.INT64, [1], [0]),
+         helper.make_tensor("axes", T.INT64, [1], [1])])
+    inits = [helper.make_tensor("trip", T.INT64, [], [trip])]
+    inputs = [helper.make_tensor_value_info("x", T.FLOAT, [2, 5])]
+    if cond_input:
+        inputs.append(helper.make_tensor_value_info("cond", T.BOOL, []))
+    else:
+        inits.append(helper.make_tensor("cond", T.BOOL, [], [True]))
+    nodes = [helper.make_node("SequenceEmpty", [], ["empty"], dtype=T.FLOAT),
+             helper.make_node("Loop", ["trip", "cond", "empty"], ["seq"], name="loop",
+                              body=body)]
+    return helper.make_model(helper.make_graph(nodes, "grow", inputs,
+                                               [helper.make_value_info("seq", SEQ)], inits),
+                             opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_a_loop_of_known_trip_count_with_growing_shapes_unrolls(tmp_path):
+    """Slices growing with the iteration number: one copy of the body per iteration
+    (docs/vm.md, "Control flow"), matching onnxruntime."""
+    model = _growing_slices(3)
+    graph, params = pipeline.frontend.from_onnx(model, control_flow=True)
+    assert not any(n.op == "loop" for n in graph.nodes)
+    factory = pipeline.build(graph, target=TARGET, params=params, executor="vm")
+    x = np.random.default_rng(3).standard_normal((2, 5)).astype(np.float32)
+    (got,) = VirtualMachine(str(factory.export_library(str(tmp_path / "grow.so")))).run(x=x)
+    (want,) = ort.InferenceSession(model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert [g.shape for g in got] == [(2, 1), (2, 2), (2, 3)]
+    _same(got, want)
+
+
+@pytest.mark.parametrize("trip, cond_input", [(65, False), (3, True)])
+def test_a_growing_loop_not_unrollable_is_refused(trip, cond_input):
+    """Over 64 iterations, or a condition known only at run time: the VM loop's one-line
+    refusal naming the node."""
+    with pytest.raises(pipeline.errors.PipelineError,
+                       match=r"node 'loop' body: .*changes with the Loop's iteration number"):
+        pipeline.frontend.from_onnx(_growing_slices(trip, cond_input), control_flow=True)
