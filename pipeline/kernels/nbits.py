@@ -204,6 +204,16 @@ def _cols_zero_points(kb, node, zp, g, blk, nb: int) -> ir.Value:
     return kb.b.uitofp(kb.b.and_(wide, ir.Constant(wide.type, 15)), ir.VectorType(F32, LANES))
 
 
+def _store_lanes(kb, y, out, at, bias, col0, epilogue) -> None:
+    """Store LANES outputs y at flat index `at` of out, after adding the bias from
+    column col0 and applying the fused epilogue."""
+    if bias is not None:
+        y = kb.fadd(y, kb.vload(bias, col0, LANES))
+    if epilogue is not None:
+        y = apply_epilogue(kb, epilogue, y, kb.unflatten(at, out.type.shape))
+    kb.vstore(out, at, y)
+
+
 def _lower_cols(kb, node, ins, out, epilogue):
     """The cols16 layout (ops/nbits.py): a work item is a group of 16 columns, whose
     outputs are vectors from the start: per block, per pair of values, 16 bytes hold
@@ -247,13 +257,8 @@ def _lower_cols(kb, node, ins, out, epilogue):
                 block_sum = kb.fsub(kb.get(parts[r]), kb.fmul(zv, total))
                 kb.set(accs[r], fma(kb, block_sum, sv, kb.get(accs[r])))
         for r in range(rows_n):
-            y = kb.get(accs[r])
-            if bias is not None:
-                y = kb.fadd(y, kb.vload(bias, g * LANES, LANES))
-            at = (m0 + r) * n_n + g * LANES
-            if epilogue is not None:
-                y = apply_epilogue(kb, epilogue, y, kb.unflatten(at, out.type.shape))
-            kb.vstore(out, at, y)
+            _store_lanes(kb, kb.get(accs[r]), out, (m0 + r) * n_n + g * LANES, bias,
+                         g * LANES, epilogue)
 
     with parallel_for(kb, n_n // LANES, "groups", work=rows * n_n * k_n) as g:
         if rows >= ROWS:
@@ -411,12 +416,7 @@ def _lower(kb, node, ins, out, epilogue):
             _split_rows(kb, node, ins[0], m0, rows_n, split)
         for r, y in enumerate(_group_sums(kb, node, ins, g * LANES, m0, rows_n, split,
                                           sums)):
-            if bias is not None:
-                y = kb.fadd(y, kb.vload(bias, g * LANES, LANES))
-            at = (m0 + r) * n_n + g * LANES
-            if epilogue is not None:
-                y = apply_epilogue(kb, epilogue, y, kb.unflatten(at, out.type.shape))
-            kb.vstore(out, at, y)
+            _store_lanes(kb, y, out, (m0 + r) * n_n + g * LANES, bias, g * LANES, epilogue)
 
     def finish_column(col, m0, rows_n: int) -> None:
         for r, v in enumerate(_tile(kb, node, ins, col, m0, rows_n)):
