@@ -307,14 +307,21 @@ class VirtualMachine:
         """invoke("main", ...)."""
         return self.invoke("main", *args, **kwargs)
 
-    def _output(self, k: int) -> np.ndarray:
-        """Output k, a tensor, read on its own."""
+    def _read(self, info_call, get_call) -> np.ndarray:
+        """One tensor: info_call(info struct) fills its shape and dtype, get_call(address,
+        nbytes) copies its bytes (a tensor output, or an item of a sequence output)."""
         info = _TensorInfo()
-        self._api["pl_output_info"](self._handle, k, ctypes.byref(info))
+        self._check(info_call(ctypes.byref(info)))
         shape, dtype = tuple(info.shape[d] for d in range(info.ndim)), np.dtype(info.dtype.decode())
         out = np.empty(library_size(shape, dtype), np.uint8)
-        self._check(self._api["pl_get_output"](self._handle, k, out.ctypes.data, out.nbytes))
+        self._check(get_call(out.ctypes.data, out.nbytes))
         return from_library(out, shape, dtype)
+
+    def _output(self, k: int) -> np.ndarray:
+        """Output k, a tensor, read on its own."""
+        api, handle = self._api, self._handle
+        return self._read(lambda info: api["pl_output_info"](handle, k, info),
+                          lambda at, n: api["pl_get_output"](handle, k, at, n))
 
     def _output_shapes(self) -> list[tuple[int, ...]]:
         """Each output's shape after a run: one pl_vm_output_shapes call, or (a
@@ -359,17 +366,10 @@ class VirtualMachine:
             return None
         if count < 0:
             return self._output(k)
-        items = []
-        for j in range(count):
-            info = _TensorInfo()
-            self._check(self._api["pl_output_item_info"](self._handle, k, j, ctypes.byref(info)))
-            shape = tuple(info.shape[d] for d in range(info.ndim))
-            dtype = np.dtype(info.dtype.decode())
-            out = np.empty(library_size(shape, dtype), np.uint8)
-            self._check(self._api["pl_get_output_item"](self._handle, k, j, out.ctypes.data,
-                                                        out.nbytes))
-            items.append(from_library(out, shape, dtype))
-        return items
+        api, handle = self._api, self._handle
+        return [self._read(lambda info, j=j: api["pl_output_item_info"](handle, k, j, info),
+                           lambda at, n, j=j: api["pl_get_output_item"](handle, k, j, at, n))
+                for j in range(count)]
 
     def set_num_threads(self, num_threads: int) -> None:
         """Threads of the parallel kernels (0: libgomp's own choice)."""
