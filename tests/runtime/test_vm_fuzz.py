@@ -128,6 +128,24 @@ def _sequence_seed() -> bytes:
     return write_ro(Executable((main,), {}, ()))
 
 
+def _aliasing_seed() -> bytes:
+    """main(x: float32 [2, 2], p: int64): sequence instructions whose result register is
+    also their source (r = SeqInsert(r, ...), r = SeqErase(r), r = SeqAt(r, p)): the old
+    sequence goes only after what is read from it is copied (a use-after-free libFuzzer
+    once found)."""
+    f32 = TensorType("x", "float32", (2, 2))
+    main = Function("main", (f32, TensorType("p", "int64", ())),
+                    (f32, TensorType("s", "float32", (), 1)), 5, (
+        SeqConstruct(2, (0, 0)), SeqInsert(2, 2, 0, -1), SeqErase(2, 2, -1),
+        SeqConstruct(3, (0,)), SeqInsert(3, 3, 0, 1), SeqAt(3, 3, 1),
+        SeqSplit(4, 3, 0, 1, (1, 1)), SeqAt(4, 4, 1), Ret((4, 2))))
+    return write_ro(Executable((main,), {}, ()))
+
+
+def _seeds() -> tuple[bytes, ...]:
+    return _plan_seed(), _control_seed(), _dims_seed(), _sequence_seed(), _aliasing_seed()
+
+
 def _restamp(ro: bytes) -> bytes:
     """The sha256 trailer made right again (what a mutation would break first)."""
     return ro[:-32] + hashlib.sha256(ro[:-32]).digest()
@@ -141,7 +159,7 @@ def _clang() -> str | None:
 
 
 def test_python_reader_round_trips_the_seeds():
-    for seed in (_plan_seed(), _control_seed(), _dims_seed(), _sequence_seed()):
+    for seed in _seeds():
         assert write_ro(read_ro(seed)) == seed
 
 
@@ -153,7 +171,7 @@ def test_c_reader_accepts_seeds_and_explains_bad_files(tmp_path):
     opcode_at = seed.index(struct.pack("<HHI", 8, 0, 3))  # the If
     cases = {
         "plan": (_plan_seed(), "ok"), "control": (seed, "ok"), "dims": (_dims_seed(), "ok"),
-        "sequence": (_sequence_seed(), "ok"),
+        "sequence": (_sequence_seed(), "ok"), "aliasing": (_aliasing_seed(), "ok"),
         "truncated": (seed[:-1], "VM executable truncated or corrupted"),
         "foreign": (b"\x7fELF" + seed[4:], "not a pipeline VM executable"),
         "version": (seed[:8] + b"\x09" + seed[9:], "VM executable format version 9"),
@@ -180,7 +198,7 @@ def test_fuzz_ro_reader(tmp_path):
                     "-o", str(fuzzer)], check=True, capture_output=True)
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    for k, seed in enumerate((_plan_seed(), _control_seed(), _dims_seed(), _sequence_seed())):
+    for k, seed in enumerate(_seeds()):
         (corpus / f"seed{k}").write_bytes(seed)
     proc = subprocess.run([str(fuzzer), f"-max_total_time={FUZZ_SECONDS}", "-timeout=10",
                            "-rss_limit_mb=2048", "-print_final_stats=1",
@@ -195,8 +213,7 @@ def test_fuzz_ro_reader(tmp_path):
 @st.composite
 def _mutated(draw) -> bytes:
     """A seed with a few bytes changed or cut, its checksum made right again."""
-    data = bytearray(draw(st.sampled_from([_plan_seed(), _control_seed(), _dims_seed(),
-                                             _sequence_seed()])))
+    data = bytearray(draw(st.sampled_from(_seeds())))
     for _ in range(draw(st.integers(1, 4))):
         at = draw(st.integers(24, len(data) - 33))
         if draw(st.booleans()):

@@ -261,26 +261,30 @@ static void obj_clear(pl_executor *h, struct obj *o) {
 /* dst = a tensor over storage st (taking a reference to it). Only the ndim dimensions
  * used are copied: a register is ~300 bytes, MAX_NDIM's shape most of it, and copying
  * whole registers (two or three times an instruction) was most of the interpreter's
- * time in a decode step. */
+ * time in a decode step. `shape` is copied before dst is cleared: it may live in what
+ * clearing dst frees (r = SequenceAt(r, i) reads an element of the sequence in r). */
 static void obj_tensor(pl_executor *h, struct obj *dst, uint8_t dtype, uint8_t ndim,
                        struct storage *st, void *data, size_t nbytes, const int64_t *shape) {
+    int64_t dims[MAX_NDIM];
+    if (ndim) memcpy(dims, shape, (size_t)ndim * sizeof *shape);
     st->refs++;
     obj_clear(h, dst);
-    dst->kind = 2, dst->dtype = dtype, dst->ndim = ndim;
+    dst->kind = OBJ_TENSOR, dst->dtype = dtype, dst->ndim = ndim;
     dst->st = st, dst->data = data, dst->nbytes = nbytes;
-    if (ndim) memcpy(dst->shape, shape, (size_t)ndim * sizeof *shape);
+    if (ndim) memcpy(dst->shape, dims, (size_t)ndim * sizeof *dims);
 }
 
 static void obj_set(pl_executor *h, struct obj *dst, const struct obj *src) {
     if (dst == src) return; /* Move r, r */
-    if (src->kind == 2) {
+    if (src->kind == OBJ_TENSOR) {
         obj_tensor(h, dst, src->dtype, src->ndim, src->st, src->data, src->nbytes, src->shape);
         return;
     }
-    if (src->kind) src->st->refs++;
+    struct obj o = {src->kind, 0, 0, src->st, src->data, 0, {0}}; /* src may go with dst */
+    if (o.kind) o.st->refs++;
     obj_clear(h, dst);
-    dst->kind = src->kind, dst->dtype = 0, dst->ndim = 0, dst->st = src->st;
-    dst->data = src->data, dst->nbytes = 0;
+    dst->kind = o.kind, dst->dtype = 0, dst->ndim = 0, dst->st = o.st;
+    dst->data = o.data, dst->nbytes = 0;
 }
 
 /* ---- reading the .ro ---- */
@@ -538,7 +542,7 @@ static int make_tensor(pl_executor *h, struct obj *dst, const struct obj *base,
         return fail(h, "VM: %s of an empty register", view ? "view" : "tensor");
     int64_t size = size_of(w[3], w[4], shape);
     if (size < 0) return fail(h, "VM: a tensor of a bad runtime shape");
-    size_t start = (size_t)((char *)base->data - (char *)base->st->data) * (base->kind == 2 && view);
+    size_t start = (size_t)((char *)base->data - (char *)base->st->data) * (base->kind == OBJ_TENSOR && view);
     if (start + (size_t)w[2] + (size_t)size > base->st->size)
         return fail(h, "VM: a tensor of %zu bytes at offset %lld does not fit its %zu-byte "
                     "storage", (size_t)size, (long long)w[2], base->st->size);
@@ -980,7 +984,7 @@ API int pl_output_info(const pl_executor *h, int i, pl_tensor_info *info) {
     if (i < 0 || (uint32_t)i >= h->funcs[0].n_results) return -1;
     describe(&h->funcs[0].results[i], info);
     const struct obj *o = &h->outputs[i];
-    if (h->ran && o->kind == 2)
+    if (h->ran && o->kind == OBJ_TENSOR)
         info->dtype = DTYPES[o->dtype].name, info->ndim = o->ndim, info->shape = o->shape,
         info->nbytes = o->nbytes;
     return 0;
