@@ -229,32 +229,38 @@ def _lower_cols(kb, node, ins, out, epilogue):
     rows, nb = ins[0].type.size // k_n, b.type.shape[1]
 
     def tile(g, m0, rows_n: int) -> None:
+        # Pairs per loop step: each row's block sum is 2 * unroll separate chains (FMA
+        # latency, not memory, bounded a 1-row call's one chain: 4-bit decode weights
+        # at ~18% of the read bandwidth), summed at the block's end.
+        unroll = next(u for u in (4 // rows_n, 2, 1) if u and not (block // 2) % u)
         accs = [kb.local(zeros(LANES)) for _ in range(rows_n)]
         with kb.loop(0, nb, "blk") as blk:
             zv = _cols_zero_points(kb, node, zp, g, blk, nb)
-            parts = [kb.local(zeros(LANES)) for _ in range(rows_n)]
-            with kb.loop(0, block // 2, "pair") as p:
-                raw_bytes = kb.b.load(kb.gep(b, ((g * nb + blk) * (block // 2) + p) * LANES),
-                                      typ=ir.VectorType(ir.IntType(8), LANES), align=1)
-                wide = kb.b.zext(raw_bytes, ir.VectorType(I32, LANES))
-                ws = [kb.b.uitofp(v, ir.VectorType(F32, LANES))
-                      for v in (kb.b.and_(wide, ir.Constant(wide.type, 15)),
-                                kb.b.lshr(wide, ir.Constant(wide.type, 4)))]
-                for r in range(rows_n):
-                    at = (m0 + r) * k_n + blk * block + p * 2
-                    x = kb.get(parts[r])
-                    for half, w in enumerate(ws):
-                        x = fma(kb, kb.splat(kb.load(a, at + half), LANES), w, x)
-                    kb.set(parts[r], x)
+            parts = [[kb.local(zeros(LANES)) for _ in range(2 * unroll)]
+                     for _ in range(rows_n)]
+            with kb.loop(0, block // 2 // unroll, "pair") as step:
+                for u in range(unroll):
+                    p = step * unroll + u
+                    raw_bytes = kb.b.load(
+                        kb.gep(b, ((g * nb + blk) * (block // 2) + p) * LANES),
+                        typ=ir.VectorType(ir.IntType(8), LANES), align=1)
+                    wide = kb.b.zext(raw_bytes, ir.VectorType(I32, LANES))
+                    ws = [kb.b.uitofp(v, ir.VectorType(F32, LANES))
+                          for v in (kb.b.and_(wide, ir.Constant(wide.type, 15)),
+                                    kb.b.lshr(wide, ir.Constant(wide.type, 4)))]
+                    for r in range(rows_n):
+                        at = (m0 + r) * k_n + blk * block + p * 2
+                        for half, w in enumerate(ws):
+                            acc = parts[r][2 * u + half]
+                            kb.set(acc, fma(kb, kb.splat(kb.load(a, at + half), LANES), w,
+                                            kb.get(acc)))
             sv = kb.vload(scales, (g * nb + blk) * LANES, LANES)
             for r in range(rows_n):  # sum((q - z) a) = sum(q a) - z sum(a)
                 at = (m0 + r) * k_n + blk * block
                 chunks = [kb.vload(a, at + c * LANES, LANES) for c in range(block // LANES)]
-                while len(chunks) > 1:
-                    chunks = [kb.fadd(x, y) for x, y in zip(chunks[::2], chunks[1::2],
-                                                            strict=True)]
-                total = kb.splat(reduce_lanes(kb, chunks[0], kb.fadd), LANES)
-                block_sum = kb.fsub(kb.get(parts[r]), kb.fmul(zv, total))
+                total = kb.splat(reduce_lanes(kb, _tree_sum(kb, chunks), kb.fadd), LANES)
+                block_sum = kb.fsub(_tree_sum(kb, [kb.get(x) for x in parts[r]]),
+                                    kb.fmul(zv, total))
                 kb.set(accs[r], fma(kb, block_sum, sv, kb.get(accs[r])))
         for r in range(rows_n):
             _store_lanes(kb, kb.get(accs[r]), out, (m0 + r) * n_n + g * LANES, bias,
@@ -266,6 +272,13 @@ def _lower_cols(kb, node, ins, out, epilogue):
                 tile(g, rt * ROWS, ROWS)
         if rows % ROWS:
             tile(g, rows // ROWS * ROWS, rows % ROWS)
+
+
+def _tree_sum(kb, values: list[ir.Value]) -> ir.Value:
+    """values[0] + values[1] + ... added pairwise (a power-of-two count)."""
+    while len(values) > 1:
+        values = [kb.fadd(x, y) for x, y in zip(values[::2], values[1::2], strict=True)]
+    return values[0]
 
 
 def _blocked_width(kb, node, rows: int, n_n: int) -> int:

@@ -61,6 +61,22 @@ def test_vm_library_matches_onnxruntime(mlp):
     np.testing.assert_allclose(vm.invoke("main")[0], want[0], rtol=1e-4, atol=1e-4)
 
 
+def test_outputs_the_caller_holds_are_never_reused(mlp):
+    """An output array is reused by a later run only once the caller let go of it:
+    held arrays (and views of them) keep the values of their own run."""
+    model, so, x = mlp
+    vm = VirtualMachine(so)
+    x2 = -x
+    want, want2 = _ort(model, {"data": x})[0], _ort(model, {"data": x2})[0]
+    held = vm.run(x2)[0]
+    view = vm.run(x2)[0][:, :3]  # the run's array lives on in its view
+    for _ in range(3):  # arrays dropped at once: reused, each run's values right
+        np.testing.assert_allclose(vm.run(x)[0], want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(held, want2, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(view, want2[:, :3], rtol=1e-4, atol=1e-4)
+    assert not np.allclose(want[:, :3], want2[:, :3])  # the check can tell them apart
+
+
 def test_load_exec_from_ro_bytes(mlp):
     """Executable.load_exec(ro_bytes, lib): the .ro file beside the library."""
     model, so, x = mlp
