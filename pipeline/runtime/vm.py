@@ -74,8 +74,9 @@ def _load_library(path: str | os.PathLike) -> tuple[str, ctypes.CDLL]:
         raise OSError(f"cannot load {path}: {err}") from None
 
 
-def _packed_ro(lib: ctypes.CDLL, path: str) -> bytes:
-    """The .ro packed into a VM library."""
+def _packed_ro(lib: ctypes.CDLL, path: str) -> ctypes.Array:
+    """The .ro packed into a VM library, where the library is mapped (not a copy: its
+    constants are the model's weights, used in place by the VM)."""
     try:
         addr = ctypes.addressof(ctypes.c_char.in_dll(lib, RO_SYMBOL))
     except ValueError:
@@ -85,17 +86,25 @@ def _packed_ro(lib: ctypes.CDLL, path: str) -> bytes:
     if total > os.path.getsize(path):
         raise FormatError(f"{path}: VM executable truncated: {total} bytes, the file has "
                           f"{os.path.getsize(path)}")
-    return ctypes.string_at(addr, max(total, _PREFIX))
+    return (ctypes.c_ubyte * max(total, _PREFIX)).from_address(addr)
 
 
 class Executable:
     """A VM executable: the functions, constants and kernel names of a .ro (read and
     verified) with the VM library whose kernels and interpreter run it."""
 
-    def __init__(self, ro: bytes, lib: ctypes.CDLL, path: str):
-        self.ro = bytes(ro)
+    def __init__(self, ro: bytes | ctypes.Array, lib: ctypes.CDLL, path: str):
+        # bytes (load_exec), or the library's own mapped .ro (load): the VM reads its
+        # names and constants in place, so it is kept as long as the executable
+        self.ro = ro if isinstance(ro, ctypes.Array) else bytes(ro)
         self.content: vm_compile.Executable = read_ro(self.ro, path)
         self.lib, self.path = lib, path
+
+    def ro_address(self) -> int:
+        """Where the .ro's bytes are (valid as long as this executable)."""
+        if isinstance(self.ro, ctypes.Array):
+            return ctypes.addressof(self.ro)
+        return ctypes.cast(ctypes.c_char_p(self.ro), ctypes.c_void_p).value
 
     @classmethod
     def load_exec(cls, ro_bytes: bytes, lib: str | os.PathLike) -> Executable:
@@ -113,7 +122,7 @@ class Executable:
 
     def save(self) -> tuple[bytes, str]:
         """(the .ro bytes, the library path), as TVM's Executable.save."""
-        return self.ro, self.path
+        return bytes(self.ro), self.path
 
     @property
     def kernels(self) -> tuple[str, ...]:
@@ -134,7 +143,7 @@ def _bind(lib: ctypes.CDLL) -> dict[str, Any]:
     """The VM's C functions, typed."""
     p, i, s = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
     types = {"pl_create_unchecked": (p, [ctypes.c_char_p, s]),
-             "pl_vm_load": (p, [ctypes.c_char_p, s, ctypes.c_char_p, s]),
+             "pl_vm_load": (p, [p, s, ctypes.c_char_p, s]),
              "pl_destroy": (None, [p]), "pl_last_error": (ctypes.c_char_p, [p]),
              "pl_num_inputs": (i, [p]), "pl_num_outputs": (i, [p]),
              "pl_input_info": (i, [p, i, ctypes.POINTER(_TensorInfo)]),
@@ -178,7 +187,7 @@ class VirtualMachine:
         self.executable = exe
         self._api = _bind(exe.lib)
         err = ctypes.create_string_buffer(512)
-        self._handle = self._api["pl_vm_load"](exe.ro, len(exe.ro), err, len(err))
+        self._handle = self._api["pl_vm_load"](exe.ro_address(), len(exe.ro), err, len(err))
         if not self._handle:
             raise FormatError(f"{exe.path}: {err.value.decode(errors='replace')}")
         main = exe.content.functions[0]

@@ -161,10 +161,12 @@ def _check_prefix(data: bytes, source: str) -> int:
     return total
 
 
-def read_ro(data: bytes, source: str = ".ro") -> Executable:
+def read_ro(data: bytes | memoryview, source: str = ".ro") -> Executable:
     """The executable in .ro bytes: FormatError (one line, starting with `source`)
-    for another magic or version, a wrong length or checksum, or bad content."""
-    data = bytes(data)
+    for another magic or version, a wrong length or checksum, or bad content. Any
+    buffer (a library's mapped .ro) is read in place: the constants are read-only
+    arrays over it, not copies."""
+    data = data if isinstance(data, bytes) else memoryview(data).cast("B")
     total = _check_prefix(data, source)
     try:
         return _read_sections(data, total, source)
@@ -197,7 +199,7 @@ def _read_sections(data: bytes, total: int, source: str) -> Executable:
             raw = np.frombuffer(data, np.uint8, nbytes, at)
             constants[t.name] = unpack_nibbles(raw, t.dtype, t.shape)
             continue
-        constants[t.name] = np.frombuffer(data, t.dtype, count, at).reshape(t.shape).copy()
+        constants[t.name] = np.frombuffer(data, t.dtype, count, at).reshape(t.shape)
     r = sections["functions"]
     dims = {}
     for _ in range(r.take("<I")[0]):

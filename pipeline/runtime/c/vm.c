@@ -77,7 +77,8 @@ struct storage {
     size_t size;
     void *data;
     struct storage *next; /* in the pool's free list */
-    int borrowed;         /* a caller's zero-copy buffer: never pooled, data never freed */
+    int borrowed; /* a caller's zero-copy buffer or a constant in the .ro: never pooled,
+                   * data never freed (nor written) */
 };
 
 /* obj kinds: a sequence (a storage of element objects) and none (an empty optional):
@@ -305,6 +306,11 @@ static int read_kernels(pl_executor *h, struct reader *r, void *(*resolve)(void 
     return 0;
 }
 
+/* The constants: each one that lies 64-byte aligned in the .ro (all of them, in a .ro
+ * packed into a library or mapped from a file) is used in place, never written (a
+ * borrowed storage); a misaligned one is copied. The .ro outlives the executor (the
+ * names point into it too), and a library's weights stay the file's pages: copied,
+ * a 165 MB decoder's had taken its size twice over in resident memory. */
 static int read_consts(pl_executor *h, struct reader *r, const uint8_t *ro, size_t data_end) {
     if (read_count(h, r, 24, &h->n_consts)) return -1;
     h->consts = calloc(h->n_consts + 1, sizeof *h->consts);
@@ -316,6 +322,13 @@ static int read_consts(pl_executor *h, struct reader *r, const uint8_t *ro, size
         if (read_type(h, r, t) || read_u(h, r, 8, &nbytes) || read_u(h, r, 8, &at)) return -1;
         if (nbytes != t->nbytes || at > data_end || nbytes > data_end - at)
             return fail(h, ".ro constants section corrupted: constant '%s'", t->name);
+        if (((uintptr_t)(ro + at) & 63) == 0) { /* used where it lies */
+            struct storage *s = calloc(1, sizeof *s);
+            if (!s) return fail(h, "out of memory");
+            *s = (struct storage){1, t->nbytes, (void *)(ro + at), NULL, 1};
+            h->consts[c] = s;
+            continue;
+        }
         if (!(h->consts[c] = storage_new(h, t->nbytes))) return -1;
         memcpy(h->consts[c]->data, ro + at, t->nbytes);
     }
@@ -876,7 +889,8 @@ API pl_executor *pl_create_unchecked(char *err, size_t err_size) {
 }
 
 /* An executor over .ro bytes the caller gives (Executable.load_exec), the kernels
- * resolved in this library; ro is copied from (the caller may free it after). */
+ * resolved in this library; ro must outlive it (names and constants are read in
+ * place). */
 API pl_executor *pl_vm_load(const uint8_t *ro, size_t size, char *err, size_t err_size) {
     void *handle = self_library(err, err_size);
     if (!handle) return NULL;
