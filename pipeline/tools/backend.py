@@ -104,14 +104,11 @@ def unsupported(model: onnx.ModelProto, limits: bool = True) -> list[str]:
                     "converter" for attr in node.attribute if attr.name in converter.subgraphs
                     for inner in attr.g.node if inner.op_type != "Constant"
                     and onnx_converter(inner.op_type, opset) is None]
-        if not converter.float64 and any(
-                _elem_type(types.get(name)) == TensorProto.DOUBLE
-                for name in (*node.input, *node.output) if name):
-            reasons.append(f"{node.op_type}: dtype DOUBLE")
-        if not converter.uint64 and any(
-                _elem_type(types.get(name)) == TensorProto.UINT64
-                for name in (*node.input, *node.output) if name):
-            reasons.append(f"{node.op_type}: dtype UINT64")
+        for allowed, elem, name in ((converter.float64, TensorProto.DOUBLE, "DOUBLE"),
+                                    (converter.uint64, TensorProto.UINT64, "UINT64")):
+            if not allowed and any(_elem_type(types.get(x)) == elem
+                                   for x in (*node.input, *node.output) if x):
+                reasons.append(f"{node.op_type}: dtype {name}")
         if not limits or not converter.limits:
             continue
         view = NodeView(node.op_type, opset,

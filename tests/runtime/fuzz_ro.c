@@ -43,7 +43,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     memcpy(ro, data, size);
     for (int i = 0; size >= 24 && i < 8; i++) ro[16 + i] = (uint8_t)((uint64_t)size >> (8 * i));
     char err[256] = "";
-    pl_executor *h = create_from(ro, size, resolve_stub, NULL, err, sizeof err);
+    pl_executor *h = create_from(ro, size, 0, resolve_stub, NULL, err, sizeof err);
     if (h) {
         pl_tensor_info info;
         for (int i = 0; i < pl_num_inputs(h); i++)
@@ -85,7 +85,7 @@ int main(int argc, char **argv) {
         size_t n = f ? fread(buf, 1, sizeof buf, f) : 0;
         if (f) fclose(f);
         char err[256] = "";
-        pl_executor *h = create_from(buf, n, resolve_stub, NULL, err, sizeof err);
+        pl_executor *h = create_from(buf, n, 0, resolve_stub, NULL, err, sizeof err);
         if (h) set_shapes(h);
         if (h && pl_run(h)) printf("run: %s\n", pl_last_error(h));
         else printf("%s\n", h ? "ok" : err);

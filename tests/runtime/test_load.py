@@ -150,10 +150,11 @@ def _anon_bytes() -> int:
     return int(line.split()[1]) * 1024
 
 
-def test_vm_constants_are_used_in_place(tmp_path):
-    """A VM library's weights (constants of its .ro) are read where the library is
-    mapped, by Python and by the VM: loading and running a 32 MiB one adds the file's
-    pages and no private copy (three copies before: 128 MiB in all)."""
+def test_vm_constants_are_held_once(tmp_path):
+    """A VM library's weights (constants of its .ro) are copied once, into the VM's
+    arena, and the library file's pages of them are given back: loading and running a
+    32 MiB one adds one copy, not three (Python's bytes, its numpy copies and the C
+    reader's, as before), and leaves the mapping nearly empty."""
     from onnx import TensorProto, helper, numpy_helper
     from onnx.reference import ReferenceEvaluator
 
@@ -175,5 +176,5 @@ def test_vm_constants_are_used_in_place(tmp_path):
     before = _anon_bytes()
     vm = VirtualMachine(path)
     np.testing.assert_allclose(vm.run(x)[0], want, rtol=1e-4, atol=1e-3)
-    assert _anon_bytes() - before < 8 * 2**20
-    assert _mapped_bytes(Path(path).resolve()) > 32 * 2**20  # the weights, in place
+    assert 32 * 2**20 <= _anon_bytes() - before < 48 * 2**20  # one copy
+    assert _mapped_bytes(Path(path).resolve()) < 4 * 2**20  # of a 32 MiB library

@@ -46,22 +46,8 @@
 
 typedef void *(*resolve_fn)(void *ctx, const char *symbol);
 
-/* dtype codes of the plan (pipeline/link/plan.py DTYPES), with their sizes
- * and the (type code, bits) that TVM's param dicts write for them. */
-static const struct { const char *name; uint8_t size, dl_code, dl_bits; } DTYPES[] = {
-    {"float32", 4, 2, 32}, {"float64", 8, 2, 64}, {"int32", 4, 0, 32}, {"int64", 8, 0, 64},
-    {"bool", 1, 1, 1},     {"float16", 2, 2, 16}, {"int8", 1, 0, 8},   {"int16", 2, 0, 16},
-    {"uint8", 1, 1, 8},    {"uint16", 2, 1, 16},  {"uint32", 4, 1, 32}, {"uint64", 8, 1, 64},
-    /* appended, never renumbered: DLPack's kDLBfloat and kDLFloat8_* codes */
-    {"bfloat16", 2, 4, 16}, {"float8_e4m3fn", 1, 10, 8}, {"float8_e4m3fnuz", 1, 11, 8},
-    {"float8_e5m2", 1, 12, 8}, {"float8_e5m2fnuz", 1, 13, 8},
-    /* size 0: 8 / bits elements a byte (element 2i in the low nibble of byte i) */
-    {"uint4", 0, 1, 4},     {"int4", 0, 0, 4},
-    /* DLPack's kDLFloat4_e2m1fn (17) and kDLFloat8_e8m0fnu (14); int2/uint2 four a byte */
-    {"float4_e2m1fn", 0, 17, 4}, {"float8_e8m0fnu", 1, 14, 8},
-    {"uint2", 0, 1, 2},     {"int2", 0, 0, 2},
-};
-#define N_DTYPES (sizeof DTYPES / sizeof DTYPES[0])
+#include "dtypes.h" /* DTYPES: the dtype codes, sizes and DLPack codes */
+#include "pages.h"  /* arena_alloc, copy_weights: huge pages, pages given back */
 
 #include "parallel.h" /* pl_parallel: the parallel kernels' thread team */
 
@@ -240,23 +226,6 @@ static void fill_args(pl_executor *h) {
  * reshapes aliasing it, all read-only, which is what lets pl_set_input_zero_copy
  * and pl_share_input swap it for another buffer.) Then one 64-byte aligned,
  * zeroed arena holds every storage id, each sized for its largest entry. */
-/* Arenas from HUGE_PAGE bytes on, aligned to it and offered to the kernel for
- * transparent huge pages (Linux's THP "madvise" mode backs only what asks). The
- * weights of a batch-1 dense layer stream from memory once per run; on 4 KiB pages
- * every page of them is a TLB miss, which on a VM is a two-level page walk: a
- * 144 MiB read ran at 12-21 GB/s on 4 KiB pages, 30-34 GB/s on 2 MiB ones (alexnet's
- * first fully connected layer reached 55-60% of the measured read bandwidth). */
-#define HUGE_PAGE ((size_t)2 << 20)
-
-static int arena_alloc(void **data, size_t bytes) {
-    if (bytes < HUGE_PAGE) return posix_memalign(data, ALIGN, bytes ? bytes : ALIGN);
-    if (posix_memalign(data, HUGE_PAGE, bytes)) return -1;
-#ifdef MADV_HUGEPAGE
-    madvise(*data, bytes, MADV_HUGEPAGE); /* a hint: without THP, 4 KiB pages as before */
-#endif
-    return 0;
-}
-
 static int setup_storage(pl_executor *h) {
     size_t *offset = calloc(h->n_storage + 1, sizeof *offset);
     int64_t *owner = malloc((h->n_storage + 1) * sizeof *owner);
@@ -304,7 +273,7 @@ static int setup_storage(pl_executor *h) {
     h->arena = calloc(1, sizeof *h->arena);
     if (h->arena) h->arena->refs = 1;
     if (!h->home || !h->home_arena || !h->arena ||
-        arena_alloc(&h->arena->data, (size_t)total)) {
+        arena_alloc(&h->arena->data, (size_t)total, ALIGN)) {
         if (h->arena) h->arena->data = NULL;
         fail(h, "out of memory: the plan needs %llu bytes", (unsigned long long)total);
         goto out;
@@ -338,26 +307,6 @@ void arena_release(struct arena *a) {
     if (a && atomic_fetch_sub(&a->refs, 1) == 1) {
         free(a->data);
         free(a);
-    }
-}
-
-/* Copy a param out of the blob. From a library's own blob (mapped read-only from
- * its file), give back each copied chunk's whole pages: a later read faults them in
- * again from the file, and the process does not hold every param twice (vgg19: 700 MB)
- * while the executor copies them. */
-#define PARAM_CHUNK ((size_t)16 << 20)
-static void give_back_pages(const uint8_t *start, size_t n) {
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    uintptr_t lo = ((uintptr_t)start + page - 1) / page * page;
-    uintptr_t hi = (uintptr_t)(start + n) / page * page;
-    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
-}
-
-static void copy_param(const pl_executor *h, void *dst, const uint8_t *src, size_t n) {
-    for (size_t done = 0; done < n; done += PARAM_CHUNK) {
-        size_t len = n - done < PARAM_CHUNK ? n - done : PARAM_CHUNK;
-        memcpy((char *)dst + done, src + done, len);
-        if (h->blob_mapped) give_back_pages(src + done, len);
     }
 }
 
@@ -406,7 +355,7 @@ static int bind_params(pl_executor *h, struct reader *r) {
             return fail(h, "param '%s' does not match the graph's dtype %s and shape",
                         h->arg_name[a], DTYPES[t->dtype].name);
         if (take(h, r, (size_t)size, &p)) return -1;
-        copy_param(h, t->data, p, (size_t)size);
+        copy_weights(t->data, p, (size_t)size, h->blob_mapped);
         h->is_param[a] = 1;
     }
     if (r->p != r->end) return fail(h, "params corrupted: trailing bytes");
@@ -445,7 +394,7 @@ static int open_blob(pl_executor *h, const uint8_t *blob, size_t size, resolve_f
 }
 
 /* Create from any blob: what pl_create and the fuzzer share. mapped: the blob is a
- * library's, read-only data of its file (copy_param). */
+ * library's, read-only data of its file (copy_weights). */
 static pl_executor *create_from_blob(const uint8_t *blob, size_t size, int mapped,
                                      resolve_fn resolve, void *ctx, char *err,
                                      size_t err_size) {
@@ -478,7 +427,7 @@ static int blob_intact(const uint8_t *blob, size_t size) {
         return 1;
     uint8_t digest[32];
     sha256(blob, size - TRAILER, digest);
-    give_back_pages(blob, size); /* the library's read-only data: see copy_param */
+    give_back_pages(blob, size); /* the library's read-only data: see pages.h */
     if (memcmp(digest, blob + size - TRAILER, 32) != 0) return 0;
     blob_checked = 1;
     return 1;

@@ -62,7 +62,7 @@ struct pl_executor {
     uint32_t *eid_pool;
     void **ptr_pool;
     const void *blob;          /* the library's blob: executors of one library share it */
-    uint8_t blob_mapped;       /* it is read-only data of the library's file (copy_param) */
+    uint8_t blob_mapped;       /* it is read-only data of the library's file (copy_weights) */
     struct arena *arena;       /* this executor's own storage */
     void **home;               /* per storage id: its planned place (in arena, or in
                                   another executor's after pl_share_input) */

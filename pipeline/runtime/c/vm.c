@@ -53,17 +53,8 @@ static const char *const FAILURES[] = {
 #define DT_INT64 3
 #define DT_BOOL 4
 
-static const struct { const char *name; uint8_t size, per_byte; } DTYPES[] = {
-    {"float32", 4}, {"float64", 8}, {"int32", 4}, {"int64", 8}, {"bool", 1}, {"float16", 2},
-    {"int8", 1},    {"int16", 2},   {"uint8", 1}, {"uint16", 2}, {"uint32", 4}, {"uint64", 8},
-    /* appended, never renumbered (pipeline/vm/bytecode.py DTYPES) */
-    {"bfloat16", 2}, {"float8_e4m3fn", 1}, {"float8_e4m3fnuz", 1}, {"float8_e5m2", 1},
-    {"float8_e5m2fnuz", 1},
-    /* size 0: per_byte elements a byte, element k*i in the low bits of byte i */
-    {"uint4", 0, 2}, {"int4", 0, 2}, {"float4_e2m1fn", 0, 2}, {"float8_e8m0fnu", 1, 0},
-    {"uint2", 0, 4}, {"int2", 0, 4},
-};
-#define N_DTYPES (sizeof DTYPES / sizeof DTYPES[0])
+#include "dtypes.h" /* DTYPES: the dtype codes (pipeline/vm/bytecode.py) and sizes */
+#include "pages.h"  /* arena_alloc, copy_weights: huge pages, pages given back */
 
 #include "parallel.h" /* pl_parallel: the parallel kernels' thread team */
 extern void omp_set_num_threads(int) __attribute__((weak));
@@ -77,8 +68,8 @@ struct storage {
     size_t size;
     void *data;
     struct storage *next; /* in the pool's free list */
-    int borrowed; /* a caller's zero-copy buffer or a constant in the .ro: never pooled,
-                   * data never freed (nor written) */
+    int borrowed; /* a caller's zero-copy buffer or a constant: never pooled, data never
+                   * freed here (nor written) */
 };
 
 /* obj kinds: a sequence (a storage of element objects) and none (an empty optional):
@@ -116,7 +107,8 @@ struct pl_executor {
     int64_t (*in_shape)[MAX_NDIM]; /* each input's shape: pl_set_input_shape's */
     size_t *in_nbytes;       /* its bytes; (size_t)-1 until a symbolic one is set */
     struct func *funcs;
-    struct storage **consts; /* the constants, each in its own storage */
+    struct storage **consts; /* the constants, each a storage over const_arena */
+    void *const_arena;
     struct type *const_types;
     kernel_fn *kernels;
     const char **kernel_names; /* into the .ro, which outlives the executor */
@@ -196,8 +188,9 @@ static int64_t size_of(int64_t dtype, int64_t ndim, const int64_t *shape) {
         if (shape[d] < 0 || __builtin_mul_overflow(n, (uint64_t)shape[d], &n) ||
             n > PL_MAX_STORAGE)
             return -1;
-    return (int64_t)(DTYPES[dtype].size ? n : (n + DTYPES[dtype].per_byte - 1) /
-                                                  DTYPES[dtype].per_byte);
+    if (DTYPES[dtype].size) return (int64_t)n;
+    uint64_t per_byte = 8 / DTYPES[dtype].dl_bits; /* sub-byte: 2 or 4 a byte */
+    return (int64_t)((n + per_byte - 1) / per_byte);
 }
 
 static int read_type(pl_executor *h, struct reader *r, struct type *t) {
@@ -306,32 +299,42 @@ static int read_kernels(pl_executor *h, struct reader *r, void *(*resolve)(void 
     return 0;
 }
 
-/* The constants: each one that lies 64-byte aligned in the .ro (all of them, in a .ro
- * packed into a library or mapped from a file) is used in place, never written (a
- * borrowed storage); a misaligned one is copied. The .ro outlives the executor (the
- * names point into it too), and a library's weights stay the file's pages: copied,
- * a 165 MB decoder's had taken its size twice over in resident memory. */
-static int read_consts(pl_executor *h, struct reader *r, const uint8_t *ro, size_t data_end) {
+/* The constants, copied once into one arena (pages.h: on huge pages from 2 MiB: a
+ * decoder's weights stream from memory every decode step, and on the 4 KiB pages of
+ * the mapped file or of malloc they were read at two thirds of the speed). From the
+ * library's own .ro (`mapped`: read-only data of its file) each constant's pages are
+ * given back as it is copied, so the process holds the weights once. Each constant is
+ * a borrowed storage over its part of the arena (never pooled, never written). */
+static int read_consts(pl_executor *h, struct reader *r, const uint8_t *ro, size_t data_end,
+                       int mapped) {
     if (read_count(h, r, 24, &h->n_consts)) return -1;
     h->consts = calloc(h->n_consts + 1, sizeof *h->consts);
     h->const_types = calloc(h->n_consts + 1, sizeof *h->const_types);
-    if (!h->consts || !h->const_types) return fail(h, "out of memory");
+    uint64_t *at = calloc(h->n_consts + 1, sizeof *at);
+    if (!h->consts || !h->const_types || !at) return free(at), fail(h, "out of memory");
+    size_t total = 0;
     for (uint32_t c = 0; c < h->n_consts; c++) {
         struct type *t = &h->const_types[c];
-        uint64_t nbytes, at;
-        if (read_type(h, r, t) || read_u(h, r, 8, &nbytes) || read_u(h, r, 8, &at)) return -1;
-        if (nbytes != t->nbytes || at > data_end || nbytes > data_end - at)
-            return fail(h, ".ro constants section corrupted: constant '%s'", t->name);
-        if (((uintptr_t)(ro + at) & 63) == 0) { /* used where it lies */
-            struct storage *s = calloc(1, sizeof *s);
-            if (!s) return fail(h, "out of memory");
-            *s = (struct storage){1, t->nbytes, (void *)(ro + at), NULL, 1};
-            h->consts[c] = s;
-            continue;
-        }
-        if (!(h->consts[c] = storage_new(h, t->nbytes))) return -1;
-        memcpy(h->consts[c]->data, ro + at, t->nbytes);
+        uint64_t nbytes;
+        if (read_type(h, r, t) || read_u(h, r, 8, &nbytes) || read_u(h, r, 8, &at[c]))
+            return free(at), -1;
+        if (nbytes != t->nbytes || at[c] > data_end || nbytes > data_end - at[c])
+            return free(at), fail(h, ".ro constants section corrupted: constant '%s'", t->name);
+        total += (nbytes + 63) & ~(size_t)63; /* each at most the .ro's size */
     }
+    if (arena_alloc(&h->const_arena, total, 64))
+        return free(at), fail(h, "out of memory: %zu bytes of constants", total);
+    size_t off = 0;
+    for (uint32_t c = 0; c < h->n_consts; c++) {
+        size_t nbytes = h->const_types[c].nbytes;
+        struct storage *s = calloc(1, sizeof *s);
+        if (!s) return free(at), fail(h, "out of memory");
+        *s = (struct storage){1, nbytes, (char *)h->const_arena + off, NULL, 1};
+        h->consts[c] = s;
+        copy_weights(s->data, ro + at[c], nbytes, mapped);
+        off += (nbytes + 63) & ~(size_t)63;
+    }
+    free(at);
     return 0;
 }
 
@@ -502,7 +505,7 @@ static int read_funcs(pl_executor *h, struct reader *r, struct ins *all, uint32_
     return 0;
 }
 
-static int open_ro(pl_executor *h, const uint8_t *ro, size_t size,
+static int open_ro(pl_executor *h, const uint8_t *ro, size_t size, int mapped,
                    void *(*resolve)(void *, const char *), void *ctx) {
     if (size < RO_HEAD + RO_DIGEST || memcmp(ro, "PLVMEXE\0", 8) != 0)
         return fail(h, "not a pipeline VM executable (bad magic or too short)");
@@ -522,7 +525,7 @@ static int open_ro(pl_executor *h, const uint8_t *ro, size_t size,
     }
     struct ins *all = NULL;
     uint32_t n_ins = 0;
-    if (read_kernels(h, &s[2], resolve, ctx) || read_consts(h, &s[1], ro, size - RO_DIGEST) ||
+    if (read_kernels(h, &s[2], resolve, ctx) || read_consts(h, &s[1], ro, size - RO_DIGEST, mapped) ||
         read_code(h, &s[3], &all, &n_ins) || read_funcs(h, &s[0], all, n_ins))
         return -1;
     const struct func *main_fn = &h->funcs[0];
@@ -828,7 +831,8 @@ static int run_func(pl_executor *h, struct func *fn, struct obj *results) {
 
 /* ---- the C API (pipeline_runtime.h), over function main ---- */
 
-static pl_executor *create_from(const uint8_t *ro, size_t size,
+/* `mapped`: ro is the library's own packed .ro (read-only data of its file). */
+static pl_executor *create_from(const uint8_t *ro, size_t size, int mapped,
                                 void *(*resolve)(void *, const char *), void *ctx, char *err,
                                 size_t err_size) {
     pl_executor *h = calloc(1, sizeof *h);
@@ -836,7 +840,7 @@ static pl_executor *create_from(const uint8_t *ro, size_t size,
         if (err_size) snprintf(err, err_size, "out of memory");
         return NULL;
     }
-    if (open_ro(h, ro, size, resolve, ctx)) {
+    if (open_ro(h, ro, size, mapped, resolve, ctx)) {
         if (err_size) snprintf(err, err_size, "%s", h->error);
         pl_destroy(h);
         return NULL;
@@ -878,7 +882,7 @@ API pl_executor *pl_create(char *err, size_t err_size) {
     if (size >= RO_HEAD && memcmp(ro, "PLVMEXE\0", 8) == 0 &&
         le((const uint8_t *)ro + 16, 8) <= size)
         size = (size_t)le((const uint8_t *)ro + 16, 8);
-    pl_executor *h = create_from(ro, size, resolve_dl, handle, err, err_size);
+    pl_executor *h = create_from(ro, size, 1, resolve_dl, handle, err, err_size);
     if (h) h->dl_handle = handle;
     else dlclose(handle);
     return h;
@@ -889,12 +893,13 @@ API pl_executor *pl_create_unchecked(char *err, size_t err_size) {
 }
 
 /* An executor over .ro bytes the caller gives (Executable.load_exec), the kernels
- * resolved in this library; ro must outlive it (names and constants are read in
- * place). */
+ * resolved in this library; ro must outlive it (names are read in place). */
 API pl_executor *pl_vm_load(const uint8_t *ro, size_t size, char *err, size_t err_size) {
     void *handle = self_library(err, err_size);
     if (!handle) return NULL;
-    pl_executor *h = create_from(ro, size, resolve_dl, handle, err, err_size);
+    /* the library's own .ro (Python's Executable.load passes it): its file's pages */
+    int mapped = (const void *)ro == dlsym(handle, RO_SYMBOL);
+    pl_executor *h = create_from(ro, size, mapped, resolve_dl, handle, err, err_size);
     if (h) h->dl_handle = handle;
     else dlclose(handle);
     return h;
@@ -921,6 +926,7 @@ API void pl_destroy(pl_executor *h) {
     }
     free(h->in_shape), free(h->in_nbytes), free(h->dims), free(h->zero_copy);
     free(h->inputs), free(h->outputs), free(h->consts), free(h->const_types), free(h->kernels);
+    free(h->const_arena);
     free(h->kernel_names);
     free(h->words), free(h->arg_pool), free(h->ins_pool), free(h->type_pool), free(h->funcs);
     if (h->dl_handle) dlclose(h->dl_handle);
