@@ -1,11 +1,12 @@
 """A GPT-style decoder with a KV cache (tests/support/decoder_models.py), float32 and
 with its MatMuls and token embeddings quantized to 4 bits by onnxruntime's quantizer
-(MatMulNBits and GatherBlockQuantized, block 32, zero points): one VM library per model, built once by `pipeline compile --executor vm
---dims` (and by doit from a `dims:` entry), runs the prefill (16 tokens) and 8 greedy
-decode steps (1 token, the past growing by one), each step's present cache fed back as
-the next step's past, through the Python VirtualMachine (inputs copied or zero-copy)
-and through pipeline-run (.npy in and out), matching onnxruntime's logits and present
-keys and values at every step.
+(MatMulNBits and GatherBlockQuantized, block 32, zero points): one VM library per
+model, built once by `pipeline compile --executor vm --dims` (and by doit from a
+`dims:` entry), runs the prefill (16 tokens) and 8 greedy decode steps (1 token, the
+past growing by one), each step's present cache fed back as the next step's past,
+through the Python VirtualMachine (inputs copied or zero-copy) and through
+pipeline-run (.npy in and out), matching onnxruntime's logits and present keys and
+values at every step.
 
 The prefill starts from an empty cache (past 0: `past=0:64`, zero-size past inputs
 [batch, 4, 0, 32]), the prompt at positions 0..15."""

@@ -145,7 +145,11 @@ def _gather_table(ctx, n, bits: int, block: int):
         cols = data.shape[1] * 8 // bits
         nb = -(-cols // block)
         if zp is not None:
-            zp = np.asarray(zp, np.uint8).reshape(data.shape[0], -(-nb * bits // 8))
+            want = (data.shape[0], -(-nb * bits // 8))
+            if zp.dtype != np.uint8 or zp.size != want[0] * want[1]:
+                raise ModelError(f"node {n.name!r} (GatherBlockQuantized): zero_points "
+                                 f"{zp.dtype} {list(zp.shape)}, expected uint8 {list(want)}")
+            zp = zp.reshape(want)
         return data, cols, zp, "none" if zp is None else "packed"
     raise ModelError(f"node {n.name!r} (GatherBlockQuantized): data of {data.dtype} with "
                      f"bits {bits} (uint8, or int4/uint4 with bits 4, are supported)")
