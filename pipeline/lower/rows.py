@@ -53,8 +53,8 @@ def _axes_outside(node: Node, rank: int, k: int, inputs: list[TensorType]) -> bo
     axes = [node.attr(a) for a in ("axis",) if node.attr(a) is not None]
     axes += list(node.attr("axes") or ())
     if node.op in ("gather", "gather_nbits"):  # the prefix comes from the indices; data
-        # is a table (gather_nbits: always, along axis 0)
-        return node.attr("axis") in (0, None) and not inputs[0].symbolic
+        # is a table (gather_nbits': always, along axis 0)
+        return (node.op == "gather_nbits" or node.attr("axis") == 0) and not inputs[0].symbolic
     if node.op == "transpose":
         return tuple(node.attr("perm")[:k]) == tuple(range(k))
     if node.op == "slice":  # the rows kept whole
