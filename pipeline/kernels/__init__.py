@@ -21,6 +21,7 @@ from pipeline.kernels import (  # noqa: F401  (registration)
     loss,
     movement,
     nbits,
+    nbits_gather,
     norm,
     pool,
     pool_blocked,

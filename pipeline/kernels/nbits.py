@@ -63,7 +63,7 @@ def _weights(kb, b, at, bits: int) -> ir.Value:
     return kb.b.uitofp(wide, ir.VectorType(F32, LANES))
 
 
-def _value(kb, b, at, index, bits: int) -> ir.Value:
+def packed_value(kb, b, at, index, bits: int) -> ir.Value:
     """The `index`-th `bits`-bit value of the packed bytes of `b` from byte `at`, as
     float (an Index `index`)."""
     if bits == 8:
@@ -73,14 +73,14 @@ def _value(kb, b, at, index, bits: int) -> ir.Value:
     return kb.b.uitofp(kb.b.and_(kb.b.lshr(byte, shift), ir.Constant(I32, 15)), F32)
 
 
-def _zero_point(kb, node, zp, col, blk, nb: int) -> ir.Value:
+def zero_point(kb, node, zp, col, blk, nb: int) -> ir.Value:
     """Column `col`'s zero point of block `blk`, as float."""
     bits, kind = node.attr("bits"), node.attr("zero_points")
     if kind == "none":
         return kb.f32(2.0 ** (bits - 1))
     if kind == "float":
         return kb.load(zp, col * nb + blk)
-    return _value(kb, zp, col * zp.type.shape[1], blk, bits)
+    return packed_value(kb, zp, col * zp.type.shape[1], blk, bits)
 
 
 def _split_rows(kb, node, a, m0, rows_n: int, split) -> None:
@@ -122,7 +122,7 @@ def _tile(kb, node, ins, col, m0, rows_n: int, split=None):
     full, tail = k_n // block, k_n % block
     accs = [kb.local(zeros(LANES)) for _ in range(rows_n)]
     with kb.loop(0, full, "blk") as blk:
-        zv = kb.splat(_zero_point(kb, node, zp, col, blk, nb), LANES)
+        zv = kb.splat(zero_point(kb, node, zp, col, blk, nb), LANES)
         parts = [zeros(LANES)] * rows_n
         for step in range(block // LANES if split is None else 0):
             w = kb.b.fsub(_weights(kb, b, (col * nb + blk) * blob + step * LANES * bits // 8,
@@ -142,10 +142,10 @@ def _tile(kb, node, ins, col, m0, rows_n: int, split=None):
     sums = [kb.get(acc) for acc in accs]
     if not tail:
         return sums
-    z = _zero_point(kb, node, zp, col, full, nb)
+    z = zero_point(kb, node, zp, col, full, nb)
     parts = [kb.local(kb.f32(0.0)) for _ in range(rows_n)]
     with kb.loop(0, tail, "t") as t:
-        w = kb.fsub(_value(kb, b, (col * nb + full) * blob, t, bits), z)
+        w = kb.fsub(packed_value(kb, b, (col * nb + full) * blob, t, bits), z)
         for r in range(rows_n):
             x = kb.load(a, (m0 + r) * k_n + full * block + t)
             kb.set(parts[r], kb.fadd(kb.get(parts[r]), kb.fmul(x, w)))
@@ -351,7 +351,7 @@ def _dequantize(kb, node, ins, panel, n0, width: int, k0, k_len: int) -> None:
         for j in range(LANES):
             col = n0 + c0 + j
             w = kb.b.fsub(_weights(kb, b, (col * nb + blk) * blob + within * bits // 8,
-                                   bits), kb.splat(_zero_point(kb, node, zp, col, blk, nb),
+                                   bits), kb.splat(zero_point(kb, node, zp, col, blk, nb),
                                                    LANES))
             columns.append(kb.b.fmul(w, kb.splat(kb.load(scales, col * nb + blk), LANES)))
         for lane, row in enumerate(transpose_square(kb, columns)):

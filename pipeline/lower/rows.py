@@ -38,7 +38,7 @@ NBITS_ROW_BLOCKS = (128, *ROW_BLOCKS)
 # Operators (besides elementwise ones) that compute each row of a leading prefix
 # alone, given the axis checks of _axes_outside.
 _ROW_OPS = {"matmul", "dense", "dense_packed", "matmul_nbits", "softmax", "log_softmax", "hardmax",
-            "layer_norm", "rms_norm", "transpose", "reshape", "gather", "concat",
+            "layer_norm", "rms_norm", "transpose", "reshape", "gather", "gather_nbits", "concat",
             "attention", "cumsum", "cumprod", "argmax", "argmin", "slice",
             "conv1d", "conv2d", "conv3d", "conv2d_nchwc", "conv2d_pointwise",
             "depthwise_conv2d_nchwc", "max_pool2d", "avg_pool2d", "global_avg_pool",
@@ -52,8 +52,9 @@ def _axes_outside(node: Node, rank: int, k: int, inputs: list[TensorType]) -> bo
     the k-dimension prefix."""
     axes = [node.attr(a) for a in ("axis",) if node.attr(a) is not None]
     axes += list(node.attr("axes") or ())
-    if node.op == "gather":  # the prefix comes from the indices; data is a table
-        return node.attr("axis") == 0 and not inputs[0].symbolic
+    if node.op in ("gather", "gather_nbits"):  # the prefix comes from the indices; data
+        # is a table (gather_nbits': always, along axis 0)
+        return (node.op == "gather_nbits" or node.attr("axis") == 0) and not inputs[0].symbolic
     if node.op == "transpose":
         return tuple(node.attr("perm")[:k]) == tuple(range(k))
     if node.op == "slice":  # the rows kept whole

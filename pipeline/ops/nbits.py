@@ -19,7 +19,22 @@ columns' values interleaved column-fastest (to_cols16: b as [N/16, nb, blob, 16]
 scales and zero points as [N/16, nb or ceil(nb/2), 16]), so a kernel loads one
 value of 16 columns at once (kernels/nbits.py).
 
-Its lowering: pipeline/kernels/nbits.py. Its ONNX converter: pipeline/frontend/onnx/nbits.py.
+gather_nbits: rows of a table quantized blockwise along its rows, dequantized (the graph
+op of com.microsoft.GatherBlockQuantized with gather_axis 0 and the last axis quantized:
+a decoder's embedding table as onnxruntime's quantizer writes it), kept packed.
+
+  data    [V, row_bytes]       uint8: row v's `cols` values, 4-bit ones two to a byte
+                               (the even index in the low nibble), row_bytes =
+                               ceil(cols * bits / 8)
+  indices [...]                int32/int64 (run time), negative ones from the end
+  scales  [V, nb]              float32, nb = ceil(cols / block)
+  [zero_points]                zero_points="packed": uint8 [V, ceil(nb * bits / 8)], like
+                               data; "none": 2^(bits - 1) (8 or 128)
+  out     [..., cols]          out[i, c] = (q[k, c] - z[k, c // block]) * scales[k, c // block],
+                               k = indices[i]
+
+Their lowerings: pipeline/kernels/nbits.py, pipeline/kernels/nbits_gather.py. Their ONNX
+converters: pipeline/frontend/onnx/nbits.py.
 """
 
 from __future__ import annotations
@@ -128,3 +143,51 @@ def _sample(rng, dtype):
 
 
 register("matmul_nbits", OpKind.ANCHOR, _infer, numpy=_numpy, sample=_sample)
+
+
+def _gather_numpy(xs, node):
+    data, indices, scales = (np.asarray(x) for x in xs[:3])
+    bits, block, cols = node.attr("bits"), node.attr("block"), node.attr("cols")
+    rows, nb = scales.shape
+    if indices.size and (indices.min() < -rows or indices.max() >= rows):
+        raise ModelError(f"node {node.name!r} (gather_nbits): indices out of range "
+                         f"[-{rows}, {rows})")
+    picked = np.where(indices < 0, indices + rows, indices).reshape(-1)
+    q = unpack_nbits(data[picked], bits, cols).astype(np.float32)
+    if node.attr("zero_points") == "packed":
+        z = unpack_nbits(np.asarray(xs[3])[picked], bits, nb).astype(np.float32)
+    else:
+        z = np.full((picked.size, nb), 2.0 ** (bits - 1), np.float32)
+    w = (q - np.repeat(z, block, axis=1)[:, :cols]) * \
+        np.repeat(scales[picked].astype(np.float32), block, axis=1)[:, :cols]
+    return [w.reshape(*indices.shape, cols).astype(np.float32)]
+
+
+def _gather_infer(types, node):
+    data, indices, scales = types[:3]
+    bits, block, cols = node.attr("bits"), node.attr("block"), node.attr("cols")
+    rows, nb = data.shape[0], -(-cols // block)
+    want = [("data", data, (rows, -(-cols * bits // 8)), ("uint8",)),
+            ("indices", indices, None, ("int32", "int64")),
+            ("scales", scales, (rows, nb), ("float32",))]
+    if node.attr("zero_points") == "packed":
+        want.append(("zero_points", types[3], (rows, -(-nb * bits // 8)), ("uint8",)))
+    for what, t, shape, dtypes in want:
+        if t.dtype not in dtypes or (shape is not None and t.shape != shape):
+            raise ModelError(f"node {node.name!r} (gather_nbits): {what} is {t.dtype} "
+                             f"{list(t.shape)}, expected {' or '.join(dtypes)}"
+                             f"{' ' + str(list(shape)) if shape else ''}")
+    return [TensorType(indices.shape + (cols,), "float32")]
+
+
+def _gather_sample(rng, dtype):
+    rows, cols, block = 5, 40, 16  # a partial last block
+    nb = -(-cols // block)
+    return ([rng.integers(0, 256, (rows, cols // 2)).astype(np.uint8),
+             rng.integers(-rows, rows, (2, 3)), rng.uniform(0.01, 0.1, (rows, nb))
+             .astype(np.float32), rng.integers(0, 256, (rows, -(-nb // 2))).astype(np.uint8)],
+            {"bits": 4, "block": block, "cols": cols, "zero_points": "packed"})
+
+
+register("gather_nbits", OpKind.ANCHOR, _gather_infer, numpy=_gather_numpy,
+         sample=_gather_sample)

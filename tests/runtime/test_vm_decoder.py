@@ -1,11 +1,12 @@
 """A GPT-style decoder with a KV cache (tests/support/decoder_models.py), float32 and
-with its MatMuls quantized to 4 bits by onnxruntime's quantizer (MatMulNBits, block 32,
-zero points): one VM library per model, built once by `pipeline compile --executor vm
---dims` (and by doit from a `dims:` entry), runs the prefill (16 tokens) and 8 greedy
-decode steps (1 token, the past growing by one), each step's present cache fed back as
-the next step's past, through the Python VirtualMachine (inputs copied or zero-copy)
-and through pipeline-run (.npy in and out), matching onnxruntime's logits and present
-keys and values at every step.
+with its MatMuls and token embeddings quantized to 4 bits by onnxruntime's quantizer
+(MatMulNBits and GatherBlockQuantized, block 32, zero points): one VM library per
+model, built once by `pipeline compile --executor vm --dims` (and by doit from a
+`dims:` entry), runs the prefill (16 tokens) and 8 greedy decode steps (1 token, the
+past growing by one), each step's present cache fed back as the next step's past,
+through the Python VirtualMachine (inputs copied or zero-copy) and through
+pipeline-run (.npy in and out), matching onnxruntime's logits and present keys and
+values at every step.
 
 The prefill starts from an empty cache (past 0: `past=0:64`, zero-size past inputs
 [batch, 4, 0, 32]), the prompt at positions 0..15."""
@@ -41,7 +42,7 @@ def libraries(tmp_path_factory) -> dict[int, tuple[Path, Path]]:
     built = {}
     for bits in (0, 4):
         path = folder / f"gpt{bits}.onnx"
-        onnx.save(decoder(bits), path)
+        onnx.save(decoder(bits, quantized_embeddings=True), path)
         so = folder / f"gpt{bits}.so"
         compile_model(str(path), str(so), TARGET, executor="vm", cache=str(folder / "cache"),
                       dims=DIMS)
@@ -98,16 +99,20 @@ def test_prefill_and_decode_in_the_vm(libraries, bits):
 
 def test_decoder_quantized_by_onnxruntimes_matmul_nbits_quantizer(libraries, tmp_path):
     """The float decoder quantized by onnxruntime's own MatMulNBitsQuantizer (its
-    defaults: round to nearest, 4 bits, accuracy level unset): one VM library runs
-    its prefill and decode steps as onnxruntime does."""
+    defaults: round to nearest, 4 bits, accuracy level unset; its MatMuls and, as
+    uint4 GatherBlockQuantized, its two embedding tables): one VM library runs its
+    prefill and decode steps as onnxruntime does."""
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     from pipeline.tools.cli import compile_model
 
-    quantizer = MatMulNBitsQuantizer(decoder(0), block_size=32, is_symmetric=False)
+    quantizer = MatMulNBitsQuantizer(decoder(0), block_size=32, is_symmetric=False,
+                                     op_types_to_quantize=("MatMul", "Gather"))
     quantizer.process()
     model = quantizer.model.model
-    assert sum(n.op_type == "MatMulNBits" for n in model.graph.node) == 13
+    ops = [n.op_type for n in model.graph.node]
+    # the embeddings: uint4 tables with uint4 zero points
+    assert ops.count("MatMulNBits") == 13 and ops.count("GatherBlockQuantized") == 2
     path, so = tmp_path / "gpt_q.onnx", tmp_path / "gpt_q.so"
     onnx.save(model, path)
     cache = libraries[4][1].parent / "cache"  # the same kernels as this module's 4-bit one
@@ -152,8 +157,9 @@ def test_prefill_and_decode_through_pipeline_run(libraries, tmp_path):
           f"(ratio {size4 / size32:.3f}); peak RSS of a pipeline-run step: float32 "
           f"{rss32} KiB, 4-bit {rss4} KiB")
     # The weights stay packed in the library: the MatMul weights (458,752 floats,
-    # 1.75 MiB) shrink to 5/32 of their bytes; the embeddings stay float32.
-    assert size4 < size32 - 1_300_000, figures
+    # 1.75 MiB) and the token embeddings (65,536, 256 KiB) shrink to 5/32 of their
+    # bytes; the position embeddings stay float32.
+    assert size4 < size32 - 1_500_000, figures
     if timer:
         assert 0 < rss4 < rss32, figures
 
@@ -166,7 +172,7 @@ def test_doit_builds_the_4bit_decoder_from_a_dims_entry(libraries, tmp_path):
     from tests.support.doit_runner import doit
 
     (tmp_path / "nets").mkdir()
-    onnx.save(decoder(4), tmp_path / "nets" / "gpt4.onnx")
+    onnx.save(decoder(4, quantized_embeddings=True), tmp_path / "nets" / "gpt4.onnx")
     matrix(tmp_path, "gpt4: {path: nets/gpt4.onnx, executor: vm, "
                      "dims: {batch: [1, 2], seq: [1, 32], past: [0, 64]}}\n")
     cache = libraries[4][1].parent / "cache"

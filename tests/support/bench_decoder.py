@@ -2,11 +2,11 @@
 
     PYTHONPATH=$PWD python -m tests.support.bench_decoder --out /tmp/bench-decoder
 
-builds the float32 and the 4-bit decoder into VM libraries (batch 1, seq 1..128,
-past 0..256), then for each model, thread count and call, a decode step (1 token
-after a past of 128) and a prefill (128 tokens, an empty past), runs `rounds`
-rounds alternating the sides, each side in a fresh process
-(pipeline.tools.bench_runner, as `doit bench` does), and prints per line the
+builds the float32 and the 4-bit decoder (its MatMuls and token embeddings 4-bit)
+into VM libraries (batch 1, seq 1..128, past 0..256), then for each model, thread
+count and call, a decode step (1 token after a past of 128) and a prefill (128
+tokens, an empty past), runs `rounds` rounds alternating the sides, each side in a
+fresh process (pipeline.tools.bench_runner, as `doit bench` does), and prints per line the
 medians of the rounds' medians, ours / onnxruntime, and the decode step's weight
 bytes per second against the machine's streaming read bandwidth
 (pipeline.tools.peak). No assertion on speed: the figures mean something only on an
@@ -58,7 +58,7 @@ def _side(side: str, path: Path, feeds: Path, threads: int, runs: int) -> float:
 def _build(out: Path, bits: int) -> tuple[Path, Path, int]:
     from pipeline.tools.cli import compile_model
 
-    model = decoder(bits)
+    model = decoder(bits, quantized_embeddings=bits == 4)
     path = out / f"gpt{bits}.onnx"
     onnx.save(model, path)
     so = out / f"gpt{bits}.so"

@@ -1,6 +1,7 @@
 """A small GPT-style decoder with a KV cache, written with onnx.helper, float32 or with
 its MatMuls quantized to 4 bits (MatMulNBits, block 32, zero points) by onnxruntime's
-own blockwise quantizer (tests/support/nbits_models.py).
+own blockwise quantizer (tests/support/nbits_models.py), and optionally its token
+embedding table too (GatherBlockQuantized, uint8 two values a byte, the same quantizer).
 
 Two layers, hidden 128, 4 heads of 32, learned positions, LayerNorm, a GELU MLP (x4), a
 tied-free lm_head. Inputs: input_ids and position_ids [batch, seq] (int64),
@@ -21,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from tests.support.nbits_models import nbits_node
+from tests.support.nbits_models import nbits_node, quantize_weight
 from tests.support.onnx_models import GraphParts
 
 VOCAB, HIDDEN, HEADS, LAYERS, POSITIONS = 512, 128, 4, 2, 256
@@ -96,14 +97,33 @@ class _Decoder(GraphParts):
         return self.op("Mul", later, self.const(np.float32(-1e9)))
 
 
-def decoder(bits: int = 0, seed: int = 0) -> onnx.ModelProto:
+    def embeddings(self, table: np.ndarray, ids: str) -> str:
+        """The rows `ids` of `table` [V, H] by a GatherBlockQuantized of the table
+        quantized along H to `bits` (block 32, zero points: its MatMulNBits quantization
+        as the transposed weight, row v's blocks)."""
+        packed, scales, zp = quantize_weight(table.T.copy(), self.bits, BLOCK, False)
+        names = [self.const(packed.reshape(table.shape[0], -1)), ids, self.const(scales),
+                 self.const(zp)]
+        self.k += 1
+        out = f"t{self.k}"
+        self.nodes.append(helper.make_node("GatherBlockQuantized", names, [out], f"n{self.k}",
+                                           domain="com.microsoft", block_size=BLOCK,
+                                           bits=self.bits))
+        return out
+
+
+def decoder(bits: int = 0, seed: int = 0, quantized_embeddings: bool = False
+            ) -> onnx.ModelProto:
     """The decoder, float32 (bits 0) or with its MatMuls as 4-bit MatMulNBits (bits 4),
-    the same float weights before quantization for the same seed."""
+    the same float weights before quantization for the same seed; with bits 4 and
+    `quantized_embeddings` its token embeddings (wte) as a 4-bit GatherBlockQuantized."""
     net = _Decoder(seed, bits)
-    wte = net.const(net.weight(VOCAB, HIDDEN, scale=0.5))
+    table = net.weight(VOCAB, HIDDEN, scale=0.5)
+    wte = None if bits and quantized_embeddings else net.const(table)
     wpe = net.const(net.weight(POSITIONS, HIDDEN, scale=0.5))
-    x = net.op("Add", net.op("Gather", wte, "input_ids", axis=0),
-               net.op("Gather", wpe, "position_ids", axis=0))
+    tokens = (net.embeddings(table, "input_ids") if wte is None
+              else net.op("Gather", wte, "input_ids", axis=0))
+    x = net.op("Add", tokens, net.op("Gather", wpe, "position_ids", axis=0))
     causal = net.causal_bias()
     for layer in range(LAYERS):
         x = net.op("Add", x, net.attention(net.layer_norm(x), layer, causal))

@@ -1,7 +1,9 @@
-"""The ONNX converter of com.microsoft.MatMulNBits (onnxruntime's blockwise 4- and 8-bit
-weights, as its MatMulNBitsQuantizer writes them) to matmul_nbits (pipeline/ops/nbits.py):
-the packed weights, scales and zero points go into the params as they are (no float
-copy of the weights), reshaped to [N, blocks, ...].
+"""The ONNX converters of com.microsoft.MatMulNBits (onnxruntime's blockwise 4- and 8-bit
+weights, as its MatMulNBitsQuantizer writes them) to matmul_nbits and of
+com.microsoft.GatherBlockQuantized (a 4- or 8-bit embedding table, which that quantizer
+writes for a Gather) to gather_nbits (pipeline/ops/nbits.py): the packed weights, scales
+and zero points go into the params as they are (no float copy of the weights),
+reshaped to [N, blocks, ...] or, an int4/uint4 table, packed two values a byte.
 
 accuracy_level (onnxruntime's choice of the activations' precision: 0/1 float32, 2
 float16, 3 bfloat16, 4 int8) is read and not followed: we always multiply in float32
@@ -27,7 +29,7 @@ def _const(ctx, n, pos: int, what: str) -> np.ndarray | None:
         return None
     value = ctx.const(n.inputs[pos])
     if value is None:
-        raise ModelError(f"node {n.name!r} (MatMulNBits): {what} must be an initializer")
+        raise ModelError(f"node {n.name!r} ({n.op_type}): {what} must be an initializer")
     return value
 
 
@@ -108,3 +110,70 @@ def from_dequantized(ctx, name: str, a: str, b: str, out: str) -> list[Node] | N
               ctx.add_param(f"{name}.zero_points", _pack_rows(zero[::block].T + offset))]
     return [Node.make("matmul_nbits", name, inputs, (out,), k=k, bits=4,
                       block=block, zero_points="packed", bias=0)]
+
+
+# What onnxruntime's quantizer writes for an embedding table [vocab, hidden]: gather
+# axis 0, blocks along the hidden axis (1 = last), 4 bits, int4/uint4 tensors (the
+# model builders: uint8 two values a byte, or 8 bits a byte), float32 scales.
+_GATHER_LIMITS = (
+    Limit("gather_axis other than 0", lambda v: v.attrs.get("gather_axis", 0) != 0),
+    Limit("quantize_axis other than the last of a 2-D table",
+          lambda v: v.attrs.get("quantize_axis", 1) not in (1, -1)),
+    Limit("bits other than 4 and 8", lambda v: v.attrs.get("bits", 4) not in (4, 8)),
+    Limit("scales other than float32",
+          lambda v: len(v.inputs) > 2 and v.inputs[2] is not None and v.inputs[2][0] != 1))
+
+
+def _gather_table(ctx, n, bits: int, block: int):
+    """(data [V, row bytes] uint8, its values per row, zero points [V, bytes] uint8 or
+    None, their kind) of a GatherBlockQuantized node, int4/uint4 tables packed two values
+    a byte (int4: as unsigned, both data and zero points 8 more)."""
+    data, zp = _const(ctx, n, 0, "data"), _const(ctx, n, 3, "zero_points")
+    if data.ndim != 2:
+        raise ModelError(f"node {n.name!r} (GatherBlockQuantized): data of rank {data.ndim} "
+                         "(a 2-D table is supported)")
+    if str(data.dtype) in ("int4", "uint4") and bits == 4:
+        offset = 8 if str(data.dtype) == "int4" else 0
+        values = _pack_rows(data.astype(np.int32) + offset)
+        if zp is None and offset:
+            return values, data.shape[1], None, "none"
+        nb = -(-data.shape[1] // block)
+        zp = np.zeros((data.shape[0], nb), np.int32) if zp is None else zp.astype(np.int32)
+        return values, data.shape[1], _pack_rows(zp.reshape(data.shape[0], nb) + offset), \
+            "packed"
+    if data.dtype == np.uint8:
+        cols = data.shape[1] * 8 // bits
+        nb = -(-cols // block)
+        if zp is not None:
+            want = (data.shape[0], -(-nb * bits // 8))
+            if zp.dtype != np.uint8 or zp.size != want[0] * want[1]:
+                raise ModelError(f"node {n.name!r} (GatherBlockQuantized): zero_points "
+                                 f"{zp.dtype} {list(zp.shape)}, expected uint8 {list(want)}")
+            zp = zp.reshape(want)
+        return data, cols, zp, "none" if zp is None else "packed"
+    raise ModelError(f"node {n.name!r} (GatherBlockQuantized): data of {data.dtype} with "
+                     f"bits {bits} (uint8, or int4/uint4 with bits 4, are supported)")
+
+
+@onnx_op("com.microsoft.GatherBlockQuantized", 1, emits=("gather_nbits",),
+         build_time_inputs=(0, 2, 3), limits=_GATHER_LIMITS)
+def _gather_block_quantized(ctx, n):
+    bits, block = int(n.attrs.get("bits", 4)), int(n.attrs.get("block_size", 128))
+    axes = int(n.attrs.get("gather_axis", 0)), int(n.attrs.get("quantize_axis", 1))
+    if bits not in (4, 8) or block < 16 or block & (block - 1) or axes[0] != 0 or \
+            axes[1] not in (1, -1):
+        raise ModelError(f"node {n.name!r} (GatherBlockQuantized): bits {bits}, block_size "
+                         f"{block}, gather_axis {axes[0]}, quantize_axis {axes[1]} (bits 4 "
+                         "or 8, block_size a power of two >= 16, gather_axis 0 and "
+                         "quantize_axis 1 are supported)")
+    data, cols, zp, kind = _gather_table(ctx, n, bits, block)
+    scales = _const(ctx, n, 2, "scales")
+    if scales.dtype != np.float32:
+        raise ModelError(f"node {n.name!r} (GatherBlockQuantized): scales of {scales.dtype} "
+                         "(float32 is supported)")
+    inputs = [ctx.add_param(f"{n.name}.data", data), n.inputs[1],
+              ctx.add_param(f"{n.name}.scales", scales.reshape(data.shape[0], -1))]
+    if zp is not None:
+        inputs.append(ctx.add_param(f"{n.name}.zero_points", zp))
+    return [Node.make("gather_nbits", n.name, inputs, n.outputs[:1], bits=bits, block=block,
+                      cols=cols, zero_points=kind)]
