@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #define HUGE_PAGE ((size_t)2 << 20)
-#define WEIGHT_CHUNK ((size_t)16 << 20)
+#define WEIGHT_CHUNK ((size_t)2 << 20)
 
 /* *data = `bytes` bytes aligned to `align` (64), or to HUGE_PAGE with the THP hint
  * from HUGE_PAGE bytes on; 0, or -1 out of memory. */
