@@ -178,3 +178,27 @@ def test_vm_constants_are_held_once(tmp_path):
     np.testing.assert_allclose(vm.run(x)[0], want, rtol=1e-4, atol=1e-3)
     assert 32 * 2**20 <= _anon_bytes() - before < 48 * 2**20  # one copy
     assert _mapped_bytes(Path(path).resolve()) < 4 * 2**20  # of a 32 MiB library
+
+
+def test_vm_storages_planned_at_bounds_stay_lazy(tmp_path):
+    """A VM storage is planned at its dimensions' bounds (here 4096 x 8192 floats, 128
+    MiB) but only the pages a run writes become resident: a run at 2 rows adds a few
+    MiB, not the bound (storages are mapped, not malloc'd and zeroed)."""
+    from onnx import TensorProto, helper
+
+    from pipeline.runtime.vm import VirtualMachine
+
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["r"], ["y"])],
+        "wide", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8192])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8192])]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    graph, params = pipeline.frontend.from_onnx(model, symbolic=True)
+    path = pipeline.build(graph, target="llvm -mcpu=native", params=params, executor="vm",
+                          dims={"n": (1, 4096)}).export_library(tmp_path / "wide.so")
+    x = np.random.default_rng(7).standard_normal((2, 8192)).astype(np.float32)
+    vm = VirtualMachine(path)
+    before = _anon_bytes()
+    for _ in range(3):
+        np.testing.assert_array_equal(vm.run(x)[0], -np.maximum(x, 0))
+    assert _anon_bytes() - before < 16 * 2**20

@@ -70,7 +70,16 @@ struct storage {
     struct storage *next; /* in the pool's free list */
     int borrowed; /* a caller's zero-copy buffer or a constant: never pooled, data never
                    * freed here (nor written) */
+    int mapped;   /* data is its own mmap (storage_new, from LAZY_BYTES) */
 };
+
+/* Storages from this size on are mapped, not malloc'd and zeroed: their pages become
+ * resident only where a run writes. Storages are planned at the dimensions' bounds, and
+ * a decode step (seq 1 of a bound of 128) writes a sliver of its logits' and
+ * activations' storages; zeroing made all of them resident (~20 MB of a test
+ * decoder's peak RSS; with bounds in the thousands, gigabytes). Nothing reads what
+ * it did not write: a pooled storage holds the last user's bytes anyway. */
+#define LAZY_BYTES ((size_t)256 << 10)
 
 /* obj kinds: a sequence (a storage of element objects) and none (an empty optional):
  * vm_sequence.h */
@@ -227,14 +236,24 @@ static struct storage *storage_new(pl_executor *h, size_t size) {
             return s;
         }
     struct storage *s = calloc(1, sizeof *s);
-    if (!s || posix_memalign(&s->data, 64, size ? size : 64)) {
+    if (s && size >= LAZY_BYTES) { /* the kernel's zero pages, made resident as written */
+        s->data = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        s->mapped = s->data != MAP_FAILED;
+    }
+    if (!s || (!s->mapped && posix_memalign(&s->data, 64, size ? size : 64))) {
         free(s);
         fail(h, "out of memory: %zu bytes", size);
         return NULL;
     }
-    memset(s->data, 0, size);
+    if (!s->mapped) memset(s->data, 0, size);
     s->refs = 1, s->size = size;
     return s;
+}
+
+static void storage_free(struct storage *s) {
+    if (s->mapped) munmap(s->data, s->size);
+    else free(s->data);
+    free(s);
 }
 
 static void seq_free(pl_executor *h, struct storage *s);
@@ -329,7 +348,7 @@ static int read_consts(pl_executor *h, struct reader *r, const uint8_t *ro, size
         size_t nbytes = h->const_types[c].nbytes;
         struct storage *s = calloc(1, sizeof *s);
         if (!s) return free(at), fail(h, "out of memory");
-        *s = (struct storage){1, nbytes, (char *)h->const_arena + off, NULL, 1};
+        *s = (struct storage){1, nbytes, (char *)h->const_arena + off, NULL, 1, 0};
         h->consts[c] = s;
         copy_weights(s->data, ro + at[c], nbytes, mapped);
         off += (nbytes + 63) & ~(size_t)63;
@@ -922,7 +941,7 @@ API void pl_destroy(pl_executor *h) {
     while (h->pool) {
         struct storage *s = h->pool;
         h->pool = s->next;
-        free(s->data), free(s);
+        storage_free(s);
     }
     free(h->in_shape), free(h->in_nbytes), free(h->dims), free(h->zero_copy);
     free(h->inputs), free(h->outputs), free(h->consts), free(h->const_types), free(h->kernels);
@@ -1056,7 +1075,7 @@ API int pl_set_input_zero_copy(pl_executor *h, int i, void *data, size_t nbytes)
                     h->funcs[0].params[i].name);
     struct storage *s = calloc(1, sizeof *s);
     if (!s) return fail(h, "out of memory");
-    *s = (struct storage){1, nbytes, data, NULL, 1};
+    *s = (struct storage){1, nbytes, data, NULL, 1, 0};
     storage_release(h, h->zero_copy[i]);
     h->zero_copy[i] = s;
     return 0;

@@ -50,7 +50,7 @@ static int seq_new(pl_executor *h, struct obj *dst, size_t n) {
         free(s), free(items);
         return fail(h, "out of memory");
     }
-    *s = (struct storage){1, n, items, NULL, SEQ_STORAGE};
+    *s = (struct storage){1, n, items, NULL, SEQ_STORAGE, 0};
     struct obj o = {OBJ_SEQ, 0, 0, s, NULL, 0, {0}};
     obj_clear(h, dst);
     *dst = o; /* takes the new reference */
