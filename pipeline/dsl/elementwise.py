@@ -24,15 +24,19 @@ from pipeline.dsl.vector import (
     apply_chain,
     band_items,
     band_plane_row,
+    int8_operands,
     parallel_for,
 )
 from pipeline.ir.graph import TensorType
 
 
 def vectorizable(nodes: list, dtypes: dict) -> bool:
-    """Whether vector_elementwise can run `nodes`: float32 throughout and every op
-    one with a vector form (others stay a scalar loop nest, exact for any op)."""
-    return all(d == "float32" for d in dtypes.values()) and all(
+    """Whether vector_elementwise can run `nodes`: float32 throughout (but the int8
+    sides of quantize ops) and every op one with a vector form (others stay a scalar
+    loop nest, exact for any op)."""
+    ints = int8_operands(nodes)
+    return all(d == "float32" or (name in ints and d in ("int8", "uint8"))
+               for name, d in dtypes.items()) and all(
         node.op in VECTOR_OPS or (node.op in LANE_GENERIC_OPS and
                                   LANE_GENERIC_OPS[node.op](node)) for node in nodes)
 

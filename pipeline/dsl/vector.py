@@ -64,7 +64,24 @@ VECTOR_OPS = {
 # as they are): an epilogue applies them to whole vectors, not lane by lane (a float32
 # Gelu is a 50-operation polynomial: 16 scalar copies of it would cost 16 times more).
 # op -> whether a node of it qualifies (Gelu's tanh form calls libm's tanhf: it does not).
-LANE_GENERIC_OPS = {"gelu": lambda node: node.attr("approximate") == "none"}
+# QuantizeLinear / DequantizeLinear to and from int8 / uint8 (kernels/quant.py): their
+# integer operands come as i32 vectors (loads widen them), their stores narrow.
+_INT8 = ("int8", "uint8")
+LANE_GENERIC_OPS = {"gelu": lambda node: node.attr("approximate") == "none",
+                    "quantize_linear": lambda node: node.attr("dtype") in _INT8,
+                    "dequantize_linear": lambda node: node.attr("dtype") in _INT8}
+
+
+def int8_operands(nodes: list) -> set[str]:
+    """The int8/uint8 tensors the lane-generic quantize ops of `nodes` read or write:
+    DequantizeLinear's x and zero point, QuantizeLinear's zero point and result."""
+    names = set()
+    for node in nodes:
+        if node.op in ("quantize_linear", "dequantize_linear") and \
+                LANE_GENERIC_OPS[node.op](node):
+            names.update(node.inputs[2:3])
+            names.update(node.inputs[:1] if node.op == "dequantize_linear" else node.outputs)
+    return names
 
 
 def vec(n: int, elem: ir.Type = F32) -> ir.VectorType:
@@ -174,7 +191,7 @@ def apply_chain(kb: KernelBuilder, chain: list, args: dict, scalar_of, dtypes: d
             continue
         scalar = scalar_of(node.op)
         if node.op in LANE_GENERIC_OPS and LANE_GENERIC_OPS[node.op](node) and \
-                all(v.type == vec(n) for v in operands):
+                all(isinstance(v.type, ir.VectorType) and v.type.count == n for v in operands):
             env[node.outputs[0]] = kb.narrow(scalar(kb, operands, node),
                                              dtypes[node.outputs[0]])
             continue

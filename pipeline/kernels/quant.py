@@ -18,19 +18,27 @@ range before it is narrowed.
 
 from __future__ import annotations
 
+import llvmlite.ir as ir
+
 from pipeline.dsl.builder import F32, I32
 from pipeline.dsl.minifloat import FLOAT4, QFLOATS
 from pipeline.kernels.registry import lowering
 from pipeline.ops.geometry import LINEAR_QTYPES
 
 
+def _like(v, elem: ir.Type) -> ir.Type:
+    """`elem`, or a vector of it as wide as v (the quantize ops are lane-generic: an
+    elementwise kernel applies them to whole vectors, dsl/vector.py LANE_GENERIC_OPS)."""
+    return ir.VectorType(elem, v.type.count) if isinstance(v.type, ir.VectorType) else elem
+
+
 def to_i32(kb, v, dtype: str):
-    """An integer value of `dtype` (int8, uint8, int32) as i32. Kernels load int8 and
-    uint8 already widened (sign- or zero-extended: dsl/builder.py), so this only
-    extends a raw byte."""
-    if v.type == I32:
+    """An integer value of `dtype` (int8, uint8, int32) as i32 (scalar or vector).
+    Kernels load int8 and uint8 already widened (sign- or zero-extended:
+    dsl/builder.py), so this only extends a raw byte."""
+    if v.type == _like(v, I32):
         return v
-    return kb.b.zext(v, I32) if dtype == "uint8" else kb.b.sext(v, I32)
+    return kb.b.zext(v, _like(v, I32)) if dtype == "uint8" else kb.b.sext(v, _like(v, I32))
 
 
 def saturate_to(kb, r, dtype: str):
@@ -38,7 +46,7 @@ def saturate_to(kb, r, dtype: str):
     kernels compute int8/uint8 in (stores narrow it)."""
     lo, hi = LINEAR_QTYPES[dtype]
     r = kb.fmin(kb.fmax(r, kb.fconst(lo, r)), kb.fconst(hi, r))
-    return kb.b.fptosi(r, I32)
+    return kb.b.fptosi(r, _like(r, I32))
 
 
 def _q_scalar(kb, a, node):
@@ -51,7 +59,7 @@ def _q_scalar(kb, a, node):
             q = kb.fadd(q, zp, fast=False)
         return kb.narrow(q, node.attr("dtype"), saturate=bool(node.attr("saturate", 1)))
     r = kb.intrinsic("roundeven", kb.fdiv(x, scale, fast=False))
-    r = kb.fadd(r, kb.b.sitofp(to_i32(kb, zp, node.attr("dtype")), F32), fast=False)
+    r = kb.fadd(r, kb.b.sitofp(to_i32(kb, zp, node.attr("dtype")), _like(r, F32)), fast=False)
     return saturate_to(kb, r, node.attr("dtype"))
 
 
@@ -64,7 +72,7 @@ def _dq_scalar(kb, a, node):
     if dtype in QFLOATS:  # loaded as float32 already
         return kb.fmul(kb.fsub(x, zp, fast=False), scale, fast=False)
     diff = kb.b.sub(to_i32(kb, x, dtype), to_i32(kb, zp, dtype))
-    return kb.fmul(kb.b.sitofp(diff, F32), scale, fast=False)
+    return kb.fmul(kb.b.sitofp(diff, _like(diff, F32)), scale, fast=False)
 
 
 lowering("dequantize_linear", scalar=_dq_scalar)
