@@ -76,7 +76,8 @@ def _load_library(path: str | os.PathLike) -> tuple[str, ctypes.CDLL]:
 
 def _packed_ro(lib: ctypes.CDLL, path: str) -> ctypes.Array:
     """The .ro packed into a VM library, where the library is mapped (not a copy: its
-    constants are the model's weights, used in place by the VM)."""
+    constants are the model's weights; the VM copies them once into its own arena and
+    gives the file's pages back)."""
     try:
         addr = ctypes.addressof(ctypes.c_char.in_dll(lib, RO_SYMBOL))
     except ValueError:
@@ -95,7 +96,7 @@ class Executable:
 
     def __init__(self, ro: bytes | ctypes.Array, lib: ctypes.CDLL, path: str):
         # bytes (load_exec), or the library's own mapped .ro (load): the VM reads its
-        # names and constants in place, so it is kept as long as the executable
+        # names in place, so it is kept as long as the executable
         self.ro = ro if isinstance(ro, ctypes.Array) else bytes(ro)
         self.content: vm_compile.Executable = read_ro(self.ro, path)
         self.lib, self.path = lib, path

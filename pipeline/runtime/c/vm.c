@@ -11,7 +11,8 @@
  *
  * Registers hold tensors (data pointer, dtype, shape) or storages; storages come from
  * a pool: released ones are kept by size and handed out again, so a run after the
- * first allocates nothing. Constants are copied once into aligned buffers.
+ * first allocates nothing. Constants are copied once into one arena on huge pages
+ * (read_consts; pages.h).
  */
 #define _GNU_SOURCE
 #include "pipeline_runtime.h"
