@@ -37,7 +37,7 @@ import llvmlite.ir as ir
 import numpy as np
 
 from pipeline.dsl.builder import F32, I32
-from pipeline.dsl.vector import parallel_for
+from pipeline.dsl.vector import band_items, band_plane_row, parallel_for
 from pipeline.kernels import qarm_dsp
 from pipeline.kernels.conv_blocked import registers
 from pipeline.kernels.registry import lowering
@@ -271,9 +271,12 @@ def _lower(kb, node, ins, out, epilogue):
     flip = node.attr("offset") != 0
     acc_t, v8 = ir.VectorType(I32, ob), ir.VectorType(I8, 4 * ob)
     work = out.type.size * cb_n * ib * kh_n * kw_n
-    with parallel_for(kb, n_n * ocg_n * oh_n, "rows", work=work) as item:
-        n, rest = item // (ocg_n * oh_n), item % (ocg_n * oh_n)
-        ocg, oh = rest // oh_n, rest % oh_n
+    # Bands of rows outermost (dsl/vector.py band_plane_row), as the float convs and the
+    # elementwise kernels after them split: each thread then reads what it wrote (split
+    # by channel groups, a residual DequantizeLinear at two threads read half its input
+    # from the other core and ran 3x slower than at one).
+    with parallel_for(kb, band_items(n_n, ocg_n, oh_n), "rows", work=work) as item, \
+            band_plane_row(kb, item, n_n, ocg_n, oh_n) as (n, ocg, oh):
         full = ow_n // t
         if full:
             with kb.loop(0, full, "tile") as j:
