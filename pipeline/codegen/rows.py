@@ -31,7 +31,7 @@ import llvmlite.ir as ir
 import numpy as np
 
 from pipeline.dsl.types import I32, I64, PTR
-from pipeline.dsl.vector import ELEMENT_WORK, MIN_WORK_PER_THREAD, VOID
+from pipeline.dsl.vector import ELEMENT_WORK, MIN_WORK_PER_THREAD, VOID, memcpy
 from pipeline.ir.dims import substitute
 from pipeline.ir.target import bare_metal_triple
 from pipeline.lower.cost import kernel_flops
@@ -106,8 +106,6 @@ def _padded_tail(fn: ir.Function, b: ir.IRBuilder, inner: dict, start, rest, arg
     as it is, more through stack copies of the rows padded to the next block size
     (the pad rows repeat the first, so they hold valid values: token ids, say);
     the output's valid rows are copied back."""
-    memcpy = _declare(fn.module, "llvm.memcpy.p0.p0.i64", VOID,
-                      [PTR, PTR, I64, ir.IntType(1)])
     with b.goto_entry_block():
         scratch = [b.alloca(ir.IntType(8), size=ir.Constant(I64, PADDED_TAIL * size))
                    if size else None for size in sizes]
@@ -116,15 +114,14 @@ def _padded_tail(fn: ir.Function, b: ir.IRBuilder, inner: dict, start, rest, arg
         taken = b.and_(b.icmp_signed(">=", rest, ir.Constant(I64, low)),
                        b.icmp_signed("<=", rest, ir.Constant(I64, step)))
         with b.if_then(taken):
-            _padded_call(b, memcpy, inner[step], step, start, rest, argv, bases, sizes,
+            _padded_call(b, inner[step], step, start, rest, argv, bases, sizes,
                          scratch)
         low = step + 1
 
 
-def _padded_call(b: ir.IRBuilder, memcpy, kernel: ir.Function, step: int, start, rest,
+def _padded_call(b: ir.IRBuilder, kernel: ir.Function, step: int, start, rest,
                  argv, bases: list, sizes: list[int], scratch: list) -> None:
     """kernel(step rows) on rows start.. start + rest (rest <= step) through scratch."""
-    false = ir.Constant(ir.IntType(1), 0)
 
     def at(ptr, offset):
         return b.gep(ptr, [offset], source_etype=ir.IntType(8))
@@ -134,18 +131,17 @@ def _padded_call(b: ir.IRBuilder, memcpy, kernel: ir.Function, step: int, start,
         row = ir.Constant(I64, size)
         ptr = base if not size else (at(base, b.mul(start, row)) if step == 1 else buf)
         if size and step > 1 and i < last:
-            b.call(memcpy, [buf, at(base, b.mul(start, row)), b.mul(rest, row), false])
+            memcpy(b, buf, at(base, b.mul(start, row)), b.mul(rest, row))
             for r in range(1, step):
                 with b.if_then(b.icmp_signed("<=", rest, ir.Constant(I64, r))):
-                    b.call(memcpy, [at(buf, ir.Constant(I64, r * size)), buf, row, false])
+                    memcpy(b, at(buf, ir.Constant(I64, r * size)), buf, row)
         b.store(ptr, b.gep(argv, [ir.Constant(I64, i)], source_etype=PTR))
     rc = b.call(kernel, [argv])
     with b.if_then(b.icmp_signed("!=", rc, ir.Constant(I32, 0)), likely=False):
         b.ret(rc)
     if step > 1:
         row = ir.Constant(I64, sizes[last])
-        b.call(memcpy, [at(bases[last], b.mul(start, row)), scratch[last], b.mul(rest, row),
-                        false])
+        memcpy(b, at(bases[last], b.mul(start, row)), scratch[last], b.mul(rest, row))
 
 
 def _team_blocks(module: ir.Module, symbol: str, kernel: ir.Function, step: int,

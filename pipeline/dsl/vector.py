@@ -244,6 +244,13 @@ def _declare(module: ir.Module, name: str, ret: ir.Type, args: list) -> ir.Funct
     return fn if fn is not None else ir.Function(module, ir.FunctionType(ret, args), name=name)
 
 
+def memcpy(b: ir.IRBuilder, dst: ir.Value, src: ir.Value, nbytes: ir.Value) -> None:
+    """llvm.memcpy(dst, src, nbytes): non-overlapping bytes, an i64 count."""
+    i64 = ir.IntType(64)
+    fn = _declare(b.module, "llvm.memcpy.p0.p0.i64", VOID, [PTR, PTR, i64, ir.IntType(1)])
+    b.call(fn, [dst, src, nbytes, ir.Constant(ir.IntType(1), 0)])
+
+
 # Estimated work (multiply-adds or elements moved) below which a thread is not worth
 # waking: the team's fork/join costs about a microsecond while the worker spins, about
 # what 64K multiply-adds take. Splitting smaller kernels too pays beyond their own time:

@@ -36,9 +36,10 @@ def to_i32(kb, v, dtype: str):
     """An integer value of `dtype` (int8, uint8, int32) as i32 (scalar or vector).
     Kernels load int8 and uint8 already widened (sign- or zero-extended:
     dsl/builder.py), so this only extends a raw byte."""
-    if v.type == _like(v, I32):
+    i32 = _like(v, I32)
+    if v.type == i32:
         return v
-    return kb.b.zext(v, _like(v, I32)) if dtype == "uint8" else kb.b.sext(v, _like(v, I32))
+    return kb.b.zext(v, i32) if dtype == "uint8" else kb.b.sext(v, i32)
 
 
 def saturate_to(kb, r, dtype: str):

@@ -12,12 +12,11 @@ from __future__ import annotations
 import itertools
 from functools import reduce
 
-import llvmlite.ir as ir
 import numpy as np
 
 from pipeline.dsl.index import raw
 from pipeline.dsl.nibbles import SUB_BYTE
-from pipeline.dsl.types import I64, PTR
+from pipeline.dsl.vector import memcpy
 from pipeline.errors import GraphError
 
 
@@ -112,21 +111,14 @@ def concat_dims(kb, node, ins, out, epilogue, shapes=None) -> None:
         width = x.type.shape[axis] * inner
         if size and epilogue is None:
             with kb.loop(0, outer, f"o{k}") as o:
-                _memcpy(kb, kb.gep(out, o * row + offset), kb.gep(x, o * width), width * size)
+                memcpy(kb.b, kb.gep(out, o * row + offset), kb.gep(x, o * width),
+                       raw(width * size))
         else:
             with kb.loop(0, outer, f"o{k}") as o, kb.loop(0, width, f"j{k}") as j:
                 value = kb.load(x, o * width + j)
                 kb.store(out, o * row + offset + j, value if epilogue is None else
                          epilogue(value, kb.unflatten(o * row + offset + j, shape)))
         offset = offset + width
-
-
-def _memcpy(kb, dst, src, nbytes) -> None:
-    """llvm.memcpy(dst, src, nbytes) (an Index or int byte count)."""
-    fn = kb.module.globals.get("llvm.memcpy.p0.p0.i64") or ir.Function(
-        kb.module, ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, ir.IntType(1)]),
-        name="llvm.memcpy.p0.p0.i64")
-    kb.b.call(fn, [dst, src, raw(nbytes), ir.Constant(ir.IntType(1), 0)])
 
 
 def conv_dims(kb, node, ins, out, epilogue, shapes=None) -> None:

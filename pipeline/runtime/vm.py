@@ -33,7 +33,7 @@ from pipeline.runtime.graph_executor import (
     to_library,
 )
 from pipeline.runtime.machine import check_machine
-from pipeline.runtime.module import _check_segments, _give_back_pages
+from pipeline.runtime.module import _check_segments
 from pipeline.runtime.threads import limit_idle_spin
 from pipeline.runtime.timing import BenchmarkResult, time_evaluator
 from pipeline.vm import compile as vm_compile
@@ -119,11 +119,7 @@ class Executable:
     def load(cls, lib: str | os.PathLike) -> Executable:
         """The executable packed into the VM library `lib`."""
         path, handle = _load_library(lib)
-        exe = cls(_packed_ro(handle, path), handle, path)
-        # The checksum pass read every page of the weights; the VM faults back in what
-        # it reads (an embedding table: the rows of the tokens seen)
-        _give_back_pages(memoryview(exe.ro).cast("B"))
-        return exe
+        return cls(_packed_ro(handle, path), handle, path)
 
     def save(self) -> tuple[bytes, str]:
         """(the .ro bytes, the library path), as TVM's Executable.save."""

@@ -275,17 +275,17 @@ static void obj_clear(pl_executor *h, struct obj *o) {
 /* dst = a tensor over storage st (taking a reference to it). Only the ndim dimensions
  * used are copied: a register is ~300 bytes, MAX_NDIM's shape most of it, and copying
  * whole registers (two or three times an instruction) was most of the interpreter's
- * time in a decode step. `shape` is copied before dst is cleared: it may live in what
- * clearing dst frees (r = SequenceAt(r, i) reads an element of the sequence in r). */
+ * time in a decode step. dst's old value is released last: `shape` (or src in
+ * obj_set) may live in what it frees (r = SequenceAt(r, i) reads an element of the
+ * sequence in r). */
 static void obj_tensor(pl_executor *h, struct obj *dst, uint8_t dtype, uint8_t ndim,
                        struct storage *st, void *data, size_t nbytes, const int64_t *shape) {
-    int64_t dims[MAX_NDIM];
-    if (ndim) memcpy(dims, shape, (size_t)ndim * sizeof *shape);
+    struct storage *old = dst->kind ? dst->st : NULL;
     st->refs++;
-    obj_clear(h, dst);
     dst->kind = OBJ_TENSOR, dst->dtype = dtype, dst->ndim = ndim;
     dst->st = st, dst->data = data, dst->nbytes = nbytes;
-    if (ndim) memcpy(dst->shape, dims, (size_t)ndim * sizeof *dims);
+    if (ndim) memcpy(dst->shape, shape, (size_t)ndim * sizeof *shape);
+    storage_release(h, old);
 }
 
 static void obj_set(pl_executor *h, struct obj *dst, const struct obj *src) {
@@ -294,11 +294,11 @@ static void obj_set(pl_executor *h, struct obj *dst, const struct obj *src) {
         obj_tensor(h, dst, src->dtype, src->ndim, src->st, src->data, src->nbytes, src->shape);
         return;
     }
-    struct obj o = {src->kind, 0, 0, src->st, src->data, 0, {0}}; /* src may go with dst */
-    if (o.kind) o.st->refs++;
-    obj_clear(h, dst);
-    dst->kind = o.kind, dst->dtype = 0, dst->ndim = 0, dst->st = o.st;
-    dst->data = o.data, dst->nbytes = 0;
+    struct storage *old = dst->kind ? dst->st : NULL;
+    if (src->kind) src->st->refs++;
+    dst->kind = src->kind, dst->dtype = 0, dst->ndim = 0, dst->st = src->st;
+    dst->data = src->data, dst->nbytes = 0;
+    storage_release(h, old);
 }
 
 /* ---- reading the .ro ---- */
@@ -325,6 +325,8 @@ static int read_kernels(pl_executor *h, struct reader *r, void *(*resolve)(void 
  * library's own .ro (`mapped`: read-only data of its file) each constant's pages are
  * given back as it is copied, so the process holds the weights once. Each constant is
  * a borrowed storage over its part of the arena (never pooled, never written). */
+static size_t padded64(size_t n) { return (n + 63) & ~(size_t)63; }
+
 static int read_consts(pl_executor *h, struct reader *r, const uint8_t *ro, size_t data_end,
                        int mapped) {
     if (read_count(h, r, 24, &h->n_consts)) return -1;
@@ -340,7 +342,7 @@ static int read_consts(pl_executor *h, struct reader *r, const uint8_t *ro, size
             return free(at), -1;
         if (nbytes != t->nbytes || at[c] > data_end || nbytes > data_end - at[c])
             return free(at), fail(h, ".ro constants section corrupted: constant '%s'", t->name);
-        total += (nbytes + 63) & ~(size_t)63; /* each at most the .ro's size */
+        total += padded64(nbytes); /* each at most the .ro's size */
     }
     if (arena_alloc(&h->const_arena, total, 64))
         return free(at), fail(h, "out of memory: %zu bytes of constants", total);
@@ -352,7 +354,7 @@ static int read_consts(pl_executor *h, struct reader *r, const uint8_t *ro, size
         *s = (struct storage){1, nbytes, (char *)h->const_arena + off, NULL, 1, 0};
         h->consts[c] = s;
         copy_weights(s->data, ro + at[c], nbytes, mapped);
-        off += (nbytes + 63) & ~(size_t)63;
+        off += padded64(nbytes);
     }
     free(at);
     return 0;
@@ -545,7 +547,8 @@ static int open_ro(pl_executor *h, const uint8_t *ro, size_t size, int mapped,
     }
     struct ins *all = NULL;
     uint32_t n_ins = 0;
-    if (read_kernels(h, &s[2], resolve, ctx) || read_consts(h, &s[1], ro, size - RO_DIGEST, mapped) ||
+    if (read_kernels(h, &s[2], resolve, ctx) ||
+        read_consts(h, &s[1], ro, size - RO_DIGEST, mapped) ||
         read_code(h, &s[3], &all, &n_ins) || read_funcs(h, &s[0], all, n_ins))
         return -1;
     const struct func *main_fn = &h->funcs[0];
