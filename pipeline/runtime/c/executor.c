@@ -305,7 +305,7 @@ void arena_retain(struct arena *a) { atomic_fetch_add(&a->refs, 1); }
 
 void arena_release(struct arena *a) {
     if (a && atomic_fetch_sub(&a->refs, 1) == 1) {
-        free(a->data);
+        arena_free(a->data, a->bytes);
         free(a);
     }
 }

@@ -1,6 +1,6 @@
 /* Memory for weights (included by executor.c and vm.c).
  *
- * arena_alloc: arenas from HUGE_PAGE bytes on are aligned to it and offered to the
+ * arena_alloc: arenas from HUGE_PAGE bytes on are mappings aligned to it, offered to the
  * kernel for transparent huge pages (Linux's THP "madvise" mode backs only what asks).
  * The weights of a batch-1 dense layer stream from memory once per run; on 4 KiB pages
  * every page of them is a TLB miss, which on a VM is a two-level page walk: a 144 MiB
@@ -23,15 +23,32 @@
 #define HUGE_PAGE ((size_t)2 << 20)
 #define WEIGHT_CHUNK ((size_t)2 << 20)
 
-/* *data = `bytes` bytes aligned to `align` (64), or to HUGE_PAGE with the THP hint
- * from HUGE_PAGE bytes on; 0, or -1 out of memory. */
+/* *data = `bytes` bytes aligned to `align` (64); from HUGE_PAGE bytes on, a mapping of
+ * its own aligned to HUGE_PAGE with the THP hint. Own mappings because from malloc a
+ * big arena may be heap memory an earlier free left resident (glibc's mmap threshold
+ * rises to 32 MiB after such frees): it would then never go back to the system at
+ * arena_free, and a process's resident size would not show what a model holds.
+ * 0, or -1 out of memory; release with arena_free(data, bytes). */
 static int arena_alloc(void **data, size_t bytes, size_t align) {
     if (bytes < HUGE_PAGE) return posix_memalign(data, align, bytes ? bytes : align);
-    if (posix_memalign(data, HUGE_PAGE, bytes)) return -1;
+    char *map = mmap(NULL, bytes + HUGE_PAGE, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (map == MAP_FAILED) return -1;
+    char *start = (char *)(((uintptr_t)map + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+    if (start > map) munmap(map, (size_t)(start - map)); /* trim to the alignment */
+    size_t tail = (size_t)(map + bytes + HUGE_PAGE - (start + bytes));
+    if (tail) munmap(start + bytes, tail);
 #ifdef MADV_HUGEPAGE
-    madvise(*data, bytes, MADV_HUGEPAGE); /* a hint: without THP, 4 KiB pages as before */
+    madvise(start, bytes, MADV_HUGEPAGE); /* a hint: without THP, 4 KiB pages as before */
 #endif
+    *data = start;
     return 0;
+}
+
+/* Release what arena_alloc(data, bytes, ...) gave (data may be NULL). */
+static void arena_free(void *data, size_t bytes) {
+    if (data && bytes >= HUGE_PAGE) munmap(data, bytes);
+    else free(data);
 }
 
 /* Drop the whole pages of [start, start + n) (read-only data of a mapped file). */

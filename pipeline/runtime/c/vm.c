@@ -119,6 +119,7 @@ struct pl_executor {
     struct func *funcs;
     struct storage **consts; /* the constants, each a storage over const_arena */
     void *const_arena;
+    size_t const_arena_bytes;
     struct type *const_types;
     kernel_fn *kernels;
     const char **kernel_names; /* into the .ro, which outlives the executor */
@@ -346,6 +347,7 @@ static int read_consts(pl_executor *h, struct reader *r, const uint8_t *ro, size
     }
     if (arena_alloc(&h->const_arena, total, 64))
         return free(at), fail(h, "out of memory: %zu bytes of constants", total);
+    h->const_arena_bytes = total;
     size_t off = 0;
     for (uint32_t c = 0; c < h->n_consts; c++) {
         size_t nbytes = h->const_types[c].nbytes;
@@ -949,7 +951,7 @@ API void pl_destroy(pl_executor *h) {
     }
     free(h->in_shape), free(h->in_nbytes), free(h->dims), free(h->zero_copy);
     free(h->inputs), free(h->outputs), free(h->consts), free(h->const_types), free(h->kernels);
-    free(h->const_arena);
+    arena_free(h->const_arena, h->const_arena_bytes);
     free(h->kernel_names);
     free(h->words), free(h->arg_pool), free(h->ins_pool), free(h->type_pool), free(h->funcs);
     if (h->dl_handle) dlclose(h->dl_handle);
