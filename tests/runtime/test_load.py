@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 import subprocess
 import sys
 import weakref
@@ -213,6 +214,40 @@ def test_vm_constants_are_held_once(tmp_path):
     assert 32 * 2**20 <= memory["load"] < 48 * 2**20, memory  # one copy
     assert memory["mapped"] < 4 * 2**20, memory  # of a 32 MiB library
     assert memory["unload"] >= 30 * 2**20, memory
+
+
+@pytest.mark.parametrize("executor", ["graph", "vm"])
+def test_pipeline_run_holds_the_weights_once(tmp_path, executor):
+    """Without Python: `pipeline-run --print-memory` on a library of 32 MiB of weights
+    reports a peak of one copy of them plus the runtime's few MB (not two: the file's
+    pages are given back as the weights are copied out), and writes the right output."""
+    from onnx import TensorProto, helper, numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    from pipeline.link.runtime_c import build_pipeline_run
+
+    w = np.random.default_rng(8).standard_normal((1024, 8192)).astype(np.float32)  # 32 MiB
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "big",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 1024])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "w")]), opset_imports=[helper.make_opsetid("", 17)])
+    graph, params = pipeline.frontend.from_onnx(model)
+    path = pipeline.build(graph, target="llvm -mcpu=native", params=params,
+                          executor=executor).export_library(tmp_path / "big.so")
+    build_pipeline_run(tmp_path / "pipeline-run")
+    x = np.random.default_rng(9).standard_normal((2, 1024)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    proc = subprocess.run([str(tmp_path / "pipeline-run"), str(path), "--input",
+                           f"x={tmp_path / 'x.npy'}", "--output-dir", str(tmp_path / "y"),
+                           "--print-memory"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    (want,) = ReferenceEvaluator(model).run(None, {"x": x})
+    np.testing.assert_allclose(np.load(tmp_path / "y" / "output_0.npy"), want, rtol=1e-4,
+                               atol=1e-3)
+    found = re.fullmatch(r"memory: peak (\d+\.\d) MB resident\n", proc.stdout)
+    assert found, proc.stdout
+    assert w.nbytes / 1e6 <= float(found.group(1)) < w.nbytes / 1e6 + 16, proc.stdout
 
 
 def test_vm_storages_planned_at_bounds_stay_lazy(tmp_path):

@@ -9,8 +9,9 @@ tokens, an empty past), runs `rounds` rounds alternating the sides, each side in
 fresh process (pipeline.tools.bench_runner, as `doit bench` does), and prints per line the
 medians of the rounds' medians, ours / onnxruntime, and the decode step's weight
 bytes per second against the machine's streaming read bandwidth
-(pipeline.tools.peak). No assertion on speed: the figures mean something only on an
-idle machine.
+(pipeline.tools.peak). Last, the peak resident memory of `pipeline-run` (the C
+runtime, no Python) running a decode step of each library, and their ratio. No
+assertion on speed: the figures mean something only on an idle machine.
 """
 
 from __future__ import annotations
@@ -67,6 +68,21 @@ def _build(out: Path, bits: int) -> tuple[Path, Path, int]:
     return path, so, weight_bytes(model)
 
 
+def peak_rss_mb(pipeline_run: Path, so: Path, feeds: Path, out: Path) -> float:
+    """Peak resident memory (MB) `pipeline_run --print-memory` reports for one run of
+    library `so` on the arrays of the .npz `feeds` (written out as .npy under `out`)."""
+    args = [str(pipeline_run), str(so.resolve()), "--output-dir", str(out / "outputs"),
+            "--print-memory"]
+    with np.load(feeds) as arrays:
+        for name in arrays.files:
+            np.save(out / f"{name}.npy", arrays[name])
+            args += ["--input", f"{name}={out / name}.npy"]
+    proc = subprocess.run(args, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"bench_decoder: {' '.join(args)}: {proc.stderr.strip()}")
+    return float(proc.stdout.split()[2])  # "memory: peak X MB resident"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="a folder for the files")
@@ -81,8 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, (seq, past) in CALLS.items():
         ids = rng.integers(0, VOCAB, (1, seq)).astype(np.int64)
         np.savez(args.out / f"{name}.npz", **step_feeds(ids, past, initial_cache(1, past)))
+    rss = {}
     for bits in (0, 4):
         model, so, weights = _build(args.out, bits)
+        rss[bits] = so
         print(f"gpt{bits}: library {so.stat().st_size} bytes, MatMul weights {weights} "
               "bytes", flush=True)
         for threads in (int(t) for t in args.threads.split(",")):
@@ -101,6 +119,15 @@ def main(argv: list[str] | None = None) -> int:
                     line += (f"; weights at {achieved:.2f} GB/s, {100 * achieved / gbps:.0f}%"
                              f" of the streaming read bandwidth ({gbps:.1f} GB/s)")
                 print(line, flush=True)
+    from pipeline.link.runtime_c import build_pipeline_run
+
+    build_pipeline_run(args.out / "pipeline-run")
+    (args.out / "rss").mkdir(exist_ok=True)
+    for bits, so in rss.items():
+        rss[bits] = peak_rss_mb(args.out / "pipeline-run", so, args.out / "decode.npz",
+                                args.out / "rss")
+    print(f"pipeline-run decode step peak RSS: float32 {rss[0]:.1f} MB, 4-bit {rss[4]:.1f} "
+          f"MB, ratio {rss[4] / rss[0]:.3f}", flush=True)
     return 0
 
 

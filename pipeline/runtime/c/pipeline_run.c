@@ -1,7 +1,7 @@
 /* pipeline-run: run a model library exported by pipeline, without Python.
  *
  *   pipeline-run LIB.so --input NAME=FILE.npy [--input ...] --output-dir DIR
- *                [--threads T] [--repeat N] [--print-time] [--no-check]
+ *                [--threads T] [--repeat N] [--print-time] [--print-memory] [--no-check]
  *
  * Loads the library, sets each input from a .npy file (C order, little endian;
  * float32/float64/int64/int32/bool and the library's other dtypes; bfloat16 and
@@ -11,7 +11,9 @@
  * created, as mkdir -p does) and with --repeat N prints the
  * median milliseconds per run of N more runs. --print-time prints instead one line
  * `time: median X ms, min Y ms over N runs` (N from --repeat, else 1), as tvmc run
- * --print-time does. The blob's sha256 is checked
+ * --print-time does. --print-memory prints, last, one line `memory: peak X MB
+ * resident` (the process's high-water resident size, Linux's VmHWM: what loading and
+ * running the model took, the runtime included). The blob's sha256 is checked
  * (a corrupted weight refused) unless --no-check. Any error: one line on
  * stderr, exit status 1.
  */
@@ -364,6 +366,19 @@ static void time_runs(pl_executor *h, long repeat, int print_time) {
     free(ms);
 }
 
+/* This process's peak resident memory in KiB (VmHWM of /proc/self/status), or -1. A
+ * parent's rusage would not do: its ru_maxrss counts the memory of the process that
+ * forked and exec'd us (a Python one's tens of MB). */
+static long peak_resident_kib(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long kib = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, "VmHWM:", 6) == 0) kib = strtol(line + 6, NULL, 10);
+    if (f) fclose(f);
+    return kib;
+}
+
 static long number(const char *flag, const char *text, long min) {
     char *end;
     long v = strtol(text, &end, 10);
@@ -375,7 +390,7 @@ int main(int argc, char **argv) {
     const char *lib = NULL, *out_dir = NULL, *inputs[256];
     int n_inputs = 0;
     long threads = 0, repeat = 0;
-    int check = 1, print_time = 0;
+    int check = 1, print_time = 0, print_memory = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has_value = i + 1 < argc;
@@ -384,15 +399,16 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "--threads") == 0 && has_value) threads = number(a, argv[++i], 1);
         else if (strcmp(a, "--repeat") == 0 && has_value) repeat = number(a, argv[++i], 1);
         else if (strcmp(a, "--print-time") == 0) print_time = 1;
+        else if (strcmp(a, "--print-memory") == 0) print_memory = 1;
         else if (strcmp(a, "--no-check") == 0) check = 0; /* the blob's sha256: skip it */
         else if (a[0] != '-' && !lib) lib = a;
         else die("bad argument '%s'; usage: pipeline-run LIB.so --input NAME=FILE.npy "
                  "[--input ...] --output-dir DIR [--threads T] [--repeat N] [--print-time] "
-                 "[--no-check]", a);
+                 "[--print-memory] [--no-check]", a);
     }
     if (!lib || !out_dir) die("usage: pipeline-run LIB.so --input NAME=FILE.npy [--input ...] "
                               "--output-dir DIR [--threads T] [--repeat N] [--print-time] "
-                              "[--no-check]");
+                              "[--print-memory] [--no-check]");
     load_api(lib);
     char err[512];
     pl_executor *h = (check ? api.create : api.create_unchecked)(err, sizeof err);
@@ -426,5 +442,10 @@ int main(int argc, char **argv) {
     }
     if (print_time && repeat == 0) repeat = 1;
     if (repeat > 0) time_runs(h, repeat, print_time);
+    if (print_memory) {
+        long kib = peak_resident_kib();
+        if (kib < 0) die("--print-memory: no VmHWM in /proc/self/status on this system");
+        printf("memory: peak %.1f MB resident\n", (double)kib * 1024 / 1e6);
+    }
     return 0;
 }
