@@ -37,7 +37,7 @@ import llvmlite.ir as ir
 import numpy as np
 
 from pipeline.dsl.builder import F32, I32
-from pipeline.dsl.vector import band_items, band_plane_row, parallel_for
+from pipeline.dsl.vector import apply_epilogue, band_items, band_plane_row, parallel_for
 from pipeline.kernels import qarm_dsp
 from pipeline.kernels.conv_blocked import registers
 from pipeline.kernels.registry import lowering
@@ -269,7 +269,7 @@ def _lower(kb, node, ins, out, epilogue):
     kind, k_n = node.attr("dot"), kob // ob
     _, t = tile(ow_n, ocb_n, ob, kind)
     flip = node.attr("offset") != 0
-    acc_t, v8 = ir.VectorType(I32, ob), ir.VectorType(I8, 4 * ob)
+    acc_t = ir.VectorType(I32, ob)
     work = out.type.size * cb_n * ib * kh_n * kw_n
     # Bands of rows outermost (dsl/vector.py band_plane_row), as the float convs and the
     # elementwise kernels after them split: each thread then reads what it wrote (split
@@ -281,13 +281,13 @@ def _lower(kb, node, ins, out, epilogue):
         if full:
             with kb.loop(0, full, "tile") as j:
                 _tile(kb, node, (x, w, bias, mult, yzp, out), (n, ocg, oh, j * t), t, k_n,
-                      kind, flip, acc_t, v8)
+                      kind, flip, acc_t, epilogue)
         if ow_n % t:
             _tile(kb, node, (x, w, bias, mult, yzp, out), (n, ocg, oh, full * t), ow_n % t,
-                  k_n, kind, flip, acc_t, v8)
+                  k_n, kind, flip, acc_t, epilogue)
 
 
-def _tile(kb, node, bufs, where, width, k_n, kind, flip, acc_t, v8):
+def _tile(kb, node, bufs, where, width, k_n, kind, flip, acc_t, epilogue):
     x, w, bias, mult, yzp, out = bufs
     n, ocg, oh, ow0 = where
     _, cb_n, hp, wp, ib = x.type.shape
@@ -322,9 +322,9 @@ def _tile(kb, node, bufs, where, width, k_n, kind, flip, acc_t, v8):
     for k in range(k_n):
         oc0 = (ocg * k_n + k) * ob
         for j in range(width):
-            at = (((n * out.type.shape[1] + ocg * k_n + k) * out.type.shape[2] + oh)
-                  * out.type.shape[3] + ow0 + j) * ob
-            store(kb.get(accs[k][j]), oc0, out, at)
+            index = [n, ocg * k_n + k, oh, ow0 + j, 0]
+            store(kb.get(accs[k][j]), oc0, out, kb.dot(index[:4], out.strides[:4]),
+                  epilogue=(epilogue, index))
 
 
 class Requantize:
@@ -349,8 +349,10 @@ class Requantize:
         self.magic = ir.Constant(self.f_t, [12582912.0] * ob) \
             if node.attr("dot") == "smlad" else None
 
-    def __call__(self, acc, oc0, out, at, lanes: int | None = None) -> None:
-        """Store the first `lanes` (default all) requantized values at out[at..]."""
+    def __call__(self, acc, oc0, out, at, lanes: int | None = None,
+                 epilogue: tuple = (None, None)) -> None:
+        """Store the first `lanes` (default all) requantized values at out[at..], through
+        the fused `epilogue` (the Epilogue and the output index of the first lane)."""
         kb, ob = self.kb, self.ob
         b_v = kb.b.load(kb.gep(self.bias, oc0), typ=self.acc_t, align=4)
         m_v = kb.b.load(kb.gep(self.mult, oc0), typ=self.f_t, align=4)
@@ -364,6 +366,9 @@ class Requantize:
             r = kb.b.select(kb.b.fcmp_ordered("<", r, self.lo), self.lo, r)
             r = kb.b.select(kb.b.fcmp_ordered(">", r, self.hi), self.hi, r)
         q = kb.b.trunc(kb.b.fptosi(r, self.acc_t), ir.VectorType(I8, ob))
+        if epilogue[0]:  # its result is in the compute type (int8: i32), vstore narrows
+            kb.vstore(out, at, apply_epilogue(kb, epilogue[0], q, epilogue[1]))
+            return
         if lanes is None or lanes == ob:
             kb.b.store(q, kb.gep(out, at), align=1)
             return

@@ -38,7 +38,9 @@ def _infer(types, node):
                        node.attr("out"))]
 
 
-register("qconv2d_nchwc", OpKind.OPAQUE, _infer)
+# An anchor: a residual block's DequantizeLinear-Add-QuantizeLinear joins it as the
+# epilogue of its requantized bytes (transform/fuse.py: it writes each output once).
+register("qconv2d_nchwc", OpKind.ANCHOR, _infer)
 
 
 def _dw_infer(types, node):

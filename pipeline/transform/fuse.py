@@ -74,11 +74,19 @@ def fuse_ops(graph: Graph, params: dict, cfg: PassConfig):
     return prune(graph.replace(nodes=tuple(fused)), params)
 
 
+# Anchors that write each output once, from registers, and never read it back: an
+# epilogue may change the dtype on the way (int8 conv -> DequantizeLinear -> Add ->
+# QuantizeLinear).
+_WRITES_ONCE = {"qconv2d_nchwc"}
+
+
 def _keeps_dtype(anchor: Node, running, result) -> bool:
     """Whether an epilogue changing the dtype of the running value is possible:
     anchors that are not elementwise may accumulate in (and re-read) their output
-    buffer, which then has the epilogue's dtype, so only same-dtype chains join them."""
-    return running.dtype == result.dtype or get(anchor.op).kind == OpKind.ELEMENTWISE
+    buffer, which then has the epilogue's dtype, so only same-dtype chains join them
+    (or all-elementwise groups, or _WRITES_ONCE anchors)."""
+    return (running.dtype == result.dtype or anchor.op in _WRITES_ONCE
+            or get(anchor.op).kind == OpKind.ELEMENTWISE)
 
 
 def _fused_node(body: list[Node], k: int) -> Node:
