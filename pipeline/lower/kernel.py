@@ -54,7 +54,7 @@ def kernel_version(op_names: tuple[str, ...]) -> str:
 
 @dataclass(frozen=True)
 class KernelSpec:
-    ops: tuple[Node, ...]            # ops[0] is the anchor; the rest are elementwise
+    ops: tuple[Node, ...]            # ops[0] is the anchor; the rest elementwise (verify)
     params: tuple[TensorType, ...]   # arguments: inputs a0..a{n-1}, then the output
     target: Target
     opt_level: int
@@ -111,14 +111,19 @@ class KernelSpec:
             if k > 0 and kind != OpKind.ELEMENTWISE:
                 raise GraphError(f"kernel {self.name}: {node.op} after the anchor "
                                  "is not elementwise")
-            if k > 0 and node.inputs.count(f"t{k - 1}") != 1:
-                raise GraphError(f"kernel {self.name}: {node.op} does not consume "
-                                 "the previous result exactly once")
             missing = [i for i in node.inputs if i not in env]
             if missing:
                 raise GraphError(f"kernel {self.name}: {node.op} reads undefined {missing}")
             (out,) = infer_types(node, [env[i] for i in node.inputs])
             env[node.outputs[0]] = out
+        # One tree into the last op: every earlier result is read exactly once (the
+        # anchor's running value, and side chains fuse.py merged in, such as a
+        # residual Add's DequantizeLinear'd other operand).
+        reads = [i for node in self.ops for i in node.inputs if i.startswith("t")]
+        for node in self.ops[:-1]:
+            if reads.count(node.outputs[0]) != 1:
+                raise GraphError(f"kernel {self.name}: the result of {node.op} is not "
+                                 "read exactly once")
         if env[self.ops[-1].outputs[0]] != self.params[-1]:
             raise GraphError(f"kernel {self.name}: result type "
                              f"{env[self.ops[-1].outputs[0]]} != output {self.params[-1]}")

@@ -58,7 +58,8 @@ def fuse_ops(graph: Graph, params: dict, cfg: PassConfig):
                         and len(groups[g]) < max_depth
                         and _keeps_dtype(groups[g][0], graph.types[name],
                                          graph.types[node.outputs[0]])):
-                    groups[g].append(node)
+                    groups[g] = _with_side_chains(graph, node, groups, g, open_group,
+                                                  consumers, max_depth)
                     del open_group[name]
                     open_group[node.outputs[0]] = g
                     joined = True
@@ -68,6 +69,7 @@ def fuse_ops(graph: Graph, params: dict, cfg: PassConfig):
             if kind != OpKind.OPAQUE:
                 open_group[node.outputs[0]] = len(groups) - 1
 
+    groups = [grp for grp in groups if grp]  # side chains merged away
     position = {id(n): k for k, n in enumerate(graph.nodes)}
     groups.sort(key=lambda g: position[id(g[-1])])
     fused = [_fused_node(g, k) for k, g in enumerate(groups)]
@@ -78,6 +80,27 @@ def fuse_ops(graph: Graph, params: dict, cfg: PassConfig):
 # epilogue may change the dtype on the way (int8 conv -> DequantizeLinear -> Add ->
 # QuantizeLinear).
 _WRITES_ONCE = {"qconv2d_nchwc"}
+
+
+def _with_side_chains(graph: Graph, node: Node, groups: list, g: int, open_group: dict,
+                      consumers: dict, max_depth: int) -> list[Node]:
+    """Group g with `node` appended, and before it every all-elementwise group that
+    only `node` reads (its output of node's shape, not a graph output), which then
+    runs in g's epilogue instead of a pass of its own: a residual Add's other operand
+    DequantizeLinear'd (int8 ResNets) is read as its bytes, not written as floats and
+    read back. The emptied groups are dropped by the caller."""
+    body = groups[g]
+    for name in node.inputs:
+        h = open_group.get(name)
+        if h is None or h == g or len(consumers[name]) != 1 or name in graph.outputs \
+                or graph.types[name].shape != graph.types[node.outputs[0]].shape \
+                or len(body) + len(groups[h]) >= max_depth \
+                or any(get(n.op).kind != OpKind.ELEMENTWISE for n in groups[h]):
+            continue
+        body = body + groups[h]
+        groups[h] = []
+        del open_group[name]
+    return body + [node]
 
 
 def _keeps_dtype(anchor: Node, running, result) -> bool:
