@@ -152,11 +152,11 @@ def _lower_int8(kb, node, ins, out, epilogue) -> None:
                kb.scratch(block) if k_n % block else None)
     first = kb.scratch(1, "int64")  # a chunk's first row, for the work items to read
 
-    def rows_from(m0, count: int) -> None:
+    def rows_from(m0, count: int, name: str) -> None:
         _quantize_rows(kb, node, a, m0, count, scratch)
         if not isinstance(m0, int):
             kb.store(first, 0, m0)
-        with parallel_for(kb, n_n // LANES, "groups", work=count * n_n * k_n,
+        with parallel_for(kb, n_n // LANES, name, work=count * n_n * k_n,
                           shared=(*scratch[:2], first)) as g:
             start = m0 if isinstance(m0, int) else kb.index(kb.load(first, 0))
 
@@ -174,11 +174,11 @@ def _lower_int8(kb, node, ins, out, epilogue) -> None:
     whole = rows // chunk
     if whole > 1:
         with kb.loop(0, whole, "chunk") as c:
-            rows_from(c * chunk, chunk)
+            rows_from(c * chunk, chunk, "groups")
     elif whole:
-        rows_from(0, chunk)
+        rows_from(0, chunk, "groups")
     if rows % chunk:
-        rows_from(whole * chunk, rows % chunk)
+        rows_from(whole * chunk, rows % chunk, "last_groups")
 
 
 def _lower(kb, node, ins, out, epilogue):
