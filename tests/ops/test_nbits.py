@@ -114,12 +114,12 @@ INT8_CASES = [  # block, zero points, K, N, rows, threads
 @pytest.mark.parametrize("case", INT8_CASES, ids=lambda c: "-".join(map(str, c)))
 def test_accuracy_level_4_quantizes_activations_to_int8(case):
     """accuracy_level 4 on a target with AVX-512 VNNI: A quantized to int8 per block
-    and multiplied on vpdpbusd (the kernel's IR calls it), matching onnxruntime's
-    level 4 (its int8 path, same rounding) closely and the float product (onnxruntime
-    at level 0) within the int8 rounding; 1 and 2 threads. Where the int8 kernel does
-    not apply (N not a multiple of 16, float zero points), the float one runs: it
-    matches onnxruntime's level 0 closely (and its level 4 within the rounding,
-    which for float zero points is float too)."""
+    and multiplied on vpdpbusd (the kernel's IR calls it; a bias with odd row counts),
+    matching onnxruntime's level 4 (its int8 path, same rounding) closely and the
+    float product (onnxruntime at level 0) within the int8 rounding; 1 and 2 threads.
+    Where the int8 kernel does not apply (N not a multiple of 16, float zero points),
+    the float one runs: it matches onnxruntime's level 0 closely (and its level 4
+    within the rounding, which for float zero points is float too)."""
     import pipeline
     from pipeline.codegen.render import render
     from pipeline.ir.target import parse_target
@@ -132,8 +132,9 @@ def test_accuracy_level_4_quantizes_activations_to_int8(case):
     rng = np.random.default_rng(k + n + block)
     w = rng.standard_normal((k, n)).astype(np.float32)
     x = rng.standard_normal((rows, k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32) if rows % 2 else None
     models = [nbits_model([node], inits, [rows, k], [rows, n]) for node, inits in
-              (nbits_node("mm", "x", "y", w, 4, block, zp, accuracy_level=level)
+              (nbits_node("mm", "x", "y", w, 4, block, zp, bias, accuracy_level=level)
                for level in (0, 4))]
     float_y, int8_y = (run_ort(m, {"x": x})[0] for m in models)
     gm, factory = build_and_load(*pipeline.frontend.from_onnx(models[1]))
