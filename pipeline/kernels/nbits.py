@@ -24,6 +24,10 @@ where one column's lane sum takes 4: a 1-row call, a decoder's token step, spent
 much on those sums as on the weights), which gets the bias and the fused epilogue as
 one vector (a GELU lane by lane had made the MLP's up projection 3x the others) and
 one store. The remainder columns are summed, biased and finished one by one.
+
+These are the float32 kernels (lower_float); kernels/nbits_int8.py registers the
+op's lowering and, for the cols16x4 layout (accuracy_level 4 on AVX-512 VNNI),
+quantizes `a` to int8 and multiplies on vpdpbusd instead.
 """
 
 from __future__ import annotations
