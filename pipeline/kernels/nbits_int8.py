@@ -4,9 +4,10 @@ the float32 kernels of kernels/nbits.py.
 accuracy=4 is onnxruntime's accuracy_level 4 (its MLAS "CompInt8"): `a` is quantized
 to int8 per block of K and the products are summed in integer. AlterOpLayout gives
 such a node the cols16x4 layout (ops/nbits.py) on a target with AVX-512 VNNI
-(qconv_blocked.dot_kind "vnni", 16 lanes) when its 4-bit weights are constant and N
-is a multiple of 16; every other matmul_nbits (8 bits, N not a multiple of 16, no
-VNNI, opt level below 3, accuracy_level 0..3) is computed in float32 by nbits.py.
+(qconv_blocked.dot_kind "vnni", 16 lanes) when its 4-bit weights are constant and
+its zero points packed or absent (N is padded to whole groups of 16 there); every
+other matmul_nbits (8 bits, float zero points, no VNNI, opt level below 3,
+accuracy_level 0..3) is computed in float32 by nbits.py.
 
 Per call, before the columns are split over the threads, the rows of `a` are
 quantized (_quantize_rows) into stack buffers the work items share: per row and block,
@@ -26,7 +27,8 @@ sum of 4 products of column j), so per 128 weights: one load, three operations, 
 A row's block sums d (int32, per column) then meet the zero point through the row's
 block sum of q, sum((w - z) q) = d - z * sum(q), and as float the weight scales times
 the row's block scale, in one FMA into the row's float accumulator; no lane sums: the
-16 lanes are the 16 columns' outputs, biased and finished as one vector (store_lanes).
+16 lanes are the 16 columns' outputs, biased and finished as one vector (store_lanes;
+a last group past N: lane by lane).
 """
 
 from __future__ import annotations
@@ -137,12 +139,25 @@ def _tile(kb, node, ins, g, r0, rows_n: int, scratch) -> list[ir.Value]:
     return [kb.get(acc) for acc in accs]
 
 
+def _store_first(kb, y, count: int, out, at, bias, col0, epilogue) -> None:
+    """The first `count` lanes of y to out from flat index `at`, column col0 (the
+    last, partial group of columns), each biased and finished alone."""
+    for c in range(count):
+        v = kb.lane(y, c)
+        if bias is not None:
+            v = kb.fadd(v, kb.load(bias, col0 + c))
+        if epilogue is not None:
+            v = epilogue(v, kb.unflatten(at + c, out.type.shape))
+        kb.store(out, at + c, v)
+
+
 def _lower_int8(kb, node, ins, out, epilogue) -> None:
     """The cols16x4 layout's product (module doc): rows in chunks of at most
     QUANT_BYTES of int8 values, each quantized, then its groups over the threads."""
     a, bias = ins[0], ins[-1] if node.attr("bias") else None
     k_n, n_n, block = node.attr("k"), out.type.shape[-1], node.attr("block")
-    rows, nb = a.type.size // k_n, ins[1].type.shape[1]
+    rows, (groups, nb, _) = a.type.size // k_n, ins[1].type.shape
+    groups //= LANES  # whole groups of 16 columns, the last padded where N is no multiple
     most = max(1, QUANT_BYTES // (nb * block))
     chunks = -(-rows // most)
     chunk = -(-rows // chunks)
@@ -156,14 +171,22 @@ def _lower_int8(kb, node, ins, out, epilogue) -> None:
         _quantize_rows(kb, node, a, m0, count, scratch)
         if not isinstance(m0, int):
             kb.store(first, 0, m0)
-        with parallel_for(kb, n_n // LANES, name, work=count * n_n * k_n,
+        with parallel_for(kb, groups, name, work=count * n_n * k_n,
                           shared=(*scratch[:2], first)) as g:
             start = m0 if isinstance(m0, int) else kb.index(kb.load(first, 0))
 
             def finish(r0, rows_n: int) -> None:
                 for r, y in enumerate(_tile(kb, node, ins, g, r0, rows_n, scratch)):
-                    store_lanes(kb, y, out, (start + r0 + r) * n_n + g * LANES, bias,
-                                g * LANES, epilogue)
+                    at = (start + r0 + r) * n_n + g * LANES
+                    if not n_n % LANES:
+                        store_lanes(kb, y, out, at, bias, g * LANES, epilogue)
+                        continue
+                    with kb.b.if_else(kb.below(g, n_n // LANES)) as (whole, last):
+                        with whole:
+                            store_lanes(kb, y, out, at, bias, g * LANES, epilogue)
+                        with last:
+                            _store_first(kb, y, n_n % LANES, out, at, bias, g * LANES,
+                                         epilogue)
 
             if count >= ROWS:
                 with kb.loop(0, count // ROWS, "rt") as rt:

@@ -130,8 +130,7 @@ class _Rewriter:
     # -- per operator --
 
     def conv(self, node: Node) -> bool:
-        x, w = node.inputs[0], node.inputs[1]
-        weight = self.params.get(w)
+        x, w, weight = node.inputs[0], node.inputs[1], self.params.get(node.inputs[1])
         if (weight is None or weight.dtype not in _FLOATS or weight.ndim != 4
                 or tuple(node.attr("dilations")) != (1, 1)):
             return False
@@ -411,8 +410,9 @@ class _Rewriter:
             return False
         moved = [self.param((layout, i), f"{i}.{layout}", lambda c=c, r=r: to_cols16(c, r))
                  for i, c, r in zip(node.inputs[1:n_w], consts, RUNS[layout], strict=False)]
-        inputs, attrs = [node.inputs[0], *moved, *node.inputs[n_w:]], dict(node.attrs)
-        self.emit(Node.make(node.op, node.name, inputs, node.outputs, **attrs, layout=layout))
+        inputs, n = [node.inputs[0], *moved, *node.inputs[n_w:]], consts[0].shape[0]
+        self.emit(Node.make(node.op, node.name, inputs, node.outputs, **dict(node.attrs),
+                            layout=layout, **({"units": n} if n % 16 else {})))
         self.plain.update(node.outputs)
         return True
 

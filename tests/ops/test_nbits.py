@@ -106,7 +106,7 @@ INT8_CASES = [  # block, zero points, K, N, rows, threads
     (128, "none", 300, 16, 9, 1),      # a partial block; tiles 4 + 4 + 1
     (256, "packed", 512, 32, 2, 1),
     (32, "packed", 8192, 16, 150, 2),  # rows in chunks (QUANT_BYTES): 52 + 52 + 46
-    (32, "packed", 96, 40, 2, 1),      # N not a multiple of 16: the float kernel
+    (32, "packed", 96, 40, 3, 1),      # N not a multiple of 16: padded to 48
     (64, "float", 128, 32, 1, 1),      # float zero points: float (onnxruntime's too)
 ]
 
@@ -117,9 +117,8 @@ def test_accuracy_level_4_quantizes_activations_to_int8(case):
     and multiplied on vpdpbusd (the kernel's IR calls it; a bias with odd row counts),
     matching onnxruntime's level 4 (its int8 path, same rounding) closely and the
     float product (onnxruntime at level 0) within the int8 rounding; 1 and 2 threads.
-    Where the int8 kernel does not apply (N not a multiple of 16, float zero points),
-    the float one runs: it matches onnxruntime's level 0 closely (and its level 4
-    within the rounding, which for float zero points is float too)."""
+    With float zero points the float kernel runs: it matches onnxruntime's level 0
+    closely (and its level 4, which for float zero points is float too)."""
     import pipeline
     from pipeline.codegen.render import render
     from pipeline.ir.target import parse_target
@@ -138,7 +137,7 @@ def test_accuracy_level_4_quantizes_activations_to_int8(case):
                for level in (0, 4))]
     float_y, int8_y = (run_ort(m, {"x": x})[0] for m in models)
     gm, factory = build_and_load(*pipeline.frontend.from_onnx(models[1]))
-    int8 = n % 16 == 0 and zp != "float"
+    int8 = zp != "float"
     assert any("vpdpbusd" in render(s) for s in factory.kernels) == int8
     scale = np.abs(float_y).max()
     if zp != "float":  # they differ by the int8 rounding: a tight test tells them apart
@@ -234,12 +233,15 @@ def test_4bit_library_is_under_a_third_of_the_float32_one(tmp_path):
     assert ratio <= 0.35, f"4-bit {sizes[True]} bytes, float32 {sizes[False]}: {ratio:.3f}"
 
 
-@pytest.mark.parametrize("zp, n", [("packed", 48), ("float", 32), ("none", 24)])
-def test_constant_4bit_weights_take_the_cols16_layout(zp, n):
+@pytest.mark.parametrize("zp, n, level", [("packed", 48, 0), ("float", 32, 0), ("none", 24, 0),
+                                         ("packed", 40, 4), ("none", 32, 4), ("float", 32, 4)])
+def test_constant_4bit_weights_take_the_cols16_layout(zp, n, level):
     """AlterOpLayout gives a constant 4-bit matmul_nbits its b, scales and zero points
-    reordered into cols16 (N a multiple of 16 only: not 24), same shapes; the op's
-    numpy reference of the rewritten node gives what the original's does (onnxruntime
-    checks the kernels: test_matches_onnxruntime)."""
+    reordered into cols16 (N a multiple of 16 only: not 24), same shapes, or at
+    accuracy_level 4 on a VNNI target (znver4) into cols16x4 (zero points packed or
+    none; N padded to whole 16s: 40 -> 48, attr units 40); the op's numpy reference
+    of the rewritten node gives what the original's does (onnxruntime checks the
+    kernels: test_matches_onnxruntime, test_accuracy_level_4_...)."""
     from pipeline.frontend import from_onnx
     from pipeline.ir.target import parse_target
     from pipeline.ops import get
@@ -247,13 +249,15 @@ def test_constant_4bit_weights_take_the_cols16_layout(zp, n):
 
     rng = np.random.default_rng(n)
     w = rng.standard_normal((64, n)).astype(np.float32)
-    node, inits = nbits_node("mm", "x", "y", w, 4, 32, zp)
+    node, inits = nbits_node("mm", "x", "y", w, 4, 32, zp, accuracy_level=level)
     graph, params = from_onnx(nbits_model([node], inits, [3, 64], [3, n]))
     others = [p for p in PASS_NAMES if p != "AlterOpLayout"]
     with PassContext(opt_level=0, required_pass=["AlterOpLayout"], disabled_pass=others):
-        out, out_params = optimize(graph, params, target=parse_target("llvm -mcpu=native"))
+        out, out_params = optimize(graph, params, target=parse_target("llvm -mcpu=znver4"))
     (before,), (after,) = graph.nodes, [m for m in out.nodes if m.op == "matmul_nbits"]
-    assert after.attr("layout") == ("cols16" if n % 16 == 0 else None)
+    int8 = level == 4 and zp != "float"
+    assert after.attr("layout") == ("cols16x4" if int8 else "cols16" if n % 16 == 0 else None)
+    assert after.attr("units") == (n if n % 16 and int8 else None)
     x = rng.standard_normal((3, 64)).astype(np.float32)
 
     def reference(g, values, m):
