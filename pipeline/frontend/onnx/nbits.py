@@ -8,9 +8,9 @@ reshaped to [N, blocks, ...] or, an int4/uint4 table, packed two values a byte.
 accuracy_level (onnxruntime's choice of the activations' precision: 0/1 float32, 2
 float16, 3 bfloat16, 4 int8): 4 becomes the node's accuracy=4, for which a target
 with AVX-512 VNNI quantizes A to int8 per block and multiplies in integer as
-onnxruntime does (kernels/nbits_int8.py: 4-bit constant weights, N a multiple of 16,
-opt level 3); everything else, and levels 0 to 3, multiply in float32 with float32
-accumulation, the most accurate of them.
+onnxruntime does (kernels/nbits_int8.py: 4-bit constant weights, zero points packed
+or absent, opt level 3); everything else, and levels 0 to 3, multiply in float32
+with float32 accumulation, the most accurate of them.
 """
 
 from __future__ import annotations
