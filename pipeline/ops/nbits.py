@@ -64,8 +64,8 @@ def unpack_nbits(b: np.ndarray, bits: int, count: int) -> np.ndarray:
 
 
 COLS = 16  # columns of a cols16 group
-RUNS = {"cols16": (1, 1, 1), "cols16x4": (4, 1, 1)}  # per layout, to_cols16's run of b,
-# scales and zero points
+# per layout, to_cols16's run for b, scales and zero points
+RUNS = {"cols16": (1, 1, 1), "cols16x4": (4, 1, 1)}
 
 
 def to_cols16(value: np.ndarray, run: int = 1) -> np.ndarray:
