@@ -351,7 +351,7 @@ SLOTS, TEAM_MAX = 8, 64
 
 @contextmanager
 def parallel_for(kb: KernelBuilder, n_items: int, name: str = "task",
-                 work: int | None = None):
+                 work: int | None = None, shared: tuple = ()):
     """`for i in range(n_items)`, split over the thread team; yields the i64 `i`.
 
     `work` estimates the whole loop's cost (multiply-adds, or elements touched):
@@ -370,10 +370,10 @@ def parallel_for(kb: KernelBuilder, n_items: int, name: str = "task",
     cores are far apart (a VM's vCPUs on two chiplets, ~200 ns a cache line) every
     grab of a shared counter moved its line between the cores, and the same thread
     now gets the same rows from one kernel to the next.
-    While the body is generated, `kb` builds that function: its buffers' pointers
+    While the body is generated, `kb` builds that function: its buffers' pointers,
+    and those of `shared` (Buffers the kernel filled before the loop: stack scratch),
     are re-read from the arguments there (the Buffer objects are updated in place,
-    so the lowering's and the epilogue's references stay valid) and restored
-    afterwards.
+    so the lowering's and the epilogue's references stay valid) and restored after.
     """
     # No threads: a plain loop. render sets kb.threads from Target.threaded (false for
     # the c target); a builder made elsewhere has none: its triple decides.
@@ -385,22 +385,27 @@ def parallel_for(kb: KernelBuilder, n_items: int, name: str = "task",
     fn = ir.Function(module, ir.FunctionType(VOID, [PTR]), name=f"{outer_fn.name}.{name}")
     fn.linkage = "internal"
     b = ir.IRBuilder(fn.append_basic_block("entry"))
-    saved = [buf.ptr for buf in kb.buffers]
+    buffers, args = [*kb.buffers, *shared], outer_fn.args[0]
+    saved = [buf.ptr for buf in buffers]
+    if shared:  # the loop function's argument array: the kernel's, then `shared`
+        args = kb._alloca(PTR, raw(len(buffers)))
+        for i, ptr in enumerate(saved):
+            outer_b.store(ptr, outer_b.gep(args, [raw(i)], source_etype=PTR))
     kb.function, kb.b = fn, b
     cap = thread_cap(n_items, work)
     try:
-        start, end, loop_back = _claim_chunks(kb, name, cap, n_items)
+        start, end, loop_back = _claim_chunks(kb, name, cap, n_items, buffers)
         with kb.loop(start, end, name) as i:
             yield i
         loop_back()
     finally:
         kb.function, kb.b = outer_fn, outer_b
-        for buf, ptr in zip(kb.buffers, saved, strict=True):
+        for buf, ptr in zip(buffers, saved, strict=True):
             buf.ptr = ptr
-    _run_on_team(outer_b, fn, cap, n_items, name)
+    _run_on_team(outer_b, fn, cap, n_items, name, args)
 
 
-def _claim_chunks(kb: KernelBuilder, name: str, cap: int, n_items: int):
+def _claim_chunks(kb: KernelBuilder, name: str, cap: int, n_items: int, buffers: list):
     """The loop function's head: rebind the buffers to the pointers in the data block,
     then claim chunks of this thread's range first and the other ranges' after.
     Returns (start, end) of the claimed chunk, the builder positioned where its loop
@@ -409,7 +414,7 @@ def _claim_chunks(kb: KernelBuilder, name: str, cap: int, n_items: int):
     chunk, n = _chunk(n_items), raw(n_items)
     data = fn.args[0]
     args = b.load(b.gep(data, [raw(0)], source_etype=PTR), typ=PTR)
-    for i, buf in enumerate(kb.buffers):
+    for i, buf in enumerate(buffers):
         slot = b.gep(args, [raw(i)], source_etype=PTR, inbounds=True)
         buf.ptr = b.load(slot, typ=PTR, name=f"buf{i}")
     if cap == 1:
@@ -450,15 +455,16 @@ def _claim_chunks(kb: KernelBuilder, name: str, cap: int, n_items: int):
 
 
 def _run_on_team(ob: ir.IRBuilder, fn: ir.Function, cap: int, n_items: int,
-                 name: str) -> None:
-    """In the kernel (builder `ob`): fill the loop function `fn`'s data block and call
-    it on min(threads, cap) threads: the library's own team, libgomp's, or directly."""
+                 name: str, args: ir.Value) -> None:
+    """In the kernel (builder `ob`): fill the loop function `fn`'s data block (`args`:
+    its argument array) and call it on min(threads, cap) threads: the library's own
+    team, libgomp's, or directly."""
     outer_fn, module = ob.function, ob.module
     with ob.goto_block(outer_fn.entry_basic_block):
         ob.position_at_start(outer_fn.entry_basic_block)
         data = ob.alloca(PTR, size=SLOTS * (TEAM_MAX + 1))
         data.align = 64
-    ob.store(outer_fn.args[0], ob.gep(data, [raw(0)], source_etype=PTR))
+    ob.store(args, ob.gep(data, [raw(0)], source_etype=PTR))
     if cap == 1:
         ob.store(raw(0), ob.gep(data, [raw(SLOTS)], source_etype=PTR))
         ob.call(fn, [data])

@@ -22,6 +22,7 @@ from pipeline.kernels import (  # noqa: F401  (registration)
     movement,
     nbits,
     nbits_gather,
+    nbits_int8,
     norm,
     pool,
     pool_blocked,

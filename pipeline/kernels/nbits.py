@@ -24,6 +24,10 @@ where one column's lane sum takes 4: a 1-row call, a decoder's token step, spent
 much on those sums as on the weights), which gets the bias and the fused epilogue as
 one vector (a GELU lane by lane had made the MLP's up projection 3x the others) and
 one store. The remainder columns are summed, biased and finished one by one.
+
+These are the float32 kernels (lower_float); kernels/nbits_int8.py registers the
+op's lowering and, for the cols16x4 layout (accuracy_level 4 on AVX-512 VNNI),
+quantizes `a` to int8 and multiplies on vpdpbusd instead.
 """
 
 from __future__ import annotations
@@ -40,7 +44,6 @@ from pipeline.dsl.vector import (
     transpose_square,
     zeros,
 )
-from pipeline.kernels.registry import lowering
 
 LANES = 16  # one AVX-512 register of floats; two AVX2 ones, which LLVM splits it into
 ROWS = 4    # rows of `a` sharing each dequantized weight vector
@@ -188,7 +191,7 @@ def _group_sums(kb, node, ins, col0, m0, rows_n: int, split, sums) -> list[ir.Va
     return rows
 
 
-def _cols_zero_points(kb, node, zp, g, blk, nb: int) -> ir.Value:
+def cols_zero_points(kb, node, zp, g, blk, nb: int) -> ir.Value:
     """The zero points of group g's 16 columns for block blk (cols16), as a vector."""
     kind = node.attr("zero_points")
     if kind == "none":
@@ -204,7 +207,7 @@ def _cols_zero_points(kb, node, zp, g, blk, nb: int) -> ir.Value:
     return kb.b.uitofp(kb.b.and_(wide, ir.Constant(wide.type, 15)), ir.VectorType(F32, LANES))
 
 
-def _store_lanes(kb, y, out, at, bias, col0, epilogue) -> None:
+def store_lanes(kb, y, out, at, bias, col0, epilogue) -> None:
     """Store LANES outputs y at flat index `at` of out, after adding the bias from
     column col0 and applying the fused epilogue."""
     if bias is not None:
@@ -235,7 +238,7 @@ def _lower_cols(kb, node, ins, out, epilogue):
         unroll = next(u for u in (4 // rows_n, 2, 1) if u and not (block // 2) % u)
         accs = [kb.local(zeros(LANES)) for _ in range(rows_n)]
         with kb.loop(0, nb, "blk") as blk:
-            zv = _cols_zero_points(kb, node, zp, g, blk, nb)
+            zv = cols_zero_points(kb, node, zp, g, blk, nb)
             parts = [[kb.local(zeros(LANES)) for _ in range(2 * unroll)]
                      for _ in range(rows_n)]
             with kb.loop(0, block // 2 // unroll, "pair") as step:
@@ -263,7 +266,7 @@ def _lower_cols(kb, node, ins, out, epilogue):
                                     kb.fmul(zv, total))
                 kb.set(accs[r], fma(kb, block_sum, sv, kb.get(accs[r])))
         for r in range(rows_n):
-            _store_lanes(kb, kb.get(accs[r]), out, (m0 + r) * n_n + g * LANES, bias,
+            store_lanes(kb, kb.get(accs[r]), out, (m0 + r) * n_n + g * LANES, bias,
                          g * LANES, epilogue)
 
     with parallel_for(kb, n_n // LANES, "groups", work=rows * n_n * k_n) as g:
@@ -368,7 +371,7 @@ def _dequantize_cols(kb, node, ins, panel, item, k0, k_len: int) -> None:
     (item, width), vector = item, ir.VectorType(F32, LANES)
     with kb.loop(0, k_len // block, "bi") as bi, kb.loop(0, width // LANES, "cg") as cg:
         g, blk = item * (width // LANES) + cg, k0 // block + bi
-        zv = _cols_zero_points(kb, node, zp, g, blk, nb)
+        zv = cols_zero_points(kb, node, zp, g, blk, nb)
         sv = kb.vload(scales, (g * nb + blk) * LANES, LANES)
         with kb.loop(0, block // 2, "pair") as p:
             raw_bytes = kb.b.load(kb.gep(b, ((g * nb + blk) * (block // 2) + p) * LANES),
@@ -401,7 +404,8 @@ def _panel_tile(kb, a, panel, out, m, n, k, k_n: int) -> None:
             kb.vstore(out, at[r][v], kb.get(accs[r][v]))
 
 
-def _lower(kb, node, ins, out, epilogue):
+def lower_float(kb, node, ins, out, epilogue):
+    """matmul_nbits in float32 (the layouts but cols16x4: kernels/nbits_int8.py)."""
     width = _blocked_width(kb, node, ins[0].type.size // node.attr("k"), out.type.shape[-1])
     if width:
         _lower_blocked(kb, node, ins, out, epilogue, width)
@@ -429,7 +433,7 @@ def _lower(kb, node, ins, out, epilogue):
             _split_rows(kb, node, ins[0], m0, rows_n, split)
         for r, y in enumerate(_group_sums(kb, node, ins, g * LANES, m0, rows_n, split,
                                           sums)):
-            _store_lanes(kb, y, out, (m0 + r) * n_n + g * LANES, bias, g * LANES, epilogue)
+            store_lanes(kb, y, out, (m0 + r) * n_n + g * LANES, bias, g * LANES, epilogue)
 
     def finish_column(col, m0, rows_n: int) -> None:
         for r, v in enumerate(_tile(kb, node, ins, col, m0, rows_n)):
@@ -466,5 +470,3 @@ def _lower(kb, node, ins, out, epilogue):
                 with last:
                     remainder()
 
-
-lowering("matmul_nbits", lower=_lower)

@@ -18,6 +18,14 @@ N a multiple of 16 and K of the block): the same shapes and bytes, each group of
 columns' values interleaved column-fastest (to_cols16: b as [N/16, nb, blob, 16],
 scales and zero points as [N/16, nb or ceil(nb/2), 16]), so a kernel loads one
 value of 16 columns at once (kernels/nbits.py).
+layout="cols16x4" (the same, for accuracy=4 on a target with AVX-512 VNNI; K any):
+b interleaved in runs of 4 bytes, [N'/16, nb, blob/4, 16, 4] (scales and zero
+points as cols16), so 64 bytes hold 8 values of each of 16 columns, the operand of
+one vpdpbusd (kernels/nbits_int8.py); N' is N rounded up to 16 (zero columns; attr
+units = N where they differ).
+accuracy=4 (onnxruntime's accuracy_level 4): the product may quantize `a` to int8
+per block (kernels/nbits_int8.py, on the cols16x4 layout); the numpy reference is
+the float product.
 
 gather_nbits: rows of a table quantized blockwise along its rows, dequantized (the graph
 op of com.microsoft.GatherBlockQuantized with gather_axis 0 and the last axis quantized:
@@ -56,37 +64,51 @@ def unpack_nbits(b: np.ndarray, bits: int, count: int) -> np.ndarray:
 
 
 COLS = 16  # columns of a cols16 group
+# per layout, to_cols16's run for b, scales and zero points
+RUNS = {"cols16": (1, 1, 1), "cols16x4": (4, 1, 1)}
 
 
-def to_cols16(value: np.ndarray) -> np.ndarray:
-    """b, scales or zero points [N, ...] -> the cols16 layout: [N/16, ..., 16], as the
-    original shape (column 16g + j's values in group g, lane j)."""
+def to_cols16(value: np.ndarray, run: int = 1) -> np.ndarray:
+    """b, scales or zero points [N, ...] -> the cols16 layout: [N'/16, ..., 16], as
+    the shape [N', ...] (N' = N rounded up to 16: zero columns added; column 16g + j's
+    values in group g, lane j); with `run` > 1, runs of that many of the last axis'
+    values per column (cols16x4's b: 4)."""
+    value = np.concatenate([value, np.zeros((-len(value) % COLS, *value.shape[1:]),
+                                            value.dtype)])
     n, rest = value.shape[0], value.shape[1:]
-    moved = np.moveaxis(value.reshape(n // COLS, COLS, *rest), 1, -1)
+    runs = (*rest[:-1], rest[-1] // run, run)
+    moved = np.moveaxis(value.reshape(n // COLS, COLS, *runs), 1, -2)
     return np.ascontiguousarray(moved).reshape(value.shape)
 
 
-def cols16_fits(node, consts: list) -> bool:
-    """Whether a matmul_nbits node whose b, scales (and zero points) are `consts`
-    (None: not a constant) can take them in the cols16 layout: 4 bits, K a multiple
-    of the block, N of 16, not reordered yet."""
-    return (node.attr("bits") == 4 and node.attr("k") % node.attr("block") == 0
-            and not node.attr("layout") and all(c is not None for c in consts)
-            and consts[0].shape[0] % COLS == 0)
+def nbits_layout(node, consts: list, vnni: bool) -> str | None:
+    """The layout AlterOpLayout gives a matmul_nbits node whose b, scales (and zero
+    points) are `consts` (None: not a constant), `vnni` if the target has AVX-512
+    VNNI: "cols16x4" for the int8 kernel (accuracy 4, zero points packed or none),
+    else "cols16" (K a multiple of the block, N of 16), or None; 4 bits, constant,
+    not reordered yet."""
+    if node.attr("bits") != 4 or node.attr("layout") or any(c is None for c in consts):
+        return None
+    if node.attr("accuracy") == 4 and vnni and node.attr("zero_points") != "float":
+        return "cols16x4"  # (float zero points: onnxruntime's level 4 is float too)
+    whole = node.attr("k") % node.attr("block") == 0 and consts[0].shape[0] % COLS == 0
+    return "cols16" if whole else None
 
 
-def from_cols16(value: np.ndarray) -> np.ndarray:
+def from_cols16(value: np.ndarray, run: int = 1) -> np.ndarray:
     """to_cols16's inverse."""
     n, rest = value.shape[0], value.shape[1:]
-    moved = np.moveaxis(np.asarray(value).reshape(n // COLS, *rest, COLS), -1, 1)
+    runs = (*rest[:-1], rest[-1] // run, COLS, run)
+    moved = np.moveaxis(np.asarray(value).reshape(n // COLS, *runs), -2, 1)
     return np.ascontiguousarray(moved).reshape(value.shape)
 
 
 def dequantize_nbits(b, scales, zero_points, node) -> np.ndarray:
     """The float32 weights W [K, N] a matmul_nbits node multiplies by."""
     bits, block, k = node.attr("bits"), node.attr("block"), node.attr("k")
-    if node.attr("layout") == "cols16":
-        b, scales = from_cols16(np.asarray(b)), from_cols16(np.asarray(scales))
+    if node.attr("layout") in ("cols16", "cols16x4"):
+        b = from_cols16(np.asarray(b), RUNS[node.attr("layout")][0])
+        scales = from_cols16(np.asarray(scales))
         zero_points = None if zero_points is None else from_cols16(np.asarray(zero_points))
     n, nb = scales.shape
     q = unpack_nbits(b, bits, nb * block).reshape(n, nb, block)
@@ -98,7 +120,7 @@ def dequantize_nbits(b, scales, zero_points, node) -> np.ndarray:
     else:
         z = np.full((n, nb), 2.0 ** (bits - 1), np.float32)
     w = (q.astype(np.float32) - z[..., None]) * np.asarray(scales, np.float32)[..., None]
-    return w.reshape(n, nb * block)[:, :k].T
+    return w.reshape(n, nb * block)[:node.attr("units") or n, :k].T
 
 
 def _numpy(xs, node):
@@ -114,6 +136,7 @@ def _infer(types, node):
     a, b, scales = types[:3]
     k, bits, block = node.attr("k"), node.attr("bits"), node.attr("block")
     n, nb = b.shape[0], -(-k // block)
+    units = node.attr("units") or n  # N (cols16x4 pads b, scales, zero points to 16s)
     want = [("a", a, None, "float32"), ("b", b, (n, nb, block * bits // 8), "uint8"),
             ("scales", scales, (n, nb), "float32")]
     if node.attr("zero_points") == "packed":
@@ -121,14 +144,14 @@ def _infer(types, node):
     elif node.attr("zero_points") == "float":
         want.append(("zero_points", types[3], (n, nb), "float32"))
     if node.attr("bias"):
-        want.append(("bias", types[-1], (n,), "float32"))
+        want.append(("bias", types[-1], (units,), "float32"))
     for what, t, shape, dtype in want:
         if t.dtype != dtype or (shape is not None and t.shape != shape) or \
                 (shape is None and (not t.shape or t.shape[-1] != k)):
             raise ModelError(f"node {node.name!r} (matmul_nbits): {what} is {t.dtype} "
                              f"{list(t.shape)}, expected {dtype} "
                              f"{list(shape) if shape else ['...', k]}")
-    return [TensorType(a.shape[:-1] + (n,), "float32")]
+    return [TensorType(a.shape[:-1] + (units,), "float32")]
 
 
 def _sample(rng, dtype):

@@ -26,7 +26,7 @@ With b the target's vector width (16 floats on AVX-512, 8 on AVX2):
   - max/avg pools and global average pooling of a blocked tensor use their blocked
     variants (ops/pool_blocked.py);
   - dense with a constant weight uses the packed-weight kernel (ops/dense_packed.py);
-  - matmul_nbits with constant 4-bit weights takes them in the cols16 layout (ops/nbits.py);
+  - matmul_nbits with constant 4-bit weights takes them in the cols16(x4) layout (ops/nbits.py);
   - every other consumer, and every graph output, sees the plain NCHW tensor:
     a layout_transform is inserted (once per tensor) where layouts meet.
 Blocked tensors are named `<plain name>.nchw<b>c`; plain names keep their meaning.
@@ -55,7 +55,7 @@ from pipeline.kernels.qconv_blocked import (
 from pipeline.kernels.qdense_packed import pack_qdense
 from pipeline.ops import OpKind, get, infer_types
 from pipeline.ops.geometry import QTYPES
-from pipeline.ops.nbits import cols16_fits, to_cols16
+from pipeline.ops.nbits import RUNS, nbits_layout, to_cols16
 from pipeline.transform.context import PassConfig
 from pipeline.transform.util import prune
 
@@ -130,8 +130,7 @@ class _Rewriter:
     # -- per operator --
 
     def conv(self, node: Node) -> bool:
-        x, w = node.inputs[0], node.inputs[1]
-        weight = self.params.get(w)
+        x, w, weight = node.inputs[0], node.inputs[1], self.params.get(node.inputs[1])
         if (weight is None or weight.dtype not in _FLOATS or weight.ndim != 4
                 or tuple(node.attr("dilations")) != (1, 1)):
             return False
@@ -406,12 +405,14 @@ class _Rewriter:
     def nbits(self, node: Node) -> bool:
         n_w = 3 if node.attr("zero_points") == "none" else 4  # a, then what is reordered
         consts = [self.params.get(i) for i in node.inputs[1:n_w]]
-        if not cols16_fits(node, consts):
+        layout = nbits_layout(node, consts, self.dot == "vnni" and self.vw == 16)
+        if layout is None:
             return False
-        moved = [self.param(("cols16", i), f"{i}.cols16", lambda c=c: to_cols16(c))
-                 for i, c in zip(node.inputs[1:n_w], consts, strict=True)]
-        inputs, attrs = [node.inputs[0], *moved, *node.inputs[n_w:]], dict(node.attrs)
-        self.emit(Node.make(node.op, node.name, inputs, node.outputs, **attrs, layout="cols16"))
+        moved = [self.param((layout, i), f"{i}.{layout}", lambda c=c, r=r: to_cols16(c, r))
+                 for i, c, r in zip(node.inputs[1:n_w], consts, RUNS[layout], strict=False)]
+        inputs, n = [node.inputs[0], *moved, *node.inputs[n_w:]], consts[0].shape[0]
+        self.emit(Node.make(node.op, node.name, inputs, node.outputs, **dict(node.attrs),
+                            layout=layout, **({"units": n} if n % 16 else {})))
         self.plain.update(node.outputs)
         return True
 

@@ -53,37 +53,47 @@ def test_matches_onnxruntime(case):
     _check(model, rng.standard_normal((*lead, k)).astype(np.float32))
 
 
-@pytest.mark.parametrize(("opt_level", "rows"), [(0, 4), (3, 4), (0, 20), (3, 20)])
-def test_two_layers_with_a_fused_epilogue(opt_level, rows):
+@pytest.mark.parametrize(("opt_level", "rows", "level"),
+                         [(0, 4, 0), (3, 4, 0), (0, 20, 0), (3, 20, 0), (3, 3, 4), (3, 20, 4)])
+def test_two_layers_with_a_fused_epilogue(opt_level, rows, level):
     """MatMulNBits -> Relu -> MatMulNBits: the Relu fuses into the first kernel (20
-    rows: into the blocked form's outputs)."""
+    rows: into the blocked form's outputs; accuracy_level 4: the int8 kernel's, with
+    VNNI, against onnxruntime's level 4)."""
     from onnx import helper
+
+    if level == 4 and not _vnni():
+        pytest.skip("no AVX-512 VNNI on this machine")
 
     rng = np.random.default_rng(7)
     w1, w2 = (rng.standard_normal(s).astype(np.float32) for s in ((128, 96), (96, 64)))
-    n1, i1 = nbits_node("up", "x", "h", w1, 4, 32, "packed")
-    n2, i2 = nbits_node("down", "r", "y", w2, 4, 32, "none")
+    n1, i1 = nbits_node("up", "x", "h", w1, 4, 32, "packed", accuracy_level=level)
+    n2, i2 = nbits_node("down", "r", "y", w2, 4, 32, "none", accuracy_level=level)
     model = nbits_model([n1, helper.make_node("Relu", ["h"], ["r"]), n2], i1 + i2,
                         [rows, 128], [rows, 64])
     _check(model, rng.standard_normal((rows, 128)).astype(np.float32), opt_level)
 
 
-def test_symbolic_rows_in_blocks_of_128_and_32(tmp_path):
+@pytest.mark.parametrize("accuracy_level", [0, 4])
+def test_symbolic_rows_in_blocks_of_128_and_32(tmp_path, accuracy_level):
     """Over symbolic rows (the VM) the 4-bit kernel takes blocks of 128 rows, then of
-    32 (both the blocked form), 8 and the rest: 170 = 128 + 32 + 8 + 2 and 45 rows, one
-    library, against onnxruntime."""
+    32 (both the blocked form; at accuracy_level 4 with VNNI the int8 kernel), 8 and
+    the rest: 170 = 128 + 32 + 8 + 2 and 45 rows, one library, against onnxruntime."""
     import pipeline
     from pipeline.frontend import from_onnx
     from pipeline.runtime.vm import VirtualMachine
 
+    if accuracy_level == 4 and not _vnni():
+        pytest.skip("no AVX-512 VNNI on this machine")
     rng = np.random.default_rng(9)
     w, bias = rng.standard_normal((256, 80)).astype(np.float32), rng.standard_normal(80)
-    node, inits = nbits_node("mm", "x", "y", w, 4, 32, "packed", bias.astype(np.float32))
+    node, inits = nbits_node("mm", "x", "y", w, 4, 32, "packed", bias.astype(np.float32),
+                             accuracy_level)
     model = nbits_model([node], inits, ["rows", 256], ["rows", 80])
     graph, params = from_onnx(model, symbolic=True)
     so = tmp_path / "nbits.so"
-    pipeline.build(graph, "llvm -mcpu=native", params=params, executor="vm",
-                   dims={"rows": (1, 256)}).export_library(str(so))
+    with pipeline.transform.PassContext(opt_level=3):  # AlterOpLayout: cols16(x4)
+        pipeline.build(graph, "llvm -mcpu=native", params=params, executor="vm",
+                       dims={"rows": (1, 256)}).export_library(str(so))
     vm = VirtualMachine(str(so))
     for rows in (170, 45):
         x = rng.standard_normal((rows, 256)).astype(np.float32)
@@ -92,18 +102,78 @@ def test_symbolic_rows_in_blocks_of_128_and_32(tmp_path):
                                    atol=1e-5 * np.abs(want).max())
 
 
-def test_accuracy_level_4_is_computed_in_float32():
-    """accuracy_level 4 (onnxruntime: int8 activations) is not followed: the result is
-    the float32 product, onnxruntime's level-0 result."""
-    rng = np.random.default_rng(8)
-    w = rng.standard_normal((128, 32)).astype(np.float32)
-    x = rng.standard_normal((1, 128)).astype(np.float32)
-    plain = nbits_model(*[[a] if i == 0 else a for i, a in
-                          enumerate(nbits_node("mm", "x", "y", w, 4, 32))], [1, 128], [1, 32])
-    level4 = nbits_model(*[[a] if i == 0 else a for i, a in enumerate(
-        nbits_node("mm", "x", "y", w, 4, 32, accuracy_level=4))], [1, 128], [1, 32])
-    want = run_ort(plain, {"x": x})[0]
-    np.testing.assert_allclose(run_ours(level4, {"x": x})[0], want, rtol=1e-4, atol=1e-4)
+def _vnni() -> bool:
+    """Whether this machine's native target is one the int8 MatMulNBits kernel takes."""
+    from pipeline.ir.target import parse_target
+    from pipeline.kernels.qconv_blocked import dot_kind
+
+    native = parse_target("llvm -mcpu=native")
+    return dot_kind(native) == "vnni" and native.vector_width == 16
+
+
+INT8_CASES = [  # block, zero points, K, N, rows, threads
+    (32, "packed", 256, 64, 1, 2),     # a decode step's matrix-vector product
+    (16, "none", 200, 48, 3, 1),       # a partial last block (200 = 12 * 16 + 8)
+    (64, "packed", 320, 32, 6, 2),     # a tile of 4 rows and one of 2
+    (128, "none", 300, 16, 9, 1),      # a partial block; tiles 4 + 4 + 1
+    (256, "packed", 512, 32, 2, 1),
+    (32, "packed", 8192, 16, 150, 2),  # rows in chunks (QUANT_BYTES): 52 + 52 + 46
+    (32, "packed", 96, 40, 3, 1),      # N not a multiple of 16: padded to 48
+    (64, "float", 128, 32, 1, 1),      # float zero points: float (onnxruntime's too)
+]
+
+
+@pytest.mark.parametrize("case", INT8_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_accuracy_level_4_quantizes_activations_to_int8(case):
+    """accuracy_level 4 on a target with AVX-512 VNNI: A quantized to int8 per block
+    and multiplied on vpdpbusd (the kernel's IR calls it; a bias with odd row counts),
+    matching onnxruntime's level 4 (its int8 path, same rounding) closely and the
+    float product (onnxruntime at level 0) within the int8 rounding; 1 and 2 threads.
+    With float zero points the float kernel runs: it matches onnxruntime's level 0
+    closely (and its level 4, which for float zero points is float too)."""
+    import pipeline
+    from pipeline.codegen.render import render
+    from tests.support.compare import build_and_load
+
+    if not _vnni():
+        pytest.skip("no AVX-512 VNNI on this machine")
+    block, zp, k, n, rows, threads = case
+    rng = np.random.default_rng(k + n + block)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32) if rows % 2 else None
+    models = [nbits_model([node], inits, [rows, k], [rows, n]) for node, inits in
+              (nbits_node("mm", "x", "y", w, 4, block, zp, bias, accuracy_level=level)
+               for level in (0, 4))]
+    float_y, int8_y = (run_ort(m, {"x": x})[0] for m in models)
+    gm, factory = build_and_load(*pipeline.frontend.from_onnx(models[1]))
+    int8 = zp != "float"
+    assert any("vpdpbusd" in render(s) for s in factory.kernels) == int8
+    scale = np.abs(float_y).max()
+    if zp != "float":  # they differ by the int8 rounding: a tight test tells them apart
+        assert np.abs(int8_y - float_y).max() > 1e-3 * scale
+    for t in (1, threads):
+        gm.set_num_threads(t)
+        gm.run(x=x)
+        got = gm.get_output(0)
+        near, far = (int8_y, float_y) if int8 else (float_y, int8_y)
+        np.testing.assert_allclose(got, near, rtol=1e-4, atol=2e-5 * scale)
+        np.testing.assert_allclose(got, far, rtol=0, atol=2e-2 * scale)
+
+
+def test_accuracy_level_0_builds_no_int8_kernel():
+    """accuracy_level 0 (and an unset one) keeps the float kernel: no vpdpbusd, the
+    node without the accuracy attribute (its results: test_matches_onnxruntime)."""
+    import pipeline
+    from pipeline.codegen.render import render
+
+    w = np.random.default_rng(3).standard_normal((128, 32)).astype(np.float32)
+    node, inits = nbits_node("mm", "x", "y", w, 4, 32)
+    graph, params = pipeline.frontend.from_onnx(nbits_model([node], inits, [1, 128], [1, 32]))
+    assert graph.nodes[0].attr("accuracy") is None
+    with pipeline.transform.PassContext(opt_level=3):
+        factory = pipeline.build(graph, target="llvm -mcpu=native", params=params)
+    assert not any("vpdpbusd" in render(s) for s in factory.kernels)
 
 
 def test_params_stay_packed():
@@ -173,12 +243,15 @@ def test_4bit_library_is_under_a_third_of_the_float32_one(tmp_path):
     assert ratio <= 0.35, f"4-bit {sizes[True]} bytes, float32 {sizes[False]}: {ratio:.3f}"
 
 
-@pytest.mark.parametrize("zp, n", [("packed", 48), ("float", 32), ("none", 24)])
-def test_constant_4bit_weights_take_the_cols16_layout(zp, n):
+@pytest.mark.parametrize("zp, n, level", [("packed", 48, 0), ("float", 32, 0), ("none", 24, 0),
+                                         ("packed", 40, 4), ("none", 32, 4), ("float", 32, 4)])
+def test_constant_4bit_weights_take_the_cols16_layout(zp, n, level):
     """AlterOpLayout gives a constant 4-bit matmul_nbits its b, scales and zero points
-    reordered into cols16 (N a multiple of 16 only: not 24), same shapes; the op's
-    numpy reference of the rewritten node gives what the original's does (onnxruntime
-    checks the kernels: test_matches_onnxruntime)."""
+    reordered into cols16 (N a multiple of 16 only: not 24), same shapes, or at
+    accuracy_level 4 on a VNNI target (znver4) into cols16x4 (zero points packed or
+    none; N padded to whole 16s: 40 -> 48, attr units 40); the op's numpy reference
+    of the rewritten node gives what the original's does (onnxruntime checks the
+    kernels: test_matches_onnxruntime, test_accuracy_level_4_...)."""
     from pipeline.frontend import from_onnx
     from pipeline.ir.target import parse_target
     from pipeline.ops import get
@@ -186,13 +259,15 @@ def test_constant_4bit_weights_take_the_cols16_layout(zp, n):
 
     rng = np.random.default_rng(n)
     w = rng.standard_normal((64, n)).astype(np.float32)
-    node, inits = nbits_node("mm", "x", "y", w, 4, 32, zp)
+    node, inits = nbits_node("mm", "x", "y", w, 4, 32, zp, accuracy_level=level)
     graph, params = from_onnx(nbits_model([node], inits, [3, 64], [3, n]))
     others = [p for p in PASS_NAMES if p != "AlterOpLayout"]
     with PassContext(opt_level=0, required_pass=["AlterOpLayout"], disabled_pass=others):
-        out, out_params = optimize(graph, params, target=parse_target("llvm -mcpu=native"))
+        out, out_params = optimize(graph, params, target=parse_target("llvm -mcpu=znver4"))
     (before,), (after,) = graph.nodes, [m for m in out.nodes if m.op == "matmul_nbits"]
-    assert after.attr("layout") == ("cols16" if n % 16 == 0 else None)
+    int8 = level == 4 and zp != "float"
+    assert after.attr("layout") == ("cols16x4" if int8 else "cols16" if n % 16 == 0 else None)
+    assert after.attr("units") == (n if n % 16 and int8 else None)
     x = rng.standard_normal((3, 64)).astype(np.float32)
 
     def reference(g, values, m):

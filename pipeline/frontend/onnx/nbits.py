@@ -6,9 +6,11 @@ and zero points go into the params as they are (no float copy of the weights),
 reshaped to [N, blocks, ...] or, an int4/uint4 table, packed two values a byte.
 
 accuracy_level (onnxruntime's choice of the activations' precision: 0/1 float32, 2
-float16, 3 bfloat16, 4 int8) is read and not followed: we always multiply in float32
-with float32 accumulation, the most accurate of them (level 4 quantizes the
-activations to int8 per block, so its results differ from ours by that rounding).
+float16, 3 bfloat16, 4 int8): 4 becomes the node's accuracy=4, for which a target
+with AVX-512 VNNI quantizes A to int8 per block and multiplies in integer as
+onnxruntime does (kernels/nbits_int8.py: 4-bit constant weights, zero points packed
+or absent, opt level 3); everything else, and levels 0 to 3, multiply in float32
+with float32 accumulation, the most accurate of them.
 """
 
 from __future__ import annotations
@@ -62,8 +64,9 @@ def _matmul_nbits(ctx, n):
     bias = _const(ctx, n, 5, "bias")
     if bias is not None:
         inputs.append(ctx.add_param(f"{n.name}.bias", bias.astype(np.float32).reshape(cols)))
+    int8 = {"accuracy": 4} if int(n.attrs.get("accuracy_level", 0)) == 4 else {}
     return [Node.make("matmul_nbits", n.name, inputs, n.outputs[:1], k=k, bits=bits,
-                      block=block, zero_points=kind, bias=int(bias is not None))]
+                      block=block, zero_points=kind, bias=int(bias is not None), **int8)]
 
 
 def _blocks_of(value: np.ndarray, block: int) -> bool:

@@ -1,0 +1,214 @@
+"""matmul_nbits's lowering: int8 activations for accuracy=4 in the cols16x4 layout, else
+the float32 kernels of kernels/nbits.py.
+
+accuracy=4 is onnxruntime's accuracy_level 4 (its MLAS "CompInt8"): `a` is quantized
+to int8 per block of K and the products are summed in integer. AlterOpLayout gives
+such a node the cols16x4 layout (ops/nbits.py) on a target with AVX-512 VNNI
+(qconv_blocked.dot_kind "vnni", 16 lanes) when its 4-bit weights are constant and
+its zero points packed or absent (N is padded to whole groups of 16 there); every
+other matmul_nbits (8 bits, float zero points, no VNNI, opt level below 3,
+accuracy_level 0..3) is computed in float32 by nbits.py.
+
+Per call, before the columns are split over the threads, the rows of `a` are
+quantized (_quantize_rows) into stack buffers the work items share: per row and block,
+scale = max |a| / 127 and q = roundeven(a * 127 / max |a|) (0 for a block of zeros),
+as onnxruntime's MLAS does, stored with each run of 8 values as its 4 even ones, then
+its 4 odd ones, the block's scale and the sum of its q beside; a last partial block
+(K not a multiple of the block) is padded with zeros, so the weights' padding meets
+zeros. A row's int8 values take QUANT_BYTES at most: more rows go in chunks, each
+quantized, then multiplied (a prefill's weights are read once per chunk).
+
+A work item is a group of 16 columns; its rows go R at a time. Per block, each 64
+bytes of weights (4 bytes, 8 values, of each of the 16 columns: cols16x4) are two u8
+vectors, the low nibbles (the columns' even values) and the high ones (the odd), each
+meeting 4 bytes of a row's int8 values broadcast in one vpdpbusd (dot(): lane j, the
+sum of 4 products of column j), so per 128 weights: one load, three operations, and
+2 vpdpbusd per row, where the float kernel unpacks, converts and FMAs every weight.
+A row's block sums d (int32, per column) then meet the zero point through the row's
+block sum of q, sum((w - z) q) = d - z * sum(q), and as float the weight scales times
+the row's block scale, in one FMA into the row's float accumulator; no lane sums: the
+16 lanes are the 16 columns' outputs, biased and finished as one vector (store_lanes;
+a last group past N: lane by lane).
+"""
+
+from __future__ import annotations
+
+import llvmlite.ir as ir
+
+from pipeline.dsl.builder import F32, I32
+from pipeline.dsl.vector import fma, parallel_for, reduce_lanes, vmax, zeros
+from pipeline.kernels.nbits import LANES, ROWS, cols_zero_points, lower_float, store_lanes
+from pipeline.kernels.qconv_blocked import broadcast, dot
+from pipeline.kernels.registry import lowering
+
+I8 = ir.IntType(8)
+QUANT_BYTES = 512 << 10  # the most stack the quantized rows of `a` take
+# A run of 16 int8 values as two runs of 8, each its even values, then its odd ones
+# (the order of a 4-byte run's low nibbles, then its high ones).
+_EVENS_FIRST = [base + k for base in (0, 8) for k in (0, 2, 4, 6, 1, 3, 5, 7)]
+
+
+def _tree(kb, values: list, combine):
+    """values[0] combined with values[1], ... pairwise."""
+    while len(values) > 1:
+        pairs = zip(values[::2], values[1::2], strict=False)
+        values = [combine(x, y) for x, y in pairs] + values[len(values) // 2 * 2:]
+    return values[0]
+
+
+def _quantize_block(kb, src, at, block: int, qa, qs, slot) -> None:
+    """The `block` floats of `src` from `at` as int8 into qa (bytes from slot * block,
+    8-value runs evens first), their scale and the sum of the int8 values into qs
+    (floats slot * 2 and slot * 2 + 1)."""
+    values = [kb.vload(src, at + i * LANES, LANES) for i in range(block // LANES)]
+    amax = reduce_lanes(kb, _tree(kb, [kb.intrinsic("fabs", v) for v in values],
+                                  lambda x, y: vmax(kb, x, y)), lambda x, y: vmax(kb, x, y))
+    # exact division, not fast-math's reciprocal: onnxruntime's rounding of a * 127 / max
+    inverse = kb.select(kb.b.fcmp_ordered(">", amax, kb.f32(0.0)),
+                        kb.fdiv(kb.f32(127.0), amax, fast=False), kb.f32(0.0))
+    qs_all = []
+    for i, v in enumerate(values):
+        q = kb.b.fptosi(kb.intrinsic("roundeven", kb.fmul(v, kb.splat(inverse, LANES),
+                                                         fast=False)),
+                        ir.VectorType(I32, LANES))
+        qs_all.append(q)
+        q8 = kb.b.trunc(q, ir.VectorType(I8, LANES))
+        q8 = kb.b.shuffle_vector(q8, q8, ir.Constant(ir.VectorType(I32, LANES), _EVENS_FIRST))
+        kb.b.store(q8, kb.gep(qa, slot * block + i * LANES), align=1)
+    total = reduce_lanes(kb, _tree(kb, qs_all, kb.b.add), kb.b.add)
+    kb.store(qs, slot * 2, kb.fdiv(amax, kb.f32(127.0), fast=False))
+    kb.store(qs, slot * 2 + 1, kb.b.sitofp(total, F32))
+
+
+def _quantize_rows(kb, node, a, m0, rows_n: int, scratch) -> None:
+    """Rows m0 .. m0 + rows_n of `a` into scratch = (qa, qs, pad): per row nb blocks
+    (_quantize_block); pad, a block of floats: the last partial block, zero-padded."""
+    qa, qs, pad = scratch
+    k_n, block = node.attr("k"), node.attr("block")
+    full, tail = divmod(k_n, block)
+    nb = full + (tail > 0)
+    with kb.loop(0, rows_n, "qr") as r:
+        with kb.loop(0, full, "qb") as blk:
+            _quantize_block(kb, a, (m0 + r) * k_n + blk * block, block, qa, qs, r * nb + blk)
+        if tail:
+            for i in range(block // LANES):
+                kb.vstore(pad, i * LANES, zeros(LANES))
+            with kb.loop(0, tail, "qt") as t:
+                kb.store(pad, t, kb.load(a, (m0 + r) * k_n + full * block + t))
+            _quantize_block(kb, pad, 0, block, qa, qs, r * nb + full)
+
+
+def _tile(kb, node, ins, g, r0, rows_n: int, scratch) -> list[ir.Value]:
+    """Per row r0 .. r0 + rows_n of the quantized chunk, the 16-lane vector of group
+    g's outputs (bias and epilogue not applied)."""
+    b, scales = ins[1], ins[2]
+    zp = ins[3] if node.attr("zero_points") != "none" else None
+    qa, qs, _ = scratch
+    _, nb, blob = b.type.shape
+    block, runs = node.attr("block"), blob // 4  # 4-byte runs per column and block
+    unroll = 2 if rows_n == 1 else 1  # a row's vpdpbusd chains: 2 * unroll (latency)
+    accs = [kb.local(zeros(LANES)) for _ in range(rows_n)]
+    with kb.loop(0, nb, "blk") as blk:
+        zv = cols_zero_points(kb, node, zp, g, blk, nb)
+        sv = kb.vload(scales, (g * nb + blk) * LANES, LANES)
+        sums = [[kb.local(zeros(LANES, I32)) for _ in range(2 * unroll)]
+                for _ in range(rows_n)]
+        with kb.loop(0, runs // unroll, "run") as step:
+            for u in range(unroll):
+                run = step * unroll + u
+                raw_bytes = kb.b.load(kb.gep(b, ((g * nb + blk) * runs + run) * 4 * LANES),
+                                      typ=ir.VectorType(I8, 4 * LANES), align=1)
+                nibbles = (kb.b.and_(raw_bytes, ir.Constant(raw_bytes.type, 15)),
+                           kb.b.lshr(raw_bytes, ir.Constant(raw_bytes.type, 4)))
+                for r in range(rows_n):
+                    at = ((r0 + r) * nb + blk) * block + run * 8
+                    for half, w in enumerate(nibbles):
+                        word = kb.b.load(kb.gep(qa, at + 4 * half), typ=I32, align=1)
+                        acc = sums[r][2 * u + half]
+                        kb.set(acc, dot(kb, "vnni", kb.get(acc), w,
+                                        broadcast(kb, "vnni", word, LANES)))
+        for r in range(rows_n):
+            total = _tree(kb, [kb.get(x) for x in sums[r]], kb.b.add)
+            slot = ((r0 + r) * nb + blk) * 2
+            a_scale, a_sum = kb.load(qs, slot), kb.load(qs, slot + 1)
+            # sum((w - z) q) = d - z sum(q), times the weights' and the row's scales
+            x = kb.fsub(kb.b.sitofp(total, ir.VectorType(F32, LANES)),
+                        kb.fmul(zv, kb.splat(a_sum, LANES)))
+            kb.set(accs[r], fma(kb, x, kb.fmul(sv, kb.splat(a_scale, LANES)),
+                                kb.get(accs[r])))
+    return [kb.get(acc) for acc in accs]
+
+
+def _store_first(kb, y, count: int, out, at, bias, col0, epilogue) -> None:
+    """The first `count` lanes of y to out from flat index `at`, column col0 (the
+    last, partial group of columns), each biased and finished alone."""
+    for c in range(count):
+        v = kb.lane(y, c)
+        if bias is not None:
+            v = kb.fadd(v, kb.load(bias, col0 + c))
+        if epilogue is not None:
+            v = epilogue(v, kb.unflatten(at + c, out.type.shape))
+        kb.store(out, at + c, v)
+
+
+def _lower_int8(kb, node, ins, out, epilogue) -> None:
+    """The cols16x4 layout's product (module doc): rows in chunks of at most
+    QUANT_BYTES of int8 values, each quantized, then its groups over the threads."""
+    a, bias = ins[0], ins[-1] if node.attr("bias") else None
+    k_n, n_n, block = node.attr("k"), out.type.shape[-1], node.attr("block")
+    rows, (groups, nb, _) = a.type.size // k_n, ins[1].type.shape
+    groups //= LANES  # whole groups of 16 columns, the last padded where N is no multiple
+    most = max(1, QUANT_BYTES // (nb * block))
+    chunks = -(-rows // most)
+    chunk = -(-rows // chunks)
+    if chunks > 1 and chunk > ROWS:
+        chunk += -chunk % ROWS
+    scratch = (kb.scratch(chunk * nb * block, "int8"), kb.scratch(chunk * nb * 2),
+               kb.scratch(block) if k_n % block else None)
+    first = kb.scratch(1, "int64")  # a chunk's first row, for the work items to read
+
+    def rows_from(m0, count: int, name: str) -> None:
+        _quantize_rows(kb, node, a, m0, count, scratch)
+        if not isinstance(m0, int):
+            kb.store(first, 0, m0)
+        with parallel_for(kb, groups, name, work=count * n_n * k_n,
+                          shared=(*scratch[:2], first)) as g:
+            start = m0 if isinstance(m0, int) else kb.index(kb.load(first, 0))
+
+            def finish(r0, rows_n: int) -> None:
+                for r, y in enumerate(_tile(kb, node, ins, g, r0, rows_n, scratch)):
+                    at = (start + r0 + r) * n_n + g * LANES
+                    if not n_n % LANES:
+                        store_lanes(kb, y, out, at, bias, g * LANES, epilogue)
+                        continue
+                    with kb.b.if_else(kb.below(g, n_n // LANES)) as (whole, last):
+                        with whole:
+                            store_lanes(kb, y, out, at, bias, g * LANES, epilogue)
+                        with last:
+                            _store_first(kb, y, n_n % LANES, out, at, bias, g * LANES,
+                                         epilogue)
+
+            if count >= ROWS:
+                with kb.loop(0, count // ROWS, "rt") as rt:
+                    finish(rt * ROWS, ROWS)
+            if count % ROWS:
+                finish(count // ROWS * ROWS, count % ROWS)
+
+    whole = rows // chunk
+    if whole > 1:
+        with kb.loop(0, whole, "chunk") as c:
+            rows_from(c * chunk, chunk, "groups")
+    elif whole:
+        rows_from(0, chunk, "groups")
+    if rows % chunk:
+        rows_from(whole * chunk, rows % chunk, "last_groups")
+
+
+def _lower(kb, node, ins, out, epilogue):
+    if node.attr("layout") == "cols16x4":
+        _lower_int8(kb, node, ins, out, epilogue)
+    else:
+        lower_float(kb, node, ins, out, epilogue)
+
+
+lowering("matmul_nbits", lower=_lower)
