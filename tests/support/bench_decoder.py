@@ -2,15 +2,16 @@
 
     PYTHONPATH=$PWD python -m tests.support.bench_decoder --out /tmp/bench-decoder
 
-builds the float32 and the 4-bit decoder (its MatMuls and token embeddings 4-bit)
-into VM libraries (batch 1, seq 1..128, past 0..256), then for each model, thread
+builds the float32 and the 4-bit decoder (its MatMuls and token embeddings 4-bit;
+MODELS: at accuracy level 0 and 4) into VM libraries (batch 1, seq 1..128, past 0..256), then for each model, thread
 count and call, a decode step (1 token after a past of 128) and a prefill (128
 tokens, an empty past), runs `rounds` rounds alternating the sides, each side in a
 fresh process (pipeline.tools.bench_runner, as `doit bench` does), and prints per line the
 medians of the rounds' medians, ours / onnxruntime, and the decode step's weight
 bytes per second against the machine's streaming read bandwidth
 (pipeline.tools.peak). Last, the peak resident memory of `pipeline-run` (the C
-runtime, no Python) running a decode step of each library, and their ratio. No
+runtime, no Python) running a decode step of each library, and its ratio to the
+float32 one's. No
 assertion on speed: the figures mean something only on an idle machine.
 """
 
@@ -56,13 +57,20 @@ def _side(side: str, path: Path, feeds: Path, threads: int, runs: int) -> float:
     return statistics.median(json.loads(proc.stdout.strip().splitlines()[-1])["times_ms"])
 
 
-def _build(out: Path, bits: int) -> tuple[Path, Path, int]:
+# name -> (bits, accuracy_level): float32; 4-bit with float activations (onnxruntime's
+# quantizer's default level); 4-bit at level 4, int8 activations (what onnxruntime-
+# genai's CPU int4 models ask for, and its own CPU benchmarks build).
+MODELS = {"gpt0": (0, 0), "gpt4": (4, 0), "gpt4a4": (4, 4)}
+
+
+def _build(out: Path, name: str) -> tuple[Path, Path, int]:
     from pipeline.tools.cli import compile_model
 
-    model = decoder(bits, quantized_embeddings=bits == 4)
-    path = out / f"gpt{bits}.onnx"
+    bits, level = MODELS[name]
+    model = decoder(bits, quantized_embeddings=bits == 4, accuracy_level=level)
+    path = out / f"{name}.onnx"
     onnx.save(model, path)
-    so = out / f"gpt{bits}.so"
+    so = out / f"{name}.so"
     compile_model(str(path), str(so), "llvm -mcpu=native", executor="vm",
                   cache=str(out / "cache"), dims=DIMS)
     return path, so, weight_bytes(model)
@@ -87,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="a folder for the files")
     parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--runs", type=int, default=20)
     args = parser.parse_args(argv)
@@ -97,24 +106,24 @@ def main(argv: list[str] | None = None) -> int:
     for name, (seq, past) in CALLS.items():
         ids = rng.integers(0, VOCAB, (1, seq)).astype(np.int64)
         np.savez(args.out / f"{name}.npz", **step_feeds(ids, past, initial_cache(1, past)))
-    rss = {}
-    for bits in (0, 4):
-        model, so, weights = _build(args.out, bits)
-        rss[bits] = so
-        print(f"gpt{bits}: library {so.stat().st_size} bytes, MatMul weights {weights} "
+    libraries = {}
+    for name in args.models.split(","):
+        model, so, weights = _build(args.out, name)
+        libraries[name] = so
+        print(f"{name}: library {so.stat().st_size} bytes, MatMul weights {weights} "
               "bytes", flush=True)
         for threads in (int(t) for t in args.threads.split(",")):
             gbps = measure_read_gbps(threads)
-            for name in CALLS:
-                feeds = args.out / f"{name}.npz"
+            for call in CALLS:
+                feeds = args.out / f"{call}.npz"
                 ours, theirs = [], []
                 for _ in range(args.rounds):  # alternating: ours, onnxruntime, ours...
                     ours.append(_side("ours", so, feeds, threads, args.runs))
                     theirs.append(_side("onnxruntime", model, feeds, threads, args.runs))
                 mine, peer = statistics.median(ours), statistics.median(theirs)
-                line = (f"gpt{bits} {name:7s} threads {threads}: ours {mine:.3f} ms, "
+                line = (f"{name} {call:7s} threads {threads}: ours {mine:.3f} ms, "
                         f"onnxruntime {peer:.3f} ms, ratio {mine / peer:.2f}")
-                if name == "decode":
+                if call == "decode":
                     achieved = weights / mine / 1e6
                     line += (f"; weights at {achieved:.2f} GB/s, {100 * achieved / gbps:.0f}%"
                              f" of the streaming read bandwidth ({gbps:.1f} GB/s)")
@@ -123,11 +132,12 @@ def main(argv: list[str] | None = None) -> int:
 
     build_pipeline_run(args.out / "pipeline-run")
     (args.out / "rss").mkdir(exist_ok=True)
-    for bits, so in rss.items():
-        rss[bits] = peak_rss_mb(args.out / "pipeline-run", so, args.out / "decode.npz",
-                                args.out / "rss")
-    print(f"pipeline-run decode step peak RSS: float32 {rss[0]:.1f} MB, 4-bit {rss[4]:.1f} "
-          f"MB, ratio {rss[4] / rss[0]:.3f}", flush=True)
+    rss = {name: peak_rss_mb(args.out / "pipeline-run", so, args.out / "decode.npz",
+                             args.out / "rss") for name, so in libraries.items()}
+    print("pipeline-run decode step peak RSS: " + ", ".join(
+        f"{name} {mb:.1f} MB" + (f" ({mb / rss['gpt0']:.3f} of gpt0)" if "gpt0" in rss and
+                                 name != "gpt0" else "") for name, mb in rss.items()),
+          flush=True)
     return 0
 
 

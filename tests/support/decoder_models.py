@@ -34,9 +34,9 @@ class _Decoder(GraphParts):
     """Nodes and initializers being collected; `bits` 4 writes MatMulNBits in place of
     every MatMul by a weight, 0 keeps float32 MatMuls."""
 
-    def __init__(self, seed: int, bits: int):
+    def __init__(self, seed: int, bits: int, accuracy_level: int = 0):
         super().__init__(seed)
-        self.bits = bits
+        self.bits, self.accuracy_level = bits, accuracy_level
 
     def weight(self, *shape, scale=0.1) -> np.ndarray:
         return (self.rng.standard_normal(shape) * scale).astype(np.float32)
@@ -52,7 +52,8 @@ class _Decoder(GraphParts):
         if self.bits:
             self.k += 1
             y = f"t{self.k}"
-            node, inits = nbits_node(f"q{self.k}", x, y, w, self.bits, BLOCK)
+            node, inits = nbits_node(f"q{self.k}", x, y, w, self.bits, BLOCK,
+                                     accuracy_level=self.accuracy_level)
             self.nodes.append(node)
             self.inits += inits
         else:
@@ -112,12 +113,13 @@ class _Decoder(GraphParts):
         return out
 
 
-def decoder(bits: int = 0, seed: int = 0, quantized_embeddings: bool = False
-            ) -> onnx.ModelProto:
+def decoder(bits: int = 0, seed: int = 0, quantized_embeddings: bool = False,
+            accuracy_level: int = 0) -> onnx.ModelProto:
     """The decoder, float32 (bits 0) or with its MatMuls as 4-bit MatMulNBits (bits 4),
     the same float weights before quantization for the same seed; with bits 4 and
-    `quantized_embeddings` its token embeddings (wte) as a 4-bit GatherBlockQuantized."""
-    net = _Decoder(seed, bits)
+    `quantized_embeddings` its token embeddings (wte) as a 4-bit GatherBlockQuantized;
+    `accuracy_level` the MatMulNBits nodes' (4: int8 activations)."""
+    net = _Decoder(seed, bits, accuracy_level)
     table = net.weight(VOCAB, HIDDEN, scale=0.5)
     wte = None if bits and quantized_embeddings else net.const(table)
     wpe = net.const(net.weight(POSITIONS, HIDDEN, scale=0.5))
