@@ -43,7 +43,7 @@ struct arena {
     void *data;       /* ALIGN-aligned */
 };
 
-#define RUN_SAMPLES 3
+#define RUN_SAMPLES 5
 struct run_times {
     float s[RUN_SAMPLES]; /* a ring: sample n goes to s[n % RUN_SAMPLES] */
     unsigned n;           /* samples recorded (kept below 2 * RUN_SAMPLES) */
