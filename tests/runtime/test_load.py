@@ -112,20 +112,29 @@ def _mapped_bytes(path: Path) -> int:
     return total
 
 
+def _big_matmul(seed: int, rows):
+    """y = x @ w with w 1024 x 8192 random float32 (32 MiB) as an initializer; x has
+    `rows` rows (a number or a symbolic dimension's name)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(seed).standard_normal((1024, 8192)).astype(np.float32)
+    return helper.make_model(helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "big",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, 1024])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "w")]), opset_imports=[helper.make_opsetid("", 17)])
+
+
 def test_params_are_held_once(tmp_path):
     """The loader checks the blob in place and the executor copies each param out of
     the mapped library giving the file's pages back: 32 MB of weights stay resident
     once (the executor's copy), not two or three times; pages read again later (the
     params, a second executor) come back from the file intact."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import numpy_helper
     from onnx.reference import ReferenceEvaluator
 
-    w = np.random.default_rng(3).standard_normal((1024, 8192)).astype(np.float32)  # 32 MiB
-    model = helper.make_model(helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])], "big",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 1024])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(w, "w")]), opset_imports=[helper.make_opsetid("", 17)])
+    model = _big_matmul(3, 2)  # 32 MiB of weights
+    w = numpy_helper.to_array(model.graph.initializer[0])
     graph, params = pipeline.frontend.from_onnx(model)
     path = pipeline.build(graph, target="llvm -mcpu=native", params=params).export_library(
         tmp_path / "big.so")
@@ -189,15 +198,9 @@ def test_vm_constants_are_held_once(tmp_path):
     32 MiB one adds one copy, not three (Python's bytes, its numpy copies and the C
     reader's, as before), and leaves the mapping nearly empty. The copy is a mapping of
     its own: unloading gives it back (from malloc it could be heap memory that stays)."""
-    from onnx import TensorProto, helper, numpy_helper
     from onnx.reference import ReferenceEvaluator
 
-    w = np.random.default_rng(5).standard_normal((1024, 8192)).astype(np.float32)  # 32 MiB
-    model = helper.make_model(helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])], "big",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 1024])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(w, "w")]), opset_imports=[helper.make_opsetid("", 17)])
+    model = _big_matmul(5, "n")  # 32 MiB of weights
     graph, params = pipeline.frontend.from_onnx(model, symbolic=True)
     path = pipeline.build(graph, target="llvm -mcpu=native", params=params, executor="vm",
                           dims={"n": (1, 8)}).export_library(tmp_path / "big.so")
@@ -221,17 +224,11 @@ def test_pipeline_run_holds_the_weights_once(tmp_path, executor):
     """Without Python: `pipeline-run --print-memory` on a library of 32 MiB of weights
     reports a peak of one copy of them plus the runtime's few MB (not two: the file's
     pages are given back as the weights are copied out), and writes the right output."""
-    from onnx import TensorProto, helper, numpy_helper
     from onnx.reference import ReferenceEvaluator
 
     from pipeline.link.runtime_c import build_pipeline_run
 
-    w = np.random.default_rng(8).standard_normal((1024, 8192)).astype(np.float32)  # 32 MiB
-    model = helper.make_model(helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])], "big",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 1024])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(w, "w")]), opset_imports=[helper.make_opsetid("", 17)])
+    model = _big_matmul(8, 2)  # 32 MiB of weights
     graph, params = pipeline.frontend.from_onnx(model)
     path = pipeline.build(graph, target="llvm -mcpu=native", params=params,
                           executor=executor).export_library(tmp_path / "big.so")
@@ -247,7 +244,7 @@ def test_pipeline_run_holds_the_weights_once(tmp_path, executor):
                                atol=1e-3)
     found = re.fullmatch(r"memory: peak (\d+\.\d) MB resident\n", proc.stdout)
     assert found, proc.stdout
-    assert w.nbytes / 1e6 <= float(found.group(1)) < w.nbytes / 1e6 + 16, proc.stdout
+    assert 32 * 2**20 / 1e6 <= float(found.group(1)) < 32 * 2**20 / 1e6 + 16, proc.stdout
 
 
 def test_vm_storages_planned_at_bounds_stay_lazy(tmp_path):
