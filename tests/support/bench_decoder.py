@@ -3,16 +3,16 @@
     PYTHONPATH=$PWD python -m tests.support.bench_decoder --out /tmp/bench-decoder
 
 builds the float32 and the 4-bit decoder (its MatMuls and token embeddings 4-bit;
-MODELS: at accuracy level 0 and 4) into VM libraries (batch 1, seq 1..128, past 0..256), then for each model, thread
-count and call, a decode step (1 token after a past of 128) and a prefill (128
-tokens, an empty past), runs `rounds` rounds alternating the sides, each side in a
-fresh process (pipeline.tools.bench_runner, as `doit bench` does), and prints per line the
-medians of the rounds' medians, ours / onnxruntime, and the decode step's weight
-bytes per second against the machine's streaming read bandwidth
-(pipeline.tools.peak). Last, the peak resident memory of `pipeline-run` (the C
-runtime, no Python) running a decode step of each library, and its ratio to the
-float32 one's. No
-assertion on speed: the figures mean something only on an idle machine.
+MODELS: at accuracy level 0 and 4) into VM libraries (batch 1, seq 1..128, past
+0..256), then for each model, thread count and call, a decode step (1 token after a
+past of 128) and a prefill (128 tokens, an empty past), runs `rounds` rounds
+alternating the sides, each side in a fresh process (pipeline.tools.bench_runner, as
+`doit bench` does), and prints per line the medians of the rounds' medians, ours /
+onnxruntime, and the decode step's weight bytes per second against the machine's
+streaming read bandwidth (pipeline.tools.peak). Last, the peak resident memory of
+`pipeline-run` (the C runtime, no Python) running a decode step of each library, and
+its ratio to the float32 one's. No assertion on speed: the figures mean something
+only on an idle machine.
 """
 
 from __future__ import annotations
