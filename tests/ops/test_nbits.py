@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.support.compare import run_ort, run_ours
-from tests.support.nbits_models import nbits_model, nbits_node
+from tests.support.nbits_models import int8_kernel_on_this_machine, nbits_model, nbits_node
 
 pytest.importorskip("onnxruntime")
 
@@ -61,7 +61,7 @@ def test_two_layers_with_a_fused_epilogue(opt_level, rows, level):
     VNNI, against onnxruntime's level 4)."""
     from onnx import helper
 
-    if level == 4 and not _vnni():
+    if level == 4 and not int8_kernel_on_this_machine():
         pytest.skip("no AVX-512 VNNI on this machine")
 
     rng = np.random.default_rng(7)
@@ -82,7 +82,7 @@ def test_symbolic_rows_in_blocks_of_128_and_32(tmp_path, accuracy_level):
     from pipeline.frontend import from_onnx
     from pipeline.runtime.vm import VirtualMachine
 
-    if accuracy_level == 4 and not _vnni():
+    if accuracy_level == 4 and not int8_kernel_on_this_machine():
         pytest.skip("no AVX-512 VNNI on this machine")
     rng = np.random.default_rng(9)
     w, bias = rng.standard_normal((256, 80)).astype(np.float32), rng.standard_normal(80)
@@ -100,15 +100,6 @@ def test_symbolic_rows_in_blocks_of_128_and_32(tmp_path, accuracy_level):
         want = run_ort(model, {"x": x})[0]
         np.testing.assert_allclose(vm.run(x)[0], want, rtol=1e-4,
                                    atol=1e-5 * np.abs(want).max())
-
-
-def _vnni() -> bool:
-    """Whether this machine's native target is one the int8 MatMulNBits kernel takes."""
-    from pipeline.ir.target import parse_target
-    from pipeline.kernels.qconv_blocked import dot_kind
-
-    native = parse_target("llvm -mcpu=native")
-    return dot_kind(native) == "vnni" and native.vector_width == 16
 
 
 INT8_CASES = [  # block, zero points, K, N, rows, threads
@@ -135,7 +126,7 @@ def test_accuracy_level_4_quantizes_activations_to_int8(case):
     from pipeline.codegen.render import render
     from tests.support.compare import build_and_load
 
-    if not _vnni():
+    if not int8_kernel_on_this_machine():
         pytest.skip("no AVX-512 VNNI on this machine")
     block, zp, k, n, rows, threads = case
     rng = np.random.default_rng(k + n + block)

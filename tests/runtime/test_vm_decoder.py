@@ -117,9 +117,9 @@ def test_decoder_quantized_by_onnxruntimes_matmul_nbits_quantizer(libraries, tmp
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     from pipeline.tools.cli import compile_model
-    from tests.ops.test_nbits import _vnni
+    from tests.support.nbits_models import int8_kernel_on_this_machine
 
-    if accuracy_level == 4 and not _vnni():
+    if accuracy_level == 4 and not int8_kernel_on_this_machine():
         pytest.skip("no AVX-512 VNNI on this machine (the float kernel would run)")
     quantizer = MatMulNBitsQuantizer(decoder(0), block_size=32, is_symmetric=False,
                                      accuracy_level=accuracy_level,

@@ -70,3 +70,13 @@ def nbits_model(nodes, inits, x_shape, y_shape) -> onnx.ModelProto:
                                                     helper.make_opsetid("com.microsoft", 1)])
     model.ir_version = 10
     return model
+
+
+def int8_kernel_on_this_machine() -> bool:
+    """Whether this machine's native target is one the int8 MatMulNBits kernel
+    (accuracy_level 4, kernels/nbits_int8.py) takes: AVX-512 VNNI at 16 lanes."""
+    from pipeline.ir.target import parse_target
+    from pipeline.kernels.qconv_blocked import dot_kind
+
+    native = parse_target("llvm -mcpu=native")
+    return dot_kind(native) == "vnni" and native.vector_width == 16
