@@ -26,12 +26,12 @@ C_DIR = Path(__file__).resolve().parent.parent / "runtime" / "c"
 EXECUTOR_C = (C_DIR / "executor.c", C_DIR / "binding.c", C_DIR / "debug.c")
 # All but pipeline_run.c make up executor.o (the .c files include the headers).
 C_SOURCES = (C_DIR / "pipeline_runtime.h", C_DIR / "executor_internal.h", C_DIR / "sha256.h",
-             C_DIR / "parallel.h", C_DIR / "dtypes.h", C_DIR / "pages.h", *EXECUTOR_C,
-             C_DIR / "pipeline_run.c")
+             C_DIR / "parallel.h", C_DIR / "dtypes.h", C_DIR / "pages.h", C_DIR / "reader.h",
+             *EXECUTOR_C, C_DIR / "pipeline_run.c")
 # vm.o, the VM interpreter linked into `executor: vm` libraries instead of executor.o
 # (it includes parallel.h and the API header).
 VM_SOURCES = (C_DIR / "pipeline_runtime.h", C_DIR / "parallel.h", C_DIR / "dtypes.h",
-              C_DIR / "pages.h", C_DIR / "vm_sequence.h", C_DIR / "vm.c")
+              C_DIR / "pages.h", C_DIR / "reader.h", C_DIR / "vm_sequence.h", C_DIR / "vm.c")
 # -fvisibility=hidden: only the pl_* API (marked default) is exported from the
 # library; the executor's helpers stay out of its dynamic symbol table.
 _CFLAGS = ("-std=c11", "-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra")

@@ -146,49 +146,10 @@ static int fail(pl_executor *h, const char *fmt, ...) {
     return -1;
 }
 
-static uint64_t le(const uint8_t *p, int n) {
-    uint64_t v = 0;
-    for (int i = n - 1; i >= 0; i--) v = v << 8 | p[i];
-    return v;
-}
+#include "reader.h" /* struct reader, take, read_u, read_count, read_str */
 
-/* A bounds-checked cursor over one section. */
-struct reader { const uint8_t *p, *end; const char *what; };
-
-static int take(pl_executor *h, struct reader *r, size_t n, const uint8_t **out) {
-    if ((size_t)(r->end - r->p) < n)
-        return fail(h, ".ro %s section truncated", r->what);
-    *out = r->p;
-    r->p += n;
-    return 0;
-}
-
-static int read_u(pl_executor *h, struct reader *r, int n, uint64_t *v) {
-    const uint8_t *p = NULL;
-    if (take(h, r, (size_t)n, &p)) return -1;
-    *v = le(p, n);
-    return 0;
-}
-
-static int read_count(pl_executor *h, struct reader *r, size_t min_size, uint32_t *n) {
-    uint64_t v;
-    if (read_u(h, r, 4, &v)) return -1;
-    if (v > (size_t)(r->end - r->p) / min_size)
-        return fail(h, ".ro %s section corrupted: count %llu exceeds the bytes left", r->what,
-                    (unsigned long long)v);
-    *n = (uint32_t)v;
-    return 0;
-}
-
-static int read_str(pl_executor *h, struct reader *r, const char **s) {
-    uint64_t n;
-    const uint8_t *p = NULL;
-    if (read_u(h, r, 4, &n) || take(h, r, (size_t)n + 1, &p)) return -1;
-    if (p[n] != 0 || memchr(p, 0, (size_t)n))
-        return fail(h, ".ro %s section corrupted: a name is not NUL-terminated", r->what);
-    *s = (const char *)p;
-    return 0;
-}
+/* The sections' names in messages; read_type tells the constants' by its address. */
+static const char CONSTS_SECTION[] = ".ro constants section";
 
 /* Byte size of dtype and shape, or -1 past PL_MAX_STORAGE or for a bad value. */
 static int64_t size_of(int64_t dtype, int64_t ndim, const int64_t *shape) {
@@ -211,18 +172,18 @@ static int read_type(pl_executor *h, struct reader *r, struct type *t) {
         read_u(h, r, 2, &pad))
         return -1;
     if (dtype >= N_DTYPES || ndim > MAX_NDIM)
-        return fail(h, ".ro %s section corrupted: type of '%s'", r->what, t->name);
+        return fail(h, "%s corrupted: type of '%s'", r->what, t->name);
     t->dtype = (uint8_t)dtype, t->ndim = (uint8_t)ndim;
     for (uint32_t d = 0; d < ndim; d++) {
         if (read_u(h, r, 8, &dim)) return -1;
         t->shape[d] = (int64_t)dim;
         int64_t k = -1 - t->shape[d]; /* a symbolic dimension (the constants have none) */
-        if (t->shape[d] < 0 && (k >= (int64_t)h->n_dims || r->what[0] == 'c'))
-            return fail(h, ".ro %s section corrupted: shape of '%s'", r->what, t->name);
+        if (t->shape[d] < 0 && (k >= (int64_t)h->n_dims || r->what == CONSTS_SECTION))
+            return fail(h, "%s corrupted: shape of '%s'", r->what, t->name);
         high[d] = t->shape[d] < 0 ? h->dims[k].high : t->shape[d];
     }
     int64_t n = size_of(t->dtype, t->ndim, high);
-    if (n < 0) return fail(h, ".ro %s section corrupted: shape of '%s'", r->what, t->name);
+    if (n < 0) return fail(h, "%s corrupted: shape of '%s'", r->what, t->name);
     t->nbytes = (size_t)n;
     return 0;
 }
@@ -540,11 +501,12 @@ static int open_ro(pl_executor *h, const uint8_t *ro, size_t size, int mapped,
     if (total != size) return fail(h, "VM executable truncated or corrupted: length %llu, "
                                    "%zu bytes available", (unsigned long long)total, size);
     struct reader s[4];
-    static const char *names[4] = {"functions", "constants", "kernels", "bytecode"};
+    static const char *names[4] = {".ro functions section", CONSTS_SECTION,
+                                   ".ro kernels section", ".ro bytecode section"};
     for (int k = 0; k < 4; k++) {
         uint64_t off = le(ro + 24 + 16 * k, 8), len = le(ro + 32 + 16 * k, 8);
         if (off < RO_HEAD || off > total - RO_DIGEST || len > total - RO_DIGEST - off)
-            return fail(h, ".ro corrupted: section %s out of bounds", names[k]);
+            return fail(h, "%s out of bounds", names[k]);
         s[k] = (struct reader){ro + off, ro + off + len, names[k]};
     }
     struct ins *all = NULL;
