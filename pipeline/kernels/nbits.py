@@ -261,8 +261,8 @@ def _lower_cols(kb, node, ins, out, epilogue):
             for r in range(rows_n):  # sum((q - z) a) = sum(q a) - z sum(a)
                 at = (m0 + r) * k_n + blk * block
                 chunks = [kb.vload(a, at + c * LANES, LANES) for c in range(block // LANES)]
-                total = kb.splat(reduce_lanes(kb, _tree_sum(kb, chunks), kb.fadd), LANES)
-                block_sum = kb.fsub(_tree_sum(kb, [kb.get(x) for x in parts[r]]),
+                total = kb.splat(reduce_lanes(kb, tree(chunks, kb.fadd), kb.fadd), LANES)
+                block_sum = kb.fsub(tree([kb.get(x) for x in parts[r]], kb.fadd),
                                     kb.fmul(zv, total))
                 kb.set(accs[r], fma(kb, block_sum, sv, kb.get(accs[r])))
         for r in range(rows_n):
@@ -277,10 +277,12 @@ def _lower_cols(kb, node, ins, out, epilogue):
             tile(g, rows // ROWS * ROWS, rows % ROWS)
 
 
-def _tree_sum(kb, values: list[ir.Value]) -> ir.Value:
-    """values[0] + values[1] + ... added pairwise (a power-of-two count)."""
+def tree(values: list[ir.Value], combine) -> ir.Value:
+    """values[0] combined with values[1], ... pairwise (short dependency chains: a sum
+    of n accumulators in log2(n) steps); an odd one out joins the next round."""
     while len(values) > 1:
-        values = [kb.fadd(x, y) for x, y in zip(values[::2], values[1::2], strict=True)]
+        pairs = zip(values[::2], values[1::2], strict=False)
+        values = [combine(x, y) for x, y in pairs] + values[len(values) // 2 * 2:]
     return values[0]
 
 

@@ -37,7 +37,14 @@ import llvmlite.ir as ir
 
 from pipeline.dsl.builder import F32, I32
 from pipeline.dsl.vector import fma, parallel_for, reduce_lanes, vmax, zeros
-from pipeline.kernels.nbits import LANES, ROWS, cols_zero_points, lower_float, store_lanes
+from pipeline.kernels.nbits import (
+    LANES,
+    ROWS,
+    cols_zero_points,
+    lower_float,
+    store_lanes,
+    tree,
+)
 from pipeline.kernels.qconv_blocked import broadcast, dot
 from pipeline.kernels.registry import lowering
 
@@ -48,21 +55,13 @@ QUANT_BYTES = 512 << 10  # the most stack the quantized rows of `a` take
 _EVENS_FIRST = [base + k for base in (0, 8) for k in (0, 2, 4, 6, 1, 3, 5, 7)]
 
 
-def _tree(kb, values: list, combine):
-    """values[0] combined with values[1], ... pairwise."""
-    while len(values) > 1:
-        pairs = zip(values[::2], values[1::2], strict=False)
-        values = [combine(x, y) for x, y in pairs] + values[len(values) // 2 * 2:]
-    return values[0]
-
-
 def _quantize_block(kb, src, at, block: int, qa, qs, slot) -> None:
     """The `block` floats of `src` from `at` as int8 into qa (bytes from slot * block,
     8-value runs evens first), their scale and the sum of the int8 values into qs
     (floats slot * 2 and slot * 2 + 1)."""
     values = [kb.vload(src, at + i * LANES, LANES) for i in range(block // LANES)]
-    amax = reduce_lanes(kb, _tree(kb, [kb.intrinsic("fabs", v) for v in values],
-                                  lambda x, y: vmax(kb, x, y)), lambda x, y: vmax(kb, x, y))
+    amax = reduce_lanes(kb, tree([kb.intrinsic("fabs", v) for v in values],
+                                 lambda x, y: vmax(kb, x, y)), lambda x, y: vmax(kb, x, y))
     # exact division, not fast-math's reciprocal: onnxruntime's rounding of a * 127 / max
     inverse = kb.select(kb.b.fcmp_ordered(">", amax, kb.f32(0.0)),
                         kb.fdiv(kb.f32(127.0), amax, fast=False), kb.f32(0.0))
@@ -75,7 +74,7 @@ def _quantize_block(kb, src, at, block: int, qa, qs, slot) -> None:
         q8 = kb.b.trunc(q, ir.VectorType(I8, LANES))
         q8 = kb.b.shuffle_vector(q8, q8, ir.Constant(ir.VectorType(I32, LANES), _EVENS_FIRST))
         kb.b.store(q8, kb.gep(qa, slot * block + i * LANES), align=1)
-    total = reduce_lanes(kb, _tree(kb, qs_all, kb.b.add), kb.b.add)
+    total = reduce_lanes(kb, tree(qs_all, kb.b.add), kb.b.add)
     kb.store(qs, slot * 2, kb.fdiv(amax, kb.f32(127.0), fast=False))
     kb.store(qs, slot * 2 + 1, kb.b.sitofp(total, F32))
 
@@ -128,7 +127,7 @@ def _tile(kb, node, ins, g, r0, rows_n: int, scratch) -> list[ir.Value]:
                         kb.set(acc, dot(kb, "vnni", kb.get(acc), w,
                                         broadcast(kb, "vnni", word, LANES)))
         for r in range(rows_n):
-            total = _tree(kb, [kb.get(x) for x in sums[r]], kb.b.add)
+            total = tree([kb.get(x) for x in sums[r]], kb.b.add)
             slot = ((r0 + r) * nb + blk) * 2
             a_scale, a_sum = kb.load(qs, slot), kb.load(qs, slot + 1)
             # sum((w - z) q) = d - z sum(q), times the weights' and the row's scales

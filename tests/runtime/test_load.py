@@ -21,14 +21,10 @@ import pipeline
 from pipeline.runtime import GraphModule, load_module
 from tests.support import REPO
 from tests.support.onnx_models import tiny_convnet
+from tests.support.soak import anon_bytes, mapped_bytes
 
 SECONDS = float(os.environ.get("PIPELINE_LOAD_SECONDS", "10"))
 THREADS = 8
-
-
-def rss_bytes() -> int:
-    """Resident set size of this process (Linux /proc)."""
-    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +78,7 @@ _CHURN_CHILD = """
 import gc, json, sys, weakref
 import numpy as np
 from pipeline.runtime import GraphModule, load_module
-from tests.runtime.test_load import rss_bytes
+from tests.support.soak import rss_bytes
 module = load_module(sys.argv[1])
 x = np.ones((1, 3, 16, 16), np.float32)
 def churn(n):
@@ -115,17 +111,6 @@ def test_a_thousand_executors_leak_nothing(lib):
     assert churn["grew"] < 8 * 2**20, f"RSS grew by {churn['grew'] / 2**20:.1f} MiB"
 
 
-def _mapped_bytes(path: Path) -> int:
-    """Resident bytes of this process's mappings of the file at `path` (/proc smaps)."""
-    total, inside = 0, False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        if line[:1].isdigit() or line[:1] in "abcdef":  # a mapping's header line
-            inside = line.split()[-1] == str(path)
-        elif inside and line.startswith("Rss:"):
-            total += int(line.split()[1]) * 1024
-    return total
-
-
 def _big_matmul(seed: int, rows):
     """y = x @ w with w 1024 x 8192 random float32 (32 MiB) as an initializer; x has
     `rows` rows (a number or a symbolic dimension's name)."""
@@ -155,9 +140,9 @@ def test_params_are_held_once(tmp_path):
     x = np.random.default_rng(4).standard_normal((2, 1024)).astype(np.float32)
     (want,) = ReferenceEvaluator(model).run(None, {"x": x})
     module = load_module(path)  # its checksum pass read every page
-    assert _mapped_bytes(Path(path).resolve()) < 4 * 2**20  # of a 32 MiB library
+    assert mapped_bytes(Path(path).resolve()) < 4 * 2**20  # of a 32 MiB library
     first = GraphModule(module["default"]())  # copies the params out
-    assert _mapped_bytes(Path(path).resolve()) < 4 * 2**20
+    assert mapped_bytes(Path(path).resolve()) < 4 * 2**20
     first.run(x=x)
     np.testing.assert_allclose(first.get_output(0), want, rtol=1e-4, atol=1e-3)
     packed = next(iter(module.params.values()))  # read back from the file's pages
@@ -165,13 +150,6 @@ def test_params_are_held_once(tmp_path):
     second = GraphModule(module["default"]())
     second.run(x=x)
     np.testing.assert_array_equal(second.get_output(0), first.get_output(0))
-
-
-def _anon_bytes() -> int:
-    """This process's resident anonymous memory (/proc/self/status RssAnon)."""
-    line = next(x for x in Path("/proc/self/status").read_text().splitlines()
-                if x.startswith("RssAnon:"))
-    return int(line.split()[1]) * 1024
 
 
 # Run in a process of its own: in the test process, memory an earlier test freed (or
@@ -193,16 +171,16 @@ for b in blocks:
     libc.free(b)
 from pathlib import Path
 from pipeline.runtime.vm import VirtualMachine
-from tests.runtime.test_load import _anon_bytes, _mapped_bytes
+from tests.support.soak import anon_bytes, mapped_bytes
 lib, x_file, y_file = sys.argv[1:]
 x = np.load(x_file)
-before = _anon_bytes()
+before = anon_bytes()
 vm = VirtualMachine(lib)
 np.save(y_file, vm.run(x)[0])
-loaded = _anon_bytes()
-mapped = _mapped_bytes(Path(lib).resolve())
+loaded = anon_bytes()
+mapped = mapped_bytes(Path(lib).resolve())
 del vm
-print(json.dumps({"load": loaded - before, "mapped": mapped, "unload": loaded - _anon_bytes()}))
+print(json.dumps({"load": loaded - before, "mapped": mapped, "unload": loaded - anon_bytes()}))
 """
 
 
@@ -279,7 +257,7 @@ def test_vm_storages_planned_at_bounds_stay_lazy(tmp_path):
                           dims={"n": (1, 4096)}).export_library(tmp_path / "wide.so")
     x = np.random.default_rng(7).standard_normal((2, 8192)).astype(np.float32)
     vm = VirtualMachine(path)
-    before = _anon_bytes()
+    before = anon_bytes()
     for _ in range(3):
         np.testing.assert_array_equal(vm.run(x)[0], -np.maximum(x, 0))
-    assert _anon_bytes() - before < 16 * 2**20
+    assert anon_bytes() - before < 16 * 2**20

@@ -26,6 +26,7 @@ from tests.runtime.dims_models import (
     spatial_convnet,
     token_mlp,
 )
+from tests.support.soak import rss_bytes
 
 TARGET = "llvm -mcpu=native"
 SHAPES = ((1, 7), (2, 33), (4, 128))
@@ -398,8 +399,7 @@ def test_random_shapes_keep_memory_flat(bert):
     rng = np.random.default_rng(11)
 
     def resident_kib() -> int:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * 4096 // 1024
+        return rss_bytes() // 1024
 
     runs = int(os.environ.get("PIPELINE_VM_SOAK_RUNS", "2000"))  # 10000 by hand
     for k in range(runs):

@@ -5,7 +5,9 @@ their own (so the RSS it reports is theirs, not a long test session's):
 
 INPUTS.npz holds one input `x` per thread (arr_0, arr_1, ...), EXPECTED.npz its
 output. Prints one JSON line: runs per thread, the first errors (a wrong output or
-an exception) and the RSS after warm-up and at the end."""
+an exception) and the RSS after warm-up and at the end. Also this process's memory
+figures the memory tests read (rss_bytes, anon_bytes, mapped_bytes), in their own
+processes too (tests/runtime/test_load.py)."""
 
 from __future__ import annotations
 
@@ -24,6 +26,24 @@ from pipeline.runtime import GraphModule, load_module
 def rss_bytes() -> int:
     """Resident set size of this process (Linux /proc)."""
     return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def anon_bytes() -> int:
+    """This process's resident anonymous memory (/proc/self/status RssAnon)."""
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines()
+                if x.startswith("RssAnon:"))
+    return int(line.split()[1]) * 1024
+
+
+def mapped_bytes(path: Path) -> int:
+    """Resident bytes of this process's mappings of the file at `path` (/proc smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if line[:1].isdigit() or line[:1] in "abcdef":  # a mapping's header line
+            inside = line.split()[-1] == str(path)
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1]) * 1024
+    return total
 
 
 def soak(lib_path: str, inputs: list, expected: list, seconds: float) -> dict:
