@@ -229,7 +229,8 @@ static int setup_storage(pl_executor *h) {
         fail(h, "out of memory: the plan needs %llu bytes", (unsigned long long)total);
         goto out;
     }
-    memset(h->arena->data, 0, (size_t)total);
+    if ((size_t)total < HUGE_PAGE) /* a mapping of its own (pages.h) is zero already */
+        memset(h->arena->data, 0, (size_t)total);
     h->arena->bytes = (size_t)total;
     for (uint32_t s = 0; s < h->n_storage; s++) {
         h->home[s] = (char *)h->arena->data + offset[s];

@@ -28,7 +28,8 @@
  * big arena may be heap memory an earlier free left resident (glibc's mmap threshold
  * rises to 32 MiB after such frees): it would then never go back to the system at
  * arena_free, and a process's resident size would not show what a model holds.
- * 0, or -1 out of memory; release with arena_free(data, bytes). */
+ * 0, or -1 out of memory; release with arena_free(data, bytes). A mapping comes zeroed
+ * (its pages are the kernel's zero pages until written); malloc's memory does not. */
 static int arena_alloc(void **data, size_t bytes, size_t align) {
     if (bytes < HUGE_PAGE) return posix_memalign(data, align, bytes ? bytes : align);
     char *map = mmap(NULL, bytes + HUGE_PAGE, PROT_READ | PROT_WRITE,
