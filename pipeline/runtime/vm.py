@@ -18,7 +18,6 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
-import sys
 from typing import Any
 
 import numpy as np
@@ -166,15 +165,22 @@ def _bind(lib: ctypes.CDLL) -> dict[str, Any]:
     return api
 
 
-def _references(slots: list, k: int) -> int:
-    """sys.getrefcount of slots[k], counted the same way wherever it is called."""
-    item = slots[k]
-    return sys.getrefcount(item)
+# Outputs from this size on are handed over (pl_vm_take_outputs) rather than copied:
+# a lease costs ~2 us from Python, the copy of 64 KiB about as much.
+_TAKE_BYTES = 64 << 10
 
 
-# _references of an object only its list refers to (Python versions count a call's
-# own references differently: measured, not assumed)
-_SOLE = _references([object()], 0)
+class _Lease:
+    """The base of an output array over a storage the VM handed over: gives the
+    storage back to the VM's pool when the array (and every view of it) is freed, from
+    whichever thread frees it. Holds the VirtualMachine, which must outlive it."""
+
+    __slots__ = ("__array_interface__", "vm", "token")
+
+    def __del__(self):
+        vm = self.vm
+        if vm._handle:
+            vm._give_back(vm._handle, self.token)
 
 
 class VirtualMachine:
@@ -199,7 +205,6 @@ class VirtualMachine:
         # read after every run, and building these per run cost a decode step of the
         # test decoder a quarter of its time.
         self._values = {k for k, result in enumerate(main.results) if result.kind}
-        self._last: list[np.ndarray | None] = [None] * len(main.results)  # _output_array
         self._out_slots = []
         for result in main.results:
             info = _TensorInfo()
@@ -214,6 +219,20 @@ class VirtualMachine:
             self._shapes_of.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
         except AttributeError:
             self._shapes_of = None
+        self._take = self._leases(exe.lib, len(main.results))
+
+    def _leases(self, lib: ctypes.CDLL, n: int) -> Any:
+        """pl_vm_take_outputs bound to two arrays of n pointers (its data and token
+        rows), and pl_vm_give_back; None in a library built before them."""
+        try:
+            take, self._give_back = lib["pl_vm_take_outputs"], lib["pl_vm_give_back"]
+        except AttributeError:
+            return None
+        p = ctypes.c_void_p
+        take.restype, take.argtypes = ctypes.c_int, [p, p, p, ctypes.c_size_t, ctypes.c_size_t]
+        self._give_back.restype, self._give_back.argtypes = None, [p, p]
+        self._taken = np.zeros((2, n), np.uintp)  # where each output is, its storage
+        return take
 
     def __del__(self):
         handle, self._handle = getattr(self, "_handle", None), None
@@ -313,9 +332,10 @@ class VirtualMachine:
 
     def invoke(self, func_name: str = "main", *args: Any, **kwargs: Any) -> list[np.ndarray]:
         """Run `func_name` (inputs as set_input takes them, or set before) and
-        return its outputs, in ONNX output order, as numpy arrays of their own (an
-        array of an earlier run is reused only once the caller holds no reference
-        to it)."""
+        return its outputs, in ONNX output order, as numpy arrays of their own: big
+        ones are the VM's storages handed over, not copies (_outputs), which come back
+        to the VM when the arrays are freed; a decode loop may give a present KV
+        output to the next step as set_input_zero_copy's past without a copy."""
         if args or kwargs:
             self.set_input(func_name, *args, **kwargs)
         self._function(func_name)
@@ -363,19 +383,29 @@ class VirtualMachine:
         return shapes
 
     def _outputs(self) -> list[np.ndarray]:
-        """Main's outputs of the last run at their runtime shapes, each copied into an
-        array of its own (_output_array; the VM's storages are reused by the next
-        run)."""
+        """Main's outputs of the last run at their runtime shapes: those of 64 KiB or
+        more that are alone in a storage of the VM's own are that storage, handed over
+        (_lease); the others are copied into arrays of their own."""
         handle, get = self._handle, self._api["pl_get_output"]
+        shapes, taken = self._output_shapes(), None
+        if self._take is not None:
+            rows = self._taken
+            if self._take(handle, rows.ctypes.data, rows.ctypes.data + rows.itemsize *
+                          rows.shape[1], rows.shape[1], _TAKE_BYTES):
+                self._check(-1)
+            taken = rows.tolist()
         outputs = []
-        for k, shape in enumerate(self._output_shapes()):
+        for k, shape in enumerate(shapes):
             dtype = self._out_slots[k][2]
+            if taken and taken[0][k]:
+                outputs.append(self._lease(taken[0][k], taken[1][k], shape, dtype))
+                continue
             if dtype in PACKED:  # int4 / uint4: packed in the library
                 raw = np.empty(library_size(shape, dtype), np.uint8)
                 self._check(get(handle, k, raw.ctypes.data, raw.nbytes))
                 outputs.append(from_library(raw, shape, dtype))
                 continue
-            out = self._output_array(k, shape, dtype)
+            out = np.empty(shape, dtype)
             # (the address through ctypes.c_char: 0.7 us where out.ctypes takes ~3; but
             # ml_dtypes' types, bfloat16 and float8, cannot be exported as a buffer)
             if out.nbytes and get(handle, k, ctypes.addressof(ctypes.c_char.from_buffer(out))
@@ -384,17 +414,19 @@ class VirtualMachine:
             outputs.append(out)
         return outputs
 
-    def _output_array(self, k: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        """An array for output k: the one the last run returned when the caller has
-        let go of it (only self._last refers to it: no view, no name) and the shape is
-        the same, else a new one. A new array's pages are new to the process: glibc
-        gives a freed 3 MB of KV cache back to the kernel and the next run's copy
-        faulted it in again, page by page (a fifth of a big decoder's 4-bit step)."""
-        old = self._last[k]
-        if old is not None and old.shape == shape and _references(self._last, k) == _SOLE:
-            return old
-        self._last[k] = out = np.empty(shape, dtype)
-        return out
+    def _lease(self, data: int, token: int, shape: tuple[int, ...],
+               dtype: np.dtype) -> np.ndarray:
+        """A writable array over the storage `token` the VM handed over (its bytes at
+        `data`), given back when the array is freed (_Lease)."""
+        lease = _Lease()
+        lease.vm, lease.token = self, token
+        if dtype.isbuiltin != 1:  # ml_dtypes' types have no type string: bytes, viewed
+            lease.__array_interface__ = {"data": (data, False), "version": 3, "typestr": "|u1",
+                                         "shape": (int(np.prod(shape)) * dtype.itemsize,)}
+            return np.asarray(lease).view(dtype).reshape(shape)
+        lease.__array_interface__ = {"data": (data, False), "shape": shape, "version": 3,
+                                     "typestr": dtype.str}
+        return np.asarray(lease)
 
     def _value(self, k: int) -> np.ndarray | list[np.ndarray] | None:
         """Output k, a sequence or an optional (bytecode KINDS): a list of arrays, None

@@ -5,8 +5,10 @@ clear error."""
 
 from __future__ import annotations
 
+import queue
 import re
 import subprocess
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +20,7 @@ from models import build as build_model
 from pipeline.errors import FormatError, PipelineError
 from pipeline.link.integrity import elf_sections
 from pipeline.link.runtime_c import build_pipeline_run
+from pipeline.runtime import vm as vm_module
 from pipeline.runtime.vm import Executable, VirtualMachine, VMError
 from pipeline.vm.format import RO_MAGIC
 
@@ -61,20 +64,53 @@ def test_vm_library_matches_onnxruntime(mlp):
     np.testing.assert_allclose(vm.invoke("main")[0], want[0], rtol=1e-4, atol=1e-4)
 
 
-def test_outputs_the_caller_holds_are_never_reused(mlp):
-    """An output array is reused by a later run only once the caller let go of it:
-    held arrays (and views of them) keep the values of their own run."""
+@pytest.mark.parametrize("take_bytes", [0, None], ids=["handed-over", "copied"])
+def test_outputs_the_caller_holds_are_never_reused(mlp, monkeypatch, take_bytes):
+    """An output's storage (handed over: every output, the threshold lowered to 0) or
+    array (copied) is reused by a later run only once the caller let go of it: held
+    arrays (and views of them) keep the values of their own run."""
+    if take_bytes is not None:
+        monkeypatch.setattr(vm_module, "_TAKE_BYTES", take_bytes)
     model, so, x = mlp
     vm = VirtualMachine(so)
     x2 = -x
     want, want2 = _ort(model, {"data": x})[0], _ort(model, {"data": x2})[0]
     held = vm.run(x2)[0]
     view = vm.run(x2)[0][:, :3]  # the run's array lives on in its view
+    assert isinstance(held.base, vm_module._Lease) == (take_bytes == 0)
     for _ in range(3):  # arrays dropped at once: reused, each run's values right
         np.testing.assert_allclose(vm.run(x)[0], want, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(held, want2, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(view, want2[:, :3], rtol=1e-4, atol=1e-4)
     assert not np.allclose(want[:, :3], want2[:, :3])  # the check can tell them apart
+
+
+def test_outputs_given_back_from_another_thread(mlp, monkeypatch):
+    """Handed-over outputs freed by another thread, also while the VM runs, come back
+    to the VM's pool: 2,000 runs cycle through a few storages (a storage never given
+    back would make each run's output a new one) and every value stays right."""
+    monkeypatch.setattr(vm_module, "_TAKE_BYTES", 0)
+    model, so, x = mlp
+    vm, want = VirtualMachine(so), _ort(model, {"data": x})[0]
+    arrays: queue.Queue = queue.Queue()
+
+    def drop() -> None:
+        while arrays.get() is not None:
+            pass  # the array is freed here, on this thread
+
+    dropper = threading.Thread(target=drop)
+    dropper.start()
+    addresses = set()
+    for k in range(2000):
+        out = vm.run(x)[0]
+        addresses.add(out.ctypes.data)
+        if k % 200 == 0:
+            np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+        arrays.put(out)
+        del out
+    arrays.put(None)
+    dropper.join()
+    assert len(addresses) < 100, len(addresses)
 
 
 def test_load_exec_from_ro_bytes(mlp):

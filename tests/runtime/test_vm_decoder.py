@@ -25,6 +25,7 @@ import pytest
 
 from pipeline.link.runtime_c import build_pipeline_run
 from pipeline.runtime import empty_aligned
+from pipeline.runtime import vm as vm_module
 from pipeline.runtime.vm import VirtualMachine
 from tests.support.decoder_models import HEAD_DIM, HEADS, VOCAB, decoder, initial_cache, step_feeds
 
@@ -103,6 +104,37 @@ def test_prefill_and_decode_in_the_vm(libraries, bits):
         calls = _decode(model, lambda feeds: vm.run(**feeds), batch, seed)
         assert calls[0] == (batch, PREFILL, 0) and calls[-1] == (batch, 1, PREFILL + STEPS - 1)
     _decode(model, _zero_copy(VirtualMachine(so)), 1, 4)
+
+
+def test_a_decode_loop_feeds_its_own_present_back_without_a_copy(libraries, monkeypatch):
+    """The loop a user writes: each step's present keys and values, the VM's own
+    storages handed over (every output: the threshold lowered to 0), become the next
+    step's past in place (set_input_zero_copy); onnxruntime runs on the same arrays and
+    every output matches, though the VM writes each step's present while it reads the
+    last one's."""
+    monkeypatch.setattr(vm_module, "_TAKE_BYTES", 0)
+    model, so = libraries[4]
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    vm = VirtualMachine(so)
+    rng = np.random.default_rng(5)
+    cache, past = initial_cache(1, 0), 0
+    ids = rng.integers(0, VOCAB, (1, PREFILL)).astype(np.int64)
+    for step in range(1 + STEPS):
+        feeds = step_feeds(ids, past, cache)
+        want = session.run(None, feeds)
+        for name, value in feeds.items():
+            if step and name.startswith("past_"):
+                vm.set_input_zero_copy(name, value)
+            else:
+                vm.set_input("main", **{name: value})
+        got = vm.invoke("main")
+        assert all(isinstance(g.base, vm_module._Lease) for g in got)
+        for k, (g, w) in enumerate(zip(got, want, strict=True)):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4, err_msg=f"step {step} "
+                                       f"output {k}")
+        cache = dict(zip(cache, got[1:], strict=True))
+        past += ids.shape[1]
+        ids = np.argmax(got[0][:, -1:], axis=-1).astype(np.int64)
 
 
 @pytest.mark.parametrize("accuracy_level", [None, 4])

@@ -12,7 +12,8 @@
  * Registers hold tensors (data pointer, dtype, shape) or storages; storages come from
  * a pool: released ones are kept by size and handed out again, so a run after the
  * first allocates nothing. Constants are copied once into one arena on huge pages
- * (read_consts; pages.h).
+ * (read_consts; pages.h). A caller may take an output's storage instead of copying it
+ * (pl_vm_take_outputs); it comes back to the pool when given back, from any thread.
  */
 #define _GNU_SOURCE
 #include "pipeline_runtime.h"
@@ -65,7 +66,7 @@ typedef int32_t (*kernel_fn)(void **args);
 typedef int32_t (*kernel_dims_fn)(void **args, const int64_t *dims);
 
 struct storage {
-    long refs;
+    long refs; /* atomic: a taken output's storage is given back from any thread */
     size_t size;
     void *data;
     struct storage *next; /* in the pool's free list */
@@ -133,6 +134,7 @@ struct pl_executor {
     int ran, num_threads, depth;
     uint64_t steps;
     struct storage *pool;    /* released storages, for reuse */
+    struct storage *returned; /* given back by pl_vm_give_back, for the pool (atomic) */
     void *dl_handle;
     char error[512];
 };
@@ -221,11 +223,25 @@ static void storage_free(struct storage *s) {
 
 static void seq_free(pl_executor *h, struct storage *s);
 
+static void storage_retain(struct storage *s) {
+    __atomic_add_fetch(&s->refs, 1, __ATOMIC_RELAXED);
+}
+
 static void storage_release(pl_executor *h, struct storage *s) {
-    if (s && --s->refs == 0) {
+    if (s && __atomic_sub_fetch(&s->refs, 1, __ATOMIC_ACQ_REL) == 0) {
         if (s->borrowed == SEQ_STORAGE) seq_free(h, s);
         else if (s->borrowed) free(s);
         else s->next = h->pool, h->pool = s;
+    }
+}
+
+/* The storages given back since the last run (pl_vm_give_back), into the pool. */
+static void take_returned(pl_executor *h) {
+    struct storage *s = __atomic_exchange_n(&h->returned, NULL, __ATOMIC_ACQUIRE);
+    while (s) {
+        struct storage *next = s->next;
+        s->next = h->pool, h->pool = s;
+        s = next;
     }
 }
 
@@ -243,7 +259,7 @@ static void obj_clear(pl_executor *h, struct obj *o) {
 static void obj_tensor(pl_executor *h, struct obj *dst, uint8_t dtype, uint8_t ndim,
                        struct storage *st, void *data, size_t nbytes, const int64_t *shape) {
     struct storage *old = dst->kind ? dst->st : NULL;
-    st->refs++;
+    storage_retain(st);
     dst->kind = OBJ_TENSOR, dst->dtype = dtype, dst->ndim = ndim;
     dst->st = st, dst->data = data, dst->nbytes = nbytes;
     if (ndim) memcpy(dst->shape, shape, (size_t)ndim * sizeof *shape);
@@ -257,7 +273,7 @@ static void obj_set(pl_executor *h, struct obj *dst, const struct obj *src) {
         return;
     }
     struct storage *old = dst->kind ? dst->st : NULL;
-    if (src->kind) src->st->refs++;
+    if (src->kind) storage_retain(src->st);
     dst->kind = src->kind, dst->dtype = 0, dst->ndim = 0, dst->st = src->st;
     dst->data = src->data, dst->nbytes = 0;
     storage_release(h, old);
@@ -1091,11 +1107,47 @@ API int pl_vm_output_shapes(pl_executor *h, int64_t *out, size_t n_words) {
     return 0;
 }
 
+/* Main's results of the last run handed over instead of copied: for each result i
+ * whose tensor is alone in a storage of the VM's own (no other result, input or
+ * constant shares it) and has at least min_bytes, data[i] is where its bytes are and
+ * token[i] the storage, which runs leave alone until pl_vm_give_back(h, token[i]);
+ * for the others data[i] and token[i] are NULL (read them with pl_get_output). A
+ * decode loop takes its present KV cache this way and may feed it back as the next
+ * step's past with pl_set_input_zero_copy. -1 before a run or if n is not the number
+ * of results. */
+API int pl_vm_take_outputs(pl_executor *h, void **data, void **token, size_t n,
+                           size_t min_bytes) {
+    const struct func *m = &h->funcs[0];
+    if (!h->ran) return fail(h, "outputs: the VM has not run");
+    if (n != m->n_results) return fail(h, "outputs: %zu slots given, %u results", n, m->n_results);
+    for (uint32_t i = 0; i < m->n_results; i++) {
+        const struct obj *o = &h->outputs[i];
+        struct storage *st = o->kind == OBJ_TENSOR ? o->st : NULL;
+        int alone = st && !st->borrowed && o->nbytes >= min_bytes && o->nbytes &&
+                    __atomic_load_n(&st->refs, __ATOMIC_ACQUIRE) == 1;
+        data[i] = alone ? o->data : NULL, token[i] = alone ? st : NULL;
+        if (alone) storage_retain(st);
+    }
+    return 0;
+}
+
+/* Give back a storage pl_vm_take_outputs handed over: from any thread, also while the
+ * VM runs (it joins the pool at the next run). */
+API void pl_vm_give_back(pl_executor *h, void *token) {
+    struct storage *s = token;
+    if (!s || __atomic_sub_fetch(&s->refs, 1, __ATOMIC_ACQ_REL) != 0) return;
+    s->next = __atomic_load_n(&h->returned, __ATOMIC_RELAXED);
+    while (!__atomic_compare_exchange_n(&h->returned, &s->next, s, 1, __ATOMIC_RELEASE,
+                                        __ATOMIC_RELAXED)) {
+    }
+}
+
 /* Invoke main on the inputs set; its results stay until the next run. */
 API int pl_run(pl_executor *h) {
     struct func *m = &h->funcs[0];
     if (h->num_threads > 0 && omp_set_num_threads) omp_set_num_threads(h->num_threads);
     for (uint32_t o = 0; o < m->n_results; o++) obj_clear(h, &h->outputs[o]);
+    take_returned(h);
     h->ran = 0, h->steps = 0, h->depth = 0;
     int64_t bound[MAX_NDIM]; /* each symbolic dimension's value, from the first input */
     for (uint32_t k = 0; k < h->n_dims && k < MAX_NDIM; k++) bound[k] = -1;
