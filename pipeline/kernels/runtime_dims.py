@@ -3,8 +3,8 @@ kernels a symbol reaches off their leading rows (a batched matmul, softmax or
 transpose over a symbolic sequence length when FuseAttention did not fuse them).
 Shapes hold i64 Index values where the spec has symbols (pipeline/dsl/dims.py), so
 these are plain scalar loop nests, correct for every shape within bounds; the fast
-paths are the rows kernels and attention_dims.py. No thread team: its outlined body
-could not read the runtime dimensions.
+paths are the rows kernels and attention_dims.py. A thread team's outlined body re-reads
+the runtime dimensions (`shapes()`: dsl/dims.py reload_shapes).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 
 from pipeline.dsl.index import raw
 from pipeline.dsl.nibbles import SUB_BYTE
-from pipeline.dsl.vector import memcpy
+from pipeline.dsl.vector import MIN_WORK_PER_THREAD, memcpy, parallel_for
 from pipeline.errors import GraphError
 
 
@@ -102,22 +102,47 @@ def concat_dims(kb, node, ins, out, epilogue, shapes=None) -> None:
     """out = the inputs one after another along `axis` (a KV cache growing by a step):
     per outer index, each input's run copied with one memcpy (element by element, the
     decode step's cache copies took 2-5% of a big decoder's step); sub-byte dtypes and
-    a fused epilogue element by element."""
+    a fused epilogue element by element. With a static dimension before the axis (a
+    KV cache's heads) the copies split over the thread team by it: at two threads one
+    thread copying a big decoder's 3.2 MB of cache left the other idle."""
     axis, shape = node.attr("axis"), out.type.shape
+    size = np.dtype(out.type.dtype).itemsize if out.type.dtype not in SUB_BYTE else 0
+    if size and epilogue is None and shapes is not None and axis and \
+            isinstance(shape[axis - 1], int) and shape[axis - 1] > 1:
+        heads = shape[axis - 1]
+        with parallel_for(kb, heads, "heads", work=heads * MIN_WORK_PER_THREAD) as h:
+            types = shapes()
+            _copy_runs(kb, ins, out, [types[kb.buffers.index(x)].shape for x in ins],
+                       types[kb.buffers.index(out)].shape, axis, size, h, heads)
+        return
+    if size and epilogue is None:
+        _copy_runs(kb, ins, out, [x.type.shape for x in ins], shape, axis, size)
+        return
     outer, inner = _prod(shape[:axis]), _prod(shape[axis + 1:])
     row, offset = shape[axis] * inner, 0
-    size = np.dtype(out.type.dtype).itemsize if out.type.dtype not in SUB_BYTE else 0
     for k, x in enumerate(ins):
         width = x.type.shape[axis] * inner
-        if size and epilogue is None:
-            with kb.loop(0, outer, f"o{k}") as o:
-                memcpy(kb.b, kb.gep(out, o * row + offset), kb.gep(x, o * width),
-                       raw(width * size))
-        else:
-            with kb.loop(0, outer, f"o{k}") as o, kb.loop(0, width, f"j{k}") as j:
-                value = kb.load(x, o * width + j)
-                kb.store(out, o * row + offset + j, value if epilogue is None else
-                         epilogue(value, kb.unflatten(o * row + offset + j, shape)))
+        with kb.loop(0, outer, f"o{k}") as o, kb.loop(0, width, f"j{k}") as j:
+            value = kb.load(x, o * width + j)
+            kb.store(out, o * row + offset + j, value if epilogue is None else
+                     epilogue(value, kb.unflatten(o * row + offset + j, shape)))
+        offset = offset + width
+
+
+def _copy_runs(kb, ins, out, in_shapes, shape, axis: int, size: int, head=None,
+               heads: int = 1) -> None:
+    """concat_dims' memcpy per outer index and input (`in_shapes`, `shape`: those of
+    the function kb builds); with `head`, only the outer indices of that index of the
+    `heads` dimension before the axis."""
+    outer = _prod(shape[:axis] if head is None else shape[:axis - 1])
+    inner = _prod(shape[axis + 1:])
+    row, offset = shape[axis] * inner, 0
+    for k, (x, x_shape) in enumerate(zip(ins, in_shapes, strict=True)):
+        width = x_shape[axis] * inner
+        with kb.loop(0, outer, f"o{k}") as o:
+            o = o if head is None else o * heads + head
+            memcpy(kb.b, kb.gep(out, o * row + offset), kb.gep(x, o * width),
+                   raw(width * size))
         offset = offset + width
 
 
