@@ -85,6 +85,11 @@ def vector_elementwise(kb: KernelBuilder, nodes: list, args: dict, out: Buffer,
     """Store the value of the chain `nodes` (its first op reads only `args`) into `out`."""
     shape = out.type.shape
     k = row_split(shape, [b.type.shape for b in args.values()])
+    # Rows enough for the thread team (parallel_nest's 16): a tensor whose operands are
+    # all whole or scalars is one row else, on one thread (the int8 models' input
+    # QuantizeLinear; any later k splits the same way, row_split's k being the least).
+    while k < len(shape) - 1 and math.prod(shape[:k]) < 16:
+        k += 1
     row, outer = math.prod(shape[k:]), shape[:k]
 
     def view(buf: Buffer) -> Buffer:

@@ -37,7 +37,13 @@ import llvmlite.ir as ir
 import numpy as np
 
 from pipeline.dsl.builder import F32, I32
-from pipeline.dsl.vector import apply_epilogue, band_items, band_plane_row, parallel_for
+from pipeline.dsl.vector import (
+    ELEMENT_WORK,
+    apply_epilogue,
+    band_items,
+    band_plane_row,
+    parallel_for,
+)
 from pipeline.kernels import qarm_dsp
 from pipeline.kernels.conv_blocked import registers
 from pipeline.kernels.registry import lowering
@@ -156,11 +162,15 @@ def _pad_lower(kb, node, ins, out, epilogue):
     blocked = len(x.type.shape) == 5
     h, w = x.type.shape[2], x.type.shape[3]
     b0 = x.type.shape[4] if blocked else 0
-    with parallel_for(kb, n_n * cb_n * hp, "rows", work=out.type.size) as item:
-        n, rest = item // (cb_n * hp), item % (cb_n * hp)
-        cb, oh = rest // hp, rest % hp
+    # Row bands (band_plane_row), as the convs before and after split their rows: at
+    # two threads each copies the rows it wrote itself, for the rows it will read (by
+    # channel blocks, half of each thread's copies came from the other core's cache:
+    # the pads took 2-4x longer at two threads than at one).
+    with parallel_for(kb, band_items(n_n, cb_n, hp), "rows",
+                      work=out.type.size * ELEMENT_WORK) as item, \
+            band_plane_row(kb, item, n_n, cb_n, hp) as (n, cb, oh):
         ih = oh - pt
-        row = item * (wp * ib)
+        row = ((n * cb_n + cb) * hp + oh) * (wp * ib)
         with kb.loop(0, wp * ib, "f") as j:
             kb.store(out, row + j, fill)
         with kb.if_(kb.below(ih, h)):
