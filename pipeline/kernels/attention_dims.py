@@ -109,6 +109,11 @@ class _Tile:
         self.kt, self.vp = kb.scratch(self.d * BLOCK), kb.scratch(BLOCK * self.dvp)
         self.acc, self.s = kb.scratch(CHUNK * self.dvp), kb.scratch(ROWS * BLOCK)
         self.m, self.l = kb.scratch(CHUNK), kb.scratch(CHUNK)
+        # A chunk of one query row (a decode step) reads K and V rows where they are
+        # when both run along their head dims (no panels: _one_row_scores)
+        self.direct = all(isinstance(x, int) and x == 1 for x in (self.qs[3], self.ks[2],
+                                                                 self.vs[3])) \
+            and self.d % LANES == 0 and self.dv == self.dvp
 
 
 def _attention(kb, node, ins, out, types, item, parts: int) -> None:
@@ -151,29 +156,49 @@ def _query_chunk(t: _Tile, b, h, c0, n) -> None:
         kb.store(t.l, r, kb.f32(0.0))
         for g in range(t.dvp // t.g):
             kb.vstore(t.acc, r * t.dvp + g * t.g, zeros(t.g))
-    with kb.loop(0, (t.sk + (BLOCK - 1)) // BLOCK, "jb") as jb:
-        j0 = jb * BLOCK
-        count = kb.smin(t.sk - j0, BLOCK)  # the block's valid keys
-        _pack(t, b, h, j0, count)
-        limit = kb.splat(kb.b.sitofp(count.value, F32), LANES)
-        valid = [kb.b.fcmp_ordered("<", ir.Constant(ir.VectorType(F32, LANES), [
-            float(sub * LANES + k) for k in range(LANES)]), limit) for sub in range(SUBS)]
-        with kb.loop(0, tiles, "it") as it:
-            _tile_block(t, b, h, c0, it * ROWS, ROWS, j0, count, valid)
-        with kb.loop(tiles * ROWS, n, "ir") as i:
-            _tile_block(t, b, h, c0, i, 1, j0, count, valid)
+    if t.direct:
+        with kb.b.if_else(kb.i64(1) >= n) as (one, many):
+            with one:
+                _key_blocks(t, b, h, c0, n, tiles, direct=True)
+            with many:
+                _key_blocks(t, b, h, c0, n, tiles, direct=False)
+    else:
+        _key_blocks(t, b, h, c0, n, tiles, direct=False)
     with kb.loop(0, tiles, "ft") as it:
         _finish(t, b, h, c0, it * ROWS, ROWS)
     with kb.loop(tiles * ROWS, n, "fr") as i:
         _finish(t, b, h, c0, i, 1)
 
 
-def _tile_block(t: _Tile, b, h, c0, r0, rows: int, j0, count, valid) -> None:
-    """Rows r0 .. r0 + rows of the chunk at c0 take the packed key block at j0: their
-    scores a vector of keys at a time into t.s, then each row's update."""
+def _key_blocks(t: _Tile, b, h, c0, n, tiles, direct: bool) -> None:
+    """The chunk's n rows take every key block: packed once (not `direct`: one row
+    reads K and V in place), then the tiles of ROWS rows, the last n % ROWS alone."""
+    kb = t.kb
+    with kb.loop(0, (t.sk + (BLOCK - 1)) // BLOCK, "jb") as jb:
+        j0 = jb * BLOCK
+        count = kb.smin(t.sk - j0, BLOCK)  # the block's valid keys
+        limit = kb.splat(kb.b.sitofp(count.value, F32), LANES)
+        valid = [kb.b.fcmp_ordered("<", ir.Constant(ir.VectorType(F32, LANES), [
+            float(sub * LANES + k) for k in range(LANES)]), limit) for sub in range(SUBS)]
+        if direct:
+            _tile_block(t, b, h, c0, 0, 1, j0, count, valid, direct=True)
+            return
+        _pack(t, b, h, j0, count)
+        with kb.loop(0, tiles, "it") as it:
+            _tile_block(t, b, h, c0, it * ROWS, ROWS, j0, count, valid)
+        with kb.loop(tiles * ROWS, n, "ir") as i:
+            _tile_block(t, b, h, c0, i, 1, j0, count, valid)
+
+
+def _tile_block(t: _Tile, b, h, c0, r0, rows: int, j0, count, valid,
+                direct: bool = False) -> None:
+    """Rows r0 .. r0 + rows of the chunk at c0 take the key block at j0 (packed, or
+    `direct`: one row, K and V read in place): their scores a vector of keys at a
+    time into t.s, then each row's update."""
     kb = t.kb
     for pair in range(0, SUBS, 2):
-        scores = _scores(t, b, h, c0 + r0, rows, (pair, pair + 1))
+        scores = _one_row_scores(t, b, h, c0 + r0, j0, count, (pair, pair + 1)) if direct \
+            else _scores(t, b, h, c0 + r0, rows, (pair, pair + 1))
         for r, sub in itertools.product(range(rows), (pair, pair + 1)):
             s = kb.fmul(scores[r][sub - pair], vconst(t.scale, LANES))
             if t.mask is not None:
@@ -181,7 +206,13 @@ def _tile_block(t: _Tile, b, h, c0, r0, rows: int, j0, count, valid) -> None:
             kb.vstore(t.s, r * BLOCK + sub * LANES,
                       kb.b.select(valid[sub], s, vconst(-3.0e38, LANES)))
     rescale = [_update_row(t, r0 + r, r * BLOCK) for r in range(rows)]
-    _accumulate(t, r0, rescale, count)
+    if not direct:
+        _accumulate(t, r0, rescale, count, lambda key, g: kb.vload(t.vp, key * t.dvp + g * t.g,
+                                                                  t.g))
+        return
+    v0 = b * t.vs[0] + h * t.vs[1]
+    _accumulate(t, r0, rescale, count,
+                lambda key, g: kb.vload(t.ins[2], v0 + (j0 + key) * t.vs[2] + g * t.g, t.g))
 
 
 def _pack(t: _Tile, b, h, j0, count) -> None:
@@ -232,6 +263,29 @@ def _scores(t: _Tile, b, h, i0, rows: int, subs: tuple[int, ...]) -> list:
             for k, key in enumerate(keys):
                 kb.set(accs[r][k], fma(kb, qv, key, kb.get(accs[r][k])))
     return [[kb.get(a) for a in row] for row in accs]
+
+
+def _one_row_scores(t: _Tile, b, h, i, j0, count, subs: tuple[int, ...]) -> list:
+    """[[k]]: query row i's LANES scores q·k of keys j0 + subs[k] * LANES.. (unscaled),
+    read from K in place: per key a vector of D / LANES products, then the LANES keys'
+    vectors transposed and summed into one (a key past `count` reads key j0)."""
+    kb = t.kb
+    q0 = b * t.qs[0] + h * t.qs[1] + i * t.qs[2]
+    k0 = b * t.ks[0] + h * t.ks[1]
+    qv = [kb.vload(t.ins[0], q0 + c * LANES, LANES) for c in range(t.d // LANES)]
+    scores = []
+    for sub in subs:
+        keys = []
+        for lane in range(LANES):
+            key = kb.index(kb.select(kb.i64(sub * LANES + lane) < count,
+                                     j0 + (sub * LANES + lane), j0))
+            row = k0 + key * t.ks[3]
+            acc = zeros(LANES)
+            for c, q in enumerate(qv):
+                acc = fma(kb, q, kb.vload(t.ins[1], row + c * LANES, LANES), acc)
+            keys.append(acc)
+        scores.append(functools.reduce(kb.fadd, transpose_square(kb, keys)))
+    return [scores]
 
 
 def _mask_vector(t: _Tile, b, h, i, j0, first: int, count):
@@ -300,10 +354,10 @@ def _update_row(t: _Tile, r, at: int):
     return rescale
 
 
-def _accumulate(t: _Tile, r0, rescale: list, count) -> None:
+def _accumulate(t: _Tile, r0, rescale: list, count, value_at) -> None:
     """acc[r0 + r] = acc[r0 + r] * rescale[r] + sum over the block's valid keys j of
-    p[r][j] V[j] (p in t.s): as vectors over Dv, one FMA chain per row, each V row
-    loaded once for the tile."""
+    p[r][j] V[j] (p in t.s; value_at(j, g): group g of V[j], packed or in place): as
+    vectors over Dv, one FMA chain per row, each V row loaded once for the tile."""
     kb = t.kb
     rows, groups = len(rescale), t.dvp // t.g
     for g0 in range(0, groups, 2):  # two vectors of Dv a pass: a weight broadcast once
@@ -312,7 +366,7 @@ def _accumulate(t: _Tile, r0, rescale: list, count) -> None:
                                          kb.splat(rescale[r], t.g)))
                 for r, g in itertools.product(range(rows), gs)}
         with kb.loop(0, count, "key") as key:
-            values = {g: kb.vload(t.vp, key * t.dvp + g * t.g, t.g) for g in gs}
+            values = {g: value_at(key, g) for g in gs}
             for r in range(rows):
                 weight = kb.splat(kb.load(t.s, key + r * BLOCK), t.g)
                 for g in gs:
