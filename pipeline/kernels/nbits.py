@@ -48,6 +48,7 @@ from pipeline.dsl.vector import (
 LANES = 16  # one AVX-512 register of floats; two AVX2 ones, which LLVM splits it into
 ROWS = 4    # rows of `a` sharing each dequantized weight vector
 SPLIT_BYTES = 64 << 10  # the most stack a work item's reordered rows of `a` take
+A_SUM_BYTES = 16 << 10  # the most stack the cols16 kernel's block sums of `a` take
 GEMM_ROWS = 16  # from this many rows, the blocked form (_lower_blocked): a rows
 # kernel's blocks of 32 and 128, not its 8 (code size: a 4-bit library is mostly code)
 
@@ -231,6 +232,20 @@ def _lower_cols(kb, node, ins, out, epilogue):
     k_n, n_n, block = node.attr("k"), out.type.shape[-1], node.attr("block")
     rows, nb = ins[0].type.size // k_n, b.type.shape[1]
 
+    def block_sum(r, blk) -> ir.Value:
+        """Row r's sum over block blk of `a`, for the zero points."""
+        at = r * k_n + blk * block
+        chunks = [kb.vload(a, at + c * LANES, LANES) for c in range(block // LANES)]
+        return reduce_lanes(kb, tree(chunks, kb.fadd), kb.fadd)
+
+    # Those sums once per call, not once per group of columns (a lane sum per block
+    # and group was a fifth of a decode step's 4-bit kernels), where they fit
+    # A_SUM_BYTES of stack; else per group.
+    a_sums = kb.scratch(rows * nb) if rows * nb * 4 <= A_SUM_BYTES else None
+    if a_sums is not None:
+        with kb.loop(0, rows, "sr") as r, kb.loop(0, nb, "sb") as blk:
+            kb.store(a_sums, r * nb + blk, block_sum(r, blk))
+
     def tile(g, m0, rows_n: int) -> None:
         # Pairs per loop step: each row's block sum is 2 * unroll separate chains (FMA
         # latency, not memory, bounded a 1-row call's one chain: 4-bit decode weights
@@ -259,17 +274,17 @@ def _lower_cols(kb, node, ins, out, epilogue):
                                             kb.get(acc)))
             sv = kb.vload(scales, (g * nb + blk) * LANES, LANES)
             for r in range(rows_n):  # sum((q - z) a) = sum(q a) - z sum(a)
-                at = (m0 + r) * k_n + blk * block
-                chunks = [kb.vload(a, at + c * LANES, LANES) for c in range(block // LANES)]
-                total = kb.splat(reduce_lanes(kb, tree(chunks, kb.fadd), kb.fadd), LANES)
-                block_sum = kb.fsub(tree([kb.get(x) for x in parts[r]], kb.fadd),
+                total = kb.splat(block_sum(m0 + r, blk) if a_sums is None else
+                                 kb.load(a_sums, (m0 + r) * nb + blk), LANES)
+                product = kb.fsub(tree([kb.get(x) for x in parts[r]], kb.fadd),
                                     kb.fmul(zv, total))
-                kb.set(accs[r], fma(kb, block_sum, sv, kb.get(accs[r])))
+                kb.set(accs[r], fma(kb, product, sv, kb.get(accs[r])))
         for r in range(rows_n):
             store_lanes(kb, kb.get(accs[r]), out, (m0 + r) * n_n + g * LANES, bias,
                          g * LANES, epilogue)
 
-    with parallel_for(kb, n_n // LANES, "groups", work=rows * n_n * k_n) as g:
+    with parallel_for(kb, n_n // LANES, "groups", work=rows * n_n * k_n,
+                      shared=() if a_sums is None else (a_sums,)) as g:
         if rows >= ROWS:
             with kb.loop(0, rows // ROWS, "rt") as rt:
                 tile(g, rt * ROWS, ROWS)
