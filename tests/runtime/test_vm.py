@@ -9,6 +9,7 @@ import queue
 import re
 import subprocess
 import threading
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -78,6 +79,13 @@ def test_outputs_the_caller_holds_are_never_reused(mlp, monkeypatch, take_bytes)
     held = vm.run(x2)[0]
     view = vm.run(x2)[0][:, :3]  # the run's array lives on in its view
     assert isinstance(held.base, vm_module._Lease) == (take_bytes == 0)
+    # one let go of is reused: the same storage (handed over), the same array (copied)
+    first = vm.run(x)[0]
+    address, alive = first.ctypes.data, weakref.ref(first)
+    del first
+    second = vm.run(x)[0]
+    assert second.ctypes.data == address and (take_bytes == 0 or second is alive())
+    del second
     for _ in range(3):  # arrays dropped at once: reused, each run's values right
         np.testing.assert_allclose(vm.run(x)[0], want, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(held, want2, rtol=1e-4, atol=1e-4)
