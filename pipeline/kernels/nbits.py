@@ -277,7 +277,7 @@ def _lower_cols(kb, node, ins, out, epilogue):
                 total = kb.splat(block_sum(m0 + r, blk) if a_sums is None else
                                  kb.load(a_sums, (m0 + r) * nb + blk), LANES)
                 product = kb.fsub(tree([kb.get(x) for x in parts[r]], kb.fadd),
-                                    kb.fmul(zv, total))
+                                  kb.fmul(zv, total))
                 kb.set(accs[r], fma(kb, product, sv, kb.get(accs[r])))
         for r in range(rows_n):
             store_lanes(kb, kb.get(accs[r]), out, (m0 + r) * n_n + g * LANES, bias,
