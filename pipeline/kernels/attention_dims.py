@@ -182,12 +182,12 @@ def _key_blocks(t: _Tile, b, h, c0, n, tiles, direct: bool) -> None:
             float(sub * LANES + k) for k in range(LANES)]), limit) for sub in range(SUBS)]
         if direct:
             _tile_block(t, b, h, c0, 0, 1, j0, count, valid, direct=True)
-            return
-        _pack(t, b, h, j0, count)
-        with kb.loop(0, tiles, "it") as it:
-            _tile_block(t, b, h, c0, it * ROWS, ROWS, j0, count, valid)
-        with kb.loop(tiles * ROWS, n, "ir") as i:
-            _tile_block(t, b, h, c0, i, 1, j0, count, valid)
+        else:
+            _pack(t, b, h, j0, count)
+            with kb.loop(0, tiles, "it") as it:
+                _tile_block(t, b, h, c0, it * ROWS, ROWS, j0, count, valid)
+            with kb.loop(tiles * ROWS, n, "ir") as i:
+                _tile_block(t, b, h, c0, i, 1, j0, count, valid)
 
 
 def _tile_block(t: _Tile, b, h, c0, r0, rows: int, j0, count, valid,

@@ -107,16 +107,15 @@ def concat_dims(kb, node, ins, out, epilogue, shapes=None) -> None:
     thread copying a big decoder's 3.2 MB of cache left the other idle."""
     axis, shape = node.attr("axis"), out.type.shape
     size = np.dtype(out.type.dtype).itemsize if out.type.dtype not in SUB_BYTE else 0
-    if size and epilogue is None and shapes is not None and axis and \
-            isinstance(shape[axis - 1], int) and shape[axis - 1] > 1:
-        heads = shape[axis - 1]
+    if size and epilogue is None:
+        heads = shape[axis - 1] if axis else 1
+        if shapes is None or not isinstance(heads, int) or heads < 2:
+            _copy_runs(kb, ins, out, [x.type.shape for x in ins], shape, axis, size)
+            return
         with parallel_for(kb, heads, "heads", work=heads * MIN_WORK_PER_THREAD) as h:
             types = shapes()
             _copy_runs(kb, ins, out, [types[kb.buffers.index(x)].shape for x in ins],
                        types[kb.buffers.index(out)].shape, axis, size, h, heads)
-        return
-    if size and epilogue is None:
-        _copy_runs(kb, ins, out, [x.type.shape for x in ins], shape, axis, size)
         return
     outer, inner = _prod(shape[:axis]), _prod(shape[axis + 1:])
     row, offset = shape[axis] * inner, 0
