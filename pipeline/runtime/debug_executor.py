@@ -139,12 +139,15 @@ class GraphModuleDebug(GraphModule):
         tensors = {f"{name}:{j}": value for name, outs in self.node_outputs.items()
                    for j, value in enumerate(outs)}
         atomic_write(os.path.join(root, "output_tensors.params"), save_params(tensors))
-        events, start = [], 0.0
+        events, start = [], 0.0  # microseconds
         for name in self._step:  # run order
             row = self.node_times[name]
+            # Each start is the sum of the rounded durations before it, so one event ends
+            # where the next begins (rounding start and duration apart could overlap them).
+            dur = round(row.ms * 1e3, 3)
             events.append({"name": name, "cat": row.kernel, "ph": "X", "pid": 1, "tid": 1,
-                           "ts": round(start * 1e3, 3), "dur": round(row.ms * 1e3, 3)})
-            start += row.ms
+                           "ts": round(start, 3), "dur": dur})
+            start += dur
         atomic_write(os.path.join(root, "execution_trace.json"),
                      json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}).encode())
 
