@@ -301,7 +301,7 @@ def tree(values: list[ir.Value], combine) -> ir.Value:
     return values[0]
 
 
-def _blocked_width(kb, node, rows: int, n_n: int) -> int:
+def blocked_width(kb, node, rows: int, n_n: int) -> int:
     """The columns per work item of the blocked form for this product, or 0 where it
     does not apply: fewer than GEMM_ROWS rows, K not whole blocks, or no width of 64,
     32 or 16 dividing N (at most 4 of the target's vectors with AVX-512's 32
@@ -336,7 +336,7 @@ def _lower_blocked(kb, node, ins, out, epilogue, width: int) -> None:
         n0, panel = item * width, kb.scratch(kc * width)
         with kb.loop(0, k_n // kc, "kc") as c:
             k = (c * kc, kc, c < 1)  # the first chunk starts the sums from zero
-            if node.attr("layout") == "cols16":
+            if node.attr("layout") in ("cols16", "cols16x4"):
                 _dequantize_cols(kb, node, ins, panel, (item, width), k[0], kc)
             else:
                 _dequantize(kb, node, ins, panel, n0, width, k[0], kc)
@@ -379,25 +379,32 @@ def _dequantize(kb, node, ins, panel, n0, width: int, k0, k_len: int) -> None:
 
 
 def _dequantize_cols(kb, node, ins, panel, item, k0, k_len: int) -> None:
-    """_dequantize from the cols16 layout: 16 bytes hold a pair of k's values of 16
-    columns, already the panel's rows (no transpose); scales and zero points are
+    """_dequantize from the cols16 layouts: a vector's bytes hold `run` bytes of each
+    of 16 columns (cols16: 1, a pair of k's values; cols16x4: 4, eight), each value
+    already a vector of a panel row (no transpose); scales and zero points are
     vectors of the 16 columns. item: (the work item, its width)."""
     b, scales = ins[1], ins[2]
     zp = ins[3] if node.attr("zero_points") != "none" else None
     block, nb = node.attr("block"), b.type.shape[1]
+    run = 4 if node.attr("layout") == "cols16x4" else 1
     (item, width), vector = item, ir.VectorType(F32, LANES)
     with kb.loop(0, k_len // block, "bi") as bi, kb.loop(0, width // LANES, "cg") as cg:
         g, blk = item * (width // LANES) + cg, k0 // block + bi
         zv = cols_zero_points(kb, node, zp, g, blk, nb)
         sv = kb.vload(scales, (g * nb + blk) * LANES, LANES)
-        with kb.loop(0, block // 2, "pair") as p:
-            raw_bytes = kb.b.load(kb.gep(b, ((g * nb + blk) * (block // 2) + p) * LANES),
-                                  typ=ir.VectorType(ir.IntType(8), LANES), align=1)
-            wide = kb.b.zext(raw_bytes, ir.VectorType(I32, LANES))
-            for half, v in enumerate((kb.b.and_(wide, ir.Constant(wide.type, 15)),
-                                      kb.b.lshr(wide, ir.Constant(wide.type, 4)))):
+        with kb.loop(0, block // (2 * run), "run") as p:
+            at = ((g * nb + blk) * (block // (2 * run)) + p) * run * LANES
+            if run == 1:
+                raw_bytes = kb.b.load(kb.gep(b, at), typ=ir.VectorType(ir.IntType(8), LANES),
+                                      align=1)
+                wide = kb.b.zext(raw_bytes, ir.VectorType(I32, LANES))
+            else:  # a column's 4 bytes, little-endian: value j at bits 4j
+                wide = kb.b.load(kb.gep(b, at), typ=ir.VectorType(I32, LANES), align=1)
+            for j in range(2 * run):
+                v = kb.b.and_(kb.b.lshr(wide, ir.Constant(wide.type, 4 * j)),
+                              ir.Constant(wide.type, 15))
                 w = kb.fmul(kb.fsub(kb.b.uitofp(v, vector), zv), sv)
-                kb.vstore(panel, (bi * block + p * 2 + half) * width + cg * LANES, w)
+                kb.vstore(panel, (bi * block + p * 2 * run + j) * width + cg * LANES, w)
 
 
 def _panel_tile(kb, a, panel, out, m, n, k, k_n: int) -> None:
@@ -423,7 +430,7 @@ def _panel_tile(kb, a, panel, out, m, n, k, k_n: int) -> None:
 
 def lower_float(kb, node, ins, out, epilogue):
     """matmul_nbits in float32 (the layouts but cols16x4: kernels/nbits_int8.py)."""
-    width = _blocked_width(kb, node, ins[0].type.size // node.attr("k"), out.type.shape[-1])
+    width = blocked_width(kb, node, ins[0].type.size // node.attr("k"), out.type.shape[-1])
     if width:
         _lower_blocked(kb, node, ins, out, epilogue, width)
         return

@@ -18,14 +18,17 @@ N a multiple of 16 and K of the block): the same shapes and bytes, each group of
 columns' values interleaved column-fastest (to_cols16: b as [N/16, nb, blob, 16],
 scales and zero points as [N/16, nb or ceil(nb/2), 16]), so a kernel loads one
 value of 16 columns at once (kernels/nbits.py).
-layout="cols16x4" (the same, for accuracy=4 on a target with AVX-512 VNNI; K any):
-b interleaved in runs of 4 bytes, [N'/16, nb, blob/4, 16, 4] (scales and zero
-points as cols16), so 64 bytes hold 8 values of each of 16 columns, the operand of
-one vpdpbusd (kernels/nbits_int8.py); N' is N rounded up to 16 (zero columns; attr
-units = N where they differ).
+layout="cols16x4" (instead, on a target with AVX-512 VNNI where the zero points
+are packed or absent; at accuracy=4 also for any K and N): b interleaved in runs of
+4 bytes, [N'/16, nb, blob/4, 16, 4] (scales and zero points as cols16), so 64 bytes
+hold 8 values of each of 16 columns, the operand of one vpdpbusd
+(kernels/nbits_int8.py); N' is N rounded up to 16 (zero columns; attr units = N
+where they differ).
 accuracy=4 (onnxruntime's accuracy_level 4): the product may quantize `a` to int8
 per block (kernels/nbits_int8.py, on the cols16x4 layout); the numpy reference is
-the float product.
+the float product. Other levels (0, unset, onnxruntime's default, is float32 there)
+keep float32's accuracy: in cols16x4 a few rows' product splits `a` into three int8
+parts whose sum is `a` to about 2^-24 of its block's largest value.
 
 gather_nbits: rows of a table quantized blockwise along its rows, dequantized (the graph
 op of com.microsoft.GatherBlockQuantized with gather_axis 0 and the last axis quantized:
@@ -89,10 +92,13 @@ def nbits_layout(node, consts: list, vnni: bool) -> str | None:
     not reordered yet."""
     if node.attr("bits") != 4 or node.attr("layout") or any(c is None for c in consts):
         return None
-    if node.attr("accuracy") == 4 and vnni and node.attr("zero_points") != "float":
-        return "cols16x4"  # (float zero points: onnxruntime's level 4 is float too)
+    int8 = vnni and node.attr("zero_points") != "float"  # (onnxruntime's level 4 is
+    if node.attr("accuracy") == 4 and int8:              # float for those too)
+        return "cols16x4"
     whole = node.attr("k") % node.attr("block") == 0 and consts[0].shape[0] % COLS == 0
-    return "cols16" if whole else None
+    if not whole:
+        return None
+    return "cols16x4" if int8 else "cols16"  # (other levels: three int8 parts, or float)
 
 
 def from_cols16(value: np.ndarray, run: int = 1) -> np.ndarray:

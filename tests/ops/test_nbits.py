@@ -77,7 +77,8 @@ def test_two_layers_with_a_fused_epilogue(opt_level, rows, level):
 def test_symbolic_rows_in_blocks_of_128_and_32(tmp_path, accuracy_level):
     """Over symbolic rows (the VM) the 4-bit kernel takes blocks of 128 rows, then of
     32 (both the blocked form; at accuracy_level 4 with VNNI the int8 kernel), 8 and
-    the rest: 170 = 128 + 32 + 8 + 2 and 45 rows, one library, against onnxruntime."""
+    the rest (with VNNI: the int8 kernel, three parts at level 0): 170 = 128 + 32 +
+    8 + 2 and 45 rows, one library, against onnxruntime."""
     import pipeline
     from pipeline.frontend import from_onnx
     from pipeline.runtime.vm import VirtualMachine
@@ -152,19 +153,48 @@ def test_accuracy_level_4_quantizes_activations_to_int8(case):
         np.testing.assert_allclose(got, far, rtol=0, atol=2e-2 * scale)
 
 
-def test_accuracy_level_0_builds_no_int8_kernel():
-    """accuracy_level 0 (and an unset one) keeps the float kernel: no vpdpbusd, the
-    node without the accuracy attribute (its results: test_matches_onnxruntime)."""
+LEVEL0_CASES = [  # block, zero points, K, N, rows
+    (32, "packed", 768, 64, 1),    # a decode step's matrix-vector product
+    (64, "none", 512, 32, 3),      # a tile of 3 rows
+    (16, "packed", 320, 48, 6),    # tiles of 4 and 2 rows
+    (256, "packed", 1024, 16, 1),
+]
+
+
+@pytest.mark.parametrize("case", LEVEL0_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_accuracy_level_0_splits_activations_into_three_int8_parts(case):
+    """accuracy_level 0 (unset: onnxruntime computes in float32) on a VNNI target:
+    for fewer than GEMM_ROWS rows the int8 kernel with `a` in three int8 parts (the
+    kernel's IR has vpdpbusd), as accurate as onnxruntime's float32: against the
+    product in float64, our error is at most a few times onnxruntime's level 0's own,
+    where one int8 part (onnxruntime's level 4) is off by far more."""
     import pipeline
     from pipeline.codegen.render import render
+    from pipeline.ops.nbits import dequantize_nbits
+    from tests.support.compare import build_and_load
 
-    w = np.random.default_rng(3).standard_normal((128, 32)).astype(np.float32)
-    node, inits = nbits_node("mm", "x", "y", w, 4, 32)
-    graph, params = pipeline.frontend.from_onnx(nbits_model([node], inits, [1, 128], [1, 32]))
-    assert graph.nodes[0].attr("accuracy") is None
-    with pipeline.transform.PassContext(opt_level=3):
-        factory = pipeline.build(graph, target="llvm -mcpu=native", params=params)
-    assert not any("vpdpbusd" in render(s) for s in factory.kernels)
+    if not int8_kernel_on_this_machine():
+        pytest.skip("no AVX-512 VNNI on this machine")
+    block, zp, k, n, rows = case
+    rng = np.random.default_rng(k + n + block)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    models = [nbits_model([node], inits, [rows, k], [rows, n]) for node, inits in
+              (nbits_node("mm", "x", "y", w, 4, block, zp, accuracy_level=level)
+               for level in (0, 4))]
+    float_y, int8_y = (run_ort(m, {"x": x})[0] for m in models)
+    graph, params = pipeline.frontend.from_onnx(models[0])
+    gm, factory = build_and_load(graph, params)
+    assert any("vpdpbusd" in render(s) for s in factory.kernels)
+    node = graph.nodes[0]
+    inputs = [params[i] for i in node.inputs[1:]]
+    exact = x.astype(np.float64) @ dequantize_nbits(
+        inputs[0], inputs[1], inputs[2] if zp != "none" else None, node).astype(np.float64)
+    gm.run(x=x)
+    ours, theirs = (np.abs(y - exact).max() for y in (gm.get_output(0), float_y))
+    scale = np.abs(exact).max()
+    assert ours <= 4 * theirs + 1e-7 * scale, (ours, theirs)
+    assert np.abs(int8_y - exact).max() > 100 * ours
 
 
 def test_params_stay_packed():
@@ -238,9 +268,9 @@ def test_4bit_library_is_under_a_third_of_the_float32_one(tmp_path):
                                          ("packed", 40, 4), ("none", 32, 4), ("float", 32, 4)])
 def test_constant_4bit_weights_take_the_cols16_layout(zp, n, level):
     """AlterOpLayout gives a constant 4-bit matmul_nbits its b, scales and zero points
-    reordered into cols16 (N a multiple of 16 only: not 24), same shapes, or at
-    accuracy_level 4 on a VNNI target (znver4) into cols16x4 (zero points packed or
-    none; N padded to whole 16s: 40 -> 48, attr units 40); the op's numpy reference
+    reordered into cols16 (N a multiple of 16 only: not 24), same shapes, or on a VNNI
+    target (znver4) with zero points packed or none into cols16x4 (at accuracy_level 4
+    N also padded to whole 16s: 40 -> 48, attr units 40); the op's numpy reference
     of the rewritten node gives what the original's does (onnxruntime checks the
     kernels: test_matches_onnxruntime, test_accuracy_level_4_...)."""
     from pipeline.frontend import from_onnx
@@ -256,7 +286,7 @@ def test_constant_4bit_weights_take_the_cols16_layout(zp, n, level):
     with PassContext(opt_level=0, required_pass=["AlterOpLayout"], disabled_pass=others):
         out, out_params = optimize(graph, params, target=parse_target("llvm -mcpu=znver4"))
     (before,), (after,) = graph.nodes, [m for m in out.nodes if m.op == "matmul_nbits"]
-    int8 = level == 4 and zp != "float"
+    int8 = zp != "float" and (level == 4 or n % 16 == 0)
     assert after.attr("layout") == ("cols16x4" if int8 else "cols16" if n % 16 == 0 else None)
     assert after.attr("units") == (n if n % 16 and int8 else None)
     x = rng.standard_normal((3, 64)).astype(np.float32)
