@@ -275,6 +275,8 @@ def _lower(kb, node, ins, out, epilogue):
     n_n, cb_n, hp, wp, ib = x.type.shape
     ocg_n, _, kh_n, kw_n, _, kob, _ = w.type.shape
     _, ocb_n, oh_n, ow_n, ob = out.type.shape
+    pt, pl, pb, pr = node.attr("out_pads", (0, 0, 0, 0))
+    oh_n, ow_n = oh_n - pt - pb, ow_n - pl - pr
     sh, sw = node.attr("strides")
     kind, k_n = node.attr("dot"), kob // ob
     _, t = tile(ow_n, ocb_n, ob, kind)
@@ -295,6 +297,9 @@ def _lower(kb, node, ins, out, epilogue):
         if ow_n % t:
             _tile(kb, node, (x, w, bias, mult, yzp, out), (n, ocg, oh, full * t), ow_n % t,
                   k_n, kind, flip, acc_t, epilogue)
+        if node.attr("out_pads"):
+            for k in range(k_n):
+                fill_borders(kb, node, out, n * ocb_n + ocg * k_n + k, oh, oh_n)
 
 
 def _tile(kb, node, bufs, where, width, k_n, kind, flip, acc_t, epilogue):
@@ -329,12 +334,35 @@ def _tile(kb, node, bufs, where, width, k_n, kind, flip, acc_t, epilogue):
                     kb.set(accs[k][j], dot(kb, kind, kb.get(accs[k][j]), xv, wv[k],
                                            x.type.dtype == "int8"))
     store = Requantize(kb, node, bias, mult, yzp, ob)
+    pt, pl = node.attr("out_pads", (0, 0, 0, 0))[:2]
     for k in range(k_n):
         oc0 = (ocg * k_n + k) * ob
         for j in range(width):
-            index = [n, ocg * k_n + k, oh, ow0 + j, 0]
-            store(kb.get(accs[k][j]), oc0, out, kb.dot(index[:4], out.strides[:4]),
-                  epilogue=(epilogue, index))
+            index = [n, ocg * k_n + k, oh, ow0 + j, 0]  # (the epilogue's: unpadded)
+            at = kb.dot([n, ocg * k_n + k, oh + pt, ow0 + j + pl], out.strides[:4])
+            store(kb.get(accs[k][j]), oc0, out, at, epilogue=(epilogue, index))
+
+
+def fill_borders(kb, node, out, plane, oh, oh_n: int) -> None:
+    """attr out_pads (transform/padded_outputs.py): the border pixels of output row
+    oh (< oh_n) of `plane`, the flat (image, channel block) index, hold out_fill: the
+    row's left and right ones, and with the first row the rows above, with the last
+    the rows below."""
+    pt, pl, pb, pr = node.attr("out_pads")
+    _, _, hp, wp, ob = out.type.shape
+    fill = ir.Constant(ir.VectorType(I8, ob), [node.attr("out_fill") & 0xFF] * ob)
+
+    def put(row, col) -> None:
+        kb.b.store(fill, kb.gep(out, ((plane * hp + row) * wp + col) * ob), align=1)
+
+    for col in [*range(pl), *range(wp - pr, wp)]:
+        put(oh + pt, col)
+    for edge, rows in ((oh < 1, range(pt)), (oh >= oh_n - 1, range(pt + oh_n, hp))):
+        if rows:
+            with kb.if_(edge):
+                for row in rows:
+                    with kb.loop(0, wp, "border") as col:
+                        put(row, col)
 
 
 class Requantize:
@@ -404,7 +432,9 @@ def _dw_lower(kb, node, ins, out, epilogue):
     x, w, bias, mult, yzp = ins
     n_n, cb_n, hp, wp, ob = x.type.shape
     _, kh_n, kw_n, _ = w.type.shape
-    _, _, oh_n, ow_n, _ = out.type.shape
+    _, _, oh_p, ow_p, _ = out.type.shape
+    pt, pl, pb, pr = node.attr("out_pads", (0, 0, 0, 0))  # out_pads: not with `dot`
+    oh_n, ow_n = oh_p - pt - pb, ow_p - pl - pr
     sh, sw = node.attr("strides")
     kind = node.attr("dot")  # smlad, mve: four channels a word (ob is 4), borders
     t = DSP_DEPTHWISE_COLUMNS if kind else max(1, min(ow_n, registers(ob) - 4))
@@ -441,7 +471,7 @@ def _dw_lower(kb, node, ins, out, epilogue):
                         xv = kb.b.sext(xv, acc_t) if signed else kb.b.zext(xv, acc_t)
                         accs[j] = kb.b.add(accs[j], kb.b.mul(xv, wv))
             for j in range(width):
-                store(accs[j], cb * ob, out, ((plane * oh_n + oh) * ow_n + ow0 + j) * ob)
+                store(accs[j], cb * ob, out, ((plane * oh_p + oh + pt) * ow_p + ow0 + j + pl) * ob)
 
         full = ow_n // t
         if full:
@@ -449,6 +479,8 @@ def _dw_lower(kb, node, ins, out, epilogue):
                 tile(j * t, t)
         if ow_n % t:
             tile(full * t, ow_n % t)
+        if node.attr("out_pads"):
+            fill_borders(kb, node, out, plane, oh, oh_n)
 
 
 lowering("qdepthwise_conv2d_nchwc", lower=_dw_lower)

@@ -34,8 +34,9 @@ def _infer(types, node):
         raise ModelError(f"node {node.name!r} (qconv2d_nchwc): weights {list(w.shape)} do "
                          f"not match input {list(x.shape)} {x.dtype}")
     sh, sw = node.attr("strides")
-    return [TensorType((n, ocg * kob // ob, (hp - kh) // sh + 1, (wp - kw) // sw + 1, ob),
-                       node.attr("out"))]
+    pt, pl, pb, pr = node.attr("out_pads", (0, 0, 0, 0))  # transform/padded_outputs.py
+    return [TensorType((n, ocg * kob // ob, (hp - kh) // sh + 1 + pt + pb,
+                        (wp - kw) // sw + 1 + pl + pr, ob), node.attr("out"))]
 
 
 # An anchor: a residual block's DequantizeLinear-Add-QuantizeLinear joins it as the
@@ -53,7 +54,9 @@ def _dw_infer(types, node):
     sh, sw = node.attr("strides")
     pt, pl, pb, pr = node.attr("pads", (0, 0, 0, 0))  # borders the kernel pads (smlad)
     hp, wp = hp + pt + pb, wp + pl + pr
-    return [TensorType((n, cb, (hp - kh) // sh + 1, (wp - kw) // sw + 1, b), node.attr("out"))]
+    pt, pl, pb, pr = node.attr("out_pads", (0, 0, 0, 0))  # transform/padded_outputs.py
+    return [TensorType((n, cb, (hp - kh) // sh + 1 + pt + pb, (wp - kw) // sw + 1 + pl + pr, b),
+                       node.attr("out"))]
 
 
 register("qdepthwise_conv2d_nchwc", OpKind.OPAQUE, _dw_infer)

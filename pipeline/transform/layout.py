@@ -28,7 +28,9 @@ With b the target's vector width (16 floats on AVX-512, 8 on AVX2):
   - dense with a constant weight uses the packed-weight kernel (ops/dense_packed.py);
   - matmul_nbits with constant 4-bit weights takes them in the cols16(x4) layout (ops/nbits.py);
   - every other consumer, and every graph output, sees the plain NCHW tensor:
-    a layout_transform is inserted (once per tensor) where layouts meet.
+    a layout_transform is inserted (once per tensor) where layouts meet;
+  - last, on a vnni/sdot target, an int8 conv whose only reader is the next conv's
+    qpad_nchwc writes that padded layout itself (transform/padded_outputs.py).
 Blocked tensors are named `<plain name>.nchw<b>c`; plain names keep their meaning.
 """
 
@@ -57,6 +59,7 @@ from pipeline.ops import OpKind, get, infer_types
 from pipeline.ops.geometry import QTYPES
 from pipeline.ops.nbits import RUNS, nbits_layout, to_cols16
 from pipeline.transform.context import PassConfig
+from pipeline.transform.padded_outputs import write_padded_outputs
 from pipeline.transform.util import prune
 
 # The float types the blocked kernels take (float16 loads and stores convert: dsl/builder.py).
@@ -445,7 +448,8 @@ class _Rewriter:
         for name in self.graph.outputs:
             self.need_plain(name)
         graph = self.graph.replace(nodes=tuple(self.nodes), types=self.types)
-        return prune(graph, self.params)
+        return prune(write_padded_outputs(graph) if self.dot in ("vnni", "sdot") else graph,
+                     self.params)
 
 
 def _input_block(c: int, vw: int) -> int:

@@ -168,6 +168,62 @@ def test_blocked_int8_kernels_cover_the_cnn():
     assert ops.count("qdense_packed") == 1 and "matmul_integer" not in ops
 
 
+def conv_chain() -> onnx.ModelProto:
+    """conv 3x3 -> relu -> conv 3x3 (16 -> 32) -> depthwise 3x3 -> conv 3x3 stride 2:
+    each padded convolution's input written by the one before alone."""
+    inits = {"wa": rand(16, 16, 3, 3, seed=21, low=-0.3, high=0.3), "ba": rand(16, seed=22),
+             "wb": rand(32, 16, 3, 3, seed=23, low=-0.3, high=0.3),
+             "wc": rand(32, 1, 3, 3, seed=24, low=-0.5, high=0.5),
+             "wd": rand(16, 32, 3, 3, seed=25, low=-0.2, high=0.2)}
+    nodes = [node("Conv", ["x", "wa", "ba"], ["a"], pads=[1, 1, 1, 1]),
+             node("Relu", ["a"], ["ra"]),
+             node("Conv", ["ra", "wb"], ["b"], pads=[1, 1, 1, 1]),
+             node("Conv", ["b", "wc"], ["c"], pads=[1, 1, 1, 1], group=32),
+             node("Conv", ["c", "wd"], ["y"], pads=[1, 1, 1, 1], strides=[2, 2])]
+    return make_model(nodes, [("x", (1, 16, 12, 12))], [("y", (1, 16, 6, 6))], inits)
+
+
+@pytest.mark.parametrize("fmt,activations", [("QDQ", "uint8"), ("QDQ", "int8"),
+                                             ("QOperator", "uint8")])
+def test_convolutions_write_the_next_ones_padded_input(fmt, activations):
+    """AlterOpLayout's write_padded_outputs: a blocked int8 conv (qconv2d_nchwc or the
+    depthwise one) whose output only the next conv's qpad_nchwc reads writes that
+    padded layout itself, borders filled with the zero point (int8 activations:
+    nonzero, so a border left unwritten would show), and the pad goes; the small
+    CNN's relu output, read by two convs, keeps its pad, as does a quantized input.
+    Results within one step of onnxruntime's."""
+    from pipeline.ir.target import parse_target
+
+    samples = iter([{"x": rand(1, 16, 12, 12, seed=30 + k, low=-2, high=2)} for k in range(4)])
+
+    class Reader(quantization.CalibrationDataReader):
+        def get_next(self):
+            return next(samples, None)
+
+    qtype = {"uint8": quantization.QuantType.QUInt8, "int8": quantization.QuantType.QInt8}
+    with tempfile.TemporaryDirectory() as tmp:
+        quantization.quantize_static(
+            conv_chain(), Path(tmp) / "q.onnx", Reader(),
+            quant_format=getattr(quantization.QuantFormat, fmt), per_channel=True,
+            activation_type=qtype[activations], weight_type=quantization.QuantType.QInt8)
+        model = onnx.load(str(Path(tmp) / "q.onnx"))
+    target = parse_target("llvm -mcpu=znver4")
+    # (the pad of the quantized input stays: a quantize_linear writes it)
+    for m, pads_left, writers in ((model, 1, 3), (quantized(fmt, activations), 2, 1)):
+        graph, params = from_onnx(m)
+        with PassContext(opt_level=3, disabled_pass=["FuseOps"]):
+            optimized, _ = optimize(graph, params, target=target)
+        ops = [n.op for n in optimized.nodes]
+        assert ops.count("qpad_nchwc") == pads_left, ops
+        padded = [n for n in optimized.nodes if n.attr("out_pads")]
+        assert len(padded) == writers
+        assert all(optimized.types[n.outputs[0]].shape[2:4] == optimized.types[
+            next(c for c in optimized.nodes if n.outputs[0] in c.inputs).inputs[0]].shape[2:4]
+            for n in padded)
+    assert_within_steps(model, {"x": rand(1, 16, 12, 12, seed=98, low=-2, high=2)})
+    assert_within_steps(model, {"x": rand(1, 16, 12, 12, seed=97, low=-1, high=3)})
+
+
 def test_fuse_qdq_leaves_a_nonzero_weight_zero_point():
     """uint8 (asymmetric) weights: no integer kernel, explicit (de)quantize kernels."""
     model = quantized("QDQ", "uint8")
