@@ -93,8 +93,7 @@ def _quantize_block(kb, src, at, block: int, scratch, slot, parts: int) -> None:
             if p:  # a residual within half a step of the part before, but clamped
                 q = kb.intrinsic("maxnum", kb.intrinsic("minnum", q, vconst(127.0, LANES)),
                                  vconst(-127.0, LANES))
-                # (the next residual, exact: one rounding of a difference this small)
-            if p + 1 < parts:
+            if p + 1 < parts:  # what is left for the next part: exact in one FMA
                 values[i] = fma(kb, q, kb.splat(kb.fsub(kb.f32(0.0), scale), LANES), v)
             q = kb.b.fptosi(q, ir.VectorType(I32, LANES))
             ints.append(q)
