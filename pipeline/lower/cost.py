@@ -47,9 +47,9 @@ def _op_flops(op, args: list[TensorType], out: TensorType) -> int:
     if name == "conv2d_winograd_nchwc":  # counted as the direct 3x3 conv it computes
         return 2 * out.size * 9 * args[1].shape[2] + (out.size if len(args) > 2 else 0)
     if name in _CONV:
-        w = args[1]
+        w, size = args[1], _computed(op, out)
         per_out = w.size // _out_channels(name, out)
-        return 2 * out.size * per_out + (out.size if len(args) > 2 else 0)
+        return 2 * size * per_out + (size if len(args) > 2 else 0)
     if name in _CONV_T:
         w = args[1]
         return 2 * args[0].size * (w.size // w.shape[0]) + (out.size if len(args) > 2 else 0)
@@ -64,6 +64,16 @@ def _op_flops(op, args: list[TensorType], out: TensorType) -> int:
     if get(name).kind == OpKind.ELEMENTWISE:
         return out.size
     return max([out.size, *(a.size for a in args)])
+
+
+def _computed(op, out: TensorType) -> int:
+    """The outputs a conv computes: out's, less the border of a padded output (an
+    int8 conv's attr out_pads, transform/padded_outputs.py), which it only fills."""
+    if not op.attr("out_pads"):
+        return out.size
+    pt, pl, pb, pr = op.attr("out_pads")
+    h, w = out.shape[2], out.shape[3]
+    return out.size // (h * w) * (h - pt - pb) * (w - pl - pr)
 
 
 def _out_channels(name: str, out: TensorType) -> int:

@@ -30,6 +30,16 @@ def test_qconv_counts_its_multiply_adds():
     assert flops == 2 * size * 64 * 9 + size
 
 
+def test_a_padded_output_counts_only_what_the_conv_computes():
+    """attr out_pads (transform/padded_outputs.py): the 8 x 8 outputs of a 10 x 10
+    padded tensor, not its border."""
+    params = [((1, 4, 10, 10, 16), "uint8"), ((2, 4, 3, 3, 4, 32, 4), "int8"),
+              ((64,), "int32"), ((64,), "float32"), ((), "uint8"), ((1, 4, 10, 10, 16), "uint8")]
+    size = 4 * 8 * 8 * 16
+    assert _flops("qconv2d_nchwc", params, out_pads=(1, 1, 1, 1), out_fill=0) == \
+        2 * size * 64 * 9 + size
+
+
 def test_qdepthwise_counts_its_taps():
     out = (1, 2, 8, 8, 16)
     flops = _flops("qdepthwise_conv2d_nchwc", [((1, 2, 10, 10, 16), "uint8"),
