@@ -59,6 +59,12 @@ from pipeline.ops import OpKind, get, infer_types
 from pipeline.ops.geometry import QTYPES
 from pipeline.ops.nbits import RUNS, nbits_layout, to_cols16
 from pipeline.transform.context import PassConfig
+from pipeline.transform.layout_arrays import (
+    columns_as_channels,
+    pad_channels,
+    pad_columns,
+    pad_filters,
+)
 from pipeline.transform.padded_outputs import write_padded_outputs
 from pipeline.transform.util import prune
 
@@ -156,9 +162,9 @@ class _Rewriter:
             return self.conv_winograd(node, weight, oh, ow)
         k = tiling(oh, ow, (oc + pad) // self.vw, self.vw)[0]
         packed = self.param(("conv", w, ib, k), f"{w}.packed",
-                            lambda: pack_weight(_pad_filters(weight, pad), ib, self.vw, k))
+                            lambda: pack_weight(pad_filters(weight, pad), ib, self.vw, k))
         bias = [self.param(("pad", b, pad), f"{b}.padded",
-                           lambda b=b: _pad_filters(self.params[b], pad)) if pad else b
+                           lambda b=b: pad_filters(self.params[b], pad)) if pad else b
                 for b in node.inputs[2:]]
         self.blocked_output(node, "conv2d_nchwc", [self.need_blocked(x, ib), packed, *bias],
                             oc_block=self.vw)
@@ -191,9 +197,9 @@ class _Rewriter:
         pad = -oc % self.vw
         w = node.inputs[1]
         packed = self.param(("depthwise", w, self.vw), f"{w}.packed",
-                            lambda: pack_depthwise_weight(_pad_filters(weight, pad), self.vw))
+                            lambda: pack_depthwise_weight(pad_filters(weight, pad), self.vw))
         bias = [self.param(("pad", b, pad), f"{b}.padded",
-                           lambda b=b: _pad_filters(self.params[b], pad)) if pad else b
+                           lambda b=b: pad_filters(self.params[b], pad)) if pad else b
                 for b in node.inputs[2:]]
         inputs = [self.need_blocked(node.inputs[0], self.vw), packed, *bias]
         attrs = {k: v for k, v in node.attrs if k in ("strides", "pads")}
@@ -258,7 +264,7 @@ class _Rewriter:
         window = weight.shape[3] if c == 1 and weight.shape[3] <= 4 and not depthwise \
             and self.dot in ("smlad", "mve") else 0
         if window:
-            weight, c = _columns_as_channels(weight), 4
+            weight, c = columns_as_channels(weight), 4
         if depthwise:
             c = oc
         ib = self.vw if depthwise else input_block(c, self.vw)
@@ -326,17 +332,17 @@ class _Rewriter:
         n = weight.shape[1]
         padded = n + -n % lanes
         packed = self.param(("qdense", b, lanes), f"{b}.packed",
-                            lambda: pack_qdense(_pad_columns(weight, padded), lanes)[0])
+                            lambda: pack_qdense(pad_columns(weight, padded), lanes)[0])
         colsum = self.param(("qcolsum", b, padded), f"{b}.colsum",
-                            lambda: pack_qdense(_pad_columns(weight, padded), lanes)[1])
+                            lambda: pack_qdense(pad_columns(weight, padded), lanes)[1])
         extra = list(node.inputs[4:])
         if extra:  # per-column multiplier, as the kernel loads vectors of it
             extra[1] = self.param(("qmult", extra[1], padded), f"{extra[1]}.per_column",
-                                  lambda: _pad_columns(np.broadcast_to(
+                                  lambda: pad_columns(np.broadcast_to(
                                       self.params[node.inputs[5]].reshape(-1), (n,)),
                                       padded).astype(np.float32))
             extra[0] = self.param(("qbias", extra[0], padded), f"{extra[0]}.per_column",
-                                  lambda: _pad_columns(np.broadcast_to(
+                                  lambda: pad_columns(np.broadcast_to(
                                       self.params[node.inputs[4]].reshape(-1), (n,)),
                                       padded).astype(np.int32))
         self.emit(Node.make("qdense_packed", node.name,
@@ -362,7 +368,7 @@ class _Rewriter:
         if pad and not all(self.has_blocked(i) for i in acts):
             return False
         inputs = [self.param(("bcast", i, self.vw), f"{i}.nchw{self.vw}c",
-                             lambda i=i: to_blocked(_pad_channels(self.params[i],
+                             lambda i=i: to_blocked(pad_channels(self.params[i],
                                                                   out_type.shape[1], pad),
                                                     self.vw))
                   if i in self.params else self.need_blocked(i, self.vw)
@@ -460,34 +466,6 @@ def _input_block(c: int, vw: int) -> int:
     if c % vw == 0 or c <= vw:
         return vw if c % vw == 0 else c
     return next((d for d in range(vw, vw // 2 - 1, -1) if c % d == 0), 0)
-
-
-def _columns_as_channels(weight: np.ndarray) -> np.ndarray:
-    """[OC, 1, KH, KW <= 4] -> [OC, 4, KH, 1]: channel j the weight of column j (zero
-    past KW), for qpad_nchwc's window layout (four consecutive columns a pixel)."""
-    oc, _, kh, kw = weight.shape
-    out = np.zeros((oc, 4, kh, 1), weight.dtype)
-    out[:, :kw, :, 0] = weight[:, 0].transpose(0, 2, 1)
-    return out
-
-
-def _pad_columns(value: np.ndarray, width: int) -> np.ndarray:
-    """`value` ([..., N]) with zero columns appended up to `width`, contiguous."""
-    pad = [(0, 0)] * (value.ndim - 1) + [(0, width - value.shape[-1])]
-    return np.ascontiguousarray(np.pad(value, pad))
-
-
-def _pad_filters(value: np.ndarray, pad: int) -> np.ndarray:
-    """`value` (weights [OC, ...] or bias [OC]) with `pad` zero filters appended."""
-    return np.pad(value, [(0, pad)] + [(0, 0)] * (value.ndim - 1)) if pad else value
-
-
-def _pad_channels(value: np.ndarray, channels: int, pad: int) -> np.ndarray:
-    """A constant broadcast against [N, channels, H, W]: with a channel dim of its own,
-    `pad` zero channels appended (as numpy broadcasting aligns it, rank up to 4)."""
-    v = value.reshape((1,) * (4 - value.ndim) + value.shape)
-    return _pad_filters(v.swapaxes(0, 1), pad).swapaxes(0, 1) if pad and v.shape[1] == \
-        channels else value
 
 
 def alter_op_layout(graph: Graph, params: dict, cfg: PassConfig, target: Target | None = None):
