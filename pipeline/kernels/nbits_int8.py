@@ -24,7 +24,7 @@ quantized (_quantize_rows) into stack buffers the work items share: per row and 
 scale = max |a| / 127 and q = roundeven(a * 127 / max |a|) (0 for a block of zeros),
 as onnxruntime's MLAS does, then for more parts the residual's q at scale / STEPS,
 ..., stored with each run of 8 values as its 4 even ones, then its 4 odd ones, the
-parts' scales and the block's sum (of the q: one part; of the values: three) beside;
+parts' scales and the block's sum (of the values the parts make) beside;
 a last partial block (K not a multiple of the block) is padded with zeros, so the
 weights' padding meets zeros. A row's int8 values take QUANT_BYTES at most: more rows
 go in chunks, each quantized, then multiplied (a prefill's weights are read once per
@@ -37,10 +37,10 @@ meeting 4 bytes of a row's int8 values (per part) broadcast in one vpdpbusd (dot
 lane j, the sum of 4 products of column j), so per 128 weights: one load, three
 operations, and 2 vpdpbusd per row and part, where the float kernel unpacks,
 converts and FMAs every weight. A row's block sums d (int32, per column) then meet
-the zero point through the row's block sum, sum((w - z) q) = d - z * sum(q) (three
-parts: sum_p s_p d_p - z * sum(a)), and as float the scales, in one FMA into the
-row's float accumulator; no lane sums: the 16 lanes are the 16 columns' outputs,
-biased and finished as one vector (store_lanes; a last group past N: lane by lane).
+the zero point through the row's block sum, sum((w - z) a) = sum_p s_p d_p - z *
+sum(a), which times the weights' scales goes in one FMA into the row's float
+accumulator; no lane sums: the 16 lanes are the 16 columns' outputs, biased and
+finished as one vector (store_lanes; a last group past N: lane by lane).
 """
 
 from __future__ import annotations
@@ -76,8 +76,8 @@ _EVENS_FIRST = [base + k for base in (0, 8) for k in (0, 2, 4, 6, 1, 3, 5, 7)]
 def _quantize_block(kb, src, at, block: int, scratch, slot, parts: int) -> None:
     """The `block` floats of `src` from `at` as `parts` int8 parts (module doc) into
     qa (part p's bytes from (slot * parts + p) * block, 8-value runs evens first)
-    and their scales into qs (floats from slot * (parts + 1)), then the block's sum:
-    one part, the sum of its int8 values; more, the sum of the values they make."""
+    and their scales into qs (floats from slot * (parts + 1)), then the block's sum of
+    the values they make (sum over p of scale_p * sum(q_p))."""
     qa, qs, _ = scratch
     values = [kb.vload(src, at + i * LANES, LANES) for i in range(block // LANES)]
     amax = reduce_lanes(kb, tree([kb.intrinsic("fabs", v) for v in values],
@@ -87,14 +87,14 @@ def _quantize_block(kb, src, at, block: int, scratch, slot, parts: int) -> None:
                         kb.fdiv(kb.f32(127.0), amax, fast=False), kb.f32(0.0))
     scale, total = kb.fdiv(amax, kb.f32(127.0), fast=False), kb.f32(0.0)
     for p in range(parts):
-        ints = []
+        ints, minus_scale = [], kb.splat(kb.fsub(kb.f32(0.0), scale), LANES)
         for i, v in enumerate(values):
             q = kb.intrinsic("roundeven", kb.fmul(v, kb.splat(inverse, LANES), fast=False))
             if p:  # a residual within half a step of the part before, but clamped
                 q = kb.intrinsic("maxnum", kb.intrinsic("minnum", q, vconst(127.0, LANES)),
                                  vconst(-127.0, LANES))
             if p + 1 < parts:  # what is left for the next part: exact in one FMA
-                values[i] = fma(kb, q, kb.splat(kb.fsub(kb.f32(0.0), scale), LANES), v)
+                values[i] = fma(kb, q, minus_scale, v)
             q = kb.b.fptosi(q, ir.VectorType(I32, LANES))
             ints.append(q)
             q8 = kb.b.trunc(q, ir.VectorType(I8, LANES))
@@ -103,7 +103,7 @@ def _quantize_block(kb, src, at, block: int, scratch, slot, parts: int) -> None:
             kb.b.store(q8, kb.gep(qa, (slot * parts + p) * block + i * LANES), align=1)
         count = kb.b.sitofp(reduce_lanes(kb, tree(ints, kb.b.add), kb.b.add), F32)
         kb.store(qs, slot * (parts + 1) + p, scale)
-        total = count if parts == 1 else fma(kb, count, scale, total)
+        total = fma(kb, count, scale, total)
         scale = kb.fdiv(scale, kb.f32(STEPS), fast=False)
         inverse = kb.fmul(inverse, kb.f32(STEPS), fast=False)
     kb.store(qs, slot * (parts + 1) + parts, total)
@@ -165,11 +165,6 @@ def _tile(kb, node, ins, g, r0, rows_n: int, scratch, parts: int) -> list[ir.Val
             dots = [kb.b.sitofp(tree([kb.get(x) for x in sums[r][p]], kb.b.add),
                                 ir.VectorType(F32, LANES)) for p in range(parts)]
             a_sum = kb.splat(kb.load(qs, slot + parts), LANES)
-            if parts == 1:  # sum((w - z) q) = d - z sum(q), times both scales
-                x = kb.fsub(dots[0], kb.fmul(zv, a_sum))
-                kb.set(accs[r], fma(kb, x, kb.fmul(sv, kb.splat(kb.load(qs, slot), LANES)),
-                                    kb.get(accs[r])))
-                continue
             # sum((w - z) a) = sum_p s_p d_p - z sum(a), times the weights' scales
             x = kb.fmul(dots[0], kb.splat(kb.load(qs, slot), LANES))
             for p in range(1, parts):
@@ -250,11 +245,15 @@ def _lower(kb, node, ins, out, epilogue):
     """accuracy 4: one int8 part; other levels in cols16x4: three (fp32-class) for
     fewer than GEMM_ROWS rows, else the float kernel's blocked form (a prefill's
     products are compute-bound: three int8 parts would cost three level-4 products)."""
-    if node.attr("layout") != "cols16x4" or (node.attr("accuracy") != 4 and blocked_width(
-            kb, node, ins[0].type.size // node.attr("k"), out.type.shape[-1])):
+    rows = ins[0].type.size // node.attr("k")
+    if node.attr("layout") != "cols16x4":
+        lower_float(kb, node, ins, out, epilogue)
+    elif node.attr("accuracy") == 4:
+        _lower_int8(kb, node, ins, out, epilogue, 1)
+    elif blocked_width(kb, node, rows, out.type.shape[-1]):
         lower_float(kb, node, ins, out, epilogue)
     else:
-        _lower_int8(kb, node, ins, out, epilogue, 1 if node.attr("accuracy") == 4 else 3)
+        _lower_int8(kb, node, ins, out, epilogue, 3)
 
 
 lowering("matmul_nbits", lower=_lower)
