@@ -27,9 +27,11 @@ from pipeline.ops.geometry import logical_shapes
 def _lower(kb, node, ins, out, epilogue):
     q, k, v = ins[:3]
     mask = ins[3] if len(ins) > 3 else None
-    if node.attr("mask_keys", "all") != "all":  # FuseAttention makes it for runtime lengths
+    # FuseAttention makes these for runtime lengths only
+    if node.attr("mask_keys", "all") != "all" or node.attr("appended", False):
         raise ModelError(f"node {node.name!r} (attention): mask_keys "
-                         f"{node.attr('mask_keys')!r} needs runtime lengths (executor vm)")
+                         f"{node.attr('mask_keys')!r}, appended {node.attr('appended', False)}"
+                         " need runtime lengths (executor vm)")
     (bn, hn, sq, d), (_, _, _, sk), (_, _, _, dv) = logical_shapes(
         [t.type.shape for t in ins], node)
     qs, ks, vs = (tuple(buf.strides[p] for p in node.attr(f"{n}_perm"))

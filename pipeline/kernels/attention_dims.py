@@ -14,7 +14,9 @@ product: each V row loaded once for the tile's rows). The last, partial block's
 other lanes score -inf. Rows are divided by l at the end. The work items are heads x
 parts (the heads a static count; a part takes every parts-th query chunk of every
 batch), split over the thread team; each body re-reads the runtime dimensions in its
-own function (dsl/dims.py).
+own function (dsl/dims.py). With attribute appended (ops/attention.py) the keys come
+from two sources, the cache's K and V and the new ones after them: the blocks run
+over the one, then the other (the online softmax takes blocks in any order).
 
 Measured against the static kernel built for one shape (docs/vm.md, "Speed"): packing
 per tile of 4 rows and updating per 16 keys made this kernel 2x the static one at
@@ -41,6 +43,7 @@ from pipeline.dsl.vector import (
 )
 from pipeline.errors import ModelError
 from pipeline.ir.graph import row_major_strides
+from pipeline.ops.attention import split_appended
 from pipeline.ops.geometry import logical_shapes
 
 LANES = 16  # keys per vector of scores
@@ -89,13 +92,26 @@ class _Tile:
 
     def __init__(self, kb, node, ins, out, types):
         self.kb, self.ins, self.out = kb, ins, out
-        (self.bn, self.hn, self.sq, self.d), (_, _, _, self.sk), (_, _, _, self.dv) = \
+        (ins, appended), out_type = split_appended(ins, node), types[-1]
+        types, appended_types = split_appended(types[:-1], node)
+        (self.bn, self.hn, self.sq, self.d), _, (_, _, _, self.dv) = \
             logical_shapes([t.shape for t in types[:3]], node)
         strides = [row_major_strides(t.shape) for t in types]
-        self.qs, self.ks, self.vs = (tuple(strides[n][p] for p in node.attr(f"{name}_perm"))
-                                     for n, name in enumerate("qkv"))
+        self.qs = tuple(strides[0][p] for p in node.attr("q_perm"))
+        # The key sources, each (K, its strides, V, its strides, key count, first key):
+        # K and V, then the keys appended after them (attribute appended); the blocks
+        # of keys run over each in turn (use)
+        self.sources, self.sk = [], 0
+        for k, v, kt, vt in [(ins[1], ins[2], *types[1:3])] + ([(
+                *appended, *appended_types)] if appended else []):
+            ks, vs = (tuple(row_major_strides(t.shape)[p] for p in node.attr(f"{n}_perm"))
+                      for t, n in ((kt, "k"), (vt, "v")))
+            count = kt.shape[node.attr("k_perm")[3]]
+            self.sources.append((k, ks, v, vs, count, self.sk))
+            self.sk = self.sk + count
+        self.use(self.sources[0])
         out_perm = node.attr("out_perm")
-        self.os = tuple(strides[-1][out_perm.index(u)] for u in range(4))
+        self.os = tuple(row_major_strides(out_type.shape)[out_perm.index(u)] for u in range(4))
         self.mask = (ins[3], types[3].shape, strides[3]) if len(ins) > 3 else None
         # mask_keys="last": the mask's columns are the last keys, the earlier ones
         # (a KV cache's) unmasked: key j reads column j - mask_from (ops/attention.py)
@@ -111,9 +127,15 @@ class _Tile:
         self.m, self.l = kb.scratch(CHUNK), kb.scratch(CHUNK)
         # A chunk of one query row (a decode step) reads K and V rows where they are
         # when both run along their head dims (no panels: _one_row_scores)
-        self.direct = all(isinstance(x, int) and x == 1 for x in (self.qs[3], self.ks[2],
-                                                                 self.vs[3])) \
+        self.direct = all(isinstance(x, int) and x == 1 for x in (
+            self.qs[3], *(ks[2] for _, ks, *_ in self.sources),
+            *(vs[3] for _, _, _, vs, *_ in self.sources))) \
             and self.d % LANES == 0 and self.dv == self.dvp
+
+    def use(self, source: tuple) -> None:
+        """Make `source` (one of self.sources) the keys the block loops read: self.k,
+        self.ks, self.v, self.vs, its key count self.part and first key self.key0."""
+        self.k, self.ks, self.v, self.vs, self.part, self.key0 = source
 
 
 def _attention(kb, node, ins, out, types, item, parts: int) -> None:
@@ -171,23 +193,26 @@ def _query_chunk(t: _Tile, b, h, c0, n) -> None:
 
 
 def _key_blocks(t: _Tile, b, h, c0, n, tiles, direct: bool) -> None:
-    """The chunk's n rows take every key block: packed once (not `direct`: one row
-    reads K and V in place), then the tiles of ROWS rows, the last n % ROWS alone."""
+    """The chunk's n rows take every key block of each key source in turn (t.sources):
+    packed once (not `direct`: one row reads K and V in place), then the tiles of ROWS
+    rows, the last n % ROWS alone."""
     kb = t.kb
-    with kb.loop(0, (t.sk + (BLOCK - 1)) // BLOCK, "jb") as jb:
-        j0 = jb * BLOCK
-        count = kb.smin(t.sk - j0, BLOCK)  # the block's valid keys
-        limit = kb.splat(kb.b.sitofp(count.value, F32), LANES)
-        valid = [kb.b.fcmp_ordered("<", ir.Constant(ir.VectorType(F32, LANES), [
-            float(sub * LANES + k) for k in range(LANES)]), limit) for sub in range(SUBS)]
-        if direct:
-            _tile_block(t, b, h, c0, 0, 1, j0, count, valid, direct=True)
-        else:
-            _pack(t, b, h, j0, count)
-            with kb.loop(0, tiles, "it") as it:
-                _tile_block(t, b, h, c0, it * ROWS, ROWS, j0, count, valid)
-            with kb.loop(tiles * ROWS, n, "ir") as i:
-                _tile_block(t, b, h, c0, i, 1, j0, count, valid)
+    for source in t.sources:
+        t.use(source)
+        with kb.loop(0, (t.part + (BLOCK - 1)) // BLOCK, "jb") as jb:
+            j0 = jb * BLOCK
+            count = kb.smin(t.part - j0, BLOCK)  # the block's valid keys
+            limit = kb.splat(kb.b.sitofp(count.value, F32), LANES)
+            valid = [kb.b.fcmp_ordered("<", ir.Constant(ir.VectorType(F32, LANES), [
+                float(sub * LANES + k) for k in range(LANES)]), limit) for sub in range(SUBS)]
+            if direct:
+                _tile_block(t, b, h, c0, 0, 1, j0, count, valid, direct=True)
+            else:
+                _pack(t, b, h, j0, count)
+                with kb.loop(0, tiles, "it") as it:
+                    _tile_block(t, b, h, c0, it * ROWS, ROWS, j0, count, valid)
+                with kb.loop(tiles * ROWS, n, "ir") as i:
+                    _tile_block(t, b, h, c0, i, 1, j0, count, valid)
 
 
 def _tile_block(t: _Tile, b, h, c0, r0, rows: int, j0, count, valid,
@@ -202,7 +227,8 @@ def _tile_block(t: _Tile, b, h, c0, r0, rows: int, j0, count, valid,
         for r, sub in itertools.product(range(rows), (pair, pair + 1)):
             s = kb.fmul(scores[r][sub - pair], vconst(t.scale, LANES))
             if t.mask is not None:
-                s = kb.fadd(s, _mask_vector(t, b, h, c0 + r0 + r, j0, sub * LANES, count))
+                s = kb.fadd(s, _mask_vector(t, b, h, c0 + r0 + r, t.key0 + j0, sub * LANES,
+                                            count))
             kb.vstore(t.s, r * BLOCK + sub * LANES,
                       kb.b.select(valid[sub], s, vconst(-3.0e38, LANES)))
     rescale = [_update_row(t, r0 + r, r * BLOCK) for r in range(rows)]
@@ -212,7 +238,7 @@ def _tile_block(t: _Tile, b, h, c0, r0, rows: int, j0, count, valid,
         return
     v0 = b * t.vs[0] + h * t.vs[1]
     _accumulate(t, r0, rescale, count,
-                lambda key, g: kb.vload(t.ins[2], v0 + (j0 + key) * t.vs[2] + g * t.g, t.g))
+                lambda key, g: kb.vload(t.v, v0 + (j0 + key) * t.vs[2] + g * t.g, t.g))
 
 
 def _pack(t: _Tile, b, h, j0, count) -> None:
@@ -229,7 +255,7 @@ def _pack(t: _Tile, b, h, j0, count) -> None:
     if isinstance(t.ks[2], int) and t.ks[2] == 1 and t.d % LANES == 0:
         with kb.loop(0, count // LANES, "sq") as sq, kb.loop(0, t.d // LANES, "cg") as cg:
             l0, c0 = sq * LANES, cg * LANES
-            keys = [kb.vload(t.ins[1], k0 + (j0 + l0 + r) * t.ks[3] + c0, LANES)
+            keys = [kb.vload(t.k, k0 + (j0 + l0 + r) * t.ks[3] + c0, LANES)
                     for r in range(LANES)]
             for c, column in enumerate(transpose_square(kb, keys)):
                 kb.vstore(t.kt, (c0 + c) * BLOCK + l0, column)
@@ -237,17 +263,17 @@ def _pack(t: _Tile, b, h, j0, count) -> None:
     with kb.loop(scalar_from, count, "lane") as lane:
         j = j0 + lane
         with kb.loop(0, t.d, "c") as c:
-            kb.store(t.kt, c * BLOCK + lane, kb.load(t.ins[1], k0 + c * t.ks[2] + j * t.ks[3]))
+            kb.store(t.kt, c * BLOCK + lane, kb.load(t.k, k0 + c * t.ks[2] + j * t.ks[3]))
     with kb.loop(0, count, "vlane") as lane:
         j = j0 + lane
         if rows_whole:
             for g in range(t.dvp // t.g):
                 kb.vstore(t.vp, lane * t.dvp + g * t.g,
-                          kb.vload(t.ins[2], v0 + j * t.vs[2] + g * t.g, t.g))
+                          kb.vload(t.v, v0 + j * t.vs[2] + g * t.g, t.g))
         else:
             with kb.loop(0, t.dv, "e") as e:
                 kb.store(t.vp, lane * t.dvp + e,
-                         kb.load(t.ins[2], v0 + j * t.vs[2] + e * t.vs[3]))
+                         kb.load(t.v, v0 + j * t.vs[2] + e * t.vs[3]))
 
 
 def _scores(t: _Tile, b, h, i0, rows: int, subs: tuple[int, ...]) -> list:
@@ -282,7 +308,7 @@ def _one_row_scores(t: _Tile, b, h, i, j0, count, subs: tuple[int, ...]) -> list
             row = k0 + key * t.ks[3]
             acc = zeros(LANES)
             for c, q in enumerate(qv):
-                acc = fma(kb, q, kb.vload(t.ins[1], row + c * LANES, LANES), acc)
+                acc = fma(kb, q, kb.vload(t.k, row + c * LANES, LANES), acc)
             keys.append(acc)
         scores.append(functools.reduce(kb.fadd, transpose_square(kb, keys)))
     return [scores]

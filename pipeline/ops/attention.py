@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.errors import ModelError
+from pipeline.ir.dims import dim_sum
 from pipeline.ir.graph import TensorType
 from pipeline.ops.geometry import logical_shapes
 from pipeline.ops.registry import OpKind, broadcast_shape, register
@@ -21,10 +22,27 @@ from pipeline.ops.registry import OpKind, broadcast_shape, register
 OUTPUTS = ("y", "scores", "biased", "probs")
 
 
+def split_appended(items: list, node) -> tuple[list, list]:
+    """An attention node's inputs (or their types, or arrays) as [q, k, v(, mask)] and
+    the keys and values appended after K and V ([k_new, v_new] with attribute
+    `appended`, else [])."""
+    if node.attr("appended", False):
+        return list(items[:-2]), list(items[-2:])
+    return list(items), []
+
+
 def _infer(types, node):
     if any(t.dtype != "float32" for t in types):
         raise ModelError(f"node {node.name!r} (attention): float32 operands only")
+    types, appended = split_appended(types, node)
     q, kt, v = logical_shapes([t.shape for t in types], node)
+    if appended:
+        _, kt_new, v_new = logical_shapes([q, *(t.shape for t in appended)], node)
+        if kt_new[:3] != kt[:3] or (*v_new[:2], v_new[3]) != (*v[:2], v[3]):
+            raise ModelError(f"node {node.name!r} (attention): appended Kᵀ {list(kt_new)} "
+                             f"and V {list(v_new)} do not extend Kᵀ {list(kt)}, V {list(v)}")
+        kt = (*kt[:3], dim_sum((kt[3], kt_new[3])))
+        v = (*v[:2], dim_sum((v[2], v_new[2])), v[3])
     group = node.attr("group", 1)
     if not (q[0] == kt[0] == v[0] and kt[1] == v[1] and q[1] == kt[1] * group
             and q[3] == kt[2] and kt[3] == v[2]):
@@ -50,6 +68,10 @@ def _infer(types, node):
 
 
 def _numpy(xs, node):
+    xs, appended = split_appended(xs, node)
+    if appended:  # K and V whole: the appended ones after them along the key axis
+        xs = [xs[0], np.concatenate([xs[1], appended[0]], node.attr("k_perm")[3]),
+              np.concatenate([xs[2], appended[1]], node.attr("v_perm")[2]), *xs[3:]]
     q, k, v = (np.transpose(x, node.attr(f"{n}_perm")).astype(np.float64)
                for x, n in zip(xs, "qkv", strict=False))
     group = node.attr("group", 1)
@@ -112,6 +134,11 @@ With mask_keys="last" (FuseAttention's split KV-cache form,
 pipeline/transform/attention_split.py; the runtime-length kernel only) the mask's
 last axis covers only the last keys (the new ones after a cache) and the keys
 before them take no mask; the other axes broadcast as before.
+With appended=True (ReadCacheParts, transform/attention_split.py; the runtime-length
+kernel only) two more inputs k_new, v_new follow: keys and values in K's and V's
+layouts (same perms) appended after K's and V's along the key axis, so a KV cache is
+attended as the past and the new step's keys without the Concat that makes the
+present cache (which then only the model's outputs read).
 `output` other than "y" writes the scores instead (OUTPUTS above).
 """
 

@@ -33,7 +33,7 @@ import numpy as np
 
 from pipeline.ir.graph import Graph, Node, add_param
 from pipeline.ops.geometry import MAX_PANEL_FLOATS, panel_floats
-from pipeline.transform.attention_split import fuse_split_attention
+from pipeline.transform.attention_split import fuse_split_attention, read_cache_parts
 from pipeline.transform.context import PassConfig
 from pipeline.transform.util import fuse_chains, sole_user
 
@@ -43,7 +43,8 @@ _IDENTITY = (0, 1, 2, 3)
 def fuse_attention(graph: Graph, params: dict, cfg: PassConfig):
     """Rewrite each rotary embedding, then each attention chain (module doc), then each
     split KV-cache attention (transform/attention_split.py), into one rotary_embedding
-    or attention node."""
+    or attention node; then let attention read a KV cache and its new keys apart
+    (read_cache_parts)."""
     graph, params = _fuse_rotary(graph, params)
     types, params = dict(graph.types), dict(params)
 
@@ -59,7 +60,8 @@ def fuse_attention(graph: Graph, params: dict, cfg: PassConfig):
         return members, Node.make("attention", last.name, inputs, last.outputs, **attrs)
 
     graph, params = fuse_chains(graph, params, "matmul", fuse, types)
-    return fuse_split_attention(graph, params, _scalar, _fold_transposes)
+    graph, params = fuse_split_attention(graph, params, _scalar, _fold_transposes)
+    return read_cache_parts(graph), params
 
 
 def _match(scores: Node, graph: Graph, params: dict, consumers: dict, outputs: set,

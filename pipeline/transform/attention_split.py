@@ -15,6 +15,12 @@ and a Softmax over a runtime length (kernels/runtime_dims.py) when the lengths a
 symbolic. A Mul of Q by a constant scalar read only by the two products becomes the
 kernel's scale. Only for a symbolic key length (the VM's runtime-length kernel,
 kernels/attention_dims.py, reads such a mask); a static graph keeps its products.
+
+Then (read_cache_parts) an attention over a runtime key count whose K and V are each
+a Concat of the cache and the new keys reads the two parts (attribute appended):
+the Concats stay for the present outputs, but the attention no longer reads their
+copy, so their writes need not be in the cache (kernels/runtime_dims.py streams
+them past it when nothing else reads them).
 """
 
 from __future__ import annotations
@@ -52,6 +58,39 @@ def fuse_split_attention(graph: Graph, params: dict, scalar, fold_transposes):
                                            **attrs)
 
     return fuse_chains(graph, params, "softmax", fuse)
+
+
+def read_cache_parts(graph: Graph) -> Graph:
+    """graph with each attention over a runtime key count whose K and V are each a
+    Concat of two tensors along the key axis, split at the same key, reading those
+    tensors (attribute appended, ops/attention.py) instead of the Concats'."""
+    types = graph.types
+    made = {o: n for n in graph.nodes for o in n.outputs}
+
+    def parts(name: str, axis: int) -> tuple[str, ...] | None:
+        concat = made.get(name)
+        if concat is None or concat.op != "concat" or len(concat.inputs) != 2 or \
+                concat.attr("axis") % len(types[name].shape) != axis:
+            return None
+        return concat.inputs
+
+    nodes, cut = [], set()  # cut: the Concats' outputs the attentions no longer read
+    for node in graph.nodes:
+        if node.op == "attention" and not node.attr("appended", False):
+            k_axis, v_axis = node.attr("k_perm")[3], node.attr("v_perm")[2]
+            k, v = parts(node.inputs[1], k_axis), parts(node.inputs[2], v_axis)
+            if k is not None and v is not None and isinstance(
+                    types[node.inputs[1]].shape[k_axis], str) and \
+                    types[k[0]].shape[k_axis] == types[v[0]].shape[v_axis]:
+                cut.update(node.inputs[1:3])
+                node = Node.make("attention", node.name, (
+                    node.inputs[0], k[0], v[0], *node.inputs[3:], k[1], v[1]), node.outputs,
+                    **dict(node.attrs), appended=True)
+        nodes.append(node)
+    read = graph.replace(nodes=tuple(nodes)).consumers()
+    return graph.replace(nodes=tuple(
+        Node.make(n.op, n.name, n.inputs, n.outputs, **dict(n.attrs), streamed=True)
+        if n.outputs[0] in cut and not read.get(n.outputs[0]) else n for n in nodes))
 
 
 def _match(softmax: Node, graph: Graph, params: dict, consumers: dict, user, scalar):

@@ -14,6 +14,7 @@ The prefill starts from an empty cache (past 0: `past=0:64`, zero-size past inpu
 from __future__ import annotations
 
 import os
+import platform
 import re
 import subprocess
 from pathlib import Path
@@ -178,6 +179,17 @@ def test_decoder_quantized_by_onnxruntimes_matmul_nbits_quantizer(libraries, tmp
 def _max_rss_kib(stderr: str) -> int | None:
     found = re.search(r"Maximum resident set size \(kbytes\): (\d+)", stderr)
     return int(found.group(1)) if found else None
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64 instructions")
+def test_present_caches_are_written_past_the_caches(libraries):
+    """The present Concats nothing in the step reads (the attention reads the past and
+    the new keys apart) store their lines non-temporally, then fence them: the
+    library's code has vmovnt* stores and an sfence (the outputs matching onnxruntime
+    is checked above)."""
+    code = subprocess.run(["objdump", "-d", "--no-show-raw-insn", libraries[4][1]],
+                          capture_output=True, text=True, check=True).stdout
+    assert re.search(r"\svmovnt(ps|dq)\s", code) and re.search(r"\ssfence", code)
 
 
 def test_prefill_and_decode_through_pipeline_run(libraries, tmp_path):

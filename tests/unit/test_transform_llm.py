@@ -212,9 +212,10 @@ def test_repeat_kv_becomes_the_attention_group():
 def test_split_kv_cache_attention_becomes_one_attention():
     """The test decoder's split form (scores against the cache and the masked new keys
     joined before the Softmax, tests/support/decoder_models.py) with symbolic lengths:
-    per layer one attention over the present cache, its mask on the last keys, no
-    product, Softmax or scale Mul left; with static lengths it is left alone (the
-    static kernel has no such mask)."""
+    per layer one attention over the cache and the new keys apart (appended: not the
+    present Concats', which stream their copies past the caches, nothing else reading
+    them), its mask on the last keys, no product, Softmax or scale Mul left; with
+    static lengths it is left alone (the static kernel has no such mask)."""
     from tests.support.decoder_models import decoder
 
     graph, params = from_onnx(decoder(), symbolic=True)
@@ -223,8 +224,13 @@ def test_split_kv_cache_attention_becomes_one_attention():
     ops = collections.Counter(n.op for n in out.nodes)
     assert ops["attention"] == 2 and not ops["matmul"] and not ops["softmax"], ops
     fused = [n for n in out.nodes if n.op == "attention"]
-    assert [n.inputs[1:3] for n in fused] == [(f"present_key_{i}", f"present_value_{i}")
+    assert [n.inputs[1:3] for n in fused] == [(f"past_key_{i}", f"past_value_{i}")
                                               for i in range(2)]
+    present = {n.outputs[0]: n for n in out.nodes if n.op == "concat"}
+    for i, n in enumerate(fused):
+        keys, values = present[f"present_key_{i}"], present[f"present_value_{i}"]
+        assert n.attr("appended") and n.inputs[-2:] == (keys.inputs[1], values.inputs[1])
+        assert keys.attr("streamed") and values.attr("streamed")
     for n in fused:
         assert n.attr("mask_keys") == "last", n
         assert math.isclose(n.attr("scale"), 32 ** -0.5, rel_tol=1e-6), n
