@@ -9,10 +9,11 @@ past of 128) and a prefill (128 tokens, an empty past), runs `rounds` rounds
 alternating the sides, each side in a fresh process (pipeline.tools.bench_runner, as
 `doit bench` does), and prints per line the medians of the rounds' medians, ours /
 onnxruntime, and the decode step's weight bytes per second against the machine's
-streaming read bandwidth (pipeline.tools.peak). Last, the peak resident memory of
-`pipeline-run` (the C runtime, no Python) running a decode step of each library, and
-its ratio to the float32 one's. No assertion on speed: the figures mean something
-only on an idle machine.
+streaming read bandwidth (pipeline.tools.peak), and the same for the decode step in
+`pipeline-run` (the C runtime, no Python: rounds x runs calls in one process, the
+median). Last, the peak resident memory of `pipeline-run` running a decode step of
+each library, and its ratio to the float32 one's. No assertion on speed: the figures
+mean something only on an idle machine.
 """
 
 from __future__ import annotations
@@ -76,11 +77,11 @@ def _build(out: Path, name: str) -> tuple[Path, Path, int]:
     return path, so, weight_bytes(model)
 
 
-def peak_rss_mb(pipeline_run: Path, so: Path, feeds: Path, out: Path) -> float:
-    """Peak resident memory (MB) `pipeline_run --print-memory` reports for one run of
-    library `so` on the arrays of the .npz `feeds` (written out as .npy under `out`)."""
+def _pipeline_run(pipeline_run: Path, so: Path, feeds: Path, out: Path, *flags: str) -> str:
+    """The stdout of `pipeline_run` running library `so` on the arrays of the .npz
+    `feeds` (written out as .npy under `out`) with `flags`."""
     args = [str(pipeline_run), str(so.resolve()), "--output-dir", str(out / "outputs"),
-            "--print-memory"]
+            *flags]
     with np.load(feeds) as arrays:
         for name in arrays.files:
             np.save(out / f"{name}.npy", arrays[name])
@@ -88,7 +89,23 @@ def peak_rss_mb(pipeline_run: Path, so: Path, feeds: Path, out: Path) -> float:
     proc = subprocess.run(args, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"bench_decoder: {' '.join(args)}: {proc.stderr.strip()}")
-    return float(proc.stdout.split()[2])  # "memory: peak X MB resident"
+    return proc.stdout
+
+
+def peak_rss_mb(pipeline_run: Path, so: Path, feeds: Path, out: Path) -> float:
+    """Peak resident memory (MB) `pipeline_run --print-memory` reports for one run of
+    library `so` on the arrays of the .npz `feeds`."""
+    text = _pipeline_run(pipeline_run, so, feeds, out, "--print-memory")
+    return float(text.split()[2])  # "memory: peak X MB resident"
+
+
+def step_ms(pipeline_run: Path, so: Path, feeds: Path, out: Path, threads: int,
+            runs: int) -> float:
+    """The median time (ms) of `runs` calls of library `so` on `feeds` in
+    `pipeline_run` at `threads` threads: the C runtime alone, no Python around it."""
+    text = _pipeline_run(pipeline_run, so, feeds, out, "--threads", str(threads),
+                         "--repeat", str(runs), "--print-time")
+    return float(text.split("median")[1].split()[0])  # "time: median X ms, min ..."
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,6 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     for name, (seq, past) in CALLS.items():
         ids = rng.integers(0, VOCAB, (1, seq)).astype(np.int64)
         np.savez(args.out / f"{name}.npz", **step_feeds(ids, past, initial_cache(1, past)))
+    from pipeline.link.runtime_c import build_pipeline_run
+
+    run = args.out / "pipeline-run"
+    build_pipeline_run(run)
+    (args.out / "rss").mkdir(exist_ok=True)
     libraries = {}
     for name in args.models.split(","):
         model, so, weights = _build(args.out, name)
@@ -125,15 +147,15 @@ def main(argv: list[str] | None = None) -> int:
                         f"onnxruntime {peer:.3f} ms, ratio {mine / peer:.2f}")
                 if call == "decode":
                     achieved = weights / mine / 1e6
+                    alone = step_ms(run, so, feeds, args.out / "rss", threads,
+                                    args.rounds * args.runs)
                     line += (f"; weights at {achieved:.2f} GB/s, {100 * achieved / gbps:.0f}%"
-                             f" of the streaming read bandwidth ({gbps:.1f} GB/s)")
+                             f" of the streaming read bandwidth ({gbps:.1f} GB/s); "
+                             f"pipeline-run (no Python) {alone:.3f} ms, "
+                             f"{100 * weights / alone / 1e6 / gbps:.0f}%")
                 print(line, flush=True)
-    from pipeline.link.runtime_c import build_pipeline_run
-
-    build_pipeline_run(args.out / "pipeline-run")
-    (args.out / "rss").mkdir(exist_ok=True)
-    rss = {name: peak_rss_mb(args.out / "pipeline-run", so, args.out / "decode.npz",
-                             args.out / "rss") for name, so in libraries.items()}
+    rss = {name: peak_rss_mb(run, so, args.out / "decode.npz", args.out / "rss")
+           for name, so in libraries.items()}
     print("pipeline-run decode step peak RSS: " + ", ".join(
         f"{name} {mb:.1f} MB" + (f" ({mb / rss['gpt0']:.3f} of gpt0)" if "gpt0" in rss and
                                  name != "gpt0" else "") for name, mb in rss.items()),
