@@ -220,7 +220,9 @@ class VirtualMachine:
         self._out_slots = []
         for result in main.results:
             info = _TensorInfo()
-            self._out_slots.append((info, ctypes.byref(info), np.dtype(result.dtype)))
+            dtype = np.dtype(result.dtype)  # and its type string (None: ml_dtypes' types)
+            self._out_slots.append((info, ctypes.byref(info), dtype,
+                                    dtype.str if dtype.isbuiltin == 1 else None))
         # All the shapes in one call: a row of 1 + _MAX_NDIM int64 per output (its
         # rank, its dimensions); None in a library built before pl_vm_output_shapes.
         self._shape_rows = np.zeros((len(main.results), 1 + _MAX_NDIM), np.int64)
@@ -244,6 +246,9 @@ class VirtualMachine:
         take.restype, take.argtypes = ctypes.c_int, [p, p, p, ctypes.c_size_t, ctypes.c_size_t]
         self._give_back.restype, self._give_back.argtypes = None, [p, p]
         self._taken = np.zeros((2, n), np.uintp)  # where each output is, its storage
+        # (its rows' addresses once: ndarray.ctypes costs microseconds a call)
+        self._taken_rows = (self._taken.ctypes.data,
+                            self._taken.ctypes.data + self._taken.itemsize * n, n)
         return take
 
     def __del__(self):
@@ -389,7 +394,7 @@ class VirtualMachine:
                 self._check(-1)
             return [tuple(row[1:1 + row[0]]) for row in rows.tolist()]
         shapes = []
-        for k, (info, ref, _) in enumerate(self._out_slots):
+        for k, (info, ref, *_) in enumerate(self._out_slots):
             self._api["pl_output_info"](self._handle, k, ref)
             shapes.append(tuple(info.shape[:info.ndim]))
         return shapes
@@ -398,19 +403,20 @@ class VirtualMachine:
         """Main's outputs of the last run at their runtime shapes: those of 64 KiB or
         more that are alone in a storage of the VM's own are that storage, handed over
         (_lease); the others are copied into arrays of their own."""
+        # (the Python here runs after a step that may have streamed the caches full of
+        # weights: every call and object costs a few times what it does warm, and a big
+        # decoder's step paid ~0.15 ms for its 9 outputs before this was trimmed)
         handle, get = self._handle, self._api["pl_get_output"]
-        shapes, taken = self._output_shapes(), None
+        shapes, taken = self._output_shapes(), ((0,) * len(self._out_slots),) * 2
         if self._take is not None:
-            rows = self._taken
-            if self._take(handle, rows.ctypes.data, rows.ctypes.data + rows.itemsize *
-                          rows.shape[1], rows.shape[1], _TAKE_BYTES):
+            if self._take(handle, *self._taken_rows, _TAKE_BYTES):
                 self._check(-1)
-            taken = rows.tolist()
+            taken = self._taken.tolist()
         outputs = []
-        for k, shape in enumerate(shapes):
-            dtype = self._out_slots[k][2]
-            if taken and taken[0][k]:
-                outputs.append(self._lease(taken[0][k], taken[1][k], shape, dtype))
+        for k, (shape, data, token) in enumerate(zip(shapes, *taken, strict=True)):
+            _, _, dtype, typestr = self._out_slots[k]
+            if data:
+                outputs.append(self._lease(data, token, shape, dtype, typestr))
                 continue
             if dtype in PACKED:  # int4 / uint4: packed in the library
                 raw = np.empty(library_size(shape, dtype), np.uint8)
@@ -440,18 +446,19 @@ class VirtualMachine:
         self._last[k] = out = np.empty(shape, dtype)
         return out
 
-    def _lease(self, data: int, token: int, shape: tuple[int, ...],
-               dtype: np.dtype) -> np.ndarray:
+    def _lease(self, data: int, token: int, shape: tuple[int, ...], dtype: np.dtype,
+               typestr: str | None) -> np.ndarray:
         """A writable array over the storage `token` the VM handed over (its bytes at
-        `data`), given back when the array is freed (_Lease)."""
+        `data`), given back when the array is freed (_Lease); typestr: dtype's type
+        string, None for ml_dtypes' types, which have none."""
         lease = _Lease()
         lease.vm, lease.token = self, token
-        if dtype.isbuiltin != 1:  # ml_dtypes' types have no type string: bytes, viewed
+        if typestr is None:  # bytes, viewed as the dtype
             lease.__array_interface__ = {"data": (data, False), "version": 3, "typestr": "|u1",
                                          "shape": (int(np.prod(shape)) * dtype.itemsize,)}
             return np.asarray(lease).view(dtype).reshape(shape)
         lease.__array_interface__ = {"data": (data, False), "shape": shape, "version": 3,
-                                     "typestr": dtype.str}
+                                     "typestr": typestr}
         return np.asarray(lease)
 
     def _value(self, k: int) -> np.ndarray | list[np.ndarray] | None:
