@@ -248,16 +248,16 @@ def test_doit_builds_the_4bit_decoder_from_a_dims_entry(libraries, tmp_path):
     _decode(tmp_path / "nets" / "gpt4.onnx", lambda feeds: vm.run(**feeds), 2, 3)
 
 
-def _split_attention(new_keys) -> onnx.ModelProto:
+def _split_attention(new_keys, head: int = 16) -> onnx.ModelProto:
     """The decoder's split attention alone (scores against the cache unmasked and
     against the new keys with an arbitrary additive mask [batch, 1, new, new], joined
-    before the Softmax), heads of 16, `new_keys` query rows and new keys (an int or
-    "seq")."""
+    before the Softmax), heads of `head`, `new_keys` query rows and new keys (an int
+    or "seq")."""
     from onnx import TensorProto, helper
 
     f, node = TensorProto.FLOAT, helper.make_node
-    cache, grown = ["batch", 4, "past", 16], ["batch", 4, "past+new", 16]
-    step = ["batch", 4, new_keys, 16]
+    cache, grown = ["batch", 4, "past", head], ["batch", 4, "past+new", head]
+    step = ["batch", 4, new_keys, head]
     nodes = [node("Concat", ["past_k", "k"], ["present_k"], axis=2),
              node("Concat", ["past_v", "v"], ["present_v"], axis=2),
              node("Transpose", ["past_k"], ["past_kt"], perm=[0, 1, 3, 2]),
@@ -280,17 +280,19 @@ def _split_attention(new_keys) -> onnx.ModelProto:
     return model
 
 
-@pytest.mark.parametrize("new_keys", [1, "seq"])
-def test_split_attention_mask_covers_only_the_new_keys(tmp_path, new_keys):
+@pytest.mark.parametrize("new_keys,head", [(1, 16), ("seq", 16), ("seq", 5)])
+def test_split_attention_mask_covers_only_the_new_keys(tmp_path, new_keys, head):
     """FuseAttention's split form (one attention, mask_keys="last") with a mask of
     random values: the cached keys take none of it, also where the mask is [.., 1, 1]
     (one new key: broadcast to the last key only, not to every key); pasts across
     a block of 64 keys (keys packed 16 at a time and one by one), batch 2, against
-    onnxruntime."""
+    onnxruntime. The attention reads the past and the new keys apart and the present
+    Concats stream their copies: whole 64-byte lines with heads of 16 floats, with
+    heads of 5 (20-byte rows) mostly memcpy's."""
     import pipeline
     from pipeline.frontend import from_onnx
 
-    model = _split_attention(new_keys)
+    model = _split_attention(new_keys, head)
     graph, params = from_onnx(model, symbolic=True)
     so = tmp_path / "split.so"
     pipeline.build(graph, TARGET, params=params, executor="vm",
@@ -300,7 +302,7 @@ def test_split_attention_mask_covers_only_the_new_keys(tmp_path, new_keys):
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     for past, seq in ((0, 37), (61, 9), (70, 1)):
         seq = 1 if new_keys == 1 else seq
-        step, cache = (2, 4, seq, 16), (2, 4, past, 16)
+        step, cache = (2, 4, seq, head), (2, 4, past, head)
         feeds = {n: rng.standard_normal(s).astype(np.float32) for n, s in (
             ("q", step), ("k", step), ("v", step), ("past_k", cache), ("past_v", cache),
             ("mask", (2, 1, seq, seq)))}
