@@ -134,7 +134,7 @@ With mask_keys="last" (FuseAttention's split KV-cache form,
 pipeline/transform/attention_split.py; the runtime-length kernel only) the mask's
 last axis covers only the last keys (the new ones after a cache) and the keys
 before them take no mask; the other axes broadcast as before.
-With appended=True (ReadCacheParts, transform/attention_split.py; the runtime-length
+With appended=True (read_cache_parts in transform/attention_split.py; the runtime-length
 kernel only) two more inputs k_new, v_new follow: keys and values in K's and V's
 layouts (same perms) appended after K's and V's along the key axis, so a KV cache is
 attended as the past and the new step's keys without the Concat that makes the
