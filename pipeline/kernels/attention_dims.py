@@ -43,8 +43,7 @@ from pipeline.dsl.vector import (
 )
 from pipeline.errors import ModelError
 from pipeline.ir.graph import row_major_strides
-from pipeline.ops.attention import split_appended
-from pipeline.ops.geometry import logical_shapes
+from pipeline.ops.geometry import logical_shapes, split_appended
 
 LANES = 16  # keys per vector of scores
 # Vectors of keys per block: the row's running maximum, sum and rescaling (two

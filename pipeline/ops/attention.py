@@ -13,22 +13,13 @@ import numpy as np
 from pipeline.errors import ModelError
 from pipeline.ir.dims import dim_sum
 from pipeline.ir.graph import TensorType
-from pipeline.ops.geometry import logical_shapes
+from pipeline.ops.geometry import logical_shapes, split_appended
 from pipeline.ops.registry import OpKind, broadcast_shape, register
 
 # What an attention node writes (attribute `output`): the context Y, or one of the
 # intermediate score matrices [B, Hq, Sq, Sk] ONNX Attention's qk_matmul_output
 # exposes: Q Kᵀ * scale after softcap, that plus the mask, or the softmax of it.
 OUTPUTS = ("y", "scores", "biased", "probs")
-
-
-def split_appended(items: list, node) -> tuple[list, list]:
-    """An attention node's inputs (or their types, or arrays) as [q, k, v(, mask)] and
-    the keys and values appended after K and V ([k_new, v_new] with attribute
-    `appended`, else [])."""
-    if node.attr("appended", False):
-        return list(items[:-2]), list(items[-2:])
-    return list(items), []
 
 
 def _infer(types, node):

@@ -1,5 +1,5 @@
 """What kernels share with shape rules (and converters): attention's logical
-operand shapes, the blocked layouts' names, matmul's operand shapes, einsum's index
+operand shapes and appended keys (`split_appended`), the blocked layouts' names, matmul's operand shapes, einsum's index
 sizes, the quantized and float dtypes, a window op's 1-D type seen as 2-D
 (`lift_type`), CausalConvWithState's operands (`causal_parts`).
 
@@ -19,6 +19,15 @@ def logical_shapes(shapes: list[tuple], node) -> tuple[tuple, tuple, tuple]:
     """Q, Kᵀ, V as the kernel sees them (each operand's shape through its perm)."""
     return tuple(tuple(s[p] for p in node.attr(f"{name}_perm"))
                  for s, name in zip(shapes, ("q", "k", "v"), strict=False))
+
+
+def split_appended(items: list, node) -> tuple[list, list]:
+    """An attention node's inputs (or their types, or arrays) as [q, k, v(, mask)] and
+    the keys and values appended after K and V ([k_new, v_new] with attribute
+    `appended`, else [])."""
+    if node.attr("appended", False):
+        return list(items[:-2]), list(items[-2:])
+    return list(items), []
 
 
 # The attention kernel's vectors (floats) and the largest stack panels (floats) one
