@@ -1,7 +1,8 @@
 """What kernels share with shape rules (and converters): attention's logical
-operand shapes and appended keys (`split_appended`), the blocked layouts' names, matmul's operand shapes, einsum's index
-sizes, the quantized and float dtypes, a window op's 1-D type seen as 2-D
-(`lift_type`), CausalConvWithState's operands (`causal_parts`).
+operand shapes and appended keys (`split_appended`), the blocked layouts' names,
+matmul's operand shapes, einsum's index sizes, the quantized and float dtypes, a
+window op's 1-D type seen as 2-D (`lift_type`), CausalConvWithState's operands
+(`causal_parts`).
 
 No numpy reference and nothing only shape rules or converters use: kernels import
 this module, so what it holds enters their version.
