@@ -177,8 +177,10 @@ def _references(slots: list, k: int) -> int:
 _SOLE = _references([object()], 0)
 
 # Outputs from this size on are handed over (pl_vm_take_outputs) rather than copied:
-# a lease costs ~2 us from Python, the copy of 64 KiB about as much.
-_TAKE_BYTES = 64 << 10
+# a lease costs ~2 us from Python, the copy of 64 KiB about as much when both run
+# warm; after a step that streamed the caches (a big decoder's), copying its 32 KiB
+# of logits cost 14-18 us more than leasing them (calls interleaved, one process).
+_TAKE_BYTES = 16 << 10
 
 
 class _Lease:
