@@ -7,6 +7,8 @@ longer than the new keys, large grouped heads. The node suite
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
@@ -203,3 +205,35 @@ def test_flex_attention_modifier_without_converter_is_a_skip_reason():
     m, _ = _flex_model([helper.make_node("NoSuchOp", ["x"], ["Y"])])
     assert backend.unsupported(m) == [
         "NoSuchOp (opset 26) in FlexAttention's score_mod: no converter"]
+
+
+@pytest.mark.parametrize("op_type,domain,attrs,shapes", [
+    ("Attention", "", {}, [["b", 8, "s", 16], ["b", 2, "s", 16], ["b", 2, "s", 16]]),
+    ("MultiHeadAttention", "com.microsoft", {"num_heads": 2},
+     [["b", "s", 32], ["b", "s", 32], ["b", "s", 32]]),
+    ("GroupQueryAttention", "com.microsoft", {"num_heads": 4, "kv_num_heads": 2},
+     [["b", "s", 64], ["b", "s", 32], ["b", "s", 32]])])
+def test_attention_ops_over_symbolic_lengths_are_one_line_errors(op_type, domain, attrs,
+                                                                 shapes):
+    """The attention converters build masks for static lengths: a symbolic import (the
+    VM's) with a symbolic sequence names the node and its symbols, where it used to
+    fail on a TypeError; a symbolic batch alone is no error."""
+    from pipeline.errors import ModelError
+    from pipeline.frontend import from_onnx
+
+    inputs = [helper.make_tensor_value_info(n, FLOAT, s) for n, s in
+              zip("qkv", shapes, strict=True)]
+    node = helper.make_node(op_type, list("qkv"), ["y"], "att", domain=domain, **attrs)
+    opsets = [helper.make_opsetid("", 23)] + ([helper.make_opsetid(domain, 1)] if domain else [])
+    model = helper.make_model(helper.make_graph(
+        [node], "g", inputs, [helper.make_tensor_value_info("y", FLOAT, None)]),
+        opset_imports=opsets)
+    named = f"{domain}.{op_type}" if domain else op_type
+    with pytest.raises(ModelError, match=re.escape(f"node 'att' ({named}): symbolic lengths "
+                                                   "'s' are not supported yet")):
+        from_onnx(model, symbolic=True)
+    if op_type != "GroupQueryAttention":  # (its converter needs a static batch too)
+        for shape, value in zip(shapes, model.graph.input, strict=True):
+            value.type.tensor_type.shape.dim[shape.index("s")].dim_value = 5
+        graph, _ = from_onnx(model, symbolic=True)
+        assert graph.types["q"].shape[0] == "b" and "attention" in {n.op for n in graph.nodes}

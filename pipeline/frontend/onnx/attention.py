@@ -73,6 +73,19 @@ class Emitter:
         self.nodes[k] = dataclasses.replace(self.nodes[k], outputs=(out,))
 
 
+def static_lengths(ctx, n) -> None:
+    """ModelError naming ONNX node n when an input has a symbolic dimension past its
+    first (the batch, which may be symbolic): the attention converters build masks
+    and panels for static lengths (the VM's decoders compile from the unfused form,
+    docs/vm.md)."""
+    symbols = sorted({d for i in n.inputs if i for d in ctx.type(i).shape[1:]
+                      if isinstance(d, str)})
+    if symbols:
+        raise ModelError(f"node {n.name!r} ({n.op_type}): symbolic lengths "
+                         f"{', '.join(map(repr, symbols))} are not supported yet (a "
+                         "symbolic batch is): fix them with shape overrides")
+
+
 def given(n, pos: int) -> str:
     """Input `pos` of ONNX node n, "" if absent."""
     return n.inputs[pos] if pos < len(n.inputs) else ""
@@ -220,6 +233,7 @@ def attend(em: Emitter, inputs: tuple, sizes: tuple, **attrs) -> str:
 
 
 def _attention(ctx, n):
+    static_lengths(ctx, n)
     em = Emitter(ctx, n)
     q, k, v, attrs, (bn, hq, sq, d, dv), three_d = _attention_inputs(em)
     past = ctx.type(n.inputs[4]).shape[2] if given(n, 4) else 0

@@ -32,6 +32,7 @@ from pipeline.frontend.onnx.attention import (
     Emitter,
     attend,
     given,
+    static_lengths,
     structure_bias,
 )
 from pipeline.frontend.onnx.registry import Limit, NodeView, onnx_op
@@ -88,6 +89,7 @@ def _mha_mask(em: Emitter, mask: str, sq: int) -> str:
                  Limit("buffer sharing or beams", lambda v: v.given(8) or v.given(9))))
 def _multi_head_attention(ctx, n):
     _float32_only(n, ctx)
+    static_lengths(ctx, n)
     em = Emitter(ctx, n)
     heads = int(n.attrs["num_heads"])
     bn, sq, hidden = ctx.type(n.inputs[0]).shape
@@ -208,6 +210,7 @@ def _gqa_bias(em: Emitter, sq: int, sk: int, past: int) -> list[str]:
                        "or the qk output", _gqa_limit),))
 def _group_query_attention(ctx, n):
     _float32_only(n, ctx)
+    static_lengths(ctx, n)
     em = Emitter(ctx, n)
     hq, hkv = int(n.attrs["num_heads"]), int(n.attrs["kv_num_heads"])
     if _gqa_limit(NodeView(n.op_type, 1, n.attrs, tuple(n.inputs), (), ())):
