@@ -72,7 +72,7 @@ def lower_attention_dims(kb, node, ins, out, epilogue=None, shapes=None) -> None
     gives attention an epilogue: it is opaque.)"""
     assert epilogue is None, "attention has no epilogue"
     # The converters' extras (kernels/attention.py) have no runtime-length form yet.
-    extras = {"group": 1, "softcap": 0.0, "masked_rows": "nan", "output": "y"}
+    extras = {"softcap": 0.0, "masked_rows": "nan", "output": "y"}
     unsupported = [k for k, d in extras.items() if node.attr(k, d) != d]
     if unsupported:
         raise ModelError(f"node {node.name!r} (attention): {', '.join(unsupported)} with "
@@ -116,7 +116,7 @@ class _Tile:
         # (a KV cache's) unmasked: key j reads column j - mask_from (ops/attention.py)
         self.mask_from = self.sk - types[3].shape[-1] \
             if self.mask is not None and node.attr("mask_keys", "all") == "last" else None
-        self.scale = node.attr("scale")
+        self.scale, self.group = node.attr("scale"), node.attr("group", 1)
         # the accumulators' vector width: 8 lanes when Dv fits (a head of 8 would
         # otherwise compute 16 lanes, half of them padding)
         self.g = 8 if self.dv <= 8 else LANES
@@ -130,6 +130,10 @@ class _Tile:
             self.qs[3], *(ks[2] for _, ks, *_ in self.sources),
             *(vs[3] for _, _, _, vs, *_ in self.sources))) \
             and self.d % LANES == 0 and self.dv == self.dvp
+
+    def kv_head(self, h):
+        """The key head query head h reads (grouped-query attention: h // group)."""
+        return h if self.group == 1 else h // self.group
 
     def use(self, source: tuple) -> None:
         """Make `source` (one of self.sources) the keys the block loops read: self.k,
@@ -235,7 +239,7 @@ def _tile_block(t: _Tile, b, h, c0, r0, rows: int, j0, count, valid,
         _accumulate(t, r0, rescale, count, lambda key, g: kb.vload(t.vp, key * t.dvp + g * t.g,
                                                                   t.g))
         return
-    v0 = b * t.vs[0] + h * t.vs[1]
+    v0 = b * t.vs[0] + t.kv_head(h) * t.vs[1]
     _accumulate(t, r0, rescale, count,
                 lambda key, g: kb.vload(t.v, v0 + (j0 + key) * t.vs[2] + g * t.g, t.g))
 
@@ -248,7 +252,7 @@ def _pack(t: _Tile, b, h, j0, count) -> None:
     LANES keys x LANES of D at a time, the square transposed in registers (element by
     element, the packing cost more than the scores of a decode step's one row)."""
     kb = t.kb
-    k0, v0 = b * t.ks[0] + h * t.ks[1], b * t.vs[0] + h * t.vs[1]
+    k0, v0 = b * t.ks[0] + t.kv_head(h) * t.ks[1], b * t.vs[0] + t.kv_head(h) * t.vs[1]
     rows_whole = isinstance(t.vs[3], int) and t.vs[3] == 1 and t.dv == t.dvp
     scalar_from = 0  # the keys from here go element by element
     if isinstance(t.ks[2], int) and t.ks[2] == 1 and t.d % LANES == 0:
@@ -296,7 +300,7 @@ def _one_row_scores(t: _Tile, b, h, i, j0, count, subs: tuple[int, ...]) -> list
     vectors transposed and summed into one (a key past `count` reads key j0)."""
     kb = t.kb
     q0 = b * t.qs[0] + h * t.qs[1] + i * t.qs[2]
-    k0 = b * t.ks[0] + h * t.ks[1]
+    k0 = b * t.ks[0] + t.kv_head(h) * t.ks[1]
     qv = [kb.vload(t.ins[0], q0 + c * LANES, LANES) for c in range(t.d // LANES)]
     scores = []
     for sub in subs:

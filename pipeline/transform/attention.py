@@ -116,9 +116,7 @@ def _match(scores: Node, graph: Graph, params: dict, consumers: dict, outputs: s
     # Fold the Transposes that only feed this chain; the one after it, if it is the
     # only reader of the result.
     inputs, attrs, folded = _fold_transposes(graph, user, (q, kt, v))
-    # (static lengths only: a kernel over runtime lengths reads one head per query head)
-    repeated = [_repeated_heads(graph, user, name) for name in inputs[1:3]] \
-        if isinstance(sq, int) and isinstance(sk, int) else [None, None]
+    repeated = [_repeated_heads(graph, user, name) for name in inputs[1:3]]
     if repeated[0] and repeated[1] and repeated[0][1] == repeated[1][1]:
         inputs[1:3] = [source for source, _, _ in repeated]
         folded += [node for _, _, nodes in repeated for node in nodes]

@@ -309,3 +309,88 @@ def test_split_attention_mask_covers_only_the_new_keys(tmp_path, new_keys, head)
         vm.set_input("main", **feeds)
         for got, want in zip(vm.invoke("main"), sess.run(None, feeds), strict=True):
             np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-5)
+
+
+def _grouped_attention(heads: int = 4, kv_heads: int = 2, head: int = 16) -> onnx.ModelProto:
+    """LLaMA's grouped-query attention over a KV cache, as torch writes repeat_kv: the
+    present cache (Concat of past and new along the symbolic key axis) unsqueezed,
+    expanded to `heads // kv_heads` copies by a shape made from Shape, Slice and
+    Concat, and reshaped to `heads` heads by another; no mask."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes, inits = [], []
+
+    def const(name, value):
+        inits.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def op(op_type, inputs, out, **attrs):
+        nodes.append(helper.make_node(op_type, inputs, [out], f"{out}_node", **attrs))
+        return out
+
+    for name, value in (("at0", 0), ("at1", 1), ("at2", 2), ("at4", 4)):
+        const(name, np.array([value], np.int64))
+    const("copies", np.array([heads // kv_heads], np.int64))
+    const("heads", np.array([heads], np.int64))
+
+    def repeat_kv(x: str) -> str:
+        shape = op("Shape", [x], f"{x}_shape")
+        lead, rest = (op("Slice", [shape, a, b], f"{x}_{a}{b}")
+                      for a, b in (("at0", "at2"), ("at2", "at4")))
+        batch = op("Slice", [shape, "at0", "at1"], f"{x}_batch")
+        copies = op("Expand", [op("Unsqueeze", [x, "at2"], f"{x}_one"),
+                               op("Concat", [lead, "copies", rest], f"{x}_wide", axis=0)],
+                    f"{x}_copies")
+        return op("Reshape", [copies, op("Concat", [batch, "heads", rest], f"{x}_merged",
+                                         axis=0)], f"{x}_repeated")
+
+    keys = repeat_kv(op("Concat", ["past_k", "k"], "present_k", axis=2))
+    values = repeat_kv(op("Concat", ["past_v", "v"], "present_v", axis=2))
+    scores = op("MatMul", ["q", op("Transpose", [keys], "kt", perm=[0, 1, 3, 2])], "s")
+    scaled = op("Mul", [scores, const("scale", np.float32(head ** -0.5))], "scaled")
+    op("MatMul", [op("Softmax", [scaled], "p", axis=-1), values], "y")
+    f = TensorProto.FLOAT
+    inputs = [helper.make_tensor_value_info(name, f, ["batch", n, length, head])
+              for name, n, length in (("q", heads, "seq"), ("k", kv_heads, "seq"),
+                                      ("v", kv_heads, "seq"), ("past_k", kv_heads, "past"),
+                                      ("past_v", kv_heads, "past"))]
+    outputs = [helper.make_tensor_value_info(name, f, ["batch", n, length, head])
+               for name, n, length in (("y", heads, "seq"), ("present_k", kv_heads, "total"),
+                                       ("present_v", kv_heads, "total"))]
+    model = helper.make_model(helper.make_graph(nodes, "gqa", inputs, outputs, inits),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_grouped_query_attention_reads_each_cache_head_in_place(tmp_path):
+    """repeat_kv over runtime lengths folds into the attention's group (no Expand copy
+    of the cache a step), which reads the past and the new keys apart while the
+    present Concats stream; against onnxruntime at decode, prefill and mixed shapes,
+    batch 1 and 2."""
+    import pipeline
+    from pipeline.frontend import from_onnx
+    from pipeline.transform import PassContext, optimize
+
+    model = _grouped_attention()
+    graph, params = from_onnx(model, symbolic=True)
+    with PassContext(opt_level=3, disabled_pass=["FuseOps"]):
+        optimized, _ = optimize(graph, params)
+    (fused,) = [n for n in optimized.nodes if n.op == "attention"]
+    assert {n.op for n in optimized.nodes} == {"attention", "concat"}, optimized.nodes
+    assert fused.attr("group") == 2 and fused.attr("appended")
+    assert fused.inputs == ("q", "past_k", "past_v", "k", "v")
+    so = tmp_path / "gqa.so"
+    pipeline.build(graph, TARGET, params=params, executor="vm",
+                   dims={"batch": (1, 2), "seq": (1, 40), "past": (0, 80)}
+                   ).export_library(str(so))
+    vm, rng = VirtualMachine(str(so)), np.random.default_rng(6)
+    session = ort.InferenceSession(model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    for batch, seq, past in ((1, 1, 70), (2, 37, 0), (2, 9, 61), (1, 40, 80)):
+        feeds = {name: rng.standard_normal((batch, n, length, 16)).astype(np.float32)
+                 for name, n, length in (("q", 4, seq), ("k", 2, seq), ("v", 2, seq),
+                                         ("past_k", 2, past), ("past_v", 2, past))}
+        for got, want in zip(vm.invoke("main", **feeds), session.run(None, feeds),
+                             strict=True):
+            np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-5)
