@@ -402,9 +402,9 @@ class VirtualMachine:
         return shapes
 
     def _outputs(self) -> list[np.ndarray]:
-        """Main's outputs of the last run at their runtime shapes: those of 64 KiB or
-        more that are alone in a storage of the VM's own are that storage, handed over
-        (_lease); the others are copied into arrays of their own."""
+        """Main's outputs of the last run at their runtime shapes: those of _TAKE_BYTES
+        or more that are alone in a storage of the VM's own are that storage, handed
+        over (_lease); the others are copied into arrays of their own."""
         # (the Python here runs after a step that may have streamed the caches full of
         # weights: every call and object costs a few times what it does warm, and a big
         # decoder's step paid ~0.15 ms for its 9 outputs before this was trimmed)
