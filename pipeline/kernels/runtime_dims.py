@@ -111,16 +111,16 @@ def concat_dims(kb, node, ins, out, epilogue, shapes=None) -> None:
     if size and epilogue is None:
         # x86 only: its non-temporal stores need an sfence before another thread
         # reads them, which the c target (no threads) and the others do not emit
-        copy = _streamed_copy if node.attr("streamed", False) and getattr(
-            kb, "threads", True) and kb.module.triple.startswith("x86_64") else memcpy
+        streamed = node.attr("streamed", False) and getattr(kb, "threads", True) and \
+            kb.module.triple.startswith("x86_64")
         heads = shape[axis - 1] if axis else 1
         if shapes is None or not isinstance(heads, int) or heads < 2:
-            _copy_runs(kb, ins, out, [x.type.shape for x in ins], shape, axis, size, copy)
+            _copy_runs(kb, ins, out, [x.type.shape for x in ins], shape, axis, size, streamed)
             return
         with parallel_for(kb, heads, "heads", work=heads * MIN_WORK_PER_THREAD) as h:
             types = shapes()
             _copy_runs(kb, ins, out, [types[kb.buffers.index(x)].shape for x in ins],
-                       types[kb.buffers.index(out)].shape, axis, size, copy, h, heads)
+                       types[kb.buffers.index(out)].shape, axis, size, streamed, h, heads)
         return
     outer, inner = _prod(shape[:axis]), _prod(shape[axis + 1:])
     row, offset = shape[axis] * inner, 0
@@ -133,9 +133,9 @@ def concat_dims(kb, node, ins, out, epilogue, shapes=None) -> None:
         offset = offset + width
 
 
-def _copy_runs(kb, ins, out, in_shapes, shape, axis: int, size: int, copy, head=None,
-               heads: int = 1) -> None:
-    """concat_dims' copy (memcpy or _streamed_copy) per outer index and input
+def _copy_runs(kb, ins, out, in_shapes, shape, axis: int, size: int, streamed: bool,
+               head=None, heads: int = 1) -> None:
+    """concat_dims' memcpy (`streamed`: _streamed_copy) per outer index and input
     (`in_shapes`, `shape`: those of the function kb builds); with `head`, only the
     outer indices of that index of the `heads` dimension before the axis."""
     outer = _prod(shape[:axis] if head is None else shape[:axis - 1])
@@ -145,10 +145,14 @@ def _copy_runs(kb, ins, out, in_shapes, shape, axis: int, size: int, copy, head=
         width = x_shape[axis] * inner
         with kb.loop(0, outer, f"o{k}") as o:
             o = o if head is None else o * heads + head
-            copy(kb.b, kb.gep(out, o * row + offset), kb.gep(x, o * width),
-                 raw(width * size))
+            dst, src, nbytes = kb.gep(out, o * row + offset), kb.gep(x, o * width), \
+                raw(width * size)
+            if streamed:
+                _streamed_copy(kb, dst, src, nbytes)
+            else:
+                memcpy(kb.b, dst, src, nbytes)
         offset = offset + width
-    if copy is _streamed_copy:  # the streamed stores done before the team's join
+    if streamed:  # the streamed stores done before the team's join
         sfence = kb.module.globals.get("llvm.x86.sse.sfence") or ir.Function(
             kb.module, ir.FunctionType(ir.VoidType(), []), name="llvm.x86.sse.sfence")
         kb.b.call(sfence, [])
@@ -158,35 +162,26 @@ def _copy_runs(kb, ins, out, in_shapes, shape, axis: int, size: int, copy, head=
 _LINE = 64
 
 
-def _streamed_copy(b: ir.IRBuilder, dst: ir.Value, src: ir.Value, nbytes: ir.Value) -> None:
+def _streamed_copy(kb, dst: ir.Value, src: ir.Value, nbytes: ir.Value) -> None:
     """memcpy(dst, src, nbytes) past the caches: from a 64-byte-aligned dst, a whole
     number of lines goes by non-temporal vector stores (x86 vmovntps; they need an
     sfence before another thread reads them), anything else by memcpy. For an output
     nothing in the run reads (a present KV cache, attribute streamed: the
     transform/attention_split.py module doc): written through the caches, its lines
     evicted the weights the next kernels read, and each write first read its line."""
-    i64, i8 = ir.IntType(64), ir.IntType(8)
+    b, i64, i8 = kb.b, ir.IntType(64), ir.IntType(8)
     odd = b.and_(b.or_(b.ptrtoint(dst, i64), nbytes), ir.Constant(i64, _LINE - 1))
     with b.if_else(b.icmp_unsigned("==", odd, ir.Constant(i64, 0)), likely=True) as (
             lines, other):
         with lines:
             vector, hint = ir.VectorType(ir.IntType(32), _LINE // 4), b.module.add_metadata(
                 [ir.Constant(ir.IntType(32), 1)])
-            start = b.block
-            body, after = b.append_basic_block("line"), b.append_basic_block("lines_done")
-            count = b.udiv(nbytes, ir.Constant(i64, _LINE))
-            b.cbranch(b.icmp_unsigned("==", count, ir.Constant(i64, 0)), after, body)
-            b.position_at_end(body)
-            k = b.phi(i64)
-            k.add_incoming(ir.Constant(i64, 0), start)
-            at = b.mul(k, ir.Constant(i64, _LINE))
-            line = b.load(b.gep(src, [at], source_etype=i8), typ=vector, align=1)
-            b.store(line, b.gep(dst, [at], source_etype=i8), align=_LINE).set_metadata(
-                "nontemporal", hint)
-            k1 = b.add(k, ir.Constant(i64, 1))
-            k.add_incoming(k1, body)
-            b.cbranch(b.icmp_unsigned("<", k1, count), body, after)
-            b.position_at_end(after)
+            count = kb.index(b.udiv(nbytes, ir.Constant(i64, _LINE)))
+            with kb.loop(0, count, "line") as k:
+                at = raw(k * _LINE)
+                line = b.load(b.gep(src, [at], source_etype=i8), typ=vector, align=1)
+                b.store(line, b.gep(dst, [at], source_etype=i8), align=_LINE).set_metadata(
+                    "nontemporal", hint)
         with other:
             memcpy(b, dst, src, nbytes)
 
